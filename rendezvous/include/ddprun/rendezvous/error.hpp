@@ -1,0 +1,41 @@
+#pragma once
+// The exception hierarchy of ddprun. Every error ddprun raises derives from ddprun::Error, so a
+// boundary (main, a connection handler, a worker thread) catches one type and logs it once.
+// Messages say what failed, on what (address, key, rank, pid), with numbers, and a hint when the
+// user can fix it.
+
+#include <stdexcept>
+#include <string>
+
+namespace ddprun {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A blocking call ran out of time. The message names what was awaited and for how long.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The network failed: connect refused until the deadline, the peer closed, a read or write failed.
+class NetworkError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The peer broke the wire protocol (bad opcode, bad magic, over-long key, ...).
+class ProtocolError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The user asked for something invalid (a bad flag, a malformed address). Launchers exit 2.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace ddprun
