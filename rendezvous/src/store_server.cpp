@@ -58,7 +58,9 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
   void start() {
     session_.peer = weak_from_this();
     spdlog::debug("store: connection from {}", peer_);
-    read();
+    boost::system::error_code ec;
+    socket_.non_blocking(true, ec);
+    wait_readable();
   }
 
   // Out-of-band reply (woken WAIT, watch notification), called by the core.
@@ -69,34 +71,57 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
   }
 
  private:
-  void read() {
-    if (in_.size() - end_ < kMinReadBytes) {
-      if (begin_ > 0) {  // compact
-        std::memmove(in_.data(), in_.data() + begin_, end_ - begin_);
-        end_ -= begin_;
-        begin_ = 0;
-      }
-      if (in_.size() - end_ < kMinReadBytes) in_.resize(std::max(in_.size() * 2, end_ + kMinReadBytes));
-    }
-    socket_.async_read_some(asio::buffer(in_.data() + end_, in_.size() - end_),
-                            [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
-                              self->on_read(ec, n);
-                            });
+  // Reading: wait for readiness, then read without blocking until the socket is drained. Unlike
+  // async_read_some, this costs no failed recv() per request: a request/reply client has sent
+  // nothing more when we finish its reply, so a speculative read would only return EAGAIN.
+  void wait_readable() {
+    socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](boost::system::error_code ec) {
+      self->on_readable(ec);
+    });
   }
 
-  void on_read(boost::system::error_code ec, std::size_t n) {
+  void on_readable(boost::system::error_code ec) {
     if (closed_) return;
     if (ec) {
-      if (ec == asio::error::eof || ec == asio::error::connection_reset) {
-        closed_by_peer();
-      } else {
-        close("read failed: " + ec.message());
-      }
+      close("wait failed: " + ec.message());
       return;
     }
-    end_ += n;
-    process();
-    if (!closed_) read();
+    // A bounded number of full reads per turn, so one flooding client cannot starve others.
+    for (int turn = 0; turn < 16; ++turn) {
+      make_room();
+      std::size_t space = in_.size() - end_;
+      std::size_t n = socket_.read_some(asio::buffer(in_.data() + end_, space), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) break;
+      if (ec) {
+        if (ec == asio::error::eof || ec == asio::error::connection_reset) {
+          closed_by_peer();
+        } else {
+          close("read failed: " + ec.message());
+        }
+        return;
+      }
+      end_ += n;
+      process();
+      if (closed_) return;
+      // Fewer bytes than asked: the socket was empty at that moment, and any byte arriving
+      // later raises a new readiness event for the wait below.
+      if (n < space) {
+        wait_readable();
+        return;
+      }
+    }
+    // Still data to read: continue after the other connections had their turn.
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->on_readable({}); });
+  }
+
+  void make_room() {
+    if (in_.size() - end_ >= kMinReadBytes) return;
+    if (begin_ > 0) {  // compact
+      std::memmove(in_.data(), in_.data() + begin_, end_ - begin_);
+      end_ -= begin_;
+      begin_ = 0;
+    }
+    if (in_.size() - end_ < kMinReadBytes) in_.resize(std::max(in_.size() * 2, end_ + kMinReadBytes));
   }
 
   void process() {
@@ -126,6 +151,10 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
     flush();
   }
 
+  // Writing: try a non-blocking send at once (the common case: the whole reply fits in the
+  // socket buffer); hand only a remainder to async_write. Replies produced while a write is in
+  // flight accumulate in out_, bounded by max_pending_output_bytes.
+
   void flush() {
     if (closed_ || out_.empty()) return;
     if (writing_) {
@@ -135,6 +164,17 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
       }
       return;
     }
+    boost::system::error_code ec;
+    std::size_t n = socket_.write_some(asio::buffer(out_), ec);
+    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+      close("write failed: " + ec.message());
+      return;
+    }
+    if (!ec && n == out_.size()) {
+      out_.clear();
+      return;
+    }
+    out_.erase(0, ec ? 0 : n);
     writing_ = true;
     std::swap(out_, wbuf_);
     asio::async_write(socket_, asio::buffer(wbuf_),

@@ -1,0 +1,432 @@
+// Store benchmark: the same C++ load generator against ddprun-store and against PyTorch 1.13's
+// own TCPStore server, in one run, printing the ratio.
+//
+//   throughput: N connections (closed loop, one request in flight each) cycling through
+//               SET k, GET k (sent together: SET has no reply) and ADD counter;
+//               ops/s counts requests (3 per cycle); latency per reply: SET+GET and ADD.
+//   barrier:    N clients connect, each ADDs a counter, the one that reaches N SETs a key,
+//               all WAIT for it; time from the first connect to the last release.
+//
+// Requests use the 1.13 numbering, the one both servers understand.
+// Usage: store_bench [--duration S] [--conns 1,64,1024] [--barrier 1000,10000] [--rounds R]
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fmt/core.h>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ddprun/rendezvous/protocol.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace wire = ddprun::rendezvous::wire;
+using wire::Dialect;
+using wire::Op;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// ---- servers under test, as child processes --------------------------------------------------
+
+struct Server {
+  std::string name;
+  pid_t pid = -1;
+  int stdin_fd = -1;
+  std::uint16_t port = 0;
+
+  static Server spawn(std::string name, std::vector<std::string> argv) {
+    int out[2], in[2];
+    if (pipe(out) != 0 || pipe(in) != 0) throw std::runtime_error("pipe failed");
+    pid_t pid = fork();
+    if (pid == 0) {
+      dup2(out[1], 1);
+      dup2(in[0], 0);
+      close(out[0]);
+      close(in[1]);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      _exit(127);
+    }
+    close(out[1]);
+    close(in[0]);
+    Server s;
+    s.name = std::move(name);
+    s.pid = pid;
+    s.stdin_fd = in[1];
+    // First line: "listening on HOST:PORT ..."
+    std::string line;
+    char c;
+    pollfd p{out[0], POLLIN, 0};
+    while (line.find('\n') == std::string::npos) {
+      if (poll(&p, 1, 60000) <= 0 || read(out[0], &c, 1) != 1) {
+        throw std::runtime_error(s.name + " did not print its port: " + line);
+      }
+      line += c;
+    }
+    close(out[0]);
+    auto at = line.find("127.0.0.1:");
+    auto colon = at != std::string::npos ? at + 9 : line.rfind(':');
+    s.port = static_cast<std::uint16_t>(std::stoi(line.substr(colon + 1)));
+    return s;
+  }
+
+  void stop() {
+    if (pid < 0) return;
+    close(stdin_fd);
+    kill(pid, SIGTERM);
+    waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+};
+
+// ---- the load generator -----------------------------------------------------------------------
+
+std::string frame_set(const std::string& key, const std::string& value) {
+  std::string f;
+  wire::put_u8(f, *wire::encode_op(Op::kSet, Dialect::kV1));
+  wire::put_str(f, key);
+  wire::put_str(f, value);
+  return f;
+}
+std::string frame_get(const std::string& key) {
+  std::string f;
+  wire::put_u8(f, *wire::encode_op(Op::kGet, Dialect::kV1));
+  wire::put_str(f, key);
+  return f;
+}
+std::string frame_add(const std::string& key, std::int64_t d) {
+  std::string f;
+  wire::put_u8(f, *wire::encode_op(Op::kAdd, Dialect::kV1));
+  wire::put_str(f, key);
+  wire::put_i64(f, d);
+  return f;
+}
+std::string frame_wait(const std::string& key) {
+  std::string f;
+  wire::put_u8(f, *wire::encode_op(Op::kWait, Dialect::kV1));
+  wire::put_u64(f, 1);
+  wire::put_str(f, key);
+  return f;
+}
+
+int make_socket() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + strerror(errno));
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+void start_connect(int fd, std::uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 && errno != EINPROGRESS) {
+    throw std::runtime_error(std::string("connect: ") + strerror(errno));
+  }
+}
+
+void send_all(int fd, const std::string& b) {
+  std::size_t off = 0;
+  while (off < b.size()) {
+    ssize_t n = send(fd, b.data() + off, b.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += n;
+    } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      pollfd p{fd, POLLOUT, 0};
+      poll(&p, 1, 1000);
+    } else {
+      throw std::runtime_error(std::string("send: ") + strerror(errno));
+    }
+  }
+}
+
+struct Conn {
+  int fd = -1;
+  int step = 0;  // throughput: 0 = SET+GET in flight, 1 = ADD in flight
+  std::string in;
+  Clock::time_point sent;
+  bool connected = false;
+  int phase = 0;  // barrier: 0 connecting, 1 ADD sent, 2 WAIT sent, 3 released
+};
+
+// Bytes of a complete reply at the start of `in`, 0 if incomplete.
+std::size_t reply_size(const std::string& in, bool is_get) {
+  if (!is_get) return in.size() >= 8 ? 8 : 0;
+  if (in.size() < 8) return 0;
+  std::uint64_t len;
+  std::memcpy(&len, in.data(), 8);
+  return in.size() >= 8 + len ? 8 + len : 0;
+}
+
+struct Percentiles {
+  double p50 = 0, p99 = 0;
+};
+Percentiles percentiles(std::vector<std::uint32_t>& us) {
+  if (us.empty()) return {};
+  std::sort(us.begin(), us.end());
+  return {us[us.size() / 2] / 1.0, us[std::min(us.size() - 1, us.size() * 99 / 100)] / 1.0};
+}
+
+struct ThroughputResult {
+  double ops_per_s = 0;
+  Percentiles setget, add;
+};
+
+ThroughputResult throughput(std::uint16_t port, int nconns, double duration, int run) {
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  std::vector<Conn> conns(nconns);
+  for (int i = 0; i < nconns; ++i) {
+    conns[i].fd = make_socket();
+    start_connect(conns[i].fd, port);
+    pollfd p{conns[i].fd, POLLOUT, 0};
+    poll(&p, 1, 10000);
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.u32 = static_cast<std::uint32_t>(i);
+    epoll_ctl(ep, EPOLL_CTL_ADD, conns[i].fd, &e);
+  }
+  const std::string value(64, 'v');
+  const std::string counter = fmt::format("/bench{}/counter", run);
+  std::vector<std::string> keys(nconns), setget(nconns);
+  for (int i = 0; i < nconns; ++i) {
+    keys[i] = fmt::format("/bench{}/key{}", run, i);
+    setget[i] = frame_set(keys[i], value) + frame_get(keys[i]);
+  }
+  const std::string add = frame_add(counter, 1);
+
+  std::vector<std::uint32_t> lat_setget, lat_add;
+  lat_setget.reserve(1 << 20);
+  lat_add.reserve(1 << 20);
+  auto issue = [&](int i) {
+    auto& c = conns[i];
+    c.sent = Clock::now();
+    send_all(c.fd, c.step == 0 ? setget[i] : add);
+  };
+  auto start = Clock::now();
+  const auto warm_end = start + std::chrono::milliseconds(300);
+  const auto end = warm_end + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(duration));
+  std::uint64_t ops = 0;
+  int in_flight = nconns;
+  for (int i = 0; i < nconns; ++i) issue(i);
+  std::vector<epoll_event> events(1024);
+  char buf[65536];
+  while (in_flight > 0) {
+    int n = epoll_wait(ep, events.data(), static_cast<int>(events.size()), 5000);
+    if (n <= 0) throw std::runtime_error("throughput: no reply for 5 s");
+    auto now = Clock::now();
+    for (int k = 0; k < n; ++k) {
+      auto& c = conns[events[k].data.u32];
+      ssize_t got = recv(c.fd, buf, sizeof(buf), 0);
+      if (got <= 0) throw std::runtime_error("throughput: server closed a connection");
+      c.in.append(buf, got);
+      std::size_t sz = reply_size(c.in, c.step == 0);
+      if (sz == 0) continue;
+      c.in.erase(0, sz);
+      bool measured = c.sent >= warm_end && now <= end;
+      if (measured) {
+        auto us = static_cast<std::uint32_t>(std::chrono::duration_cast<std::chrono::microseconds>(now - c.sent).count());
+        (c.step == 0 ? lat_setget : lat_add).push_back(us);
+        ops += c.step == 0 ? 2 : 1;
+      }
+      c.step ^= 1;
+      if (now < end) {
+        issue(static_cast<int>(events[k].data.u32));
+      } else {
+        --in_flight;
+      }
+    }
+  }
+  for (auto& c : conns) close(c.fd);
+  close(ep);
+  ThroughputResult r;
+  r.ops_per_s = ops / duration;
+  r.setget = percentiles(lat_setget);
+  r.add = percentiles(lat_add);
+  return r;
+}
+
+struct BarrierResult {
+  double connect_s = 0, total_s = 0;
+};
+
+BarrierResult barrier(std::uint16_t port, int n, int run) {
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  std::vector<Conn> conns(n);
+  const std::string count_key = fmt::format("/barrier{}/count", run);
+  const std::string go_key = fmt::format("/barrier{}/go", run);
+  const std::string add = frame_add(count_key, 1);
+  const std::string wait = frame_wait(go_key);
+  const std::string release = frame_set(go_key, "1") + wait;
+  // Connects in flight at once: more would overflow the listen backlog (net.core.somaxconn)
+  // and cost SYN retransmits of a second, for either server alike.
+  constexpr int kConnectWindow = 256;
+  auto t0 = Clock::now();
+  int next = 0, connecting = 0, connected = 0, released = 0;
+  double connect_s = 0;
+  auto open_more = [&] {
+    while (next < n && connecting < kConnectWindow) {
+      auto& c = conns[next];
+      c.fd = make_socket();
+      start_connect(c.fd, port);
+      epoll_event e{};
+      e.events = EPOLLOUT | EPOLLIN;
+      e.data.u32 = static_cast<std::uint32_t>(next);
+      epoll_ctl(ep, EPOLL_CTL_ADD, c.fd, &e);
+      ++next;
+      ++connecting;
+    }
+  };
+  open_more();
+  std::vector<epoll_event> events(4096);
+  char buf[4096];
+  while (released < n) {
+    int k = epoll_wait(ep, events.data(), static_cast<int>(events.size()), 30000);
+    if (k <= 0) throw std::runtime_error(fmt::format("barrier: stuck with {}/{} released", released, n));
+    for (int j = 0; j < k; ++j) {
+      auto idx = events[j].data.u32;
+      auto& c = conns[idx];
+      if (c.phase == 0 && (events[j].events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(c.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err != 0) throw std::runtime_error(std::string("barrier connect: ") + strerror(err));
+        epoll_event e{};
+        e.events = EPOLLIN;
+        e.data.u32 = idx;
+        epoll_ctl(ep, EPOLL_CTL_MOD, c.fd, &e);
+        --connecting;
+        if (++connected == n) connect_s = seconds_since(t0);
+        send_all(c.fd, add);
+        c.phase = 1;
+        open_more();
+        continue;
+      }
+      if (!(events[j].events & EPOLLIN)) continue;
+      ssize_t got = recv(c.fd, buf, sizeof(buf), 0);
+      if (got <= 0) throw std::runtime_error("barrier: server closed a connection");
+      c.in.append(buf, got);
+      if (c.phase == 1 && c.in.size() >= 8) {
+        std::int64_t v;
+        std::memcpy(&v, c.in.data(), 8);
+        c.in.erase(0, 8);
+        send_all(c.fd, v == n ? release : wait);
+        c.phase = 2;
+      }
+      if (c.phase == 2 && !c.in.empty()) {
+        c.phase = 3;
+        ++released;
+      }
+    }
+  }
+  BarrierResult r{connect_s, seconds_since(t0)};
+  for (auto& c : conns) close(c.fd);
+  close(ep);
+  return r;
+}
+
+std::vector<int> parse_list(const char* s) {
+  std::vector<int> v;
+  std::string str(s);
+  std::size_t pos = 0;
+  while (pos <= str.size()) {
+    auto comma = str.find(',', pos);
+    if (comma == std::string::npos) comma = str.size();
+    if (comma > pos) v.push_back(std::stoi(str.substr(pos, comma - pos)));
+    pos = comma + 1;
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double duration = 2.0;
+  std::vector<int> conn_counts = {1, 64, 1024};
+  std::vector<int> barrier_counts = {1000, 10000};
+  int rounds = 1;
+  std::string store_bin = DDPRUN_STORE_BIN, torch_py = DDPRUN_TORCH_STORE_PY, python = "/usr/bin/python3";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        fmt::print(stderr, "store_bench: {} needs a value\n", a);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--duration") duration = std::stod(next());
+    else if (a == "--conns") conn_counts = parse_list(next());
+    else if (a == "--barrier") barrier_counts = parse_list(next());
+    else if (a == "--rounds") rounds = std::stoi(next());
+    else if (a == "--store") store_bin = next();
+    else if (a == "--python") python = next();
+    else {
+      fmt::print(stderr, "usage: store_bench [--duration S] [--conns 1,64,1024] [--barrier 1000,10000] [--rounds R]\n");
+      return 2;
+    }
+  }
+  rlimit lim{};
+  getrlimit(RLIMIT_NOFILE, &lim);
+  lim.rlim_cur = lim.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &lim);
+  signal(SIGPIPE, SIG_IGN);
+
+  try {
+    Server ours = Server::spawn("ddprun-store", {store_bin, "--host", "127.0.0.1", "--port", "0", "--log_level", "warn"});
+    Server theirs = Server::spawn("torch 1.13 TCPStore", {python, torch_py});
+    int run = 0;
+    fmt::print("Store throughput: SET/GET/ADD mix, one request in flight per connection, {:.1f} s per point\n", duration);
+    fmt::print("{:>6} | {:>13} | {:>13} | {:>6} | {:>21} | {:>21}\n", "conns", "ddprun ops/s", "torch ops/s",
+               "ratio", "SET+GET p50/p99 us", "ADD p50/p99 us");
+    fmt::print("{:>6} | {:>13} | {:>13} | {:>6} | {:>21} | {:>21}\n", "", "", "", "", "ddprun / torch", "ddprun / torch");
+    for (int n : conn_counts) {
+      for (int r = 0; r < rounds; ++r) {
+        auto a = throughput(ours.port, n, duration, ++run);
+        auto b = throughput(theirs.port, n, duration, ++run);
+        fmt::print("{:>6} | {:>13.0f} | {:>13.0f} | {:>5.2f}x | {:>21} | {:>21}\n", n, a.ops_per_s, b.ops_per_s,
+                   a.ops_per_s / b.ops_per_s,
+                   fmt::format("{:.0f}/{:.0f} / {:.0f}/{:.0f}", a.setget.p50, a.setget.p99, b.setget.p50, b.setget.p99),
+                   fmt::format("{:.0f}/{:.0f} / {:.0f}/{:.0f}", a.add.p50, a.add.p99, b.add.p50, b.add.p99));
+        std::fflush(stdout);
+      }
+    }
+    fmt::print("\nBarrier: N clients connect, ADD, the last SETs, all WAIT (time from first connect to last release)\n");
+    fmt::print("{:>6} | {:>16} | {:>16} | {:>6}\n", "N", "ddprun s", "torch s", "ratio");
+    for (int n : barrier_counts) {
+      for (int r = 0; r < rounds; ++r) {
+        auto a = barrier(ours.port, n, ++run);
+        auto b = barrier(theirs.port, n, ++run);
+        fmt::print("{:>6} | {:>16} | {:>16} | {:>5.1f}x\n", n,
+                   fmt::format("{:.3f} (conn {:.3f})", a.total_s, a.connect_s),
+                   fmt::format("{:.3f} (conn {:.3f})", b.total_s, b.connect_s), b.total_s / a.total_s);
+        std::fflush(stdout);
+      }
+    }
+    ours.stop();
+    theirs.stop();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "store_bench: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Sets everything up (scripts/setup.sh), then runs every test with ctest: unit, byte-level
+# protocol, robustness, concurrency, PyTorch compatibility and a bounded fuzzing run.
+# Fails on any failure. Usage: scripts/test.sh [ctest args...]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/setup.sh"
+build=${DDPRUN_BUILD_DIR:-$root/build}
+cd "$build"
+ctest --output-on-failure -j2 --timeout 600 "$@"

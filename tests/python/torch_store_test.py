@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""Real PyTorch (Debian's python3-torch) clients against ddprun-store.
+
+1. Every torch.distributed.TCPStore method, from several clients at once.
+2. A 2-rank init_process_group("gloo", init_method="env://") in agent-store mode
+   (TORCHELASTIC_USE_AGENT_STORE=True), checking an all_reduce result.
+
+Exits 77 (skipped) when torch cannot be imported.
+"""
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+import threading
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError as e:  # pragma: no cover
+    print(f"SKIP: torch is not importable with {sys.executable}: {e}")
+    sys.exit(77)
+
+
+def start_store(binary):
+    proc = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().strip()
+    assert line.startswith("listening on "), f"unexpected first line {line!r}"
+    port = int(line.rsplit(":", 1)[1])
+    return proc, port
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    print(f"ok: {what}")
+
+
+def store_methods(port):
+    t = datetime.timedelta(seconds=10)
+    s = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=t)
+    check(s.host == "127.0.0.1" and s.port == port, "host and port")
+    check(s.timeout == t, "timeout")
+    s.set("key", "value")
+    check(s.get("key") == b"value", "set/get")
+    s.set("bin", b"\x00\xff\x01")
+    check(s.get("bin") == b"\x00\xff\x01", "binary value")
+    check(s.add("ctr", 5) == 5 and s.add("ctr", -2) == 3, "add")
+    check(s.get("ctr") == b"3", "add stores decimal ASCII")
+    check(s.compare_set("key", "value", "new") == b"new", "compare_set swaps on match")
+    check(s.compare_set("key", "wrong", "x") == b"new", "compare_set keeps on mismatch")
+    check(s.compare_set("fresh", "", "created") == b"created", "compare_set creates with empty expected")
+    check(s.compare_set("absent", "e", "x") == b"e", "compare_set on missing key with expected")
+    n = s.num_keys()
+    check(n >= 4, f"num_keys counts keys ({n})")
+    check(s.delete_key("fresh") is True and s.delete_key("fresh") is False, "delete_key")
+    check(s.num_keys() == n - 1, "num_keys after delete")
+    s.wait(["key", "ctr"])
+    s.wait(["key"], datetime.timedelta(seconds=1))
+    check(True, "wait on present keys")
+    s.set_timeout(datetime.timedelta(milliseconds=300))
+    try:
+        s.wait(["never"])
+        check(False, "wait on a missing key times out")
+    except RuntimeError as e:
+        check("imeout" in str(e) or "timed out" in str(e), f"wait times out ({e})")
+    try:
+        s.get("never2")
+        check(False, "get on a missing key times out")
+    except RuntimeError:
+        check(True, "get on a missing key times out")
+
+    # a second client's set wakes a waiting get
+    s2 = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=t)
+    s.set_timeout(t)
+    result = {}
+    th = threading.Thread(target=lambda: result.setdefault("v", s.get("later")))
+    th.start()
+    s2.set("later", "arrived")
+    th.join(10)
+    check(result.get("v") == b"arrived", "get woken by another client's set")
+
+    # many clients adding at once give the exact total
+    def adder():
+        c = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=t)
+        for _ in range(200):
+            c.add("many", 1)
+    ths = [threading.Thread(target=adder) for _ in range(8)]
+    [x.start() for x in ths]
+    [x.join(60) for x in ths]
+    check(s.get("many") == b"1600", "8 clients x 200 adds")
+
+
+WORKER = r"""
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+rank = dist.get_rank()
+t = torch.tensor([float(rank + 1)] * 4)
+dist.all_reduce(t)
+dist.barrier()
+print(f"rank={rank} world={dist.get_world_size()} sum={t.tolist()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def process_group(port):
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
+                   TORCHELASTIC_RESTART_COUNT="0", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        outs.append(out)
+        check(p.returncode == 0, f"worker exited 0 (output: {out.strip()})")
+    for rank, out in enumerate(outs):
+        check(f"rank={rank} world=2 sum=[3.0, 3.0, 3.0, 3.0]" in out, f"rank {rank} all_reduce result")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--store", required=True)
+    args = ap.parse_args()
+    print(f"torch {torch.__version__}")
+    proc, port = start_store(args.store)
+    try:
+        store_methods(port)
+        process_group(port)
+        check(proc.poll() is None, "ddprun-store still running")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    check(proc.returncode == 0, "ddprun-store exits 0 on SIGTERM")
+    print("all PyTorch checks passed")
+
+
+if __name__ == "__main__":
+    main()
