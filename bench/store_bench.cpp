@@ -11,6 +11,7 @@
 // Usage: store_bench [--duration S] [--conns 1,64,1024] [--barrier 1000,10000] [--rounds R]
 
 #include <fcntl.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -42,6 +43,17 @@ using wire::Op;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// On a machine with >= 2 CPUs the generator runs on CPU 0 and the server under test on CPU 1,
+// for both servers alike: without it the scheduler sometimes stacks them on one core, and runs
+// vary by 30 %.
+void pin_to_cpu(int cpu) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof(set), &set);
+}
+
 // ---- servers under test, as child processes --------------------------------------------------
 
 struct Server {
@@ -55,6 +67,7 @@ struct Server {
     if (pipe(out) != 0 || pipe(in) != 0) throw std::runtime_error("pipe failed");
     pid_t pid = fork();
     if (pid == 0) {
+      pin_to_cpu(1);
       dup2(out[1], 1);
       dup2(in[0], 0);
       close(out[0]);
@@ -86,6 +99,20 @@ struct Server {
     auto colon = at != std::string::npos ? at + 9 : line.rfind(':');
     s.port = static_cast<std::uint16_t>(std::stoi(line.substr(colon + 1)));
     return s;
+  }
+
+  // CPU seconds (user + system) the server has used so far, from /proc.
+  double cpu_seconds() const {
+    FILE* f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
+    if (!f) return 0;
+    char buf[4096];
+    std::size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    buf[n] = '\0';
+    const char* p = std::strrchr(buf, ')');  // the command name may contain spaces
+    unsigned long utime = 0, stime = 0;
+    if (!p || std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) != 2) return 0;
+    return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
   }
 
   void stop() {
@@ -189,10 +216,12 @@ Percentiles percentiles(std::vector<std::uint32_t>& us) {
 
 struct ThroughputResult {
   double ops_per_s = 0;
+  double server_us_per_op = 0;  // server CPU time per request: efficiency, whatever the client costs
   Percentiles setget, add;
 };
 
-ThroughputResult throughput(std::uint16_t port, int nconns, double duration, int run) {
+ThroughputResult throughput(const Server& server, int nconns, double duration, int run) {
+  const std::uint16_t port = server.port;
   int ep = epoll_create1(EPOLL_CLOEXEC);
   std::vector<Conn> conns(nconns);
   for (int i = 0; i < nconns; ++i) {
@@ -225,8 +254,9 @@ ThroughputResult throughput(std::uint16_t port, int nconns, double duration, int
   auto start = Clock::now();
   const auto warm_end = start + std::chrono::milliseconds(300);
   const auto end = warm_end + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(duration));
-  std::uint64_t ops = 0;
+  std::uint64_t ops = 0, all_ops = 0;
   int in_flight = nconns;
+  double cpu0 = server.cpu_seconds();
   for (int i = 0; i < nconns; ++i) issue(i);
   std::vector<epoll_event> events(1024);
   char buf[65536];
@@ -248,6 +278,7 @@ ThroughputResult throughput(std::uint16_t port, int nconns, double duration, int
         (c.step == 0 ? lat_setget : lat_add).push_back(us);
         ops += c.step == 0 ? 2 : 1;
       }
+      all_ops += c.step == 0 ? 2 : 1;
       c.step ^= 1;
       if (now < end) {
         issue(static_cast<int>(events[k].data.u32));
@@ -256,10 +287,12 @@ ThroughputResult throughput(std::uint16_t port, int nconns, double duration, int
       }
     }
   }
+  double cpu = server.cpu_seconds() - cpu0;
   for (auto& c : conns) close(c.fd);
   close(ep);
   ThroughputResult r;
   r.ops_per_s = ops / duration;
+  r.server_us_per_op = all_ops ? cpu * 1e6 / all_ops : 0;
   r.setget = percentiles(lat_setget);
   r.add = percentiles(lat_add);
   return r;
@@ -385,6 +418,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  pin_to_cpu(0);
   rlimit lim{};
   getrlimit(RLIMIT_NOFILE, &lim);
   lim.rlim_cur = lim.rlim_max;
@@ -396,17 +430,19 @@ int main(int argc, char** argv) {
     Server theirs = Server::spawn("torch 1.13 TCPStore", {python, torch_py});
     int run = 0;
     fmt::print("Store throughput: SET/GET/ADD mix, one request in flight per connection, {:.1f} s per point\n", duration);
-    fmt::print("{:>6} | {:>13} | {:>13} | {:>6} | {:>21} | {:>21}\n", "conns", "ddprun ops/s", "torch ops/s",
-               "ratio", "SET+GET p50/p99 us", "ADD p50/p99 us");
-    fmt::print("{:>6} | {:>13} | {:>13} | {:>6} | {:>21} | {:>21}\n", "", "", "", "", "ddprun / torch", "ddprun / torch");
+    fmt::print("{:>6} | {:>13} | {:>13} | {:>6} | {:>23} | {:>23} | {:>17}\n", "conns", "ddprun ops/s", "torch ops/s",
+               "ratio", "SET+GET p50/p99 us", "ADD p50/p99 us", "server CPU us/op");
+    fmt::print("{:>6} | {:>13} | {:>13} | {:>6} | {:>23} | {:>23} | {:>17}\n", "", "", "", "", "ddprun / torch",
+               "ddprun / torch", "ddprun / torch");
     for (int n : conn_counts) {
       for (int r = 0; r < rounds; ++r) {
-        auto a = throughput(ours.port, n, duration, ++run);
-        auto b = throughput(theirs.port, n, duration, ++run);
-        fmt::print("{:>6} | {:>13.0f} | {:>13.0f} | {:>5.2f}x | {:>21} | {:>21}\n", n, a.ops_per_s, b.ops_per_s,
-                   a.ops_per_s / b.ops_per_s,
+        auto a = throughput(ours, n, duration, ++run);
+        auto b = throughput(theirs, n, duration, ++run);
+        fmt::print("{:>6} | {:>13.0f} | {:>13.0f} | {:>5.2f}x | {:>23} | {:>23} | {:>17}\n", n, a.ops_per_s,
+                   b.ops_per_s, a.ops_per_s / b.ops_per_s,
                    fmt::format("{:.0f}/{:.0f} / {:.0f}/{:.0f}", a.setget.p50, a.setget.p99, b.setget.p50, b.setget.p99),
-                   fmt::format("{:.0f}/{:.0f} / {:.0f}/{:.0f}", a.add.p50, a.add.p99, b.add.p50, b.add.p99));
+                   fmt::format("{:.0f}/{:.0f} / {:.0f}/{:.0f}", a.add.p50, a.add.p99, b.add.p50, b.add.p99),
+                   fmt::format("{:.2f} / {:.2f}", a.server_us_per_op, b.server_us_per_op));
         std::fflush(stdout);
       }
     }

@@ -1,15 +1,28 @@
 #include "ddprun/rendezvous/store_server.hpp"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <boost/asio.hpp>
 #include <climits>
 #include <spdlog/spdlog.h>
 #include <thread>
+#include <unordered_map>
 
 #include "ddprun/rendezvous/error.hpp"
 #include "socket.hpp"
 #include "store_core.hpp"
+
+// Design. Asio owns the event loop: the listening socket, the stop signal, the accept retry
+// timer. Client connections live in an inner edge-triggered epoll set whose descriptor Asio
+// waits on. Per request that costs exactly one recv() and one send(): Asio's per-socket
+// operations add a third system call to every request (a speculative recv() that returns
+// EAGAIN, or an epoll_ctl() to re-arm), which on loopback is a third of the server's time.
+// Everything runs on one thread; the StoreCore is not shared.
 
 namespace ddprun::rendezvous {
 namespace {
@@ -17,8 +30,10 @@ namespace {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-// Reads are at least this large; buffers grow only for requests that need more.
-constexpr std::size_t kMinReadBytes = 16 * 1024;
+constexpr std::size_t kReadChunk = 256 * 1024;   // one recv() into the shared scratch buffer
+constexpr int kReadsPerTurn = 16;                // then other connections get their turn
+constexpr int kEventsPerWait = 512;
+constexpr int kAcceptsPerTurn = 512;
 
 void raise_fd_limit() {
   rlimit lim{};
@@ -34,34 +49,104 @@ std::string endpoint_string(const tcp::endpoint& ep) {
   return format_address(ep.address().to_string(), ep.port());
 }
 
+std::string peer_name(const sockaddr_storage& addr) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  std::uint16_t port = 0;
+  if (addr.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    port = ntohs(a->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    port = ntohs(a->sin6_port);
+  }
+  return format_address(host, port);
+}
+
+class Connection;
+
 }  // namespace
 
 struct ServerState {
   StoreServerOptions options;
   StoreCore core;
-  std::size_t connections = 0;
-  // Last member, so destroyed first: its pending handlers own the connections, whose
-  // destructors still touch the members above.
+  int epoll_fd = -1;
+  // Every open connection. A closed one moves to `closing` until the current batch of events is
+  // done, since a later event of the same batch may still point at it.
+  std::unordered_map<Connection*, std::shared_ptr<Connection>> connections;
+  std::vector<std::shared_ptr<Connection>> closing;
+  std::vector<Connection*> backlog;  // connections with unread input left after their turn
+  std::vector<char> scratch = std::vector<char>(kReadChunk);
+  // Last member, so destroyed first: its handlers refer to the members above.
   asio::io_context io{1};
 };
 
-// One client connection. Owned by the handlers in flight (shared_ptr); the core holds only
-// weak references through Session/Waiter, so a closed connection is freed at once.
+namespace {
+
+// One client connection. Owned by ServerState::connections; the core holds only weak
+// references (Session, Waiter), so a closed connection is freed after the current batch.
 class Connection final : public Peer, public std::enable_shared_from_this<Connection> {
  public:
-  Connection(ServerState& state, tcp::socket socket, std::string peer)
-      : state_(state), socket_(std::move(socket)), peer_(std::move(peer)), parser_(state.options.limits) {
-    ++state_.connections;
+  Connection(ServerState& state, int fd, std::string peer)
+      : state_(state), fd_(fd), peer_(std::move(peer)), parser_(state.options.limits) {}
+  ~Connection() override {
+    if (fd_ >= 0) ::close(fd_);
   }
-  ~Connection() override { --state_.connections; }
 
-  void start() {
+  // Registers with the epoll set. False (and logged) when that fails.
+  bool start() {
     session_.peer = weak_from_this();
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    ev.data.ptr = this;
+    if (::epoll_ctl(state_.epoll_fd, EPOLL_CTL_ADD, fd_, &ev) != 0) {
+      spdlog::warn("store: cannot watch the connection from {}: {}", peer_, std::strerror(errno));
+      return false;
+    }
     spdlog::debug("store: connection from {}", peer_);
-    boost::system::error_code ec;
-    socket_.non_blocking(true, ec);
-    wait_readable();
+    return true;
   }
+
+  void on_event(std::uint32_t events) {
+    if (closed_) return;
+    if (events & EPOLLOUT) flush();
+    if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) peer_done_ = true;
+    if (!closed_ && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) on_readable();
+  }
+
+  // Reads until the socket is drained or this connection's turn is over; in the latter case it
+  // queues itself on the backlog, since edge-triggered epoll will not report that input again.
+  void on_readable() {
+    queued_ = false;
+    for (int turn = 0; turn < kReadsPerTurn; ++turn) {
+      auto& buf = state_.scratch;
+      ssize_t n = ::recv(fd_, buf.data(), buf.size(), 0);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        if (errno == EINTR) continue;
+        if (errno == ECONNRESET) {
+          closed_by_peer();
+        } else {
+          close(std::string("read failed: ") + std::strerror(errno));
+        }
+        return;
+      }
+      if (n == 0) {
+        closed_by_peer();
+        return;
+      }
+      consume(std::string_view(buf.data(), static_cast<std::size_t>(n)));
+      if (closed_) return;
+      // A short read means the socket was empty at that moment; later input raises a new edge.
+      // Not so for the end of the stream: once the peer has shut down, read on to see it.
+      if (static_cast<std::size_t>(n) < buf.size() && !peer_done_) return;
+    }
+    queued_ = true;
+    state_.backlog.push_back(this);
+  }
+
+  bool queued() const { return queued_; }
 
   // Out-of-band reply (woken WAIT, watch notification), called by the core.
   void deliver(std::string_view bytes) override {
@@ -70,74 +155,34 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
     flush();
   }
 
- private:
-  // Reading: wait for readiness, then read without blocking until the socket is drained. Unlike
-  // async_read_some, this costs no failed recv() per request: a request/reply client has sent
-  // nothing more when we finish its reply, so a speculative read would only return EAGAIN.
-  void wait_readable() {
-    socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](boost::system::error_code ec) {
-      self->on_readable(ec);
-    });
-  }
+  // Closes without a log line (server shutdown).
+  void abandon() { shutdown(); }
 
-  void on_readable(boost::system::error_code ec) {
-    if (closed_) return;
-    if (ec) {
-      close("wait failed: " + ec.message());
+ private:
+  // Parses and applies every complete request in `data` (after what is already buffered);
+  // keeps an incomplete tail for the next read.
+  void consume(std::string_view data) {
+    std::string_view in = data;
+    if (!pending_.empty()) {
+      pending_.append(data);
+      if (pending_.size() < need_) return;
+      in = pending_;
+    } else if (data.size() < need_) {
+      pending_.assign(data);
       return;
     }
-    // A bounded number of full reads per turn, so one flooding client cannot starve others.
-    for (int turn = 0; turn < 16; ++turn) {
-      make_room();
-      std::size_t space = in_.size() - end_;
-      std::size_t n = socket_.read_some(asio::buffer(in_.data() + end_, space), ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) break;
-      if (ec) {
-        if (ec == asio::error::eof || ec == asio::error::connection_reset) {
-          closed_by_peer();
-        } else {
-          close("read failed: " + ec.message());
-        }
-        return;
-      }
-      end_ += n;
-      process();
-      if (closed_) return;
-      // Fewer bytes than asked: the socket was empty at that moment, and any byte arriving
-      // later raises a new readiness event for the wait below.
-      if (n < space) {
-        wait_readable();
-        return;
-      }
-    }
-    // Still data to read: continue after the other connections had their turn.
-    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->on_readable({}); });
-  }
-
-  void make_room() {
-    if (in_.size() - end_ >= kMinReadBytes) return;
-    if (begin_ > 0) {  // compact
-      std::memmove(in_.data(), in_.data() + begin_, end_ - begin_);
-      end_ -= begin_;
-      begin_ = 0;
-    }
-    if (in_.size() - end_ < kMinReadBytes) in_.resize(std::max(in_.size() * 2, end_ + kMinReadBytes));
-  }
-
-  void process() {
-    while (!closed_ && end_ - begin_ >= need_) {
-      auto r = parser_.parse(std::string_view(in_.data() + begin_, end_ - begin_), request_);
+    std::size_t used = 0;
+    while (!closed_ && in.size() - used >= need_) {
+      auto r = parser_.parse(in.substr(used), request_);
       if (r.status == RequestParser::Status::kNeedMore) {
         need_ = r.need;
-        // Make room for the whole request at once rather than growing step by step.
-        if (begin_ + need_ > in_.size() && need_ > in_.size() / 2) in_.resize(need_ + kMinReadBytes);
         break;
       }
       if (r.status == RequestParser::Status::kInvalid) {
         close(r.error);
         return;
       }
-      begin_ += r.consumed;
+      used += r.consumed;
       need_ = 1;
       try {
         state_.core.handle(session_, request_, out_);
@@ -145,49 +190,42 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
         close(e.what());
         return;
       }
-      if (closed_) return;
     }
-    if (begin_ == end_) begin_ = end_ = 0;
+    if (closed_) return;
+    if (in.data() == pending_.data()) {
+      pending_.erase(0, used);
+    } else {
+      pending_.assign(in.substr(used));
+    }
+    if (pending_.capacity() > 2 * need_ + kReadChunk && pending_.size() < kReadChunk) pending_.shrink_to_fit();
+    if (need_ > 1 && pending_.capacity() < need_) pending_.reserve(need_);
     flush();
   }
 
-  // Writing: try a non-blocking send at once (the common case: the whole reply fits in the
-  // socket buffer); hand only a remainder to async_write. Replies produced while a write is in
-  // flight accumulate in out_, bounded by max_pending_output_bytes.
-
+  // Sends what is queued without blocking; the rest waits for the next EPOLLOUT edge. A client
+  // that lets more than max_pending_output_bytes pile up is not reading: it is dropped.
   void flush() {
-    if (closed_ || out_.empty()) return;
-    if (writing_) {
-      if (out_.size() > state_.options.max_pending_output_bytes) {
-        close("client does not read its replies: " + std::to_string(out_.size() + wbuf_.size()) +
-              " bytes pending, over the limit of " + std::to_string(state_.options.max_pending_output_bytes));
+    while (!out_.empty() && !closed_) {
+      ssize_t n = ::send(fd_, out_.data(), out_.size(), MSG_NOSIGNAL);
+      if (n > 0) {
+        out_.erase(0, static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (out_.size() > state_.options.max_pending_output_bytes) {
+          close("client does not read its replies: " + std::to_string(out_.size()) +
+                " bytes pending, over the limit of " + std::to_string(state_.options.max_pending_output_bytes));
+        }
+        return;
+      }
+      if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+        closed_by_peer();
+      } else {
+        close(std::string("write failed: ") + std::strerror(errno));
       }
       return;
     }
-    boost::system::error_code ec;
-    std::size_t n = socket_.write_some(asio::buffer(out_), ec);
-    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
-      close("write failed: " + ec.message());
-      return;
-    }
-    if (!ec && n == out_.size()) {
-      out_.clear();
-      return;
-    }
-    out_.erase(0, ec ? 0 : n);
-    writing_ = true;
-    std::swap(out_, wbuf_);
-    asio::async_write(socket_, asio::buffer(wbuf_),
-                      [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-                        self->writing_ = false;
-                        self->wbuf_.clear();
-                        if (self->closed_) return;
-                        if (ec) {
-                          self->close("write failed: " + ec.message());
-                          return;
-                        }
-                        self->flush();
-                      });
   }
 
   void closed_by_peer() {
@@ -195,9 +233,9 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
     for (const auto& w : session_.waits) waits += w->active ? 1 : 0;
     if (waits > 0) {
       spdlog::warn("store: {} disconnected with {} pending WAIT(s)", peer_, waits);
-    } else if (end_ > begin_) {
+    } else if (!pending_.empty()) {
       spdlog::warn("store: {} disconnected in the middle of a request ({} bytes of it received)", peer_,
-                   end_ - begin_);
+                   pending_.size());
     } else {
       spdlog::debug("store: {} disconnected", peer_);
     }
@@ -213,36 +251,57 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
     if (closed_) return;
     closed_ = true;
     state_.core.drop(session_);
-    boost::system::error_code ignored;
-    socket_.close(ignored);
-    // Free the buffers now: handlers still in flight keep this object alive a little longer.
+    ::epoll_ctl(state_.epoll_fd, EPOLL_CTL_DEL, fd_, nullptr);
+    ::close(fd_);
+    fd_ = -1;
     std::string().swap(out_);
-    std::vector<char>().swap(in_);
+    std::string().swap(pending_);
+    auto it = state_.connections.find(this);
+    if (it != state_.connections.end()) {
+      state_.closing.push_back(std::move(it->second));
+      state_.connections.erase(it);
+    }
   }
 
   ServerState& state_;
-  tcp::socket socket_;
+  int fd_;
   std::string peer_;
   RequestParser parser_;
   Request request_;
   Session session_;
-  std::vector<char> in_;
-  std::size_t begin_ = 0, end_ = 0;
+  std::string pending_;   // bytes of an incomplete request
   std::size_t need_ = 1;  // do not parse before this many bytes are buffered
-  std::string out_;       // replies not yet handed to the socket
-  std::string wbuf_;      // replies being written
-  bool writing_ = false;
+  std::string out_;       // replies the socket has not taken yet
   bool closed_ = false;
+  bool queued_ = false;   // on the backlog
+  bool peer_done_ = false;  // the peer shut down its side (EPOLLRDHUP) or the socket failed
 };
+
+}  // namespace
 
 struct StoreServer::Impl {
   ServerState state;
   tcp::acceptor acceptor{state.io};
+  asio::posix::stream_descriptor epoll_desc{state.io};
   asio::steady_timer retry_timer{state.io};
   std::string host;
   std::uint16_t port = 0;
   std::thread thread;
+  bool waiting_for_events = false;
   bool fd_limit_logged = false;
+
+  Impl() {
+    state.epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+    if (state.epoll_fd < 0) throw NetworkError(std::string("store: epoll_create1 failed: ") + std::strerror(errno));
+    epoll_desc.assign(state.epoll_fd);
+  }
+
+  ~Impl() {
+    auto open = std::move(state.connections);
+    state.connections.clear();
+    for (auto& [ptr, conn] : open) conn->abandon();
+    state.closing.clear();
+  }
 
   void bind(const StoreServerOptions& o) {
     std::vector<tcp::endpoint> candidates;
@@ -265,12 +324,11 @@ struct StoreServer::Impl {
         continue;
       }
       acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-      if (ep.protocol() == tcp::v6()) acceptor.set_option(asio::ip::v6_only(o.host.empty() ? false : true), ec);
+      if (ep.protocol() == tcp::v6()) acceptor.set_option(asio::ip::v6_only(!o.host.empty()), ec);
       acceptor.bind(ep, ec);
-      if (!ec) {
-        // Linux caps the backlog at net.core.somaxconn: asking for INT_MAX gets the system maximum.
-        acceptor.listen(INT_MAX, ec);
-      }
+      // Linux caps the backlog at net.core.somaxconn: asking for INT_MAX gets the system maximum.
+      if (!ec) acceptor.listen(INT_MAX, ec);
+      if (!ec) acceptor.non_blocking(true, ec);
       if (!ec) {
         auto local = acceptor.local_endpoint();
         host = local.address().to_string();
@@ -280,39 +338,91 @@ struct StoreServer::Impl {
       errors += "; " + endpoint_string(ep) + ": " + ec.message();
     }
     std::string hint;
-    if (errors.find("in use") != std::string::npos) hint = " (another process holds that port: choose another port, or 0 for a free one)";
+    if (errors.find("in use") != std::string::npos) {
+      hint = " (another process holds that port: choose another port, or 0 for a free one)";
+    }
     throw NetworkError("store: cannot listen on " + format_address(o.host.empty() ? "*" : o.host, o.port) + errors +
                        hint);
   }
 
-  void accept() {
-    acceptor.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
+  // Accepting: on readiness, accept4() until the queue is empty (or a batch is done), so a
+  // burst of thousands of connects drains quickly.
+  void wait_for_clients() {
+    acceptor.async_wait(tcp::acceptor::wait_read, [this](boost::system::error_code ec) {
       if (ec == asio::error::operation_aborted) return;
-      if (ec) {
-        if (ec == asio::error::no_descriptors || ec.value() == ENFILE) {
-          // Out of file descriptors: retry shortly instead of spinning; existing clients go on.
+      accept_batch();
+    });
+  }
+
+  void accept_batch() {
+    for (int i = 0; i < kAcceptsPerTurn; ++i) {
+      sockaddr_storage addr{};
+      socklen_t len = sizeof(addr);
+      int fd = ::accept4(acceptor.native_handle(), reinterpret_cast<sockaddr*>(&addr), &len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // Out of descriptors: existing clients go on; retry shortly instead of spinning.
           if (!fd_limit_logged) {
             spdlog::warn("store: cannot accept more clients: {} ({} connected); raise the open-file limit (ulimit -n)",
-                         ec.message(), state.connections);
+                         std::strerror(errno), state.connections.size());
             fd_limit_logged = true;
           }
           retry_timer.expires_after(std::chrono::milliseconds(50));
           retry_timer.async_wait([this](boost::system::error_code e) {
-            if (!e) accept();
+            if (!e) accept_batch();
           });
           return;
         }
-        spdlog::debug("store: accept failed: {}", ec.message());
-        accept();
-        return;
+        spdlog::debug("store: accept failed: {}", std::strerror(errno));
+        continue;
       }
-      boost::system::error_code ignored;
-      socket.set_option(tcp::no_delay(true), ignored);
-      auto remote = socket.remote_endpoint(ignored);
-      std::string peer = ignored ? std::string("unknown peer") : endpoint_string(remote);
-      std::make_shared<Connection>(state, std::move(socket), std::move(peer))->start();
-      accept();
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      auto conn = std::make_shared<Connection>(state, fd, peer_name(addr));
+      if (conn->start()) {
+        state.connections.emplace(conn.get(), std::move(conn));
+        // Data may have arrived before the socket joined the epoll set; EPOLL_CTL_ADD reports
+        // current readiness, so the first event covers it.
+      }
+    }
+    wait_for_clients();
+    poll_connections();  // new connections' first requests are often already there
+  }
+
+  // Connections: Asio reports the epoll set readable; we harvest its events without blocking.
+  void wait_for_events() {
+    if (waiting_for_events) return;
+    waiting_for_events = true;
+    epoll_desc.async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+      waiting_for_events = false;
+      if (ec == asio::error::operation_aborted) return;
+      poll_connections();
     });
+  }
+
+  void poll_connections() {
+    epoll_event events[kEventsPerWait];
+    int n = ::epoll_wait(state.epoll_fd, events, kEventsPerWait, 0);
+    for (int i = 0; i < n; ++i) {
+      static_cast<Connection*>(events[i].data.ptr)->on_event(events[i].events);
+    }
+    // Connections whose turn ended with input left: one more turn each, after the others.
+    if (!state.backlog.empty()) {
+      auto backlog = std::move(state.backlog);
+      state.backlog.clear();
+      for (auto* c : backlog) {
+        if (state.connections.count(c) && c->queued()) c->on_readable();
+      }
+    }
+    state.closing.clear();
+    if (n == kEventsPerWait || !state.backlog.empty()) {
+      asio::post(state.io, [this] { poll_connections(); });  // more to do: yield, then continue
+    } else {
+      wait_for_events();
+    }
   }
 };
 
@@ -320,7 +430,8 @@ StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_unique<Im
   if (options.raise_fd_limit) raise_fd_limit();
   impl_->state.options = options;
   impl_->bind(options);
-  impl_->accept();
+  impl_->wait_for_clients();
+  impl_->wait_for_events();
   spdlog::info("store: listening on {}", format_address(impl_->host, impl_->port));
 }
 
