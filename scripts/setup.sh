@@ -8,7 +8,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 packages=(
   build-essential cmake pkg-config
   libboost1.81-dev libboost-program-options1.81-dev
-  libspdlog-dev libfmt-dev catch2 libgloo-dev
+  libspdlog-dev libfmt-dev catch2 libgloo-dev nlohmann-json3-dev
   python3-torch                # PyTorch 1.13: compatibility tests, benchmarks, example jobs
   clang libclang-rt-14-dev     # libFuzzer for the protocol fuzzer
   iproute2 procps

@@ -10,6 +10,7 @@
 #include <boost/asio.hpp>
 #include <climits>
 #include <spdlog/spdlog.h>
+#include <future>
 #include <thread>
 #include <unordered_map>
 
@@ -296,10 +297,13 @@ struct StoreServer::Impl {
     epoll_desc.assign(state.epoll_fd);
   }
 
-  ~Impl() {
+  ~Impl() { close_all(); }
+
+  void close_all() {
     auto open = std::move(state.connections);
     state.connections.clear();
     for (auto& [ptr, conn] : open) conn->abandon();
+    state.backlog.clear();
     state.closing.clear();
   }
 
@@ -432,7 +436,7 @@ StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_unique<Im
   impl_->bind(options);
   impl_->wait_for_clients();
   impl_->wait_for_events();
-  spdlog::info("store: listening on {}", format_address(impl_->host, impl_->port));
+  spdlog::debug("store: listening on {}", format_address(impl_->host, impl_->port));
 }
 
 StoreServer::~StoreServer() {
@@ -458,6 +462,31 @@ void StoreServer::run() {
 }
 
 void StoreServer::stop() { impl_->state.io.stop(); }
+
+void StoreServer::reset() {
+  auto reset_now = [this] {
+    impl_->close_all();
+    // Connections still waiting to be accepted are as stale as the open ones: a client that
+    // connected, sent a SET and exited may not have been accepted yet.
+    for (;;) {
+      int fd = ::accept4(impl_->acceptor.native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) break;
+      ::close(fd);
+    }
+    impl_->state.core = StoreCore();
+    spdlog::debug("store: reset");
+  };
+  if (!impl_->thread.joinable() || impl_->state.io.stopped()) {
+    reset_now();
+    return;
+  }
+  std::promise<void> done;
+  asio::post(impl_->state.io, [&] {
+    reset_now();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
 
 std::uint16_t StoreServer::port() const { return impl_->port; }
 const std::string& StoreServer::host() const { return impl_->host; }

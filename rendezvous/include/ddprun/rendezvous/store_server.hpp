@@ -44,6 +44,12 @@ class StoreServer {
   // Thread-safe; idempotent.
   void stop();
 
+  // Forgets every key and closes every client connection, as a freshly started server would
+  // be. An agent calls it between restart attempts, once all workers of the old attempt are
+  // gone, so that nothing of that attempt (keys, stale clients) can confuse the next one.
+  // Thread-safe; returns when done.
+  void reset();
+
   // The bound port (the real one when options.port was 0) and host as bound ("0.0.0.0", "::").
   std::uint16_t port() const;
   const std::string& host() const;

@@ -1,0 +1,88 @@
+#pragma once
+// The per-node agent: hosts the rendezvous store, spawns one worker per local rank with
+// torchrun's environment, watches them (event-driven: a death is seen when it happens), tears the
+// group down on the first failure or hang and restarts it while restarts remain.
+//
+// Guarantees: every worker leads its own process group and dies with the agent (parent-death
+// signal, and a guardian process that kills the groups if the agent is SIGKILLed or OOM-killed);
+// console lines from different workers never interleave within a line; the exit code is the
+// root-cause worker's (128 + signal when killed).
+
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ddprun::agent {
+
+// Which of a worker's streams go to files: 0 none, 1 stdout, 2 stderr, 3 both (torchrun's
+// --redirects / --tee values), with optional per-local-rank values ("0:1,1:2").
+struct StreamSelection {
+  int all = 0;
+  std::map<int, int> per_rank;
+  int for_rank(int local_rank) const {
+    auto it = per_rank.find(local_rank);
+    return it == per_rank.end() ? all : it->second;
+  }
+  bool any() const { return all != 0 || !per_rank.empty(); }
+};
+
+struct AgentOptions {
+  // The worker command (argv[0] resolved to a path); "${local_rank}" in any element is replaced.
+  std::vector<std::string> command;
+  int nproc_per_node = 1;
+
+  std::string role = "default";
+  std::string run_id = "none";
+  int node_rank = 0;  // GROUP_RANK
+  int nnodes = 1;     // GROUP_WORLD_SIZE
+
+  // The store the agent hosts: bound before any worker is told about it. Port 0 = a free port.
+  std::string store_host = "127.0.0.1";
+  std::uint16_t store_port = 29500;
+
+  int max_restarts = 0;
+  // A worker that has not touched DDPRUN_HEARTBEAT_FILE for this long is failed. 0 = off.
+  std::chrono::milliseconds worker_timeout{0};
+  // Grace period between SIGTERM and SIGKILL when stopping workers.
+  std::chrono::milliseconds stop_timeout{std::chrono::seconds(5)};
+  // Signals forwarded to the workers (then the job ends with 128 + signal).
+  std::set<int> forward_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+
+  StreamSelection redirects;  // to files only
+  StreamSelection tee;        // to files and the console
+  // Root of per-rank logs and error files: <log_dir>/<run_id>/attempt_<n>/<local_rank>/.
+  // Empty: a temporary directory, removed at exit unless it holds logs.
+  std::string log_dir;
+  std::set<int> local_ranks_filter;  // local ranks whose output reaches the console; empty = all
+  // Console line prefix; ${role_name}, ${local_rank} and ${rank} are replaced.
+  std::string line_prefix_template = "[${role_name}${local_rank}]:";
+
+  // The environment workers inherit (before the variables the agent sets).
+  std::map<std::string, std::string> base_env;
+};
+
+class Agent {
+ public:
+  // Forks the guardian process at once: construct before starting any thread.
+  explicit Agent(AgentOptions options);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Runs the job to its end and returns ddprun's exit code: 0 when every worker of an attempt
+  // exited 0; else the root cause's exit code (128 + signal if killed), 124 for a heartbeat
+  // time-out, 128 + signal when ddprun itself was told to stop. Throws ddprun::Error when the
+  // job cannot start (the store's address is in use, the log directory cannot be made).
+  int run();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddprun::agent

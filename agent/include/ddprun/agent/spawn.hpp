@@ -1,0 +1,28 @@
+#pragma once
+// Starting a worker: fork + exec with its own process group, a parent-death signal, and its
+// stdout/stderr on pipes the agent reads.
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace ddprun::agent {
+
+struct SpawnedProcess {
+  pid_t pid = -1;  // also its process group id
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+};
+
+// Starts `argv` (argv[0] a path) with exactly `env` ("K=V" strings). The child leads a new
+// process group, gets SIGKILL when the agent's thread that spawned it dies, and starts with
+// default signal dispositions and an empty signal mask. If exec fails, the child writes why to
+// its stderr and exits 127. Throws ddprun::Error when fork or pipe fail.
+SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env);
+
+// Finds `program` the way execvp would (a name without '/' is looked up in PATH). Returns the
+// path, or an empty string when there is no such executable.
+std::string find_executable(const std::string& program, const std::string& path_env);
+
+}  // namespace ddprun::agent

@@ -1,0 +1,486 @@
+#include "ddprun/agent/agent.hpp"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio.hpp>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/agent/exit_status.hpp"
+#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/rendezvous/store_server.hpp"
+#include "failure_report.hpp"
+#include "guardian.hpp"
+#include "output.hpp"
+#include "ddprun/agent/spawn.hpp"
+
+namespace ddprun::agent {
+namespace {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// A heartbeat time-out ends the job with this code (as timeout(1) does).
+constexpr int kHeartbeatExitCode = 124;
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (std::size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) {
+    s.replace(pos, from.size(), to);
+  }
+  return s;
+}
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+struct Worker {
+  int local_rank = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  bool stopped_by_agent = false;  // we signalled it: its death is a consequence, not a cause
+  ExitStatus status;
+  std::string dir, error_file, heartbeat_file;
+  std::chrono::system_clock::time_point started_wall, ended_wall;
+  std::unique_ptr<StreamOutput> out, err;
+  std::unique_ptr<asio::posix::stream_descriptor> out_pipe, err_pipe;
+  int open_pipes = 0;
+};
+
+struct Agent::Impl {
+  AgentOptions opt;
+  Guardian guardian;  // first: forked while the process has one thread
+  asio::io_context io{1};
+  asio::signal_set signals{io};
+  asio::steady_timer kill_timer{io};
+  asio::steady_timer heartbeat_timer{io};
+  asio::steady_timer drain_timer{io};
+  std::unique_ptr<rendezvous::StoreServer> store;
+  std::string run_dir;       // <log_dir>/<run_id>
+  bool temp_log_dir = false;
+  std::vector<Worker> workers;
+  int attempt = 0;
+  int restarts_left = 0;
+  std::optional<FailureRecord> root_cause;
+  std::vector<FailureRecord> failures;
+  bool stopping = false;      // tearing the current attempt down
+  int stop_signal = 0;        // ddprun was told to stop by this signal
+  int exit_code = 0;
+  bool done = false;
+  Clock::time_point attempt_started;
+
+  explicit Impl(AgentOptions o) : opt(std::move(o)), restarts_left(opt.max_restarts) {}
+
+  // ---- setting up -----------------------------------------------------------------------------
+
+  void prepare_log_dir() {
+    std::error_code ec;
+    std::string base = opt.log_dir;
+    if (base.empty()) {
+      char tmpl[] = "/tmp/ddprun-XXXXXX";
+      if (!::mkdtemp(tmpl)) throw Error("cannot create a temporary directory in /tmp: " + std::string(std::strerror(errno)));
+      base = tmpl;
+      temp_log_dir = true;
+    }
+    run_dir = base + "/" + opt.run_id;
+    fs::create_directories(run_dir, ec);
+    if (ec) throw Error("cannot create log directory '" + run_dir + "': " + ec.message() + " (choose another --log_dir)");
+    if (!opt.log_dir.empty() || opt.redirects.any() || opt.tee.any()) {
+      spdlog::info("ddprun: worker logs in {}", run_dir);
+    }
+  }
+
+  void start_store() {
+    rendezvous::StoreServerOptions so;
+    so.host = opt.store_host;
+    so.port = opt.store_port;
+    try {
+      store = std::make_unique<rendezvous::StoreServer>(so);
+    } catch (const NetworkError& e) {
+      std::string msg = e.what();
+      if (msg.find("in use") != std::string::npos) {
+        throw Error("cannot host the rendezvous store on " + opt.store_host + ":" + std::to_string(opt.store_port) +
+                    ": the address is already in use (another job?). Use --standalone to pick a free port, "
+                    "or another --master_port.");
+      }
+      throw;
+    }
+    store->start();
+  }
+
+  std::vector<std::string> worker_env(const Worker& w) const {
+    std::map<std::string, std::string> env = opt.base_env;
+    int world = opt.nproc_per_node * opt.nnodes;
+    auto set = [&](const std::string& k, const std::string& v) { env[k] = v; };
+    set("RANK", std::to_string(w.rank));
+    set("LOCAL_RANK", std::to_string(w.local_rank));
+    set("WORLD_SIZE", std::to_string(world));
+    set("LOCAL_WORLD_SIZE", std::to_string(opt.nproc_per_node));
+    set("GROUP_RANK", std::to_string(opt.node_rank));
+    set("GROUP_WORLD_SIZE", std::to_string(opt.nnodes));
+    set("ROLE_NAME", opt.role);
+    set("ROLE_RANK", std::to_string(w.rank));
+    set("ROLE_WORLD_SIZE", std::to_string(world));
+    set("MASTER_ADDR", opt.store_host);
+    set("MASTER_PORT", std::to_string(store->port()));
+    set("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
+    set("TORCHELASTIC_MAX_RESTARTS", std::to_string(opt.max_restarts));
+    set("TORCHELASTIC_RUN_ID", opt.run_id);
+    set("TORCHELASTIC_USE_AGENT_STORE", "True");
+    set("TORCHELASTIC_ERROR_FILE", w.error_file);
+    set("DDPRUN_HEARTBEAT_FILE", w.heartbeat_file);
+    env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+    env.try_emplace("NCCL_ASYNC_ERROR_HANDLING", "1");  // the name PyTorch 1.13 reads
+    if (opt.nproc_per_node > 1) env.try_emplace("OMP_NUM_THREADS", "1");
+    std::vector<std::string> out;
+    out.reserve(env.size());
+    for (auto& [k, v] : env) out.push_back(k + "=" + v);
+    return out;
+  }
+
+  StreamRoute route(const Worker& w, int which /*1 stdout, 2 stderr*/) const {
+    StreamRoute r;
+    bool redirect = opt.redirects.for_rank(w.local_rank) & which;
+    bool tee = opt.tee.for_rank(w.local_rank) & which;
+    bool shown = opt.local_ranks_filter.empty() || opt.local_ranks_filter.count(w.local_rank);
+    if (!redirect && shown) r.console_fd = which == 1 ? STDOUT_FILENO : STDERR_FILENO;
+    if (redirect || tee) r.file = w.dir + (which == 1 ? "/stdout.log" : "/stderr.log");
+    r.keep_tail = which == 2;
+    r.prefix = replace_all(replace_all(replace_all(opt.line_prefix_template, "${role_name}", opt.role),
+                                       "${local_rank}", std::to_string(w.local_rank)),
+                           "${rank}", std::to_string(w.rank));
+    return r;
+  }
+
+  // ---- running an attempt -----------------------------------------------------------------------
+
+  void start_attempt() {
+    stopping = false;
+    root_cause.reset();
+    failures.clear();
+    workers.clear();
+    workers.resize(opt.nproc_per_node);
+    attempt_started = Clock::now();
+    std::string attempt_dir = run_dir + "/attempt_" + std::to_string(attempt);
+    for (int i = 0; i < opt.nproc_per_node; ++i) {
+      auto& w = workers[i];
+      w.local_rank = i;
+      w.rank = opt.node_rank * opt.nproc_per_node + i;
+      w.dir = attempt_dir + "/" + std::to_string(i);
+      std::error_code ec;
+      fs::create_directories(w.dir, ec);
+      if (ec) throw Error("cannot create '" + w.dir + "': " + ec.message());
+      w.error_file = w.dir + "/error.json";
+      w.heartbeat_file = w.dir + "/heartbeat";
+      fs::remove(w.error_file, ec);
+      std::ofstream(w.heartbeat_file, std::ios::trunc).close();  // the clock starts at spawn
+      w.out = std::make_unique<StreamOutput>(route(w, 1));
+      w.err = std::make_unique<StreamOutput>(route(w, 2));
+    }
+    for (auto& w : workers) spawn(w);
+    spdlog::info("ddprun: started {} worker{} (attempt {}, store {}:{})", workers.size(),
+                 workers.size() == 1 ? "" : "s", attempt, opt.store_host, store->port());
+    arm_heartbeat_check();
+  }
+
+  void spawn(Worker& w) {
+    std::vector<std::string> argv;
+    for (const auto& a : opt.command) argv.push_back(replace_all(a, "${local_rank}", std::to_string(w.local_rank)));
+    auto p = spawn_process(argv, worker_env(w));
+    w.pid = p.pid;
+    w.running = true;
+    w.started_wall = std::chrono::system_clock::now();
+    guardian.watch(p.pid);
+    w.out_pipe = std::make_unique<asio::posix::stream_descriptor>(io, p.stdout_fd);
+    w.err_pipe = std::make_unique<asio::posix::stream_descriptor>(io, p.stderr_fd);
+    w.open_pipes = 2;
+    read_pipe(w, *w.out_pipe, *w.out);
+    read_pipe(w, *w.err_pipe, *w.err);
+  }
+
+  void read_pipe(Worker& w, asio::posix::stream_descriptor& pipe, StreamOutput& out) {
+    auto buf = std::make_shared<std::array<char, 65536>>();
+    int gen = attempt;
+    pipe.async_read_some(asio::buffer(*buf), [this, &w, &pipe, &out, buf, gen](boost::system::error_code ec, std::size_t n) {
+      if (ec == asio::error::operation_aborted || gen != attempt) return;
+      if (n > 0) out.write(std::string_view(buf->data(), n));
+      if (ec) {  // end of file (every holder of the pipe closed it) or an error
+        out.finish();
+        boost::system::error_code ignored;
+        pipe.close(ignored);
+        --w.open_pipes;
+        maybe_finish_attempt();
+        return;
+      }
+      read_pipe(w, pipe, out);
+    });
+  }
+
+  Worker* find(pid_t pid) {
+    for (auto& w : workers) {
+      if (w.pid == pid) return &w;
+    }
+    return nullptr;
+  }
+
+  void reap() {
+    int status;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+      Worker* w = find(pid);
+      if (!w || !w->running) continue;  // the guardian, or a worker of an earlier attempt
+      w->running = false;
+      w->status = ExitStatus::from_wait_status(status);
+      w->ended_wall = std::chrono::system_clock::now();
+      // Grandchildren die with their worker: the group goes, whatever is left of it.
+      ::kill(-w->pid, SIGKILL);
+      guardian.forget(w->pid);
+      spdlog::debug("ddprun: worker {} (pid {}) ended: {}", w->rank, w->pid, w->status.describe());
+      if (root_cause && root_cause->pid == w->pid) continue;  // a hung worker we killed: already the cause
+      if (!w->status.success()) on_failure(*w, w->stopped_by_agent ? "" : w->status.describe(), w->status.shell_code());
+    }
+    maybe_finish_attempt();
+  }
+
+  // A worker failed: the first failure is the root cause, the group is stopped.
+  void on_failure(Worker& w, const std::string& reason, int code) {
+    auto when = w.running ? std::chrono::system_clock::now() : w.ended_wall;
+    FailureRecord f = make_failure_record(w.rank, w.local_rank, w.pid, w.status, when, w.error_file, {});
+    f.reason = reason.empty() ? w.status.describe() + " (stopped by ddprun)" : reason;
+    f.exit_code = code;
+    if (!root_cause && !w.stopped_by_agent && stop_signal == 0) {
+      root_cause = f;
+      spdlog::debug("ddprun: root cause: rank {}: {}", w.rank, f.reason);
+      stop_workers(SIGTERM);
+    } else {
+      failures.push_back(f);
+    }
+  }
+
+  void stop_workers(int sig) {
+    bool any = false;
+    for (auto& w : workers) {
+      if (!w.running) continue;
+      w.stopped_by_agent = w.stopped_by_agent || sig == SIGTERM || sig == SIGKILL || sig == SIGINT ||
+                           sig == SIGHUP || sig == SIGQUIT;
+      ::kill(-w.pid, sig);
+      any = true;
+    }
+    if (stopping || !any) {
+      stopping = true;
+      return;
+    }
+    stopping = true;
+    kill_timer.expires_after(opt.stop_timeout);
+    kill_timer.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      for (auto& w : workers) {
+        if (w.running) {
+          spdlog::warn("ddprun: worker {} (pid {}) did not stop within {:.1f} s of SIGTERM; sending SIGKILL", w.rank,
+                       w.pid, seconds(opt.stop_timeout));
+          w.stopped_by_agent = true;
+          ::kill(-w.pid, SIGKILL);
+        }
+      }
+    });
+  }
+
+  bool all_reaped() const {
+    for (const auto& w : workers) {
+      if (w.running) return false;
+    }
+    return true;
+  }
+
+  void maybe_finish_attempt() {
+    if (done || !all_reaped()) return;
+    bool drained = true;
+    for (const auto& w : workers) drained = drained && w.open_pipes == 0;
+    if (!drained) {
+      // Output still in the pipes: wait for it briefly (a grandchild that escaped the process
+      // group could hold a pipe open forever).
+      drain_timer.expires_after(2s);
+      drain_timer.async_wait([this](boost::system::error_code ec) {
+        if (!ec) finish_attempt();
+      });
+      return;
+    }
+    finish_attempt();
+  }
+
+  void finish_attempt() {
+    if (done) return;
+    drain_timer.cancel();
+    kill_timer.cancel();
+    heartbeat_timer.cancel();
+    for (auto& w : workers) {
+      boost::system::error_code ignored;
+      if (w.out_pipe && w.out_pipe->is_open()) {
+        w.out->finish();
+        w.out_pipe->close(ignored);
+      }
+      if (w.err_pipe && w.err_pipe->is_open()) {
+        w.err->finish();
+        w.err_pipe->close(ignored);
+      }
+    }
+    double took = seconds(Clock::now() - attempt_started);
+    if (stop_signal) {
+      spdlog::warn("ddprun: stopped by {}; workers ended after {:.2f} s", signal_name(stop_signal), took);
+      exit_code = 128 + stop_signal;
+      done = true;
+      return;
+    }
+    if (!root_cause) {
+      spdlog::info("ddprun: all {} worker{} exited 0 ({:.2f} s)", workers.size(), workers.size() == 1 ? "" : "s", took);
+      exit_code = 0;
+      done = true;
+      return;
+    }
+    // Complete the records now that every stream is drained: the last stderr lines.
+    root_cause->stderr_tail = tail_of(root_cause->local_rank);
+    for (auto& f : failures) f.stderr_tail = tail_of(f.local_rank);
+    if (restarts_left > 0) {
+      --restarts_left;
+      spdlog::warn("ddprun: rank {} failed ({}); restarting the worker group (restart {} of {})", root_cause->rank,
+                   root_cause->reason, opt.max_restarts - restarts_left, opt.max_restarts);
+      ++attempt;
+      store->reset();
+      asio::post(io, [this] { start_attempt_or_fail(); });
+      return;
+    }
+    std::string report = format_failure_report(*root_cause, failures, opt.role, attempt, opt.max_restarts);
+    write_fully(STDERR_FILENO, report);
+    exit_code = root_cause->exit_code;
+    done = true;
+  }
+
+  void start_attempt_or_fail() {
+    try {
+      start_attempt();
+    } catch (const Error& e) {
+      spdlog::error("ddprun: {}", e.what());
+      exit_code = 1;
+      done = true;
+    }
+  }
+
+  std::deque<std::string> tail_of(int local_rank) const {
+    for (const auto& w : workers) {
+      if (w.local_rank == local_rank && w.err) return w.err->tail();
+    }
+    return {};
+  }
+
+  // ---- hangs ------------------------------------------------------------------------------------
+
+  void arm_heartbeat_check() {
+    if (opt.worker_timeout.count() <= 0) return;
+    auto interval = std::clamp(opt.worker_timeout / 10, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
+    heartbeat_timer.expires_after(interval);
+    heartbeat_timer.async_wait([this](boost::system::error_code ec) {
+      if (ec || done) return;
+      check_heartbeats();
+      if (!stopping) arm_heartbeat_check();
+    });
+  }
+
+  void check_heartbeats() {
+    auto now = std::chrono::system_clock::now();
+    for (auto& w : workers) {
+      if (!w.running || w.stopped_by_agent) continue;
+      struct stat st{};
+      auto last = w.started_wall;
+      if (::stat(w.heartbeat_file.c_str(), &st) == 0) {
+        auto mtime = std::chrono::system_clock::time_point(
+            std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
+        last = std::max(last, mtime);
+      }
+      if (now - last > opt.worker_timeout) {
+        double idle = std::chrono::duration<double>(now - last).count();
+        char reason[128];
+        std::snprintf(reason, sizeof(reason), "no heartbeat for %.1f s (--worker_timeout=%.1f)", idle,
+                      std::chrono::duration<double>(opt.worker_timeout).count());
+        on_failure(w, reason, kHeartbeatExitCode);
+        return;  // the group is being stopped
+      }
+    }
+  }
+
+  // ---- signals ----------------------------------------------------------------------------------
+
+  void wait_signals() {
+    signals.async_wait([this](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      if (sig == SIGCHLD) {
+        reap();
+      } else {
+        on_stop_signal(sig);
+      }
+      if (!done) wait_signals();
+    });
+  }
+
+  void on_stop_signal(int sig) {
+    if (stop_signal != 0 && (sig == SIGINT || sig == SIGTERM)) {
+      spdlog::warn("ddprun: {} again: killing the workers now", signal_name(sig));
+      for (auto& w : workers) {
+        if (w.running) ::kill(-w.pid, SIGKILL);
+      }
+      return;
+    }
+    spdlog::warn("ddprun: received {}; forwarding it to the workers", signal_name(sig));
+    if (stop_signal == 0) stop_signal = sig;
+    restarts_left = 0;
+    bool terminating = sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT;
+    if (terminating) {
+      stop_workers(sig);
+    } else {
+      for (auto& w : workers) {
+        if (w.running) ::kill(-w.pid, sig);  // e.g. SIGUSR1, a preemption notice: the workers decide
+      }
+    }
+    maybe_finish_attempt();
+  }
+
+  int run() {
+    prepare_log_dir();
+    start_store();
+    signals.add(SIGCHLD);
+    for (int s : opt.forward_signals) signals.add(s);
+    wait_signals();
+    if (opt.nproc_per_node > 1 && !opt.base_env.count("OMP_NUM_THREADS")) {
+      spdlog::info("ddprun: OMP_NUM_THREADS=1 for each worker (set it to override)");
+    }
+    start_attempt_or_fail();
+    while (!done) {
+      io.run_one();
+    }
+    store->stop();
+    cleanup();
+    return exit_code;
+  }
+
+  void cleanup() {
+    if (!temp_log_dir) return;
+    bool logs = opt.redirects.any() || opt.tee.any();
+    if (!logs) {
+      std::error_code ec;
+      fs::remove_all(fs::path(run_dir).parent_path(), ec);
+    }
+  }
+};
+
+Agent::Agent(AgentOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Agent::~Agent() = default;
+int Agent::run() { return impl_->run(); }
+
+}  // namespace ddprun::agent

@@ -1,0 +1,61 @@
+#pragma once
+// Worker output: split into lines, prefixed, written to the console one whole line per write()
+// so lines of different workers never interleave; copied raw to per-rank log files; the last
+// stderr lines kept for the failure summary.
+
+#include <cstddef>
+#include <deque>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace ddprun::agent {
+
+// Splits a byte stream into lines. A line longer than kMaxLine is cut into pieces of that size,
+// so a writer that never sends a newline cannot make the agent buffer without bound.
+class LineSplitter {
+ public:
+  static constexpr std::size_t kMaxLine = 64 * 1024;
+  using Sink = std::function<void(std::string_view line)>;  // without the newline
+
+  void feed(std::string_view data, const Sink& sink);
+  void finish(const Sink& sink);  // end of stream: the unterminated tail, if any
+
+ private:
+  std::string partial_;
+};
+
+// Where one stream (stdout or stderr) of one worker goes.
+struct StreamRoute {
+  int console_fd = -1;   // 1 or 2; -1 = not on the console
+  std::string prefix;    // "[default0]:"
+  std::string file;      // raw copy; empty = none
+  bool keep_tail = false;  // remember the last lines (stderr, for the failure summary)
+};
+
+class StreamOutput {
+ public:
+  static constexpr std::size_t kTailLines = 20;
+
+  explicit StreamOutput(StreamRoute route);
+  void write(std::string_view data);
+  void finish();
+  const std::deque<std::string>& tail() const { return tail_; }
+  bool has_file() const { return file_ != nullptr; }
+
+ private:
+  void line(std::string_view l);
+
+  StreamRoute route_;
+  LineSplitter splitter_;
+  std::unique_ptr<std::ofstream> file_;
+  std::deque<std::string> tail_;
+  std::string scratch_;
+};
+
+// Writes all of `data` to fd, retrying on EINTR and short writes.
+void write_fully(int fd, std::string_view data);
+
+}  // namespace ddprun::agent

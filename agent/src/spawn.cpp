@@ -1,0 +1,89 @@
+#include "ddprun/agent/spawn.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ddprun/rendezvous/error.hpp"
+
+namespace ddprun::agent {
+namespace {
+
+void write_str(int fd, const char* s) {
+  ssize_t ignored = ::write(fd, s, std::strlen(s));
+  (void)ignored;
+}
+
+}  // namespace
+
+std::string find_executable(const std::string& program, const std::string& path_env) {
+  auto ok = [](const std::string& p) {
+    struct stat st{};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (program.find('/') != std::string::npos) return ok(program) ? program : "";
+  std::size_t start = 0;
+  while (start <= path_env.size()) {
+    auto end = path_env.find(':', start);
+    if (end == std::string::npos) end = path_env.size();
+    std::string dir = path_env.substr(start, end - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (ok(candidate)) return candidate;
+    start = end + 1;
+  }
+  return "";
+}
+
+SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+  // Everything the child touches is prepared before fork: after it, only async-signal-safe calls.
+  std::vector<char*> cargv, cenv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (const auto& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw Error(std::string("pipe failed: ") + std::strerror(errno));
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    throw Error(std::string("pipe failed: ") + std::strerror(errno));
+  }
+  pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    throw Error(std::string("fork failed: ") + std::strerror(e));
+  }
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);  // the agent died before the line above took effect
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(err[1], STDERR_FILENO);  // dup2 clears close-on-exec on the copies
+    ::execve(cargv[0], cargv.data(), cenv.data());
+    int e = errno;
+    write_str(STDERR_FILENO, "ddprun: cannot execute '");
+    write_str(STDERR_FILENO, cargv[0]);
+    write_str(STDERR_FILENO, "': ");
+    write_str(STDERR_FILENO, std::strerror(e));
+    write_str(STDERR_FILENO, "\n");
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here, so the group exists before the agent signals it
+  ::close(out[1]);
+  ::close(err[1]);
+  return {pid, out[0], err[0]};
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,51 @@
+// ddprun: torchrun's command line over ddprun's agent. Thin: parse, run, map errors to exit codes
+// (2 for usage errors, 1 for failures to run, otherwise the job's own code).
+
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/agent/agent.hpp"
+#include "ddprun/launcher/cli.hpp"
+#include "ddprun/rendezvous/error.hpp"
+
+extern char** environ;
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  ddprun::launcher::CliResult cli;
+  try {
+    cli = ddprun::launcher::parse_command_line(std::vector<std::string>(argv + 1, argv + argc), env,
+                                               ddprun::launcher::probe_host());
+  } catch (const ddprun::UsageError& e) {
+    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    return 2;
+  }
+  if (cli.exit_now) {
+    std::fputs(cli.text.c_str(), stdout);
+    return 0;
+  }
+  auto logger = spdlog::stderr_logger_st("ddprun");
+  logger->set_pattern("%v");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(cli.log_level));
+  std::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher; workers get the default back
+  try {
+    ddprun::agent::Agent agent(std::move(cli.agent));
+    return agent.run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,371 @@
+// End-to-end tests of the built ddprun binary with tiny workers (test_worker, sh).
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "e2e/launch.hpp"
+
+using namespace ddprun::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kDdprun = DDPRUN_BIN;
+const std::string kWorker = TEST_WORKER_BIN;
+const std::string kStore = DDPRUN_STORE_BIN;
+
+std::vector<std::string> with_ddprun(std::initializer_list<std::string> args) {
+  std::vector<std::string> v = {kDdprun};
+  v.insert(v.end(), args);
+  return v;
+}
+
+std::map<std::string, std::string> parse_env(const std::string& out, int rank) {
+  std::map<std::string, std::string> env;
+  std::string prefix = "[default" + std::to_string(rank) + "]:";
+  for (const auto& l : lines(out)) {
+    if (l.rfind(prefix, 0) != 0) continue;
+    auto kv = l.substr(prefix.size());
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/ddprun-test-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+}  // namespace
+
+TEST_CASE("every rank gets torchrun's environment", "[e2e]") {
+  Launch l(with_ddprun({"--standalone", "--nproc_per_node=3", "--max_restarts=2", kWorker, "env"}),
+           {{"DDPRUN_TEST_INHERITED", "yes"}});
+  auto r = l.finish();
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  std::set<std::string> ports, run_ids, error_files;
+  for (int rank = 0; rank < 3; ++rank) {
+    auto env = parse_env(r.out, rank);
+    CHECK(env["RANK"] == std::to_string(rank));
+    CHECK(env["LOCAL_RANK"] == std::to_string(rank));
+    CHECK(env["WORLD_SIZE"] == "3");
+    CHECK(env["LOCAL_WORLD_SIZE"] == "3");
+    CHECK(env["GROUP_RANK"] == "0");
+    CHECK(env["GROUP_WORLD_SIZE"] == "1");
+    CHECK(env["ROLE_NAME"] == "default");
+    CHECK(env["ROLE_RANK"] == std::to_string(rank));
+    CHECK(env["ROLE_WORLD_SIZE"] == "3");
+    CHECK(env["MASTER_ADDR"] == "127.0.0.1");
+    CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "0");
+    CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "2");
+    CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "True");
+    CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
+    CHECK(env["OMP_NUM_THREADS"] == "1");
+    CHECK(env["DDPRUN_TEST_INHERITED"] == "yes");
+    CHECK_THAT(env["TORCHELASTIC_ERROR_FILE"], Catch::EndsWith("/attempt_0/" + std::to_string(rank) + "/error.json"));
+    CHECK_THAT(env["DDPRUN_HEARTBEAT_FILE"], Catch::EndsWith("/attempt_0/" + std::to_string(rank) + "/heartbeat"));
+    ports.insert(env["MASTER_PORT"]);
+    run_ids.insert(env["TORCHELASTIC_RUN_ID"]);
+    error_files.insert(env["TORCHELASTIC_ERROR_FILE"]);
+  }
+  CHECK(ports.size() == 1);
+  CHECK(*ports.begin() != "29500");  // --standalone binds a free port
+  CHECK(run_ids.size() == 1);
+  CHECK(run_ids.begin()->size() == 12);  // a random run id
+  CHECK(error_files.size() == 3);
+}
+
+TEST_CASE("a binary runs directly, with ${local_rank} substituted in its arguments", "[e2e]") {
+  Launch l(with_ddprun({"--standalone", "--nproc-per-node", "2", kWorker, "arg", "--shard=${local_rank}", "x"}));
+  auto r = l.finish();
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("[default0]:arg --shard=0"));
+  CHECK_THAT(r.out, Catch::Contains("[default1]:arg --shard=1"));
+  CHECK_THAT(r.out, Catch::Contains("[default1]:arg x"));
+}
+
+TEST_CASE("a failed group restarts with the restart count raised, until it succeeds", "[e2e]") {
+  Launch l(with_ddprun({"--standalone", "--nproc_per_node=2", "--max_restarts=3", kWorker, "fail_before_attempt:2:5", "env"}));
+  auto r = l.finish();
+  INFO(r.out << r.err);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("[default1]:TORCHELASTIC_RESTART_COUNT=2"));
+  CHECK_THAT(r.out, Catch::Contains("[default0]:TORCHELASTIC_RESTART_COUNT=2"));
+  CHECK(Launch::occurrences(r.err, "restarting the worker group") == 2);
+}
+
+TEST_CASE("exhausted restarts end with the worker's exit code and a summary", "[e2e]") {
+  Launch l(with_ddprun({"--standalone", "--nproc_per_node=2", "--max_restarts=1", kWorker, "stderr:about to fail",
+                   "exit_if_rank:1:7", "block"}));
+  auto r = l.finish();
+  INFO(r.out << r.err);
+  CHECK(r.code == 7);
+  CHECK_THAT(r.err, Catch::Contains("Root cause (first observed failure)"));
+  CHECK_THAT(r.err, Catch::Contains("rank       : 1 (local_rank 1"));
+  CHECK_THAT(r.err, Catch::Contains("failure    : exit code 7"));
+  CHECK_THAT(r.err, Catch::Contains("about to fail"));  // its last stderr lines
+  CHECK_THAT(r.err, Catch::Contains("rank 0 (local_rank 0"));  // the other failure: stopped by ddprun
+  CHECK_THAT(r.err, Catch::Contains("stopped by ddprun"));
+  CHECK_THAT(r.err, Catch::Contains("ddprun exits with 7"));
+}
+
+TEST_CASE("a worker killed by a signal gives 128 + the signal", "[e2e]") {
+  Launch l(with_ddprun({"--standalone", "--nproc_per_node=2", kWorker, "exit_if_rank:0:0", "signal:SEGV"}));
+  auto r = l.finish();
+  INFO(r.out << r.err);
+  CHECK(r.code == 128 + SIGSEGV);
+  CHECK_THAT(r.err, Catch::Contains("signal SIGSEGV (11)"));
+}
+
+TEST_CASE("the error file a worker writes appears in the summary", "[e2e]") {
+  Launch l(with_ddprun({"--standalone", "--nproc_per_node=1", kWorker, "errorfile", "exit:1"}));
+  auto r = l.finish();
+  INFO(r.out << r.err);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.err, Catch::Contains("ValueError: loss is NaN at step 7"));
+  CHECK_THAT(r.err, Catch::Contains("File \"train.py\", line 12, in step"));
+  CHECK_THAT(r.err, Catch::Contains("error file : /"));
+}
+
+TEST_CASE("one worker dying while another blocks tears the group down at once", "[e2e]") {
+  // rank 0 blocks forever (as in a collective whose peer died); rank 1 fails.
+  Launch l(with_ddprun({"--standalone", "--nproc_per_node=2", "--stop_timeout=30", kWorker, "exit_if_rank:1:3", "block"}));
+  auto r = l.finish(20s);
+  INFO(r.out << r.err);
+  CHECK(r.code == 3);
+  CHECK(r.seconds < 5);  // SIGTERM ended rank 0: no need for the 30 s grace period
+}
+
+TEST_CASE("a worker that ignores SIGTERM is killed after the grace period", "[e2e]") {
+  Launch l(with_ddprun({"--standalone", "--nproc_per_node=2", "--stop_timeout=0.3", "--no_python", "sh", "-c",
+                   "trap '' TERM; [ $RANK = 1 ] && exit 4; echo ready; while :; do sleep 0.05; done"}));
+  auto r = l.finish(20s);
+  INFO(r.out << r.err);
+  CHECK(r.code == 4);
+  CHECK_THAT(r.err, Catch::Contains("sending SIGKILL"));
+}
+
+TEST_CASE("nothing survives kill -9 of ddprun, grandchildren included", "[e2e]") {
+  Launch l(with_ddprun({"--standalone", "--nproc_per_node=2", kWorker, "pid", "grandchild", "ready", "block"}));
+  REQUIRE(l.wait_for("ready", 2));
+  std::vector<pid_t> pids;
+  std::regex re(R"(\]:(pid|grandchild) (\d+))");
+  for (std::sregex_iterator it(l.out().begin(), l.out().end(), re), end; it != end; ++it) {
+    pids.push_back(std::stoi((*it)[2]));
+  }
+  REQUIRE(pids.size() == 4);
+  for (pid_t p : pids) REQUIRE(::kill(p, 0) == 0);
+  l.signal(SIGKILL);
+  l.finish();
+  for (pid_t p : pids) {
+    INFO("pid " << p);
+    CHECK(process_gone(p, 5s));
+  }
+}
+
+TEST_CASE("SIGINT is forwarded to the workers and ddprun exits 130", "[e2e]") {
+  Launch l(with_ddprun({"--standalone", "--nproc_per_node=2", kWorker, "trap:INT", "ready", "block"}));
+  REQUIRE(l.wait_for("ready", 2));
+  l.signal(SIGINT);
+  auto r = l.finish(20s);
+  INFO(r.out << r.err);
+  CHECK(r.code == 130);
+  CHECK(Launch::occurrences(r.out, "got INT") == 2);
+}
+
+TEST_CASE("SIGUSR1 is forwarded when listed in --signals_to_handle", "[e2e]") {
+  Launch l(with_ddprun({"--standalone", "--nproc_per_node=2", "--signals_to_handle=SIGUSR1", kWorker, "trap:USR1", "ready",
+                   "block"}));
+  REQUIRE(l.wait_for("ready", 2));
+  l.signal(SIGUSR1);
+  auto r = l.finish(20s);
+  INFO(r.out << r.err);
+  CHECK(r.code == 128 + SIGUSR1);
+  CHECK(Launch::occurrences(r.out, "got USR1") == 2);
+}
+
+TEST_CASE("a worker without heartbeats for --worker_timeout is failed as hung", "[e2e]") {
+  SECTION("hung worker") {
+    Launch l(with_ddprun({"--standalone", "--nproc_per_node=2", "--worker_timeout=0.5", kWorker, "heartbeat:3:50",
+                     "exit_if_rank:0:0", "block"}));
+    auto r = l.finish(20s);
+    INFO(r.out << r.err);
+    CHECK(r.code == 124);
+    CHECK_THAT(r.err, Catch::Contains("no heartbeat for"));
+    CHECK_THAT(r.err, Catch::Contains("rank       : 1"));
+  }
+  SECTION("a worker that beats regularly runs to completion") {
+    Launch l(with_ddprun({"--standalone", "--nproc_per_node=2", "--worker_timeout=0.5", kWorker, "heartbeat:15:100"}));
+    auto r = l.finish(20s);
+    INFO(r.out << r.err);
+    CHECK(r.code == 0);
+  }
+}
+
+TEST_CASE("console lines are whole and prefixed under load", "[e2e]") {
+  constexpr int kLines = 3000;
+  Launch l(with_ddprun({"--standalone", "--nproc_per_node=4", kWorker, "flood:3000:500", "longline:200000"}));
+  auto r = l.finish(60s);
+  REQUIRE(r.code == 0);
+  std::regex line_re(R"(\[default(\d)\]:r(\d) l(\d+) ([a-z]+) end)");
+  std::map<int, int> counts;
+  int long_pieces = 0;
+  for (const auto& line : lines(r.out)) {
+    std::smatch m;
+    if (std::regex_match(line, m, line_re)) {
+      CHECK(m[1] == m[2]);  // the prefix names the rank that wrote the line
+      CHECK(m[4].length() == 500);
+      CHECK(m[4].str() == std::string(500, static_cast<char>('a' + std::stoi(m[2]))));
+      counts[std::stoi(m[1])]++;
+    } else if (line.size() > 11 && line.compare(0, 8, "[default") == 0 && line.compare(9, 2, "]:") == 0 &&
+               line.find_first_not_of('x', 11) == std::string::npos) {
+      ++long_pieces;  // (std::regex would overflow the stack on a 64 KiB line)
+    } else {
+      FAIL_CHECK("mangled line: " << line.substr(0, 200));
+    }
+  }
+  for (int rank = 0; rank < 4; ++rank) CHECK(counts[rank] == kLines);
+  CHECK(long_pieces == 4 * 4);  // 200,000 characters = 4 pieces of at most 64 KiB each
+}
+
+TEST_CASE("--log_dir, --redirects and --tee write per-rank log files", "[e2e]") {
+  auto dir = temp_dir();
+  SECTION("redirects: files only") {
+    Launch l(with_ddprun({"--nproc_per_node=2", "--master_port=0", "--rdzv_id=job1", "--log_dir=" + dir, "--redirects=3",
+                     kWorker, "stderr:oops", "arg", "hello"}));
+    auto r = l.finish();
+    INFO(r.out << r.err);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("hello") == std::string::npos);
+    for (int rank = 0; rank < 2; ++rank) {
+      std::string base = dir + "/job1/attempt_0/" + std::to_string(rank);
+      std::ifstream out(base + "/stdout.log"), err(base + "/stderr.log");
+      std::stringstream so, se;
+      so << out.rdbuf();
+      se << err.rdbuf();
+      CHECK(so.str() == "arg hello\n");
+      CHECK(se.str() == "oops\n");
+    }
+  }
+  SECTION("tee: files and console, per-rank selection") {
+    Launch l(with_ddprun({"--nproc_per_node=2", "--master_port=0", "--rdzv_id=job2", "--log_dir=" + dir, "--tee=0:1",
+                     kWorker, "arg", "hello"}));
+    auto r = l.finish();
+    INFO(r.out << r.err);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("[default0]:arg hello"));
+    CHECK_THAT(r.out, Catch::Contains("[default1]:arg hello"));
+    CHECK(fs::exists(dir + "/job2/attempt_0/0/stdout.log"));
+    CHECK_FALSE(fs::exists(dir + "/job2/attempt_0/1/stdout.log"));
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("--local_ranks_filter and the prefix template", "[e2e]") {
+  Launch l(with_ddprun({"--standalone", "--nproc_per_node=3", "--local_ranks_filter=0,2", kWorker, "arg", "hi"}),
+           {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "<${role_name}|${rank}|${local_rank}> "}});
+  auto r = l.finish();
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("<default|0|0> arg hi"));
+  CHECK_THAT(r.out, Catch::Contains("<default|2|2> arg hi"));
+  CHECK(r.out.find("<default|1|1>") == std::string::npos);
+}
+
+TEST_CASE("a restarted attempt does not see the previous attempt's store keys", "[e2e]") {
+  Launch l(with_ddprun({"--standalone", "--nproc_per_node=2", "--max_restarts=1", kWorker, "store_absent:key${local_rank}",
+                   "store_set:key${local_rank}", "fail_before_attempt:1:3"}));
+  auto r = l.finish();
+  INFO(r.out << r.err);
+  CHECK(r.code == 0);
+  CHECK(Launch::occurrences(r.err, "restarting the worker group") == 1);
+}
+
+TEST_CASE("PET_ environment variables stand in for flags; flags win", "[e2e]") {
+  Launch l(with_ddprun({"--standalone", kWorker, "env"}), {{"PET_NPROC_PER_NODE", "2"}});
+  auto r = l.finish();
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("[default1]:WORLD_SIZE=2"));
+  Launch l2(with_ddprun({"--standalone", "--nproc_per_node=1", kWorker, "env"}), {{"PET_NPROC_PER_NODE", "2"}});
+  auto r2 = l2.finish();
+  CHECK_THAT(r2.out, Catch::Contains("[default0]:WORLD_SIZE=1"));
+}
+
+TEST_CASE("--help and --version", "[e2e]") {
+  auto r = Launch(with_ddprun({"--help"})).finish();
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("Worker group"));
+  CHECK_THAT(r.out, Catch::Contains("--nproc_per_node"));
+  CHECK_THAT(r.out, Catch::Contains("Failures and hangs"));
+  auto v = Launch(with_ddprun({"--version"})).finish();
+  CHECK(v.code == 0);
+  CHECK_THAT(v.out, Catch::StartsWith("ddprun "));
+}
+
+TEST_CASE("bad input gets one clear message and exit 2", "[e2e]") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  auto dir = temp_dir();
+  std::string not_exec = dir + "/train";
+  std::ofstream(not_exec) << "#!/bin/sh\necho hi\n";
+  std::vector<Case> cases = {
+      {{"--nproc_per_node=0", kWorker}, "--nproc_per_node must be a positive integer, 'cpu', 'gpu' or 'auto' (got '0')"},
+      {{"--nproc_per_node=-1", kWorker}, "(got '-1')"},
+      {{"--nproc_per_node=many", kWorker}, "(got 'many')"},
+      {{"--nnodes=3:2", kWorker}, "--nnodes=3:2: MIN is larger than MAX"},
+      {{"--standalone"}, "no training program given"},
+      {{"--standalone", "/nonexistent/train"}, "training program '/nonexistent/train' not found"},
+      {{"--standalone", "missing.py"}, "training script 'missing.py' not found"},
+      {{"--standalone", not_exec}, "is not executable: chmod +x it"},
+      {{"--frobnicate", kWorker}, "unknown option '--frobnicate'"},
+      {{"--master_port=70000", kWorker}, "--master_port must be a port number 0-65535 (got '70000')"},
+      {{"--rdzv_backend=c10d", "--rdzv_endpoint=host:port:x", kWorker}, "--rdzv_endpoint='host:port:x' is malformed"},
+      {{"--rdzv_backend=c10d", "--rdzv_endpoint=[::1", kWorker}, "missing ']'"},
+      {{"--rdzv_backend=c10d", "--rdzv_endpoint=node:99999", kWorker}, "port must be 0-65535"},
+      {{"--signals_to_handle=SIGKILL", kWorker}, "'SIGKILL' is not one of"},
+      {{"--redirects=5", kWorker}, "--redirects values are 0 (none)"},
+      {{"-m", "--no_python", "x"}, "-m and --no_python cannot be used together"},
+      {{"--worker_timeout=-1", kWorker}, "--worker_timeout must be a non-negative number of seconds"},
+      {{"--max_restarts"}, "needs a value"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> argv = {kDdprun};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    auto r = Launch(argv).finish();
+    INFO("ddprun " << c.args[0] << " ...: " << r.err);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::StartsWith("ddprun: error: "));
+    CHECK_THAT(r.err, Catch::Contains(c.message));
+    CHECK(Launch::occurrences(r.err, "\n") == 1);  // one line
+    CHECK(r.err.find("terminate called") == std::string::npos);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a store address already in use is named, with a hint", "[e2e]") {
+  Launch store({kStore, "--host", "127.0.0.1", "--port", "0"});
+  REQUIRE(store.wait_for("listening on"));
+  auto line = store.out();
+  auto port = line.substr(line.rfind(':') + 1);
+  port = port.substr(0, port.find('\n'));
+  auto r = Launch(with_ddprun({"--nproc_per_node=1", "--master_port=" + port, kWorker})).finish();
+  INFO(r.err);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.err, Catch::Contains("127.0.0.1:" + port));
+  CHECK_THAT(r.err, Catch::Contains("already in use"));
+  CHECK_THAT(r.err, Catch::Contains("--standalone"));
+  CHECK_THAT(r.err, Catch::Contains("--master_port"));
+  store.signal(SIGTERM);
+  CHECK(store.finish().code == 0);
+}

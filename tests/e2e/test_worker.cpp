@@ -1,0 +1,163 @@
+// A worker for the launcher's end-to-end tests, run directly (an ELF binary, not Python).
+// It performs its arguments in order:
+//   env                    print the launcher-provided variables as KEY=VALUE
+//   exit:N                 exit with N
+//   exit_if_rank:R:N       exit with N when RANK == R
+//   fail_before_attempt:K:N  on RANK 1, exit with N while TORCHELASTIC_RESTART_COUNT < K
+//   signal:NAME            raise SEGV, KILL, ABRT or TERM
+//   trap:NAME              on that signal (INT, TERM, USR1) print "got NAME" and exit 0
+//   ready                  print "ready"
+//   block                  wait for signals forever
+//   grandchild             fork a process that blocks; print "grandchild PID"
+//   pid                    print "pid PID"
+//   heartbeat:N:MS         touch DDPRUN_HEARTBEAT_FILE N times, MS apart
+//   flood:LINES:LEN        print LINES lines of LEN characters, as fast as possible
+//   longline:LEN           print one line of LEN characters
+//   errorfile              write a PyTorch-style error JSON to TORCHELASTIC_ERROR_FILE
+//   store_set:KEY          set KEY in the store at MASTER_ADDR:MASTER_PORT
+//   store_absent:KEY       exit 9 if KEY exists in that store
+//   stderr:TEXT            print TEXT to stderr
+//   arg                    print the remaining arguments, then stop
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "ddprun/rendezvous/tcp_store.hpp"
+
+namespace {
+
+std::string env(const char* k) {
+  const char* v = std::getenv(k);
+  return v ? v : "";
+}
+
+int sig_number(const std::string& n) {
+  if (n == "SEGV") return SIGSEGV;
+  if (n == "KILL") return SIGKILL;
+  if (n == "ABRT") return SIGABRT;
+  if (n == "TERM") return SIGTERM;
+  if (n == "INT") return SIGINT;
+  if (n == "USR1") return SIGUSR1;
+  return 0;
+}
+
+char g_trap_msg[64];
+void on_trap(int) {
+  ssize_t ignored = write(1, g_trap_msg, std::strlen(g_trap_msg));
+  (void)ignored;
+  _exit(0);
+}
+
+ddprun::rendezvous::TcpStore connect_store() {
+  ddprun::rendezvous::TcpStoreOptions o;
+  o.host = env("MASTER_ADDR");
+  o.port = static_cast<std::uint16_t>(std::stoi(env("MASTER_PORT")));
+  o.timeout = std::chrono::seconds(10);
+  return ddprun::rendezvous::TcpStore(o);
+}
+
+std::string after(const std::string& a, std::size_t n) { return a.substr(n); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "env") {
+      for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                            "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                            "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+                            "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                            "OMP_NUM_THREADS", "DDPRUN_HEARTBEAT_FILE", "DDPRUN_TEST_INHERITED"}) {
+        std::printf("%s=%s\n", k, env(k).c_str());
+      }
+    } else if (a.rfind("exit:", 0) == 0) {
+      return std::atoi(after(a, 5).c_str());
+    } else if (a.rfind("exit_if_rank:", 0) == 0) {
+      auto rest = after(a, 13);
+      auto colon = rest.find(':');
+      if (env("RANK") == rest.substr(0, colon)) return std::atoi(rest.substr(colon + 1).c_str());
+    } else if (a.rfind("fail_before_attempt:", 0) == 0) {
+      auto rest = after(a, 20);
+      auto colon = rest.find(':');
+      if (env("RANK") == "1" && std::atoi(env("TORCHELASTIC_RESTART_COUNT").c_str()) < std::atoi(rest.substr(0, colon).c_str())) {
+        return std::atoi(rest.substr(colon + 1).c_str());
+      }
+    } else if (a.rfind("signal:", 0) == 0) {
+      std::fflush(stdout);
+      ::raise(sig_number(after(a, 7)));
+    } else if (a.rfind("trap:", 0) == 0) {
+      std::string name = after(a, 5);
+      std::snprintf(g_trap_msg, sizeof(g_trap_msg), "got %s\n", name.c_str());
+      ::signal(sig_number(name), on_trap);
+    } else if (a == "ready") {
+      std::printf("ready\n");
+    } else if (a == "block") {
+      std::fflush(stdout);
+      for (;;) ::pause();
+    } else if (a == "grandchild") {
+      pid_t p = ::fork();
+      if (p == 0) {
+        for (;;) ::pause();
+      }
+      std::printf("grandchild %d\n", p);
+    } else if (a == "pid") {
+      std::printf("pid %d\n", ::getpid());
+    } else if (a.rfind("heartbeat:", 0) == 0) {
+      auto rest = after(a, 10);
+      auto colon = rest.find(':');
+      int n = std::atoi(rest.substr(0, colon).c_str());
+      int ms = std::atoi(rest.substr(colon + 1).c_str());
+      for (int k = 0; k < n; ++k) {
+        ::utimensat(AT_FDCWD, env("DDPRUN_HEARTBEAT_FILE").c_str(), nullptr, 0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));  // the work between two beats
+      }
+    } else if (a.rfind("flood:", 0) == 0) {
+      auto rest = after(a, 6);
+      auto colon = rest.find(':');
+      int lines = std::atoi(rest.substr(0, colon).c_str());
+      int len = std::atoi(rest.substr(colon + 1).c_str());
+      std::string rank = env("RANK");
+      std::setvbuf(stdout, nullptr, _IOFBF, 1 << 16);  // big writes that split lines anywhere
+      for (int k = 0; k < lines; ++k) {
+        std::string body(static_cast<std::size_t>(len), static_cast<char>('a' + std::atoi(rank.c_str()) % 26));
+        std::printf("r%s l%d %s end\n", rank.c_str(), k, body.c_str());
+      }
+      std::fflush(stdout);
+      std::setvbuf(stdout, nullptr, _IOLBF, 0);
+    } else if (a.rfind("longline:", 0) == 0) {
+      std::string body(static_cast<std::size_t>(std::atoi(after(a, 9).c_str())), 'x');
+      std::printf("%s\n", body.c_str());
+    } else if (a == "errorfile") {
+      std::ofstream(env("TORCHELASTIC_ERROR_FILE"))
+          << R"({"message": {"message": "ValueError: loss is NaN at step 7", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"train.py\", line 12, in step\nValueError: loss is NaN at step 7\n", "timestamp": "1"}}})";
+    } else if (a.rfind("store_set:", 0) == 0) {
+      connect_store().set(after(a, 10), "1");
+    } else if (a.rfind("store_absent:", 0) == 0) {
+      if (connect_store().check({after(a, 13)})) {
+        std::printf("key %s is left over from an earlier attempt\n", after(a, 13).c_str());
+        return 9;
+      }
+    } else if (a.rfind("stderr:", 0) == 0) {
+      std::fprintf(stderr, "%s\n", after(a, 7).c_str());
+    } else if (a == "arg") {
+      for (int k = i + 1; k < argc; ++k) std::printf("arg %s\n", argv[k]);
+      break;
+    } else {
+      std::fprintf(stderr, "test_worker: unknown action %s\n", a.c_str());
+      return 99;
+    }
+  }
+  return 0;
+}
