@@ -71,6 +71,7 @@ struct Agent::Impl {
   std::optional<FailureRecord> root_cause;
   std::vector<FailureRecord> failures;
   bool stopping = false;      // tearing the current attempt down
+  bool attempt_over = false;  // finish_attempt ran for the current attempt
   int stop_signal = 0;        // ddprun was told to stop by this signal
   int exit_code = 0;
   bool done = false;
@@ -163,6 +164,7 @@ struct Agent::Impl {
 
   void start_attempt() {
     stopping = false;
+    attempt_over = false;
     root_cause.reset();
     failures.clear();
     workers.clear();
@@ -279,8 +281,8 @@ struct Agent::Impl {
     }
     stopping = true;
     kill_timer.expires_after(opt.stop_timeout);
-    kill_timer.async_wait([this](boost::system::error_code ec) {
-      if (ec) return;
+    kill_timer.async_wait([this, gen = attempt](boost::system::error_code ec) {
+      if (ec || gen != attempt) return;
       for (auto& w : workers) {
         if (w.running) {
           spdlog::warn("ddprun: worker {} (pid {}) did not stop within {:.1f} s of SIGTERM; sending SIGKILL", w.rank,
@@ -300,15 +302,15 @@ struct Agent::Impl {
   }
 
   void maybe_finish_attempt() {
-    if (done || !all_reaped()) return;
+    if (done || attempt_over || !all_reaped()) return;
     bool drained = true;
     for (const auto& w : workers) drained = drained && w.open_pipes == 0;
     if (!drained) {
       // Output still in the pipes: wait for it briefly (a grandchild that escaped the process
       // group could hold a pipe open forever).
       drain_timer.expires_after(2s);
-      drain_timer.async_wait([this](boost::system::error_code ec) {
-        if (!ec) finish_attempt();
+      drain_timer.async_wait([this, gen = attempt](boost::system::error_code ec) {
+        if (!ec && gen == attempt) finish_attempt();
       });
       return;
     }
@@ -316,7 +318,10 @@ struct Agent::Impl {
   }
 
   void finish_attempt() {
-    if (done) return;
+    // Once per attempt: a drain timer that fired just as the last pipe closed must not finish
+    // the attempt a second time.
+    if (done || attempt_over) return;
+    attempt_over = true;
     drain_timer.cancel();
     kill_timer.cancel();
     heartbeat_timer.cancel();
@@ -385,8 +390,8 @@ struct Agent::Impl {
     if (opt.worker_timeout.count() <= 0) return;
     auto interval = std::clamp(opt.worker_timeout / 10, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
     heartbeat_timer.expires_after(interval);
-    heartbeat_timer.async_wait([this](boost::system::error_code ec) {
-      if (ec || done) return;
+    heartbeat_timer.async_wait([this, gen = attempt](boost::system::error_code ec) {
+      if (ec || done || gen != attempt) return;
       check_heartbeats();
       if (!stopping) arm_heartbeat_check();
     });

@@ -55,7 +55,14 @@ SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::ve
     throw Error(std::string("pipe failed: ") + std::strerror(errno));
   }
   pid_t parent = ::getpid();
+  // Block every signal across fork: until the child has reset its handlers, a signal would run
+  // the agent's handler in the child (Asio's, which writes to the agent's own signal pipe and
+  // makes the agent believe it received that signal).
+  sigset_t all, saved;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_BLOCK, &all, &saved);
   pid_t pid = ::fork();
+  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
   if (pid < 0) {
     int e = errno;
     for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
@@ -65,10 +72,10 @@ SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::ve
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);  // the agent died before the line above took effect
+    for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);  // dup2 clears close-on-exec on the copies
     ::execve(cargv[0], cargv.data(), cenv.data());

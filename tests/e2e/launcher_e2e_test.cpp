@@ -369,3 +369,17 @@ TEST_CASE("a store address already in use is named, with a hint", "[e2e]") {
   store.signal(SIGTERM);
   CHECK(store.finish().code == 0);
 }
+
+TEST_CASE("restarts of 8 workers are reliable, run after run", "[e2e]") {
+  // Regression: a drain timer firing as the last pipe closed finished an attempt twice, which
+  // used up the restart budget without a restart.
+  for (int run = 0; run < 15; ++run) {
+    // attempt 0: rank 1 fails, the others block until stopped; attempt 1: all exit 0.
+    Launch l(with_ddprun({"--standalone", "--nproc_per_node=8", "--max_restarts=1", kWorker, "fail_before_attempt:1:3",
+                          "block_if_attempt:0"}));
+    auto r = l.finish(20s);
+    INFO("run " << run << "\n" << r.err);
+    REQUIRE(r.code == 0);
+    REQUIRE(Launch::occurrences(r.err, "restarting the worker group") == 1);
+  }
+}

@@ -8,6 +8,7 @@
 //   trap:NAME              on that signal (INT, TERM, USR1) print "got NAME" and exit 0
 //   ready                  print "ready"
 //   block                  wait for signals forever
+//   block_if_attempt:K     wait for signals forever when TORCHELASTIC_RESTART_COUNT == K
 //   grandchild             fork a process that blocks; print "grandchild PID"
 //   pid                    print "pid PID"
 //   heartbeat:N:MS         touch DDPRUN_HEARTBEAT_FILE N times, MS apart
@@ -106,6 +107,11 @@ int main(int argc, char** argv) {
     } else if (a == "block") {
       std::fflush(stdout);
       for (;;) ::pause();
+    } else if (a.rfind("block_if_attempt:", 0) == 0) {
+      if (env("TORCHELASTIC_RESTART_COUNT") == after(a, 17)) {
+        std::fflush(stdout);
+        for (;;) ::pause();
+      }
     } else if (a == "grandchild") {
       pid_t p = ::fork();
       if (p == 0) {

@@ -1,0 +1,120 @@
+#!/usr/bin/python3
+"""PyTorch scripts under ddprun, unchanged (Debian's python3-torch 1.13):
+
+1. examples/ddp_train.py, a 2-rank DDP gloo training run, gives the same parameters under ddprun
+   as under torchrun (../shared/tools/torchrun_fixed.py).
+2. A script using torch.distributed.TCPStore on MASTER_ADDR:MASTER_PORT works against ddprun's store.
+3. An exception in a script decorated with torch's @record reaches ddprun's failure summary.
+
+Exits 77 (skipped) when torch cannot be imported.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import torch  # noqa: F401
+except ImportError as e:  # pragma: no cover
+    print(f"SKIP: torch is not importable with {sys.executable}: {e}")
+    sys.exit(77)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TORCHRUN = os.path.join(os.path.dirname(ROOT), "shared", "tools", "torchrun_fixed.py")
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    print(f"ok: {what}")
+
+
+def run(cmd, env=None, timeout=300):
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    return p, time.monotonic() - t0
+
+
+def results(text):
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"RESULT rank=(\d+) world=\d+ loss=\S+ checksum=(\S+)", text)}
+
+
+def ddp_same_as_torchrun(ddprun, env):
+    script = os.path.join(ROOT, "examples", "ddp_train.py")
+    p, t_ours = run([ddprun, "--standalone", "--nproc_per_node=2", script, "--epochs", "2"], env)
+    check(p.returncode == 0, f"ddprun ran the DDP script (exit {p.returncode}; {p.stderr[-500:]})")
+    ours = results(p.stdout)
+    check(sorted(ours) == [0, 1], f"both ranks reported under ddprun: {ours}")
+    check(len(set(ours.values())) == 1, "ranks agree under ddprun")
+    if not os.path.exists(TORCHRUN):
+        print(f"SKIP part: {TORCHRUN} not found, no torchrun comparison")
+        return
+    p, t_theirs = run([sys.executable, TORCHRUN, "--standalone", "--nproc_per_node=2", script, "--epochs", "2"], env)
+    check(p.returncode == 0, f"torchrun ran the DDP script (exit {p.returncode}; {p.stderr[-500:]})")
+    theirs = results(p.stdout)
+    check(ours == theirs, f"same parameters under ddprun and torchrun: {ours} vs {theirs}")
+    print(f"wall time: ddprun {t_ours:.2f} s, torchrun {t_theirs:.2f} s")
+
+
+STORE_SCRIPT = r"""
+import datetime, os, torch.distributed as dist
+s = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                  timeout=datetime.timedelta(seconds=30))
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+if rank == 0:
+    s.set("greeting", "hello from rank 0")
+print("got", s.get("greeting").decode(), flush=True)
+n = s.add("arrived", 1)
+s.wait(["greeting"])
+if n == world:
+    s.set("all_arrived", "yes")
+s.wait(["all_arrived"])
+print("rank", rank, "done, arrivals", s.get("arrived").decode(), flush=True)
+"""
+
+RECORD_SCRIPT = r"""
+from torch.distributed.elastic.multiprocessing.errors import record
+@record
+def main():
+    raise ValueError("the learning rate is negative")
+main()
+"""
+
+
+def tcpstore_script(ddprun, env, tmp):
+    path = os.path.join(tmp, "store_user.py")
+    with open(path, "w") as f:
+        f.write(STORE_SCRIPT)
+    p, _ = run([ddprun, "--standalone", "--nproc_per_node=3", path], env)
+    check(p.returncode == 0, f"TCPStore script exit 0 ({p.stderr[-500:]})")
+    check(p.stdout.count("got hello from rank 0") == 3, "every rank read rank 0's key")
+    check(p.stdout.count("arrivals 3") == 3, "counter reached 3 on every rank")
+
+
+def error_file(ddprun, env, tmp):
+    path = os.path.join(tmp, "fails.py")
+    with open(path, "w") as f:
+        f.write(RECORD_SCRIPT)
+    p, _ = run([ddprun, "--standalone", "--nproc_per_node=1", path], env)
+    check(p.returncode == 1, f"a raising script exits 1 (got {p.returncode})")
+    check("ValueError: the learning rate is negative" in p.stderr, "summary shows the exception message")
+    check("raise ValueError" in p.stderr, "summary shows the traceback")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ddprun", required=True)
+    args = ap.parse_args()
+    env = dict(os.environ, PYTHON_EXEC="/usr/bin/python3")
+    with tempfile.TemporaryDirectory() as tmp:
+        ddp_same_as_torchrun(args.ddprun, env)
+        tcpstore_script(args.ddprun, env, tmp)
+        error_file(args.ddprun, env, tmp)
+    print("all launcher PyTorch checks passed")
+
+
+if __name__ == "__main__":
+    main()
