@@ -79,7 +79,7 @@ launcher::CliResult parse(std::vector<std::string> args, std::map<std::string, s
 
 }  // namespace
 
-TEST_CASE("--nproc_per_node accepts a number, cpu, gpu and auto", "[units]") {
+TEST_CASE("nproc_per_node accepts a number, cpu, gpu and auto", "[units]") {
   CHECK(parse({"--nproc_per_node=3", "/bin/true"}).agent.nproc_per_node == 3);
   CHECK(parse({"--nproc_per_node", "cpu", "/bin/true"}).agent.nproc_per_node == 6);
   CHECK(parse({"--nproc_per_node=gpu", "/bin/true"}, {}, 8).agent.nproc_per_node == 8);

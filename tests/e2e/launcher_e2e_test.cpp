@@ -236,7 +236,7 @@ TEST_CASE("console lines are whole and prefixed under load", "[e2e]") {
   CHECK(long_pieces == 4 * 4);  // 200,000 characters = 4 pieces of at most 64 KiB each
 }
 
-TEST_CASE("--log_dir, --redirects and --tee write per-rank log files", "[e2e]") {
+TEST_CASE("log files: --log_dir, --redirects and --tee write per-rank files", "[e2e]") {
   auto dir = temp_dir();
   SECTION("redirects: files only") {
     Launch l(with_ddprun({"--nproc_per_node=2", "--master_port=0", "--rdzv_id=job1", "--log_dir=" + dir, "--redirects=3",
@@ -269,7 +269,7 @@ TEST_CASE("--log_dir, --redirects and --tee write per-rank log files", "[e2e]") 
   fs::remove_all(dir);
 }
 
-TEST_CASE("--local_ranks_filter and the prefix template", "[e2e]") {
+TEST_CASE("console filter and prefix template: --local_ranks_filter, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[e2e]") {
   Launch l(with_ddprun({"--standalone", "--nproc_per_node=3", "--local_ranks_filter=0,2", kWorker, "arg", "hi"}),
            {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "<${role_name}|${rank}|${local_rank}> "}});
   auto r = l.finish();
@@ -300,7 +300,7 @@ TEST_CASE("PET_ environment variables stand in for flags; flags win", "[e2e]") {
   CHECK_THAT(r2.out, Catch::Contains("[default0]:WORLD_SIZE=1"));
 }
 
-TEST_CASE("--help and --version", "[e2e]") {
+TEST_CASE("help and version flags", "[e2e]") {
   auto r = Launch(with_ddprun({"--help"})).finish();
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("Worker group"));
