@@ -1,0 +1,30 @@
+#pragma once
+// The contract a launcher (ddprun or torchrun) hands its workers, read from the environment.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace ddprun::runtime {
+
+struct DistEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int restart_count = 0;        // TORCHELASTIC_RESTART_COUNT (0 when unset)
+  std::string master_addr;      // the store
+  std::uint16_t master_port = 0;
+  std::string run_id;           // TORCHELASTIC_RUN_ID ("none" when unset)
+  std::string heartbeat_file;   // DDPRUN_HEARTBEAT_FILE (empty when unset)
+
+  // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required) and
+  // the optional variables. Throws ddprun::UsageError naming the variable that is missing or
+  // malformed, e.g. "RANK=abc is not an integer (set by ddprun or torchrun)".
+  static DistEnv from_environment();
+  // The same, from a map (tests).
+  static DistEnv from_map(const std::map<std::string, std::string>& env);
+};
+
+}  // namespace ddprun::runtime

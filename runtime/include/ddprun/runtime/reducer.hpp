@@ -1,0 +1,107 @@
+#pragma once
+// Bucketed gradient all-reduce: what PyTorch's DDP Reducer does, for native trainers.
+//
+// Parameters are registered once. Their gradients live in buckets the Reducer owns (memory of
+// the process group's kind: host for gloo, device for nccl); the trainer writes or accumulates
+// each gradient at grad(i) and calls mark_ready(i) when backward has produced it. A bucket whose
+// gradients are all ready is reduced at once, asynchronously, while backward goes on; finalize()
+// waits for the rest and leaves every gradient averaged across ranks.
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "ddprun/runtime/process_group.hpp"
+#include "ddprun/runtime/types.hpp"
+
+namespace ddprun::runtime {
+
+struct ParameterSpec {
+  std::size_t count = 0;                 // elements
+  DataType type = DataType::kFloat32;
+};
+
+enum class Compression : std::uint8_t {
+  kNone,
+  kFloat16,   // float32 buckets travel as IEEE half (halves the bytes; ~3 decimal digits)
+  kBFloat16,  // float32 buckets travel as bfloat16 (float32's range, ~2 decimal digits)
+};
+
+struct ReducerOptions {
+  // PyTorch's defaults: a small first bucket so communication starts early in backward, then
+  // buckets up to 25 MiB (fewer, larger collectives).
+  static constexpr std::size_t kDefaultFirstBucketBytes = 1024 * 1024;
+  static constexpr std::size_t kDefaultBucketCapBytes = 25 * 1024 * 1024;
+
+  std::size_t first_bucket_bytes = kDefaultFirstBucketBytes;
+  std::size_t bucket_cap_bytes = kDefaultBucketCapBytes;  // bucket_cap_mb * 2^20
+  // Parameters not marked ready by finalize() contribute their gradient storage as it is (zero
+  // after zero_grad) instead of raising an error.
+  bool find_unused_parameters = false;
+  // Compression of float32 buckets on the wire (gloo only).
+  Compression compression = Compression::kNone;
+};
+
+class Reducer {
+ public:
+  // Throws ddprun::UsageError for an empty or invalid parameter list.
+  Reducer(std::shared_ptr<ProcessGroup> group, std::vector<ParameterSpec> params, ReducerOptions options = {});
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Gradient storage of parameter i (count elements of its type), valid for the Reducer's life.
+  void* grad(std::size_t i);
+  template <typename T>
+  T* grad_as(std::size_t i) { return static_cast<T*>(grad(i)); }
+  // Sets every gradient to zero (between optimizer steps; gradients accumulate otherwise).
+  void zero_grad();
+
+  // Parameter i's gradient is final for this iteration. May start the reduction of its bucket
+  // (and of later-ready buckets waiting for it). Throws UsageError if i was already marked.
+  void mark_ready(std::size_t i);
+  // Waits until every bucket is reduced: each gradient then holds the average over ranks.
+  // Throws NetworkError / TimeoutError on communication failure, UsageError when a parameter
+  // got no gradient and find_unused_parameters is off.
+  void finalize();
+
+  // While a NoSync guard lives, mark_ready and finalize communicate nothing: gradients of
+  // successive micro-batches accumulate locally and are reduced once, by the first synced
+  // iteration after it (gradient accumulation).
+  class NoSync {
+   public:
+    explicit NoSync(Reducer& r) : r_(r), prev_(r.sync_) { r.sync_ = false; }
+    ~NoSync() { r_.sync_ = prev_; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    Reducer& r_;
+    bool prev_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  struct BucketInfo {
+    std::vector<std::size_t> params;  // parameter indices, in the order they sit in the bucket
+    std::size_t bytes = 0;
+    DataType type = DataType::kFloat32;
+  };
+  std::vector<BucketInfo> buckets() const;
+  std::size_t num_parameters() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  bool sync_ = true;
+};
+
+// Copies root's values of every tensor to all ranks, so replicas start identical (parameters
+// and buffers alike). Each pointer is memory of the group's kind.
+struct TensorRef {
+  void* data;
+  std::size_t count;
+  DataType type = DataType::kFloat32;
+};
+void broadcast_tensors(ProcessGroup& group, const std::vector<TensorRef>& tensors, int root = 0);
+
+}  // namespace ddprun::runtime

@@ -1,0 +1,73 @@
+#pragma once
+// A FIFO of operations run by one thread: collectives must be issued in the same order on
+// every rank, and a single queue keeps synchronous and asynchronous operations in issue order.
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "ddprun/runtime/process_group.hpp"
+
+namespace ddprun::runtime {
+
+class FutureWork final : public Work {
+ public:
+  explicit FutureWork(std::future<void> f) : f_(std::move(f)) {}
+  void wait() override {
+    if (f_.valid()) f_.get();  // rethrows the operation's exception
+  }
+
+ private:
+  std::future<void> f_;
+};
+
+class CommThread {
+ public:
+  CommThread() : thread_([this] { loop(); }) {}
+  ~CommThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+
+  std::shared_ptr<Work> submit(std::function<void()> op) {
+    auto task = std::make_shared<std::packaged_task<void()>>(std::move(op));
+    auto work = std::make_shared<FutureWork>(task->get_future());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back([task] { (*task)(); });
+    }
+    cv_.notify_one();
+    return work;
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> op;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and everything submitted has run
+        op = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      op();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
+}  // namespace ddprun::runtime

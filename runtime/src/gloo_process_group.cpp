@@ -1,0 +1,309 @@
+// The gloo backend: Gloo's TCP transport, rendezvousing through ddprun's store.
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <vector>
+
+#include "comm_thread.hpp"
+#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/rendezvous/store.hpp"
+#include "heartbeat_internal.hpp"
+#include "process_groups.hpp"
+
+namespace ddprun::runtime {
+namespace {
+
+// Gloo's store interface over ddprun's.
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  explicit StoreAdapter(std::shared_ptr<rendezvous::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, std::string_view(data.data(), data.size()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto v = store_->get(key);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  std::shared_ptr<rendezvous::Store> store_;
+};
+
+// ---- reduction functions: c[i] = a[i] op b[i] -------------------------------------------------
+
+template <typename T, typename Op>
+void reduce_plain(void* c, const void* a, const void* b, std::size_t n) {
+  auto* out = static_cast<T*>(c);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  Op op;
+  for (std::size_t i = 0; i < n; ++i) out[i] = op(x[i], y[i]);
+}
+
+// 16-bit floats: computed in float32, rounded once per element.
+template <float (*ToF)(std::uint16_t), std::uint16_t (*FromF)(float), typename Op>
+void reduce_16(void* c, const void* a, const void* b, std::size_t n) {
+  auto* out = static_cast<std::uint16_t*>(c);
+  auto* x = static_cast<const std::uint16_t*>(a);
+  auto* y = static_cast<const std::uint16_t*>(b);
+  Op op;
+  for (std::size_t i = 0; i < n; ++i) out[i] = FromF(op(ToF(x[i]), ToF(y[i])));
+}
+
+struct Sum {
+  template <typename T>
+  T operator()(T a, T b) const { return a + b; }
+};
+struct Min {
+  template <typename T>
+  T operator()(T a, T b) const { return b < a ? b : a; }
+};
+struct Max {
+  template <typename T>
+  T operator()(T a, T b) const { return a < b ? b : a; }
+};
+
+template <typename Op>
+gloo::AllreduceOptions::Func reduce_for(DataType t) {
+  switch (t) {
+    case DataType::kFloat32: return reduce_plain<float, Op>;
+    case DataType::kFloat64: return reduce_plain<double, Op>;
+    case DataType::kInt32: return reduce_plain<std::int32_t, Op>;
+    case DataType::kInt64: return reduce_plain<std::int64_t, Op>;
+    case DataType::kFloat16: return reduce_16<half_to_float, float_to_half, Op>;
+    case DataType::kBFloat16: return reduce_16<bfloat16_to_float, float_to_bfloat16, Op>;
+  }
+  return nullptr;
+}
+
+gloo::AllreduceOptions::Func reduce_function(DataType t, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return reduce_for<Sum>(t);
+    case ReduceOp::kMin: return reduce_for<Min>(t);
+    case ReduceOp::kMax: return reduce_for<Max>(t);
+  }
+  return nullptr;
+}
+
+template <typename T>
+void divide(T* p, std::size_t n, int by) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / by);
+}
+
+// AVG = SUM / size, in the buffer's own type (integers truncate, as integer division does).
+void divide_in_place(void* data, std::size_t n, DataType t, int by) {
+  switch (t) {
+    case DataType::kFloat32: return divide(static_cast<float*>(data), n, by);
+    case DataType::kFloat64: return divide(static_cast<double*>(data), n, by);
+    case DataType::kInt32: return divide(static_cast<std::int32_t*>(data), n, by);
+    case DataType::kInt64: return divide(static_cast<std::int64_t*>(data), n, by);
+    case DataType::kFloat16: {
+      auto* p = static_cast<std::uint16_t*>(data);
+      for (std::size_t i = 0; i < n; ++i) p[i] = float_to_half(half_to_float(p[i]) / static_cast<float>(by));
+      return;
+    }
+    case DataType::kBFloat16: {
+      auto* p = static_cast<std::uint16_t*>(data);
+      for (std::size_t i = 0; i < n; ++i) p[i] = float_to_bfloat16(bfloat16_to_float(p[i]) / static_cast<float>(by));
+      return;
+    }
+  }
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+std::string seconds_text(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(d.count()) / 1000.0);
+  return buf;
+}
+
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  GlooProcessGroup(std::shared_ptr<rendezvous::Store> store, int rank, int size, const ProcessGroupOptions& opt,
+                   const std::string& store_host)
+      : rank_(rank), size_(size), opt_(opt) {
+    gloo::transport::tcp::attr attr;
+    if (!opt.gloo_hostname.empty()) {
+      attr.hostname = opt.gloo_hostname;
+    } else if (is_loopback(store_host)) {
+      attr.hostname = "127.0.0.1";
+    } else {
+      char host[256] = {};
+      ::gethostname(host, sizeof(host) - 1);
+      attr.hostname = host;
+    }
+    try {
+      auto device = gloo::transport::tcp::CreateDevice(attr);
+      context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
+      context_->setTimeout(opt.timeout);
+      StoreAdapter adapter(std::move(store));
+      context_->connectFullMesh(adapter, device);
+    } catch (const ddprun::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw NetworkError("gloo: rank " + std::to_string(rank) + " could not connect to its " +
+                         std::to_string(size - 1) + " peers (address " + attr.hostname + ", timeout " +
+                         seconds_text(opt.timeout) + "): " + e.what());
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "gloo"; }
+
+  std::shared_ptr<Work> all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op,
+                                         std::chrono::milliseconds timeout) override {
+    return submit("all_reduce", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
+      if (count == 0 || size_ == 1) return;
+      gloo::AllreduceOptions o(context_);
+      const std::size_t esize = element_size(type);
+      // Gloo only needs the element size; the reduction function knows the real type.
+      switch (esize) {
+        case 2:
+          o.setInput(static_cast<std::uint16_t*>(data), count);
+          o.setOutput(static_cast<std::uint16_t*>(data), count);
+          break;
+        case 4:
+          o.setInput(static_cast<std::uint32_t*>(data), count);
+          o.setOutput(static_cast<std::uint32_t*>(data), count);
+          break;
+        default:
+          o.setInput(static_cast<std::uint64_t*>(data), count);
+          o.setOutput(static_cast<std::uint64_t*>(data), count);
+          break;
+      }
+      o.setReduceFunction(reduce_function(type, op));
+      o.setTag(tag);
+      o.setTimeout(t);
+      gloo::allreduce(o);
+      if (op == ReduceOp::kAvg) divide_in_place(data, count, type, size_);
+    });
+  }
+
+  void broadcast(void* data, std::size_t count, DataType type, int root, std::chrono::milliseconds timeout) override {
+    if (root < 0 || root >= size_) throw UsageError("broadcast: root " + std::to_string(root) + " is not a rank of a group of " + std::to_string(size_));
+    submit("broadcast", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
+      if (count == 0 || size_ == 1) return;
+      gloo::BroadcastOptions o(context_);
+      o.setOutput(static_cast<char*>(data), count * element_size(type));
+      o.setRoot(root);
+      o.setTag(tag);
+      o.setTimeout(t);
+      gloo::broadcast(o);
+    })->wait();
+  }
+
+  void all_gather(const void* in, void* out, std::size_t count, DataType type, std::chrono::milliseconds timeout) override {
+    submit("all_gather", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
+      std::size_t bytes = count * element_size(type);
+      if (bytes == 0) return;
+      if (size_ == 1) {
+        std::memmove(out, in, bytes);
+        return;
+      }
+      gloo::AllgatherOptions o(context_);
+      o.setInput(const_cast<char*>(static_cast<const char*>(in)), bytes);
+      o.setOutput(static_cast<char*>(out), bytes * static_cast<std::size_t>(size_));
+      o.setTag(tag);
+      o.setTimeout(t);
+      gloo::allgather(o);
+    })->wait();
+  }
+
+  void reduce_scatter(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
+                      std::chrono::milliseconds timeout) override {
+    // An all-reduce of the whole input, then this rank's block: Gloo's only reduce-scatter is an
+    // old-style algorithm without time-outs; correctness and the time-out matter more here.
+    std::size_t bytes = count * element_size(type);
+    std::vector<char> tmp(bytes * static_cast<std::size_t>(size_));
+    if (!tmp.empty()) std::memcpy(tmp.data(), in, tmp.size());
+    all_reduce_async(tmp.data(), count * static_cast<std::size_t>(size_), type, op, timeout)->wait();
+    if (bytes) std::memcpy(out, tmp.data() + bytes * static_cast<std::size_t>(rank_), bytes);
+  }
+
+  void barrier(std::chrono::milliseconds timeout) override {
+    submit("barrier", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
+      if (size_ == 1) return;
+      gloo::BarrierOptions o(context_);
+      o.setTag(tag);
+      o.setTimeout(t);
+      gloo::barrier(o);
+    })->wait();
+  }
+
+  void* allocate(std::size_t bytes) override {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!p) throw Error("gloo: cannot allocate " + std::to_string(bytes) + " bytes");
+    std::memset(p, 0, (bytes + 63) / 64 * 64 + 64);
+    return p;
+  }
+  void deallocate(void* p) override { std::free(p); }
+  void copy_to_device(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
+
+ private:
+  using Op = std::function<void(std::chrono::milliseconds, std::uint32_t)>;
+
+  // Queues `op` on the communication thread with the next tag; turns Gloo's errors into
+  // ddprun's, naming the operation, the rank and the time-out. After a failure every later
+  // operation fails at once: Gloo's pairs are in an unknown state.
+  std::shared_ptr<Work> submit(const char* what, std::chrono::milliseconds timeout, Op op) {
+    auto t = timeout.count() < 0 ? opt_.timeout : timeout;
+    std::uint32_t tag = next_tag_++;
+    return comm_.submit([this, what, t, tag, op = std::move(op)] {
+      if (broken_) {
+        throw NetworkError(std::string("gloo: ") + what + " on rank " + std::to_string(rank_) +
+                           ": the process group failed earlier (" + broken_message_ + ")");
+      }
+      try {
+        op(t, tag);
+        heartbeat_now();
+      } catch (const gloo::Exception& e) {
+        std::string msg = e.what();
+        bool timed_out = msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
+        broken_ = true;
+        broken_message_ = msg;
+        std::string text = std::string("gloo: ") + what + " on rank " + std::to_string(rank_) + " of " +
+                           std::to_string(size_) + (timed_out ? " timed out after " + seconds_text(t) : " failed") +
+                           " (a peer may have died or stalled): " + msg;
+        if (timed_out) throw TimeoutError(text);
+        throw NetworkError(text);
+      }
+    });
+  }
+
+  int rank_, size_;
+  ProcessGroupOptions opt_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::uint32_t next_tag_ = 1;
+  bool broken_ = false;          // touched only on the communication thread
+  std::string broken_message_;
+  CommThread comm_;              // last: joined first, before the context goes away
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<rendezvous::Store> store, int rank, int size,
+                                                      const ProcessGroupOptions& options, const std::string& store_host) {
+  return std::make_shared<GlooProcessGroup>(std::move(store), rank, size, options, store_host);
+}
+
+}  // namespace ddprun::runtime

@@ -1,0 +1,201 @@
+#include "ddprun/runtime/reducer.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "ddprun/rendezvous/error.hpp"
+#include "heartbeat_internal.hpp"
+
+namespace ddprun::runtime {
+
+namespace {
+
+struct Bucket {
+  Reducer::BucketInfo info;
+  std::vector<std::size_t> offsets;  // byte offset of each parameter in the bucket
+  void* storage = nullptr;           // group memory
+  std::size_t count = 0;             // elements
+  std::size_t pending = 0;           // parameters not yet ready in this iteration
+  std::vector<std::uint16_t> wire;   // compressed copy (gloo, float32 buckets)
+  std::shared_ptr<Work> work;
+};
+
+}  // namespace
+
+struct Reducer::Impl {
+  std::shared_ptr<ProcessGroup> group;
+  ReducerOptions opt;
+  std::vector<ParameterSpec> params;
+  std::vector<Bucket> buckets;
+  std::vector<std::pair<std::size_t, std::size_t>> where;  // parameter -> (bucket, offset)
+  std::vector<bool> ready;
+  // Buckets are reduced in bucket order, never out of it: collectives must be issued in the
+  // same order on every rank, and backward may finish parameters in a slightly different
+  // order on different ranks. A ready bucket waits for the ones before it.
+  std::size_t next_launch = 0;
+
+  void assign_buckets() {
+    // Reverse registration order: the order backward produces gradients (last layer first).
+    Bucket cur;
+    auto close = [&] {
+      if (cur.info.params.empty()) return;
+      buckets.push_back(std::move(cur));
+      cur = Bucket();
+    };
+    for (std::size_t k = params.size(); k-- > 0;) {
+      const auto& p = params[k];
+      std::size_t bytes = p.count * element_size(p.type);
+      std::size_t limit = buckets.empty() ? opt.first_bucket_bytes : opt.bucket_cap_bytes;
+      if (!cur.info.params.empty() && (cur.info.type != p.type || cur.info.bytes + bytes > limit)) close();
+      if (cur.info.params.empty()) cur.info.type = p.type;
+      cur.offsets.push_back(cur.info.bytes);
+      cur.info.params.push_back(k);
+      cur.info.bytes += bytes;
+      // Keep every parameter 64-byte aligned inside the bucket.
+      cur.info.bytes = (cur.info.bytes + 63) / 64 * 64;
+    }
+    close();
+    where.resize(params.size());
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      auto& bk = buckets[b];
+      bk.storage = group->allocate(bk.info.bytes);
+      bk.count = bk.info.bytes / element_size(bk.info.type);
+      bk.pending = bk.info.params.size();
+      for (std::size_t j = 0; j < bk.info.params.size(); ++j) where[bk.info.params[j]] = {b, bk.offsets[j]};
+    }
+  }
+
+  bool compress(const Bucket& b) const { return opt.compression != Compression::kNone && b.info.type == DataType::kFloat32; }
+
+  void launch(Bucket& b) {
+    if (!compress(b)) {
+      b.work = group->all_reduce_async(b.storage, b.count, b.info.type, ReduceOp::kAvg);
+      return;
+    }
+    const auto* src = static_cast<const float*>(b.storage);
+    b.wire.resize(b.count);
+    bool half = opt.compression == Compression::kFloat16;
+    for (std::size_t i = 0; i < b.count; ++i) b.wire[i] = half ? float_to_half(src[i]) : float_to_bfloat16(src[i]);
+    b.work = group->all_reduce_async(b.wire.data(), b.count, half ? DataType::kFloat16 : DataType::kBFloat16,
+                                     ReduceOp::kAvg);
+  }
+
+  void launch_ready() {
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(buckets[next_launch++]);
+  }
+
+  void reset_iteration() {
+    next_launch = 0;
+    std::fill(ready.begin(), ready.end(), false);
+    for (auto& b : buckets) {
+      b.pending = b.info.params.size();
+      b.work.reset();
+    }
+  }
+};
+
+Reducer::Reducer(std::shared_ptr<ProcessGroup> group, std::vector<ParameterSpec> params, ReducerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  if (!group) throw UsageError("Reducer: no process group");
+  if (params.empty()) throw UsageError("Reducer: no parameters registered");
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].count == 0) throw UsageError("Reducer: parameter " + std::to_string(i) + " has no elements");
+  }
+  if (options.bucket_cap_bytes == 0 || options.first_bucket_bytes == 0) {
+    throw UsageError("Reducer: bucket sizes must be positive");
+  }
+  if (options.compression != Compression::kNone && std::string(group->backend()) != "gloo") {
+    throw UsageError("Reducer: compression is available with the gloo backend only");
+  }
+  impl_->group = std::move(group);
+  impl_->opt = options;
+  impl_->params = std::move(params);
+  impl_->ready.assign(impl_->params.size(), false);
+  impl_->assign_buckets();
+}
+
+Reducer::~Reducer() {
+  for (auto& b : impl_->buckets) {
+    if (b.work) {
+      try {
+        b.work->wait();  // never free memory a collective is still using
+      } catch (...) {
+      }
+    }
+    impl_->group->deallocate(b.storage);
+  }
+}
+
+void* Reducer::grad(std::size_t i) {
+  if (i >= impl_->params.size()) throw UsageError("Reducer: no parameter " + std::to_string(i));
+  auto [b, off] = impl_->where[i];
+  return static_cast<char*>(impl_->buckets[b].storage) + off;
+}
+
+void Reducer::zero_grad() {
+  for (auto& b : impl_->buckets) {
+    std::vector<char> zeros(b.info.bytes, 0);
+    impl_->group->copy_to_device(b.storage, zeros.data(), zeros.size());
+  }
+}
+
+void Reducer::mark_ready(std::size_t i) {
+  if (i >= impl_->params.size()) throw UsageError("Reducer: no parameter " + std::to_string(i));
+  if (!sync_) return;
+  if (impl_->ready[i]) throw UsageError("Reducer: parameter " + std::to_string(i) + " marked ready twice in one iteration");
+  impl_->ready[i] = true;
+  auto& b = impl_->buckets[impl_->where[i].first];
+  if (--b.pending == 0) impl_->launch_ready();
+}
+
+void Reducer::finalize() {
+  if (!sync_) return;
+  auto& im = *impl_;
+  std::vector<std::size_t> unused;
+  for (std::size_t i = 0; i < im.params.size(); ++i) {
+    if (!im.ready[i]) unused.push_back(i);
+  }
+  if (!unused.empty() && !im.opt.find_unused_parameters) {
+    std::string list;
+    for (std::size_t k = 0; k < unused.size() && k < 10; ++k) list += (k ? ", " : "") + std::to_string(unused[k]);
+    if (unused.size() > 10) list += " and " + std::to_string(unused.size() - 10) + " more";
+    im.reset_iteration();
+    throw UsageError("Reducer: parameter(s) " + list +
+                     " received no gradient in this iteration; mark them ready, or set "
+                     "ReducerOptions::find_unused_parameters");
+  }
+  for (auto i : unused) {
+    im.ready[i] = true;
+    --im.buckets[im.where[i].first].pending;
+  }
+  im.launch_ready();
+  try {
+    for (auto& b : im.buckets) {
+      b.work->wait();
+      if (im.compress(b)) {
+        auto* dst = static_cast<float*>(b.storage);
+        bool half = im.opt.compression == Compression::kFloat16;
+        for (std::size_t i = 0; i < b.count; ++i) dst[i] = half ? half_to_float(b.wire[i]) : bfloat16_to_float(b.wire[i]);
+      }
+    }
+  } catch (...) {
+    im.reset_iteration();
+    throw;
+  }
+  im.reset_iteration();
+  heartbeat_now();
+}
+
+std::vector<Reducer::BucketInfo> Reducer::buckets() const {
+  std::vector<BucketInfo> out;
+  for (const auto& b : impl_->buckets) out.push_back(b.info);
+  return out;
+}
+
+std::size_t Reducer::num_parameters() const { return impl_->params.size(); }
+
+void broadcast_tensors(ProcessGroup& group, const std::vector<TensorRef>& tensors, int root) {
+  for (const auto& t : tensors) group.broadcast(t.data, t.count, t.type, root);
+}
+
+}  // namespace ddprun::runtime
