@@ -1,0 +1,93 @@
+// The runtime in processes under the built ddprun: collectives, a peer dying mid-collective,
+// and the train_mlp example (equal parameters for 1, 2 and 4 workers; crash and resume).
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <regex>
+
+#include "e2e/launch.hpp"
+
+using namespace ddprun::test;
+
+namespace {
+
+const std::string kDdprun = DDPRUN_BIN;
+const std::string kWorker = RUNTIME_WORKER_BIN;
+const std::string kTrain = TRAIN_MLP_BIN;
+
+struct Result_ {
+  int rank;
+  int world;
+  double loss, checksum;
+};
+
+std::vector<Result_> results(const std::string& out) {
+  std::vector<Result_> v;
+  std::regex re(R"(RESULT rank=(\d+) world=(\d+) loss=(\S+) checksum=(\S+))");
+  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) {
+    v.push_back({std::stoi((*it)[1]), std::stoi((*it)[2]), std::stod((*it)[3]), std::stod((*it)[4])});
+  }
+  return v;
+}
+
+Result train(int n, std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {kDdprun, "--standalone", "--nproc_per_node=" + std::to_string(n)};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return Launch(argv).finish(120s);
+}
+
+}  // namespace
+
+TEST_CASE("collectives across processes under ddprun", "[e2e]") {
+  auto r = Launch({kDdprun, "--standalone", "--nproc_per_node=3", kWorker, "collectives"}).finish();
+  INFO(r.out << r.err);
+  CHECK(r.code == 0);
+  CHECK(Launch::occurrences(r.out, "collectives ok") == 3);
+}
+
+TEST_CASE("a peer dying mid-collective gives an error well within the timeout", "[e2e]") {
+  auto r = Launch({kDdprun, "--standalone", "--nproc_per_node=2", kWorker, "peer_dies"}).finish(60s);
+  INFO(r.out << r.err);
+  CHECK(r.code == 3);
+  std::smatch m;
+  REQUIRE(std::regex_search(r.out, m, std::regex(R"(error after (\S+) s: (.*))")));
+  CHECK(std::stod(m[1]) < 10.0);  // the collectives' timeout
+  CHECK_THAT(m[2].str(), Catch::Contains("all_reduce on rank 0 of 2"));
+}
+
+TEST_CASE("train_mlp: 1, 2 and 4 workers train the same parameters", "[e2e][train_mlp]") {
+  std::map<int, double> checksum;
+  for (int n : {1, 2, 4}) {
+    auto r = train(n, {kTrain, "--steps", "120", "--global_batch", "64", "--bucket_cap_mb", "0.004"});
+    INFO(r.out << r.err);
+    REQUIRE(r.code == 0);
+    auto res = results(r.out);
+    REQUIRE(res.size() == static_cast<std::size_t>(n));
+    for (const auto& x : res) {
+      CHECK(x.world == n);
+      CHECK(x.checksum == res[0].checksum);  // every rank of a run holds the same parameters
+    }
+    checksum[n] = res[0].checksum;
+  }
+  CHECK(checksum[2] == Approx(checksum[1]).epsilon(1e-5));
+  CHECK(checksum[4] == Approx(checksum[1]).epsilon(1e-5));
+}
+
+TEST_CASE("train_mlp: a crash and a resume from the checkpoint end like an uninterrupted run", "[e2e][train_mlp]") {
+  auto ckpt = (std::filesystem::temp_directory_path() / ("ddprun-train-" + std::to_string(::getpid()) + ".ckpt")).string();
+  std::filesystem::remove(ckpt);
+  auto plain = train(2, {kTrain, "--steps", "100"});
+  auto crashed = train(2, {"--max_restarts=1", kTrain, "--steps", "100", "--checkpoint", ckpt, "--crash_at_step", "37"});
+  std::filesystem::remove(ckpt);
+  INFO(crashed.out << crashed.err);
+  REQUIRE(plain.code == 0);
+  REQUIRE(crashed.code == 0);
+  CHECK_THAT(crashed.err, Catch::Contains("restarting the worker group"));
+  CHECK_THAT(crashed.out, Catch::Contains("resumed from"));
+  auto a = results(plain.out), b = results(crashed.out);
+  REQUIRE(a.size() == 2);
+  REQUIRE(b.size() == 2);
+  CHECK(a[0].checksum == b[0].checksum);  // bit for bit: same steps, same data, same world
+  CHECK(a[0].loss == b[0].loss);
+}
