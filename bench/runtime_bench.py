@@ -1,0 +1,74 @@
+#!/usr/bin/python3
+"""ddprun's runtime vs PyTorch 1.13 (gloo), side by side, both launched by ddprun:
+
+  all_reduce bus bandwidth (nccl-tests' busBw = algBw * 2(n-1)/n), 4 KiB .. 256 MiB, 2 and 4 ranks
+  ResNet-50 gradient sync: one flat all_reduce vs the bucketed Reducer vs PyTorch DDP's backward
+  overhead; and the share of communication the Reducer hides behind a synthetic backward
+
+Usage: bench/runtime_bench.py [--build build] [--ranks 2,4]
+"""
+import argparse
+import json
+import os
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(build, n, cmd):
+    env = dict(os.environ, PYTHON_EXEC="/usr/bin/python3")
+    p = subprocess.run([os.path.join(build, "launcher", "ddprun"), "--standalone", f"--nproc_per_node={n}",
+                        "--log_level", "warn"] + cmd, capture_output=True, text=True, env=env, timeout=1200)
+    if p.returncode != 0:
+        raise SystemExit(f"{cmd} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    rows = []
+    for line in p.stdout.splitlines():
+        _, _, body = line.partition("]:")
+        if body.startswith("{"):
+            rows.append(json.loads(body))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating runs of each; the best per size counts")
+    args = ap.parse_args()
+    ours_bin = os.path.join(args.build, "bench", "runtime_bench")
+    torch_py = os.path.join(ROOT, "bench", "torch_runtime_bench.py")
+    for n in [int(x) for x in args.ranks.split(",")]:
+        ours_runs, theirs_runs = [], []
+        for _ in range(args.rounds):  # alternate, so that both see the same machine noise
+            ours_runs.append(run(args.build, n, [ours_bin, "busbw"]))
+            theirs_runs.append(run(args.build, n, [torch_py, "busbw"]))
+        best = lambda runs: [max(rows, key=lambda x: x["busbw_gbps"]) for rows in zip(*runs)]  # noqa: E731
+        ours, theirs = best(ours_runs), best(theirs_runs)
+        print(f"\nall_reduce float32 sum, {n} ranks (busBw GB/s, best of {args.rounds} runs each; loopback, 2 cores)")
+        print(f"{'bytes':>10} | {'ddprun':>8} | {'torch':>8} | {'ratio':>6}")
+        for a, b in zip(ours, theirs):
+            size = a["bytes"]
+            label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+            print(f"{label:>10} | {a['busbw_gbps']:>8.3f} | {b['busbw_gbps']:>8.3f} | {a['busbw_gbps'] / b['busbw_gbps']:>5.2f}x",
+                  flush=True)
+    n = 2
+    flat_probe = run(args.build, n, [ours_bin, "resnet50"])[0]
+    compute_ms = round(flat_probe["flat_s"] * 1000)  # a backward as long as the communication
+    r = run(args.build, n, [ours_bin, "resnet50", "--compute_ms", str(compute_ms)])[0]
+    r_dev = run(args.build, n, [ours_bin, "resnet50", "--compute_ms", str(compute_ms), "--compute", "sleep"])[0]
+    d = run(args.build, n, [torch_py, "ddp"])[0]
+    print(f"\nResNet-50 gradient sync, {n} ranks: {r['tensors']} tensors, {r['params'] / 1e6:.1f} M float32, "
+          f"{r['buckets']} buckets")
+    print(f"  one flat all_reduce         : {r['flat_s'] * 1000:8.1f} ms")
+    print(f"  ddprun Reducer (bucketed)   : {r['reducer_s'] * 1000:8.1f} ms  ({r['reducer_s'] / r['flat_s']:.2f}x flat)")
+    print(f"  PyTorch DDP backward overhead: {d['ddp_overhead_s'] * 1000:7.1f} ms  "
+          f"(backward {d['backward_ddp_s'] * 1000:.1f} ms with DDP, {d['backward_local_s'] * 1000:.1f} ms without)")
+    print(f"  ddprun / DDP                : {r['reducer_s'] / d['ddp_overhead_s']:.2f}x")
+    for label, x in (("CPU-bound", r), ("device-like", r_dev)):
+        print(f"  {label:>11} synthetic backward {x['compute_s'] * 1000:.0f} ms + sync: {x['overlapped_s'] * 1000:.1f} ms "
+              f"overlapped (vs {(x['compute_s'] + x['reducer_s']) * 1000:.1f} ms in sequence): "
+              f"{x['hidden'] * 100:.0f}% of the communication hidden")
+
+
+if __name__ == "__main__":
+    main()
