@@ -7,13 +7,16 @@
 #include <boost/asio.hpp>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 #include <spdlog/spdlog.h>
 
 #include "ddprun/agent/exit_status.hpp"
 #include "ddprun/rendezvous/error.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 #include "failure_report.hpp"
+#include "coordinator.hpp"
 #include "guardian.hpp"
 #include "output.hpp"
 #include "ddprun/agent/spawn.hpp"
@@ -66,8 +69,25 @@ struct Agent::Impl {
   std::string run_dir;       // <log_dir>/<run_id>
   bool temp_log_dir = false;
   std::vector<Worker> workers;
-  int attempt = 0;
+  int attempt = 0;             // TORCHELASTIC_RESTART_COUNT
+  int generation = 0;          // +1 per started worker group: stale handlers check it
   int restarts_left = 0;
+  // Where this node's workers sit in the job (a single node: the whole job).
+  int world_size = 1, rank_offset = 0, group_rank = 0, group_world = 1;
+  std::string master_addr;
+  std::uint16_t master_port = 0;
+  std::string attempt_dir_name;  // attempt_<n>
+  // Multi-node: the rendezvous.
+  std::unique_ptr<Coordinator> coord;
+  int round = 0;
+  std::optional<std::string> round_end;  // why the current round ended (JSON), once known
+  bool store_lost = false;
+  bool local_done = false;     // this node's workers are all gone for this round
+  std::thread joiner;
+  asio::steady_timer alive_timer{io};
+  asio::steady_timer monitor_timer{io};
+  long long neighbour_count = -2;
+  Clock::time_point neighbour_changed;
   std::optional<FailureRecord> root_cause;
   std::vector<FailureRecord> failures;
   bool stopping = false;      // tearing the current attempt down
@@ -78,6 +98,9 @@ struct Agent::Impl {
   Clock::time_point attempt_started;
 
   explicit Impl(AgentOptions o) : opt(std::move(o)), restarts_left(opt.max_restarts) {}
+  ~Impl() {
+    if (joiner.joinable()) joiner.detach();  // blocked in a store wait at exit: the process is ending
+  }
 
   // ---- setting up -----------------------------------------------------------------------------
 
@@ -118,19 +141,19 @@ struct Agent::Impl {
 
   std::vector<std::string> worker_env(const Worker& w) const {
     std::map<std::string, std::string> env = opt.base_env;
-    int world = opt.nproc_per_node * opt.nnodes;
+    int world = world_size;
     auto set = [&](const std::string& k, const std::string& v) { env[k] = v; };
     set("RANK", std::to_string(w.rank));
     set("LOCAL_RANK", std::to_string(w.local_rank));
     set("WORLD_SIZE", std::to_string(world));
     set("LOCAL_WORLD_SIZE", std::to_string(opt.nproc_per_node));
-    set("GROUP_RANK", std::to_string(opt.node_rank));
-    set("GROUP_WORLD_SIZE", std::to_string(opt.nnodes));
+    set("GROUP_RANK", std::to_string(group_rank));
+    set("GROUP_WORLD_SIZE", std::to_string(group_world));
     set("ROLE_NAME", opt.role);
     set("ROLE_RANK", std::to_string(w.rank));
     set("ROLE_WORLD_SIZE", std::to_string(world));
-    set("MASTER_ADDR", opt.store_host);
-    set("MASTER_PORT", std::to_string(store->port()));
+    set("MASTER_ADDR", master_addr);
+    set("MASTER_PORT", std::to_string(master_port));
     set("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
     set("TORCHELASTIC_MAX_RESTARTS", std::to_string(opt.max_restarts));
     set("TORCHELASTIC_RUN_ID", opt.run_id);
@@ -170,11 +193,13 @@ struct Agent::Impl {
     workers.clear();
     workers.resize(opt.nproc_per_node);
     attempt_started = Clock::now();
-    std::string attempt_dir = run_dir + "/attempt_" + std::to_string(attempt);
+    ++generation;
+    local_done = false;
+    std::string attempt_dir = run_dir + "/" + attempt_dir_name;
     for (int i = 0; i < opt.nproc_per_node; ++i) {
       auto& w = workers[i];
       w.local_rank = i;
-      w.rank = opt.node_rank * opt.nproc_per_node + i;
+      w.rank = rank_offset + i;
       w.dir = attempt_dir + "/" + std::to_string(i);
       std::error_code ec;
       fs::create_directories(w.dir, ec);
@@ -187,8 +212,14 @@ struct Agent::Impl {
       w.err = std::make_unique<StreamOutput>(route(w, 2));
     }
     for (auto& w : workers) spawn(w);
-    spdlog::info("ddprun: started {} worker{} (attempt {}, store {}:{})", workers.size(),
-                 workers.size() == 1 ? "" : "s", attempt, opt.store_host, store->port());
+    if (coord) {
+      spdlog::info("ddprun: round {}: node {} of {}, started ranks {}..{} of {} (restart count {}, store {}:{})", round,
+                   group_rank, group_world, rank_offset, rank_offset + opt.nproc_per_node - 1, world_size, attempt,
+                   master_addr, master_port);
+    } else {
+      spdlog::info("ddprun: started {} worker{} (attempt {}, store {}:{})", workers.size(),
+                   workers.size() == 1 ? "" : "s", attempt, master_addr, master_port);
+    }
     arm_heartbeat_check();
   }
 
@@ -209,9 +240,9 @@ struct Agent::Impl {
 
   void read_pipe(Worker& w, asio::posix::stream_descriptor& pipe, StreamOutput& out) {
     auto buf = std::make_shared<std::array<char, 65536>>();
-    int gen = attempt;
+    int gen = generation;
     pipe.async_read_some(asio::buffer(*buf), [this, &w, &pipe, &out, buf, gen](boost::system::error_code ec, std::size_t n) {
-      if (ec == asio::error::operation_aborted || gen != attempt) return;
+      if (ec == asio::error::operation_aborted || gen != generation) return;
       if (n > 0) out.write(std::string_view(buf->data(), n));
       if (ec) {  // end of file (every holder of the pipe closed it) or an error
         out.finish();
@@ -257,9 +288,13 @@ struct Agent::Impl {
     FailureRecord f = make_failure_record(w.rank, w.local_rank, w.pid, w.status, when, w.error_file, {});
     f.reason = reason.empty() ? w.status.describe() + " (stopped by ddprun)" : reason;
     f.exit_code = code;
-    if (!root_cause && !w.stopped_by_agent && stop_signal == 0) {
+    if (!root_cause && !w.stopped_by_agent && stop_signal == 0 && !round_end) {
       root_cause = f;
       spdlog::debug("ddprun: root cause: rank {}: {}", w.rank, f.reason);
+      if (coord) {
+        f.stderr_tail = w.err ? w.err->tail() : std::deque<std::string>{};
+        end_round_with(failure_to_json(f), group_world);
+      }
       stop_workers(SIGTERM);
     } else {
       failures.push_back(f);
@@ -281,8 +316,8 @@ struct Agent::Impl {
     }
     stopping = true;
     kill_timer.expires_after(opt.stop_timeout);
-    kill_timer.async_wait([this, gen = attempt](boost::system::error_code ec) {
-      if (ec || gen != attempt) return;
+    kill_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
+      if (ec || gen != generation) return;
       for (auto& w : workers) {
         if (w.running) {
           spdlog::warn("ddprun: worker {} (pid {}) did not stop within {:.1f} s of SIGTERM; sending SIGKILL", w.rank,
@@ -309,8 +344,8 @@ struct Agent::Impl {
       // Output still in the pipes: wait for it briefly (a grandchild that escaped the process
       // group could hold a pipe open forever).
       drain_timer.expires_after(2s);
-      drain_timer.async_wait([this, gen = attempt](boost::system::error_code ec) {
-        if (!ec && gen == attempt) finish_attempt();
+      drain_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
+        if (!ec && gen == generation) finish_attempt();
       });
       return;
     }
@@ -337,6 +372,21 @@ struct Agent::Impl {
       }
     }
     double took = seconds(Clock::now() - attempt_started);
+    if (coord) {
+      local_done = true;
+      if (!root_cause && !stop_signal && !round_end) {
+        spdlog::info("ddprun: round {}: this node's {} workers exited 0 ({:.2f} s); waiting for the other nodes", round,
+                     workers.size(), took);
+        try {
+          coord->report_success(round, group_world);
+        } catch (const Error& e) {
+          on_round_end(std::nullopt);
+          return;
+        }
+      }
+      maybe_finish_round();
+      return;
+    }
     if (stop_signal) {
       spdlog::warn("ddprun: stopped by {}; workers ended after {:.2f} s", signal_name(stop_signal), took);
       exit_code = 128 + stop_signal;
@@ -357,6 +407,7 @@ struct Agent::Impl {
       spdlog::warn("ddprun: rank {} failed ({}); restarting the worker group (restart {} of {})", root_cause->rank,
                    root_cause->reason, opt.max_restarts - restarts_left, opt.max_restarts);
       ++attempt;
+      attempt_dir_name = "attempt_" + std::to_string(attempt);
       store->reset();
       asio::post(io, [this] { start_attempt_or_fail(); });
       return;
@@ -384,14 +435,240 @@ struct Agent::Impl {
     return {};
   }
 
+
+  // ---- several nodes ---------------------------------------------------------------------------
+
+  static std::string failure_to_json(const FailureRecord& f) {
+    nlohmann::json j = {{"kind", "failure"},
+                        {"rank", f.rank},
+                        {"local_rank", f.local_rank},
+                        {"pid", f.pid},
+                        {"host", f.host},
+                        {"reason", f.reason},
+                        {"exit_code", f.exit_code},
+                        {"signal", f.status.signal},
+                        {"code", f.status.code},
+                        {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(f.time.time_since_epoch()).count()},
+                        {"error_file", f.error_file},
+                        {"message", f.message},
+                        {"traceback", f.traceback},
+                        {"stderr_tail", std::vector<std::string>(f.stderr_tail.begin(), f.stderr_tail.end())}};
+    return j.dump();
+  }
+
+  static FailureRecord failure_from_json(const nlohmann::json& j) {
+    FailureRecord f;
+    f.rank = j.value("rank", -1);
+    f.local_rank = j.value("local_rank", -1);
+    f.pid = j.value("pid", 0);
+    f.host = j.value("host", "?");
+    f.reason = j.value("reason", "?");
+    f.exit_code = j.value("exit_code", 1);
+    f.status.signal = j.value("signal", 0);
+    f.status.code = j.value("code", 0);
+    f.time = std::chrono::system_clock::time_point(std::chrono::milliseconds(j.value("time_ms", 0LL)));
+    f.error_file = j.value("error_file", "");
+    f.message = j.value("message", "");
+    f.traceback = j.value("traceback", "");
+    for (const auto& l : j.value("stderr_tail", std::vector<std::string>{})) f.stderr_tail.push_back(l);
+    return f;
+  }
+
+  // Ends the round for every node (first writer wins) and stops this node's workers.
+  void end_round_with(const std::string& record, int expect_next) {
+    try {
+      coord->end_round(round, record, expect_next);
+    } catch (const Error& e) {
+      spdlog::error("ddprun: cannot reach the rendezvous store to end round {}: {}", round, e.what());
+      on_round_end(std::nullopt);
+    }
+  }
+
+  // The watcher saw the round end (or lost the store): stop what runs here.
+  void on_round_end(std::optional<std::string> record) {
+    if (done) return;
+    if (!record) {
+      if (!store_lost) {
+        store_lost = true;
+        spdlog::error("ddprun: lost the rendezvous store at {} (its node left or crashed); stopping this node",
+                      coord->endpoint());
+      }
+    } else if (!round_end) {
+      round_end = record;
+      auto j = nlohmann::json::parse(*record, nullptr, false);
+      std::string kind = j.is_discarded() ? "?" : j.value("kind", "?");
+      if (kind == "failure" && !root_cause) {
+        spdlog::warn("ddprun: round {} failed on host {} (rank {}: {}); stopping this node's workers", round,
+                     j.value("host", "?"), j.value("rank", -1), j.value("reason", "?"));
+      } else if (kind == "node_lost") {
+        spdlog::warn("ddprun: round {}: node {} ({}) stopped answering; stopping this node's workers", round,
+                     j.value("group_rank", -1), j.value("host", "?"));
+      } else if (kind == "membership") {
+        spdlog::info("ddprun: round {}: node {} wants to join; restarting with it", round, j.value("host", "?"));
+      } else if (kind == "stopped") {
+        spdlog::warn("ddprun: the job was stopped by {} on host {}", signal_name(j.value("signal", 0)), j.value("host", "?"));
+      }
+    }
+    alive_timer.cancel();
+    monitor_timer.cancel();
+    bool success = round_end && round_end->find("\"success\"") != std::string::npos;
+    if (!success) stop_workers(SIGTERM);
+    maybe_finish_attempt();
+    maybe_finish_round();
+  }
+
+  void maybe_finish_round() {
+    if (done || !local_done || !all_reaped()) return;
+    if (store_lost) {
+      exit_code = 1;
+      done = true;
+      return;
+    }
+    if (!round_end) return;  // this node is finished; the watcher reports the round's end
+    coord->stop_watch();
+    auto j = nlohmann::json::parse(*round_end, nullptr, false);
+    std::string kind = j.is_discarded() ? "?" : j.value("kind", "?");
+    auto acknowledge = [&] {
+      try {
+        coord->acknowledge_end(round, group_world);
+      } catch (const Error&) {
+      }
+    };
+    if (kind == "success") {
+      spdlog::info("ddprun: all {} nodes finished; job done", group_world);
+      acknowledge();
+      exit_code = 0;
+      done = true;
+      return;
+    }
+    if (kind == "stopped") {
+      acknowledge();
+      exit_code = 128 + j.value("signal", SIGTERM);
+      done = true;
+      return;
+    }
+    int next_rc = attempt;
+    if (kind == "failure") {
+      FailureRecord root = failure_from_json(j);
+      if (attempt + 1 > opt.max_restarts) {
+        std::vector<FailureRecord> others;
+        for (auto& f : failures) {
+          f.stderr_tail = tail_of(f.local_rank);
+          others.push_back(f);
+        }
+        if (root_cause && root_cause->pid == root.pid && root_cause->host == root.host) {
+          root.stderr_tail = tail_of(root_cause->local_rank);
+        } else if (root_cause) {
+          others.push_back(*root_cause);  // this node failed too, but after the root cause
+        }
+        write_fully(STDERR_FILENO, format_failure_report(root, others, opt.role, attempt, opt.max_restarts));
+        acknowledge();
+        exit_code = root.exit_code;
+        done = true;
+        return;
+      }
+      next_rc = attempt + 1;
+      spdlog::warn("ddprun: restarting the job on every node (restart {} of {})", next_rc, opt.max_restarts);
+    }
+    next_round(round + 1, next_rc);
+  }
+
+  void next_round(int r, int rc) {
+    round = r;
+    attempt = rc;
+    round_end.reset();
+    root_cause.reset();
+    failures.clear();
+    if (joiner.joinable()) joiner.join();
+    joiner = std::thread([this, r, rc] {
+      try {
+        auto info = coord->join(r, rc);
+        asio::post(io, [this, info] { start_round(info); });
+      } catch (const std::exception& e) {
+        std::string msg = e.what();
+        bool usage = dynamic_cast<const UsageError*>(&e) != nullptr;
+        asio::post(io, [this, msg, usage] {
+          spdlog::error("ddprun: {}", msg);
+          exit_code = usage ? 2 : 1;
+          done = true;
+        });
+      }
+    });
+  }
+
+  void start_round(const RoundInfo& info) {
+    if (done) return;
+    round = info.round;
+    attempt = info.restart_count;
+    world_size = info.world_size;
+    rank_offset = info.rank_offset;
+    group_rank = info.group_rank;
+    group_world = info.group_world;
+    master_addr = info.store_host;
+    master_port = info.store_port;
+    attempt_dir_name = "attempt_" + std::to_string(info.round);
+    spdlog::info("ddprun: rendezvous round {} complete: {} nodes, {} workers", round, group_world, world_size);
+    coord->watch(round, [this, gen = generation + 1](std::optional<std::string> rec) {
+      asio::post(io, [this, rec, gen] {
+        if (gen == generation) on_round_end(rec);
+      });
+    });
+    start_attempt_or_fail();
+    neighbour_count = -2;
+    neighbour_changed = Clock::now();
+    arm_keep_alive();
+    if (group_world > 1) arm_monitor();
+  }
+
+  void arm_keep_alive() {
+    try {
+      coord->keep_alive(round, group_rank);
+    } catch (const Error&) {
+      on_round_end(std::nullopt);
+      return;
+    }
+    alive_timer.expires_after(opt.rdzv.keep_alive_interval);
+    alive_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
+      if (!ec && gen == generation && !round_end) arm_keep_alive();
+    });
+  }
+
+  // Each node watches the next one's keep-alive (a ring: O(1) store requests per node).
+  void arm_monitor() {
+    monitor_timer.expires_after(std::max(opt.rdzv.keep_alive_interval / 4, std::chrono::milliseconds(50)));
+    monitor_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
+      if (ec || gen != generation || round_end || done) return;
+      int next = (group_rank + 1) % group_world;
+      long long count;
+      try {
+        count = coord->alive_count(round, next);
+      } catch (const Error&) {
+        on_round_end(std::nullopt);
+        return;
+      }
+      auto now = Clock::now();
+      if (count != neighbour_count) {
+        neighbour_count = count;
+        neighbour_changed = now;
+      } else if (now - neighbour_changed > opt.rdzv.keep_alive_interval * opt.rdzv.keep_alive_max_attempt) {
+        double idle = seconds(now - neighbour_changed);
+        spdlog::warn("ddprun: round {}: no keep-alive from node {} for {:.1f} s", round, next, idle);
+        nlohmann::json rec = {{"kind", "node_lost"}, {"group_rank", next}, {"idle_s", idle}};
+        end_round_with(rec.dump(), group_world - 1);
+        return;
+      }
+      arm_monitor();
+    });
+  }
+
   // ---- hangs ------------------------------------------------------------------------------------
 
   void arm_heartbeat_check() {
     if (opt.worker_timeout.count() <= 0) return;
     auto interval = std::clamp(opt.worker_timeout / 10, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
     heartbeat_timer.expires_after(interval);
-    heartbeat_timer.async_wait([this, gen = attempt](boost::system::error_code ec) {
-      if (ec || done || gen != attempt) return;
+    heartbeat_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
+      if (ec || done || gen != generation) return;
       check_heartbeats();
       if (!stopping) arm_heartbeat_check();
     });
@@ -445,6 +722,16 @@ struct Agent::Impl {
     spdlog::warn("ddprun: received {}; forwarding it to the workers", signal_name(sig));
     if (stop_signal == 0) stop_signal = sig;
     restarts_left = 0;
+    if (coord && workers.empty()) {  // still in the rendezvous: nothing to stop here
+      exit_code = 128 + sig;
+      done = true;
+      return;
+    }
+    if (coord && !round_end) {
+      char host[256] = {};
+      ::gethostname(host, sizeof(host) - 1);
+      end_round_with(nlohmann::json{{"kind", "stopped"}, {"signal", sig}, {"host", host}}.dump(), 0);
+    }
     bool terminating = sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT;
     if (terminating) {
       stop_workers(sig);
@@ -458,7 +745,12 @@ struct Agent::Impl {
 
   int run() {
     prepare_log_dir();
+    if (opt.rdzv.enabled) return run_multi_node();
     start_store();
+    master_addr = opt.store_host;
+    master_port = store->port();
+    world_size = opt.nproc_per_node;
+    attempt_dir_name = "attempt_0";
     signals.add(SIGCHLD);
     for (int s : opt.forward_signals) signals.add(s);
     wait_signals();
@@ -470,6 +762,20 @@ struct Agent::Impl {
       io.run_one();
     }
     store->stop();
+    cleanup();
+    return exit_code;
+  }
+
+  int run_multi_node() {
+    signals.add(SIGCHLD);
+    for (int s : opt.forward_signals) signals.add(s);
+    wait_signals();
+    coord = std::make_unique<Coordinator>(opt.rdzv, opt.run_id, opt.nproc_per_node, opt.node_rank);
+    spdlog::info("ddprun: joining the rendezvous at {} ({} {} to {} nodes)", coord->endpoint(),
+                 opt.rdzv.dynamic ? "c10d," : "static,", opt.rdzv.min_nodes, opt.rdzv.max_nodes);
+    next_round(0, 0);
+    while (!done) io.run_one();
+    if (joiner.joinable()) joiner.detach();
     cleanup();
     return exit_code;
   }

@@ -411,18 +411,23 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
   }
 
   std::string backend = get("rdzv_backend");
+  if (backend == "etcd" || backend == "etcd-v2") usage("--rdzv_backend=" + backend + " is not supported: use c10d (ddprun's own store)");
   if (backend != "static" && backend != "c10d") {
     usage("--rdzv_backend must be 'static' or 'c10d' (got '" + backend + "')");
   }
   std::string endpoint = get("rdzv_endpoint");
+  std::map<std::string, std::string> conf;
   for (const auto& kv : split(get("rdzv_conf"), ',')) {
     if (trim(kv).empty()) continue;
-    if (kv.find('=') == std::string::npos) usage("--rdzv_conf items are KEY=VALUE (got '" + kv + "')");
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) usage("--rdzv_conf items are KEY=VALUE (got '" + kv + "')");
+    conf[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));
   }
   auto master_port = parse_port("master_port", get("master_port"));
   std::string master_addr = get("master_addr");
   if (master_addr.empty()) usage("--master_addr must not be empty");
   a.run_id = get("rdzv_id");
+  a.rdzv.local_addr = get("local_addr");
   if (flag("standalone")) {
     if (max_nodes != 1) usage("--standalone runs a single node: drop --nnodes or set it to 1");
     a.store_host = "127.0.0.1";
@@ -437,11 +442,42 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
     a.store_host = master_addr;
     a.store_port = master_port;
   }
-  if (max_nodes > 1) {
-    usage("--nnodes=" + get("nnodes") + ": multi-node launches are not supported by this build yet; run one node");
+  a.nnodes = max_nodes;
+  if (max_nodes == 1) {
+    if (a.node_rank != 0) usage("--node_rank=" + std::to_string(a.node_rank) + " needs --nnodes > " + std::to_string(a.node_rank));
+    if (!conf.empty() && backend != "c10d") usage("--rdzv_conf applies to --rdzv_backend=c10d");
+  } else {
+    auto& z = a.rdzv;
+    z.enabled = true;
+    z.dynamic = backend == "c10d";
+    z.min_nodes = min_nodes;
+    z.max_nodes = max_nodes;
+    z.endpoint_host = a.store_host;
+    z.endpoint_port = a.store_port;
+    if (!z.dynamic) {
+      if (min_nodes != max_nodes) usage("--nnodes=" + get("nnodes") + ": a range needs --rdzv_backend=c10d (static rendezvous has a fixed number of nodes)");
+      if (a.node_rank >= max_nodes) usage("--node_rank=" + std::to_string(a.node_rank) + " must be below --nnodes=" + std::to_string(max_nodes));
+      z.is_host = a.node_rank == 0 ? 1 : 0;  // node 0 hosts the store at --master_addr:--master_port
+    }
+    for (const auto& [k, v] : conf) {
+      if (k == "join_timeout" || k == "timeout") z.join_timeout = parse_seconds("rdzv_conf " + k, v, false);
+      else if (k == "last_call_timeout") z.last_call_timeout = parse_seconds("rdzv_conf " + k, v, true);
+      else if (k == "close_timeout") z.close_timeout = parse_seconds("rdzv_conf " + k, v, true);
+      else if (k == "keep_alive_interval") z.keep_alive_interval = parse_seconds("rdzv_conf " + k, v, false);
+      else if (k == "read_timeout") z.read_timeout = parse_seconds("rdzv_conf " + k, v, false);
+      else if (k == "keep_alive_max_attempt") z.keep_alive_max_attempt = parse_positive("rdzv_conf keep_alive_max_attempt", v);
+      else if (k == "is_host") {
+        std::string b = v;
+        for (auto& c : b) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        if (b == "1" || b == "true" || b == "yes") z.is_host = 1;
+        else if (b == "0" || b == "false" || b == "no") z.is_host = 0;
+        else usage("--rdzv_conf is_host must be true or false (got '" + v + "')");
+      } else {
+        usage("--rdzv_conf: unknown key '" + k + "' (known: join_timeout, last_call_timeout, close_timeout, "
+              "keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host, timeout)");
+      }
+    }
   }
-  if (a.node_rank != 0) usage("--node_rank=" + std::to_string(a.node_rank) + " needs --nnodes > " + std::to_string(a.node_rank));
-  a.nnodes = 1;
 
   a.command = resolve_command(program, flag("module"), flag("no_python"), env);
   a.base_env = env;

@@ -31,6 +31,26 @@ struct StreamSelection {
   bool any() const { return all != 0 || !per_rank.empty(); }
 };
 
+// Multi-node rendezvous of agents (torchrun's static and c10d backends).
+struct RendezvousOptions {
+  bool enabled = false;          // more than one node: rendezvous through a shared store
+  bool dynamic = false;          // c10d (elastic MIN:MAX, join order) vs static (fixed nodes, node_rank)
+  int min_nodes = 1;
+  int max_nodes = 1;
+  // The rendezvous store every agent connects to (--rdzv_endpoint, or --master_addr:port).
+  std::string endpoint_host = "127.0.0.1";
+  std::uint16_t endpoint_port = 29400;
+  int is_host = -1;              // -1: auto (the endpoint is one of this machine's addresses and
+                                 // its port is free), 0: never, 1: always
+  std::string local_addr;        // how other nodes see this one (reported in summaries)
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
+  int keep_alive_max_attempt = 3;
+  std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
+};
+
 struct AgentOptions {
   // The worker command (argv[0] resolved to a path); "${local_rank}" in any element is replaced.
   std::vector<std::string> command;
@@ -61,6 +81,9 @@ struct AgentOptions {
   std::set<int> local_ranks_filter;  // local ranks whose output reaches the console; empty = all
   // Console line prefix; ${role_name}, ${local_rank} and ${rank} are replaced.
   std::string line_prefix_template = "[${role_name}${local_rank}]:";
+
+  // Multi-node: how agents find each other. When enabled, store_host/store_port are unused.
+  RendezvousOptions rdzv;
 
   // The environment workers inherit (before the variables the agent sets).
   std::map<std::string, std::string> base_env;

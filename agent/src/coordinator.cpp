@@ -1,0 +1,305 @@
+#include "coordinator.hpp"
+
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/rendezvous/prefix_store.hpp"
+#include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/rendezvous/tcp_store.hpp"
+
+namespace ddprun::agent {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::string key(int round, const std::string& name) { return "r" + std::to_string(round) + "/" + name; }
+
+std::string secs(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(d.count()) / 1000.0);
+  return buf;
+}
+
+std::string hostname() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+// The numeric addresses `host` resolves to.
+std::set<std::string> resolve(const std::string& host) {
+  std::set<std::string> out;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
+  for (auto* ai = res; ai; ai = ai->ai_next) {
+    char buf[NI_MAXHOST];
+    if (::getnameinfo(ai->ai_addr, ai->ai_addrlen, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) == 0) out.insert(buf);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+std::set<std::string> local_addresses() {
+  std::set<std::string> out;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return out;
+  for (auto* i = ifs; i; i = i->ifa_next) {
+    if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+    char buf[NI_MAXHOST];
+    socklen_t len = i->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    if (::getnameinfo(i->ifa_addr, len, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) == 0) {
+      std::string a = buf;
+      out.insert(a.substr(0, a.find('%')));  // drop an IPv6 scope
+    }
+  }
+  ::freeifaddrs(ifs);
+  return out;
+}
+
+int to_int(const std::string& s, int def) {
+  try {
+    return std::stoi(s);
+  } catch (...) {
+    return def;
+  }
+}
+
+}  // namespace
+
+Coordinator::Coordinator(const RendezvousOptions& opt, const std::string& run_id, int nproc, int node_rank)
+    : opt_(opt), prefix_("ddprun/rdzv/" + run_id), nproc_(nproc), node_rank_(node_rank) {
+  if (decide_host()) {
+    rendezvous::StoreServerOptions so;
+    so.host = "";  // every interface: the endpoint's address is one of them
+    so.port = opt.endpoint_port;
+    try {
+      server_ = std::make_unique<rendezvous::StoreServer>(so);
+      server_->start();
+      opt_.endpoint_port = server_->port();  // the real one when port 0 asked for a free port
+      rendezvous::StoreServerOptions wo;
+      wo.host = "";
+      wo.port = 0;
+      worker_store_ = std::make_unique<rendezvous::StoreServer>(wo);
+      worker_store_->start();
+      spdlog::info("ddprun: hosting the rendezvous store on port {} (workers' store on port {})", server_->port(),
+                   worker_store_->port());
+    } catch (const NetworkError& e) {
+      server_.reset();
+      if (opt.is_host == 1) {
+        throw Error("is_host=1 but the rendezvous store cannot listen on port " + std::to_string(opt.endpoint_port) +
+                    ": " + e.what());
+      }
+      // Another agent on this machine got the port first: it is the host.
+      spdlog::debug("ddprun: port {} is taken; joining as a client ({})", opt.endpoint_port, e.what());
+    }
+  }
+  store_ = connect(opt.join_timeout);
+}
+
+Coordinator::~Coordinator() {
+  if (watcher_.joinable()) watcher_.join();
+}
+
+std::string Coordinator::endpoint() const { return opt_.endpoint_host + ":" + std::to_string(opt_.endpoint_port); }
+
+bool Coordinator::decide_host() const {
+  if (opt_.is_host >= 0) return opt_.is_host == 1;
+  auto mine = local_addresses();
+  for (const auto& a : resolve(opt_.endpoint_host)) {
+    if (mine.count(a) || a.rfind("127.", 0) == 0 || a == "::1") return true;
+  }
+  return false;
+}
+
+std::shared_ptr<rendezvous::Store> Coordinator::connect(std::chrono::milliseconds timeout) const {
+  rendezvous::TcpStoreOptions o;
+  o.host = opt_.endpoint_host;
+  o.port = opt_.endpoint_port;
+  o.timeout = timeout;
+  std::shared_ptr<rendezvous::TcpStore> tcp;
+  try {
+    tcp = std::make_shared<rendezvous::TcpStore>(o);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError("rendezvous: no store at " + opt_.endpoint_host + ":" + std::to_string(opt_.endpoint_port) +
+                       " within the join timeout (" + secs(timeout) +
+                       "): is the host node's ddprun running, and is --rdzv_endpoint right?");
+  }
+  tcp->set_timeout(opt_.read_timeout);
+  return std::make_shared<rendezvous::PrefixStore>(prefix_, tcp);
+}
+
+RoundInfo Coordinator::join(int round, int restart_count) {
+  auto& s = *store_;
+  const auto deadline = Clock::now() + opt_.join_timeout;
+  for (;;) {
+    if (restart_count < 0 && s.check({"round"})) round = std::max(round, to_int(s.get("round"), 0));
+    s.set("round", std::to_string(round));
+    if (restart_count >= 0) s.set(key(round, "rc"), std::to_string(restart_count));
+    int idx = static_cast<int>(s.add(key(round, "join"), 1)) - 1;
+    nlohmann::json me = {{"host", hostname()}, {"addr", opt_.local_addr}, {"nproc", nproc_}, {"node_rank", node_rank_}};
+    s.set(key(round, "node/" + std::to_string(idx)), me.dump());
+    int expect = opt_.max_nodes;
+    if (s.check({key(round, "expect")})) expect = std::clamp(to_int(s.get(key(round, "expect")), expect), 1, opt_.max_nodes);
+    const std::string closed = key(round, "closed");
+    if (idx + 1 >= opt_.max_nodes || (idx + 1 >= opt_.min_nodes && idx + 1 >= expect)) {
+      // Full, or every survivor of the last round is back: close now, no last call.
+      s.compare_set(closed, "", std::to_string(idx + 1));
+    }
+    if (idx + 1 >= opt_.min_nodes) {
+      try {
+        s.wait({closed}, opt_.last_call_timeout);
+      } catch (const TimeoutError&) {
+        // Last call over: close with whoever has arrived.
+        s.compare_set(closed, "", std::to_string(s.add(key(round, "join"), 0)));
+      }
+    } else {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      try {
+        s.wait({closed}, std::max(left, 1ms));
+      } catch (const TimeoutError&) {
+        long long joined = s.add(key(round, "join"), 0);
+        throw TimeoutError("rendezvous: only " + std::to_string(joined) + " of the " + std::to_string(opt_.min_nodes) +
+                           " nodes needed joined round " + std::to_string(round) + " on " + endpoint() + " within " +
+                           secs(opt_.join_timeout) + " (join_timeout); start the other nodes, or lower --nnodes");
+      }
+    }
+    int K = to_int(s.get(closed), 0);
+    if (idx >= K) {
+      // The round is running without us. If it has room, ask it to restart with us in.
+      if (K < opt_.max_nodes) {
+        s.set(key(round + 1, "expect"), std::to_string(K + 1));
+        nlohmann::json rec = {{"kind", "membership"}, {"host", hostname()}};
+        s.compare_set(key(round, "end"), "", rec.dump());
+      }
+      spdlog::info("ddprun: round {} is full or closed ({} nodes); waiting for the next one", round, K);
+      restart_count = -1;
+      ++round;
+      continue;
+    }
+    // In: read every member's description.
+    std::vector<std::string> node_keys;
+    for (int i = 0; i < K; ++i) node_keys.push_back(key(round, "node/" + std::to_string(i)));
+    s.wait(node_keys, opt_.read_timeout);
+    auto raw = s.multi_get(node_keys);
+    RoundInfo info;
+    info.round = round;
+    info.group_world = K;
+    std::vector<NodeInfo> by_arrival;
+    for (const auto& r : raw) {
+      auto j = nlohmann::json::parse(r, nullptr, false);
+      NodeInfo n;
+      if (!j.is_discarded()) {
+        n.host = j.value("host", "");
+        n.addr = j.value("addr", "");
+        n.nproc = j.value("nproc", 1);
+        n.node_rank = j.value("node_rank", -1);
+      }
+      by_arrival.push_back(n);
+    }
+    if (opt_.dynamic) {
+      info.group_rank = idx;
+      info.nodes = by_arrival;
+    } else {
+      // Static: group rank = --node_rank, which must be unique and below --nnodes.
+      info.nodes.resize(K);
+      std::vector<bool> seen(K, false);
+      for (const auto& n : by_arrival) {
+        if (n.node_rank < 0 || n.node_rank >= K || seen[n.node_rank]) {
+          throw UsageError("rendezvous: node_rank " + std::to_string(n.node_rank) + " (host " + n.host +
+                           ") is out of range or used twice; give each node a distinct --node_rank in 0.." +
+                           std::to_string(K - 1));
+        }
+        seen[n.node_rank] = true;
+        info.nodes[n.node_rank] = n;
+      }
+      info.group_rank = node_rank_;
+    }
+    info.world_size = 0;
+    for (int g = 0; g < K; ++g) {
+      if (g < info.group_rank) info.rank_offset += info.nodes[g].nproc;
+      info.world_size += info.nodes[g].nproc;
+    }
+    info.restart_count = restart_count >= 0 ? restart_count
+                         : s.check({key(round, "rc")}) ? to_int(s.get(key(round, "rc")), 0)
+                                                        : 0;
+    // The workers' store: emptied by its host for this round, then published.
+    const std::string store_key = key(round, "store");
+    if (worker_store_) {
+      worker_store_->reset();
+      s.set(store_key, std::to_string(worker_store_->port()));
+    }
+    s.wait({store_key}, opt_.read_timeout);
+    info.store_host = opt_.endpoint_host;
+    info.store_port = static_cast<std::uint16_t>(to_int(s.get(store_key), 0));
+    return info;
+  }
+}
+
+std::string Coordinator::end_round(int round, const std::string& record, int expect_next) {
+  if (expect_next > 0) store_->set(key(round + 1, "expect"), std::to_string(expect_next));
+  return store_->compare_set(key(round, "end"), "", record);
+}
+
+void Coordinator::report_success(int round, int group_world) {
+  if (store_->add(key(round, "succeeded"), 1) == group_world) {
+    store_->compare_set(key(round, "end"), "", nlohmann::json{{"kind", "success"}}.dump());
+  }
+}
+
+void Coordinator::acknowledge_end(int round, int group_world) {
+  if (store_->add(key(round, "acked"), 1) >= group_world) store_->set(key(round, "all_acked"), "1");
+  if (!server_) return;
+  // The host's store must outlive the others' last reads; bounded, it is no exit barrier.
+  try {
+    store_->wait({key(round, "all_acked")}, 10s);
+  } catch (const TimeoutError&) {
+    spdlog::debug("ddprun: not every node acknowledged the end of round {}", round);
+  }
+}
+
+void Coordinator::keep_alive(int round, int group_rank) {
+  store_->add(key(round, "alive/" + std::to_string(group_rank)), 1);
+}
+
+long long Coordinator::alive_count(int round, int group_rank) {
+  auto k = key(round, "alive/" + std::to_string(group_rank));
+  auto v = store_->multi_get({k});
+  return v[0].empty() ? -1 : std::stoll(v[0]);
+}
+
+void Coordinator::watch(int round, std::function<void(std::optional<std::string>)> on_end) {
+  stop_watch();
+  if (!watch_store_) watch_store_ = connect(opt_.read_timeout);
+  watcher_ = std::thread([this, round, on_end = std::move(on_end)] {
+    const std::string k = key(round, "end");
+    for (;;) {
+      try {
+        watch_store_->wait({k}, std::chrono::hours(24));
+        on_end(watch_store_->get(k));
+        return;
+      } catch (const TimeoutError&) {
+        continue;
+      } catch (const Error& e) {
+        spdlog::debug("ddprun: watch of round {} ended: {}", round, e.what());
+        on_end(std::nullopt);
+        return;
+      }
+    }
+  });
+}
+
+void Coordinator::stop_watch() {
+  if (watcher_.joinable()) watcher_.join();
+}
+
+}  // namespace ddprun::agent
