@@ -9,6 +9,7 @@
 //   ready                  print "ready"
 //   block                  wait for signals forever
 //   block_if_attempt:K     wait for signals forever when TORCHELASTIC_RESTART_COUNT == K
+//   block_if_world:N       wait for signals forever when WORLD_SIZE == N
 //   grandchild             fork a process that blocks; print "grandchild PID"
 //   pid                    print "pid PID"
 //   heartbeat:N:MS         touch DDPRUN_HEARTBEAT_FILE N times, MS apart
@@ -109,6 +110,12 @@ int main(int argc, char** argv) {
       for (;;) ::pause();
     } else if (a.rfind("block_if_attempt:", 0) == 0) {
       if (env("TORCHELASTIC_RESTART_COUNT") == after(a, 17)) {
+        std::fflush(stdout);
+        for (;;) ::pause();
+      }
+    } else if (a.rfind("block_if_world:", 0) == 0) {
+      if (env("WORLD_SIZE") == after(a, 15)) {
+        std::printf("ready\n");
         std::fflush(stdout);
         for (;;) ::pause();
       }

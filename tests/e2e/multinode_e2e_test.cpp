@@ -1,0 +1,240 @@
+// Several agents on one machine (loopback) forming one job: static and c10d rendezvous,
+// uneven nodes, global restarts, lost nodes, late and extra joiners, the store host leaving.
+// The first agent hosts the store on a free port (--master_port=0 or an endpoint with port 0)
+// and prints it; the others are started with that port: no fixed ports.
+
+#include <catch2/catch.hpp>
+#include <regex>
+#include <set>
+
+#include "e2e/launch.hpp"
+
+using namespace ddprun::test;
+
+namespace {
+
+const std::string kDdprun = DDPRUN_BIN;
+const std::string kWorker = TEST_WORKER_BIN;
+
+std::vector<std::string> cmd(std::vector<std::string> args) {
+  args.insert(args.begin(), kDdprun);
+  return args;
+}
+
+// The rendezvous store's port, from the host agent's log ("hosting the rendezvous store on port N").
+std::string host_port(Launch& host) {
+  // ddprun logs to stderr; Launch::wait_for reads stdout, so the agents run with --log_level
+  // info and the test reads the line from the result of a small poll on stderr.
+  auto deadline = Clock::now() + 10s;
+  std::smatch m;
+  std::regex re(R"(hosting the rendezvous store on port (\d+))");
+  while (Clock::now() < deadline) {
+    host.wait_for("\x01", 1, 50ms);  // pumps both streams for a moment
+    if (std::regex_search(host.err(), m, re)) return m[1];
+  }
+  FAIL("the host agent did not report its port: " << host.err());
+  return "";
+}
+
+std::map<int, std::map<std::string, std::string>> worker_env(const std::string& out) {
+  // rank -> variables, from "[default<local>]:KEY=VALUE" lines of one agent
+  std::map<int, std::map<std::string, std::string>> by_local;
+  std::regex re(R"(\[default(\d+)\]:([A-Z_]+)=(.*))");
+  for (const auto& l : lines(out)) {
+    std::smatch m;
+    if (std::regex_match(l, m, re)) by_local[std::stoi(m[1])][m[2]] = m[3];
+  }
+  return by_local;
+}
+
+}  // namespace
+
+TEST_CASE("static rendezvous: 2 agents x 2 workers form one job with contiguous ranks", "[multinode]") {
+  Launch n0(cmd({"--nnodes=2", "--node_rank=0", "--master_port=0", "--nproc_per_node=2", kWorker, "env"}));
+  auto port = host_port(n0);
+  Launch n1(cmd({"--nnodes=2", "--node_rank=1", "--master_port=" + port, "--nproc_per_node=2", kWorker, "env"}));
+  auto r1 = n1.finish(60s);
+  auto r0 = n0.finish(60s);
+  INFO(r0.err << r1.err);
+  REQUIRE(r0.code == 0);
+  REQUIRE(r1.code == 0);
+  auto e0 = worker_env(r0.out), e1 = worker_env(r1.out);
+  std::set<std::string> ports;
+  for (int local = 0; local < 2; ++local) {
+    CHECK(e0[local]["RANK"] == std::to_string(local));
+    CHECK(e1[local]["RANK"] == std::to_string(2 + local));
+    CHECK(e0[local]["GROUP_RANK"] == "0");
+    CHECK(e1[local]["GROUP_RANK"] == "1");
+    for (auto* e : {&e0, &e1}) {
+      CHECK((*e)[local]["WORLD_SIZE"] == "4");
+      CHECK((*e)[local]["GROUP_WORLD_SIZE"] == "2");
+      CHECK((*e)[local]["LOCAL_WORLD_SIZE"] == "2");
+      ports.insert((*e)[local]["MASTER_PORT"]);
+    }
+  }
+  CHECK(ports.size() == 1);  // every worker on every node uses the same store
+  CHECK(*ports.begin() != port);  // the workers' store, not the agents' rendezvous store
+}
+
+TEST_CASE("c10d rendezvous: 3 agents with 1, 2 and 3 workers", "[multinode]") {
+  std::string conf = "--rdzv_conf=last_call_timeout=30,join_timeout=30";
+  Launch a(cmd({"--nnodes=3", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "--rdzv_id=uneven", conf,
+                "--nproc_per_node=1", kWorker, "env"}));
+  auto port = host_port(a);
+  std::string ep = "--rdzv_endpoint=127.0.0.1:" + port;
+  Launch b(cmd({"--nnodes=3", "--rdzv_backend=c10d", ep, "--rdzv_id=uneven", conf, "--nproc_per_node=2", kWorker, "env"}));
+  Launch c(cmd({"--nnodes=3", "--rdzv_backend=c10d", ep, "--rdzv_id=uneven", conf, "--nproc_per_node=3", kWorker, "env"}));
+  std::vector<Result> rs = {a.finish(60s), b.finish(60s), c.finish(60s)};
+  std::set<int> ranks;
+  std::set<std::string> group_ranks;
+  for (const auto& r : rs) {
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    auto env = worker_env(r.out);
+    int lo = 1 << 30, hi = -1;
+    for (auto& [local, vars] : env) {
+      CHECK(vars["WORLD_SIZE"] == "6");
+      CHECK(vars["GROUP_WORLD_SIZE"] == "3");
+      int rank = std::stoi(vars["RANK"]);
+      ranks.insert(rank);
+      lo = std::min(lo, rank);
+      hi = std::max(hi, rank);
+      group_ranks.insert(vars["GROUP_RANK"]);
+    }
+    CHECK(hi - lo + 1 == static_cast<int>(env.size()));  // contiguous per node
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2, 3, 4, 5});
+  CHECK(group_ranks == std::set<std::string>{"0", "1", "2"});
+}
+
+TEST_CASE("a worker failing on node 1 restarts node 0's workers too, with one global restart count", "[multinode]") {
+  // RANK 1 lives on node 0; make node 1's worker (rank 3) fail instead: fail_before_attempt
+  // fails RANK 1 only, so run 2 workers on node 0 and 2 on node 1 and let rank 1 fail: then
+  // check node 1 restarted as well.
+  Launch n0(cmd({"--nnodes=2", "--node_rank=0", "--master_port=0", "--nproc_per_node=2", "--max_restarts=2", kWorker,
+                 "fail_before_attempt:2:5", "block_if_attempt:0", "block_if_attempt:1", "env"}));
+  auto port = host_port(n0);
+  Launch n1(cmd({"--nnodes=2", "--node_rank=1", "--master_port=" + port, "--nproc_per_node=2", "--max_restarts=2",
+                 kWorker, "fail_before_attempt:2:5", "block_if_attempt:0", "block_if_attempt:1", "env"}));
+  auto r1 = n1.finish(60s);
+  auto r0 = n0.finish(60s);
+  INFO(r0.err << "\n----\n" << r1.err);
+  REQUIRE(r0.code == 0);
+  REQUIRE(r1.code == 0);
+  for (const auto* r : {&r0, &r1}) {
+    auto env = worker_env(r->out);
+    for (auto& [local, vars] : env) CHECK(vars["TORCHELASTIC_RESTART_COUNT"] == "2");
+    CHECK(Launch::occurrences(r->err, "restarting the job on every node") == 2);
+  }
+  CHECK_THAT(r1.err, Catch::Contains("failed on host"));  // node 1 learnt of node 0's failure
+}
+
+TEST_CASE("exhausted restarts: every node prints the same root cause and exits with its code", "[multinode]") {
+  Launch n0(cmd({"--nnodes=2", "--node_rank=0", "--master_port=0", "--nproc_per_node=1", kWorker, "block"}));
+  auto port = host_port(n0);
+  Launch n1(cmd({"--nnodes=2", "--node_rank=1", "--master_port=" + port, "--nproc_per_node=1", kWorker,
+                 "stderr:node one breaks", "exit:42"}));
+  auto r1 = n1.finish(60s);
+  auto r0 = n0.finish(60s);
+  INFO(r0.err << "\n----\n" << r1.err);
+  CHECK(r0.code == 42);
+  CHECK(r1.code == 42);
+  for (const auto* r : {&r0, &r1}) {
+    CHECK_THAT(r->err, Catch::Contains("rank       : 1 (local_rank 0"));
+    CHECK_THAT(r->err, Catch::Contains("failure    : exit code 42"));
+    CHECK_THAT(r->err, Catch::Contains("node one breaks"));
+  }
+}
+
+TEST_CASE("kill -9 of a non-host agent: the survivors continue with a smaller world", "[multinode]") {
+  std::string conf = "--rdzv_conf=keep_alive_interval=0.3,keep_alive_max_attempt=2,last_call_timeout=20,join_timeout=30";
+  auto agent = [&](const std::string& ep) {
+    return cmd({"--nnodes=2:3", "--rdzv_backend=c10d", ep, "--rdzv_id=shrink", conf, "--nproc_per_node=1", kWorker,
+                "block_if_world:3", "env"});
+  };
+  Launch a(agent("--rdzv_endpoint=127.0.0.1:0"));
+  auto port = host_port(a);
+  Launch b(agent("--rdzv_endpoint=127.0.0.1:" + port));
+  Launch c(agent("--rdzv_endpoint=127.0.0.1:" + port));
+  REQUIRE(a.wait_for("ready"));
+  REQUIRE(b.wait_for("ready"));
+  REQUIRE(c.wait_for("ready"));
+  auto t0 = Clock::now();
+  c.signal(SIGKILL);
+  auto rc = c.finish();
+  auto ra = a.finish(60s), rb = b.finish(60s);
+  INFO(ra.err << "\n----\n" << rb.err);
+  CHECK(ra.code == 0);
+  CHECK(rb.code == 0);
+  CHECK_THAT(ra.out + rb.out, Catch::Contains("WORLD_SIZE=2"));
+  CHECK_THAT(ra.err + rb.err, Catch::Contains("stopped answering"));
+  CHECK(Clock::now() - t0 < 15s);
+}
+
+TEST_CASE("a late joiner within the last call is in the first round; one beyond MAX waits", "[multinode]") {
+  std::string conf = "--rdzv_conf=last_call_timeout=2,join_timeout=30";
+  auto agent = [&](const std::string& ep) {
+    return cmd({"--nnodes=1:2", "--rdzv_backend=c10d", ep, "--rdzv_id=late", conf, "--nproc_per_node=1", kWorker,
+                "block_if_world:2"});
+  };
+  Launch a(agent("--rdzv_endpoint=127.0.0.1:0"));
+  auto port = host_port(a);
+  Launch b(agent("--rdzv_endpoint=127.0.0.1:" + port));  // within a's last call: both in round 0
+  REQUIRE(a.wait_for("ready"));
+  REQUIRE(b.wait_for("ready"));
+  Launch c(agent("--rdzv_endpoint=127.0.0.1:" + port));  // round 0 is full (MAX 2): c waits
+  auto deadline = Clock::now() + 20s;
+  while (c.err().find("waiting for the next one") == std::string::npos && Clock::now() < deadline) c.wait_for("\x01", 1, 50ms);
+  CHECK_THAT(c.err(), Catch::Contains("waiting for the next one"));
+  CHECK(a.out().find("ready") != std::string::npos);
+  c.signal(SIGTERM);
+  c.finish();
+  a.signal(SIGTERM);
+  b.signal(SIGTERM);
+  a.finish();
+  b.finish();
+}
+
+TEST_CASE("a new node below MAX restarts the job with it, without using the restart budget", "[multinode]") {
+  std::string conf = "--rdzv_conf=last_call_timeout=0.5,join_timeout=30";
+  auto agent = [&](const std::string& ep) {
+    return cmd({"--nnodes=1:3", "--rdzv_backend=c10d", ep, "--rdzv_id=grow", conf, "--nproc_per_node=1", kWorker,
+                "block_if_world:1", "env"});
+  };
+  Launch a(agent("--rdzv_endpoint=127.0.0.1:0"));
+  auto port = host_port(a);
+  REQUIRE(a.wait_for("ready"));  // running alone (MIN 1)
+  Launch b(agent("--rdzv_endpoint=127.0.0.1:" + port));
+  auto rb = b.finish(60s), ra = a.finish(60s);
+  INFO(ra.err << "\n----\n" << rb.err);
+  CHECK(ra.code == 0);
+  CHECK(rb.code == 0);
+  CHECK_THAT(ra.out, Catch::Contains("WORLD_SIZE=2"));
+  CHECK_THAT(ra.out, Catch::Contains("TORCHELASTIC_RESTART_COUNT=0"));  // no restart used
+  CHECK_THAT(ra.err, Catch::Contains("wants to join"));
+}
+
+TEST_CASE("the store host leaving ends the job on every node quickly and clearly", "[multinode]") {
+  Launch n0(cmd({"--nnodes=2", "--node_rank=0", "--master_port=0", "--nproc_per_node=1", kWorker, "ready", "block"}));
+  auto port = host_port(n0);
+  Launch n1(cmd({"--nnodes=2", "--node_rank=1", "--master_port=" + port, "--nproc_per_node=1", kWorker, "ready", "block"}));
+  REQUIRE(n1.wait_for("ready"));
+  REQUIRE(n0.wait_for("ready"));
+  auto t0 = Clock::now();
+  n0.signal(SIGKILL);
+  auto r1 = n1.finish(30s);
+  INFO(r1.err);
+  CHECK(r1.code == 1);
+  CHECK_THAT(r1.err, Catch::Contains("lost the rendezvous store at 127.0.0.1:" + port));
+  CHECK(Clock::now() - t0 < 10s);
+}
+
+TEST_CASE("too few nodes within the join timeout: a clear error", "[multinode]") {
+  auto r = Launch(cmd({"--nnodes=2", "--node_rank=0", "--master_port=0", "--rdzv_conf=join_timeout=1",
+                       "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", kWorker, "env"}))
+               .finish(30s);
+  INFO(r.err);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.err, Catch::Contains("only 1 of the 2 nodes needed joined round 0"));
+  CHECK_THAT(r.err, Catch::Contains("join_timeout"));
+}
