@@ -292,6 +292,7 @@ struct Agent::Impl {
       root_cause = f;
       spdlog::debug("ddprun: root cause: rank {}: {}", w.rank, f.reason);
       if (coord) {
+        if (!opt.rdzv.local_addr.empty()) f.host = opt.rdzv.local_addr;  // as the other nodes know this one
         f.stderr_tail = w.err ? w.err->tail() : std::deque<std::string>{};
         end_round_with(failure_to_json(f), group_world);
       }

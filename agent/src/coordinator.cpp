@@ -146,7 +146,10 @@ RoundInfo Coordinator::join(int round, int restart_count) {
     s.set("round", std::to_string(round));
     if (restart_count >= 0) s.set(key(round, "rc"), std::to_string(restart_count));
     int idx = static_cast<int>(s.add(key(round, "join"), 1)) - 1;
-    nlohmann::json me = {{"host", hostname()}, {"addr", opt_.local_addr}, {"nproc", nproc_}, {"node_rank", node_rank_}};
+    nlohmann::json me = {{"host", opt_.local_addr.empty() ? hostname() : opt_.local_addr},
+                         {"addr", opt_.local_addr},
+                         {"nproc", nproc_},
+                         {"node_rank", node_rank_}};
     s.set(key(round, "node/" + std::to_string(idx)), me.dump());
     int expect = opt_.max_nodes;
     if (s.check({key(round, "expect")})) expect = std::clamp(to_int(s.get(key(round, "expect")), expect), 1, opt_.max_nodes);
@@ -259,9 +262,10 @@ void Coordinator::report_success(int round, int group_world) {
 void Coordinator::acknowledge_end(int round, int group_world) {
   if (store_->add(key(round, "acked"), 1) >= group_world) store_->set(key(round, "all_acked"), "1");
   if (!server_) return;
-  // The host's store must outlive the others' last reads; bounded, it is no exit barrier.
+  // The host's store must outlive the others' last reads; bounded (close_timeout), it is no
+  // exit barrier: normally every node acknowledges within milliseconds.
   try {
-    store_->wait({key(round, "all_acked")}, 10s);
+    store_->wait({key(round, "all_acked")}, opt_.close_timeout);
   } catch (const TimeoutError&) {
     spdlog::debug("ddprun: not every node acknowledged the end of round {}", round);
   }
