@@ -165,6 +165,24 @@ class GlooProcessGroup final : public ProcessGroup {
     }
   }
 
+  // Ranks leave together: a rank that closed its sockets while a peer still had messages on
+  // the way (or unread notifications) would make that peer's last collective fail with a reset
+  // connection. Bounded, and skipped when the group already failed.
+  ~GlooProcessGroup() override {
+    if (size_ == 1) return;
+    try {
+      submit("barrier at destruction", std::min(opt_.timeout, std::chrono::milliseconds(30000)),
+             [this](std::chrono::milliseconds t, std::uint32_t tag) {
+               if (broken_) return;
+               gloo::BarrierOptions o(context_);
+               o.setTag(tag);
+               o.setTimeout(t);
+               gloo::barrier(o);
+             })->wait();
+    } catch (...) {
+    }
+  }
+
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "gloo"; }

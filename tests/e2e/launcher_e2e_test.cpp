@@ -145,9 +145,14 @@ TEST_CASE("one worker dying while another blocks tears the group down at once", 
 }
 
 TEST_CASE("a worker that ignores SIGTERM is killed after the grace period", "[e2e]") {
+  // Rank 1 fails only once rank 0 ignores SIGTERM (it creates a file then), so the SIGTERM
+  // cannot arrive before the trap is set.
+  auto dir = temp_dir();
   Launch l(with_ddprun({"--standalone", "--nproc_per_node=2", "--stop_timeout=0.3", "--no_python", "sh", "-c",
-                   "trap '' TERM; [ $RANK = 1 ] && exit 4; echo ready; while :; do sleep 0.05; done"}));
+                        "if [ $RANK = 1 ]; then while [ ! -e " + dir + "/trapped ]; do sleep 0.01; done; exit 4; fi; "
+                        "trap '' TERM; touch " + dir + "/trapped; while :; do sleep 0.05; done"}));
   auto r = l.finish(20s);
+  fs::remove_all(dir);
   INFO(r.out << r.err);
   CHECK(r.code == 4);
   CHECK_THAT(r.err, Catch::Contains("sending SIGKILL"));
