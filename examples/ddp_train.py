@@ -8,6 +8,7 @@ final line per rank: RESULT rank=R world=W loss=L checksum=C.
 """
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -46,7 +47,10 @@ def main():
         if rank == 0:
             print(f"epoch {epoch} loss {mean.item() / world:.5f}", flush=True)
     checksum = sum(p.detach().double().sum().item() for p in model.parameters())
-    print(f"RESULT rank={rank} world={world} loss={loss.item():.6f} checksum={checksum:.6f}", flush=True)
+    # One write per line: under a launcher that does not keep lines whole (torchrun), print()'s
+    # separate write of "\n" lets another rank's output land in the middle.
+    sys.stdout.write(f"RESULT rank={rank} world={world} loss={loss.item():.6f} checksum={checksum:.6f}\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 

@@ -40,7 +40,7 @@ def run(cmd, env=None, timeout=300):
 
 
 def results(text):
-    return {int(m.group(1)): m.group(2) for m in re.finditer(r"RESULT rank=(\d+) world=\d+ loss=\S+ checksum=(\S+)", text)}
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"RESULT rank=(\d+) world=\d+ loss=\S+ checksum=(-?[0-9]+\.[0-9]{6})", text)}
 
 
 def ddp_same_as_torchrun(ddprun, env):
