@@ -1,5 +1,8 @@
 #include "ddprun/runtime/process_group.hpp"
 
+#include <csignal>
+#include <mutex>
+
 #include "ddprun/rendezvous/error.hpp"
 #include "ddprun/rendezvous/prefix_store.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
@@ -18,12 +21,24 @@ bool nccl_available() {
 
 namespace {
 
+// Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that died would kill this
+// process with SIGPIPE instead of failing the collective with an error. Ignore SIGPIPE, as
+// Python does for every PyTorch worker, unless the program installed its own handler.
+void ignore_sigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current{};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+  });
+}
+
 std::shared_ptr<ProcessGroup> create(const std::string& backend, std::shared_ptr<rendezvous::Store> store, int rank,
                                      int size, const ProcessGroupOptions& options, const std::string& store_host,
                                      int local_rank) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw UsageError("process group: rank " + std::to_string(rank) + " is not within a group of " + std::to_string(size));
   }
+  ignore_sigpipe();
   if (backend == "gloo") {
     return make_gloo_process_group(std::make_shared<rendezvous::PrefixStore>("gloo", std::move(store)), rank, size,
                                    options, store_host);

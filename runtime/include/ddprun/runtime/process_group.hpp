@@ -81,6 +81,8 @@ class ProcessGroup {
 };
 
 // Creates a group of `size` ranks rendezvousing through `store` (keys under its prefix).
+// The first call sets SIGPIPE to ignored if it had its default action (as Python does): a peer
+// that died then gives an error, not a SIGPIPE death.
 // backend: "gloo" or "nccl". Throws ddprun::UsageError for an unknown or unavailable backend.
 std::shared_ptr<ProcessGroup> create_process_group(const std::string& backend, std::shared_ptr<rendezvous::Store> store,
                                                    int rank, int size, const ProcessGroupOptions& options = {});
