@@ -68,51 +68,49 @@ class Cursor {
   std::size_t pos_ = 0;
 };
 
-// Resizes `v` to n elements, keeping the capacity (and the strings' buffers) of earlier requests.
-void resize(std::vector<std::string>& v, std::size_t n) { v.resize(n); }
-
+// resize() keeps the vectors' capacity and their strings' buffers from earlier requests.
 void parse_body(Cursor& c, Request& r, const WireLimits& lim) {
   const std::size_t kmax = lim.max_key_bytes;
   const std::size_t vmax = lim.max_value_bytes;
   switch (r.op) {
     case Op::kValidate:
     case Op::kPing:
-      resize(r.keys, 0);
-      resize(r.values, 0);
+      r.keys.resize(0);
+      r.values.resize(0);
       r.u32 = c.read_int<std::uint32_t>();
       return;
     case Op::kGetNumKeys:
     case Op::kCancelWait:
-      resize(r.keys, 0);
-      resize(r.values, 0);
+      r.keys.resize(0);
+      r.values.resize(0);
       return;
     case Op::kGet:
     case Op::kDeleteKey:
     case Op::kWatchKey:
     case Op::kQueuePop:
     case Op::kQueueLen:
-      resize(r.keys, 1);
-      resize(r.values, 0);
+      r.keys.resize(1);
+      r.values.resize(0);
       c.read_str(r.keys[0], kmax, "key", lim);
       return;
     case Op::kSet:
     case Op::kAppend:
     case Op::kQueuePush:
-      resize(r.keys, 1);
-      resize(r.values, 1);
+      r.keys.resize(1);
+      r.values.resize(1);
       c.read_str(r.keys[0], kmax, "key", lim);
       c.read_str(r.values[0], vmax, "value", lim);
       return;
     case Op::kCompareSet:
-      resize(r.keys, 1);
-      resize(r.values, 2);
+      r.keys.resize(1);
+      r.values.resize(2);
       c.read_str(r.keys[0], kmax, "key", lim);
       c.read_str(r.values[0], vmax, "expected value", lim);
       c.read_str(r.values[1], vmax, "desired value", lim);
       return;
     case Op::kAdd:
-      resize(r.keys, 1);
-      resize(r.values, 0);
+      r.keys.resize(1);
+      r.values.resize(0);
       c.read_str(r.keys[0], kmax, "key", lim);
       r.delta = c.read_int<std::int64_t>();
       return;
@@ -120,8 +118,8 @@ void parse_body(Cursor& c, Request& r, const WireLimits& lim) {
     case Op::kWait:
     case Op::kMultiGet: {
       auto n = c.read_count(c.read_int<std::uint64_t>(), lim);
-      resize(r.values, 0);
-      resize(r.keys, n);
+      r.values.resize(0);
+      r.keys.resize(n);
       for (auto& k : r.keys) c.read_str(k, kmax, "key", lim);
       return;
     }
@@ -129,8 +127,8 @@ void parse_body(Cursor& c, Request& r, const WireLimits& lim) {
       auto raw = c.read_int<std::int64_t>();
       if (raw < 0) throw Invalid{"MULTI_SET with a negative count " + std::to_string(raw)};
       auto n = c.read_count(static_cast<std::uint64_t>(raw), lim);
-      resize(r.keys, n);
-      resize(r.values, n);
+      r.keys.resize(n);
+      r.values.resize(n);
       for (std::size_t i = 0; i < n; ++i) {
         c.read_str(r.keys[i], kmax, "key", lim);
         c.read_str(r.values[i], vmax, "value", lim);

@@ -121,6 +121,17 @@ struct TcpStore::Impl {
     }
   }
 
+  // SET and APPEND: key and value out, no reply.
+  void send_key_value(Op op, const char* what, std::string_view key, std::string_view value) {
+    call(what, key, [&] {
+      std::string req;
+      wire::put_u8(req, opcode(op));
+      put_key(req, key);
+      wire::put_str(req, value);
+      sock.send_all(req, deadline());
+    });
+  }
+
   std::string read_str() {
     std::uint64_t len = 0;
     sock.recv_exact(&len, sizeof(len), deadline());
@@ -183,15 +194,7 @@ void TcpStore::set_timeout(std::chrono::milliseconds timeout) {
   impl_->timeout = timeout;
 }
 
-void TcpStore::set(std::string_view key, std::string_view value) {
-  impl_->call("SET", key, [&] {
-    std::string req;
-    wire::put_u8(req, opcode(Op::kSet));
-    put_key(req, key);
-    wire::put_str(req, value);
-    impl_->sock.send_all(req, impl_->deadline());
-  });
-}
+void TcpStore::set(std::string_view key, std::string_view value) { impl_->send_key_value(Op::kSet, "SET", key, value); }
 
 std::string TcpStore::get(std::string_view key) {
   return impl_->call("GET", key, [&] {
@@ -261,13 +264,7 @@ std::int64_t TcpStore::num_keys() {
 }
 
 void TcpStore::append(std::string_view key, std::string_view value) {
-  impl_->call("APPEND", key, [&] {
-    std::string req;
-    wire::put_u8(req, opcode(Op::kAppend));
-    put_key(req, key);
-    wire::put_str(req, value);
-    impl_->sock.send_all(req, impl_->deadline());
-  });
+  impl_->send_key_value(Op::kAppend, "APPEND", key, value);
 }
 
 std::vector<std::string> TcpStore::multi_get(const std::vector<std::string>& keys) {

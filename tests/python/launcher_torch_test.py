@@ -132,33 +132,6 @@ def two_nodes_same_as_one(ddprun, env):
     check(multi == single, f"2 agents x 2 workers == 1 node x 4 workers: {multi} vs {single}")
 
 
-def two_nodes_same_as_one(ddprun, env):
-    """A PyTorch DDP gloo job across 2 agents x 2 workers gives the result of 1 node x 4 workers."""
-    script = os.path.join(ROOT, "examples", "ddp_train.py")
-    p, _ = run([ddprun, "--standalone", "--nproc_per_node=4", script, "--epochs", "2"], env)
-    check(p.returncode == 0, f"1 node x 4 workers ran ({p.stderr[-300:]})")
-    single = results(p.stdout)
-    n0 = subprocess.Popen([ddprun, "--nnodes=2", "--node_rank=0", "--master_port=0", "--nproc_per_node=2", script,
-                           "--epochs", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    port = None
-    err0 = ""
-    while port is None:
-        line = n0.stderr.readline()
-        if not line:
-            raise AssertionError(f"node 0 ended before hosting the store: {err0}")
-        err0 += line
-        m = re.search(r"hosting the rendezvous store on port (\d+)", line)
-        if m:
-            port = m.group(1)
-    p1, _ = run([ddprun, "--nnodes=2", "--node_rank=1", f"--master_port={port}", "--nproc_per_node=2", script,
-                 "--epochs", "2"], env)
-    out0, rest0 = n0.communicate(timeout=300)
-    check(n0.returncode == 0 and p1.returncode == 0, f"both agents exit 0 ({rest0[-300:]} {p1.stderr[-300:]})")
-    multi = results(out0 + p1.stdout)
-    check(sorted(multi) == [0, 1, 2, 3], f"ranks 0-3 reported across the two agents: {sorted(multi)}")
-    check(multi == single, f"2 agents x 2 workers == 1 node x 4 workers: {multi} vs {single}")
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
