@@ -238,3 +238,17 @@ TEST_CASE("too few nodes within the join timeout: a clear error", "[multinode]")
   CHECK_THAT(r.err, Catch::Contains("only 1 of the 2 nodes needed joined round 0"));
   CHECK_THAT(r.err, Catch::Contains("join_timeout"));
 }
+
+TEST_CASE("SIGINT on one node stops the job on every node, all exiting 130", "[multinode]") {
+  Launch n0(cmd({"--nnodes=2", "--node_rank=0", "--master_port=0", "--nproc_per_node=1", kWorker, "ready", "block"}));
+  auto port = host_port(n0);
+  Launch n1(cmd({"--nnodes=2", "--node_rank=1", "--master_port=" + port, "--nproc_per_node=1", kWorker, "ready", "block"}));
+  REQUIRE(n0.wait_for("ready"));
+  REQUIRE(n1.wait_for("ready"));
+  n1.signal(SIGINT);
+  auto r1 = n1.finish(30s), r0 = n0.finish(30s);
+  INFO(r0.err << "\n----\n" << r1.err);
+  CHECK(r1.code == 130);
+  CHECK(r0.code == 130);
+  CHECK_THAT(r0.err, Catch::Contains("the job was stopped by SIGINT"));
+}
