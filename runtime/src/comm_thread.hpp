@@ -37,6 +37,32 @@ class CommThread {
     thread_.join();
   }
 
+  // Runs `op` on the calling thread when nothing is queued or running (the common case of a
+  // synchronous collective: no hand-off to the communication thread and back); otherwise
+  // queues it behind the pending operations and waits. Either way, issue order is kept.
+  void run(const std::function<void()>& op) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (queue_.empty() && !busy_) {
+        busy_ = true;
+        lock.unlock();
+        struct Release {
+          CommThread& t;
+          ~Release() {
+            {
+              std::lock_guard<std::mutex> g(t.mu_);
+              t.busy_ = false;
+            }
+            t.cv_.notify_all();
+          }
+        } release{*this};
+        op();
+        return;
+      }
+    }
+    submit(op)->wait();
+  }
+
   std::shared_ptr<Work> submit(std::function<void()> op) {
     auto task = std::make_shared<std::packaged_task<void()>>(std::move(op));
     auto work = std::make_shared<FutureWork>(task->get_future());
@@ -54,18 +80,25 @@ class CommThread {
       std::function<void()> op;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        cv_.wait(lock, [this] { return (stop_ && !busy_) || (!queue_.empty() && !busy_); });
         if (queue_.empty()) return;  // stopping, and everything submitted has run
         op = std::move(queue_.front());
         queue_.pop_front();
+        busy_ = true;
       }
       op();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        busy_ = false;
+      }
+      cv_.notify_all();
     }
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
+  bool busy_ = false;  // an operation runs (on this thread or inline on a caller's)
   bool stop_ = false;
   std::thread thread_;  // last: starts after the members it uses exist
 };

@@ -136,6 +136,8 @@ std::string seconds_text(std::chrono::milliseconds d) {
 }
 
 class GlooProcessGroup final : public ProcessGroup {
+  using Op = std::function<void(std::chrono::milliseconds, std::uint32_t)>;
+
  public:
   GlooProcessGroup(std::shared_ptr<rendezvous::Store> store, int rank, int size, const ProcessGroupOptions& opt,
                    const std::string& store_host)
@@ -171,14 +173,14 @@ class GlooProcessGroup final : public ProcessGroup {
   ~GlooProcessGroup() override {
     if (size_ == 1) return;
     try {
-      submit("barrier at destruction", std::min(opt_.timeout, std::chrono::milliseconds(30000)),
-             [this](std::chrono::milliseconds t, std::uint32_t tag) {
-               if (broken_) return;
-               gloo::BarrierOptions o(context_);
-               o.setTag(tag);
-               o.setTimeout(t);
-               gloo::barrier(o);
-             })->wait();
+      run("barrier at destruction", std::min(opt_.timeout, std::chrono::milliseconds(30000)),
+          [this](std::chrono::milliseconds t, std::uint32_t tag) {
+            if (broken_) return;
+            gloo::BarrierOptions o(context_);
+            o.setTag(tag);
+            o.setTimeout(t);
+            gloo::barrier(o);
+          });
     } catch (...) {
     }
   }
@@ -189,7 +191,15 @@ class GlooProcessGroup final : public ProcessGroup {
 
   std::shared_ptr<Work> all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op,
                                          std::chrono::milliseconds timeout) override {
-    return submit("all_reduce", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
+    return submit("all_reduce", timeout, all_reduce_op(data, count, type, op));
+  }
+  void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op,
+                  std::chrono::milliseconds timeout) override {
+    run("all_reduce", timeout, all_reduce_op(data, count, type, op));
+  }
+
+  Op all_reduce_op(void* data, std::size_t count, DataType type, ReduceOp op) {
+    return [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
       if (count == 0 || size_ == 1) return;
       gloo::AllreduceOptions o(context_);
       const std::size_t esize = element_size(type);
@@ -213,12 +223,12 @@ class GlooProcessGroup final : public ProcessGroup {
       o.setTimeout(t);
       gloo::allreduce(o);
       if (op == ReduceOp::kAvg) divide_in_place(data, count, type, size_);
-    });
+    };
   }
 
   void broadcast(void* data, std::size_t count, DataType type, int root, std::chrono::milliseconds timeout) override {
     if (root < 0 || root >= size_) throw UsageError("broadcast: root " + std::to_string(root) + " is not a rank of a group of " + std::to_string(size_));
-    submit("broadcast", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
+    run("broadcast", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
       if (count == 0 || size_ == 1) return;
       gloo::BroadcastOptions o(context_);
       o.setOutput(static_cast<char*>(data), count * element_size(type));
@@ -226,11 +236,11 @@ class GlooProcessGroup final : public ProcessGroup {
       o.setTag(tag);
       o.setTimeout(t);
       gloo::broadcast(o);
-    })->wait();
+    });
   }
 
   void all_gather(const void* in, void* out, std::size_t count, DataType type, std::chrono::milliseconds timeout) override {
-    submit("all_gather", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
+    run("all_gather", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
       std::size_t bytes = count * element_size(type);
       if (bytes == 0) return;
       if (size_ == 1) {
@@ -243,7 +253,7 @@ class GlooProcessGroup final : public ProcessGroup {
       o.setTag(tag);
       o.setTimeout(t);
       gloo::allgather(o);
-    })->wait();
+    });
   }
 
   void reduce_scatter(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
@@ -253,18 +263,18 @@ class GlooProcessGroup final : public ProcessGroup {
     std::size_t bytes = count * element_size(type);
     std::vector<char> tmp(bytes * static_cast<std::size_t>(size_));
     if (!tmp.empty()) std::memcpy(tmp.data(), in, tmp.size());
-    all_reduce_async(tmp.data(), count * static_cast<std::size_t>(size_), type, op, timeout)->wait();
+    all_reduce(tmp.data(), count * static_cast<std::size_t>(size_), type, op, timeout);
     if (bytes) std::memcpy(out, tmp.data() + bytes * static_cast<std::size_t>(rank_), bytes);
   }
 
   void barrier(std::chrono::milliseconds timeout) override {
-    submit("barrier", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
+    run("barrier", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
       if (size_ == 1) return;
       gloo::BarrierOptions o(context_);
       o.setTag(tag);
       o.setTimeout(t);
       gloo::barrier(o);
-    })->wait();
+    });
   }
 
   void* allocate(std::size_t bytes) override {
@@ -278,15 +288,19 @@ class GlooProcessGroup final : public ProcessGroup {
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
 
  private:
-  using Op = std::function<void(std::chrono::milliseconds, std::uint32_t)>;
-
   // Queues `op` on the communication thread with the next tag; turns Gloo's errors into
   // ddprun's, naming the operation, the rank and the time-out. After a failure every later
   // operation fails at once: Gloo's pairs are in an unknown state.
   std::shared_ptr<Work> submit(const char* what, std::chrono::milliseconds timeout, Op op) {
+    return comm_.submit(wrap(what, timeout, std::move(op)));
+  }
+  // The same, synchronously (inline when the queue is idle).
+  void run(const char* what, std::chrono::milliseconds timeout, Op op) { comm_.run(wrap(what, timeout, std::move(op))); }
+
+  std::function<void()> wrap(const char* what, std::chrono::milliseconds timeout, Op op) {
     auto t = timeout.count() < 0 ? opt_.timeout : timeout;
     std::uint32_t tag = next_tag_++;
-    return comm_.submit([this, what, t, tag, op = std::move(op)] {
+    return [this, what, t, tag, op = std::move(op)] {
       if (broken_) {
         throw NetworkError(std::string("gloo: ") + what + " on rank " + std::to_string(rank_) +
                            ": the process group failed earlier (" + broken_message_ + ")");
@@ -305,7 +319,7 @@ class GlooProcessGroup final : public ProcessGroup {
         if (timed_out) throw TimeoutError(text);
         throw NetworkError(text);
       }
-    });
+    };
   }
 
   int rank_, size_;

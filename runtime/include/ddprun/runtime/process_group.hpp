@@ -52,8 +52,8 @@ class ProcessGroup {
   virtual const char* backend() const = 0;
 
   // In-place reduction of `count` elements at `data` across all ranks.
-  void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op,
-                  std::chrono::milliseconds timeout = kDefaultTimeout) {
+  virtual void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op,
+                          std::chrono::milliseconds timeout = kDefaultTimeout) {
     all_reduce_async(data, count, type, op, timeout)->wait();
   }
   virtual std::shared_ptr<Work> all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op,
