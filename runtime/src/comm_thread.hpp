@@ -16,13 +16,12 @@ namespace ddprun::runtime {
 
 class FutureWork final : public Work {
  public:
-  explicit FutureWork(std::future<void> f) : f_(std::move(f)) {}
-  void wait() override {
-    if (f_.valid()) f_.get();  // rethrows the operation's exception
-  }
+  explicit FutureWork(std::future<void> f) : f_(f.share()) {}
+  // Rethrows the operation's exception, every time it is called.
+  void wait() override { f_.get(); }
 
  private:
-  std::future<void> f_;
+  std::shared_future<void> f_;
 };
 
 class CommThread {

@@ -170,6 +170,13 @@ void Reducer::finalize() {
   }
   im.launch_ready();
   try {
+    // Buckets complete in order, so waiting for the last one first wakes this thread once
+    // instead of once per bucket (each wake-up takes a core from the communication threads).
+    // Then every bucket is checked in order, so the first failure is the one reported.
+    try {
+      im.buckets.back().work->wait();
+    } catch (...) {
+    }
     for (auto& b : im.buckets) {
       b.work->wait();
       if (im.compress(b)) {
