@@ -1,6 +1,6 @@
 // Runtime benchmarks, run under ddprun (one process per rank):
 //   runtime_bench busbw              all_reduce (float32 sum) from 4 KiB to 256 MiB: busBw per size
-//   runtime_bench resnet50 [--compute_ms X] [--compute spin|sleep]
+//   runtime_bench resnet50 [--compute_ms X] [--compute spin|sleep] [--bucket_cap_mb MB]
 //                                    gradient sync of ResNet-50's 161 parameter tensors (25.6 M
 //                                    floats): one flat all_reduce vs the bucketed Reducer, and
 //                                    the Reducer overlapped with a synthetic backward
@@ -97,6 +97,7 @@ std::vector<std::size_t> resnet50_shapes() {
 // Synthetic per-layer backward compute: spinning (CPU compute, competing with communication for
 // this machine's 2 cores) or sleeping (device compute, which leaves the CPU to communication).
 bool g_sleep = false;
+double g_bucket_cap_mb = 0;  // 0: the Reducer's default (25 MiB)
 void spin(double seconds) {
   auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   if (g_sleep) {
@@ -118,7 +119,9 @@ int resnet50(const std::shared_ptr<ProcessGroup>& pg, double compute_ms_total) {
   // 1. one flat all_reduce of the same bytes, and 2. the Reducer with gradients ready back to
   // back (communication alone), measured alternately so that both see the same machine noise.
   std::vector<float> flat(total, 1.0f);
-  Reducer red(pg, params);
+  ReducerOptions ropt;
+  if (g_bucket_cap_mb > 0) ropt.bucket_cap_bytes = static_cast<std::size_t>(g_bucket_cap_mb * 1024 * 1024);
+  Reducer red(pg, params, ropt);
   auto sync = [&](double compute_total) {
     // Backward: last layer first, each tensor's compute proportional to its size.
     for (std::size_t k = params.size(); k-- > 0;) {
@@ -175,6 +178,7 @@ int main(int argc, char** argv) {
   for (int i = 2; i + 1 < argc; i += 2) {
     if (std::string(argv[i]) == "--compute_ms") compute_ms = std::stod(argv[i + 1]);
     if (std::string(argv[i]) == "--compute") g_sleep = std::string(argv[i + 1]) == "sleep";
+    if (std::string(argv[i]) == "--bucket_cap_mb") g_bucket_cap_mb = std::stod(argv[i + 1]);
   }
   try {
     auto pg = init_process_group("gloo");
