@@ -130,8 +130,7 @@ std::shared_ptr<rendezvous::Store> Coordinator::connect(std::chrono::millisecond
   try {
     tcp = std::make_shared<rendezvous::TcpStore>(o);
   } catch (const TimeoutError& e) {
-    throw TimeoutError("rendezvous: no store at " + opt_.endpoint_host + ":" + std::to_string(opt_.endpoint_port) +
-                       " within the join timeout (" + secs(timeout) +
+    throw TimeoutError("rendezvous: no store at " + endpoint() + " within the join timeout (" + secs(timeout) +
                        "): is the host node's ddprun running, and is --rdzv_endpoint right?");
   }
   tcp->set_timeout(opt_.read_timeout);

@@ -316,7 +316,6 @@ std::vector<std::string> resolve_command(const std::vector<std::string>& program
     cmd = {python(), "-u", script};
   } else {
     std::string path = agent::find_executable(script, path_env);
-    if (path.empty() && script.find('/') == std::string::npos && is_file(script)) path.clear();
     if (path.empty()) {
       if (is_file(script) || is_file("./" + script)) {
         usage("'" + script + "' is not executable: chmod +x it, or name a .py script to run it with Python");

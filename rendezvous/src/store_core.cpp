@@ -28,14 +28,6 @@ bool StoreCore::exists(const std::string& key) const {
   return q != queues_.end() && !q->second.empty();
 }
 
-std::size_t StoreCore::num_pending_waits() const {
-  std::size_t n = 0;
-  for (const auto& [key, list] : waiters_) {
-    n += std::count_if(list.begin(), list.end(), [](const auto& w) { return w->active; });
-  }
-  return n;
-}
-
 void StoreCore::put(const std::string& key, std::string value) {
   auto it = data_.find(key);
   if (!watchers_.empty()) {

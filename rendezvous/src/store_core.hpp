@@ -48,7 +48,6 @@ class StoreCore {
   void drop(Session& session);
 
   std::size_t num_keys() const { return data_.size(); }
-  std::size_t num_pending_waits() const;
 
  private:
   bool exists(const std::string& key) const;

@@ -17,7 +17,7 @@
 #include "comm_thread.hpp"
 #include "ddprun/rendezvous/error.hpp"
 #include "ddprun/rendezvous/store.hpp"
-#include "heartbeat_internal.hpp"
+#include "ddprun/runtime/heartbeat.hpp"
 #include "process_groups.hpp"
 
 namespace ddprun::runtime {
@@ -127,12 +127,6 @@ void divide_in_place(void* data, std::size_t n, DataType t, int by) {
 
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
-std::string seconds_text(std::chrono::milliseconds d) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(d.count()) / 1000.0);
-  return buf;
 }
 
 class GlooProcessGroup final : public ProcessGroup {
@@ -307,7 +301,7 @@ class GlooProcessGroup final : public ProcessGroup {
       }
       try {
         op(t, tag);
-        heartbeat_now();
+        heartbeat();
       } catch (const gloo::Exception& e) {
         std::string msg = e.what();
         bool timed_out = msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;

@@ -14,7 +14,7 @@
 
 #include "ddprun/rendezvous/error.hpp"
 #include "ddprun/rendezvous/store.hpp"
-#include "heartbeat_internal.hpp"
+#include "ddprun/runtime/heartbeat.hpp"
 #include "nccl_unique_id.hpp"
 #include "process_groups.hpp"
 
@@ -65,12 +65,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
     case ReduceOp::kMax: return ncclMax;
   }
   return ncclSum;
-}
-
-std::string seconds_text(std::chrono::milliseconds d) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(d.count()) / 1000.0);
-  return buf;
 }
 
 class NcclProcessGroup;
@@ -201,7 +195,7 @@ class NcclProcessGroup final : public ProcessGroup {
     }
     // Later work on the trainer's stream runs after the collective.
     cuda_check(cudaStreamWaitEvent(compute_, done, 0), "cudaStreamWaitEvent");
-    heartbeat_now();
+    heartbeat();
   }
 
  private:

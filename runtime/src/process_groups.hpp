@@ -1,12 +1,21 @@
 #pragma once
 // Factories of the backends (private).
 
+#include <chrono>
+#include <cstdio>
 #include <memory>
 #include <string>
 
 #include "ddprun/runtime/process_group.hpp"
 
 namespace ddprun::runtime {
+
+// "1.5 s", for time-out messages.
+inline std::string seconds_text(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(d.count()) / 1000.0);
+  return buf;
+}
 
 std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<rendezvous::Store> store, int rank, int size,
                                                       const ProcessGroupOptions& options, const std::string& store_host);

@@ -1,10 +1,11 @@
 #include "ddprun/runtime/reducer.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
 #include "ddprun/rendezvous/error.hpp"
-#include "heartbeat_internal.hpp"
+#include "ddprun/runtime/heartbeat.hpp"
 
 namespace ddprun::runtime {
 
@@ -33,6 +34,7 @@ struct Reducer::Impl {
   // same order on every rank, and backward may finish parameters in a slightly different
   // order on different ranks. A ready bucket waits for the ones before it.
   std::size_t next_launch = 0;
+  std::vector<char> zeros;  // zero_grad's source
 
   void assign_buckets() {
     // Reverse registration order: the order backward produces gradients (last layer first).
@@ -133,10 +135,15 @@ void* Reducer::grad(std::size_t i) {
 }
 
 void Reducer::zero_grad() {
-  for (auto& b : impl_->buckets) {
-    std::vector<char> zeros(b.info.bytes, 0);
-    impl_->group->copy_to_device(b.storage, zeros.data(), zeros.size());
+  // Zeros copied from one host buffer as large as the largest bucket, made once: zero_grad runs
+  // every step, and bucket memory may be device memory that host code cannot memset.
+  auto& zeros = impl_->zeros;
+  if (zeros.empty()) {
+    std::size_t largest = 0;
+    for (const auto& b : impl_->buckets) largest = std::max(largest, b.info.bytes);
+    zeros.assign(largest, 0);
   }
+  for (auto& b : impl_->buckets) impl_->group->copy_to_device(b.storage, zeros.data(), b.info.bytes);
 }
 
 void Reducer::mark_ready(std::size_t i) {
@@ -190,7 +197,7 @@ void Reducer::finalize() {
     throw;
   }
   im.reset_iteration();
-  heartbeat_now();
+  heartbeat();
 }
 
 std::vector<Reducer::BucketInfo> Reducer::buckets() const {
