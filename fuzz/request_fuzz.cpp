@@ -1,12 +1,14 @@
-// libFuzzer target: arbitrary bytes from two clients through the request parser and the store's
-// semantics, exactly as the server runs them (minus sockets). Any crash, sanitizer report or
-// unbounded growth is a bug a remote client could trigger.
+// libFuzzer target: arbitrary bytes from two clients through the authentication handshake (one
+// client), the request parser and the store's semantics under small limits, exactly as the
+// server runs them (minus sockets). Any crash, sanitizer report or growth beyond the limits is a
+// bug a remote client could trigger.
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "ddprun/rendezvous/error.hpp"
+#include "handshake.hpp"
 #include "request_parser.hpp"
 #include "store_core.hpp"
 
@@ -14,74 +16,103 @@ namespace {
 
 using namespace ddprun::rendezvous;
 
+constexpr std::size_t kMaxReceived = 1 << 20;
+
 struct FuzzPeer final : Peer {
   std::string received;
   void deliver(std::string_view bytes) override {
-    if (received.size() < (1 << 20)) received.append(bytes);
+    if (received.size() < kMaxReceived) received.append(bytes);
   }
 };
 
-struct Client {
-  std::shared_ptr<FuzzPeer> peer = std::make_shared<FuzzPeer>();
-  Session session;
-  RequestParser parser{small_limits()};
-  Request request;
-  std::string buffer;
-  std::size_t need = 1;
-  bool closed = false;
+StoreLimits small_store() {
+  StoreLimits l;
+  l.max_value_bytes = 4096;
+  l.max_reply_bytes = 16 * 1024;
+  l.max_store_bytes = 64 * 1024;
+  l.max_waits_per_connection = 32;
+  l.max_watches_per_connection = 8;
+  l.max_queue_length = 16;
+  return l;
+}
 
-  static wire::WireLimits small_limits() {
-    wire::WireLimits l;
-    l.max_key_bytes = 256;
-    l.max_value_bytes = 4096;
-    l.max_keys_per_request = 64;
-    l.max_request_bytes = 64 * 1024;
-    return l;
+wire::WireLimits small_wire() {
+  wire::WireLimits l;
+  l.max_key_bytes = 256;
+  l.max_value_bytes = 4096;
+  l.max_keys_per_request = 64;
+  l.max_request_bytes = 64 * 1024;
+  return l;
+}
+
+struct Client {
+  explicit Client(bool authenticate) {
+    session.peer = peer;
+    if (authenticate) handshake = std::make_unique<ServerHandshake>("fuzz-secret");
   }
 
-  Client() { session.peer = peer; }
+  std::shared_ptr<FuzzPeer> peer = std::make_shared<FuzzPeer>();
+  Session session;
+  std::unique_ptr<ServerHandshake> handshake;
+  RequestParser parser{small_wire()};
+  Request request;
+  bool closed = false;
+
+  void close(StoreCore& core) {
+    closed = true;
+    core.drop(session);
+  }
 
   void feed(StoreCore& core, const std::uint8_t* data, std::size_t n) {
-    if (closed) return;
-    buffer.append(reinterpret_cast<const char*>(data), n);
-    std::size_t begin = 0;
-    while (!closed && buffer.size() - begin >= need) {
-      auto r = parser.parse(std::string_view(buffer).substr(begin), request);
-      if (r.status == RequestParser::Status::kNeedMore) {
-        if (r.need <= buffer.size() - begin) __builtin_trap();  // must ask for more than it has
-        need = r.need;
-        break;
+    std::string_view in(reinterpret_cast<const char*>(data), n);
+    while (!closed && !in.empty()) {
+      if (handshake && handshake->state() != ServerHandshake::State::kAccepted) {
+        std::string answer;
+        std::size_t before = in.size();
+        auto state = handshake->feed(in, answer);
+        if (in.size() > before) __builtin_trap();
+        if (state == ServerHandshake::State::kRefused) {
+          if (answer.empty()) __builtin_trap();  // a refusal always says so
+          close(core);
+        }
+        continue;
       }
+      std::size_t before = in.size();
+      auto r = parser.parse(in, request);
+      if (r.consumed > before) __builtin_trap();
       if (r.status == RequestParser::Status::kInvalid) {
-        closed = true;
-        core.drop(session);
+        close(core);
         break;
       }
-      if (r.consumed == 0 || r.consumed > buffer.size() - begin) __builtin_trap();
-      begin += r.consumed;
-      need = 1;
+      in.remove_prefix(r.consumed);
+      if (r.status == RequestParser::Status::kNeedMore) {
+        if (!in.empty()) __builtin_trap();  // "need more" takes every byte
+        break;
+      }
+      if (r.consumed == 0) __builtin_trap();
       try {
         std::string out;
         core.handle(session, request, out);
+        if (out.size() > core.limits().max_reply_bytes + 64) __builtin_trap();
       } catch (const ddprun::Error&) {
-        closed = true;
-        core.drop(session);
+        close(core);
       }
+      if (parser.partial_bytes() > small_wire().max_request_bytes + 64) __builtin_trap();
     }
-    buffer.erase(0, begin);
   }
 };
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  if (size < 2) return 0;
-  // Byte 0 picks the chunk size, byte 1 where the second client's stream starts.
+  if (size < 3) return 0;
+  // Byte 0 picks the chunk size, byte 1 where the second client's stream starts, byte 2 whether
+  // the first client must authenticate first.
   std::size_t chunk = 1 + data[0] % 16;
-  std::size_t split = 2 + (size - 2) * data[1] / 256;
-  StoreCore core;
-  Client a, b;
-  std::size_t pa = 2, pb = split;
+  std::size_t split = 3 + (size - 3) * data[1] / 256;
+  StoreCore core(small_store());
+  Client a(data[2] & 1), b(false);
+  std::size_t pa = 3, pb = split;
   while (pa < split || pb < size) {
     if (pa < split) {
       std::size_t n = std::min(chunk, split - pa);
@@ -93,6 +124,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       b.feed(core, data + pb, n);
       pb += n;
     }
+    if (core.stats().store_bytes > small_store().max_store_bytes) __builtin_trap();
   }
+  // Waits and watches die with their connection.
+  if (!a.closed) a.close(core);
+  if (!b.closed) b.close(core);
+  auto s = core.stats();
+  if (s.wait_lists != 0 || s.watch_entries != 0) __builtin_trap();
   return 0;
 }

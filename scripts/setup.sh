@@ -9,6 +9,8 @@ packages=(
   build-essential cmake pkg-config
   libboost1.81-dev libboost-program-options1.81-dev
   libspdlog-dev libfmt-dev catch2 libgloo-dev nlohmann-json3-dev
+  libssl-dev                   # OpenSSL libcrypto: HMAC-SHA256 for the store handshake
+  util-linux                   # setpriv: tests connect as another user
   python3-torch                # PyTorch 1.13: compatibility tests, benchmarks, example jobs
   clang libclang-rt-14-dev     # libFuzzer for the protocol fuzzer
   iproute2 procps

@@ -7,172 +7,233 @@ namespace ddprun::rendezvous {
 namespace {
 
 using wire::Op;
+using F = RequestParser::Field;
 
-struct NeedMore {
-  std::size_t need;
-};
 struct Invalid {
   std::string why;
 };
 
-// A bounds-checked cursor. Running out of bytes throws NeedMore with the size the request needs
-// at least, so the caller waits for that many bytes before parsing again (a 8 MiB value arriving
-// in 64 KiB reads is parsed once, not 128 times).
-class Cursor {
- public:
-  explicit Cursor(std::string_view in) : in_(in) {}
+constexpr F kU32[] = {F::kU32};
+constexpr F kKeyOnly[] = {F::kKey};
+constexpr F kKeyValue[] = {F::kKey, F::kValue};
+constexpr F kCompareSet[] = {F::kKey, F::kExpected, F::kDesired};
+constexpr F kAdd[] = {F::kKey, F::kI64};
+constexpr F kCount[] = {F::kCount};
+constexpr F kSignedCount[] = {F::kSignedCount};
 
-  template <typename T>
-  T read_int() {
-    require(sizeof(T));
-    T v;
-    std::memcpy(&v, in_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return v;
-  }
-
-  void read_str(std::string& out, std::size_t max, const char* what, const WireLimits& limits) {
-    auto len = read_int<std::uint64_t>();
-    if (len > max) {
-      throw Invalid{std::string(what) + " of " + std::to_string(len) + " bytes exceeds the limit of " +
-                    std::to_string(max) + " bytes"};
-    }
-    check_total(len, limits);
-    require(len);
-    out.assign(in_.data() + pos_, len);
-    pos_ += len;
-  }
-
-  std::size_t read_count(std::uint64_t n, const WireLimits& limits) {
-    if (n > limits.max_keys_per_request) {
-      throw Invalid{"request names " + std::to_string(n) + " keys, over the limit of " +
-                    std::to_string(limits.max_keys_per_request)};
-    }
-    return static_cast<std::size_t>(n);
-  }
-
-  std::size_t pos() const { return pos_; }
-
- private:
-  void require(std::size_t n) {
-    if (in_.size() - pos_ < n) throw NeedMore{pos_ + n};
-  }
-  void check_total(std::uint64_t len, const WireLimits& limits) const {
-    if (pos_ + len > limits.max_request_bytes) {
-      throw Invalid{"request of over " + std::to_string(pos_ + len) + " bytes exceeds the limit of " +
-                    std::to_string(limits.max_request_bytes) + " bytes"};
-    }
-  }
-
-  std::string_view in_;
-  std::size_t pos_ = 0;
-};
-
-// resize() keeps the vectors' capacity and their strings' buffers from earlier requests.
-void parse_body(Cursor& c, Request& r, const WireLimits& lim) {
-  const std::size_t kmax = lim.max_key_bytes;
-  const std::size_t vmax = lim.max_value_bytes;
-  switch (r.op) {
-    case Op::kValidate:
-    case Op::kPing:
-      r.keys.resize(0);
-      r.values.resize(0);
-      r.u32 = c.read_int<std::uint32_t>();
-      return;
-    case Op::kGetNumKeys:
-    case Op::kCancelWait:
-      r.keys.resize(0);
-      r.values.resize(0);
-      return;
-    case Op::kGet:
-    case Op::kDeleteKey:
-    case Op::kWatchKey:
-    case Op::kQueuePop:
-    case Op::kQueueLen:
-      r.keys.resize(1);
-      r.values.resize(0);
-      c.read_str(r.keys[0], kmax, "key", lim);
-      return;
-    case Op::kSet:
-    case Op::kAppend:
-    case Op::kQueuePush:
-      r.keys.resize(1);
-      r.values.resize(1);
-      c.read_str(r.keys[0], kmax, "key", lim);
-      c.read_str(r.values[0], vmax, "value", lim);
-      return;
-    case Op::kCompareSet:
-      r.keys.resize(1);
-      r.values.resize(2);
-      c.read_str(r.keys[0], kmax, "key", lim);
-      c.read_str(r.values[0], vmax, "expected value", lim);
-      c.read_str(r.values[1], vmax, "desired value", lim);
-      return;
-    case Op::kAdd:
-      r.keys.resize(1);
-      r.values.resize(0);
-      c.read_str(r.keys[0], kmax, "key", lim);
-      r.delta = c.read_int<std::int64_t>();
-      return;
-    case Op::kCheck:
-    case Op::kWait:
-    case Op::kMultiGet: {
-      auto n = c.read_count(c.read_int<std::uint64_t>(), lim);
-      r.values.resize(0);
-      r.keys.resize(n);
-      for (auto& k : r.keys) c.read_str(k, kmax, "key", lim);
-      return;
-    }
-    case Op::kMultiSet: {
-      auto raw = c.read_int<std::int64_t>();
-      if (raw < 0) throw Invalid{"MULTI_SET with a negative count " + std::to_string(raw)};
-      auto n = c.read_count(static_cast<std::uint64_t>(raw), lim);
-      r.keys.resize(n);
-      r.values.resize(n);
-      for (std::size_t i = 0; i < n; ++i) {
-        c.read_str(r.keys[i], kmax, "key", lim);
-        c.read_str(r.values[i], vmax, "value", lim);
-      }
-      return;
-    }
+const char* field_name(F f) {
+  switch (f) {
+    case F::kKey: return "key";
+    case F::kValue: return "value";
+    case F::kExpected: return "expected value";
+    case F::kDesired: return "desired value";
+    default: return "field";
   }
 }
 
 }  // namespace
 
+void RequestParser::start(Op op) {
+  req_.op = op;
+  in_request_ = true;
+  idx_ = 0;
+  count_ = 0;
+  nkeys_ = nvalues_ = 0;
+  in_string_ = false;
+  fixed_ = nullptr;
+  fixed_len_ = 0;
+  repeat_ = nullptr;
+  repeat_len_ = 0;
+  auto set = [&](const F* f, std::size_t n) {
+    fixed_ = f;
+    fixed_len_ = n;
+  };
+  switch (op) {
+    case Op::kValidate:
+    case Op::kPing: set(kU32, 1); break;
+    case Op::kGetNumKeys:
+    case Op::kCancelWait: break;
+    case Op::kGet:
+    case Op::kDeleteKey:
+    case Op::kWatchKey:
+    case Op::kQueuePop:
+    case Op::kQueueLen: set(kKeyOnly, 1); break;
+    case Op::kSet:
+    case Op::kAppend:
+    case Op::kQueuePush: set(kKeyValue, 2); break;
+    case Op::kCompareSet: set(kCompareSet, 3); break;
+    case Op::kAdd: set(kAdd, 2); break;
+    case Op::kCheck:
+    case Op::kWait:
+    case Op::kMultiGet:
+      set(kCount, 1);
+      repeat_ = kKeyOnly;
+      repeat_len_ = 1;
+      break;
+    case Op::kMultiSet:
+      set(kSignedCount, 1);
+      repeat_ = kKeyValue;
+      repeat_len_ = 2;
+      break;
+  }
+}
+
+bool RequestParser::take_int(std::string_view& in, std::size_t n) {
+  std::size_t take = std::min(n - ihave_, in.size());
+  std::memcpy(ibuf_ + ihave_, in.data(), take);
+  ihave_ += take;
+  total_ += take;
+  in.remove_prefix(take);
+  return ihave_ == n;
+}
+
+std::uint64_t RequestParser::int_value() const {
+  std::uint64_t v = 0;
+  std::memcpy(&v, ibuf_, 8);  // little-endian hosts: a u32 is the low half (ibuf_ zero-padded)
+  return v;
+}
+
+RequestParser::Field RequestParser::field() const {
+  return idx_ < fixed_len_ ? fixed_[idx_] : repeat_[(idx_ - fixed_len_) % repeat_len_];
+}
+
+void RequestParser::finish_field() {
+  ++idx_;
+  ihave_ = 0;
+  std::memset(ibuf_, 0, sizeof(ibuf_));
+  in_string_ = false;
+}
+
+std::string& RequestParser::target(Field f) {
+  // Reuse the strings of earlier requests (their buffers), adding one only when needed.
+  auto& list = f == F::kKey ? req_.keys : req_.values;
+  auto& n = f == F::kKey ? nkeys_ : nvalues_;
+  if (list.size() <= n) list.emplace_back();
+  auto& s = list[n++];
+  s.clear();
+  return s;
+}
+
 RequestParser::Result RequestParser::parse(std::string_view in, Request& out) {
-  if (in.empty()) return {Status::kNeedMore, 0, 1, {}};
-  auto byte = static_cast<std::uint8_t>(in[0]);
+  const std::size_t given = in.size();
   try {
-    if (dialect_ == wire::Dialect::kUnknown) {
-      if (byte != 0) {
-        dialect_ = wire::Dialect::kV1;
-      } else {
-        // 0x00 is VALIDATE in 2.x and SET in 1.13. Reading 4 more bytes is always safe: a 1.13
-        // SET carries at least 16 more (two u64 lengths).
-        if (in.size() < 5) return {Status::kNeedMore, 0, 5, {}};
-        std::uint32_t magic;
-        std::memcpy(&magic, in.data() + 1, 4);
-        dialect_ = magic == wire::kValidationMagic ? wire::Dialect::kV2 : wire::Dialect::kV1;
+    for (;;) {
+      if (!in_request_) {
+        if (in.empty()) return {Status::kNeedMore, given, {}};
+        auto byte = static_cast<std::uint8_t>(in[0]);
+        in.remove_prefix(1);
+        total_ = 1;
+        if (dialect_ == wire::Dialect::kUnknown) {
+          if (byte != 0) {
+            dialect_ = wire::Dialect::kV1;
+          } else {
+            // 0x00 is VALIDATE in 2.x and SET in 1.13: the next 4 bytes tell (the magic, or the
+            // low half of a 1.13 key length).
+            sniffing_ = true;
+            in_request_ = true;
+            ihave_ = 0;
+            std::memset(ibuf_, 0, sizeof(ibuf_));
+            continue;
+          }
+        }
+        auto op = wire::decode_op(byte, dialect_);
+        if (!op) {
+          throw Invalid{"unknown opcode " + std::to_string(byte) +
+                        (dialect_ == wire::Dialect::kV1 ? " (PyTorch 1.13 numbering)" : " (PyTorch 2.x numbering)")};
+        }
+        start(*op);
+        std::memset(ibuf_, 0, sizeof(ibuf_));
+        ihave_ = 0;
       }
+      if (sniffing_) {
+        if (!take_int(in, 4)) return {Status::kNeedMore, given, {}};
+        sniffing_ = false;
+        std::uint32_t magic = static_cast<std::uint32_t>(int_value());
+        if (magic == wire::kValidationMagic) {
+          dialect_ = wire::Dialect::kV2;
+          start(Op::kValidate);
+          req_.u32 = magic;
+          finish_field();
+        } else {
+          dialect_ = wire::Dialect::kV1;
+          start(Op::kSet);  // the 4 bytes stay in the accumulator: half of the key length
+        }
+      }
+      while (!done()) {
+        F f = field();
+        switch (f) {
+          case F::kU32:
+            if (!take_int(in, 4)) return {Status::kNeedMore, given, {}};
+            req_.u32 = static_cast<std::uint32_t>(int_value());
+            finish_field();
+            break;
+          case F::kI64:
+            if (!take_int(in, 8)) return {Status::kNeedMore, given, {}};
+            req_.delta = static_cast<std::int64_t>(int_value());
+            finish_field();
+            break;
+          case F::kCount:
+          case F::kSignedCount: {
+            if (!take_int(in, 8)) return {Status::kNeedMore, given, {}};
+            std::uint64_t n = int_value();
+            if (f == F::kSignedCount && static_cast<std::int64_t>(n) < 0) {
+              throw Invalid{"MULTI_SET with a negative count " + std::to_string(static_cast<std::int64_t>(n))};
+            }
+            if (n > limits_.max_keys_per_request) {
+              throw Invalid{"request names " + std::to_string(n) + " keys, over the limit of " +
+                            std::to_string(limits_.max_keys_per_request)};
+            }
+            count_ = n;
+            finish_field();
+            break;
+          }
+          default: {  // a string: u64 length, then the bytes
+            if (!in_string_) {
+              if (!take_int(in, 8)) return {Status::kNeedMore, given, {}};
+              std::uint64_t len = int_value();
+              std::size_t max = f == F::kKey ? limits_.max_key_bytes : limits_.max_value_bytes;
+              if (len > max) {
+                throw Invalid{std::string(field_name(f)) + " of " + std::to_string(len) +
+                              " bytes exceeds the limit of " + std::to_string(max) + " bytes"};
+              }
+              if (total_ + len > limits_.max_request_bytes) {
+                throw Invalid{"request of over " + std::to_string(total_ + len) + " bytes exceeds the limit of " +
+                              std::to_string(limits_.max_request_bytes) + " bytes"};
+              }
+              target(f);
+              in_string_ = true;
+              remaining_ = len;
+            }
+            auto& s = (f == F::kKey ? req_.keys[nkeys_ - 1] : req_.values[nvalues_ - 1]);
+            std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(remaining_, in.size()));
+            s.append(in.data(), take);
+            in.remove_prefix(take);
+            remaining_ -= take;
+            total_ += take;
+            if (remaining_ > 0) return {Status::kNeedMore, given, {}};
+            finish_field();
+            break;
+          }
+        }
+        if (total_ > limits_.max_request_bytes) {
+          throw Invalid{"request of over " + std::to_string(total_) + " bytes exceeds the limit of " +
+                        std::to_string(limits_.max_request_bytes) + " bytes"};
+        }
+      }
+      // Complete.
+      if (req_.op == Op::kValidate && req_.u32 != wire::kValidationMagic) {
+        throw Invalid{"bad validation magic " + std::to_string(req_.u32)};
+      }
+      req_.keys.resize(nkeys_);
+      req_.values.resize(nvalues_);
+      std::swap(out, req_);
+      in_request_ = false;
+      total_ = 0;
+      return {Status::kComplete, given - in.size(), {}};
     }
-    auto op = wire::decode_op(byte, dialect_);
-    if (!op) {
-      return {Status::kInvalid, 0, 0,
-              "unknown opcode " + std::to_string(byte) +
-                  (dialect_ == wire::Dialect::kV1 ? " (PyTorch 1.13 numbering)" : " (PyTorch 2.x numbering)")};
-    }
-    out.op = *op;
-    Cursor c(in.substr(1));
-    parse_body(c, out, limits_);
-    if (out.op == Op::kValidate && out.u32 != wire::kValidationMagic) {
-      return {Status::kInvalid, 0, 0, "bad validation magic " + std::to_string(out.u32)};
-    }
-    return {Status::kComplete, 1 + c.pos(), 0, {}};
-  } catch (const NeedMore& m) {
-    return {Status::kNeedMore, 0, 1 + m.need, {}};
   } catch (Invalid& e) {
-    return {Status::kInvalid, 0, 0, std::move(e.why)};
+    in_request_ = false;
+    return {Status::kInvalid, given - in.size(), std::move(e.why)};
   }
 }
 

@@ -1,7 +1,11 @@
 #pragma once
-// Incremental parser of client requests. It owns no socket: the server feeds it the bytes it has
-// buffered, and it either returns one complete request, asks for more bytes, or rejects the
-// stream. It is the only code that interprets untrusted bytes, hence the fuzz target.
+// Incremental parser of client requests. It owns no socket: the server hands it whatever bytes
+// arrived, and it consumes them into the request it is building, returning one complete request,
+// or "need more" after taking every byte it was given, or rejecting the stream. It keeps what it
+// has parsed between calls, so each byte is examined once however the stream is split into
+// segments (one byte per send costs the same per byte as one large send), and it never allocates
+// a declared length before the bytes arrive (a string grows as its bytes do). It is the only code
+// that interprets untrusted bytes, hence the fuzz target.
 
 #include <cstddef>
 #include <cstdint>
@@ -28,23 +32,53 @@ class RequestParser {
   enum class Status { kComplete, kNeedMore, kInvalid };
   struct Result {
     Status status;
-    std::size_t consumed = 0;   // kComplete: bytes of the request
-    std::size_t need = 0;       // kNeedMore: do not call again before this many bytes are buffered
-    std::string error;          // kInvalid: why, for the log line
+    std::size_t consumed = 0;  // bytes of `in` taken (kNeedMore: all of them)
+    std::string error;         // kInvalid: why, for the log line
   };
 
   explicit RequestParser(WireLimits limits = {}) : limits_(limits) {}
 
-  // Parses one request from the start of `in`. On kComplete fills `out` (reusing its storage).
-  // The dialect is fixed by the first request of the connection and kept here.
+  // Consumes bytes from the start of `in`. kComplete: one request is complete and swapped into
+  // `out` (whose old storage the parser reuses); the rest of `in` after `consumed` is not
+  // touched. kNeedMore: all of `in` was taken into the request being built. kInvalid: the
+  // stream is broken; the parser must not be used again.
   Result parse(std::string_view in, Request& out);
 
   wire::Dialect dialect() const { return dialect_; }
   const WireLimits& limits() const { return limits_; }
+  // Bytes of the current, incomplete request taken so far (0 between requests).
+  std::size_t partial_bytes() const { return total_; }
+
+  // Field kinds of a request body, in wire order.
+  enum class Field : std::uint8_t { kU32, kI64, kCount, kSignedCount, kKey, kValue, kExpected, kDesired };
 
  private:
+  void start(wire::Op op);
+  // Takes up to `n` bytes into the integer accumulator; true once `n` are there.
+  bool take_int(std::string_view& in, std::size_t n);
+  std::uint64_t int_value() const;
+  Field field() const;  // the field at idx_
+  void finish_field();  // moves to the next field
+  bool done() const { return idx_ >= fixed_len_ + count_ * repeat_len_; }
+  std::string& target(Field f);
+
   WireLimits limits_;
   wire::Dialect dialect_ = wire::Dialect::kUnknown;
+  Request req_;
+  bool in_request_ = false;
+  bool sniffing_ = false;       // first request began with byte 0: VALIDATE (2.x) or SET (1.13)?
+  const Field* fixed_ = nullptr;
+  std::size_t fixed_len_ = 0;
+  const Field* repeat_ = nullptr;  // CHECK, WAIT, MULTI_GET, MULTI_SET: the per-item fields
+  std::size_t repeat_len_ = 0;
+  std::uint64_t count_ = 0;
+  std::size_t idx_ = 0;            // current field
+  std::size_t nkeys_ = 0, nvalues_ = 0;
+  bool in_string_ = false;         // length read, bytes still arriving
+  std::uint64_t remaining_ = 0;    // bytes of the current string still to come
+  char ibuf_[8] = {};
+  std::size_t ihave_ = 0;
+  std::size_t total_ = 0;          // bytes of this request so far
 };
 
 }  // namespace ddprun::rendezvous

@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <map>
 
 #include <boost/program_options.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -11,45 +12,132 @@
 
 #include "ddprun/rendezvous/error.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/rendezvous/auth.hpp"
+#include "peer_access.hpp"
 
 namespace po = boost::program_options;
 
+namespace {
+
+// "64M", "1G", "4096": sizes with an optional K/M/G suffix (powers of 1024).
+std::size_t parse_size(const std::string& name, const std::string& text) {
+  std::size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(text, &pos);
+  } catch (const std::exception&) {
+    throw ddprun::UsageError("--" + name + " '" + text + "' is not a size (examples: 4096, 64K, 8M, 1G)");
+  }
+  std::string unit = text.substr(pos);
+  unsigned long long mult = 1;
+  if (unit == "K" || unit == "k" || unit == "KiB") mult = 1ULL << 10;
+  else if (unit == "M" || unit == "MiB") mult = 1ULL << 20;
+  else if (unit == "G" || unit == "GiB") mult = 1ULL << 30;
+  else if (!unit.empty()) throw ddprun::UsageError("--" + name + " '" + text + "': unknown unit '" + unit + "' (K, M or G)");
+  if (text[0] == '-' || v > (~0ULL) / mult) throw ddprun::UsageError("--" + name + " '" + text + "' is out of range");
+  return static_cast<std::size_t>(v * mult);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   ddprun::rendezvous::StoreServerOptions opts;
+  opts.host = "127.0.0.1";
   int port = 0;
-  std::string log_level;
+  std::string log_level, allow, secret_file;
+  bool same_user = true;
+  long keepalive = opts.tcp_keepalive_idle.count();
+  std::map<std::string, std::size_t*> sizes = {
+      {"max_key_bytes", &opts.limits.max_key_bytes},
+      {"max_value_bytes", &opts.limits.max_value_bytes},
+      {"max_request_bytes", &opts.limits.max_request_bytes},
+      {"max_reply_bytes", &opts.max_reply_bytes},
+      {"max_store_bytes", &opts.max_store_bytes},
+      {"output_high_water_bytes", &opts.output_high_water_bytes},
+      {"max_pending_output_bytes", &opts.max_pending_output_bytes},
+  };
+  std::map<std::string, std::string> size_text;
+  auto human = [](std::size_t v) {
+    if (v % (1ULL << 30) == 0) return std::to_string(v >> 30) + "G";
+    if (v % (1ULL << 20) == 0) return std::to_string(v >> 20) + "M";
+    if (v % (1ULL << 10) == 0) return std::to_string(v >> 10) + "K";
+    return std::to_string(v);
+  };
+  for (auto& [name, ptr] : sizes) size_text[name] = human(*ptr);
   po::options_description desc(
-      "Usage: ddprun-store [--host H] [--port P]\n"
-      "Serves a PyTorch-compatible TCPStore (1.13 and 2.x clients) until SIGINT or SIGTERM.\n\nOptions");
+      "Usage: ddprun-store [--host H] [--port P] [options]\n"
+      "Serves a PyTorch-compatible TCPStore (1.13 and 2.x clients) until SIGINT or SIGTERM.\n"
+      "Sizes take K, M or G (powers of 1024). A client over a limit loses its connection, with one\n"
+      "log line naming the limit; every other client goes on.\n\nOptions");
   desc.add_options()
       ("help,h", "show this help")
-      ("host", po::value(&opts.host)->default_value(""), "address to bind (default: every interface, IPv6 and IPv4)")
+      ("host", po::value(&opts.host)->default_value(opts.host),
+       "address to bind; \"\" = every interface (then give --allow)")
       ("port", po::value(&port)->default_value(0), "port to bind; 0 picks a free one (printed on the first line)")
-      ("max_key_bytes", po::value(&opts.limits.max_key_bytes)->default_value(opts.limits.max_key_bytes),
-       "longest key accepted; longer closes the connection")
-      ("max_value_bytes", po::value(&opts.limits.max_value_bytes)->default_value(opts.limits.max_value_bytes),
-       "longest value accepted")
+      ("allow", po::value(&allow)->default_value("127.0.0.0/8,::1/128"),
+       "CIDR blocks clients on other hosts must be in, comma-separated; '*' = any address")
+      ("same_user", po::value(&same_user)->default_value(true),
+       "clients on this host must be processes of this user or root (kernel sock_diag)")
+      ("secret_file", po::value(&secret_file)->default_value(""),
+       "require ddprun's HMAC handshake with the secret in this file (mode 0600); PyTorch clients are then refused")
+      ("max_key_bytes", po::value(&size_text["max_key_bytes"])->default_value(size_text["max_key_bytes"]), "longest key")
+      ("max_value_bytes", po::value(&size_text["max_value_bytes"])->default_value(size_text["max_value_bytes"]),
+       "longest value, also as APPEND grows it")
+      ("max_request_bytes", po::value(&size_text["max_request_bytes"])->default_value(size_text["max_request_bytes"]),
+       "largest request")
+      ("max_keys_per_request", po::value(&opts.limits.max_keys_per_request)->default_value(opts.limits.max_keys_per_request),
+       "keys in one CHECK, WAIT, MULTI_GET or MULTI_SET")
+      ("max_reply_bytes", po::value(&size_text["max_reply_bytes"])->default_value(size_text["max_reply_bytes"]),
+       "largest reply (MULTI_GET)")
+      ("max_store_bytes", po::value(&size_text["max_store_bytes"])->default_value(size_text["max_store_bytes"]),
+       "bytes held in all keys, values and queues; a write over it fails for its client only")
+      ("max_waits_per_connection", po::value(&opts.max_waits_per_connection)->default_value(opts.max_waits_per_connection),
+       "keys one connection may wait on at once")
+      ("max_watches_per_connection",
+       po::value(&opts.max_watches_per_connection)->default_value(opts.max_watches_per_connection),
+       "WATCH_KEY registrations per connection (PyTorch 1.13)")
+      ("max_queue_length", po::value(&opts.max_queue_length)->default_value(opts.max_queue_length), "items in one queue")
+      ("output_high_water_bytes",
+       po::value(&size_text["output_high_water_bytes"])->default_value(size_text["output_high_water_bytes"]),
+       "unsent replies at which a client is not read from until they drain to half")
       ("max_pending_output_bytes",
-       po::value(&opts.max_pending_output_bytes)->default_value(opts.max_pending_output_bytes),
-       "replies queued for a client that does not read them before it is disconnected")
+       po::value(&size_text["max_pending_output_bytes"])->default_value(size_text["max_pending_output_bytes"]),
+       "unsent replies (WAIT wake-ups, watch events) beyond which a client is disconnected")
+      ("max_connections", po::value(&opts.max_connections)->default_value(opts.max_connections),
+       "clients connected at once; more are refused (logged at most once a second)")
+      ("reserved_fds", po::value(&opts.reserved_fds)->default_value(opts.reserved_fds),
+       "descriptors kept free under the open-file limit")
+      ("tcp_keepalive_s", po::value(&keepalive)->default_value(keepalive),
+       "probe a silent client after this many seconds and drop it if it vanished; 0 = off")
       ("log_level", po::value(&log_level)->default_value("info"), "trace, debug, info, warn, error or off");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
     po::notify(vm);
+    for (auto& [name, ptr] : sizes) *ptr = parse_size(name, size_text[name]);
+    if (port < 0 || port > 65535) {
+      throw ddprun::UsageError("--port " + std::to_string(port) + " is out of range (0-65535; 0 picks a free port)");
+    }
+    if (keepalive < 0) throw ddprun::UsageError("--tcp_keepalive_s must be 0 (off) or positive");
+    if (allow != "*") {
+      opts.allow = std::vector<std::string>{allow};
+      ddprun::rendezvous::parse_cidr_list(allow);  // validate now, with the flag's name below
+    }
+    if (!secret_file.empty()) opts.secret = ddprun::rendezvous::auth::read_secret_file(secret_file);
   } catch (const po::error& e) {
     std::cerr << "ddprun-store: " << e.what() << "\n(see ddprun-store --help)\n";
+    return 2;
+  } catch (const ddprun::UsageError& e) {
+    std::cerr << "ddprun-store: " << e.what() << "\n";
     return 2;
   }
   if (vm.count("help")) {
     std::cout << desc << "\n";
     return 0;
   }
-  if (port < 0 || port > 65535) {
-    std::cerr << "ddprun-store: --port " << port << " is out of range (0-65535; 0 picks a free port)\n";
-    return 2;
-  }
   opts.port = static_cast<std::uint16_t>(port);
+  opts.same_user = same_user;
+  opts.tcp_keepalive_idle = std::chrono::seconds(keepalive);
   auto level = spdlog::level::from_str(log_level);
   if (level == spdlog::level::off && log_level != "off") {
     std::cerr << "ddprun-store: unknown --log_level '" << log_level << "'\n";
@@ -74,11 +162,20 @@ int main(int argc, char** argv) {
     std::string shown = host.find(':') != std::string::npos ? "[" + host + "]" : host;
     std::printf("listening on %s:%u\n", shown.c_str(), server.port());
     std::fflush(stdout);
+    if (opts.host.empty() || (host != "127.0.0.1" && host != "::1")) {
+      if (!opts.allow) {
+        spdlog::warn("store: any host that can reach port {} may connect (--allow '*'){}", server.port(),
+                     opts.secret.empty() ? " and read or change every key" : "");
+      }
+    }
     server.start();
     int sig = 0;
     sigwait(&signals, &sig);
     spdlog::info("store: stopping on signal {}", sig);
     server.stop();
+  } catch (const ddprun::UsageError& e) {
+    std::cerr << "ddprun-store: " << e.what() << "\n";
+    return 2;
   } catch (const ddprun::Error& e) {
     std::cerr << "ddprun-store: " << e.what() << "\n";
     return 1;

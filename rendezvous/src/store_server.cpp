@@ -8,22 +8,23 @@
 #include <unistd.h>
 
 #include <boost/asio.hpp>
+#include <fcntl.h>
+
 #include <climits>
 #include <spdlog/spdlog.h>
 #include <future>
 #include <thread>
-#include <unordered_map>
 
+#include "connection.hpp"
 #include "ddprun/rendezvous/error.hpp"
 #include "socket.hpp"
-#include "store_core.hpp"
 
-// Design. Asio owns the event loop: the listening socket, the stop signal, the accept retry
-// timer. Client connections live in an inner edge-triggered epoll set whose descriptor Asio
-// waits on. Per request that costs exactly one recv() and one send(): Asio's per-socket
-// operations add a third system call to every request (a speculative recv() that returns
-// EAGAIN, or an epoll_ctl() to re-arm), which on loopback is a third of the server's time.
-// Everything runs on one thread; the StoreCore is not shared.
+// Design. Asio owns the event loop: the listening socket, the stop signal, timers. Client
+// connections live in an inner edge-triggered epoll set whose descriptor Asio waits on. Per
+// request that costs exactly one recv() and one send(): Asio's per-socket operations add a
+// third system call to every request (a speculative recv() that returns EAGAIN, or an
+// epoll_ctl() to re-arm), which on loopback is a third of the server's time. Everything runs on
+// one thread; the StoreCore is not shared. connection.cpp has everything a client can trigger.
 
 namespace ddprun::rendezvous {
 namespace {
@@ -31,280 +32,107 @@ namespace {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-constexpr std::size_t kReadChunk = 256 * 1024;   // one recv() into the shared scratch buffer
-constexpr int kReadsPerTurn = 16;                // then other connections get their turn
+constexpr std::size_t kReadChunk = 64 * 1024;  // one recv(); also what a paused connection keeps
 constexpr int kEventsPerWait = 512;
 constexpr int kAcceptsPerTurn = 512;
 
-void raise_fd_limit() {
+std::size_t raise_fd_limit(bool raise) {
   rlimit lim{};
-  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return;
-  auto before = lim.rlim_cur;
-  lim.rlim_cur = lim.rlim_max;
-  if (::setrlimit(RLIMIT_NOFILE, &lim) == 0) {
-    spdlog::debug("store: raised the open-file limit from {} to {}", before, lim.rlim_cur);
-  }
-}
-
-std::string endpoint_string(const tcp::endpoint& ep) {
-  return format_address(ep.address().to_string(), ep.port());
-}
-
-std::string peer_name(const sockaddr_storage& addr) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  std::uint16_t port = 0;
-  if (addr.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
-    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    port = ntohs(a->sin_port);
-  } else if (addr.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
-    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-    port = ntohs(a->sin6_port);
-  }
-  return format_address(host, port);
-}
-
-class Connection;
-
-}  // namespace
-
-struct ServerState {
-  StoreServerOptions options;
-  StoreCore core;
-  int epoll_fd = -1;
-  // Every open connection. A closed one moves to `closing` until the current batch of events is
-  // done, since a later event of the same batch may still point at it.
-  std::unordered_map<Connection*, std::shared_ptr<Connection>> connections;
-  std::vector<std::shared_ptr<Connection>> closing;
-  std::vector<Connection*> backlog;  // connections with unread input left after their turn
-  std::vector<char> scratch = std::vector<char>(kReadChunk);
-  // Last member, so destroyed first: its handlers refer to the members above.
-  asio::io_context io{1};
-};
-
-namespace {
-
-// One client connection. Owned by ServerState::connections; the core holds only weak
-// references (Session, Waiter), so a closed connection is freed after the current batch.
-class Connection final : public Peer, public std::enable_shared_from_this<Connection> {
- public:
-  Connection(ServerState& state, int fd, std::string peer)
-      : state_(state), fd_(fd), peer_(std::move(peer)), parser_(state.options.limits) {}
-  ~Connection() override {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
-  // Registers with the epoll set. False (and logged) when that fails.
-  bool start() {
-    session_.peer = weak_from_this();
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-    ev.data.ptr = this;
-    if (::epoll_ctl(state_.epoll_fd, EPOLL_CTL_ADD, fd_, &ev) != 0) {
-      spdlog::warn("store: cannot watch the connection from {}: {}", peer_, std::strerror(errno));
-      return false;
-    }
-    spdlog::debug("store: connection from {}", peer_);
-    return true;
-  }
-
-  void on_event(std::uint32_t events) {
-    if (closed_) return;
-    if (events & EPOLLOUT) flush();
-    if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) peer_done_ = true;
-    if (!closed_ && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) on_readable();
-  }
-
-  // Reads until the socket is drained or this connection's turn is over; in the latter case it
-  // queues itself on the backlog, since edge-triggered epoll will not report that input again.
-  void on_readable() {
-    queued_ = false;
-    for (int turn = 0; turn < kReadsPerTurn; ++turn) {
-      auto& buf = state_.scratch;
-      ssize_t n = ::recv(fd_, buf.data(), buf.size(), 0);
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        if (errno == EINTR) continue;
-        if (errno == ECONNRESET) {
-          closed_by_peer();
-        } else {
-          close(std::string("read failed: ") + std::strerror(errno));
-        }
-        return;
-      }
-      if (n == 0) {
-        closed_by_peer();
-        return;
-      }
-      consume(std::string_view(buf.data(), static_cast<std::size_t>(n)));
-      if (closed_) return;
-      // A short read means the socket was empty at that moment; later input raises a new edge.
-      // Not so for the end of the stream: once the peer has shut down, read on to see it.
-      if (static_cast<std::size_t>(n) < buf.size() && !peer_done_) return;
-    }
-    queued_ = true;
-    state_.backlog.push_back(this);
-  }
-
-  bool queued() const { return queued_; }
-
-  // Out-of-band reply (woken WAIT, watch notification), called by the core.
-  void deliver(std::string_view bytes) override {
-    if (closed_) return;
-    out_.append(bytes);
-    flush();
-  }
-
-  // Closes without a log line (server shutdown).
-  void abandon() { shutdown(); }
-
- private:
-  // Parses and applies every complete request in `data` (after what is already buffered);
-  // keeps an incomplete tail for the next read.
-  void consume(std::string_view data) {
-    std::string_view in = data;
-    if (!pending_.empty()) {
-      pending_.append(data);
-      if (pending_.size() < need_) return;
-      in = pending_;
-    } else if (data.size() < need_) {
-      pending_.assign(data);
-      return;
-    }
-    std::size_t used = 0;
-    while (!closed_ && in.size() - used >= need_) {
-      auto r = parser_.parse(in.substr(used), request_);
-      if (r.status == RequestParser::Status::kNeedMore) {
-        need_ = r.need;
-        break;
-      }
-      if (r.status == RequestParser::Status::kInvalid) {
-        close(r.error);
-        return;
-      }
-      used += r.consumed;
-      need_ = 1;
-      try {
-        state_.core.handle(session_, request_, out_);
-      } catch (const Error& e) {
-        close(e.what());
-        return;
-      }
-    }
-    if (closed_) return;
-    if (in.data() == pending_.data()) {
-      pending_.erase(0, used);
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 1024;
+  if (raise && lim.rlim_cur < lim.rlim_max) {
+    auto before = lim.rlim_cur;
+    lim.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &lim) == 0) {
+      spdlog::debug("store: raised the open-file limit from {} to {}", before, lim.rlim_cur);
     } else {
-      pending_.assign(in.substr(used));
-    }
-    if (pending_.capacity() > 2 * need_ + kReadChunk && pending_.size() < kReadChunk) pending_.shrink_to_fit();
-    if (need_ > 1 && pending_.capacity() < need_) pending_.reserve(need_);
-    flush();
-  }
-
-  // Sends what is queued without blocking; the rest waits for the next EPOLLOUT edge. A client
-  // that lets more than max_pending_output_bytes pile up is not reading: it is dropped.
-  void flush() {
-    while (!out_.empty() && !closed_) {
-      ssize_t n = ::send(fd_, out_.data(), out_.size(), MSG_NOSIGNAL);
-      if (n > 0) {
-        out_.erase(0, static_cast<std::size_t>(n));
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (out_.size() > state_.options.max_pending_output_bytes) {
-          close("client does not read its replies: " + std::to_string(out_.size()) +
-                " bytes pending, over the limit of " + std::to_string(state_.options.max_pending_output_bytes));
-        }
-        return;
-      }
-      if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
-        closed_by_peer();
-      } else {
-        close(std::string("write failed: ") + std::strerror(errno));
-      }
-      return;
+      ::getrlimit(RLIMIT_NOFILE, &lim);
     }
   }
+  return lim.rlim_cur == RLIM_INFINITY ? std::size_t{1} << 30 : static_cast<std::size_t>(lim.rlim_cur);
+}
 
-  void closed_by_peer() {
-    std::size_t waits = 0;
-    for (const auto& w : session_.waits) waits += w->active ? 1 : 0;
-    if (waits > 0) {
-      spdlog::warn("store: {} disconnected with {} pending WAIT(s)", peer_, waits);
-    } else if (!pending_.empty()) {
-      spdlog::warn("store: {} disconnected in the middle of a request ({} bytes of it received)", peer_,
-                   pending_.size());
-    } else {
-      spdlog::debug("store: {} disconnected", peer_);
-    }
-    shutdown();
+std::string endpoint_string(const tcp::endpoint& ep) { return format_address(ep.address().to_string(), ep.port()); }
+
+void check_options(const StoreServerOptions& o) {
+  auto fail = [](const std::string& m) { throw UsageError("store options: " + m); };
+  std::size_t biggest_reply = std::max(o.max_reply_bytes, 2 * o.limits.max_value_bytes + 64);
+  if (o.max_pending_output_bytes < o.output_high_water_bytes + biggest_reply) {
+    fail("--max_pending_output_bytes (" + std::to_string(o.max_pending_output_bytes) +
+         ") must be at least --output_high_water_bytes plus the largest reply (max(--max_reply_bytes, 2 x "
+         "--max_value_bytes)): " + std::to_string(o.output_high_water_bytes + biggest_reply));
   }
-
-  void close(const std::string& reason) {
-    spdlog::warn("store: closing connection from {}: {}", peer_, reason);
-    shutdown();
-  }
-
-  void shutdown() {
-    if (closed_) return;
-    closed_ = true;
-    state_.core.drop(session_);
-    ::epoll_ctl(state_.epoll_fd, EPOLL_CTL_DEL, fd_, nullptr);
-    ::close(fd_);
-    fd_ = -1;
-    std::string().swap(out_);
-    std::string().swap(pending_);
-    auto it = state_.connections.find(this);
-    if (it != state_.connections.end()) {
-      state_.closing.push_back(std::move(it->second));
-      state_.connections.erase(it);
-    }
-  }
-
-  ServerState& state_;
-  int fd_;
-  std::string peer_;
-  RequestParser parser_;
-  Request request_;
-  Session session_;
-  std::string pending_;   // bytes of an incomplete request
-  std::size_t need_ = 1;  // do not parse before this many bytes are buffered
-  std::string out_;       // replies the socket has not taken yet
-  bool closed_ = false;
-  bool queued_ = false;   // on the backlog
-  bool peer_done_ = false;  // the peer shut down its side (EPOLLRDHUP) or the socket failed
-};
+  if (o.max_reply_bytes < o.limits.max_value_bytes + 8) fail("--max_reply_bytes must hold one value (--max_value_bytes + 8)");
+  if (o.max_connections == 0) fail("--max_connections must be at least 1");
+  if (o.output_high_water_bytes == 0) fail("--output_high_water_bytes must be at least 1");
+}
 
 }  // namespace
 
 struct StoreServer::Impl {
-  ServerState state;
-  tcp::acceptor acceptor{state.io};
-  asio::posix::stream_descriptor epoll_desc{state.io};
-  asio::steady_timer retry_timer{state.io};
+  explicit Impl(StoreServerOptions o) : ctx(std::move(o)) {
+    ctx.scratch.resize(kReadChunk);
+    ctx.epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+    if (ctx.epoll_fd < 0) throw NetworkError(std::string("store: epoll_create1 failed: ") + std::strerror(errno));
+    epoll_desc.assign(ctx.epoll_fd);
+    if (ctx.options.allow) allow = parse_cidrs(*ctx.options.allow);
+    for (const auto& a : local_addresses()) local_addrs.push_back(a);
+  }
+  ~Impl() { close_all(); }
+
+  ServerContext ctx;
+  asio::io_context io{1};
+  tcp::acceptor acceptor{io};
+  asio::posix::stream_descriptor epoll_desc{io};
+  asio::steady_timer retry_timer{io};
+  asio::steady_timer auth_timer{io};
+  std::optional<std::vector<Cidr>> allow;
+  std::vector<IpAddress> local_addrs;
+  SocketOwnerLookup owners;
+  uid_t my_uid = ::getuid();
+  std::size_t fd_limit = 1024;
   std::string host;
   std::uint16_t port = 0;
   std::thread thread;
   bool waiting_for_events = false;
   bool fd_limit_logged = false;
+  // Refusals for the connection cap, logged at most once a second.
+  SteadyClock::time_point last_cap_log{};
+  std::size_t cap_refusals_unlogged = 0;
 
-  Impl() {
-    state.epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
-    if (state.epoll_fd < 0) throw NetworkError(std::string("store: epoll_create1 failed: ") + std::strerror(errno));
-    epoll_desc.assign(state.epoll_fd);
+  static std::vector<Cidr> parse_cidrs(const std::vector<std::string>& items) {
+    std::vector<Cidr> out;
+    for (const auto& i : items) {
+      auto part = parse_cidr_list(i);
+      out.insert(out.end(), part.begin(), part.end());
+    }
+    return out;
   }
 
-  ~Impl() { close_all(); }
-
   void close_all() {
-    auto open = std::move(state.connections);
-    state.connections.clear();
+    auto open = std::move(ctx.connections);
+    ctx.connections.clear();
     for (auto& [ptr, conn] : open) conn->abandon();
-    state.backlog.clear();
-    state.closing.clear();
+    ctx.backlog.clear();
+    ctx.closing.clear();
+  }
+
+  // Runs `f` on the I/O thread and waits for it (inline when the loop is not running).
+  template <typename F>
+  void on_io_thread(F&& f) {
+    if (!thread.joinable() || io.stopped()) {
+      f();
+      return;
+    }
+    std::promise<void> done;
+    asio::post(io, [&] {
+      try {
+        f();
+        done.set_value();
+      } catch (...) {
+        done.set_exception(std::current_exception());
+      }
+    });
+    done.get_future().get();
   }
 
   void bind(const StoreServerOptions& o) {
@@ -314,12 +142,13 @@ struct StoreServer::Impl {
       candidates.emplace_back(asio::ip::address_v6::any(), o.port);
       candidates.emplace_back(asio::ip::address_v4::any(), o.port);
     } else {
-      tcp::resolver resolver(state.io);
+      tcp::resolver resolver(io);
       auto results = resolver.resolve(o.host, std::to_string(o.port), tcp::resolver::passive, ec);
       if (ec) throw NetworkError("store: cannot resolve host '" + o.host + "': " + ec.message());
       for (const auto& r : results) candidates.push_back(r.endpoint());
     }
     std::string errors;
+    bool in_use = false;
     for (const auto& ep : candidates) {
       acceptor.close(ec);
       acceptor.open(ep.protocol(), ec);
@@ -327,6 +156,8 @@ struct StoreServer::Impl {
         errors += "; " + endpoint_string(ep) + ": " + ec.message();
         continue;
       }
+      // Not inherited by workers the hosting agent spawns.
+      ::fcntl(acceptor.native_handle(), F_SETFD, FD_CLOEXEC);
       acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
       if (ep.protocol() == tcp::v6()) acceptor.set_option(asio::ip::v6_only(!o.host.empty()), ec);
       acceptor.bind(ep, ec);
@@ -339,14 +170,14 @@ struct StoreServer::Impl {
         port = local.port();
         return;
       }
+      in_use = in_use || ec == asio::error::address_in_use;
       errors += "; " + endpoint_string(ep) + ": " + ec.message();
     }
-    std::string hint;
-    if (errors.find("in use") != std::string::npos) {
-      hint = " (another process holds that port: choose another port, or 0 for a free one)";
+    std::string what = "store: cannot listen on " + format_address(o.host.empty() ? "*" : o.host, o.port) + errors;
+    if (in_use) {
+      throw AddressInUseError(what + " (another process holds that port: choose another port, or 0 for a free one)");
     }
-    throw NetworkError("store: cannot listen on " + format_address(o.host.empty() ? "*" : o.host, o.port) + errors +
-                       hint);
+    throw NetworkError(what);
   }
 
   // Accepting: on readiness, accept4() until the queue is empty (or a batch is done), so a
@@ -356,6 +187,64 @@ struct StoreServer::Impl {
       if (ec == asio::error::operation_aborted) return;
       accept_batch();
     });
+  }
+
+  void refuse_for_capacity(const std::string& why) {
+    ++ctx.refused;
+    ++cap_refusals_unlogged;
+    auto now = SteadyClock::now();
+    if (now - last_cap_log >= std::chrono::seconds(1)) {
+      spdlog::warn("store: refused {} connection(s): {}", cap_refusals_unlogged, why);
+      cap_refusals_unlogged = 0;
+      last_cap_log = now;
+    }
+  }
+
+  // Access control; false (and the connection closed) when the peer may not connect.
+  bool admit(int fd, const sockaddr_storage& addr) {
+    auto peer = IpAddress::from_sockaddr(addr);
+    if (!peer) return true;  // not IP (cannot happen on a TCP listener)
+    sockaddr_storage mine{};
+    socklen_t len = sizeof(mine);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &len);
+    auto local = IpAddress::from_sockaddr(mine);
+    bool same_host = peer->is_loopback() || (local && peer->same_host_as(*local));
+    for (const auto& a : local_addrs) same_host = same_host || peer->same_host_as(a);
+    auto refuse = [&](const std::string& why) {
+      ++ctx.refused;
+      ctx.log_once(peer->to_string() + "|" + why, "store: refused a connection from " + peer->to_string() + ": " + why);
+      ::close(fd);
+      return false;
+    };
+    if (!same_host && allow) {
+      bool ok = false;
+      for (const auto& c : *allow) ok = ok || c.contains(*peer);
+      if (!ok) {
+        std::string list;
+        for (const auto& c : *allow) list += (list.empty() ? "" : ",") + c.to_string();
+        return refuse("not in the allowed addresses (" + (list.empty() ? std::string("none") : list) + ")");
+      }
+    }
+    if (same_host && ctx.options.same_user && local) {
+      std::string error;
+      auto uid = owners.owner(*peer, *local, &error);
+      if (!uid) return refuse("cannot tell which user owns the connecting socket (" + error + ")");
+      if (*uid != my_uid && *uid != 0) {
+        return refuse("the connecting process belongs to uid " + std::to_string(*uid) +
+                      "; only uid " + std::to_string(my_uid) + " (this job's user) and root may connect");
+      }
+    }
+    return true;
+  }
+
+  void set_keepalive(int fd) {
+    int idle = static_cast<int>(ctx.options.tcp_keepalive_idle.count());
+    if (idle <= 0) return;
+    int one = 1, interval = std::max(1, idle / 3), count = 3;
+    ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
   }
 
   void accept_batch() {
@@ -371,7 +260,7 @@ struct StoreServer::Impl {
           // Out of descriptors: existing clients go on; retry shortly instead of spinning.
           if (!fd_limit_logged) {
             spdlog::warn("store: cannot accept more clients: {} ({} connected); raise the open-file limit (ulimit -n)",
-                         std::strerror(errno), state.connections.size());
+                         std::strerror(errno), ctx.connections.size());
             fd_limit_logged = true;
           }
           retry_timer.expires_after(std::chrono::milliseconds(50));
@@ -383,11 +272,37 @@ struct StoreServer::Impl {
         spdlog::debug("store: accept failed: {}", std::strerror(errno));
         continue;
       }
+      if (ctx.connections.size() >= ctx.options.max_connections) {
+        ::close(fd);
+        refuse_for_capacity(std::to_string(ctx.connections.size()) + " clients are connected, the limit of --max_connections");
+        continue;
+      }
+      // Descriptors are allocated lowest first: this one being among the last `reserved_fds`
+      // means fewer than that are left for the process that hosts the store.
+      if (static_cast<std::size_t>(fd) + ctx.options.reserved_fds >= fd_limit) {
+        ::close(fd);
+        refuse_for_capacity("only " + std::to_string(fd_limit - static_cast<std::size_t>(fd)) +
+                            " descriptors are left under the open-file limit of " + std::to_string(fd_limit) +
+                            ", and " + std::to_string(ctx.options.reserved_fds) +
+                            " are kept for the hosting process (raise ulimit -n)");
+        continue;
+      }
+      if (!admit(fd, addr)) continue;
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      auto conn = std::make_shared<Connection>(state, fd, peer_name(addr));
+      set_keepalive(fd);
+      auto peer = IpAddress::from_sockaddr(addr);
+      std::string name = peer ? format_address(peer->to_string(), peer->port) : std::string("?");
+      std::shared_ptr<Connection> conn;
+      try {
+        conn = std::make_shared<Connection>(ctx, fd, std::move(name));
+      } catch (const std::bad_alloc&) {
+        ::close(fd);
+        refuse_for_capacity("out of memory");
+        continue;
+      }
       if (conn->start()) {
-        state.connections.emplace(conn.get(), std::move(conn));
+        ctx.connections.emplace(conn.get(), std::move(conn));
         // Data may have arrived before the socket joined the epoll set; EPOLL_CTL_ADD reports
         // current readiness, so the first event covers it.
       }
@@ -409,33 +324,57 @@ struct StoreServer::Impl {
 
   void poll_connections() {
     epoll_event events[kEventsPerWait];
-    int n = ::epoll_wait(state.epoll_fd, events, kEventsPerWait, 0);
+    int n = ::epoll_wait(ctx.epoll_fd, events, kEventsPerWait, 0);
     for (int i = 0; i < n; ++i) {
-      static_cast<Connection*>(events[i].data.ptr)->on_event(events[i].events);
+      static_cast<Connection*>(events[i].data.ptr)->on_event(events[i].events);  // never throws
     }
-    // Connections whose turn ended with input left: one more turn each, after the others.
-    if (!state.backlog.empty()) {
-      auto backlog = std::move(state.backlog);
-      state.backlog.clear();
+    // Connections whose turn ended with input left, or that were resumed: one more turn each.
+    if (!ctx.backlog.empty()) {
+      auto backlog = std::move(ctx.backlog);
+      ctx.backlog.clear();
       for (auto* c : backlog) {
-        if (state.connections.count(c) && c->queued()) c->on_readable();
+        if (!ctx.connections.count(c) || !c->queued()) continue;
+        try {
+          c->on_readable();
+        } catch (const std::exception& e) {
+          c->close(std::string("internal error while serving this client: ") + e.what());
+        }
       }
     }
-    state.closing.clear();
-    if (n == kEventsPerWait || !state.backlog.empty()) {
-      asio::post(state.io, [this] { poll_connections(); });  // more to do: yield, then continue
+    ctx.closing.clear();
+    if (n == kEventsPerWait || !ctx.backlog.empty()) {
+      asio::post(io, [this] { poll_connections(); });  // more to do: yield, then continue
     } else {
       wait_for_events();
     }
   }
+
+  // Closes connections that have not authenticated within auth_timeout.
+  void sweep_unauthenticated() {
+    auth_timer.expires_after(std::chrono::seconds(1));
+    auth_timer.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      auto cutoff = SteadyClock::now() - ctx.options.auth_timeout;
+      std::vector<Connection*> late;
+      for (auto& [ptr, conn] : ctx.connections) {
+        if (conn->authenticating() && conn->accepted_at() < cutoff) late.push_back(ptr);
+      }
+      for (auto* c : late) c->close("it did not authenticate within the time allowed");
+      ctx.closing.clear();
+      sweep_unauthenticated();
+    });
+  }
 };
 
-StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_unique<Impl>()) {
-  if (options.raise_fd_limit) raise_fd_limit();
-  impl_->state.options = options;
-  impl_->bind(options);
+StoreServer::StoreServer(StoreServerOptions options) {
+  check_options(options);
+  bool raise = options.raise_fd_limit;
+  impl_ = std::make_unique<Impl>(std::move(options));
+  impl_->fd_limit = raise_fd_limit(raise);
+  impl_->bind(impl_->ctx.options);
   impl_->wait_for_clients();
   impl_->wait_for_events();
+  if (!impl_->ctx.options.secret.empty()) impl_->sweep_unauthenticated();
   spdlog::debug("store: listening on {}", format_address(impl_->host, impl_->port));
 }
 
@@ -450,21 +389,24 @@ void StoreServer::start() {
 }
 
 void StoreServer::run() {
-  while (!impl_->state.io.stopped()) {
+  while (!impl_->io.stopped()) {
     try {
-      impl_->state.io.run();
+      impl_->io.run();
     } catch (const std::exception& e) {
-      // Per-connection errors are handled in the connection; reaching here is a bug. Log it and
-      // keep serving rather than terminate the agent that hosts the store.
+      // Per-connection errors are handled in the connection; reaching here is a bug. Log it,
+      // make sure the connections are watched again, and keep serving rather than terminate the
+      // agent that hosts the store.
       spdlog::error("store: unexpected error in the I/O loop: {}", e.what());
+      impl_->waiting_for_events = false;
+      impl_->wait_for_events();
     }
   }
 }
 
-void StoreServer::stop() { impl_->state.io.stop(); }
+void StoreServer::stop() { impl_->io.stop(); }
 
 void StoreServer::reset() {
-  auto reset_now = [this] {
+  impl_->on_io_thread([this] {
     impl_->close_all();
     // Connections still waiting to be accepted are as stale as the open ones: a client that
     // connected, sent a SET and exited may not have been accepted yet.
@@ -473,19 +415,36 @@ void StoreServer::reset() {
       if (fd < 0) break;
       ::close(fd);
     }
-    impl_->state.core = StoreCore();
+    impl_->ctx.core = StoreCore(store_limits(impl_->ctx.options));
     spdlog::debug("store: reset");
-  };
-  if (!impl_->thread.joinable() || impl_->state.io.stopped()) {
-    reset_now();
-    return;
-  }
-  std::promise<void> done;
-  asio::post(impl_->state.io, [&] {
-    reset_now();
-    done.set_value();
   });
-  done.get_future().wait();
+}
+
+void StoreServer::set_allow(std::optional<std::vector<std::string>> cidrs) {
+  std::optional<std::vector<Cidr>> parsed;
+  if (cidrs) parsed = Impl::parse_cidrs(*cidrs);
+  impl_->on_io_thread([&] { impl_->allow = std::move(parsed); });
+}
+
+StoreServerStats StoreServer::stats() {
+  StoreServerStats s;
+  impl_->on_io_thread([&] {
+    auto& ctx = impl_->ctx;
+    s.connections = ctx.connections.size();
+    for (const auto& [ptr, c] : ctx.connections) {
+      s.paused_connections += c->paused() ? 1 : 0;
+      s.pending_output_bytes += c->pending_output();
+      s.max_pending_output_bytes = std::max(s.max_pending_output_bytes, c->pending_output());
+    }
+    s.refused_connections = ctx.refused;
+    auto core = ctx.core.stats();
+    s.keys = core.keys;
+    s.store_bytes = core.store_bytes;
+    s.wait_lists = core.wait_lists;
+    s.wait_entries = core.wait_entries;
+    s.watch_entries = core.watch_entries;
+  });
+  return s;
 }
 
 std::uint16_t StoreServer::port() const { return impl_->port; }

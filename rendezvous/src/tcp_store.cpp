@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "ddprun/rendezvous/error.hpp"
+#include "ddprun/rendezvous/auth.hpp"
 #include "ddprun/rendezvous/protocol.hpp"
 #include "socket.hpp"
 
@@ -75,6 +76,7 @@ struct TcpStore::Impl {
     for (;;) {
       try {
         Socket s = Socket::connect(options.host, options.port, until);
+        if (!options.secret.empty()) authenticate(s, until);
         std::string hello;
         wire::put_u8(hello, opcode(Op::kValidate));
         wire::put_u32(hello, wire::kValidationMagic);
@@ -84,6 +86,10 @@ struct TcpStore::Impl {
         s.send_all(hello, until);
         std::uint32_t echo = 0;
         s.recv_exact(&echo, sizeof(echo), until);
+        if (echo == auth::kRefusedMarker) {
+          throw AuthError("the store at " + address + " refused this client: wrong or missing secret (it requires "
+                          "ddprun's authentication; give this client the job's secret file)");
+        }
         if (echo != nonce) throw ProtocolError("server answered PING with a wrong nonce");
         sock = std::move(s);
         return;
@@ -99,6 +105,42 @@ struct TcpStore::Impl {
       std::this_thread::sleep_for(backoff);  // retry backoff, not synchronisation
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
     }
+  }
+
+  // ddprun's mutual HMAC handshake (auth.hpp). Any failure is an AuthError: retrying with the
+  // same secret cannot help.
+  void authenticate(Socket& s, Clock::time_point until) {
+    const std::string refused = "the store at " + address + " refused this client: wrong or missing secret";
+    std::string cnonce = auth::random_bytes(auth::kNonceBytes);
+    std::string hello;
+    wire::put_u8(hello, auth::kHelloOpcode);
+    wire::put_u32(hello, auth::kHelloMagic);
+    hello += cnonce;
+    std::string challenge(auth::kChallengeBytes, '\0');
+    try {
+      s.send_all(hello, until);
+      s.recv_exact(challenge.data(), challenge.size(), until);
+    } catch (const NetworkError& e) {
+      throw AuthError("the store at " + address + " closed the connection during authentication (" + e.what() +
+                      "): it does not authenticate clients, or not with ddprun's handshake; is it this job's "
+                      "rendezvous store, started with a secret?");
+    }
+    std::string snonce = challenge.substr(1, auth::kNonceBytes);
+    std::string sproof = challenge.substr(1 + auth::kNonceBytes);
+    bool server_ok = challenge[0] == static_cast<char>(auth::kAccepted) &&
+                     auth::equal(sproof, auth::server_proof(options.secret, cnonce, snonce));
+    // A server that does not know the secret gets no valid proof from us.
+    std::string proof = server_ok ? auth::client_proof(options.secret, snonce, cnonce)
+                                  : std::string(auth::kProofBytes, '\0');
+    std::uint8_t verdict = auth::kRefused;
+    try {
+      s.send_all(proof, until);
+      s.recv_exact(&verdict, 1, until);
+    } catch (const NetworkError&) {
+      throw AuthError(refused);
+    }
+    if (!server_ok) throw AuthError(refused + " (the server could not prove it knows this client's secret)");
+    if (verdict != auth::kAccepted) throw AuthError(refused);
   }
 
   // Runs one request/reply exchange with the mutex held, reconnecting first if needed, and

@@ -55,6 +55,7 @@ class TestServer {
  public:
   explicit TestServer(StoreServerOptions o = with_loopback()) : server_(std::move(o)) { server_.start(); }
   std::uint16_t port() const { return server_.port(); }
+  StoreServerStats stats() { return server_.stats(); }
   static StoreServerOptions with_loopback() {
     StoreServerOptions o;
     o.host = "127.0.0.1";

@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <thread>
+
 #include "ddprun/rendezvous/error.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
 #include "helpers.hpp"
@@ -17,6 +19,8 @@ StoreServerOptions small_limits() {
   o.limits.max_key_bytes = 64;
   o.limits.max_value_bytes = 1024;
   o.limits.max_keys_per_request = 16;
+  o.max_reply_bytes = 64 * 1024;
+  o.output_high_water_bytes = 16 * 1024;
   o.max_pending_output_bytes = 256 * 1024;
   return o;
 }
@@ -141,20 +145,46 @@ TEST_CASE("a client vanishing mid-request or mid-WAIT is logged and forgotten", 
   }
 }
 
-TEST_CASE("a client that never reads its replies is dropped without stalling others", "[robustness]") {
-  LogCapture logs;
+TEST_CASE("a client that never reads its replies is paused, loses nothing, and stalls nobody", "[robustness]") {
   TestServer server(small_limits());
   auto greedy = Raw::speaking(Dialect::kV2, server.port());
-  greedy.send(Frame(Dialect::kV2, Op::kSet).str("big").str(std::string(1024, 'x')));
+  const std::string value(1024, 'x');
+  greedy.send(Frame(Dialect::kV2, Op::kSet).str("big").str(value));
   // 20,000 GETs ask for 20 MiB of replies: far beyond socket buffers and the 256 KiB bound.
   std::string burst;
   for (int i = 0; i < 20000; ++i) burst += Frame(Dialect::kV2, Op::kGet).str("big").bytes();
-  // Send without reading; the server stops taking our bytes or drops us, either way we stop.
-  try {
-    greedy.socket().send_all(burst, in(5s));
-  } catch (const ddprun::Error&) {
-  }
+  // Send without reading, from another thread: once the server stops reading us, our send blocks.
+  std::thread sender([&] {
+    try {
+      greedy.socket().send_all(burst, in(20s));
+    } catch (const ddprun::Error&) {
+    }
+  });
+  struct Join {
+    std::thread& t;
+    ~Join() { if (t.joinable()) t.join(); }
+  } join{sender};
   check_good_client_works(server.port());
-  CHECK(greedy.closed_by_server());
+  // Every reply arrives, in order, once we read.
+  for (int i = 0; i < 20000; ++i) {
+    auto got = greedy.str();
+    if (got != value) FAIL("reply " << i << " is wrong (" << got.size() << " bytes)");
+  }
+  CHECK(greedy.ping_is_next());
+}
+
+TEST_CASE("a client that lets notifications pile up past the cap is dropped with one log line", "[robustness]") {
+  LogCapture logs;
+  TestServer server(small_limits());
+  // 1.13 WATCH_KEY: every SET of the key sends the watcher old and new value (~2 KiB).
+  auto watcher = Raw::speaking(Dialect::kV1, server.port());
+  watcher.send(Frame(Dialect::kV1, Op::kWatchKey).str("w"));
+  CHECK(watcher.u8() == ddprun::rendezvous::wire::kKeyCallbackRegistered);
+  auto writer = Raw::speaking(Dialect::kV2, server.port());
+  for (int i = 0; i < 10000; ++i) writer.send(Frame(Dialect::kV2, Op::kSet).str("w").str(std::string(1000, static_cast<char>('a' + i % 26))));
+  CHECK(writer.ping_is_next());
+  // 10,000 x 2 KiB = 20 MiB unread: past socket buffers and the 256 KiB cap; the writer went on.
+  check_good_client_works(server.port());
+  CHECK(watcher.closed_by_server());
   CHECK(logs.lines_with({"does not read its replies", "over the limit of 262144"}).size() == 1);
 }

@@ -26,6 +26,19 @@ class NetworkError : public Error {
   using Error::Error;
 };
 
+// Binding failed because another socket holds the address.
+class AddressInUseError : public NetworkError {
+ public:
+  using NetworkError::NetworkError;
+};
+
+// The peer refused us, or we refused it: a wrong or missing secret, a store that does not
+// authenticate. Not retried: the same credentials get the same answer.
+class AuthError : public Error {
+ public:
+  using Error::Error;
+};
+
 // The peer broke the wire protocol (bad opcode, bad magic, over-long key, ...).
 class ProtocolError : public Error {
  public:

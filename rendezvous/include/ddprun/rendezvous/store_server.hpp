@@ -1,13 +1,23 @@
 #pragma once
 // The rendezvous store server: PyTorch's TCPStore protocol (1.13 and 2.x numberings, told apart
 // per connection) on one event-driven I/O thread. A misbehaving client only ever loses its own
-// connection; nothing it sends can crash or stall the server.
+// connection; nothing it sends can crash the server, stall other clients, or make the server
+// hold more than the caps below (per connection: the output cap plus one request).
+//
+// Access control (README "Security"): an optional address allow-list for peers on other hosts;
+// for peers on this host, optionally only processes of this process's user (or root), as the
+// kernel reports the owner of the peer's socket; and optionally ddprun's HMAC handshake with a
+// per-job secret before any request (ddprun's own clients only: PyTorch cannot speak it).
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "ddprun/rendezvous/protocol.hpp"
 
@@ -21,16 +31,64 @@ struct StoreServerOptions {
   std::uint16_t port = 0;
   // Limits on one request (key 8 KiB, value 8 MiB, ...); a violation closes that connection.
   wire::WireLimits limits = {};
-  // Replies queued for a client that does not read them, beyond which it is disconnected.
+
+  // ---- memory caps; a request over one closes its connection with a log line naming the cap
+  std::size_t max_reply_bytes = 32 * 1024 * 1024;       // one reply (MULTI_GET)
+  std::size_t max_store_bytes = std::size_t{1} << 30;   // keys, values and queued items, in all
+  std::size_t max_waits_per_connection = 128 * 1024;    // keys one connection waits on at once
+  std::size_t max_watches_per_connection = 1024;        // WATCH_KEY registrations (1.13)
+  std::size_t max_queue_length = 1024 * 1024;           // items in one queue
+  // A connection whose unsent replies reach this is not read from until they drain to half.
+  std::size_t output_high_water_bytes = 1024 * 1024;
+  // Unsent replies beyond which a client is disconnected (only notifications it did not ask
+  // for, WAIT wake-ups and watch events, can push a paused client there).
   std::size_t max_pending_output_bytes = 64 * 1024 * 1024;
+
+  // ---- connections
+  std::size_t max_connections = 65536;
+  // Descriptors left free for the process hosting the store (an agent needs pipes for its next
+  // workers): a connection that would use one of the last `reserved_fds` is refused.
+  std::size_t reserved_fds = 256;
+  // TCP keep-alive: a peer silent this long is probed (every idle/3, 3 probes) and reaped when
+  // it has vanished. 0 turns it off.
+  std::chrono::seconds tcp_keepalive_idle{30};
   // Raise RLIMIT_NOFILE to its hard limit, so that >= 10,000 clients can connect.
   bool raise_fd_limit = true;
+
+  // ---- access control
+  // Peers on other hosts must be in one of these CIDR blocks; nullopt: any address. Peers on
+  // this host (loopback, or one of this host's addresses) pass this check.
+  std::optional<std::vector<std::string>> allow;
+  // Peers on this host must be processes of this process's user, or root.
+  bool same_user = false;
+  // Non-empty: ddprun's HMAC handshake is required before any request (auth.hpp).
+  std::string secret;
+  // A connection that has not authenticated by then is closed.
+  std::chrono::milliseconds auth_timeout{10000};
+
+  // For tests: called on the I/O thread before each request is applied; an exception it throws
+  // is handled as one thrown by the request.
+  std::function<void(std::string_view op, std::string_view first_key)> on_request;
+};
+
+struct StoreServerStats {
+  std::size_t connections = 0;
+  std::size_t paused_connections = 0;    // not read from until their replies drain
+  std::size_t pending_output_bytes = 0;  // replies queued, all connections
+  std::size_t max_pending_output_bytes = 0;
+  std::size_t refused_connections = 0;   // since start: cap, descriptors, access control
+  std::size_t keys = 0;
+  std::size_t store_bytes = 0;
+  std::size_t wait_lists = 0;            // keys somebody waits on
+  std::size_t wait_entries = 0;
+  std::size_t watch_entries = 0;
 };
 
 class StoreServer {
  public:
   // Binds and listens at once (so the port is taken before anyone is told about it). Throws
-  // NetworkError naming the address when it cannot bind (address in use, unknown host).
+  // NetworkError naming the address when it cannot bind (address in use, unknown host), and
+  // UsageError for inconsistent options or a malformed allow-list.
   explicit StoreServer(StoreServerOptions options);
   // Stops and joins the I/O thread if it runs.
   ~StoreServer();
@@ -49,6 +107,13 @@ class StoreServer {
   // gone, so that nothing of that attempt (keys, stale clients) can confuse the next one.
   // Thread-safe; returns when done.
   void reset();
+
+  // Replaces the allow-list of peers on other hosts (nullopt: any address). Thread-safe;
+  // applies to connections accepted from now on. Throws UsageError for a malformed entry.
+  void set_allow(std::optional<std::vector<std::string>> cidrs);
+
+  // A consistent snapshot, taken on the I/O thread. Thread-safe.
+  StoreServerStats stats();
 
   // The bound port (the real one when options.port was 0) and host as bound ("0.0.0.0", "::").
   std::uint16_t port() const;

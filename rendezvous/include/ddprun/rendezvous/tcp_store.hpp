@@ -18,12 +18,16 @@ struct TcpStoreOptions {
   // Bounds connecting (retried with backoff: the server may start later) and every blocking
   // call. PyTorch's default is 300 s.
   std::chrono::milliseconds timeout = std::chrono::seconds(300);
+  // Non-empty: authenticate with ddprun's HMAC handshake before any request, and accept only a
+  // server that proves it knows the same secret. Throws AuthError when either side refuses.
+  std::string secret;
 };
 
 // Thread-safe: calls from several threads are serialised on the one connection.
 class TcpStore final : public Store {
  public:
-  // Connects, retrying until options.timeout. Throws TimeoutError naming the address.
+  // Connects, retrying until options.timeout. Throws TimeoutError naming the address, and
+  // AuthError (at once, no retry) when the server refuses this client's secret or lack of one.
   explicit TcpStore(TcpStoreOptions options);
   ~TcpStore() override;
   TcpStore(const TcpStore&) = delete;

@@ -1,0 +1,152 @@
+#include "ddprun/rendezvous/auth.hpp"
+
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "ddprun/rendezvous/error.hpp"
+#include "handshake.hpp"
+
+namespace ddprun::rendezvous::auth {
+namespace {
+
+std::string hmac(std::string_view secret, std::string_view label, std::string_view a, std::string_view b) {
+  std::string msg;
+  msg.reserve(label.size() + a.size() + b.size());
+  msg.append(label).append(a).append(b);
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+            reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &len)) {
+    throw Error("HMAC-SHA256 failed (OpenSSL)");
+  }
+  return std::string(reinterpret_cast<char*>(out), len);
+}
+
+}  // namespace
+
+std::string random_bytes(std::size_t n) {
+  std::string s(n, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(s.data()), static_cast<int>(n)) != 1) {
+    throw Error("cannot draw random bytes (OpenSSL RAND_bytes failed)");
+  }
+  return s;
+}
+
+std::string server_proof(std::string_view secret, std::string_view cnonce, std::string_view snonce) {
+  return hmac(secret, "ddprun-store-server", cnonce, snonce);
+}
+
+std::string client_proof(std::string_view secret, std::string_view snonce, std::string_view cnonce) {
+  return hmac(secret, "ddprun-store-client", snonce, cnonce);
+}
+
+bool equal(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::string read_secret_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    throw UsageError("cannot open the secret file '" + path + "': " + std::strerror(errno) +
+                     " (create it with: head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE)");
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw UsageError("the secret file '" + path + "' is not a regular file");
+  }
+  if (st.st_mode & 077) {
+    ::close(fd);
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw UsageError("the secret file '" + path + "' is accessible by other users (mode " + mode +
+                     "): run chmod 600 '" + path + "' (and use a new secret if others may have read it)");
+  }
+  std::string s(kMaxSecretBytes + 1, '\0');
+  std::size_t have = 0;
+  for (;;) {
+    ssize_t n = ::read(fd, s.data() + have, s.size() - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      throw UsageError("cannot read the secret file '" + path + "': " + std::strerror(err));
+    }
+    if (n == 0) break;
+    have += static_cast<std::size_t>(n);
+    if (have == s.size()) break;
+  }
+  ::close(fd);
+  s.resize(have);
+  if (s.size() > kMaxSecretBytes) {
+    throw UsageError("the secret file '" + path + "' holds more than " + std::to_string(kMaxSecretBytes) +
+                     " bytes; a secret of 32 random bytes is enough");
+  }
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  if (s.empty()) throw UsageError("the secret file '" + path + "' is empty");
+  return s;
+}
+
+}  // namespace ddprun::rendezvous::auth
+
+namespace ddprun::rendezvous {
+
+ServerHandshake::State ServerHandshake::refuse(std::string_view why, std::string& answer, bool as_marker) {
+  if (as_marker) {
+    std::uint32_t m = auth::kRefusedMarker;
+    answer.append(reinterpret_cast<const char*>(&m), sizeof(m));
+  } else {
+    answer.push_back(static_cast<char>(auth::kRefused));
+  }
+  why_ = why;
+  std::string().swap(in_);
+  return state_ = State::kRefused;
+}
+
+ServerHandshake::State ServerHandshake::feed(std::string_view& data, std::string& answer) {
+  while (!data.empty() && (state_ == State::kHello || state_ == State::kProof)) {
+    if (state_ == State::kHello) {
+      if (in_.empty() && static_cast<std::uint8_t>(data[0]) != auth::kHelloOpcode) {
+        return refuse("it did not authenticate (a client without this job's secret, such as PyTorch's TCPStore)",
+                      answer, true);
+      }
+      std::size_t take = std::min(auth::kHelloBytes - in_.size(), data.size());
+      in_.append(data.substr(0, take));
+      data.remove_prefix(take);
+      if (in_.size() < auth::kHelloBytes) return state_;
+      std::uint32_t magic = 0;
+      std::memcpy(&magic, in_.data() + 1, 4);
+      if (magic != auth::kHelloMagic) return refuse("malformed authentication hello", answer, true);
+      cnonce_ = in_.substr(5);
+      snonce_ = auth::random_bytes(auth::kNonceBytes);
+      answer.push_back(static_cast<char>(auth::kAccepted));
+      answer += snonce_;
+      answer += auth::server_proof(secret_, cnonce_, snonce_);
+      in_.clear();
+      state_ = State::kProof;
+      continue;
+    }
+    std::size_t take = std::min(auth::kProofBytes - in_.size(), data.size());
+    in_.append(data.substr(0, take));
+    data.remove_prefix(take);
+    if (in_.size() < auth::kProofBytes) return state_;
+    if (!auth::equal(in_, auth::client_proof(secret_, snonce_, cnonce_))) {
+      return refuse("wrong or missing secret", answer, false);
+    }
+    answer.push_back(static_cast<char>(auth::kAccepted));
+    std::string().swap(in_);
+    state_ = State::kAccepted;
+  }
+  return state_;
+}
+
+}  // namespace ddprun::rendezvous

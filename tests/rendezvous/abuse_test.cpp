@@ -1,0 +1,407 @@
+// Hostile and broken clients against the store: each test plays one (a slow reader, an
+// amplifier, a trickler, a hoarder of waits, a crowd) and checks that the server's memory stays
+// bounded, other clients keep being served, and the store's data stays intact.
+
+#include <catch2/catch.hpp>
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <fstream>
+#include <new>
+#include <sstream>
+#include <thread>
+
+#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/rendezvous/tcp_store.hpp"
+#include "helpers.hpp"
+#include "store_process.hpp"
+
+using namespace ddprun::rendezvous;
+using namespace ddprun::rendezvous::test;
+
+namespace {
+
+TcpStore client(std::uint16_t port) {
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.timeout = 5s;
+  return TcpStore(o);
+}
+
+// Pings the server from its own connection every few milliseconds until stopped; records the
+// slowest round trip.
+class Pinger {
+ public:
+  explicit Pinger(std::uint16_t port) : raw_(Raw::speaking(Dialect::kV2, port)) {
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        auto t0 = Clock::now();
+        bool ok = raw_.ping_is_next();
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+        worst_ms_ = std::max<long>(worst_ms_, ms);
+        failed_ = failed_ || !ok;
+        ++count_;
+        std::this_thread::sleep_for(5ms);  // pacing of the probe, not synchronisation
+      }
+    });
+  }
+  ~Pinger() { finish(); }
+  void finish() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  long worst_ms() const { return worst_ms_; }
+  int count() const { return count_; }
+  bool failed() const { return failed_; }
+
+ private:
+  Raw raw_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<long> worst_ms_{0};
+  std::atomic<int> count_{0};
+  std::atomic<bool> failed_{false};
+};
+
+const std::vector<std::string> kSmallServer = {
+    "--max_value_bytes", "1M", "--max_reply_bytes", "4M", "--output_high_water_bytes", "1M",
+    "--max_pending_output_bytes", "16M", "--log_level", "info"};
+constexpr double kCapMiB = 16;
+
+}  // namespace
+
+// On the old server one read of pipelined GETs was applied in full before the output limit was
+// looked at: 300 GETs of a 1 MiB value made it hold 300 MiB (4 MiB values: >14 GB).
+TEST_CASE("a slow reader: the server stops reading it, memory stays under the cap, PINGs stay fast",
+          "[abuse]") {
+  StoreProcess store(kSmallServer);
+  const std::string value(1024 * 1024, 'v');
+  auto slow = Raw::speaking(Dialect::kV2, store.port());
+  slow.send(Frame(Dialect::kV2, Op::kSet).str("big").str(value));
+  CHECK(slow.ping_is_next());
+  std::string gets;
+  for (int i = 0; i < 300; ++i) gets += Frame(Dialect::kV2, Op::kGet).str("big").bytes();
+  {
+    Pinger pinger(store.port());
+    std::thread sender([&] {
+      try {
+        slow.socket().send_all(gets, in(30s));
+      } catch (const ddprun::Error&) {
+      }
+    });
+    std::this_thread::sleep_for(500ms);  // let the abuse run while the pinger measures
+    auto peak = store.peak_mib();
+    pinger.finish();
+    INFO("store peak RSS " << peak << " MiB; slowest PING " << pinger.worst_ms() << " ms of " << pinger.count());
+    CHECK(peak < kCapMiB + 64);
+    CHECK(pinger.worst_ms() < 100);
+    CHECK_FALSE(pinger.failed());
+    // Nothing lost: the slow reader gets every reply once it reads.
+    for (int i = 0; i < 300; ++i) {
+      auto got = slow.str();
+      if (got != value) FAIL("reply " << i << " has " << got.size() << " bytes");
+    }
+    sender.join();
+    WARN("slow reader: store peak RSS " << peak << " MiB (cap 16 MiB), slowest PING of " << pinger.count() << ": "
+                                        << pinger.worst_ms() << " ms");
+  }
+  CHECK(slow.ping_is_next());
+}
+
+TEST_CASE("MULTI_GET naming one large key many times is refused before the reply is built", "[abuse]") {
+  StoreProcess store(kSmallServer);
+  auto a = Raw::speaking(Dialect::kV2, store.port());
+  a.send(Frame(Dialect::kV2, Op::kSet).str("big").str(std::string(1024 * 1024, 'v')));
+  CHECK(a.ping_is_next());
+  auto before = store.rss_mib();
+  a.send(Frame(Dialect::kV2, Op::kMultiGet).keys(std::vector<std::string>(1000, "big")));  // 1000 MiB asked
+  CHECK(a.closed_by_server());
+  auto peak = store.peak_mib();
+  WARN("MULTI_GET amplification: store RSS " << before << " MiB before, peak " << peak << " MiB");
+  CHECK(peak < kCapMiB + 64);
+  CHECK(store.count_in_log("over --max_reply_bytes=4194304") == 1);
+  auto c = client(store.port());
+  CHECK(c.multi_get({"x", "y"}) == std::vector<std::string>{"", ""});
+  auto raw = Raw::speaking(Dialect::kV2, store.port());
+  raw.send(Frame(Dialect::kV2, Op::kGet).str("big"));
+  CHECK(raw.str().size() == 1024 * 1024);  // the stored value is intact
+}
+
+// On the old server each client's declared length was reserved at once: 100 connections that
+// each announce an 8 MiB value and send 100 bytes of it made it hold 800 MiB.
+TEST_CASE("declared lengths are not allocated before their bytes arrive", "[abuse]") {
+  StoreProcess store({"--log_level", "warn"});
+  auto before = store.rss_mib();
+  std::vector<Raw> clients;
+  for (int i = 0; i < 100; ++i) {
+    clients.push_back(Raw::speaking(Dialect::kV2, store.port()));
+    std::string head = Frame(Dialect::kV2, Op::kSet).str("k").u64(8 * 1024 * 1024 - 1).bytes();
+    clients.back().send(head + std::string(100, 'x'));
+  }
+  CHECK(Raw::speaking(Dialect::kV2, store.port()).ping_is_next());  // all of the above are read
+  auto peak = store.peak_mib();
+  WARN("100 announced 8 MiB values: store RSS " << before << " MiB before, peak " << peak << " MiB");
+  CHECK(peak < before + 32);
+}
+
+TEST_CASE("APPEND cannot grow a value past --max_value_bytes", "[abuse]") {
+  LogCapture logs;
+  auto o = TestServer::with_loopback();
+  o.limits.max_value_bytes = 1024;
+  o.max_reply_bytes = 64 * 1024;
+  o.max_pending_output_bytes = 2 * 1024 * 1024;
+  TestServer server(o);
+  auto a = Raw::speaking(Dialect::kV2, server.port());
+  a.send(Frame(Dialect::kV2, Op::kAppend).str("log").str(std::string(600, 'a')));
+  CHECK(a.ping_is_next());
+  a.send(Frame(Dialect::kV2, Op::kAppend).str("log").str(std::string(600, 'b')));
+  CHECK(a.closed_by_server());
+  CHECK(logs.lines_with({"APPEND would make key 'log' 1200 bytes long, over --max_value_bytes=1024"}).size() == 1);
+  auto b = Raw::speaking(Dialect::kV2, server.port());
+  b.send(Frame(Dialect::kV2, Op::kGet).str("log"));
+  CHECK(b.str() == std::string(600, 'a'));
+}
+
+// On the old server the waiters on keys never set outlived their connection, and each WAIT
+// scanned all of its connection's earlier WAITs.
+TEST_CASE("100,000 pipelined WAITs on distinct keys: fast, and gone with their connection", "[abuse]") {
+  TestServer server;
+  auto before = server.stats();
+  {
+    auto hoarder = Raw::speaking(Dialect::kV2, server.port());
+    std::string waits;
+    for (int i = 0; i < 100000; ++i) waits += Frame(Dialect::kV2, Op::kWait).keys({"never/" + std::to_string(i)}).bytes();
+    auto t0 = Clock::now();
+    hoarder.send(waits);
+    CHECK(hoarder.ping_is_next());
+    auto took = Clock::now() - t0;
+    CHECK(took < 5s);
+    auto during = server.stats();
+    CHECK(during.wait_lists == 100000);
+    CHECK(during.wait_entries == 100000);
+    ::shutdown(hoarder.socket().fd(), SHUT_WR);
+    CHECK(hoarder.closed_by_server());
+  }
+  auto after = server.stats();
+  CHECK(after.wait_lists == before.wait_lists);
+  CHECK(after.wait_entries == before.wait_entries);
+  CHECK(after.connections == 0);
+}
+
+TEST_CASE("waits on a shared key are removed one by one as their connections leave", "[abuse]") {
+  TestServer server;
+  std::vector<Raw> waiters;
+  for (int i = 0; i < 20; ++i) {
+    waiters.push_back(Raw::speaking(Dialect::kV2, server.port()));
+    waiters.back().send(Frame(Dialect::kV2, Op::kWait).keys({"barrier"}));
+    CHECK(waiters.back().ping_is_next());
+  }
+  CHECK(server.stats().wait_lists == 1);
+  for (int i = 0; i < 19; ++i) {
+    ::shutdown(waiters[i].socket().fd(), SHUT_WR);
+    CHECK(waiters[i].closed_by_server());
+  }
+  auto s = server.stats();
+  CHECK(s.wait_lists == 1);
+  CHECK(s.wait_entries <= 19);  // dead entries pruned once they outnumber the live one
+  auto setter = Raw::speaking(Dialect::kV2, server.port());
+  setter.send(Frame(Dialect::kV2, Op::kSet).str("barrier").str("go"));
+  CHECK(waiters[19].u8() == wire::kStopWaiting);
+  CHECK(server.stats().wait_lists == 0);
+}
+
+TEST_CASE("per-connection caps on WAIT keys and watches (--max_waits_per_connection, --max_watches_per_connection)", "[abuse]") {
+  LogCapture logs;
+  auto o = TestServer::with_loopback();
+  o.max_waits_per_connection = 10;
+  o.max_watches_per_connection = 3;
+  TestServer server(o);
+  auto w = Raw::speaking(Dialect::kV2, server.port());
+  for (int i = 0; i < 10; ++i) w.send(Frame(Dialect::kV2, Op::kWait).keys({"k" + std::to_string(i)}));
+  CHECK(w.ping_is_next());
+  w.send(Frame(Dialect::kV2, Op::kWait).keys({"one-more"}));
+  CHECK(w.closed_by_server());
+  CHECK(logs.lines_with({"over --max_waits_per_connection=10"}).size() == 1);
+  auto v = Raw::speaking(Dialect::kV1, server.port());
+  for (int i = 0; i < 3; ++i) {
+    v.send(Frame(Dialect::kV1, Op::kWatchKey).str("w"));
+    CHECK(v.u8() == wire::kKeyCallbackRegistered);
+  }
+  v.send(Frame(Dialect::kV1, Op::kWatchKey).str("w"));
+  CHECK(v.closed_by_server());
+  CHECK(logs.lines_with({"--max_watches_per_connection"}).size() == 1);
+  CHECK(server.stats().watch_entries == 0);
+  CHECK(server.stats().wait_lists == 0);
+}
+
+TEST_CASE("a request trickled one byte per send is applied once, and others are served meanwhile", "[abuse]") {
+  TestServer server;
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < 500; ++i) {
+    keys.push_back("t" + std::to_string(i));
+    values.push_back(std::to_string(i * 7));
+  }
+  Frame f(Dialect::kV2, Op::kMultiSet);
+  f.i64(500);
+  for (int i = 0; i < 500; ++i) f.str(keys[i]).str(values[i]);
+  std::string frame = f.bytes();
+  auto trickler = Raw::speaking(Dialect::kV2, server.port());
+  auto other = client(server.port());
+  auto t0 = Clock::now();
+  for (std::size_t i = 0; i < frame.size(); ++i) {
+    trickler.send(std::string_view(frame).substr(i, 1));
+    if (i % 2000 == 0) CHECK(other.add("alive", 1) >= 1);
+  }
+  CHECK(trickler.ping_is_next());
+  auto took = Clock::now() - t0;
+  CHECK(took < 10s);
+  auto check = Raw::speaking(Dialect::kV2, server.port());
+  check.send(Frame(Dialect::kV2, Op::kMultiGet).keys(keys));
+  for (int i = 0; i < 500; ++i) CHECK(check.str() == values[i]);
+}
+
+TEST_CASE("store quota (--max_store_bytes): a write over it fails for its client only; data stays intact", "[abuse]") {
+  LogCapture logs;
+  auto o = TestServer::with_loopback();
+  o.max_store_bytes = 64 * 1024;
+  TestServer server(o);
+  auto a = Raw::speaking(Dialect::kV2, server.port());
+  a.send(Frame(Dialect::kV2, Op::kSet).str("first").str(std::string(40000, '1')));
+  CHECK(a.ping_is_next());
+  auto b = Raw::speaking(Dialect::kV2, server.port());
+  b.send(Frame(Dialect::kV2, Op::kSet).str("second").str(std::string(40000, '2')));
+  CHECK(b.closed_by_server());
+  CHECK(logs.lines_with({"SET on key 'second'", "over --max_store_bytes=65536; nothing was changed"}).size() == 1);
+  // Queues and appends count too.
+  auto q = Raw::speaking(Dialect::kV2, server.port());
+  q.send(Frame(Dialect::kV2, Op::kQueuePush).str("q").str(std::string(30000, 'q')));
+  CHECK(q.closed_by_server());
+  a.send(Frame(Dialect::kV2, Op::kGet).str("first"));
+  CHECK(a.str() == std::string(40000, '1'));
+  a.send(Frame(Dialect::kV2, Op::kGet).str("second"));
+  CHECK(a.str().empty());
+  a.send(Frame(Dialect::kV2, Op::kQueueLen).str("q"));
+  CHECK(a.i64() == 0);
+  // Overwriting within the quota, and deleting, free room.
+  a.send(Frame(Dialect::kV2, Op::kSet).str("first").str(std::string(100, '1')));
+  a.send(Frame(Dialect::kV2, Op::kSet).str("second").str(std::string(40000, '2')));
+  CHECK(a.ping_is_next());
+  CHECK(server.stats().store_bytes == 5 + 100 + 6 + 40000);
+  a.send(Frame(Dialect::kV2, Op::kDeleteKey).str("second"));
+  CHECK(a.i64() == 1);
+  CHECK(server.stats().store_bytes == 5 + 100);
+}
+
+TEST_CASE("connection cap (--max_connections): the next client is refused at once, logged at most once a second", "[abuse]") {
+  LogCapture logs;
+  auto o = TestServer::with_loopback();
+  o.max_connections = 8;
+  TestServer server(o);
+  std::vector<Raw> in_;
+  for (int i = 0; i < 8; ++i) {
+    in_.push_back(Raw::speaking(Dialect::kV2, server.port()));
+    CHECK(in_.back().ping_is_next());
+  }
+  for (int i = 0; i < 5; ++i) {
+    auto extra = Raw::speaking(Dialect::kV2, server.port());
+    CHECK(extra.closed_by_server());
+  }
+  CHECK(logs.lines_with({"refused", "the limit of --max_connections"}).size() == 1);
+  CHECK(server.stats().refused_connections == 5);
+  in_.pop_back();  // one leaves: room for one more
+  bool served = false;
+  for (int attempt = 0; attempt < 50 && !served; ++attempt) {
+    try {
+      auto again = Raw::speaking(Dialect::kV2, server.port());
+      served = again.ping_is_next();
+    } catch (const ddprun::Error&) {
+      std::this_thread::sleep_for(10ms);  // the server has not seen the close yet
+    }
+  }
+  CHECK(served);
+}
+
+TEST_CASE("descriptors are kept in reserve for the process hosting the store", "[abuse]") {
+  // 64 descriptors, 32 of them reserved: the store takes at most 32 minus its own.
+  StoreProcess store({"--reserved_fds", "32", "--log_level", "info"}, {"prlimit", "--nofile=64:64"});
+  std::vector<Raw> clients;
+  int served = 0;
+  for (int i = 0; i < 48; ++i) {
+    clients.push_back(Raw::speaking(Dialect::kV2, store.port()));
+    try {
+      if (clients.back().ping_is_next()) ++served;
+    } catch (const ddprun::Error&) {
+    }
+  }
+  INFO("served " << served);
+  CHECK(served > 10);
+  CHECK(served <= 32);
+  CHECK(store.count_in_log("are kept for the hosting process") >= 1);
+  // The store itself still works for a newcomer once one leaves.
+  clients.clear();
+  bool ok = false;
+  for (int attempt = 0; attempt < 50 && !ok; ++attempt) {
+    try {
+      ok = Raw::speaking(Dialect::kV2, store.port()).ping_is_next();
+    } catch (const ddprun::Error&) {
+      std::this_thread::sleep_for(10ms);
+    }
+  }
+  CHECK(ok);
+}
+
+TEST_CASE("TCP keep-alive is on for every client connection", "[abuse]") {
+  auto o = TestServer::with_loopback();
+  o.tcp_keepalive_idle = std::chrono::seconds(7);
+  TestServer server(o);
+  auto c = Raw::speaking(Dialect::kV2, server.port());
+  CHECK(c.ping_is_next());
+  // /proc/net/tcp: the server's end (local port = the store's) shows timer 2, keep-alive.
+  std::ifstream f("/proc/net/tcp");
+  std::string line;
+  char port_hex[8];
+  std::snprintf(port_hex, sizeof(port_hex), "%04X", server.port());
+  bool found = false, keepalive = false;
+  std::getline(f, line);
+  while (std::getline(f, line)) {
+    std::istringstream ss(line);
+    std::string sl, local, remote, st, queues, timer;
+    ss >> sl >> local >> remote >> st >> queues >> timer;
+    if (local.substr(local.find(':') + 1) == port_hex && st == "01") {
+      found = true;
+      keepalive = timer.rfind("02:", 0) == 0;
+    }
+  }
+  CHECK(found);
+  CHECK(keepalive);
+}
+
+TEST_CASE("an exception while serving one client closes that client only; nothing is applied twice",
+          "[abuse]") {
+  LogCapture logs;
+  auto o = TestServer::with_loopback();
+  o.on_request = [](std::string_view, std::string_view key) {
+    if (key == "boom") throw std::bad_alloc();
+    if (key == "oops") throw std::runtime_error("unexpected");
+  };
+  TestServer server(o);
+  for (const char* trigger : {"boom", "oops"}) {
+    auto a = Raw::speaking(Dialect::kV2, server.port());
+    std::string counter = std::string("count-") + trigger;
+    // Pipelined: ADD, the failing SET, ADD. Only the first ADD may take effect, once.
+    a.send(Frame(Dialect::kV2, Op::kAdd).str(counter).i64(1).bytes() +
+           Frame(Dialect::kV2, Op::kSet).str(trigger).str("x").bytes() +
+           Frame(Dialect::kV2, Op::kAdd).str(counter).i64(1).bytes());
+    CHECK(a.i64() == 1);
+    CHECK(a.closed_by_server());
+    auto b = Raw::speaking(Dialect::kV2, server.port());
+    b.send(Frame(Dialect::kV2, Op::kAdd).str(counter).i64(0));
+    CHECK(b.i64() == 1);
+    CHECK(b.ping_is_next());
+  }
+  CHECK(logs.lines_with({"out of memory while applying its SET request"}).size() == 1);
+  CHECK(logs.lines_with({"internal error while applying its SET request: unexpected"}).size() == 1);
+}
