@@ -125,16 +125,16 @@ struct Agent::Impl {
     rendezvous::StoreServerOptions so;
     so.host = opt.store_host;
     so.port = opt.store_port;
+    // One node: every worker is a process of this user on this host.
+    so.same_user = true;
+    so.allow = std::vector<std::string>{};
+    so.reserved_fds = 64 + 8 * static_cast<std::size_t>(opt.nproc_per_node);
     try {
       store = std::make_unique<rendezvous::StoreServer>(so);
-    } catch (const NetworkError& e) {
-      std::string msg = e.what();
-      if (msg.find("in use") != std::string::npos) {
-        throw Error("cannot host the rendezvous store on " + opt.store_host + ":" + std::to_string(opt.store_port) +
-                    ": the address is already in use (another job?). Use --standalone to pick a free port, "
-                    "or another --master_port.");
-      }
-      throw;
+    } catch (const AddressInUseError&) {
+      throw Error("cannot host the rendezvous store on " + opt.store_host + ":" + std::to_string(opt.store_port) +
+                  ": the address is already in use (another job?). Use --standalone to pick a free port, "
+                  "or another --master_port.");
     }
     store->start();
   }

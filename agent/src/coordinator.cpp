@@ -1,5 +1,6 @@
 #include "coordinator.hpp"
 
+#include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -66,6 +67,11 @@ std::set<std::string> local_addresses() {
   return out;
 }
 
+bool is_ip_literal(const std::string& a) {
+  unsigned char buf[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, a.c_str(), buf) == 1 || ::inet_pton(AF_INET6, a.c_str(), buf) == 1;
+}
+
 int to_int(const std::string& s, int def) {
   try {
     return std::stoi(s);
@@ -82,17 +88,30 @@ Coordinator::Coordinator(const RendezvousOptions& opt, const std::string& run_id
     rendezvous::StoreServerOptions so;
     so.host = "";  // every interface: the endpoint's address is one of them
     so.port = opt.endpoint_port;
+    so.secret = opt.secret;      // agents prove they know the job's secret
+    so.same_user = true;         // processes of other users on this host are refused
+    so.reserved_fds = 64 + 8 * static_cast<std::size_t>(nproc);
     try {
       server_ = std::make_unique<rendezvous::StoreServer>(so);
       server_->start();
       opt_.endpoint_port = server_->port();  // the real one when port 0 asked for a free port
+      // The workers' store speaks plain TCPStore (PyTorch connects to it): only this host's
+      // processes of this user, and the nodes of the current round (set in join()).
       rendezvous::StoreServerOptions wo;
       wo.host = "";
       wo.port = 0;
+      wo.same_user = true;
+      wo.allow = std::vector<std::string>{};
+      wo.reserved_fds = so.reserved_fds;
       worker_store_ = std::make_unique<rendezvous::StoreServer>(wo);
       worker_store_->start();
       spdlog::info("ddprun: hosting the rendezvous store on port {} (workers' store on port {})", server_->port(),
                    worker_store_->port());
+      if (opt.secret.empty()) {
+        spdlog::warn("ddprun: the rendezvous store on port {} accepts any client that can reach it; give every node "
+                     "--rdzv_conf=secret_file=PATH (README: Security)",
+                     server_->port());
+      }
     } catch (const NetworkError& e) {
       server_.reset();
       if (opt.is_host == 1) {
@@ -126,9 +145,13 @@ std::shared_ptr<rendezvous::Store> Coordinator::connect(std::chrono::millisecond
   o.host = opt_.endpoint_host;
   o.port = opt_.endpoint_port;
   o.timeout = timeout;
+  o.secret = opt_.secret;
   std::shared_ptr<rendezvous::TcpStore> tcp;
   try {
     tcp = std::make_shared<rendezvous::TcpStore>(o);
+  } catch (const AuthError& e) {
+    throw AuthError("the rendezvous store at " + endpoint() + " refused this node: wrong or missing secret (" +
+                    e.what() + "); give every node the same --rdzv_conf=secret_file=PATH or DDPRUN_SECRET_FILE");
   } catch (const TimeoutError& e) {
     throw TimeoutError("rendezvous: no store at " + endpoint() + " within the join timeout (" + secs(timeout) +
                        "): is the host node's ddprun running, and is --rdzv_endpoint right?");
@@ -148,7 +171,8 @@ RoundInfo Coordinator::join(int round, int restart_count) {
     nlohmann::json me = {{"host", opt_.local_addr.empty() ? hostname() : opt_.local_addr},
                          {"addr", opt_.local_addr},
                          {"nproc", nproc_},
-                         {"node_rank", node_rank_}};
+                         {"node_rank", node_rank_},
+                         {"addrs", local_addresses()}};
     s.set(key(round, "node/" + std::to_string(idx)), me.dump());
     int expect = opt_.max_nodes;
     if (s.check({key(round, "expect")})) expect = std::clamp(to_int(s.get(key(round, "expect")), expect), 1, opt_.max_nodes);
@@ -205,6 +229,12 @@ RoundInfo Coordinator::join(int round, int restart_count) {
         n.addr = j.value("addr", "");
         n.nproc = j.value("nproc", 1);
         n.node_rank = j.value("node_rank", -1);
+        auto addrs = j.find("addrs");
+        if (addrs != j.end() && addrs->is_array()) {
+          for (const auto& a : *addrs) {
+            if (a.is_string()) n.addrs.push_back(a.get<std::string>());
+          }
+        }
       }
       by_arrival.push_back(n);
     }
@@ -237,6 +267,14 @@ RoundInfo Coordinator::join(int round, int restart_count) {
     // The workers' store: emptied by its host for this round, then published.
     const std::string store_key = key(round, "store");
     if (worker_store_) {
+      // Workers of this round's nodes may connect from any of their nodes' addresses.
+      std::vector<std::string> allowed;
+      for (const auto& n : info.nodes) {
+        for (const auto& a : n.addrs) {
+          if (is_ip_literal(a)) allowed.push_back(a);
+        }
+      }
+      worker_store_->set_allow(allowed);
       worker_store_->reset();
       s.set(store_key, std::to_string(worker_store_->port()));
     }

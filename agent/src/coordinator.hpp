@@ -42,6 +42,7 @@ struct NodeInfo {
   std::string addr;
   int nproc = 1;
   int node_rank = -1;
+  std::vector<std::string> addrs;  // the node's interface addresses (its workers connect from one)
 };
 
 struct RoundInfo {

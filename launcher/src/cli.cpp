@@ -13,6 +13,7 @@
 
 #include "ddprun/agent/exit_status.hpp"
 #include "ddprun/rendezvous/error.hpp"
+#include "ddprun/rendezvous/auth.hpp"
 #include "ddprun/agent/spawn.hpp"
 
 namespace ddprun::launcher {
@@ -447,6 +448,7 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
     if (!conf.empty() && backend != "c10d") usage("--rdzv_conf applies to --rdzv_backend=c10d");
   } else {
     auto& z = a.rdzv;
+    std::string secret_file;
     z.enabled = true;
     z.dynamic = backend == "c10d";
     z.min_nodes = min_nodes;
@@ -471,11 +473,18 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
         if (b == "1" || b == "true" || b == "yes") z.is_host = 1;
         else if (b == "0" || b == "false" || b == "no") z.is_host = 0;
         else usage("--rdzv_conf is_host must be true or false (got '" + v + "')");
+      } else if (k == "secret_file") {
+        if (v.empty()) usage("--rdzv_conf secret_file needs a path");
+        secret_file = v;
       } else {
         usage("--rdzv_conf: unknown key '" + k + "' (known: join_timeout, last_call_timeout, close_timeout, "
-              "keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host, timeout)");
+              "keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host, timeout, secret_file)");
       }
     }
+    if (secret_file.empty()) {
+      if (auto it = env.find("DDPRUN_SECRET_FILE"); it != env.end()) secret_file = it->second;
+    }
+    if (!secret_file.empty()) z.secret = rendezvous::auth::read_secret_file(secret_file);
   }
 
   a.command = resolve_command(program, flag("module"), flag("no_python"), env);

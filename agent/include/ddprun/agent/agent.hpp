@@ -49,6 +49,9 @@ struct RendezvousOptions {
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
   int keep_alive_max_attempt = 3;
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
+  // The per-job secret (--rdzv_conf=secret_file=PATH or DDPRUN_SECRET_FILE): agents and the
+  // rendezvous store authenticate each other with it. Empty: the store accepts any client.
+  std::string secret;
 };
 
 struct AgentOptions {
