@@ -22,8 +22,8 @@ except ImportError as e:  # pragma: no cover
     sys.exit(77)
 
 
-def start_store(binary):
-    proc = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", "0"],
+def start_store(binary, *extra):
+    proc = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", "0", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline().strip()
     assert line.startswith("listening on "), f"unexpected first line {line!r}"
@@ -121,6 +121,66 @@ def process_group(port):
         check(f"rank={rank} world=2 sum=[3.0, 3.0, 3.0, 3.0]" in out, f"rank {rank} all_reduce result")
 
 
+def ddprun_authenticated_get(port, secret, key):
+    """ddprun's handshake (rendezvous/include/ddprun/rendezvous/auth.hpp), written independently
+    here with Python's hmac, then a 2.x GET of `key`."""
+    import hashlib
+    import hmac
+    import socket
+    import struct
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    cnonce = os.urandom(32)
+    s.sendall(bytes([0xA7]) + struct.pack("<I", 0x41505044) + cnonce)
+
+    def recv(n):
+        buf = b""
+        while len(buf) < n:
+            chunk = s.recv(n - len(buf))
+            assert chunk, "server closed the connection"
+            buf += chunk
+        return buf
+    challenge = recv(65)
+    assert challenge[0] == 0
+    snonce, sproof = challenge[1:33], challenge[33:]
+    expect = hmac.new(secret, b"ddprun-store-server" + cnonce + snonce, hashlib.sha256).digest()
+    check(hmac.compare_digest(sproof, expect), "the server proves it knows the secret")
+    s.sendall(hmac.new(secret, b"ddprun-store-client" + snonce + cnonce, hashlib.sha256).digest())
+    check(recv(1) == b"\x00", "the server accepts our proof")
+    s.sendall(bytes([0]) + struct.pack("<I", 0x3C85F7CE) + bytes([3]) + struct.pack("<Q", len(key)) + key)
+    n = struct.unpack("<Q", recv(8))[0]
+    value = recv(n) if n else b""
+    s.close()
+    return value
+
+
+def secured_store(binary):
+    import tempfile
+    fd, path = tempfile.mkstemp()
+    os.write(fd, b"job-secret-123\n")
+    os.close(fd)
+    os.chmod(path, 0o600)
+    proc, port = start_store(binary, "--secret_file", path)
+    try:
+        t = datetime.timedelta(seconds=3)
+        refused = False
+        try:
+            s = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=t)
+            s.set("/round", "999")
+            s.get("/round")
+        except Exception as e:  # noqa: BLE001 - any failure is the refusal we expect
+            refused = True
+            print(f"  (PyTorch client error: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
+        check(refused, "a PyTorch TCPStore client cannot use a secured store")
+        check(ddprun_authenticated_get(port, b"job-secret-123", b"/round") == b"",
+              "its SET was never applied (read back through an authenticated connection)")
+        check(proc.poll() is None, "the secured store is still running")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+        os.unlink(path)
+    check("did not authenticate" in err, "the store logged the refusal")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--store", required=True)
@@ -135,6 +195,7 @@ def main():
         proc.terminate()
         _, err = proc.communicate(timeout=10)
     check(proc.returncode == 0, "ddprun-store exits 0 on SIGTERM")
+    secured_store(args.store)
     print("all PyTorch checks passed")
 
 
