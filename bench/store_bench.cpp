@@ -8,7 +8,13 @@
 //               all WAIT for it; time from the first connect to the last release.
 //
 // Requests use the 1.13 numbering, the one both servers understand.
+//   under abuse: the throughput point of 64 connections again while one more client misbehaves
+//               (a slow reader; an amplifier), next to the same point undisturbed.
+//
+// ddprun-store runs as shipped: access control on (same_user: every connection's owner is
+// looked up); a barrier row without it shows that cost.
 // Usage: store_bench [--duration S] [--conns 1,64,1024] [--barrier 1000,10000] [--rounds R]
+//                    [--abuse_conns N]
 
 #include <fcntl.h>
 #include <sched.h>
@@ -24,6 +30,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -377,6 +385,132 @@ BarrierResult barrier(std::uint16_t port, int n, int run) {
   return r;
 }
 
+// ---- a misbehaving client, on its own thread, during one throughput point ---------------------
+
+enum class Abuse { kNone, kSlowReader, kAmplifier };
+
+const char* abuse_name(Abuse a) {
+  switch (a) {
+    case Abuse::kNone: return "none";
+    case Abuse::kSlowReader: return "slow reader";
+    case Abuse::kAmplifier: return "amplifier";
+  }
+  return "?";
+}
+
+// Peak resident memory of a process so far (VmHWM), MiB.
+double peak_rss_mib(pid_t pid) {
+  FILE* f = std::fopen(fmt::format("/proc/{}/status", pid).c_str(), "r");
+  if (!f) return 0;
+  char line[256];
+  long kib = 0;
+  while (std::fgets(line, sizeof(line), f)) {
+    if (std::strncmp(line, "VmHWM:", 6) == 0) kib = std::atol(line + 6);
+  }
+  std::fclose(f);
+  return kib / 1024.0;
+}
+
+// slow reader: SETs a 1 MiB value, then pipelines GETs of it (at most 1,000: 1 GiB of replies)
+//              and never reads a reply.
+// amplifier:   over and over: connect, MULTI_GET naming the 1 MiB key 1,000 times (1 GiB of
+//              reply), read whatever comes for 10 ms, disconnect. PyTorch 2.x numbering:
+//              1.13's server has no MULTI_GET, so it is run against ddprun only.
+class Abuser {
+ public:
+  Abuser(Abuse mode, std::uint16_t port) : mode_(mode), port_(port) {
+    if (mode_ == Abuse::kNone) return;
+    thread_ = std::thread([this] {
+      pin_to_cpu(1);  // with the server: the abuse costs the server's host, not the generator
+      try {
+        mode_ == Abuse::kSlowReader ? slow_reader() : amplifier();
+      } catch (const std::exception& e) {
+        error_ = e.what();
+      }
+    });
+  }
+  ~Abuser() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    if (fd_ >= 0) close(fd_);
+  }
+  long actions() const { return actions_; }
+
+ private:
+  int connect_blocking() {
+    int fd = make_socket();
+    start_connect(fd, port_);
+    pollfd p{fd, POLLOUT, 0};
+    poll(&p, 1, 5000);
+    return fd;
+  }
+  // Sends until done or stopped; false when stopped (or the server closed us).
+  bool send_some(int fd, const std::string& b) {
+    std::size_t off = 0;
+    while (off < b.size()) {
+      if (stop_) return false;
+      ssize_t n = send(fd, b.data() + off, b.size() - off, MSG_NOSIGNAL);
+      if (n > 0) {
+        off += static_cast<std::size_t>(n);
+      } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        pollfd p{fd, POLLOUT, 0};
+        poll(&p, 1, 50);
+      } else {
+        return false;
+      }
+    }
+    return true;
+  }
+  void slow_reader() {
+    fd_ = connect_blocking();
+    send_some(fd_, frame_set("/abuse/big", std::string(1 << 20, 'x')));
+    std::string gets;
+    for (int i = 0; i < 50; ++i) gets += frame_get("/abuse/big");
+    for (int sent = 0; sent < 1000 && !stop_; sent += 50) {
+      if (!send_some(fd_, gets)) break;
+      actions_ += 50;
+    }
+    while (!stop_) std::this_thread::sleep_for(std::chrono::milliseconds(10));  // holds the connection, reads nothing
+  }
+  void amplifier() {
+    std::string setup, attack;
+    wire::put_u8(setup, 0);  // VALIDATE (2.x)
+    wire::put_u32(setup, wire::kValidationMagic);
+    wire::put_u8(setup, *wire::encode_op(Op::kSet, Dialect::kV2));
+    wire::put_str(setup, "/abuse/big");
+    wire::put_str(setup, std::string(1 << 20, 'x'));
+    wire::put_u8(attack, 0);
+    wire::put_u32(attack, wire::kValidationMagic);
+    wire::put_u8(attack, *wire::encode_op(Op::kMultiGet, Dialect::kV2));
+    wire::put_u64(attack, 1000);
+    for (int i = 0; i < 1000; ++i) wire::put_str(attack, "/abuse/big");
+    int fd = connect_blocking();
+    send_some(fd, setup);
+    close(fd);
+    char buf[65536];
+    while (!stop_) {
+      fd = connect_blocking();
+      if (send_some(fd, attack)) {
+        auto until = Clock::now() + std::chrono::milliseconds(10);
+        while (Clock::now() < until) {
+          pollfd p{fd, POLLIN, 0};
+          if (poll(&p, 1, 2) > 0 && recv(fd, buf, sizeof(buf), 0) <= 0) break;
+        }
+      }
+      close(fd);
+      ++actions_;
+    }
+  }
+
+  Abuse mode_;
+  std::uint16_t port_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<long> actions_{0};
+  int fd_ = -1;
+  std::string error_;
+};
+
 std::vector<int> parse_list(const char* s) {
   std::vector<int> v;
   std::string str(s);
@@ -397,6 +531,7 @@ int main(int argc, char** argv) {
   std::vector<int> conn_counts = {1, 64, 1024};
   std::vector<int> barrier_counts = {1000, 10000};
   int rounds = 1;
+  int abuse_conns = 64;
   std::string store_bin = DDPRUN_STORE_BIN, torch_py = DDPRUN_TORCH_STORE_PY, python = "/usr/bin/python3";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -411,10 +546,11 @@ int main(int argc, char** argv) {
     else if (a == "--conns") conn_counts = parse_list(next());
     else if (a == "--barrier") barrier_counts = parse_list(next());
     else if (a == "--rounds") rounds = std::stoi(next());
+    else if (a == "--abuse_conns") abuse_conns = std::stoi(next());
     else if (a == "--store") store_bin = next();
     else if (a == "--python") python = next();
     else {
-      fmt::print(stderr, "usage: store_bench [--duration S] [--conns 1,64,1024] [--barrier 1000,10000] [--rounds R]\n");
+      fmt::print(stderr, "usage: store_bench [--duration S] [--conns 1,64,1024] [--barrier 1000,10000] [--rounds R] [--abuse_conns N (0: skip)]\n");
       return 2;
     }
   }
@@ -456,6 +592,60 @@ int main(int argc, char** argv) {
                    fmt::format("{:.3f} (conn {:.3f})", a.total_s, a.connect_s),
                    fmt::format("{:.3f} (conn {:.3f})", b.total_s, b.connect_s), b.total_s / a.total_s);
         std::fflush(stdout);
+      }
+    }
+    fmt::print("\nBarrier with access control off (--same_user false): the cost of the per-connection owner lookup\n");
+    fmt::print("{:>6} | {:>16} | {:>16} | {:>6}\n", "N", "same_user on s", "off s", "ratio");
+    {
+      Server open = Server::spawn("ddprun-store (no access control)",
+                                  {store_bin, "--host", "127.0.0.1", "--port", "0", "--log_level", "warn",
+                                   "--same_user", "false"});
+      for (int n : barrier_counts) {
+        for (int r = 0; r < rounds; ++r) {
+          auto a = barrier(ours.port, n, ++run);
+          auto b = barrier(open.port, n, ++run);
+          fmt::print("{:>6} | {:>16.3f} | {:>16.3f} | {:>5.2f}x\n", n, a.total_s, b.total_s, a.total_s / b.total_s);
+          std::fflush(stdout);
+        }
+      }
+      open.stop();
+    }
+    if (abuse_conns > 0) {
+      fmt::print("\nUnder abuse: {} well-behaved connections (as above) while one client misbehaves; ops/s and the\n"
+                 "ratio to the undisturbed figure of the same server, measured just before; peak server RSS\n",
+                 abuse_conns);
+      fmt::print("{:>12} | {:>12} | {:>7} | {:>9} | {:>12} | {:>7} | {:>9}\n", "abuse", "ddprun ops/s", "vs none",
+                 "peak RSS", "torch ops/s", "vs none", "peak RSS");
+      double base_ours = 0, base_theirs = 0;
+      for (Abuse mode : {Abuse::kNone, Abuse::kAmplifier, Abuse::kSlowReader}) {
+        for (int r = 0; r < rounds; ++r) {
+          ThroughputResult a, b;
+          std::string theirs_text = "n/a", theirs_ratio = "", theirs_rss = "";
+          {
+            Abuser abuser(mode, ours.port);
+            if (mode != Abuse::kNone) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // abuse under way
+            a = throughput(ours, abuse_conns, duration, ++run);
+          }
+          if (mode == Abuse::kNone) base_ours = a.ops_per_s;
+          if (mode != Abuse::kAmplifier) {  // 1.13's server has no MULTI_GET
+            Abuser abuser(mode, theirs.port);
+            if (mode != Abuse::kNone) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            try {
+              b = throughput(theirs, abuse_conns, duration, ++run);
+              if (mode == Abuse::kNone) base_theirs = b.ops_per_s;
+              theirs_text = fmt::format("{:.0f}", b.ops_per_s);
+              theirs_ratio = fmt::format("{:.2f}x", base_theirs > 0 ? b.ops_per_s / base_theirs : 0);
+            } catch (const std::exception& e) {
+              theirs_text = "stalled";
+              theirs_ratio = "0x";
+            }
+            theirs_rss = fmt::format("{:.0f} MiB", peak_rss_mib(theirs.pid));
+          }
+          fmt::print("{:>12} | {:>12.0f} | {:>6.2f}x | {:>9} | {:>12} | {:>7} | {:>9}\n", abuse_name(mode), a.ops_per_s,
+                     base_ours > 0 ? a.ops_per_s / base_ours : 0, fmt::format("{:.0f} MiB", peak_rss_mib(ours.pid)),
+                     theirs_text, theirs_ratio, theirs_rss);
+          std::fflush(stdout);
+        }
       }
     }
     ours.stop();

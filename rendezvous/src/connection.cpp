@@ -42,6 +42,25 @@ void ServerContext::log_once(const std::string& key, const std::string& line) {
   spdlog::warn("{}", line);
 }
 
+void ServerContext::warn(const std::string& line) {
+  auto now = SteadyClock::now();
+  if (now - warn_window >= std::chrono::seconds(1)) {
+    if (warn_suppressed > 0) {
+      spdlog::warn("store: {} more warnings about client connections in the last second were not logged",
+                   warn_suppressed);
+    }
+    warn_window = now;
+    warn_count = 0;
+    warn_suppressed = 0;
+  }
+  if (warn_count < kWarningsPerSecond) {
+    ++warn_count;
+    spdlog::warn("{}", line);
+  } else {
+    ++warn_suppressed;
+  }
+}
+
 Connection::Connection(ServerContext& ctx, int fd, std::string peer)
     : ctx_(ctx),
       fd_(fd),
@@ -255,10 +274,10 @@ void Connection::resume() {
 
 void Connection::closed_by_peer() {
   if (session_.active_waits > 0) {
-    spdlog::warn("store: {} disconnected with {} pending WAIT(s)", peer_, session_.active_waits);
+    ctx_.warn(fmt::format("store: {} disconnected with {} pending WAIT(s)", peer_, session_.active_waits));
   } else if (parser_.partial_bytes() > 0) {
-    spdlog::warn("store: {} disconnected in the middle of a request ({} bytes of it received)", peer_,
-                 parser_.partial_bytes());
+    ctx_.warn(fmt::format("store: {} disconnected in the middle of a request ({} bytes of it received)", peer_,
+                          parser_.partial_bytes()));
   } else {
     spdlog::debug("store: {} disconnected", peer_);
   }
@@ -267,7 +286,7 @@ void Connection::closed_by_peer() {
 
 void Connection::close(const std::string& reason) {
   if (closed_) return;
-  spdlog::warn("store: closing connection from {}: {}", peer_, reason);
+  ctx_.warn(fmt::format("store: closing connection from {}: {}", peer_, reason));
   // Replies to the requests before the one that failed still go out when the socket takes them
   // now (no waiting): the client sees their answers, then the close.
   if (!out_.empty() && out_.size() <= ctx_.options.max_pending_output_bytes) {
@@ -283,6 +302,12 @@ void Connection::close(const std::string& reason) {
 void Connection::shutdown() {
   if (closed_) return;
   closed_ = true;
+  // A connection that held much (thousands of waits, megabytes of buffers) leaves free memory
+  // behind in malloc's arenas; the server hands it back to the system after this batch.
+  if (session_.wait_keys + session_.watches.size() >= 4096 || out_.size() + pending_.size() >= (1u << 20) ||
+      parser_.partial_bytes() >= (1u << 20)) {
+    ctx_.trim_memory = true;
+  }
   ctx_.core.drop(session_);
   ::epoll_ctl(ctx_.epoll_fd, EPOLL_CTL_DEL, fd_, nullptr);
   ::close(fd_);

@@ -42,10 +42,18 @@ struct ServerContext {
   std::vector<char> scratch;         // one recv() at a time, shared
   std::string reply;                 // one request's reply, before it joins a connection's queue
   std::size_t refused = 0;           // connections refused since start
+  bool trim_memory = false;          // a closed connection freed much: malloc_trim after the batch
 
   // Logs `line` once per `key` (an address and a reason), for refusals a peer can repeat.
   void log_once(const std::string& key, const std::string& line);
   std::unordered_set<std::string> logged;
+  // Per-connection warnings (closes, disconnects), at most kWarningsPerSecond a second, so that
+  // a client repeating an abuse cannot flood the log; the number left out is logged after.
+  void warn(const std::string& line);
+  static constexpr int kWarningsPerSecond = 20;
+  SteadyClock::time_point warn_window{};
+  int warn_count = 0;
+  std::size_t warn_suppressed = 0;
 };
 
 class Connection final : public Peer, public std::enable_shared_from_this<Connection> {

@@ -9,6 +9,7 @@
 
 #include <boost/asio.hpp>
 #include <fcntl.h>
+#include <malloc.h>
 
 #include <climits>
 #include <spdlog/spdlog.h>
@@ -342,6 +343,10 @@ struct StoreServer::Impl {
       }
     }
     ctx.closing.clear();
+    if (ctx.trim_memory) {
+      ctx.trim_memory = false;
+      ::malloc_trim(0);
+    }
     if (n == kEventsPerWait || !ctx.backlog.empty()) {
       asio::post(io, [this] { poll_connections(); });  // more to do: yield, then continue
     } else {

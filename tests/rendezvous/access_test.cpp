@@ -80,7 +80,7 @@ TEST_CASE("same_user: a process of another user on this host is refused; the job
   CHECK(server.stats().refused_connections == 2);
 }
 
-TEST_CASE("without same_user any local user gets in (the old behaviour, now opt-in)", "[access]") {
+TEST_CASE("without same_user any local user gets in (the old behaviour - now opt-in)", "[access]") {
   if (::geteuid() != 0) return;
   TestServer server;
   CHECK(try_as_user(65534, server.port()) == 0);
@@ -104,7 +104,7 @@ TEST_CASE("CIDR allow-lists parse and match", "[access]") {
   CHECK(a("::1").is_loopback());
 }
 
-TEST_CASE("the secret handshake: right secret served, wrong or missing refused with a clear error", "[access]") {
+TEST_CASE("the secret handshake: right secret served - wrong or missing refused with a clear error", "[access]") {
   LogCapture logs;
   auto o = TestServer::with_loopback();
   o.secret = "s3cret-of-this-job";
@@ -167,7 +167,7 @@ TEST_CASE("a client with a secret refuses a server that does not authenticate", 
   }
 }
 
-TEST_CASE("secret files: private, non-empty, bounded; trailing newline ignored", "[access]") {
+TEST_CASE("secret files: private - non-empty - bounded; trailing newline ignored", "[access]") {
   auto good = write_secret("abc\n", 0600);
   CHECK(auth::read_secret_file(good) == "abc");
   auto open = write_secret("abc", 0644);

@@ -38,7 +38,7 @@ void check_good_client_works(std::uint16_t port) {
 
 }  // namespace
 
-TEST_CASE("bad requests close only their own connection, with one log line", "[robustness]") {
+TEST_CASE("bad requests close only their own connection - with one log line", "[robustness]") {
   LogCapture logs;
   TestServer server(small_limits());
   auto good = Raw::speaking(Dialect::kV2, server.port());
@@ -145,7 +145,7 @@ TEST_CASE("a client vanishing mid-request or mid-WAIT is logged and forgotten", 
   }
 }
 
-TEST_CASE("a client that never reads its replies is paused, loses nothing, and stalls nobody", "[robustness]") {
+TEST_CASE("a client that never reads its replies is paused - loses nothing - and stalls nobody", "[robustness]") {
   TestServer server(small_limits());
   auto greedy = Raw::speaking(Dialect::kV2, server.port());
   const std::string value(1024, 'x');
