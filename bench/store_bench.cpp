@@ -413,8 +413,8 @@ double peak_rss_mib(pid_t pid) {
 
 // slow reader: SETs a 1 MiB value, then pipelines GETs of it (at most 1,000: 1 GiB of replies)
 //              and never reads a reply.
-// amplifier:   over and over: connect, MULTI_GET naming the 1 MiB key 1,000 times (1 GiB of
-//              reply), read whatever comes for 10 ms, disconnect. PyTorch 2.x numbering:
+// amplifier:   over and over (up to ~1,000 times a second): connect, MULTI_GET naming the
+//              1 MiB key 1,000 times (1 GiB of reply), read whatever comes for 10 ms, disconnect. PyTorch 2.x numbering:
 //              1.13's server has no MULTI_GET, so it is run against ddprun only.
 class Abuser {
  public:
@@ -499,6 +499,7 @@ class Abuser {
       }
       close(fd);
       ++actions_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // pacing: at most ~1,000 attacks a second
     }
   }
 

@@ -302,8 +302,16 @@ class GlooProcessGroup final : public ProcessGroup {
       try {
         op(t, tag);
         heartbeat();
-      } catch (const gloo::Exception& e) {
+      } catch (const ddprun::Error& e) {
+        broken_ = true;
+        broken_message_ = e.what();
+        throw;
+      } catch (const std::exception& e) {
+        // gloo::Exception and its IoException and TimeoutException, but also what derives from
+        // std::exception alone (gloo::EnforceNotMet, std::bad_alloc): the group is broken either
+        // way, since the pairs are in an unknown state.
         std::string msg = e.what();
+        // Gloo 0.0~git2022 has no exception type for time-outs: its message says so.
         bool timed_out = msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
         broken_ = true;
         broken_message_ = msg;

@@ -175,28 +175,53 @@ void Reducer::finalize() {
     im.ready[i] = true;
     --im.buckets[im.where[i].first].pending;
   }
-  im.launch_ready();
+  // Every bucket is waited for, failures or not (no collective may still use bucket memory when
+  // this returns or throws), and the first failure in bucket order is what is thrown. Each
+  // bucket's error is kept as it was caught, so a Work whose second wait() would return (as an
+  // earlier NCCL backend's did) cannot turn a failure into success.
+  std::vector<std::exception_ptr> errors(im.buckets.size());
+  std::exception_ptr launch_error;  // the group failed before every bucket was issued
   try {
-    // Buckets complete in order, so waiting for the last one first wakes this thread once
-    // instead of once per bucket (each wake-up takes a core from the communication threads).
-    // Then every bucket is checked in order, so the first failure is the one reported.
-    try {
-      im.buckets.back().work->wait();
-    } catch (...) {
-    }
-    for (auto& b : im.buckets) {
-      b.work->wait();
-      if (im.compress(b)) {
-        auto* dst = static_cast<float*>(b.storage);
-        bool half = im.opt.compression == Compression::kFloat16;
-        for (std::size_t i = 0; i < b.count; ++i) dst[i] = half ? half_to_float(b.wire[i]) : bfloat16_to_float(b.wire[i]);
-      }
-    }
+    im.launch_ready();
   } catch (...) {
-    im.reset_iteration();
-    throw;
+    launch_error = std::current_exception();
+  }
+  // Buckets complete in order, so waiting for the last one first wakes this thread once
+  // instead of once per bucket (each wake-up takes a core from the communication threads).
+  auto& last = im.buckets.back();
+  if (last.work && !errors.back()) {
+    try {
+      last.work->wait();
+    } catch (...) {
+      errors.back() = std::current_exception();
+    }
+  }
+  for (std::size_t k = 0; k < im.buckets.size(); ++k) {
+    auto& b = im.buckets[k];
+    if (errors[k]) continue;
+    if (!b.work) {
+      errors[k] = launch_error ? launch_error
+                               : std::make_exception_ptr(NetworkError(
+                                     "Reducer: bucket " + std::to_string(k) +
+                                     " was never reduced: the process group failed before it was issued"));
+      continue;
+    }
+    try {
+      b.work->wait();
+    } catch (...) {
+      errors[k] = std::current_exception();
+    }
   }
   im.reset_iteration();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  for (auto& b : im.buckets) {
+    if (!im.compress(b)) continue;
+    auto* dst = static_cast<float*>(b.storage);
+    bool half = im.opt.compression == Compression::kFloat16;
+    for (std::size_t i = 0; i < b.count; ++i) dst[i] = half ? half_to_float(b.wire[i]) : bfloat16_to_float(b.wire[i]);
+  }
   heartbeat();
 }
 
