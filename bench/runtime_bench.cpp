@@ -1,5 +1,7 @@
 // Runtime benchmarks, run under ddprun (one process per rank):
 //   runtime_bench busbw              all_reduce (float32 sum) from 4 KiB to 256 MiB: busBw per size
+//   runtime_bench reduce_scatter     reduce_scatter (float32 sum) 64 KiB to 256 MiB: the ring vs
+//                                    all_reduce + slice
 //   runtime_bench resnet50 [--compute_ms X] [--compute spin|sleep] [--bucket_cap_mb MB]
 //                                    gradient sync of ResNet-50's 161 parameter tensors (25.6 M
 //                                    floats): one flat all_reduce vs the bucketed Reducer, and
@@ -10,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,6 +55,47 @@ int busbw(ProcessGroup& pg) {
       std::printf("{\"kind\": \"busbw\", \"impl\": \"ddprun\", \"ranks\": %d, \"bytes\": %zu, \"seconds\": %.6f, "
                   "\"busbw_gbps\": %.4f}\n",
                   n, bytes, t, alg * 2.0 * (n - 1) / n);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+// reduce_scatter float32 sum, `bytes` = the whole input of one rank (nccl-tests' size): the
+// ring, and an all_reduce of the whole input followed by taking this rank's block (what the gloo
+// backend did before). busBw = algBw * (n-1)/n, as nccl-tests compute it for reduce_scatter.
+int busbw_reduce_scatter(ProcessGroup& pg) {
+  const int n = pg.size();
+  for (std::size_t bytes = std::size_t{64} << 10; bytes <= (std::size_t{256} << 20); bytes *= 4) {
+    std::size_t count = bytes / 4 / static_cast<std::size_t>(n);
+    std::vector<float> in(count * n, 1.0f), out(count), tmp(count * n);
+    int iters = bytes <= (1 << 20) ? 30 : bytes <= (16 << 20) ? 8 : 3;
+    auto ring = [&] { pg.reduce_scatter(in.data(), out.data(), count, DataType::kFloat32, ReduceOp::kSum); };
+    auto slice = [&] {
+      std::memcpy(tmp.data(), in.data(), tmp.size() * 4);
+      pg.all_reduce(tmp.data(), tmp.size(), DataType::kFloat32, ReduceOp::kSum);
+      std::memcpy(out.data(), tmp.data() + count * pg.rank(), count * 4);
+    };
+    double t_ring = 0, t_slice = 0;
+    for (int which = 0; which < 2; ++which) {
+      std::function<void()> op = which == 0 ? std::function<void()>(ring) : std::function<void()>(slice);
+      op();  // warm-up
+      std::vector<double> times;
+      for (int i = 0; i < iters; ++i) {
+        pg.barrier();
+        auto t0 = Clock::now();
+        op();
+        times.push_back(since(t0));
+      }
+      double t = median(times);
+      pg.all_reduce(&t, 1, DataType::kFloat64, ReduceOp::kMax);
+      (which == 0 ? t_ring : t_slice) = t;
+    }
+    if (pg.rank() == 0) {
+      auto bus = [&](double t) { return static_cast<double>(count * n * 4) / t / 1e9 * (n - 1) / n; };
+      std::printf("{\"kind\": \"reduce_scatter\", \"ranks\": %d, \"bytes\": %zu, \"ring_s\": %.6f, "
+                  "\"slice_s\": %.6f, \"ring_busbw_gbps\": %.4f, \"slice_busbw_gbps\": %.4f}\n",
+                  n, count * n * 4, t_ring, t_slice, bus(t_ring), bus(t_slice));
       std::fflush(stdout);
     }
   }
@@ -183,6 +227,7 @@ int main(int argc, char** argv) {
   try {
     auto pg = init_process_group("gloo");
     if (mode == "busbw") return busbw(*pg);
+    if (mode == "reduce_scatter") return busbw_reduce_scatter(*pg);
     if (mode == "resnet50") return resnet50(pg, compute_ms);
   } catch (const ddprun::Error& e) {
     std::fprintf(stderr, "runtime_bench: %s\n", e.what());

@@ -2,6 +2,7 @@
 """ddprun's runtime vs PyTorch 1.13 (gloo), side by side, both launched by ddprun:
 
   all_reduce bus bandwidth (nccl-tests' busBw = algBw * 2(n-1)/n), 4 KiB .. 256 MiB, 2 and 4 ranks
+  reduce_scatter: the ring vs all_reduce + slice (PyTorch 1.13's gloo has none)
   ResNet-50 gradient sync: one flat all_reduce vs the bucketed Reducer vs PyTorch DDP's backward
   overhead; and the share of communication the Reducer hides behind a synthetic backward
 
@@ -51,7 +52,27 @@ def main():
             label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
             print(f"{label:>10} | {a['busbw_gbps']:>8.3f} | {b['busbw_gbps']:>8.3f} | {a['busbw_gbps'] / b['busbw_gbps']:>5.2f}x",
                   flush=True)
+        rs = run(args.build, n, [ours_bin, "reduce_scatter"])
+        print(f"\nreduce_scatter float32 sum, {n} ranks (busBw GB/s = algBw x (n-1)/n; PyTorch 1.13's gloo has no "
+              f"reduce_scatter: 'ProcessGroupGloo does not support reduce_scatter')")
+        print(f"{'bytes':>10} | {'ring':>8} | {'all_reduce+slice':>16} | {'ratio':>6}")
+        for x in rs:
+            size = x["bytes"]
+            label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+            print(f"{label:>10} | {x['ring_busbw_gbps']:>8.3f} | {x['slice_busbw_gbps']:>16.3f} | "
+                  f"{x['ring_busbw_gbps'] / x['slice_busbw_gbps']:>5.2f}x", flush=True)
     n = 2
+    # The Reducer target: <= 1.1x one flat all_reduce of the same bytes issued the same way
+    # (asynchronously), median of 5 runs side by side.
+    ratios = []
+    for _ in range(5):
+        x = run(args.build, n, [ours_bin, "resnet50"])[0]
+        ratios.append((x["reducer_s"] / x["flat_async_s"], x["reducer_s"] / x["flat_s"], x))
+    ratios.sort(key=lambda t: t[0])
+    print(f"\nReducer vs one flat all_reduce, ResNet-50 on {n} ranks, 25 MiB buckets: 5 runs, each the median of 9")
+    print("  vs asynchronous flat (issued the same way): " + ", ".join(f"{r[0]:.3f}x" for r in ratios) +
+          f"  -> median {ratios[2][0]:.3f}x")
+    print("  vs synchronous flat:                        " + ", ".join(f"{r[1]:.3f}x" for r in ratios))
     flat_probe = run(args.build, n, [ours_bin, "resnet50"])[0]
     compute_ms = round(flat_probe["flat_s"] * 1000)  # a backward as long as the communication
     r = run(args.build, n, [ours_bin, "resnet50", "--compute_ms", str(compute_ms)])[0]

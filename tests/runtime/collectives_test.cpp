@@ -1,6 +1,8 @@
 // Every collective, dtype and op against a serial reference, over gloo with ranks as threads.
 
 #include <catch2/catch.hpp>
+
+#include <atomic>
 #include <cmath>
 #include <random>
 
@@ -200,4 +202,49 @@ TEST_CASE("16-bit float conversions round to nearest even", "[types]") {
   CHECK(float_to_bfloat16(1.0f) == 0x3f80);
   CHECK(std::isinf(half_to_float(float_to_half(1e6f))));
   CHECK(half_to_float(float_to_half(1.0f + 1.0f / 2048)) == 1.0f);  // tie to even
+}
+
+TEST_CASE("reduce_scatter (ring): 2, 3 and 5 ranks, every op, and a time-out", "[collectives]") {
+  test::Ranks ranks;
+  for (int size : {2, 3, 5}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+      INFO("size=" << size << " op=" << static_cast<int>(op));
+      const std::size_t n = 1000 + static_cast<std::size_t>(size);
+      ranks.run(size, [&](int r, ProcessGroup& pg) {
+        std::vector<std::int64_t> in(n * size), out(n, -1);
+        auto v = [](int rank, std::size_t i) { return static_cast<std::int64_t>((rank * 7919 + i * 31) % 1000) - 500; };
+        for (std::size_t i = 0; i < in.size(); ++i) in[i] = v(r, i);
+        pg.reduce_scatter(in.data(), out.data(), n, DataType::kInt64, op);
+        for (std::size_t i = 0; i < n; ++i) {
+          std::int64_t want = v(0, r * n + i);
+          std::int64_t sum = 0;
+          for (int k = 0; k < size; ++k) {
+            auto x = v(k, r * n + i);
+            sum += x;
+            if (op == ReduceOp::kMax) want = std::max(want, x);
+            if (op == ReduceOp::kMin) want = std::min(want, x);
+          }
+          if (op == ReduceOp::kSum) want = sum;
+          if (op == ReduceOp::kAvg) want = sum / size;
+          if (out[i] != want) FAIL("rank " << r << " element " << i << ": " << out[i] << " != " << want);
+        }
+      });
+    }
+  }
+  ProcessGroupOptions opt;
+  opt.timeout = std::chrono::milliseconds(300);
+  std::atomic<bool> done{false};
+  ranks.run(
+      2,
+      [&](int r, ProcessGroup& pg) {
+        if (r == 1) {
+          for (int i = 0; i < 300 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          return;
+        }
+        std::vector<float> in(200), out(100);
+        CHECK_THROWS_AS(pg.reduce_scatter(in.data(), out.data(), 100, DataType::kFloat32, ReduceOp::kSum),
+                        ddprun::TimeoutError);
+        done = true;
+      },
+      opt);
 }
