@@ -82,6 +82,8 @@ def main():
           f"{r['buckets']} buckets")
     print(f"  one flat all_reduce         : {r['flat_s'] * 1000:8.1f} ms  (asynchronous, as buckets are issued: "
           f"{r['flat_async_s'] * 1000:.1f} ms)")
+    print(f"  the buckets' collectives alone: {r['split_async_s'] * 1000:8.1f} ms  (the same collectives issued directly: "
+          f"what the Reducer adds is the difference)")
     print(f"  ddprun Reducer (bucketed)   : {r['reducer_s'] * 1000:8.1f} ms  ({r['reducer_s'] / r['flat_s']:.2f}x flat)")
     print(f"  PyTorch DDP backward overhead: {d['ddp_overhead_s'] * 1000:7.1f} ms  "
           f"(backward {d['backward_ddp_s'] * 1000:.1f} ms with DDP, {d['backward_local_s'] * 1000:.1f} ms without)")

@@ -62,6 +62,12 @@ class CommThread {
     submit(op)->wait();
   }
 
+  // Returns once everything submitted so far has run.
+  void drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  }
+
   std::shared_ptr<Work> submit(std::function<void()> op) {
     auto task = std::make_shared<std::packaged_task<void()>>(std::move(op));
     auto work = std::make_shared<FutureWork>(task->get_future());
