@@ -11,6 +11,7 @@ packages=(
   libspdlog-dev libfmt-dev catch2 libgloo-dev nlohmann-json3-dev
   libssl-dev                   # OpenSSL libcrypto: HMAC-SHA256 for the store handshake
   util-linux                   # setpriv: tests connect as another user
+  help2man man-db dpkg-dev     # man pages from --help, man -w, dpkg-shlibdeps for the .deb
   python3-torch                # PyTorch 1.13: compatibility tests, benchmarks, example jobs
   clang libclang-rt-14-dev     # libFuzzer for the protocol fuzzer
   iproute2 procps

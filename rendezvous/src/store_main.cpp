@@ -12,6 +12,7 @@
 
 #include "ddprun/rendezvous/error.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/build_info.hpp"
 #include "ddprun/rendezvous/auth.hpp"
 #include "peer_access.hpp"
 
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
       "log line naming the limit; every other client goes on.\n\nOptions");
   desc.add_options()
       ("help,h", "show this help")
+      ("version", "show the version and exit")
       ("host", po::value(&opts.host)->default_value(opts.host),
        "address to bind; \"\" = every interface (then give --allow)")
       ("port", po::value(&port)->default_value(0), "port to bind; 0 picks a free one (printed on the first line)")
@@ -133,6 +135,10 @@ int main(int argc, char** argv) {
   }
   if (vm.count("help")) {
     std::cout << desc << "\n";
+    return 0;
+  }
+  if (vm.count("version")) {
+    std::cout << "ddprun-store " << DDPRUN_VERSION << "\n";
     return 0;
   }
   opts.port = static_cast<std::uint16_t>(port);

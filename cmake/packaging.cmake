@@ -1,0 +1,103 @@
+# Installation, the CMake package, pkg-config, man pages, bash completion and the Debian
+# packages (CPack). Included last by the top-level CMakeLists.txt.
+
+include(CMakePackageConfigHelpers)
+
+# ---- programs, libraries, headers ------------------------------------------------------------
+install(TARGETS ddprun ddprun-store RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
+install(TARGETS ddprun_rendezvous ddprun_runtime EXPORT ddprunTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT bin
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/rendezvous/include/ ${PROJECT_SOURCE_DIR}/runtime/include/
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
+
+# ---- find_package(ddprun) -----------------------------------------------------------------------
+set(DDPRUN_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/ddprun)
+install(EXPORT ddprunTargets NAMESPACE ddprun:: DESTINATION ${DDPRUN_CMAKE_DIR} COMPONENT dev)
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/ddprunConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/ddprunConfig.cmake INSTALL_DESTINATION ${DDPRUN_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/ddprunConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)  # 0.x: minor versions may break
+install(FILES ${PROJECT_BINARY_DIR}/ddprunConfig.cmake ${PROJECT_BINARY_DIR}/ddprunConfigVersion.cmake
+  DESTINATION ${DDPRUN_CMAKE_DIR} COMPONENT dev)
+
+# ---- pkg-config ---------------------------------------------------------------------------------
+set(DDPRUN_PC_PRIVATE_LIBS "-lgloo -lspdlog -lfmt -lcrypto -lpthread")
+if(DDPRUN_WITH_NCCL)
+  get_filename_component(_nccl_dir ${DDPRUN_NCCL_LIBRARY} DIRECTORY)
+  string(APPEND DDPRUN_PC_PRIVATE_LIBS " -L${_nccl_dir} -lnccl -lcudart")
+endif()
+# Relocatable: the prefix is found from the .pc file's own place (cmake --install --prefix X).
+file(RELATIVE_PATH _pc_up /${CMAKE_INSTALL_LIBDIR}/pkgconfig /)
+set(DDPRUN_PC_PREFIX "\${pcfiledir}/${_pc_up}")
+configure_file(${PROJECT_SOURCE_DIR}/cmake/ddprun-runtime.pc.in ${PROJECT_BINARY_DIR}/ddprun-runtime.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/ddprun-runtime.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT dev)
+
+# ---- bash completion, from ddprun's own option table ------------------------------------------
+set(_completion ${PROJECT_BINARY_DIR}/completion/ddprun)
+add_custom_command(OUTPUT ${_completion}
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${PROJECT_BINARY_DIR}/completion
+  COMMAND sh -c "'$<TARGET_FILE:ddprun>' --completion bash > '${_completion}'"
+  DEPENDS ddprun VERBATIM COMMENT "bash completion for ddprun")
+add_custom_target(ddprun_completion ALL DEPENDS ${_completion})
+install(FILES ${_completion} DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions COMPONENT bin)
+
+# ---- man pages, from --help (help2man) ----------------------------------------------------------
+find_program(DDPRUN_HELP2MAN help2man)
+if(DDPRUN_HELP2MAN)
+  set(_man ${PROJECT_BINARY_DIR}/man)
+  foreach(prog ddprun ddprun-store)
+    if(prog STREQUAL "ddprun")
+      set(_name "launch data-parallel training workers, as torchrun does")
+    else()
+      set(_name "serve a PyTorch-compatible TCPStore")
+    endif()
+    add_custom_command(OUTPUT ${_man}/${prog}.1
+      COMMAND ${CMAKE_COMMAND} -E make_directory ${_man}
+      COMMAND ${DDPRUN_HELP2MAN} --no-info --no-discard-stderr --section=1 --name=${_name}
+              --output=${_man}/${prog}.1 $<TARGET_FILE:${prog}>
+      DEPENDS ${prog} VERBATIM COMMENT "man page for ${prog}")
+    list(APPEND _man_pages ${_man}/${prog}.1)
+  endforeach()
+  add_custom_target(ddprun_man ALL DEPENDS ${_man_pages})
+  install(FILES ${_man_pages} DESTINATION ${CMAKE_INSTALL_MANDIR}/man1 COMPONENT bin)
+else()
+  message(STATUS "ddprun: help2man not found, man pages are not built (apt-get install help2man)")
+endif()
+
+# ---- Debian packages: ddprun (programs) and libddprun-dev (libraries, headers, CMake package) ---
+set(CPACK_PACKAGE_NAME ddprun)
+set(CPACK_PACKAGE_VENDOR "ddprun")
+set(CPACK_PACKAGE_CONTACT "ddprun maintainers <ddprun@localhost>")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "native launcher for data-parallel training (torchrun's contract)")
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_GENERATOR DEB)
+set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_COMPONENTS_ALL bin dev)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SECTION devel)
+set(CPACK_DEBIAN_BIN_PACKAGE_NAME ddprun)
+set(CPACK_DEBIAN_BIN_PACKAGE_SECTION utils)
+set(CPACK_DEBIAN_BIN_PACKAGE_SHLIBDEPS ON)  # Depends computed by dpkg-shlibdeps
+set(CPACK_DEBIAN_BIN_DESCRIPTION "native launcher for data-parallel training
+ ddprun starts one training worker per GPU or CPU slot with torchrun's flags and environment,
+ hosts a PyTorch-compatible rendezvous store, restarts failed worker groups, and coordinates
+ several nodes. Includes ddprun-store, a standalone TCPStore server.")
+set(CPACK_DEBIAN_DEV_PACKAGE_NAME libddprun-dev)
+set(CPACK_DEBIAN_DEV_DESCRIPTION "ddprun's worker runtime for native trainers (development files)
+ Process groups (gloo; nccl when built with CUDA), bucketed gradient all-reduce, the
+ rendezvous store client, with a CMake package (find_package(ddprun)) and pkg-config.")
+set(_dev_depends "ddprun (= ${PROJECT_VERSION})")
+if(NOT BUILD_SHARED_LIBS)
+  string(APPEND _dev_depends ", libgloo-dev, libspdlog-dev, libfmt-dev, libssl-dev")
+else()
+  set(CPACK_DEBIAN_DEV_PACKAGE_SHLIBDEPS ON)
+endif()
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${_dev_depends}")
+if(DDPRUN_WITH_NCCL)
+  # CUDA and NCCL in /usr/local/cuda come from NVIDIA's installers, not from Debian packages.
+  set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${DDPRUN_CUDA_ROOT}/lib64 ${DDPRUN_CUDA_ROOT}/lib)
+endif()
+include(CPack)

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Installs ddprun into a temporary prefix and uses it as a user would: builds examples/ as a
+# separate CMake project with find_package(ddprun) and runs it under the installed ddprun on 2
+# workers; checks pkg-config, --version, the bash completion and the man pages; then builds the
+# Debian packages with CPack, installs them into a scratch root with dpkg, runs the installed
+# ddprun --version and man -w there, and asks apt whether their Depends resolve on this machine.
+# Usage: tests/install_test.sh BUILD_DIR SOURCE_DIR
+set -u
+build=$1
+src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0 failed=0
+ok() { echo "ok: $1"; passed=$((passed + 1)); }
+bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
+check() { local what=$1; shift; if "$@" >"$work/last.log" 2>&1; then ok "$what"; else bad "$what"; tail -30 "$work/last.log"; fi; }
+
+prefix=$work/prefix
+check "cmake --install into a temporary prefix" cmake --install "$build" --prefix "$prefix"
+check "the installed ddprun and ddprun-store run" sh -c "'$prefix/bin/ddprun' --version && '$prefix/bin/ddprun-store' --version"
+check "ddprun --version names the version and the build's features" \
+  sh -c "'$prefix/bin/ddprun' --version | grep -Eq '^ddprun [0-9]+\.[0-9]+\.[0-9]+' && '$prefix/bin/ddprun' --version | grep -Eq 'built with: nccl (on|off), etcd (on|off), hwloc (on|off)'"
+
+# A separate project against the prefix: examples/ with find_package(ddprun).
+check "examples/ configures and builds against the prefix with find_package(ddprun)" sh -c "
+  cmake -S '$src/examples' -B '$work/consumer' -DCMAKE_PREFIX_PATH='$prefix' -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+  cmake --build '$work/consumer' -j2"
+check "the consumer's train_mlp runs under the installed ddprun on 2 workers" sh -c "
+  '$prefix/bin/ddprun' --standalone --nproc_per_node=2 --log_level warn '$work/consumer/train_mlp' --steps 30 > '$work/run.txt' &&
+  grep -q 'RESULT' '$work/run.txt'"
+check "public headers need none of Boost, spdlog, CUDA, NCCL" sh -c "
+  ! grep -rEl '#include *<(boost|spdlog|fmt|cuda|nccl|openssl|gloo)' '$prefix/include/ddprun'"
+check "pkg-config ddprun-runtime compiles and links a program" sh -c "
+  printf '#include \"ddprun/runtime/process_group.hpp\"\nint main() { return ddprun::runtime::nccl_available() ? 0 : 0; }\n' > '$work/pc.cpp' &&
+  PKG_CONFIG_PATH='$prefix/lib/pkgconfig' c++ '$work/pc.cpp' -o '$work/pc' \$(PKG_CONFIG_PATH='$prefix/lib/pkgconfig' pkg-config --cflags --libs --static ddprun-runtime) &&
+  '$work/pc'"
+check "bash completion offers --nproc_per_node for 'ddprun --npr<TAB>'" bash -c "
+  source '$prefix/share/bash-completion/completions/ddprun'
+  COMP_WORDS=(ddprun --npr); COMP_CWORD=1; _ddprun
+  [ \"\${COMPREPLY[*]}\" = '--nproc_per_node' ]"
+check "bash completion completes files after the training program" bash -c "
+  source '$prefix/share/bash-completion/completions/ddprun'
+  cd '$src'; COMP_WORDS=(ddprun --nproc_per_node 2 train.py READ); COMP_CWORD=4; _ddprun
+  [ \"\${COMPREPLY[*]}\" = 'README.md' ]"
+if command -v help2man >/dev/null; then
+  check "man pages are installed (man -w ddprun, ddprun-store)" sh -c "
+    MANPATH='$prefix/share/man' man -w ddprun | grep -q '$prefix' && MANPATH='$prefix/share/man' man -w ddprun-store | grep -q '$prefix'"
+else
+  bad "help2man is not installed (scripts/setup.sh installs it): no man pages"
+fi
+
+# Debian packages, installed into a scratch root (its own dpkg database).
+if command -v dpkg-shlibdeps >/dev/null && command -v cpack >/dev/null; then
+  check "cpack -G DEB builds ddprun and libddprun-dev" sh -c "cd '$build' && cpack -G DEB -B '$work/pkg' >/dev/null && ls '$work/pkg'/ddprun_*.deb '$work/pkg'/libddprun-dev_*.deb"
+  deb=$(ls "$work"/pkg/ddprun_*.deb 2>/dev/null | head -1)
+  dev=$(ls "$work"/pkg/libddprun-dev_*.deb 2>/dev/null | head -1)
+  if [ -n "$deb" ]; then
+    check "the package declares Depends computed from the binaries (libc, libstdc++, OpenSSL, spdlog, Boost)" sh -c "
+      d=\$(dpkg-deb -f '$deb' Depends); echo \"\$d\"; echo \"\$d\" | grep -q libc6 && echo \"\$d\" | grep -q libstdc && echo \"\$d\" | grep -q libssl && echo \"\$d\" | grep -q libspdlog && echo \"\$d\" | grep -q libboost-program-options"
+    root=$work/root
+    mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates" "$root/var/lib/dpkg/triggers"
+    : > "$root/var/lib/dpkg/status"
+    check "dpkg installs both packages into a scratch root" sh -c "
+      dpkg --root='$root' --force-depends --force-script-chrootless --log=/dev/null -i '$deb' '$dev' >/dev/null &&
+      dpkg --root='$root' -s ddprun | grep -q 'Status: install ok installed'"
+    check "the installed ddprun --version runs" "$root/usr/bin/ddprun" --version
+    check "man -w ddprun finds the installed page" sh -c "MANPATH='$root/usr/share/man' man -w ddprun | grep -q '$root/usr/share/man/man1/ddprun.1'"
+    check "the CMake package is in the scratch root" test -f "$root/usr/lib/cmake/ddprun/ddprunConfig.cmake"
+    check "apt can resolve the packages' Depends on this machine (apt-get install --simulate)" \
+      apt-get install --simulate -q "$deb" "$dev"
+  fi
+else
+  bad "dpkg-shlibdeps (dpkg-dev) or cpack missing: no Debian packages"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
