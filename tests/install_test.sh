@@ -33,7 +33,7 @@ check "public headers need none of Boost, spdlog, CUDA, NCCL" sh -c "
 check "pkg-config ddprun-runtime compiles and links a program" sh -c "
   printf '#include \"ddprun/runtime/process_group.hpp\"\nint main() { return ddprun::runtime::nccl_available() ? 0 : 0; }\n' > '$work/pc.cpp' &&
   PKG_CONFIG_PATH='$prefix/lib/pkgconfig' c++ '$work/pc.cpp' -o '$work/pc' \$(PKG_CONFIG_PATH='$prefix/lib/pkgconfig' pkg-config --cflags --libs --static ddprun-runtime) &&
-  '$work/pc'"
+  LD_LIBRARY_PATH='$prefix/lib' '$work/pc'"
 check "bash completion offers --nproc_per_node for 'ddprun --npr<TAB>'" bash -c "
   source '$prefix/share/bash-completion/completions/ddprun'
   COMP_WORDS=(ddprun --npr); COMP_CWORD=1; _ddprun
