@@ -1,5 +1,6 @@
 #include "ddprun/agent/agent.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -67,7 +68,7 @@ struct Agent::Impl {
   asio::steady_timer drain_timer{io};
   std::unique_ptr<rendezvous::StoreServer> store;
   std::string run_dir;       // <log_dir>/<run_id>
-  bool temp_log_dir = false;
+  std::string temp_root;     // the temporary directory ddprun created (no --log_dir), removed at the end
   std::vector<Worker> workers;
   int attempt = 0;             // TORCHELASTIC_RESTART_COUNT
   int generation = 0;          // +1 per started worker group: stale handlers check it
@@ -104,21 +105,44 @@ struct Agent::Impl {
 
   // ---- setting up -----------------------------------------------------------------------------
 
+  // Without --log_dir, ddprun works in a fresh directory of its own under $TMPDIR (mkdtemp:
+  // mode 0700), the only thing it ever removes. Directories it creates are 0700, files 0600: logs
+  // may hold what workers print.
   void prepare_log_dir() {
-    std::error_code ec;
     std::string base = opt.log_dir;
     if (base.empty()) {
-      char tmpl[] = "/tmp/ddprun-XXXXXX";
-      if (!::mkdtemp(tmpl)) throw Error("cannot create a temporary directory in /tmp: " + std::string(std::strerror(errno)));
-      base = tmpl;
-      temp_log_dir = true;
+      auto t = opt.base_env.find("TMPDIR");
+      std::string tmpdir = t != opt.base_env.end() && !t->second.empty() ? t->second : "/tmp";
+      std::string tmpl = tmpdir + "/ddprun-XXXXXX";
+      if (!::mkdtemp(tmpl.data())) {
+        throw Error("cannot create a temporary directory in '" + tmpdir + "': " + std::strerror(errno) +
+                    " (set TMPDIR, or give --log_dir)");
+      }
+      base = temp_root = tmpl;
     }
     run_dir = base + "/" + opt.run_id;
-    fs::create_directories(run_dir, ec);
-    if (ec) throw Error("cannot create log directory '" + run_dir + "': " + ec.message() + " (choose another --log_dir)");
+    make_private_dirs(run_dir);
     if (!opt.log_dir.empty() || opt.redirects.any() || opt.tee.any()) {
       spdlog::info("ddprun: worker logs in {}", run_dir);
     }
+  }
+
+  // Creates `dir` and its missing parents, each new one 0700 (existing ones are left as they are).
+  static void make_private_dirs(const std::string& dir) {
+    std::vector<fs::path> created;
+    fs::path p = dir;
+    std::error_code ec;
+    while (!p.empty() && !fs::exists(p, ec)) {
+      created.push_back(p);
+      p = p.parent_path();
+    }
+    for (auto it = created.rbegin(); it != created.rend(); ++it) {
+      if (::mkdir(it->c_str(), 0700) != 0 && errno != EEXIST) {
+        throw Error("cannot create log directory '" + it->string() + "': " + std::strerror(errno) +
+                    " (choose another --log_dir)");
+      }
+    }
+    if (!fs::is_directory(dir, ec)) throw Error("cannot use '" + dir + "' as a log directory: not a directory");
   }
 
   void start_store() {
@@ -201,13 +225,15 @@ struct Agent::Impl {
       w.local_rank = i;
       w.rank = rank_offset + i;
       w.dir = attempt_dir + "/" + std::to_string(i);
-      std::error_code ec;
-      fs::create_directories(w.dir, ec);
-      if (ec) throw Error("cannot create '" + w.dir + "': " + ec.message());
+      make_private_dirs(w.dir);
       w.error_file = w.dir + "/error.json";
       w.heartbeat_file = w.dir + "/heartbeat";
+      std::error_code ec;
       fs::remove(w.error_file, ec);
-      std::ofstream(w.heartbeat_file, std::ios::trunc).close();  // the clock starts at spawn
+      // The clock starts at spawn. O_NOFOLLOW: a link planted there is not followed.
+      int hb = ::open(w.heartbeat_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+      if (hb < 0) throw Error("cannot create '" + w.heartbeat_file + "': " + std::strerror(errno));
+      ::close(hb);
       w.out = std::make_unique<StreamOutput>(route(w, 1));
       w.err = std::make_unique<StreamOutput>(route(w, 2));
     }
@@ -781,12 +807,14 @@ struct Agent::Impl {
     return exit_code;
   }
 
+  // Removes the temporary directory ddprun created, and nothing else: never --log_dir, never
+  // a parent. Kept when logs were asked for (--redirects, --tee) so they can be read.
   void cleanup() {
-    if (!temp_log_dir) return;
+    if (temp_root.empty()) return;
     bool logs = opt.redirects.any() || opt.tee.any();
     if (!logs) {
       std::error_code ec;
-      fs::remove_all(fs::path(run_dir).parent_path(), ec);
+      fs::remove_all(temp_root, ec);
     }
   }
 };

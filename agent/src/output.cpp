@@ -1,5 +1,8 @@
 #include "output.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -63,6 +66,10 @@ void LineSplitter::finish(const Sink& sink) {
 
 StreamOutput::StreamOutput(StreamRoute route) : route_(std::move(route)) {
   if (!route_.file.empty()) {
+    // 0600: what workers print may be private. Created before std::ofstream opens it (which
+    // would use 0666 & umask).
+    int fd = ::open(route_.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd >= 0) ::close(fd);
     file_ = std::make_unique<std::ofstream>(route_.file, std::ios::binary | std::ios::trunc);
   }
 }

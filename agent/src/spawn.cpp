@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -55,6 +57,7 @@ SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::ve
     throw Error(std::string("pipe failed: ") + std::strerror(errno));
   }
   pid_t parent = ::getpid();
+  const int max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 1 << 20));
   // Block every signal across fork: until the child has reset its handlers, a signal would run
   // the agent's handler in the child (Asio's, which writes to the agent's own signal pipe and
   // makes the agent believe it received that signal).
@@ -78,6 +81,11 @@ SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::ve
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);  // dup2 clears close-on-exec on the copies
+    // The worker starts with exactly 0, 1 and 2: nothing of the agent (the store's sockets, other
+    // workers' pipes, log files) may leak into it, or into grandchildren that outlive it.
+    if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
+      for (int fd = 3; fd < max_fd; ++fd) ::close(fd);
+    }
     ::execve(cargv[0], cargv.data(), cenv.data());
     int e = errno;
     write_str(STDERR_FILENO, "ddprun: cannot execute '");

@@ -494,6 +494,17 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
   std::string master_addr = get("master_addr");
   if (master_addr.empty()) usage("--master_addr must not be empty");
   a.run_id = get("rdzv_id");
+  // The run id names a directory under the log directory: anything that could climb out of it
+  // or name something else is refused.
+  {
+    const std::string& id = a.run_id;
+    bool ok = !id.empty() && id.size() <= 128 && id != "." && id != "..";
+    for (char c : id) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
+    if (!ok) {
+      usage("--rdzv_id='" + (id.size() > 140 ? id.substr(0, 140) + "..." : id) +
+            "' is not a valid run id: use 1-128 of the characters A-Z a-z 0-9 . _ - (not '.' or '..'), e.g. job-42");
+    }
+  }
   a.rdzv.local_addr = get("local_addr");
   if (flag("standalone")) {
     if (max_nodes != 1) usage("--standalone runs a single node: drop --nnodes or set it to 1");

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# ddprun never deletes what it did not create, and its files are private. Runs inside a private
+# mount namespace with its own tmpfs on /tmp (unshare -m), so that a regression cannot damage the
+# machine running the tests. Needs root; exits 77 (skipped) where namespaces cannot be made.
+#  - run ids that could climb out of the log directory are refused (exit 2), nothing deleted;
+#  - without --log_dir ddprun works in its own directory under $TMPDIR and removes exactly it;
+#  - a user's --log_dir and everything beside it stay; new directories are 0700, files 0600;
+#  - a worker starts with exactly descriptors 0, 1 and 2.
+# Usage: tests/run_dir_test.sh DDPRUN
+set -u
+ddprun=$1
+if [ "${DDPRUN_IN_PRIVATE_NS:-}" != 1 ]; then
+  if [ "$(id -u)" -ne 0 ] || ! unshare -m --propagation private true 2>/dev/null; then
+    echo "SKIP: needs root and unshare -m"
+    exit 77
+  fi
+  exec env DDPRUN_IN_PRIVATE_NS=1 unshare -m --propagation private bash "$0" "$@"
+fi
+mount -t tmpfs -o size=64m tmpfs /tmp || { echo "SKIP: cannot mount a tmpfs on /tmp"; exit 77; }
+passed=0 failed=0
+ok() { echo "ok: $1"; passed=$((passed + 1)); }
+bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
+mkdir -p /tmp/keep && echo precious > /tmp/keep/file && echo sentinel > /tmp/sentinel
+snapshot() { (cd /tmp && find . | sort); }
+intact() { [ "$(cat /tmp/sentinel 2>/dev/null)" = sentinel ] && [ "$(cat /tmp/keep/file 2>/dev/null)" = precious ]; }
+
+# 1. Run ids that name something else are refused before anything happens.
+for id in '../x' '..' '.' 'a/b' '/tmp' "$(printf 'x%.0s' $(seq 129))" 'a b' 'x;rm'; do
+  out=$("$ddprun" --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:0 --rdzv_id="$id" --nproc_per_node=1 --no_python /bin/true 2>&1)
+  rc=$?
+  if [ $rc -eq 2 ] && echo "$out" | grep -q "is not a valid run id" && intact; then
+    ok "--rdzv_id='${id:0:20}' refused with exit 2, nothing deleted"
+  else
+    bad "--rdzv_id='${id:0:20}' (exit $rc): $out"
+  fi
+done
+# The exact command of the report (it deleted most of /tmp).
+before=$(snapshot)
+"$ddprun" --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:0 --rdzv_id=../x --nproc_per_node=1 --no_python /bin/true >/dev/null 2>&1
+[ "$(snapshot)" = "$before" ] && ok "the reported command leaves /tmp exactly as it was" || bad "/tmp changed: $(diff <(echo "$before") <(snapshot))"
+
+# 2. Without --log_dir: ddprun's own temporary directory, under $TMPDIR, removed at the end.
+before=$(snapshot)
+"$ddprun" --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:0 --rdzv_id=job.1_a-B --nproc_per_node=2 --no_python /bin/true >/dev/null 2>&1
+rc=$?
+[ $rc -eq 0 ] && [ "$(snapshot)" = "$before" ] && intact && ok "a valid run id runs; its temporary directory is gone and nothing else changed" \
+  || bad "exit $rc; /tmp changed: $(diff <(echo "$before") <(snapshot))"
+mkdir -p /tmp/mytmp && echo mine > /tmp/mytmp/own
+TMPDIR=/tmp/mytmp "$ddprun" --standalone --nproc_per_node=1 --no_python /bin/sh -c 'pwd >/dev/null; exit 0' >/dev/null 2>&1
+[ "$(ls -A /tmp/mytmp)" = own ] && [ "$(cat /tmp/mytmp/own)" = mine ] && ok "TMPDIR is used, and only ddprun's own directory in it is removed" \
+  || bad "TMPDIR: $(ls -la /tmp/mytmp)"
+TMPDIR=/tmp/mytmp "$ddprun" --standalone --nproc_per_node=1 --tee 3 --no_python /bin/sh -c 'echo hello' >/dev/null 2>&1
+d=$(ls -d /tmp/mytmp/ddprun-* 2>/dev/null | head -1)
+if [ -n "$d" ] && [ "$(stat -c %a "$d")" = 700 ] && f=$(find "$d" -name stdout.log | head -1) && [ "$(stat -c %a "$f")" = 600 ] && grep -q hello "$f"; then
+  ok "with --tee the logs are kept in a 0700 directory, files 0600"
+else
+  bad "kept logs: $(find /tmp/mytmp -exec stat -c '%a %n' {} \;)"
+fi
+
+# 3. A user's --log_dir: logs go under it, nothing of the user's is touched, new dirs 0700.
+"$ddprun" --standalone --nproc_per_node=2 --log_dir=/tmp/keep --redirects 3 --no_python /bin/sh -c 'echo out; echo err >&2' >/dev/null 2>&1
+run=$(ls /tmp/keep | grep -v '^file$' | head -1)
+if intact && [ -n "$run" ] && [ "$(stat -c %a "/tmp/keep/$run")" = 700 ] && [ "$(stat -c %a /tmp/keep)" = 755 ] &&
+   [ "$(stat -c %a "/tmp/keep/$run/attempt_0/0/stdout.log")" = 600 ] && grep -q out "/tmp/keep/$run/attempt_0/0/stdout.log"; then
+  ok "--log_dir kept with the user's files; new directories 0700, log files 0600"
+else
+  bad "--log_dir: $(find /tmp/keep -exec stat -c '%a %n' {} \;)"
+fi
+
+# 4. A worker starts with exactly 0, 1 and 2 (no store socket, no pipe of another worker).
+fds=$("$ddprun" --standalone --nproc_per_node=2 --log_level warn --no_python /bin/sh -c 'ls /proc/$$/fd | tr "\n" " "' 2>&1 | sed 's/^\[default[0-9]\]://' | sort -u)
+if [ "$(echo "$fds" | tr -s ' ' | sed 's/ $//')" = "0 1 2" ]; then
+  ok "each worker starts with exactly descriptors 0, 1 and 2"
+else
+  bad "worker descriptors: $fds"
+fi
+intact && ok "the sentinel files survived everything" || bad "sentinel files damaged"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
