@@ -440,7 +440,7 @@ struct Agent::Impl {
       return;
     }
     std::string report = format_failure_report(*root_cause, failures, opt.role, attempt, opt.max_restarts);
-    write_fully(STDERR_FILENO, report);
+    to_console(report);
     exit_code = root_cause->exit_code;
     done = true;
   }
@@ -588,7 +588,7 @@ struct Agent::Impl {
         } else if (root_cause) {
           others.push_back(*root_cause);  // this node failed too, but after the root cause
         }
-        write_fully(STDERR_FILENO, format_failure_report(root, others, opt.role, attempt, opt.max_restarts));
+        to_console(format_failure_report(root, others, opt.role, attempt, opt.max_restarts));
         acknowledge();
         exit_code = root.exit_code;
         done = true;
@@ -809,7 +809,30 @@ struct Agent::Impl {
 
   // Removes the temporary directory ddprun created, and nothing else: never --log_dir, never
   // a parent. Kept when logs were asked for (--redirects, --tee) so they can be read.
+  // ddprun's own block of text (the failure summary) after the workers' last lines, through the
+  // console queue: a console that does not read must not block the agent.
+  static void to_console(const std::string& text) {
+    Console::for_fd(STDOUT_FILENO).drain(std::chrono::milliseconds(500));
+    Console::for_fd(STDERR_FILENO).drain(std::chrono::milliseconds(500));
+    Console::for_fd(STDERR_FILENO).write(text);
+  }
+
+  // At the end: what is queued for the console gets a bounded chance to go out; lines the
+  // console did not take are reported.
+  void flush_console() {
+    Console::for_fd(STDOUT_FILENO).drain(std::chrono::seconds(2));
+    Console::for_fd(STDERR_FILENO).drain(std::chrono::seconds(1));
+    std::size_t dropped = console_dropped_lines();
+    if (dropped > 0) {
+      bool logs = opt.redirects.any() || opt.tee.any();
+      to_console("ddprun: " + std::to_string(dropped) + " line(s) dropped from the console, which did not keep up" +
+                 (logs ? "; the log files are complete\n" : "; --tee 3 keeps complete per-rank log files\n"));
+      Console::for_fd(STDERR_FILENO).drain(std::chrono::seconds(1));
+    }
+  }
+
   void cleanup() {
+    flush_console();
     if (temp_root.empty()) return;
     bool logs = opt.redirects.any() || opt.tee.any();
     if (!logs) {

@@ -3,6 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -94,12 +98,96 @@ void StreamOutput::line(std::string_view l) {
     scratch_.assign(route_.prefix);
     scratch_.append(l);
     scratch_.push_back('\n');
-    write_fully(route_.console_fd, scratch_);
+    Console::for_fd(route_.console_fd).write(scratch_);
   }
   if (route_.keep_tail) {
     tail_.emplace_back(l.substr(0, 1024));
     if (tail_.size() > kTailLines) tail_.pop_front();
   }
+}
+
+struct Console::State {
+  int fd;
+  std::mutex mu;
+  std::condition_variable wake, idle, space;
+  std::deque<std::string> queue;
+  std::size_t bytes = 0;
+  std::size_t dropped = 0;
+  std::uint64_t written = 0;  // bytes the console has taken so far: its progress
+  bool writing = false;
+  bool started = false;
+  bool stalled = false;       // took nothing for kStall with the queue full: drop, don't wait
+
+  void run() {
+    for (;;) {
+      std::string chunk;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        wake.wait(lock, [this] { return !queue.empty(); });
+        // Coalesce queued lines into one write of up to 64 KiB (whole lines only).
+        while (!queue.empty() && (chunk.empty() || chunk.size() + queue.front().size() <= 64 * 1024)) {
+          chunk += queue.front();
+          bytes -= queue.front().size();
+          queue.pop_front();
+        }
+        writing = true;
+      }
+      write_fully(fd, chunk);  // may block for as long as the console does not read
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        writing = false;
+        written += chunk.size();
+        if (stalled && bytes < kCapacity / 2) stalled = false;  // it reads again
+      }
+      idle.notify_all();
+      space.notify_all();
+    }
+  }
+};
+
+Console::Console(int fd) : s_(new State) { s_->fd = fd; }
+
+Console& Console::for_fd(int fd) {
+  static Console* out = new Console(STDOUT_FILENO);
+  static Console* err = new Console(STDERR_FILENO);
+  return fd == STDERR_FILENO ? *err : *out;
+}
+
+// A console that reads, however slowly, gets every line: the caller waits for room (the
+// workers then wait on their pipes, as with a plain blocking write). One that takes nothing for
+// kStall is stalled: its lines are dropped and counted, without waiting, until it reads again.
+void Console::write(std::string_view line) {
+  std::unique_lock<std::mutex> lock(s_->mu);
+  while (s_->bytes + line.size() > kCapacity) {
+    if (s_->stalled) {
+      ++s_->dropped;
+      return;
+    }
+    auto progress = s_->written;
+    s_->space.wait_for(lock, kStall, [&] { return s_->bytes + line.size() <= kCapacity || s_->written != progress; });
+    if (s_->written == progress && s_->bytes + line.size() > kCapacity) s_->stalled = true;
+  }
+  if (!s_->started) {
+    s_->started = true;
+    std::thread([s = s_] { s->run(); }).detach();
+  }
+  s_->queue.emplace_back(line);
+  s_->bytes += line.size();
+  s_->wake.notify_one();
+}
+
+std::size_t Console::dropped_lines() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->dropped;
+}
+
+bool Console::drain(std::chrono::milliseconds limit) {
+  std::unique_lock<std::mutex> lock(s_->mu);
+  return s_->idle.wait_for(lock, limit, [this] { return s_->queue.empty() && !s_->writing; });
+}
+
+std::size_t console_dropped_lines() {
+  return Console::for_fd(STDOUT_FILENO).dropped_lines() + Console::for_fd(STDERR_FILENO).dropped_lines();
 }
 
 }  // namespace ddprun::agent

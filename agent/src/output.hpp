@@ -3,6 +3,7 @@
 // so lines of different workers never interleave; copied raw to per-rank log files; the last
 // stderr lines kept for the failure summary.
 
+#include <chrono>
 #include <cstddef>
 #include <deque>
 #include <fstream>
@@ -57,5 +58,31 @@ class StreamOutput {
 
 // Writes all of `data` to fd, retrying on EINTR and short writes.
 void write_fully(int fd, std::string_view data);
+
+// The console (stdout or stderr of ddprun) as workers' lines reach it. A thread of its own
+// writes what is queued (up to kCapacity). A console that reads, however slowly, gets every line
+// (write() waits for room, as a blocking write did); one that takes nothing for kStall (a
+// terminal on hold, a pipe nobody reads) no longer holds the agent: further lines are dropped
+// and counted until it reads again, while supervision (crash detection, restarts, SIGKILL) goes
+// on. The console's file status flags are not touched: they are shared with the shell.
+class Console {
+ public:
+  static constexpr std::size_t kCapacity = 4 * 1024 * 1024;
+  static constexpr std::chrono::milliseconds kStall{1000};
+  static Console& for_fd(int fd);  // 1 or 2; lives for the whole process
+
+  void write(std::string_view line);          // one whole line (with its newline)
+  std::size_t dropped_lines() const;
+  // Waits until what is queued is written, or `limit` passes; false on time-out.
+  bool drain(std::chrono::milliseconds limit);
+
+ private:
+  explicit Console(int fd);
+  struct State;
+  State* s_;  // never freed: its thread may be blocked in write() when the process exits
+};
+
+// Lines dropped on both consoles so far.
+std::size_t console_dropped_lines();
 
 }  // namespace ddprun::agent
