@@ -17,6 +17,7 @@
 #include "ddprun/rendezvous/error.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 #include "failure_report.hpp"
+#include "round_records.hpp"
 #include "coordinator.hpp"
 #include "guardian.hpp"
 #include "output.hpp"
@@ -82,6 +83,8 @@ struct Agent::Impl {
   std::unique_ptr<Coordinator> coord;
   int round = 0;
   std::optional<std::string> round_end;  // why the current round ended (JSON), once known
+  std::optional<RoundEnd> parsed_end;    // ... parsed (round_records.hpp)
+  std::optional<std::string> protocol_error;  // ... or why it could not be
   bool store_lost = false;
   bool local_done = false;     // this node's workers are all gone for this round
   std::thread joiner;
@@ -483,24 +486,6 @@ struct Agent::Impl {
     return j.dump();
   }
 
-  static FailureRecord failure_from_json(const nlohmann::json& j) {
-    FailureRecord f;
-    f.rank = j.value("rank", -1);
-    f.local_rank = j.value("local_rank", -1);
-    f.pid = j.value("pid", 0);
-    f.host = j.value("host", "?");
-    f.reason = j.value("reason", "?");
-    f.exit_code = j.value("exit_code", 1);
-    f.status.signal = j.value("signal", 0);
-    f.status.code = j.value("code", 0);
-    f.time = std::chrono::system_clock::time_point(std::chrono::milliseconds(j.value("time_ms", 0LL)));
-    f.error_file = j.value("error_file", "");
-    f.message = j.value("message", "");
-    f.traceback = j.value("traceback", "");
-    for (const auto& l : j.value("stderr_tail", std::vector<std::string>{})) f.stderr_tail.push_back(l);
-    return f;
-  }
-
   // Ends the round for every node (first writer wins) and stops this node's workers.
   void end_round_with(const std::string& record, int expect_next) {
     try {
@@ -522,23 +507,31 @@ struct Agent::Impl {
       }
     } else if (!round_end) {
       round_end = record;
-      auto j = nlohmann::json::parse(*record, nullptr, false);
-      std::string kind = j.is_discarded() ? "?" : j.value("kind", "?");
-      if (kind == "failure" && !root_cause) {
-        spdlog::warn("ddprun: round {} failed on host {} (rank {}: {}); stopping this node's workers", round,
-                     j.value("host", "?"), j.value("rank", -1), j.value("reason", "?"));
-      } else if (kind == "node_lost") {
-        spdlog::warn("ddprun: round {}: node {} ({}) stopped answering; stopping this node's workers", round,
-                     j.value("group_rank", -1), j.value("host", "?"));
-      } else if (kind == "membership") {
-        spdlog::info("ddprun: round {}: node {} wants to join; restarting with it", round, j.value("host", "?"));
-      } else if (kind == "stopped") {
-        spdlog::warn("ddprun: the job was stopped by {} on host {}", signal_name(j.value("signal", 0)), j.value("host", "?"));
+      try {
+        parsed_end = parse_round_end(coord->full_key(round, "end"), *record);
+      } catch (const ProtocolError& e) {
+        // Whatever wrote it, the round cannot go on: stop this node's workers and exit 1.
+        protocol_error = e.what();
+        spdlog::error("ddprun: {}; stopping this node", e.what());
+      }
+      if (parsed_end) {
+        const auto& e = *parsed_end;
+        if (e.kind == "failure" && !root_cause) {
+          spdlog::warn("ddprun: round {} failed on host {} (rank {}: {}); stopping this node's workers", round,
+                       e.failure->host, e.failure->rank, e.failure->reason);
+        } else if (e.kind == "node_lost") {
+          spdlog::warn("ddprun: round {}: node {} ({}) stopped answering; stopping this node's workers", round,
+                       e.group_rank, e.host);
+        } else if (e.kind == "membership") {
+          spdlog::info("ddprun: round {}: node {} wants to join; restarting with it", round, e.host);
+        } else if (e.kind == "stopped") {
+          spdlog::warn("ddprun: the job was stopped by {} on host {}", signal_name(e.signal), e.host);
+        }
       }
     }
     alive_timer.cancel();
     monitor_timer.cancel();
-    bool success = round_end && round_end->find("\"success\"") != std::string::npos;
+    bool success = parsed_end && parsed_end->kind == "success";
     if (!success) stop_workers(SIGTERM);
     maybe_finish_attempt();
     maybe_finish_round();
@@ -553,8 +546,12 @@ struct Agent::Impl {
     }
     if (!round_end) return;  // this node is finished; the watcher reports the round's end
     coord->stop_watch();
-    auto j = nlohmann::json::parse(*round_end, nullptr, false);
-    std::string kind = j.is_discarded() ? "?" : j.value("kind", "?");
+    if (protocol_error) {
+      exit_code = 1;
+      done = true;
+      return;
+    }
+    const std::string kind = parsed_end->kind;
     auto acknowledge = [&] {
       try {
         coord->acknowledge_end(round, group_world);
@@ -570,13 +567,13 @@ struct Agent::Impl {
     }
     if (kind == "stopped") {
       acknowledge();
-      exit_code = 128 + j.value("signal", SIGTERM);
+      exit_code = 128 + (parsed_end->signal > 0 ? parsed_end->signal : SIGTERM);
       done = true;
       return;
     }
     int next_rc = attempt;
     if (kind == "failure") {
-      FailureRecord root = failure_from_json(j);
+      FailureRecord root = *parsed_end->failure;
       if (attempt + 1 > opt.max_restarts) {
         std::vector<FailureRecord> others;
         for (auto& f : failures) {
@@ -604,6 +601,8 @@ struct Agent::Impl {
     round = r;
     attempt = rc;
     round_end.reset();
+    parsed_end.reset();
+    protocol_error.reset();
     root_cause.reset();
     failures.clear();
     if (joiner.joinable()) joiner.join();

@@ -129,6 +129,8 @@ Coordinator::~Coordinator() {
   if (watcher_.joinable()) watcher_.join();
 }
 
+std::string Coordinator::full_key(int round, const std::string& name) const { return prefix_ + "/" + key(round, name); }
+
 std::string Coordinator::endpoint() const { return opt_.endpoint_host + ":" + std::to_string(opt_.endpoint_port); }
 
 bool Coordinator::decide_host() const {
@@ -222,13 +224,26 @@ RoundInfo Coordinator::join(int round, int restart_count) {
     info.group_world = K;
     std::vector<NodeInfo> by_arrival;
     for (const auto& r : raw) {
+      const std::string node_key = full_key(round, "node/" + std::to_string(by_arrival.size()));
       auto j = nlohmann::json::parse(r, nullptr, false);
       NodeInfo n;
-      if (!j.is_discarded()) {
+      auto bad = [&](const std::string& why) {
+        throw ProtocolError("rendezvous: malformed value at key '" + node_key + "': " + why);
+      };
+      if (j.is_discarded()) bad("not JSON (" + std::to_string(r.size()) + " bytes)");
+      if (!j.is_object()) bad("not a JSON object");
+      for (const char* f : {"host", "addr"}) {
+        if (j.contains(f) && !j[f].is_string()) bad(std::string("field '") + f + "' is not a string");
+      }
+      for (const char* f : {"nproc", "node_rank"}) {
+        if (j.contains(f) && !j[f].is_number_integer()) bad(std::string("field '") + f + "' is not an integer");
+      }
+      {
         n.host = j.value("host", "");
         n.addr = j.value("addr", "");
         n.nproc = j.value("nproc", 1);
         n.node_rank = j.value("node_rank", -1);
+        if (n.nproc < 1 || n.nproc > 1 << 20) bad("field 'nproc' is out of range");
         auto addrs = j.find("addrs");
         if (addrs != j.end() && addrs->is_array()) {
           for (const auto& a : *addrs) {

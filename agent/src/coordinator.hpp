@@ -65,6 +65,8 @@ class Coordinator {
   ~Coordinator();
 
   bool is_host() const { return server_ != nullptr; }
+  // The store key of `name` in round `round`, as the store sees it (for error messages).
+  std::string full_key(int round, const std::string& name) const;
   std::string endpoint() const;
 
   // Joins round `round` (or a later one when this node does not fit in it). `restart_count`

@@ -7,6 +7,7 @@
 #include <regex>
 #include <set>
 
+#include "ddprun/rendezvous/tcp_store.hpp"
 #include "e2e/launch.hpp"
 
 using namespace ddprun::test;
@@ -251,4 +252,54 @@ TEST_CASE("SIGINT on one node stops the job on every node, all exiting 130", "[m
   CHECK(r1.code == 130);
   CHECK(r0.code == 130);
   CHECK_THAT(r0.err, Catch::Contains("the job was stopped by SIGINT"));
+}
+
+// Anything can be written into an unsecured store. A malformed record where the agents expect
+// a round's end (not JSON, wrong field type, truncated) must end the round cleanly: every agent
+// stops its workers and exits 1 naming the key; before, json::type_error escaped the event loop.
+TEST_CASE("a malformed round record: every agent exits 1 naming the key, no worker left", "[multinode]") {
+  struct Variant {
+    const char* id;
+    const char* value;
+    const char* why;
+  };
+  for (const auto& v : {Variant{"garbage", "this is not json", "not JSON"},
+                        Variant{"wrongtype", R"({"kind":"failure","rank":"one","exit_code":3})", "field 'rank' is a string"},
+                        Variant{"truncated", R"({"kind":"fail)", "not JSON"},
+                        Variant{"notobject", R"([1,2,3])", "not an object"}}) {
+    INFO(v.id);
+    std::string conf = "--rdzv_conf=join_timeout=20,last_call_timeout=20";
+    Launch a(cmd({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", std::string("--rdzv_id=") + v.id,
+                  conf, "--nproc_per_node=1", kWorker, "pid", "ready", "block"}));
+    auto port = host_port(a);
+    Launch b(cmd({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port,
+                  std::string("--rdzv_id=") + v.id, conf, "--nproc_per_node=1", kWorker, "pid", "ready", "block"}));
+    REQUIRE(a.wait_for("ready", 1, 30s));
+    REQUIRE(b.wait_for("ready", 1, 30s));
+    std::vector<pid_t> pids;
+    for (auto* l : {&a, &b}) {
+      std::smatch m;
+      std::string out = l->out();
+      REQUIRE(std::regex_search(out, m, std::regex(R"(pid (\d+))")));
+      pids.push_back(std::stoi(m[1]));
+    }
+    ddprun::rendezvous::TcpStoreOptions o;
+    o.host = "127.0.0.1";
+    o.port = static_cast<std::uint16_t>(std::stoi(port));
+    o.timeout = 5s;
+    ddprun::rendezvous::TcpStore rogue(o);
+    const std::string key = std::string("ddprun/rdzv/") + v.id + "/r0/end";
+    rogue.set(key, v.value);
+    auto ra = a.finish(20s);
+    auto rb = b.finish(20s);
+    INFO(ra.err << rb.err);
+    CHECK(ra.code == 1);
+    CHECK(rb.code == 1);
+    for (const auto* r : {&ra, &rb}) {
+      CHECK(r->err.find("malformed value at key '" + key + "'") != std::string::npos);
+      CHECK(r->err.find(v.why) != std::string::npos);
+      CHECK(r->err.find("terminate called") == std::string::npos);
+    }
+    for (pid_t p : pids) CHECK(process_gone(p, 5s));
+  }
 }
