@@ -54,6 +54,10 @@ struct Worker {
   ExitStatus status;
   std::string dir, error_file, heartbeat_file;
   std::chrono::system_clock::time_point started_wall, ended_wall;
+  // Heartbeats are timed on the monotonic clock: what counts is when the agent saw the file's
+  // mtime change, not the mtime's value, so a wall-clock step cannot kill or hide a worker.
+  timespec beat_mtime{};
+  std::chrono::steady_clock::time_point last_beat;
   std::unique_ptr<StreamOutput> out, err;
   std::unique_ptr<asio::posix::stream_descriptor> out_pipe, err_pipe;
   int open_pipes = 0;
@@ -236,6 +240,9 @@ struct Agent::Impl {
       // The clock starts at spawn. O_NOFOLLOW: a link planted there is not followed.
       int hb = ::open(w.heartbeat_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
       if (hb < 0) throw Error("cannot create '" + w.heartbeat_file + "': " + std::strerror(errno));
+      struct stat st{};
+      if (::fstat(hb, &st) == 0) w.beat_mtime = st.st_mtim;
+      w.last_beat = std::chrono::steady_clock::now();
       ::close(hb);
       w.out = std::make_unique<StreamOutput>(route(w, 1));
       w.err = std::make_unique<StreamOutput>(route(w, 2));
@@ -700,20 +707,20 @@ struct Agent::Impl {
     });
   }
 
+  // A worker beats by touching its file; the agent notices the mtime change at its next check
+  // (every worker_timeout/10, 20 ms to 1 s), so a beat counts at most one interval late.
   void check_heartbeats() {
-    auto now = std::chrono::system_clock::now();
+    auto now = std::chrono::steady_clock::now();
     for (auto& w : workers) {
       if (!w.running || w.stopped_by_agent) continue;
       struct stat st{};
-      auto last = w.started_wall;
-      if (::stat(w.heartbeat_file.c_str(), &st) == 0) {
-        auto mtime = std::chrono::system_clock::time_point(
-            std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
-        last = std::max(last, mtime);
+      if (::stat(w.heartbeat_file.c_str(), &st) == 0 &&
+          (st.st_mtim.tv_sec != w.beat_mtime.tv_sec || st.st_mtim.tv_nsec != w.beat_mtime.tv_nsec)) {
+        w.beat_mtime = st.st_mtim;
+        w.last_beat = now;
       }
-      if (now - last > opt.worker_timeout) {
-        double idle = std::chrono::duration<double>(now - last).count();
+      if (now - w.last_beat > opt.worker_timeout) {
+        double idle = std::chrono::duration<double>(now - w.last_beat).count();
         char reason[128];
         std::snprintf(reason, sizeof(reason), "no heartbeat for %.1f s (--worker_timeout=%.1f)", idle,
                       std::chrono::duration<double>(opt.worker_timeout).count());
