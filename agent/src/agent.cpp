@@ -86,6 +86,7 @@ struct Agent::Impl {
   // Multi-node: the rendezvous.
   std::unique_ptr<Coordinator> coord;
   int round = 0;
+  bool joining = false;                  // a rendezvous is in progress (on the joiner thread)
   std::optional<std::string> round_end;  // why the current round ended (JSON), once known
   std::optional<RoundEnd> parsed_end;    // ... parsed (round_records.hpp)
   std::optional<std::string> protocol_error;  // ... or why it could not be
@@ -601,6 +602,10 @@ struct Agent::Impl {
       next_rc = attempt + 1;
       spdlog::warn("ddprun: restarting the job on every node (restart {} of {})", next_rc, opt.max_restarts);
     }
+    if (stop_signal != 0) {  // signalled while this round was ending: no next round
+      leave_rendezvous(round + 1, stop_signal);
+      return;
+    }
     next_round(round + 1, next_rc);
   }
 
@@ -613,10 +618,22 @@ struct Agent::Impl {
     root_cause.reset();
     failures.clear();
     if (joiner.joinable()) joiner.join();
+    joining = true;
     joiner = std::thread([this, r, rc] {
       try {
         auto info = coord->join(r, rc);
-        asio::post(io, [this, info] { start_round(info); });
+        asio::post(io, [this, info] {
+          joining = false;
+          start_round(info);
+        });
+      } catch (const JobStopped& e) {
+        int sig = e.signal;
+        std::string host = e.host;
+        asio::post(io, [this, sig, host] {
+          spdlog::warn("ddprun: the job was stopped by {} on host {} during the rendezvous", signal_name(sig), host);
+          exit_code = 128 + sig;
+          done = true;
+        });
       } catch (const std::exception& e) {
         std::string msg = e.what();
         bool usage = dynamic_cast<const UsageError*>(&e) != nullptr;
@@ -744,6 +761,24 @@ struct Agent::Impl {
     });
   }
 
+  static std::string stopped_record(int sig) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    return nlohmann::json{{"kind", "stopped"}, {"signal", sig}, {"host", host}}.dump();
+  }
+
+  // A stop signal while no round runs here: the other nodes, in (or on their way to) the
+  // rendezvous of round `r`, are told so, and this agent exits 128 + sig.
+  void leave_rendezvous(int r, int sig) {
+    try {
+      coord->announce_stop(r, stopped_record(sig));
+    } catch (const Error& e) {
+      spdlog::warn("ddprun: could not tell the other nodes about {}: {}", signal_name(sig), e.what());
+    }
+    exit_code = 128 + sig;
+    done = true;
+  }
+
   void on_stop_signal(int sig) {
     if (stop_signal != 0 && (sig == SIGINT || sig == SIGTERM)) {
       spdlog::warn("ddprun: {} again: killing the workers now", signal_name(sig));
@@ -755,16 +790,13 @@ struct Agent::Impl {
     spdlog::warn("ddprun: received {}; forwarding it to the workers", signal_name(sig));
     if (stop_signal == 0) stop_signal = sig;
     restarts_left = 0;
-    if (coord && workers.empty()) {  // still in the rendezvous: nothing to stop here
-      exit_code = 128 + sig;
-      done = true;
+    if (coord && joining) {
+      // In a rendezvous, no worker runs here: tell the other nodes (they may be waiting for
+      // this one), then leave.
+      leave_rendezvous(round, sig);
       return;
     }
-    if (coord && !round_end) {
-      char host[256] = {};
-      ::gethostname(host, sizeof(host) - 1);
-      end_round_with(nlohmann::json{{"kind", "stopped"}, {"signal", sig}, {"host", host}}.dump(), 0);
-    }
+    if (coord && !round_end) end_round_with(stopped_record(sig), 0);
     bool terminating = sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT;
     if (terminating) {
       stop_workers(sig);

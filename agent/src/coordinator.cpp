@@ -1,6 +1,7 @@
 #include "coordinator.hpp"
 
 #include <arpa/inet.h>
+#include <csignal>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -14,6 +15,7 @@
 #include "ddprun/rendezvous/prefix_store.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
+#include "round_records.hpp"
 
 namespace ddprun::agent {
 namespace {
@@ -190,10 +192,12 @@ RoundInfo Coordinator::join(int round, int restart_count) {
         // Last call over: close with whoever has arrived.
         s.compare_set(closed, "", std::to_string(s.add(key(round, "join"), 0)));
       }
+      throw_if_stopped(s, round);
     } else {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       try {
         s.wait({closed}, std::max(left, 1ms));
+        throw_if_stopped(s, round);
       } catch (const TimeoutError&) {
         long long joined = s.add(key(round, "join"), 0);
         throw TimeoutError("rendezvous: only " + std::to_string(joined) + " of the " + std::to_string(opt_.min_nodes) +
@@ -294,10 +298,27 @@ RoundInfo Coordinator::join(int round, int restart_count) {
       s.set(store_key, std::to_string(worker_store_->port()));
     }
     s.wait({store_key}, opt_.read_timeout);
+    throw_if_stopped(s, round);
     info.store_host = opt_.endpoint_host;
     info.store_port = static_cast<std::uint16_t>(to_int(s.get(store_key), 0));
     return info;
   }
+}
+
+void Coordinator::announce_stop(int round, const std::string& record) {
+  auto s = connect(std::chrono::milliseconds(1000));
+  s->set_timeout(std::chrono::milliseconds(1000));
+  s->compare_set(key(round, "end"), "", record);
+  // Wake whoever waits for the round to close, or for its workers' store.
+  s->compare_set(key(round, "closed"), "", "stopped");
+  s->compare_set(key(round, "store"), "", "stopped");
+}
+
+void Coordinator::throw_if_stopped(rendezvous::Store& s, int round) const {
+  const std::string end = key(round, "end");
+  if (!s.check({end})) return;
+  auto e = parse_round_end(full_key(round, "end"), s.get(end));
+  if (e.kind == "stopped") throw JobStopped(e.signal > 0 ? e.signal : SIGTERM, e.host);
 }
 
 std::string Coordinator::end_round(int round, const std::string& record, int expect_next) {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "ddprun/agent/agent.hpp"
+#include "ddprun/rendezvous/error.hpp"
 
 namespace ddprun::rendezvous {
 class Store;
@@ -55,6 +56,15 @@ struct RoundInfo {
   std::string store_host;  // the workers' store (MASTER_ADDR:MASTER_PORT)
   std::uint16_t store_port = 0;
   std::vector<NodeInfo> nodes;  // by group rank
+};
+
+// Another node was stopped by a signal while this one was joining a round.
+class JobStopped : public Error {
+ public:
+  JobStopped(int signal, const std::string& host)
+      : Error("the job was stopped on host " + host), signal(signal), host(host) {}
+  int signal;
+  std::string host;
 };
 
 class Coordinator {
@@ -84,6 +94,11 @@ class Coordinator {
   // before its store goes away.
   void acknowledge_end(int round, int group_world);
 
+  // A stop signal while joining `round`: marks the round ended ("stopped", `record`) and wakes
+  // every node waiting in its rendezvous, on a connection of its own (the joining one may be
+  // blocked in a WAIT), within about a second. Throws ddprun::Error when the store is unreachable.
+  void announce_stop(int round, const std::string& record);
+
   void keep_alive(int round, int group_rank);
   // The keep-alive counter of group rank g (-1 when it never sent one).
   long long alive_count(int round, int group_rank);
@@ -95,6 +110,8 @@ class Coordinator {
 
  private:
   std::shared_ptr<rendezvous::Store> connect(std::chrono::milliseconds timeout) const;
+  // Throws JobStopped when round `round` was ended "stopped" (by a node's stop signal).
+  void throw_if_stopped(rendezvous::Store& s, int round) const;
   bool decide_host() const;
 
   RendezvousOptions opt_;

@@ -303,3 +303,65 @@ TEST_CASE("a malformed round record: every agent exits 1 naming the key, no work
     for (pid_t p : pids) CHECK(process_gone(p, 5s));
   }
 }
+
+// Ctrl-C while agents wait in a rendezvous: the signalled agent tells the others (the round is
+// ended "stopped" and their waits woken), so every agent exits 130 at once, not at its join
+// time-out. Signalling the store's host and another agent both work.
+TEST_CASE("SIGINT to one agent waiting in a rendezvous stops every agent with 130 within 2 s", "[multinode]") {
+  for (bool signal_host : {false, true}) {
+    INFO((signal_host ? "signal the host" : "signal the other agent"));
+    std::string id = signal_host ? "sigrdzv_host" : "sigrdzv_other";
+    std::string conf = "--rdzv_conf=join_timeout=60,last_call_timeout=60";
+    // nnodes=3 with two agents: both wait for a third.
+    Launch a(cmd({"--nnodes=3", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "--rdzv_id=" + id, conf,
+                  "--nproc_per_node=1", kWorker, "env"}));
+    auto port = host_port(a);
+    Launch b(cmd({"--nnodes=3", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port, "--rdzv_id=" + id, conf,
+                  "--nproc_per_node=1", kWorker, "env"}));
+    // b is waiting once it has logged that it joins.
+    auto deadline = Clock::now() + 10s;
+    while (Clock::now() < deadline && b.err().find("joining the rendezvous") == std::string::npos) b.wait_for("\x01", 1, 50ms);
+    REQUIRE(b.err().find("joining the rendezvous") != std::string::npos);
+    b.wait_for("\x01", 1, 200ms);  // and has sent its arrival
+    auto t0 = Clock::now();
+    (signal_host ? a : b).signal(SIGINT);
+    auto ra = a.finish(10s);
+    auto rb = b.finish(10s);
+    INFO(ra.err << rb.err);
+    CHECK(ra.code == 130);
+    CHECK(rb.code == 130);
+    CHECK(Clock::now() - t0 < 2s);
+    CHECK(ra.out.find("WORLD_SIZE") == std::string::npos);  // no worker ever started
+  }
+}
+
+TEST_CASE("SIGINT during a re-rendezvous after a lost node: every agent exits 130, no worker left", "[multinode]") {
+  std::string conf = "--rdzv_conf=join_timeout=60,last_call_timeout=60,keep_alive_interval=0.2,keep_alive_max_attempt=2";
+  auto start = [&](const std::string& ep) {
+    return std::make_unique<Launch>(cmd({"--nnodes=3", "--rdzv_backend=c10d", ep, "--rdzv_id=sigrerdzv", conf,
+                                         "--nproc_per_node=1", kWorker, "pid", "ready", "block"}));
+  };
+  auto a = start("--rdzv_endpoint=127.0.0.1:0");
+  auto port = host_port(*a);
+  auto b = start("--rdzv_endpoint=127.0.0.1:" + port);
+  auto c = start("--rdzv_endpoint=127.0.0.1:" + port);
+  for (auto* l : {a.get(), b.get(), c.get()}) REQUIRE(l->wait_for("ready", 1, 30s));
+  std::vector<pid_t> pids;
+  for (auto* l : {a.get(), b.get()}) {
+    std::smatch m;
+    std::string out = l->out();
+    REQUIRE(std::regex_search(out, m, std::regex(R"(pid (\d+))")));
+    pids.push_back(std::stoi(m[1]));
+  }
+  c->signal(SIGKILL);  // a node is lost: a and b stop their workers and rendezvous again (min 3)
+  c->finish(10s);
+  for (pid_t p : pids) REQUIRE(process_gone(p, 20s));
+  auto t0 = Clock::now();
+  b->signal(SIGINT);
+  auto ra = a->finish(10s);
+  auto rb = b->finish(10s);
+  INFO(ra.err << rb.err);
+  CHECK(ra.code == 130);
+  CHECK(rb.code == 130);
+  CHECK(Clock::now() - t0 < 2s);
+}
