@@ -8,34 +8,12 @@
 #include <set>
 
 #include "ddprun/rendezvous/tcp_store.hpp"
-#include "e2e/launch.hpp"
+#include "e2e/agents.hpp"
 
 using namespace ddprun::test;
 
 namespace {
 
-const std::string kDdprun = DDPRUN_BIN;
-const std::string kWorker = TEST_WORKER_BIN;
-
-std::vector<std::string> cmd(std::vector<std::string> args) {
-  args.insert(args.begin(), kDdprun);
-  return args;
-}
-
-// The rendezvous store's port, from the host agent's log ("hosting the rendezvous store on port N").
-std::string host_port(Launch& host) {
-  // ddprun logs to stderr; Launch::wait_for reads stdout, so the agents run with --log_level
-  // info and the test reads the line from the result of a small poll on stderr.
-  auto deadline = Clock::now() + 10s;
-  std::smatch m;
-  std::regex re(R"(hosting the rendezvous store on port (\d+))");
-  while (Clock::now() < deadline) {
-    host.wait_for("\x01", 1, 50ms);  // pumps both streams for a moment
-    if (std::regex_search(host.err(), m, re)) return m[1];
-  }
-  FAIL("the host agent did not report its port: " << host.err());
-  return "";
-}
 
 std::map<int, std::map<std::string, std::string>> worker_env(const std::string& out) {
   // rank -> variables, from "[default<local>]:KEY=VALUE" lines of one agent

@@ -9,31 +9,11 @@
 
 #include <regex>
 
-#include "e2e/launch.hpp"
+#include "e2e/agents.hpp"
 
 using namespace ddprun::test;
 
 namespace {
-
-const std::string kDdprun = DDPRUN_BIN;
-const std::string kWorker = TEST_WORKER_BIN;
-
-std::vector<std::string> cmd(std::vector<std::string> args) {
-  args.insert(args.begin(), kDdprun);
-  return args;
-}
-
-std::string host_port(Launch& host) {
-  auto deadline = Clock::now() + 10s;
-  std::smatch m;
-  std::regex re(R"(hosting the rendezvous store on port (\d+))");
-  while (Clock::now() < deadline) {
-    host.wait_for("\x01", 1, 50ms);
-    if (std::regex_search(host.err(), m, re)) return m[1];
-  }
-  FAIL("the host agent did not report its port: " << host.err());
-  return "";
-}
 
 // A secret file in a fresh private directory, removed at the end of the test.
 class SecretFile {

@@ -16,18 +16,10 @@
 
 using namespace ddprun;
 using namespace ddprun::runtime;
+using ddprun::test::message_of;
 using namespace std::chrono_literals;
 
 namespace {
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::string temp_dir() {
   char tmpl[] = "/tmp/ddprun-ckpt-XXXXXX";

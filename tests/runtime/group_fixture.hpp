@@ -16,6 +16,16 @@
 
 namespace ddprun::test {
 
+// The message of what `f` throws; empty when it returns.
+inline std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 class Ranks {
  public:
   Ranks() : server_(options()) { server_.start(); }

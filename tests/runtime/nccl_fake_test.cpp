@@ -15,6 +15,7 @@
 
 using namespace ddprun;
 using namespace ddprun::runtime;
+using ddprun::test::message_of;
 using nccl::Handle;
 using nccl::Status;
 
@@ -172,15 +173,6 @@ std::unique_ptr<Reducer> three_buckets(std::shared_ptr<ProcessGroup> g) {
 
 void backward(Reducer& r) {
   for (std::size_t i = 3; i-- > 0;) r.mark_ready(i);
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace
