@@ -5,8 +5,9 @@
 // Every collective has a timeout; a peer that died or stalled gives ddprun::NetworkError or
 // ddprun::TimeoutError, never a hang. After such an error the group is unusable (as in PyTorch):
 // the job should exit and let the launcher restart it. Collectives must be called in the same
-// order on every rank. A group is used from one thread at a time; asynchronous operations run in
-// the order they were issued.
+// order on every rank. A group is used from one thread at a time. Asynchronous all-reduces may
+// run concurrently with each other (they must not share buffers until waited for); every other
+// operation starts after everything issued before it has finished.
 
 #include <chrono>
 #include <cstddef>
@@ -40,6 +41,10 @@ struct ProcessGroupOptions {
   std::string gloo_hostname;
   // nccl: the CUDA device; -1 = the local rank modulo the device count.
   int device = -1;
+  // gloo: communication threads that asynchronous all-reduces rotate over (1-16). Several let
+  // consecutive collectives (the Reducer's buckets) overlap instead of each one filling and
+  // draining its ring alone.
+  int gloo_threads = 3;
 };
 
 class ProcessGroup {
