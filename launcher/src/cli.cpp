@@ -16,6 +16,7 @@
 #include "ddprun/rendezvous/error.hpp"
 #include "ddprun/rendezvous/auth.hpp"
 #include "ddprun/agent/spawn.hpp"
+#include "slurm.hpp"
 
 namespace ddprun::launcher {
 namespace {
@@ -432,13 +433,23 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
     return r;
   }
   // An explicit flag wins; else PET_<NAME>; else the default.
+  // Inside a Slurm step, the settings it implies stand in for defaults: an explicit flag wins,
+  // then PET_<NAME>, then Slurm, then the default.
+  auto slurm = slurm_defaults(env);
+  if (vm["standalone"].as<bool>()) slurm.reset();  // one node, whatever Slurm says
+  std::map<std::string, std::string> derived;
   auto get = [&](const std::string& name) -> std::string {
     const auto& v = vm[name];
     if (!v.defaulted()) return v.as<std::string>();
     std::string upper = name;
     for (auto& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     auto it = env.find("PET_" + upper);
-    return it != env.end() ? it->second : v.as<std::string>();
+    if (it != env.end()) return it->second;
+    if (slurm && slurm->count(name)) {
+      derived[name] = slurm->at(name);
+      return slurm->at(name);
+    }
+    return v.as<std::string>();
   };
   auto flag = [&](const std::string& name) -> bool {
     if (vm[name].as<bool>()) return true;
@@ -565,6 +576,12 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
     if (!secret_file.empty()) z.secret = rendezvous::auth::read_secret_file(secret_file);
   }
 
+  if (!derived.empty()) {
+    std::string said;
+    for (const auto& [k, v] : derived) said += " --" + k + "=" + v;
+    r.notes.push_back("ddprun: inside Slurm job " + get_env(env, "SLURM_JOB_ID", get_env(env, "SLURM_JOBID", "?")) +
+                      ":" + said + " (from SLURM_*; explicit flags and PET_ variables win)");
+  }
   a.command = resolve_command(program, flag("module"), flag("no_python"), env);
   a.base_env = env;
   if (auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != env.end()) a.line_prefix_template = it->second;

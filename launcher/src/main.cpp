@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   logger->set_pattern("%v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(cli.log_level));
+  for (const auto& note : cli.notes) spdlog::info("{}", note);
   std::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher; workers get the default back
   try {
     ddprun::agent::Agent agent(std::move(cli.agent));

@@ -343,3 +343,32 @@ TEST_CASE("SIGINT during a re-rendezvous after a lost node: every agent exits 13
   CHECK(rb.code == 130);
   CHECK(Clock::now() - t0 < 2s);
 }
+
+// Inside a Slurm step, two agents get nnodes, node_rank, master address and run id from Slurm's
+// environment alone (the store's port is the only flag: tests use free ports).
+TEST_CASE("two agents started with Slurm environments form one 4-rank world", "[multinode][slurm]") {
+  auto slurm_env = [](const char* nodeid) {
+    return std::map<std::string, std::string>{{"SLURM_JOB_ID", "777"},
+                                              {"SLURM_NNODES", "2"},
+                                              {"SLURM_NODEID", nodeid},
+                                              {"SLURM_JOB_NODELIST", "127.0.0.[1-2]"}};
+  };
+  Launch n0(cmd({"--master_port=0", "--nproc_per_node=2", kWorker, "env"}), slurm_env("0"));
+  auto port = host_port(n0);
+  Launch n1(cmd({"--master_port=" + port, "--nproc_per_node=2", kWorker, "env"}), slurm_env("1"));
+  auto r1 = n1.finish(60s);
+  auto r0 = n0.finish(60s);
+  INFO(r0.err << r1.err);
+  REQUIRE(r0.code == 0);
+  REQUIRE(r1.code == 0);
+  auto e0 = worker_env(r0.out), e1 = worker_env(r1.out);
+  for (int local = 0; local < 2; ++local) {
+    CHECK(e0[local]["RANK"] == std::to_string(local));
+    CHECK(e1[local]["RANK"] == std::to_string(2 + local));
+    CHECK(e0[local]["WORLD_SIZE"] == "4");
+    CHECK(e1[local]["GROUP_RANK"] == "1");
+    CHECK(e1[local]["TORCHELASTIC_RUN_ID"] == "777");
+  }
+  CHECK(r0.err.find("inside Slurm job 777") != std::string::npos);
+  CHECK(r1.err.find("--node_rank=1") != std::string::npos);
+}

@@ -18,6 +18,8 @@ struct CliResult {
   std::string text;
   agent::AgentOptions agent;
   std::string log_level = "info";
+  // Said once at info level when logging starts (e.g. what was derived from Slurm).
+  std::vector<std::string> notes;
 };
 
 // What the launcher needs from the machine, injectable for tests.

@@ -1,0 +1,64 @@
+// Slurm without glue: host-list expansion, and the settings derived from a step's environment.
+
+#include <catch2/catch.hpp>
+
+#include "ddprun/launcher/cli.hpp"
+#include "ddprun/rendezvous/error.hpp"
+#include "slurm.hpp"
+
+using namespace ddprun::launcher;
+
+namespace {
+using V = std::vector<std::string>;
+}
+
+TEST_CASE("Slurm host lists expand as Slurm does", "[slurm]") {
+  CHECK(expand_hostlist("node01") == V{"node01"});
+  CHECK(expand_hostlist("node[01-04,07],gpu-a[1-2]") ==
+        V{"node01", "node02", "node03", "node04", "node07", "gpu-a1", "gpu-a2"});
+  CHECK(expand_hostlist("n[8-11]") == V{"n8", "n9", "n10", "n11"});         // no padding
+  CHECK(expand_hostlist("n[098-101]") == V{"n098", "n099", "n100", "n101"});  // padding kept
+  CHECK(expand_hostlist("rack[1-2]-node[01-02]") == V{"rack1-node01", "rack1-node02", "rack2-node01", "rack2-node02"});
+  CHECK(expand_hostlist("a,b,c[3]") == V{"a", "b", "c3"});
+  CHECK(expand_hostlist("127.0.0.[1-2]") == V{"127.0.0.1", "127.0.0.2"});
+  CHECK(expand_hostlist("x[5]y") == V{"x5y"});
+  for (const char* badlist : {"", "a,,b", "n[1-", "n]1[", "n[a-b]", "n[3-1]", "n[[1]]", "a b", "n[1-9999999999]", ","}) {
+    INFO(badlist);
+    CHECK_THROWS_AS(expand_hostlist(badlist), ddprun::UsageError);
+  }
+  CHECK_THROWS_WITH(expand_hostlist("n[1-200000]"), Catch::Contains("more than 100000 hosts"));
+}
+
+TEST_CASE("inside a Slurm step the multi-node settings are derived - flags and PET_ win", "[slurm]") {
+  std::map<std::string, std::string> env = {{"SLURM_JOB_ID", "4242"},
+                                            {"SLURM_NNODES", "4"},
+                                            {"SLURM_NODEID", "2"},
+                                            {"SLURM_JOB_NODELIST", "gpu[07-10]"}};
+  HostInfo host;
+  host.cpus = 8;
+  auto r = parse_command_line({"--nproc_per_node=2", "/bin/true"}, env, host);
+  CHECK(r.agent.nnodes == 4);
+  CHECK(r.agent.node_rank == 2);
+  CHECK(r.agent.run_id == "4242");
+  CHECK(r.agent.store_host == "gpu07");
+  REQUIRE(r.notes.size() == 1);
+  CHECK_THAT(r.notes[0], Catch::Contains("inside Slurm job 4242") && Catch::Contains("--master_addr=gpu07"));
+  // explicit flags and PET_ variables win
+  auto env2 = env;
+  env2["PET_NODE_RANK"] = "1";
+  auto r2 = parse_command_line({"--nnodes=4", "--master_addr=head", "/bin/true"}, env2, host);
+  CHECK(r2.agent.node_rank == 1);
+  CHECK(r2.agent.store_host == "head");
+  CHECK(r2.agent.run_id == "4242");
+  // c10d: the first host is the endpoint
+  auto r3 = parse_command_line({"--rdzv_backend=c10d", "/bin/true"}, env, host);
+  CHECK(r3.agent.rdzv.endpoint_host == "gpu07");
+  CHECK(r3.agent.rdzv.endpoint_port == 29400);
+  // outside Slurm, or with --standalone: nothing derived
+  CHECK(parse_command_line({"/bin/true"}, {}, host).notes.empty());
+  CHECK(parse_command_line({"--standalone", "/bin/true"}, env, host).agent.nnodes == 1);
+  // a malformed node list is a clear error
+  env["SLURM_JOB_NODELIST"] = "gpu[07-";
+  CHECK_THROWS_WITH(parse_command_line({"/bin/true"}, env, host),
+                    Catch::Contains("SLURM_JOB_NODELIST") && Catch::Contains("give --master_addr"));
+}
