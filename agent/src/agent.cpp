@@ -16,6 +16,7 @@
 #include "ddprun/agent/exit_status.hpp"
 #include "ddprun/rendezvous/error.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
+#include "event_log.hpp"
 #include "failure_report.hpp"
 #include "round_records.hpp"
 #include "coordinator.hpp"
@@ -87,6 +88,10 @@ struct Agent::Impl {
   std::unique_ptr<Coordinator> coord;
   int round = 0;
   bool joining = false;                  // a rendezvous is in progress (on the joiner thread)
+  EventLog events;
+  std::vector<std::string> round_hosts;  // by group rank, this round
+  std::chrono::steady_clock::time_point job_start = std::chrono::steady_clock::now();
+  std::optional<long long> oom_kills_at_start;  // cgroup OOM kills when the attempt started
   std::optional<std::string> round_end;  // why the current round ended (JSON), once known
   std::optional<RoundEnd> parsed_end;    // ... parsed (round_records.hpp)
   std::optional<std::string> protocol_error;  // ... or why it could not be
@@ -249,6 +254,15 @@ struct Agent::Impl {
       w.err = std::make_unique<StreamOutput>(route(w, 2));
     }
     for (auto& w : workers) spawn(w);
+    oom_kills_at_start = cgroup_oom_kills();
+    if (events.enabled()) {
+      nlohmann::json ranks = nlohmann::json::array(), pids = nlohmann::json::array();
+      for (const auto& w : workers) {
+        ranks.push_back(w.rank);
+        pids.push_back(w.pid);
+      }
+      events.emit("workers_started", {{"attempt", attempt}, {"round", round}, {"ranks", ranks}, {"pids", pids}});
+    }
     if (coord) {
       spdlog::info("ddprun: round {}: node {} of {}, started ranks {}..{} of {} (restart count {}, store {}:{})", round,
                    group_rank, group_world, rank_offset, rank_offset + opt.nproc_per_node - 1, world_size, attempt,
@@ -325,6 +339,7 @@ struct Agent::Impl {
     FailureRecord f = make_failure_record(w.rank, w.local_rank, w.pid, w.status, when, w.error_file, {});
     f.reason = reason.empty() ? w.status.describe() + " (stopped by ddprun)" : reason;
     f.exit_code = code;
+    if (!w.stopped_by_agent) emit_worker_failed(w, f.reason);
     if (!root_cause && !w.stopped_by_agent && stop_signal == 0 && !round_end) {
       root_cause = f;
       spdlog::debug("ddprun: root cause: rank {}: {}", w.rank, f.reason);
@@ -337,6 +352,25 @@ struct Agent::Impl {
     } else {
       failures.push_back(f);
     }
+  }
+
+  // reason: "hang" (missed heartbeats), "oom" (SIGKILL while the cgroup's OOM-kill count rose),
+  // "signal" or "exit".
+  void emit_worker_failed(const Worker& w, const std::string& detail) {
+    if (!events.enabled()) return;
+    std::string kind = "exit";
+    if (w.running) {
+      kind = "hang";
+    } else if (w.status.signal != 0) {
+      kind = "signal";
+      auto now = cgroup_oom_kills();
+      if (w.status.signal == SIGKILL && now && oom_kills_at_start && *now > *oom_kills_at_start) kind = "oom";
+    }
+    nlohmann::json f = {{"rank", w.rank}, {"local_rank", w.local_rank}, {"pid", w.pid}, {"reason", kind},
+                        {"detail", detail}, {"attempt", attempt}};
+    f["exit_code"] = w.running || w.status.signal != 0 ? nlohmann::json() : nlohmann::json(w.status.code);
+    f["signal"] = w.running || w.status.signal == 0 ? nlohmann::json() : nlohmann::json(w.status.signal);
+    events.emit("worker_failed", f);
   }
 
   void stop_workers(int sig) {
@@ -444,6 +478,8 @@ struct Agent::Impl {
       --restarts_left;
       spdlog::warn("ddprun: rank {} failed ({}); restarting the worker group (restart {} of {})", root_cause->rank,
                    root_cause->reason, opt.max_restarts - restarts_left, opt.max_restarts);
+      events.emit("restart", {{"count", opt.max_restarts - restarts_left},
+                              {"reason", "rank " + std::to_string(root_cause->rank) + ": " + root_cause->reason}});
       ++attempt;
       attempt_dir_name = "attempt_" + std::to_string(attempt);
       store->reset();
@@ -530,6 +566,7 @@ struct Agent::Impl {
         } else if (e.kind == "node_lost") {
           spdlog::warn("ddprun: round {}: node {} ({}) stopped answering; stopping this node's workers", round,
                        e.group_rank, e.host);
+          events.emit("node_lost", {{"round", round}, {"group_rank", e.group_rank}, {"lost_host", e.host}});
         } else if (e.kind == "membership") {
           spdlog::info("ddprun: round {}: node {} wants to join; restarting with it", round, e.host);
         } else if (e.kind == "stopped") {
@@ -601,6 +638,8 @@ struct Agent::Impl {
       }
       next_rc = attempt + 1;
       spdlog::warn("ddprun: restarting the job on every node (restart {} of {})", next_rc, opt.max_restarts);
+      events.emit("restart", {{"count", next_rc},
+                              {"reason", "rank " + std::to_string(root.rank) + " on " + root.host + ": " + root.reason}});
     }
     if (stop_signal != 0) {  // signalled while this round was ending: no next round
       leave_rendezvous(round + 1, stop_signal);
@@ -658,6 +697,14 @@ struct Agent::Impl {
     master_port = info.store_port;
     attempt_dir_name = "attempt_" + std::to_string(info.round);
     spdlog::info("ddprun: rendezvous round {} complete: {} nodes, {} workers", round, group_world, world_size);
+    round_hosts.clear();
+    for (const auto& n : info.nodes) round_hosts.push_back(n.host);
+    if (events.enabled()) {
+      nlohmann::json members = nlohmann::json::array();
+      for (const auto& n : info.nodes) members.push_back(n.host);
+      events.emit("rendezvous_complete", {{"round", round}, {"world_size", world_size}, {"nodes", group_world},
+                                          {"members", members}});
+    }
     coord->watch(round, [this, gen = generation + 1](std::optional<std::string> rec) {
       asio::post(io, [this, rec, gen] {
         if (gen == generation) on_round_end(rec);
@@ -703,7 +750,8 @@ struct Agent::Impl {
       } else if (now - neighbour_changed > opt.rdzv.keep_alive_interval * opt.rdzv.keep_alive_max_attempt) {
         double idle = seconds(now - neighbour_changed);
         spdlog::warn("ddprun: round {}: no keep-alive from node {} for {:.1f} s", round, next, idle);
-        nlohmann::json rec = {{"kind", "node_lost"}, {"group_rank", next}, {"idle_s", idle}};
+        std::string lost = next >= 0 && next < static_cast<int>(round_hosts.size()) ? round_hosts[next] : "?";
+        nlohmann::json rec = {{"kind", "node_lost"}, {"group_rank", next}, {"host", lost}, {"idle_s", idle}};
         end_round_with(rec.dump(), group_world - 1);
         return;
       }
@@ -808,8 +856,31 @@ struct Agent::Impl {
     maybe_finish_attempt();
   }
 
+  static std::string this_host() {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    return host;
+  }
+
+  void open_events() {
+    events.open(opt.events_file, opt.rdzv.local_addr.empty() ? this_host() : opt.rdzv.local_addr, opt.run_id);
+    events.emit("job_started", {{"nproc_per_node", opt.nproc_per_node},
+                                {"min_nodes", opt.rdzv.enabled ? opt.rdzv.min_nodes : 1},
+                                {"max_nodes", opt.rdzv.enabled ? opt.rdzv.max_nodes : 1},
+                                {"max_restarts", opt.max_restarts},
+                                {"command", opt.command}});
+  }
+
+  int finish_job() {
+    cleanup();
+    events.emit("job_finished", {{"exit_code", exit_code},
+                                 {"duration_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count()}});
+    return exit_code;
+  }
+
   int run() {
     prepare_log_dir();
+    open_events();
     if (opt.rdzv.enabled) return run_multi_node();
     start_store();
     master_addr = opt.store_host;
@@ -822,13 +893,14 @@ struct Agent::Impl {
     if (opt.nproc_per_node > 1 && !opt.base_env.count("OMP_NUM_THREADS")) {
       spdlog::info("ddprun: OMP_NUM_THREADS=1 for each worker (set it to override)");
     }
+    events.emit("rendezvous_complete", {{"round", 0}, {"world_size", world_size}, {"nodes", 1},
+                                        {"members", nlohmann::json::array({this_host()})}});
     start_attempt_or_fail();
     while (!done) {
       io.run_one();
     }
     store->stop();
-    cleanup();
-    return exit_code;
+    return finish_job();
   }
 
   int run_multi_node() {
@@ -841,8 +913,7 @@ struct Agent::Impl {
     next_round(0, 0);
     while (!done) io.run_one();
     if (joiner.joinable()) joiner.detach();
-    cleanup();
-    return exit_code;
+    return finish_job();
   }
 
   // Removes the temporary directory ddprun created, and nothing else: never --log_dir, never

@@ -102,7 +102,9 @@ po::options_description describe_options() {
        "streams to files only: 0 none, 1 stdout, 2 stderr, 3 both; per rank as 0:1,1:2")
       ("tee,t", po::value<std::string>()->default_value("0"), "streams to files and the console, values as --redirects")
       ("local_ranks_filter", po::value<std::string>()->default_value(""), "local ranks shown on the console, e.g. 0 or 0,2")
-      ("log_level", po::value<std::string>()->default_value("info"), "ddprun's own messages: debug, info, warn, error");
+      ("log_level", po::value<std::string>()->default_value("info"), "ddprun's own messages: debug, info, warn, error")
+      ("events_file", po::value<std::string>()->default_value(""),
+       "append machine-readable events (JSON Lines) to this file; also DDPRUN_EVENTS_FILE");
   po::options_description general("General");
   general.add_options()
       ("help,h", "show this help and exit")
@@ -474,6 +476,8 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
   a.redirects = parse_streams("redirects", get("redirects"));
   a.tee = parse_streams("tee", get("tee"));
   a.log_dir = get("log_dir");
+  a.events_file = get("events_file");
+  if (a.events_file.empty()) a.events_file = get_env(env, "DDPRUN_EVENTS_FILE", "");
   for (const auto& item : split(get("local_ranks_filter"), ',')) {
     if (trim(item).empty()) continue;
     auto n = to_int(trim(item));

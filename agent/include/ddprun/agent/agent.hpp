@@ -82,6 +82,8 @@ struct AgentOptions {
   // Empty: a temporary directory, removed at exit unless it holds logs.
   std::string log_dir;
   std::set<int> local_ranks_filter;  // local ranks whose output reaches the console; empty = all
+  // Machine-readable events, JSON Lines (README: Event log); empty = none.
+  std::string events_file;
   // Console line prefix; ${role_name}, ${local_rank} and ${rank} are replaced.
   std::string line_prefix_template = "[${role_name}${local_rank}]:";
 

@@ -1,0 +1,78 @@
+#include "event_log.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/rendezvous/error.hpp"
+
+namespace ddprun::agent {
+namespace {
+
+std::string utc_now() {
+  auto now = std::chrono::system_clock::now();
+  auto secs = std::chrono::system_clock::to_time_t(now);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%03lldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long long>(ms));
+  return buf;
+}
+
+}  // namespace
+
+void EventLog::open(const std::string& path, std::string host, std::string run_id) {
+  host_ = std::move(host);
+  run_id_ = std::move(run_id);
+  if (path.empty()) return;
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd_ < 0) throw Error("cannot open the events file '" + path + "': " + std::strerror(errno));
+}
+
+EventLog::~EventLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void EventLog::emit(const std::string& event, nlohmann::json fields) {
+  if (fd_ < 0) return;
+  nlohmann::json j = {{"event", event}, {"ts", utc_now()}, {"host", host_}, {"run_id", run_id_}};
+  for (auto& [k, v] : fields.items()) j[k] = v;
+  std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::size_t off = 0;
+  while (off < line.size()) {
+    ssize_t n = ::write(fd_, line.data() + off, line.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      spdlog::warn("ddprun: writing the events file failed ({}); no further events are written", std::strerror(errno));
+      ::close(fd_);
+      fd_ = -1;
+      return;
+    }
+    off += static_cast<std::size_t>(n);
+  }
+}
+
+std::optional<long long> cgroup_oom_kills() {
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(cg, line)) {
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  }
+  if (path.empty()) return std::nullopt;
+  std::ifstream ev("/sys/fs/cgroup" + path + "/memory.events");
+  std::string key;
+  long long value = 0;
+  while (ev >> key >> value) {
+    if (key == "oom_kill") return value;
+  }
+  return std::nullopt;
+}
+
+}  // namespace ddprun::agent
