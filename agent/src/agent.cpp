@@ -7,6 +7,7 @@
 
 #include <boost/asio.hpp>
 #include <filesystem>
+#include <future>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -88,6 +89,7 @@ struct Agent::Impl {
   std::unique_ptr<Coordinator> coord;
   int round = 0;
   bool joining = false;                  // a rendezvous is in progress (on the joiner thread)
+  std::future<void> joiner_finished;     // ready when the joiner thread has nothing left to do
   EventLog events;
   std::vector<std::string> round_hosts;  // by group rank, this round
   std::chrono::steady_clock::time_point job_start = std::chrono::steady_clock::now();
@@ -658,7 +660,13 @@ struct Agent::Impl {
     failures.clear();
     if (joiner.joinable()) joiner.join();
     joining = true;
-    joiner = std::thread([this, r, rc] {
+    auto finished = std::make_shared<std::promise<void>>();
+    joiner_finished = finished->get_future();
+    joiner = std::thread([this, r, rc, finished] {
+      struct Done {
+        std::shared_ptr<std::promise<void>> p;
+        ~Done() { p->set_value(); }
+      } done_guard{finished};
       try {
         auto info = coord->join(r, rc);
         asio::post(io, [this, info] {
@@ -912,7 +920,15 @@ struct Agent::Impl {
                  opt.rdzv.dynamic ? "c10d," : "static,", opt.rdzv.min_nodes, opt.rdzv.max_nodes);
     next_round(0, 0);
     while (!done) io.run_one();
-    if (joiner.joinable()) joiner.detach();
+    // A joiner still running uses this object: wait for it (a stop announced to the other nodes
+    // wakes its WAIT at once); only one stuck on an unreachable store is left behind.
+    if (joiner.joinable()) {
+      if (joiner_finished.valid() && joiner_finished.wait_for(std::chrono::seconds(2)) == std::future_status::ready) {
+        joiner.join();
+      } else {
+        joiner.detach();
+      }
+    }
     return finish_job();
   }
 

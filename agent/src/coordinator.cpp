@@ -312,13 +312,32 @@ void Coordinator::announce_stop(int round, const std::string& record) {
   // Wake whoever waits for the round to close, or for its workers' store.
   s->compare_set(key(round, "closed"), "", "stopped");
   s->compare_set(key(round, "store"), "", "stopped");
+  // The store lives in this process when this node hosts it: keep it until the other nodes
+  // that joined have read why the round ended (each acknowledges), at most 1.5 s; when none had
+  // joined yet, 0.3 s for one that was just arriving.
+  if (is_host()) {
+    bool others = s->add(key(round, "join"), 0) > 1;
+    try {
+      s->wait({key(round, "stop_seen")}, std::chrono::milliseconds(others ? 1500 : 300));
+    } catch (const TimeoutError&) {
+      spdlog::debug("ddprun: not every node acknowledged the stop of round {}", round);
+    }
+  }
 }
 
 void Coordinator::throw_if_stopped(rendezvous::Store& s, int round) const {
   const std::string end = key(round, "end");
   if (!s.check({end})) return;
   auto e = parse_round_end(full_key(round, "end"), s.get(end));
-  if (e.kind == "stopped") throw JobStopped(e.signal > 0 ? e.signal : SIGTERM, e.host);
+  if (e.kind != "stopped") return;
+  // Acknowledge: the last of the joined nodes (all but the one that stopped) releases the host.
+  try {
+    long long joined = s.add(key(round, "join"), 0);
+    if (s.add(key(round, "stop_acks"), 1) >= joined - 1) s.set(key(round, "stop_seen"), "1");
+  } catch (const Error&) {
+    // The host is gone already: the stop is known, which is all that matters here.
+  }
+  throw JobStopped(e.signal > 0 ? e.signal : SIGTERM, e.host);
 }
 
 std::string Coordinator::end_round(int round, const std::string& record, int expect_next) {

@@ -55,7 +55,7 @@ TEST_CASE("the line splitter yields whole lines and cuts runaway ones", "[units]
   CHECK(got.size() == 1);
 }
 
-TEST_CASE("PyTorch's error file JSON is read; anything else is not", "[units]") {
+TEST_CASE("PyTorch's error file JSON is read - anything else is not", "[units]") {
   std::string m, t;
   CHECK(parse_error_file(R"({"message": {"message": "RuntimeError: x", "extraInfo": {"py_callstack": "tb", "timestamp": "1"}}})", m, t));
   CHECK(m == "RuntimeError: x");

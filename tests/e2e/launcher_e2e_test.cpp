@@ -294,7 +294,7 @@ TEST_CASE("a restarted attempt does not see the previous attempt's store keys", 
   CHECK(Launch::occurrences(r.err, "restarting the worker group") == 1);
 }
 
-TEST_CASE("PET_ environment variables stand in for flags; flags win", "[e2e]") {
+TEST_CASE("PET_ environment variables stand in for flags - flags win", "[e2e]") {
   Launch l(with_ddprun({"--standalone", kWorker, "env"}), {{"PET_NPROC_PER_NODE", "2"}});
   auto r = l.finish();
   INFO(r.out << r.err);

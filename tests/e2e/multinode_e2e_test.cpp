@@ -150,7 +150,7 @@ TEST_CASE("kill -9 of a non-host agent: the survivors continue with a smaller wo
   CHECK(Clock::now() - t0 < 15s);
 }
 
-TEST_CASE("a late joiner within the last call is in the first round; one beyond MAX waits", "[multinode]") {
+TEST_CASE("a late joiner within the last call is in the first round - one beyond MAX waits", "[multinode]") {
   std::string conf = "--rdzv_conf=last_call_timeout=2,join_timeout=30";
   auto agent = [&](const std::string& ep) {
     return cmd({"--nnodes=1:2", "--rdzv_backend=c10d", ep, "--rdzv_id=late", conf, "--nproc_per_node=1", kWorker,

@@ -40,7 +40,7 @@ class SecretFile {
 
 }  // namespace
 
-TEST_CASE("agents sharing a secret form the job; the host warns when there is none", "[security]") {
+TEST_CASE("agents sharing a secret form the job - the host warns when there is none", "[security]") {
   SecretFile secret("0123456789abcdef\n");
   std::string conf = "--rdzv_conf=join_timeout=20,last_call_timeout=20,secret_file=" + secret.path();
   Launch a(cmd({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "--rdzv_id=sec", conf,
@@ -59,7 +59,7 @@ TEST_CASE("agents sharing a secret form the job; the host warns when there is no
   CHECK(ra.err.find("accepts any client") == std::string::npos);
 }
 
-TEST_CASE("an agent with a wrong or missing secret is refused and exits 1; the host logs it once", "[security]") {
+TEST_CASE("an agent with a wrong or missing secret is refused and exits 1 - the host logs it once", "[security]") {
   SecretFile secret("the-real-secret");
   SecretFile wrong("a-guess");
   std::string conf = "join_timeout=5,last_call_timeout=5";

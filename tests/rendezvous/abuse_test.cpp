@@ -288,7 +288,7 @@ TEST_CASE("a request trickled one byte per send is applied once - and others are
   for (int i = 0; i < 500; ++i) CHECK(check.str() == values[i]);
 }
 
-TEST_CASE("store quota (--max_store_bytes): a write over it fails for its client only; data stays intact", "[abuse]") {
+TEST_CASE("store quota (--max_store_bytes): a write over it fails for its client only - data stays intact", "[abuse]") {
   LogCapture logs;
   auto o = TestServer::with_loopback();
   o.max_store_bytes = 64 * 1024;
@@ -404,7 +404,7 @@ TEST_CASE("TCP keep-alive is on for every client connection", "[abuse]") {
   CHECK(keepalive);
 }
 
-TEST_CASE("an exception while serving one client closes that client only; nothing is applied twice",
+TEST_CASE("an exception while serving one client closes that client only - nothing is applied twice",
           "[abuse]") {
   LogCapture logs;
   auto o = TestServer::with_loopback();

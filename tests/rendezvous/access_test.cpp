@@ -60,7 +60,7 @@ std::string write_secret(const std::string& text, mode_t mode) {
 
 }  // namespace
 
-TEST_CASE("same_user: a process of another user on this host is refused; the job's own are served",
+TEST_CASE("same_user: a process of another user on this host is refused - the job's own are served",
           "[access]") {
   if (::geteuid() != 0) {
     WARN("skipped: needs root to run a client as another user");
@@ -167,7 +167,7 @@ TEST_CASE("a client with a secret refuses a server that does not authenticate", 
   }
 }
 
-TEST_CASE("secret files: private - non-empty - bounded; trailing newline ignored", "[access]") {
+TEST_CASE("secret files: private - non-empty - bounded - trailing newline ignored", "[access]") {
   auto good = write_secret("abc\n", 0600);
   CHECK(auth::read_secret_file(good) == "abc");
   auto open = write_secret("abc", 0644);

@@ -119,7 +119,7 @@ TEST_CASE("checkpoint temporary files: a stale one or a planted link is replaced
   ::rmdir(dir.c_str());
 }
 
-TEST_CASE("checkpoint load: one buffer; damage and non-files are reported", "[checkpoint]") {
+TEST_CASE("checkpoint load: one buffer - damage and non-files are reported", "[checkpoint]") {
   auto dir = temp_dir();
   auto path = dir + "/c";
   std::string big(3 << 20, 'x');

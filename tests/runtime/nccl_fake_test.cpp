@@ -235,7 +235,7 @@ TEST_CASE("fake nccl: every wait() after a failure rethrows it", "[nccl-fake]") 
   }
 }
 
-TEST_CASE("fake nccl: a time-out aborts the communicator; pending work fails too", "[nccl-fake]") {
+TEST_CASE("fake nccl: a time-out aborts the communicator - pending work fails too", "[nccl-fake]") {
   Fixture f;
   f.state->fates[0] = Fate::kHang;
   f.state->fates[1] = Fate::kHang;
