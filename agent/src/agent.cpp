@@ -817,10 +817,10 @@ struct Agent::Impl {
     });
   }
 
-  static std::string stopped_record(int sig) {
+  std::string stopped_record(int sig) const {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
-    return nlohmann::json{{"kind", "stopped"}, {"signal", sig}, {"host", host}}.dump();
+    return nlohmann::json{{"kind", "stopped"}, {"signal", sig}, {"host", host}, {"by", coord->node_id()}}.dump();
   }
 
   // A stop signal while no round runs here: the other nodes, in (or on their way to) the

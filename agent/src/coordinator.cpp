@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 #include <spdlog/spdlog.h>
 
@@ -86,6 +87,12 @@ int to_int(const std::string& s, int def) {
 
 Coordinator::Coordinator(const RendezvousOptions& opt, const std::string& run_id, int nproc, int node_rank)
     : opt_(opt), prefix_("ddprun/rdzv/" + run_id), nproc_(nproc), node_rank_(node_rank) {
+  {
+    std::random_device rd;
+    char id[17];
+    std::snprintf(id, sizeof(id), "%08x%08x", rd(), rd());
+    node_id_ = id;
+  }
   if (decide_host()) {
     rendezvous::StoreServerOptions so;
     so.host = "";  // every interface: the endpoint's address is one of them
@@ -331,6 +338,8 @@ void Coordinator::throw_if_stopped(rendezvous::Store& s, int round) const {
   auto e = parse_round_end(full_key(round, "end"), s.get(end));
   if (e.kind != "stopped") return;
   // Acknowledge: the last of the joined nodes (all but the one that stopped) releases the host.
+  // The node that stopped the round does not acknowledge its own stop.
+  if (e.by == node_id_) throw JobStopped(e.signal > 0 ? e.signal : SIGTERM, e.host);
   try {
     long long joined = s.add(key(round, "join"), 0);
     if (s.add(key(round, "stop_acks"), 1) >= joined - 1) s.set(key(round, "stop_seen"), "1");

@@ -75,6 +75,8 @@ class Coordinator {
   ~Coordinator();
 
   bool is_host() const { return server_ != nullptr; }
+  // A random id of this agent, unique among the nodes of a job (several may share a host name).
+  const std::string& node_id() const { return node_id_; }
   // The store key of `name` in round `round`, as the store sees it (for error messages).
   std::string full_key(int round, const std::string& name) const;
   std::string endpoint() const;
@@ -116,6 +118,7 @@ class Coordinator {
 
   RendezvousOptions opt_;
   std::string prefix_;
+  std::string node_id_;
   int nproc_;
   int node_rank_;
   std::unique_ptr<rendezvous::StoreServer> server_;        // rendezvous store (host only)

@@ -79,6 +79,7 @@ RoundEnd parse_round_end(const std::string& key, const std::string& value) {
   r.host = field<std::string>(j, key, "host", "?");
   r.group_rank = field<int>(j, key, "group_rank", -1);
   r.signal = field<int>(j, key, "signal", 0);
+  r.by = field<std::string>(j, key, "by", "");
   if (r.signal < 0 || r.signal > 64) malformed(key, "field 'signal' is not a signal number");
   if (r.kind == "failure") r.failure = failure_from(j, key);
   return r;

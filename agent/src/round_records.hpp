@@ -17,6 +17,7 @@ struct RoundEnd {
   std::string host = "?";
   int group_rank = -1;     // node_lost
   int signal = 0;          // stopped
+  std::string by;          // stopped: the id of the node that stopped it (Coordinator::node_id)
   std::optional<FailureRecord> failure;  // failure: the root cause
 };
 
