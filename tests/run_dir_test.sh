@@ -67,9 +67,19 @@ else
   bad "--log_dir: $(find /tmp/keep -exec stat -c '%a %n' {} \;)"
 fi
 
+# A link planted where a log file goes is not written through.
+mkdir -p /tmp/links/linkjob/attempt_0/0 && echo precious > /tmp/victim
+ln -s /tmp/victim /tmp/links/linkjob/attempt_0/0/stdout.log
+"$ddprun" --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:0 --rdzv_id=linkjob --nproc_per_node=1 --log_dir=/tmp/links \
+  --redirects 3 --no_python /bin/sh -c 'echo overwritten' >/dev/null 2>&1
+[ "$(cat /tmp/victim)" = precious ] && ok "a link planted at a log file's path is not followed" \
+  || bad "the victim of a planted link was overwritten: $(cat /tmp/victim)"
+
 # 4. A worker starts with exactly 0, 1 and 2 (no store socket, no pipe of another worker).
-fds=$("$ddprun" --standalone --nproc_per_node=2 --log_level warn --no_python /bin/sh -c 'ls /proc/$$/fd | tr "\n" " "' 2>&1 | sed 's/^\[default[0-9]\]://' | sort -u)
-if [ "$(echo "$fds" | tr -s ' ' | sed 's/ $//')" = "0 1 2" ]; then
+# (No pipe in the worker's shell: the shell would hold the pipe's descriptor while ls lists it.)
+out=$("$ddprun" --standalone --nproc_per_node=2 --log_level warn --no_python /bin/sh -c 'ls /proc/$$/fd' 2>&1)
+fds=$(for r in 0 1; do echo "$out" | sed -n "s/^\[default$r\]://p" | sort -n | tr '\n' ' '; echo; done | sort -u)
+if [ "$fds" = "0 1 2 " ]; then
   ok "each worker starts with exactly descriptors 0, 1 and 2"
 else
   bad "worker descriptors: $fds"

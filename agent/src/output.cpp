@@ -70,26 +70,23 @@ void LineSplitter::finish(const Sink& sink) {
 
 StreamOutput::StreamOutput(StreamRoute route) : route_(std::move(route)) {
   if (!route_.file.empty()) {
-    // 0600: what workers print may be private. Created before std::ofstream opens it (which
-    // would use 0666 & umask).
-    int fd = ::open(route_.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd >= 0) ::close(fd);
-    file_ = std::make_unique<std::ofstream>(route_.file, std::ios::binary | std::ios::trunc);
+    // 0600: what workers print may be private; O_NOFOLLOW: a link planted there is not followed.
+    file_ = ::open(route_.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   }
 }
 
+StreamOutput::~StreamOutput() {
+  if (file_ >= 0) ::close(file_);
+}
+
 void StreamOutput::write(std::string_view data) {
-  if (file_) {
-    file_->write(data.data(), static_cast<std::streamsize>(data.size()));
-    file_->flush();
-  }
+  if (file_ >= 0) write_fully(file_, data);
   if (route_.console_fd < 0 && !route_.keep_tail) return;
   splitter_.feed(data, [this](std::string_view l) { line(l); });
 }
 
 void StreamOutput::finish() {
   splitter_.finish([this](std::string_view l) { line(l); });
-  if (file_) file_->flush();
 }
 
 void StreamOutput::line(std::string_view l) {

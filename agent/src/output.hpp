@@ -41,17 +41,20 @@ class StreamOutput {
   static constexpr std::size_t kTailLines = 20;
 
   explicit StreamOutput(StreamRoute route);
+  ~StreamOutput();
+  StreamOutput(const StreamOutput&) = delete;
+  StreamOutput& operator=(const StreamOutput&) = delete;
   void write(std::string_view data);
   void finish();
   const std::deque<std::string>& tail() const { return tail_; }
-  bool has_file() const { return file_ != nullptr; }
+  bool has_file() const { return file_ >= 0; }
 
  private:
   void line(std::string_view l);
 
   StreamRoute route_;
   LineSplitter splitter_;
-  std::unique_ptr<std::ofstream> file_;
+  int file_ = -1;  // the raw copy (route_.file), written unbuffered
   std::deque<std::string> tail_;
   std::string scratch_;
 };
