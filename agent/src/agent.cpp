@@ -348,7 +348,7 @@ struct Agent::Impl {
       if (coord) {
         if (!opt.rdzv.local_addr.empty()) f.host = opt.rdzv.local_addr;  // as the other nodes know this one
         f.stderr_tail = w.err ? w.err->tail() : std::deque<std::string>{};
-        end_round_with(failure_to_json(f), group_world);
+        end_round_with(failure_json(f), group_world);
       }
       stop_workers(SIGTERM);
     } else {
@@ -513,24 +513,6 @@ struct Agent::Impl {
 
 
   // ---- several nodes ---------------------------------------------------------------------------
-
-  static std::string failure_to_json(const FailureRecord& f) {
-    nlohmann::json j = {{"kind", "failure"},
-                        {"rank", f.rank},
-                        {"local_rank", f.local_rank},
-                        {"pid", f.pid},
-                        {"host", f.host},
-                        {"reason", f.reason},
-                        {"exit_code", f.exit_code},
-                        {"signal", f.status.signal},
-                        {"code", f.status.code},
-                        {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(f.time.time_since_epoch()).count()},
-                        {"error_file", f.error_file},
-                        {"message", f.message},
-                        {"traceback", f.traceback},
-                        {"stderr_tail", std::vector<std::string>(f.stderr_tail.begin(), f.stderr_tail.end())}};
-    return j.dump();
-  }
 
   // Ends the round for every node (first writer wins) and stops this node's workers.
   void end_round_with(const std::string& record, int expect_next) {
@@ -817,11 +799,7 @@ struct Agent::Impl {
     });
   }
 
-  std::string stopped_record(int sig) const {
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    return nlohmann::json{{"kind", "stopped"}, {"signal", sig}, {"host", host}, {"by", coord->node_id()}}.dump();
-  }
+  std::string stopped_record(int sig) const { return stopped_json(sig, host_name(), coord->node_id()); }
 
   // A stop signal while no round runs here: the other nodes, in (or on their way to) the
   // rendezvous of round `r`, are told so, and this agent exits 128 + sig.
@@ -864,14 +842,8 @@ struct Agent::Impl {
     maybe_finish_attempt();
   }
 
-  static std::string this_host() {
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    return host;
-  }
-
   void open_events() {
-    events.open(opt.events_file, opt.rdzv.local_addr.empty() ? this_host() : opt.rdzv.local_addr, opt.run_id);
+    events.open(opt.events_file, opt.rdzv.local_addr.empty() ? host_name() : opt.rdzv.local_addr, opt.run_id);
     events.emit("job_started", {{"nproc_per_node", opt.nproc_per_node},
                                 {"min_nodes", opt.rdzv.enabled ? opt.rdzv.min_nodes : 1},
                                 {"max_nodes", opt.rdzv.enabled ? opt.rdzv.max_nodes : 1},
@@ -902,7 +874,7 @@ struct Agent::Impl {
       spdlog::info("ddprun: OMP_NUM_THREADS=1 for each worker (set it to override)");
     }
     events.emit("rendezvous_complete", {{"round", 0}, {"world_size", world_size}, {"nodes", 1},
-                                        {"members", nlohmann::json::array({this_host()})}});
+                                        {"members", nlohmann::json::array({host_name()})}});
     start_attempt_or_fail();
     while (!done) {
       io.run_one();

@@ -32,12 +32,6 @@ std::string secs(std::chrono::milliseconds d) {
   return buf;
 }
 
-std::string hostname() {
-  char buf[256] = {};
-  ::gethostname(buf, sizeof(buf) - 1);
-  return buf;
-}
-
 // The numeric addresses `host` resolves to.
 std::set<std::string> resolve(const std::string& host) {
   std::set<std::string> out;
@@ -179,12 +173,14 @@ RoundInfo Coordinator::join(int round, int restart_count) {
     s.set("round", std::to_string(round));
     if (restart_count >= 0) s.set(key(round, "rc"), std::to_string(restart_count));
     int idx = static_cast<int>(s.add(key(round, "join"), 1)) - 1;
-    nlohmann::json me = {{"host", opt_.local_addr.empty() ? hostname() : opt_.local_addr},
-                         {"addr", opt_.local_addr},
-                         {"nproc", nproc_},
-                         {"node_rank", node_rank_},
-                         {"addrs", local_addresses()}};
-    s.set(key(round, "node/" + std::to_string(idx)), me.dump());
+    NodeInfo me;
+    me.host = opt_.local_addr.empty() ? host_name() : opt_.local_addr;
+    me.addr = opt_.local_addr;
+    me.nproc = nproc_;
+    me.node_rank = node_rank_;
+    auto mine = local_addresses();
+    me.addrs.assign(mine.begin(), mine.end());
+    s.set(key(round, "node/" + std::to_string(idx)), node_json(me));
     int expect = opt_.max_nodes;
     if (s.check({key(round, "expect")})) expect = std::clamp(to_int(s.get(key(round, "expect")), expect), 1, opt_.max_nodes);
     const std::string closed = key(round, "closed");
@@ -217,7 +213,7 @@ RoundInfo Coordinator::join(int round, int restart_count) {
       // The round is running without us. If it has room, ask it to restart with us in.
       if (K < opt_.max_nodes) {
         s.set(key(round + 1, "expect"), std::to_string(K + 1));
-        nlohmann::json rec = {{"kind", "membership"}, {"host", hostname()}};
+        nlohmann::json rec = {{"kind", "membership"}, {"host", host_name()}};
         s.compare_set(key(round, "end"), "", rec.dump());
       }
       spdlog::info("ddprun: round {} is full or closed ({} nodes); waiting for the next one", round, K);
@@ -235,34 +231,7 @@ RoundInfo Coordinator::join(int round, int restart_count) {
     info.group_world = K;
     std::vector<NodeInfo> by_arrival;
     for (const auto& r : raw) {
-      const std::string node_key = full_key(round, "node/" + std::to_string(by_arrival.size()));
-      auto j = nlohmann::json::parse(r, nullptr, false);
-      NodeInfo n;
-      auto bad = [&](const std::string& why) {
-        throw ProtocolError("rendezvous: malformed value at key '" + node_key + "': " + why);
-      };
-      if (j.is_discarded()) bad("not JSON (" + std::to_string(r.size()) + " bytes)");
-      if (!j.is_object()) bad("not a JSON object");
-      for (const char* f : {"host", "addr"}) {
-        if (j.contains(f) && !j[f].is_string()) bad(std::string("field '") + f + "' is not a string");
-      }
-      for (const char* f : {"nproc", "node_rank"}) {
-        if (j.contains(f) && !j[f].is_number_integer()) bad(std::string("field '") + f + "' is not an integer");
-      }
-      {
-        n.host = j.value("host", "");
-        n.addr = j.value("addr", "");
-        n.nproc = j.value("nproc", 1);
-        n.node_rank = j.value("node_rank", -1);
-        if (n.nproc < 1 || n.nproc > 1 << 20) bad("field 'nproc' is out of range");
-        auto addrs = j.find("addrs");
-        if (addrs != j.end() && addrs->is_array()) {
-          for (const auto& a : *addrs) {
-            if (a.is_string()) n.addrs.push_back(a.get<std::string>());
-          }
-        }
-      }
-      by_arrival.push_back(n);
+      by_arrival.push_back(parse_node(full_key(round, "node/" + std::to_string(by_arrival.size())), r));
     }
     if (opt_.dynamic) {
       info.group_rank = idx;

@@ -30,6 +30,7 @@
 
 #include "ddprun/agent/agent.hpp"
 #include "ddprun/rendezvous/error.hpp"
+#include "round_records.hpp"
 
 namespace ddprun::rendezvous {
 class Store;
@@ -38,13 +39,6 @@ class StoreServer;
 
 namespace ddprun::agent {
 
-struct NodeInfo {
-  std::string host;
-  std::string addr;
-  int nproc = 1;
-  int node_rank = -1;
-  std::vector<std::string> addrs;  // the node's interface addresses (its workers connect from one)
-};
 
 struct RoundInfo {
   int round = 0;

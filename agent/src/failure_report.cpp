@@ -10,12 +10,6 @@
 namespace ddprun::agent {
 namespace {
 
-std::string hostname() {
-  char buf[256] = "?";
-  ::gethostname(buf, sizeof(buf) - 1);
-  return buf;
-}
-
 std::string format_time(std::chrono::system_clock::time_point t) {
   auto secs = std::chrono::system_clock::to_time_t(t);
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() % 1000;
@@ -53,6 +47,12 @@ bool parse_error_file(const std::string& text, std::string& message, std::string
   return true;
 }
 
+std::string host_name() {
+  char buf[256] = "?";
+  ::gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
 FailureRecord make_failure_record(int rank, int local_rank, pid_t pid, ExitStatus status,
                                   std::chrono::system_clock::time_point time, const std::string& error_file,
                                   std::deque<std::string> stderr_tail) {
@@ -62,7 +62,7 @@ FailureRecord make_failure_record(int rank, int local_rank, pid_t pid, ExitStatu
   f.pid = pid;
   f.status = status;
   f.time = time;
-  f.host = hostname();
+  f.host = host_name();
   f.reason = status.describe();
   f.exit_code = status.shell_code();
   f.stderr_tail = std::move(stderr_tail);

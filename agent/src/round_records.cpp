@@ -68,6 +68,51 @@ FailureRecord failure_from(const json& j, const std::string& key) {
 
 }  // namespace
 
+std::string node_json(const NodeInfo& n) {
+  return json{{"host", n.host}, {"addr", n.addr}, {"nproc", n.nproc}, {"node_rank", n.node_rank}, {"addrs", n.addrs}}
+      .dump();
+}
+
+NodeInfo parse_node(const std::string& key, const std::string& value) {
+  auto j = object(key, value);
+  NodeInfo n;
+  n.host = field<std::string>(j, key, "host", "");
+  n.addr = field<std::string>(j, key, "addr", "");
+  n.nproc = field<int>(j, key, "nproc", 1);
+  n.node_rank = field<int>(j, key, "node_rank", -1);
+  if (n.nproc < 1 || n.nproc > 1 << 20) malformed(key, "field 'nproc' is out of range");
+  // Addresses are advisory (the workers' store allows them): entries that are not strings are skipped.
+  auto addrs = j.find("addrs");
+  if (addrs != j.end() && addrs->is_array()) {
+    for (const auto& a : *addrs) {
+      if (a.is_string()) n.addrs.push_back(a.get<std::string>());
+    }
+  }
+  return n;
+}
+
+std::string failure_json(const FailureRecord& f) {
+  return json{{"kind", "failure"},
+              {"rank", f.rank},
+              {"local_rank", f.local_rank},
+              {"pid", f.pid},
+              {"host", f.host},
+              {"reason", f.reason},
+              {"exit_code", f.exit_code},
+              {"signal", f.status.signal},
+              {"code", f.status.code},
+              {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(f.time.time_since_epoch()).count()},
+              {"error_file", f.error_file},
+              {"message", f.message},
+              {"traceback", f.traceback},
+              {"stderr_tail", std::vector<std::string>(f.stderr_tail.begin(), f.stderr_tail.end())}}
+      .dump();
+}
+
+std::string stopped_json(int signal, const std::string& host, const std::string& by) {
+  return json{{"kind", "stopped"}, {"signal", signal}, {"host", host}, {"by", by}}.dump();
+}
+
 RoundEnd parse_round_end(const std::string& key, const std::string& value) {
   auto j = object(key, value);
   RoundEnd r;

@@ -6,10 +6,20 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "failure_report.hpp"
 
 namespace ddprun::agent {
+
+// r<R>/node/<i>: the i-th node to arrive in round R.
+struct NodeInfo {
+  std::string host;
+  std::string addr;
+  int nproc = 1;
+  int node_rank = -1;
+  std::vector<std::string> addrs;  // the node's interface addresses (its workers connect from one)
+};
 
 // r<R>/end: why a round ended.
 struct RoundEnd {
@@ -21,7 +31,12 @@ struct RoundEnd {
   std::optional<FailureRecord> failure;  // failure: the root cause
 };
 
-// Throws ddprun::ProtocolError("rendezvous: malformed value at key 'KEY': ...").
+// Writers and readers, each record's both directions here. Readers throw
+// ddprun::ProtocolError("rendezvous: malformed value at key 'KEY': ...").
+std::string node_json(const NodeInfo& n);
+NodeInfo parse_node(const std::string& key, const std::string& value);
+std::string failure_json(const FailureRecord& f);  // a round end of kind "failure"
+std::string stopped_json(int signal, const std::string& host, const std::string& by);
 RoundEnd parse_round_end(const std::string& key, const std::string& value);
 FailureRecord parse_failure(const std::string& key, const std::string& value);
 

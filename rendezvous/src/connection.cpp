@@ -231,14 +231,19 @@ void Connection::refuse(const std::string& answer, const std::string& why) {
   shutdown();
 }
 
+// One sendmsg() of the front of the queue (up to 64 chunks); what it returned.
+ssize_t Connection::send_queued(int flags) {
+  iovec iov[64];
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = static_cast<std::size_t>(out_.gather(iov, 64));
+  return ::sendmsg(fd_, &msg, MSG_NOSIGNAL | flags);
+}
+
 // Sends what is queued without blocking; the rest waits for the next EPOLLOUT edge.
 void Connection::flush() {
   while (!out_.empty() && !closed_) {
-    iovec iov[64];
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<std::size_t>(out_.gather(iov, 64));
-    ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    ssize_t n = send_queued(0);
     if (n > 0) {
       out_.consume(static_cast<std::size_t>(n));
       continue;
@@ -289,13 +294,7 @@ void Connection::close(const std::string& reason) {
   ctx_.warn(fmt::format("store: closing connection from {}: {}", peer_, reason));
   // Replies to the requests before the one that failed still go out when the socket takes them
   // now (no waiting): the client sees their answers, then the close.
-  if (!out_.empty() && out_.size() <= ctx_.options.max_pending_output_bytes) {
-    iovec iov[64];
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<std::size_t>(out_.gather(iov, 64));
-    ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-  }
+  if (!out_.empty() && out_.size() <= ctx_.options.max_pending_output_bytes) send_queued(MSG_DONTWAIT);
   shutdown();
 }
 

@@ -90,6 +90,7 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
   bool authenticate(std::string_view& data);
   void refuse(const std::string& answer, const std::string& why);
   void flush();
+  ssize_t send_queued(int flags);
   void resume();
   void closed_by_peer();
   void shutdown();
