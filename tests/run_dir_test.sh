@@ -16,7 +16,13 @@ if [ "${DDPRUN_IN_PRIVATE_NS:-}" != 1 ]; then
   fi
   exec env DDPRUN_IN_PRIVATE_NS=1 unshare -m --propagation private bash "$0" "$@"
 fi
+# The binary may live under /tmp itself (a checkout in /tmp): keep it open across the mount and
+# run a copy from inside the private tmpfs.
+exec 9<"$ddprun"
 mount -t tmpfs -o size=64m tmpfs /tmp || { echo "SKIP: cannot mount a tmpfs on /tmp"; exit 77; }
+mkdir -p /tmp/.under-test && cp "/proc/$$/fd/9" /tmp/.under-test/ddprun && chmod 755 /tmp/.under-test/ddprun
+exec 9<&-
+ddprun=/tmp/.under-test/ddprun
 passed=0 failed=0
 ok() { echo "ok: $1"; passed=$((passed + 1)); }
 bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
