@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/runtime/process_group.hpp"
 #include "ddprun/runtime/reducer.hpp"
 

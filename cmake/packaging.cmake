@@ -5,11 +5,11 @@ include(CMakePackageConfigHelpers)
 
 # ---- programs, libraries, headers ------------------------------------------------------------
 install(TARGETS ddprun ddprun-store RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
-install(TARGETS ddprun_rendezvous ddprun_runtime EXPORT ddprunTargets
+install(TARGETS ddprun_common ddprun_rendezvous ddprun_runtime EXPORT ddprunTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT bin
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/rendezvous/include/ ${PROJECT_SOURCE_DIR}/runtime/include/
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/common/include/ ${PROJECT_SOURCE_DIR}/rendezvous/include/ ${PROJECT_SOURCE_DIR}/runtime/include/
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
 
 # ---- find_package(ddprun) -----------------------------------------------------------------------

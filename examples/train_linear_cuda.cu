@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/runtime/env.hpp"
 #include "ddprun/runtime/process_group.hpp"
 #include "ddprun/runtime/reducer.hpp"

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "handshake.hpp"
 #include "request_parser.hpp"
 #include "store_core.hpp"

@@ -7,16 +7,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <spdlog/spdlog.h>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/system.hpp"
+#include "ddprun/common/text.hpp"
 #include "ddprun/rendezvous/prefix_store.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
-#include "round_records.hpp"
 
 namespace ddprun::agent {
 namespace {
@@ -24,13 +24,9 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-std::string key(int round, const std::string& name) { return "r" + std::to_string(round) + "/" + name; }
+std::string key(int round, const std::string& name) { return round_key(round, name); }
 
-std::string secs(std::chrono::milliseconds d) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(d.count()) / 1000.0);
-  return buf;
-}
+std::string secs(std::chrono::milliseconds d) { return duration_text(d); }
 
 // The numeric addresses `host` resolves to.
 std::set<std::string> resolve(const std::string& host) {
@@ -70,11 +66,8 @@ bool is_ip_literal(const std::string& a) {
 }
 
 int to_int(const std::string& s, int def) {
-  try {
-    return std::stoi(s);
-  } catch (...) {
-    return def;
-  }
+  auto v = parse_int(s, INT32_MIN, INT32_MAX);
+  return v ? static_cast<int>(*v) : def;
 }
 
 }  // namespace
@@ -125,16 +118,15 @@ Coordinator::Coordinator(const RendezvousOptions& opt, const std::string& run_id
       spdlog::debug("ddprun: port {} is taken; joining as a client ({})", opt.endpoint_port, e.what());
     }
   }
-  store_ = connect(opt.join_timeout);
 }
 
-Coordinator::~Coordinator() {
-  if (watcher_.joinable()) watcher_.join();
-}
+Coordinator::~Coordinator() = default;
+
+void Coordinator::connect() { store_ = connect(opt_.join_timeout); }
 
 std::string Coordinator::full_key(int round, const std::string& name) const { return prefix_ + "/" + key(round, name); }
 
-std::string Coordinator::endpoint() const { return opt_.endpoint_host + ":" + std::to_string(opt_.endpoint_port); }
+std::string Coordinator::endpoint() const { return format_address(opt_.endpoint_host, opt_.endpoint_port); }
 
 bool Coordinator::decide_host() const {
   if (opt_.is_host >= 0) return opt_.is_host == 1;
@@ -181,110 +173,120 @@ RoundInfo Coordinator::join(int round, int restart_count) {
     auto mine = local_addresses();
     me.addrs.assign(mine.begin(), mine.end());
     s.set(key(round, "node/" + std::to_string(idx)), node_json(me));
-    int expect = opt_.max_nodes;
-    if (s.check({key(round, "expect")})) expect = std::clamp(to_int(s.get(key(round, "expect")), expect), 1, opt_.max_nodes);
-    const std::string closed = key(round, "closed");
-    if (idx + 1 >= opt_.max_nodes || (idx + 1 >= opt_.min_nodes && idx + 1 >= expect)) {
-      // Full, or every survivor of the last round is back: close now, no last call.
-      s.compare_set(closed, "", std::to_string(idx + 1));
+    int closed = wait_closed(s, round, idx, deadline);
+    if (idx < closed) return read_round(s, round, idx, closed, restart_count);
+    // The round is running without us. If it has room, ask it to restart with us in.
+    if (closed < opt_.max_nodes) {
+      s.set(key(round + 1, "expect"), std::to_string(closed + 1));
+      s.compare_set(key(round, "end"), "", round_end_json(RoundEnd::of_membership(host_name())));
     }
-    if (idx + 1 >= opt_.min_nodes) {
-      try {
-        s.wait({closed}, opt_.last_call_timeout);
-      } catch (const TimeoutError&) {
-        // Last call over: close with whoever has arrived.
-        s.compare_set(closed, "", std::to_string(s.add(key(round, "join"), 0)));
-      }
-      throw_if_stopped(s, round);
-    } else {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      try {
-        s.wait({closed}, std::max(left, 1ms));
-        throw_if_stopped(s, round);
-      } catch (const TimeoutError&) {
-        long long joined = s.add(key(round, "join"), 0);
-        throw TimeoutError("rendezvous: only " + std::to_string(joined) + " of the " + std::to_string(opt_.min_nodes) +
-                           " nodes needed joined round " + std::to_string(round) + " on " + endpoint() + " within " +
-                           secs(opt_.join_timeout) + " (join_timeout); start the other nodes, or lower --nnodes");
-      }
-    }
-    int K = to_int(s.get(closed), 0);
-    if (idx >= K) {
-      // The round is running without us. If it has room, ask it to restart with us in.
-      if (K < opt_.max_nodes) {
-        s.set(key(round + 1, "expect"), std::to_string(K + 1));
-        nlohmann::json rec = {{"kind", "membership"}, {"host", host_name()}};
-        s.compare_set(key(round, "end"), "", rec.dump());
-      }
-      spdlog::info("ddprun: round {} is full or closed ({} nodes); waiting for the next one", round, K);
-      restart_count = -1;
-      ++round;
-      continue;
-    }
-    // In: read every member's description.
-    std::vector<std::string> node_keys;
-    for (int i = 0; i < K; ++i) node_keys.push_back(key(round, "node/" + std::to_string(i)));
-    s.wait(node_keys, opt_.read_timeout);
-    auto raw = s.multi_get(node_keys);
-    RoundInfo info;
-    info.round = round;
-    info.group_world = K;
-    std::vector<NodeInfo> by_arrival;
-    for (const auto& r : raw) {
-      by_arrival.push_back(parse_node(full_key(round, "node/" + std::to_string(by_arrival.size())), r));
-    }
-    if (opt_.dynamic) {
-      info.group_rank = idx;
-      info.nodes = by_arrival;
-    } else {
-      // Static: group rank = --node_rank, which must be unique and below --nnodes.
-      info.nodes.resize(K);
-      std::vector<bool> seen(K, false);
-      for (const auto& n : by_arrival) {
-        if (n.node_rank < 0 || n.node_rank >= K || seen[n.node_rank]) {
-          throw UsageError("rendezvous: node_rank " + std::to_string(n.node_rank) + " (host " + n.host +
-                           ") is out of range or used twice; give each node a distinct --node_rank in 0.." +
-                           std::to_string(K - 1));
-        }
-        seen[n.node_rank] = true;
-        info.nodes[n.node_rank] = n;
-      }
-      info.group_rank = node_rank_;
-    }
-    info.world_size = 0;
-    for (int g = 0; g < K; ++g) {
-      if (g < info.group_rank) info.rank_offset += info.nodes[g].nproc;
-      info.world_size += info.nodes[g].nproc;
-    }
-    info.restart_count = restart_count >= 0 ? restart_count
-                         : s.check({key(round, "rc")}) ? to_int(s.get(key(round, "rc")), 0)
-                                                        : 0;
-    // The workers' store: emptied by its host for this round, then published.
-    const std::string store_key = key(round, "store");
-    if (worker_store_) {
-      // Workers of this round's nodes may connect from any of their nodes' addresses.
-      std::vector<std::string> allowed;
-      for (const auto& n : info.nodes) {
-        for (const auto& a : n.addrs) {
-          if (is_ip_literal(a)) allowed.push_back(a);
-        }
-      }
-      worker_store_->set_allow(allowed);
-      worker_store_->reset();
-      s.set(store_key, std::to_string(worker_store_->port()));
-    }
-    s.wait({store_key}, opt_.read_timeout);
-    throw_if_stopped(s, round);
-    info.store_host = opt_.endpoint_host;
-    info.store_port = static_cast<std::uint16_t>(to_int(s.get(store_key), 0));
-    return info;
+    spdlog::info("ddprun: round {} is full or closed ({} nodes); waiting for the next one", round, closed);
+    restart_count = -1;
+    ++round;
   }
 }
 
-void Coordinator::announce_stop(int round, const std::string& record) {
+// Closes round `round` when this arrival (`idx`) fills it, waits until it is closed, and returns
+// how many nodes it holds.
+int Coordinator::wait_closed(rendezvous::Store& s, int round, int idx, Clock::time_point deadline) {
+  int expect = opt_.max_nodes;
+  if (s.check({key(round, "expect")})) expect = std::clamp(to_int(s.get(key(round, "expect")), expect), 1, opt_.max_nodes);
+  const std::string closed = key(round, "closed");
+  if (idx + 1 >= opt_.max_nodes || (idx + 1 >= opt_.min_nodes && idx + 1 >= expect)) {
+    // Full, or every survivor of the last round is back: close now, no last call.
+    s.compare_set(closed, "", std::to_string(idx + 1));
+  }
+  if (idx + 1 >= opt_.min_nodes) {
+    try {
+      s.wait({closed}, opt_.last_call_timeout);
+    } catch (const TimeoutError&) {
+      // Last call over: close with whoever has arrived.
+      s.compare_set(closed, "", std::to_string(s.add(key(round, "join"), 0)));
+    }
+  } else {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    try {
+      s.wait({closed}, std::max(left, std::chrono::milliseconds(1)));
+    } catch (const TimeoutError&) {
+      throw_if_stopped(s, round);
+      long long joined = s.add(key(round, "join"), 0);
+      throw TimeoutError("rendezvous: only " + std::to_string(joined) + " of the " + std::to_string(opt_.min_nodes) +
+                         " nodes needed joined round " + std::to_string(round) + " on " + endpoint() + " within " +
+                         secs(opt_.join_timeout) + " (join_timeout); start the other nodes, or lower --nnodes");
+    }
+  }
+  throw_if_stopped(s, round);
+  return to_int(s.get(closed), 0);
+}
+
+// In round `round` as its idx-th arrival: every member's description, this node's place.
+RoundInfo Coordinator::read_round(rendezvous::Store& s, int round, int idx, int closed, int restart_count) {
+  std::vector<std::string> node_keys;
+  for (int i = 0; i < closed; ++i) node_keys.push_back(key(round, "node/" + std::to_string(i)));
+  s.wait(node_keys, opt_.read_timeout);
+  auto raw = s.multi_get(node_keys);
+  RoundInfo info;
+  info.round = round;
+  info.group_world = closed;
+  std::vector<NodeInfo> by_arrival;
+  for (const auto& r : raw) {
+    by_arrival.push_back(parse_node(full_key(round, "node/" + std::to_string(by_arrival.size())), r));
+  }
+  if (opt_.dynamic) {
+    info.group_rank = idx;
+    info.nodes = by_arrival;
+  } else {
+    // Static: group rank = --node_rank, which must be unique and below --nnodes.
+    info.nodes.resize(closed);
+    std::vector<bool> seen(closed, false);
+    for (const auto& n : by_arrival) {
+      if (n.node_rank < 0 || n.node_rank >= closed || seen[n.node_rank]) {
+        throw UsageError("rendezvous: node_rank " + std::to_string(n.node_rank) + " (host " + n.host +
+                         ") is out of range or used twice; give each node a distinct --node_rank in 0.." +
+                         std::to_string(closed - 1));
+      }
+      seen[n.node_rank] = true;
+      info.nodes[n.node_rank] = n;
+    }
+    info.group_rank = node_rank_;
+  }
+  info.world_size = 0;
+  for (int g = 0; g < closed; ++g) {
+    if (g < info.group_rank) info.rank_offset += info.nodes[g].nproc;
+    info.world_size += info.nodes[g].nproc;
+  }
+  info.restart_count = restart_count >= 0 ? restart_count
+                       : s.check({key(round, "rc")}) ? to_int(s.get(key(round, "rc")), 0)
+                                                      : 0;
+  publish_workers_store(s, info);
+  return info;
+}
+
+// The workers' store: emptied by its host for this round, then published.
+void Coordinator::publish_workers_store(rendezvous::Store& s, RoundInfo& info) {
+  const std::string store_key = key(info.round, "store");
+  if (worker_store_) {
+    // Workers of this round's nodes may connect from any of their nodes' addresses.
+    std::vector<std::string> allowed;
+    for (const auto& n : info.nodes) {
+      for (const auto& a : n.addrs) {
+        if (is_ip_literal(a)) allowed.push_back(a);
+      }
+    }
+    worker_store_->set_allow(allowed);
+    worker_store_->reset();
+    s.set(store_key, std::to_string(worker_store_->port()));
+  }
+  s.wait({store_key}, opt_.read_timeout);
+  throw_if_stopped(s, info.round);
+  info.store_host = opt_.endpoint_host;
+  info.store_port = static_cast<std::uint16_t>(to_int(s.get(store_key), 0));
+}
+
+void Coordinator::announce_stop(int round, int signal) {
   auto s = connect(std::chrono::milliseconds(1000));
   s->set_timeout(std::chrono::milliseconds(1000));
-  s->compare_set(key(round, "end"), "", record);
+  s->compare_set(key(round, "end"), "", round_end_json(RoundEnd::of_stop(signal, host_name(), node_id_)));
   // Wake whoever waits for the round to close, or for its workers' store.
   s->compare_set(key(round, "closed"), "", "stopped");
   s->compare_set(key(round, "store"), "", "stopped");
@@ -305,7 +307,7 @@ void Coordinator::throw_if_stopped(rendezvous::Store& s, int round) const {
   const std::string end = key(round, "end");
   if (!s.check({end})) return;
   auto e = parse_round_end(full_key(round, "end"), s.get(end));
-  if (e.kind != "stopped") return;
+  if (e.kind != RoundEnd::Kind::stopped) return;
   // Acknowledge: the last of the joined nodes (all but the one that stopped) releases the host.
   // The node that stopped the round does not acknowledge its own stop.
   if (e.by == node_id_) throw JobStopped(e.signal > 0 ? e.signal : SIGTERM, e.host);
@@ -318,14 +320,15 @@ void Coordinator::throw_if_stopped(rendezvous::Store& s, int round) const {
   throw JobStopped(e.signal > 0 ? e.signal : SIGTERM, e.host);
 }
 
-std::string Coordinator::end_round(int round, const std::string& record, int expect_next) {
+void Coordinator::end_round(int round, RoundEnd why, int expect_next) {
+  if (why.kind == RoundEnd::Kind::stopped) why.by = node_id_;
   if (expect_next > 0) store_->set(key(round + 1, "expect"), std::to_string(expect_next));
-  return store_->compare_set(key(round, "end"), "", record);
+  store_->compare_set(key(round, "end"), "", round_end_json(why));
 }
 
 void Coordinator::report_success(int round, int group_world) {
   if (store_->add(key(round, "succeeded"), 1) == group_world) {
-    store_->compare_set(key(round, "end"), "", nlohmann::json{{"kind", "success"}}.dump());
+    store_->compare_set(key(round, "end"), "", round_end_json(RoundEnd::of_success()));
   }
 }
 
@@ -348,32 +351,23 @@ void Coordinator::keep_alive(int round, int group_rank) {
 long long Coordinator::alive_count(int round, int group_rank) {
   auto k = key(round, "alive/" + std::to_string(group_rank));
   auto v = store_->multi_get({k});
-  return v[0].empty() ? -1 : std::stoll(v[0]);
+  if (v[0].empty()) return -1;
+  auto n = parse_int(v[0]);
+  if (!n) throw ProtocolError("rendezvous: malformed value at key '" + full_key(round, "alive/" + std::to_string(group_rank)) + "': not a counter");
+  return *n;
 }
 
-void Coordinator::watch(int round, std::function<void(std::optional<std::string>)> on_end) {
-  stop_watch();
-  if (!watch_store_) watch_store_ = connect(opt_.read_timeout);
-  watcher_ = std::thread([this, round, on_end = std::move(on_end)] {
-    const std::string k = key(round, "end");
-    for (;;) {
-      try {
-        watch_store_->wait({k}, std::chrono::hours(24));
-        on_end(watch_store_->get(k));
-        return;
-      } catch (const TimeoutError&) {
-        continue;
-      } catch (const Error& e) {
-        spdlog::debug("ddprun: watch of round {} ended: {}", round, e.what());
-        on_end(std::nullopt);
-        return;
-      }
+std::shared_ptr<rendezvous::Store> Coordinator::connect_watch() const { return connect(opt_.read_timeout); }
+
+std::string Coordinator::wait_end(rendezvous::Store& s, int round) const {
+  const std::string k = key(round, "end");
+  for (;;) {
+    try {
+      s.wait({k}, std::chrono::hours(24));
+      return s.get(k);
+    } catch (const TimeoutError&) {
     }
-  });
-}
-
-void Coordinator::stop_watch() {
-  if (watcher_.joinable()) watcher_.join();
+  }
 }
 
 }  // namespace ddprun::agent

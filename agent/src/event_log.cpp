@@ -9,7 +9,7 @@
 #include <fstream>
 #include <spdlog/spdlog.h>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 
 namespace ddprun::agent {
 namespace {

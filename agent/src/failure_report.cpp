@@ -1,5 +1,7 @@
 #include "failure_report.hpp"
 
+#include "ddprun/common/system.hpp"
+
 #include <unistd.h>
 
 #include <ctime>
@@ -45,12 +47,6 @@ bool parse_error_file(const std::string& text, std::string& message, std::string
     if (x.contains("py_callstack") && x["py_callstack"].is_string()) traceback = x["py_callstack"].get<std::string>();
   }
   return true;
-}
-
-std::string host_name() {
-  char buf[256] = "?";
-  ::gethostname(buf, sizeof(buf) - 1);
-  return buf;
 }
 
 FailureRecord make_failure_record(int rank, int local_rank, pid_t pid, ExitStatus status,

@@ -28,9 +28,6 @@ struct FailureRecord {
   std::deque<std::string> stderr_tail;
 };
 
-// This machine's host name ("?" when it cannot be read).
-std::string host_name();
-
 // Fills a record, reading the worker's error file (PyTorch's @record JSON) when it exists.
 FailureRecord make_failure_record(int rank, int local_rank, pid_t pid, ExitStatus status,
                                   std::chrono::system_clock::time_point time, const std::string& error_file,

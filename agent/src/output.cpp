@@ -187,4 +187,20 @@ std::size_t console_dropped_lines() {
   return Console::for_fd(STDOUT_FILENO).dropped_lines() + Console::for_fd(STDERR_FILENO).dropped_lines();
 }
 
+void write_to_console(const std::string& text) {
+  Console::for_fd(STDOUT_FILENO).drain(std::chrono::milliseconds(500));
+  Console::for_fd(STDERR_FILENO).drain(std::chrono::milliseconds(500));
+  Console::for_fd(STDERR_FILENO).write(text);
+}
+
+void flush_console(bool logs_complete) {
+  Console::for_fd(STDOUT_FILENO).drain(std::chrono::seconds(2));
+  Console::for_fd(STDERR_FILENO).drain(std::chrono::seconds(1));
+  std::size_t dropped = console_dropped_lines();
+  if (dropped == 0) return;
+  write_to_console("ddprun: " + std::to_string(dropped) + " line(s) dropped from the console, which did not keep up" +
+                   (logs_complete ? "; the log files are complete\n" : "; --tee 3 keeps complete per-rank log files\n"));
+  Console::for_fd(STDERR_FILENO).drain(std::chrono::seconds(1));
+}
+
 }  // namespace ddprun::agent

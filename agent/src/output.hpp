@@ -88,4 +88,11 @@ class Console {
 // Lines dropped on both consoles so far.
 std::size_t console_dropped_lines();
 
+// ddprun's own block of text (the failure summary) after the workers' last lines, through the
+// console queue: a console that does not read must not block the agent.
+void write_to_console(const std::string& text);
+// At the end: what is queued for the console gets a bounded chance to go out; lines the console
+// did not take are reported (`logs_complete`: per-rank log files hold everything).
+void flush_console(bool logs_complete);
+
 }  // namespace ddprun::agent

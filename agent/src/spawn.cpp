@@ -11,7 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 
 namespace ddprun::agent {
 namespace {

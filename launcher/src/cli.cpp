@@ -13,7 +13,7 @@
 
 #include "ddprun/agent/exit_status.hpp"
 #include "ddprun/build_info.hpp"
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/auth.hpp"
 #include "ddprun/agent/spawn.hpp"
 #include "slurm.hpp"

@@ -10,27 +10,18 @@
 
 #include "ddprun/agent/agent.hpp"
 #include "ddprun/launcher/cli.hpp"
-#include "ddprun/rendezvous/error.hpp"
-
-extern char** environ;
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/system.hpp"
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
+  const auto env = ddprun::environment_map();
   ddprun::launcher::CliResult cli;
   try {
     cli = ddprun::launcher::parse_command_line(std::vector<std::string>(argv + 1, argv + argc), env,
                                                ddprun::launcher::probe_host());
-  } catch (const ddprun::UsageError& e) {
-    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
-    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddprun: error: %s\n", e.what());
-    return 2;
+    return 2;  // whatever went wrong, it came from the command line or the environment
   }
   if (cli.exit_now) {
     std::fputs(cli.text.c_str(), stdout);
@@ -47,6 +38,6 @@ int main(int argc, char** argv) {
     return agent.run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddprun: error: %s\n", e.what());
-    return 1;
+    return ddprun::exit_code_for(e);
   }
 }

@@ -2,7 +2,7 @@
 
 #include <cctype>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 
 namespace ddprun::launcher {
 namespace {

@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "handshake.hpp"
 
 namespace ddprun::rendezvous::auth {

@@ -13,7 +13,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/text.hpp"
 
 namespace ddprun::rendezvous {
 
@@ -89,12 +90,11 @@ Cidr Cidr::parse(const std::string& text) {
   c.prefix = max;
   if (slash != std::string::npos) {
     std::string p = text.substr(slash + 1);
-    char* end = nullptr;
-    long v = std::strtol(p.c_str(), &end, 10);
-    if (p.empty() || *end != '\0' || v < 0 || v > max) {
+    auto v = parse_int(p, 0, max);
+    if (!v) {
       throw UsageError("'" + text + "': the prefix length must be 0-" + std::to_string(max));
     }
-    c.prefix = static_cast<int>(v);
+    c.prefix = static_cast<int>(*v);
   }
   return c;
 }

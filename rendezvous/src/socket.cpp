@@ -11,7 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 
 namespace ddprun::rendezvous {
 namespace {
@@ -38,11 +38,6 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
 }
 
 }  // namespace
-
-std::string format_address(const std::string& host, std::uint16_t port) {
-  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
-  return host + ":" + std::to_string(port);
-}
 
 Socket& Socket::operator=(Socket&& o) noexcept {
   if (this != &o) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include "ddprun/common/text.hpp"
 
 namespace ddprun::rendezvous {
 
@@ -41,7 +42,6 @@ class Socket {
   int fd_ = -1;
 };
 
-// "host:port", with brackets around IPv6 literals.
-std::string format_address(const std::string& host, std::uint16_t port);
+using ddprun::format_address;  // ddprun/common/text.hpp
 
 }  // namespace ddprun::rendezvous

@@ -1,3 +1,4 @@
+#include "ddprun/common/text.hpp"
 #include "store_core.hpp"
 
 #include <algorithm>
@@ -10,13 +11,12 @@ namespace {
 using wire::Op;
 
 std::int64_t parse_counter(const std::string& key, const std::string& value) {
-  std::int64_t v = 0;
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-  if (ec != std::errc() || end != value.data() + value.size() || value.empty()) {
+  auto v = parse_int(value);
+  if (!v) {
     throw ProtocolError("ADD on key '" + key + "' whose value is not a decimal integer (" +
                         std::to_string(value.size()) + " bytes)");
   }
-  return v;
+  return *v;
 }
 
 std::string shown(const std::string& key) { return key.size() <= 64 ? key : key.substr(0, 64) + "..."; }

@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "request_parser.hpp"
 
 namespace ddprun::rendezvous {

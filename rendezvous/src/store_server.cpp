@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "connection.hpp"
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "socket.hpp"
 
 // Design. Asio owns the event loop: the listening socket, the stop signal, timers. Client

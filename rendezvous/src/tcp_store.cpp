@@ -1,3 +1,4 @@
+#include "ddprun/common/text.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
 
 #include <unistd.h>
@@ -5,7 +6,7 @@
 #include <mutex>
 #include <thread>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/auth.hpp"
 #include "ddprun/rendezvous/protocol.hpp"
 #include "socket.hpp"
@@ -31,11 +32,7 @@ void put_keys(std::string& out, const std::vector<std::string>& keys) {
   for (const auto& k : keys) put_key(out, k);
 }
 
-std::string seconds(std::chrono::milliseconds d) {
-  auto ms = d.count();
-  if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
-  return std::to_string(ms) + " ms";
-}
+std::string seconds(std::chrono::milliseconds d) { return duration_text(d); }
 
 // A WAIT that ran out of time and was cancelled: the connection is still in step.
 class KeysTimeout : public TimeoutError {

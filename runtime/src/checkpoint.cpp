@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/runtime/process_group.hpp"
 
 namespace ddprun::runtime {

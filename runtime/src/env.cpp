@@ -1,11 +1,11 @@
+#include "ddprun/common/text.hpp"
+#include "ddprun/common/system.hpp"
 #include "ddprun/runtime/env.hpp"
 
 #include <charconv>
 #include <cstdlib>
 
-#include "ddprun/rendezvous/error.hpp"
-
-extern char** environ;
+#include "ddprun/common/error.hpp"
 
 namespace ddprun::runtime {
 namespace {
@@ -19,11 +19,11 @@ std::string required(const std::map<std::string, std::string>& env, const std::s
 }
 
 long long integer(const std::string& key, const std::string& value, long long lo, long long hi) {
-  long long v = 0;
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-  if (ec != std::errc() || end != value.data() + value.size()) {
+  auto parsed = parse_int(value);
+  if (!parsed) {
     throw UsageError(key + "=" + value + " is not an integer" + kHint);
   }
+  long long v = *parsed;
   if (v < lo || v > hi) {
     throw UsageError(key + "=" + value + " is out of range (" + std::to_string(lo) + ".." + std::to_string(hi) + ")" + kHint);
   }
@@ -53,13 +53,7 @@ DistEnv DistEnv::from_map(const std::map<std::string, std::string>& env) {
 }
 
 DistEnv DistEnv::from_environment() {
-  std::map<std::string, std::string> env;
-  for (char** p = environ; *p; ++p) {
-    std::string kv = *p;
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  return from_map(env);
+  return from_map(environment_map());
 }
 
 }  // namespace ddprun::runtime

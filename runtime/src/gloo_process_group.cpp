@@ -20,8 +20,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "ddprun/common/system.hpp"
 #include "comm_thread.hpp"
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/store.hpp"
 #include "ddprun/runtime/heartbeat.hpp"
 #include "process_groups.hpp"
@@ -162,9 +163,7 @@ class GlooProcessGroup final : public ProcessGroup {
     } else if (is_loopback(store_host)) {
       attr.hostname = "127.0.0.1";
     } else {
-      char host[256] = {};
-      ::gethostname(host, sizeof(host) - 1);
-      attr.hostname = host;
+      attr.hostname = host_name();
     }
     try {
       auto device = gloo::transport::tcp::CreateDevice(attr);
@@ -322,12 +321,12 @@ class GlooProcessGroup final : public ProcessGroup {
           sender->send(right, slot, send_base + off, len);
         }
         for (std::size_t k = 0; k < segments; ++k) {
-          if (!incoming_buf->waitRecv(left_ms())) throw std::runtime_error("Timed out waiting for the previous rank");
+          if (!incoming_buf->waitRecv(left_ms())) throw TimeoutError("timed out waiting for the previous rank");
           std::size_t off = k * seg, len = std::min(seg, block - off);
           reduce(dest + off, src + recv_block * block + off, incoming + off, len / esize);
         }
         for (std::size_t k = 0; k < segments; ++k) {
-          if (!sender->waitSend(left_ms())) throw std::runtime_error("Timed out sending to the next rank");
+          if (!sender->waitSend(left_ms())) throw TimeoutError("timed out sending to the next rank");
         }
       }
       if (op == ReduceOp::kAvg) divide_in_place(out, count, type, size_);
@@ -387,27 +386,34 @@ class GlooProcessGroup final : public ProcessGroup {
         throw NetworkError(std::string("gloo: ") + what + " on rank " + std::to_string(rank_) +
                            ": the process group failed earlier (" + broken_cause() + ")");
       }
+      const auto started = std::chrono::steady_clock::now();
       try {
         op(t, tag);
         heartbeat();
       } catch (const ddprun::Error& e) {
-        mark_broken(e.what());
-        throw;
+        if (dynamic_cast<const TimeoutError*>(&e) == nullptr) {
+          mark_broken(e.what());
+          throw;
+        }
+        fail(what, t, true, e.what());
       } catch (const std::exception& e) {
-        // gloo::Exception and its IoException and TimeoutException, but also what derives from
-        // std::exception alone (gloo::EnforceNotMet, std::bad_alloc): the group is broken either
-        // way, since the pairs are in an unknown state.
-        std::string msg = e.what();
-        // Gloo 0.0~git2022 has no exception type for time-outs: its message says so.
-        bool timed_out = msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
-        mark_broken(msg);
-        std::string text = std::string("gloo: ") + what + " on rank " + std::to_string(rank_) + " of " +
-                           std::to_string(size_) + (timed_out ? " timed out after " + seconds_text(t) : " failed") +
-                           " (a peer may have died or stalled): " + msg;
-        if (timed_out) throw TimeoutError(text);
-        throw NetworkError(text);
+        // gloo::Exception and its IoException, but also what derives from std::exception alone
+        // (gloo::EnforceNotMet, std::bad_alloc): the group is broken either way, since the pairs
+        // are in an unknown state. Gloo has no exception type for time-outs (IoException for
+        // every I/O failure): an operation that failed once its deadline had passed timed out.
+        fail(what, t, std::chrono::steady_clock::now() - started >= t, e.what());
       }
     };
+  }
+
+  // Breaks the group and throws the error of `what`: TimeoutError or NetworkError.
+  [[noreturn]] void fail(const char* what, std::chrono::milliseconds t, bool timed_out, const std::string& msg) {
+    mark_broken(msg);
+    std::string text = std::string("gloo: ") + what + " on rank " + std::to_string(rank_) + " of " +
+                       std::to_string(size_) + (timed_out ? " timed out after " + seconds_text(t) : " failed") +
+                       " (a peer may have died or stalled): " + msg;
+    if (timed_out) throw TimeoutError(text);
+    throw NetworkError(text);
   }
 
   // Working buffers of reduce_scatter, kept between calls (grow-only): allocating and first

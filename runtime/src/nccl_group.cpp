@@ -14,7 +14,7 @@
 #include <mutex>
 #include <thread>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/store.hpp"
 #include "ddprun/runtime/heartbeat.hpp"
 #include "nccl_api.hpp"

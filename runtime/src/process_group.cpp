@@ -3,7 +3,7 @@
 #include <csignal>
 #include <mutex>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/prefix_store.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
 #include "ddprun/runtime/env.hpp"

@@ -6,16 +6,13 @@
 #include <memory>
 #include <string>
 
+#include "ddprun/common/text.hpp"
 #include "ddprun/runtime/process_group.hpp"
 
 namespace ddprun::runtime {
 
 // "1.5 s", for time-out messages.
-inline std::string seconds_text(std::chrono::milliseconds d) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(d.count()) / 1000.0);
-  return buf;
-}
+inline std::string seconds_text(std::chrono::milliseconds d) { return duration_text(d); }
 
 std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<rendezvous::Store> store, int rank, int size,
                                                       const ProcessGroupOptions& options, const std::string& store_host);

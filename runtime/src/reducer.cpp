@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/runtime/heartbeat.hpp"
 
 namespace ddprun::runtime {

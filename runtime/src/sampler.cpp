@@ -4,7 +4,7 @@
 #include <random>
 #include <string>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 
 namespace ddprun::runtime {
 

@@ -7,7 +7,7 @@
 
 #include "ddprun/agent/exit_status.hpp"
 #include "ddprun/launcher/cli.hpp"
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "failure_report.hpp"
 #include "output.hpp"
 

@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "ddprun/launcher/cli.hpp"
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "slurm.hpp"
 
 using namespace ddprun::launcher;

@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
 #include "helpers.hpp"
 #include "store_process.hpp"

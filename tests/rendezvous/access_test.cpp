@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "ddprun/rendezvous/auth.hpp"
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
 #include "helpers.hpp"
 #include "peer_access.hpp"

@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/prefix_store.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
 #include "helpers.hpp"

@@ -5,7 +5,7 @@
 
 #include <thread>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
 #include "helpers.hpp"
 

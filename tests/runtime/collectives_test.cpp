@@ -6,7 +6,7 @@
 #include <cmath>
 #include <random>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/runtime/env.hpp"
 #include "group_fixture.hpp"
 

@@ -9,7 +9,7 @@
 #include <atomic>
 #include <fstream>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/runtime/checkpoint.hpp"
 #include "ddprun/runtime/reducer.hpp"
 #include "group_fixture.hpp"

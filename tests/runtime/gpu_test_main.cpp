@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/runtime/reducer.hpp"
 #include "group_fixture.hpp"
 

@@ -10,7 +10,7 @@
 #include <numeric>
 #include <random>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/runtime/checkpoint.hpp"
 #include "ddprun/runtime/reducer.hpp"
 #include "ddprun/runtime/sampler.hpp"

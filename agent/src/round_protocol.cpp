@@ -1,8 +1,8 @@
-#include "round_records.hpp"
+#include "round_protocol.hpp"
 
 #include <nlohmann/json.hpp>
 
-#include "ddprun/rendezvous/error.hpp"
+#include "ddprun/common/error.hpp"
 
 namespace ddprun::agent {
 namespace {
@@ -91,45 +91,106 @@ NodeInfo parse_node(const std::string& key, const std::string& value) {
   return n;
 }
 
-std::string failure_json(const FailureRecord& f) {
-  return json{{"kind", "failure"},
-              {"rank", f.rank},
-              {"local_rank", f.local_rank},
-              {"pid", f.pid},
-              {"host", f.host},
-              {"reason", f.reason},
-              {"exit_code", f.exit_code},
-              {"signal", f.status.signal},
-              {"code", f.status.code},
-              {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(f.time.time_since_epoch()).count()},
-              {"error_file", f.error_file},
-              {"message", f.message},
-              {"traceback", f.traceback},
-              {"stderr_tail", std::vector<std::string>(f.stderr_tail.begin(), f.stderr_tail.end())}}
-      .dump();
+std::string round_key(int round, const std::string& name) { return "r" + std::to_string(round) + "/" + name; }
+
+const char* to_string(RoundEnd::Kind k) {
+  switch (k) {
+    case RoundEnd::Kind::failure: return "failure";
+    case RoundEnd::Kind::node_lost: return "node_lost";
+    case RoundEnd::Kind::membership: return "membership";
+    case RoundEnd::Kind::stopped: return "stopped";
+    case RoundEnd::Kind::success: return "success";
+  }
+  return "?";
 }
 
-std::string stopped_json(int signal, const std::string& host, const std::string& by) {
-  return json{{"kind", "stopped"}, {"signal", signal}, {"host", host}, {"by", by}}.dump();
+RoundEnd RoundEnd::of_failure(FailureRecord f) {
+  RoundEnd e;
+  e.kind = Kind::failure;
+  e.host = f.host;
+  e.failure = std::move(f);
+  return e;
+}
+
+RoundEnd RoundEnd::of_stop(int signal, std::string host, std::string by) {
+  RoundEnd e;
+  e.kind = Kind::stopped;
+  e.signal = signal;
+  e.host = std::move(host);
+  e.by = std::move(by);
+  return e;
+}
+
+RoundEnd RoundEnd::of_node_lost(int group_rank, std::string host, double idle_s) {
+  RoundEnd e;
+  e.kind = Kind::node_lost;
+  e.group_rank = group_rank;
+  e.host = std::move(host);
+  e.idle_s = idle_s;
+  return e;
+}
+
+RoundEnd RoundEnd::of_membership(std::string host) {
+  RoundEnd e;
+  e.kind = Kind::membership;
+  e.host = std::move(host);
+  return e;
+}
+
+RoundEnd RoundEnd::of_success() { return RoundEnd{}; }
+
+std::string round_end_json(const RoundEnd& e) {
+  json j = {{"kind", to_string(e.kind)}};
+  switch (e.kind) {
+    case RoundEnd::Kind::failure: {
+      const FailureRecord& f = *e.failure;
+      j.update(json{{"rank", f.rank}, {"local_rank", f.local_rank}, {"pid", f.pid}, {"host", f.host},
+                    {"reason", f.reason}, {"exit_code", f.exit_code}, {"signal", f.status.signal},
+                    {"code", f.status.code},
+                    {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(f.time.time_since_epoch()).count()},
+                    {"error_file", f.error_file}, {"message", f.message}, {"traceback", f.traceback},
+                    {"stderr_tail", std::vector<std::string>(f.stderr_tail.begin(), f.stderr_tail.end())}});
+      break;
+    }
+    case RoundEnd::Kind::node_lost:
+      j.update(json{{"group_rank", e.group_rank}, {"host", e.host}, {"idle_s", e.idle_s}});
+      break;
+    case RoundEnd::Kind::stopped:
+      j.update(json{{"signal", e.signal}, {"host", e.host}, {"by", e.by}});
+      break;
+    case RoundEnd::Kind::membership:
+      j["host"] = e.host;
+      break;
+    case RoundEnd::Kind::success:
+      break;
+  }
+  return j.dump();
 }
 
 RoundEnd parse_round_end(const std::string& key, const std::string& value) {
   auto j = object(key, value);
   RoundEnd r;
-  r.kind = field<std::string>(j, key, "kind", "");
-  static const char* kKinds[] = {"failure", "node_lost", "membership", "stopped", "success"};
+  const std::string kind = field<std::string>(j, key, "kind", "");
   bool known = false;
-  for (const char* k : kKinds) known = known || r.kind == k;
-  if (!known) malformed(key, "field 'kind' is '" + r.kind.substr(0, 40) + "', not one of failure, node_lost, membership, stopped, success");
+  for (auto k : {RoundEnd::Kind::failure, RoundEnd::Kind::node_lost, RoundEnd::Kind::membership,
+                 RoundEnd::Kind::stopped, RoundEnd::Kind::success}) {
+    if (kind == to_string(k)) {
+      r.kind = k;
+      known = true;
+    }
+  }
+  if (!known) {
+    malformed(key, "field 'kind' is '" + kind.substr(0, 40) +
+                       "', not one of failure, node_lost, membership, stopped, success");
+  }
   r.host = field<std::string>(j, key, "host", "?");
   r.group_rank = field<int>(j, key, "group_rank", -1);
   r.signal = field<int>(j, key, "signal", 0);
   r.by = field<std::string>(j, key, "by", "");
+  if (auto it = j.find("idle_s"); it != j.end() && it->is_number()) r.idle_s = it->get<double>();
   if (r.signal < 0 || r.signal > 64) malformed(key, "field 'signal' is not a signal number");
-  if (r.kind == "failure") r.failure = failure_from(j, key);
+  if (r.kind == RoundEnd::Kind::failure) r.failure = failure_from(j, key);
   return r;
 }
-
-FailureRecord parse_failure(const std::string& key, const std::string& value) { return failure_from(object(key, value), key); }
 
 }  // namespace ddprun::agent

@@ -51,4 +51,8 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+// The process exit code for an error that ends a program: 2 for a usage error (as getopt
+// programs do), 1 for anything else. One place, so every program of ddprun agrees.
+int exit_code_for(const std::exception& e) noexcept;
+
 }  // namespace ddprun

@@ -1,0 +1,316 @@
+#include "job_controller.hpp"
+
+#include <csignal>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/common/error.hpp"
+#include "event_log.hpp"
+#include "output.hpp"
+#include "run_dir.hpp"
+#include "worker_plan.hpp"
+
+namespace ddprun::agent {
+namespace {
+
+using Kind = RoundEnd::Kind;
+
+bool terminating(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT; }
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+const char* to_string(Phase p) {
+  switch (p) {
+    case Phase::rendezvous: return "rendezvous";
+    case Phase::running: return "running";
+    case Phase::stopping: return "stopping";
+    case Phase::draining: return "draining";
+    case Phase::done: return "done";
+  }
+  return "?";
+}
+
+JobController::JobController(const AgentOptions& opt, WorkerGroup& group, Rendezvous& rdzv, EventLog& events,
+                             const RunDir& dir, std::string node_name)
+    : opt_(opt), group_(group), rdzv_(rdzv), events_(events), dir_(dir), node_name_(std::move(node_name)) {
+  rdzv_.set_listener(*this);
+}
+
+void JobController::enter(Phase p) {
+  spdlog::debug("ddprun: {} -> {} (round {})", to_string(phase_), to_string(p), round_);
+  phase_ = p;
+}
+
+void JobController::start() {
+  if (!rdzv_.describe().empty()) spdlog::info("ddprun: joining the rendezvous at {}", rdzv_.describe());
+  join(0, 0);
+}
+
+void JobController::join(int round, int restart_count) {
+  round_ = round;
+  attempt_ = restart_count;
+  outcome_.reset();
+  root_cause_.reset();
+  failures_.clear();
+  enter(Phase::rendezvous);
+  rdzv_.join(round, restart_count);
+}
+
+// ---- rendezvous events ------------------------------------------------------------------------
+
+void JobController::on_round_ready(const RoundInfo& info) {
+  if (phase_ != Phase::rendezvous) return;
+  info_ = info;
+  round_ = info.round;
+  attempt_ = info.restart_count;
+  if (opt_.rdzv.enabled) {
+    spdlog::info("ddprun: rendezvous round {} complete: {} nodes, {} workers", round_, info.group_world,
+                 info.world_size);
+  }
+  if (events_.enabled()) {
+    nlohmann::json members = nlohmann::json::array();
+    for (const auto& n : info.nodes) members.push_back(n.host);
+    events_.emit("rendezvous_complete", {{"round", round_}, {"world_size", info.world_size},
+                                         {"nodes", info.group_world}, {"members", members}});
+  }
+  start_workers();
+}
+
+void JobController::on_rendezvous_failed(const std::string& message, int exit_code) {
+  if (phase_ != Phase::rendezvous) return;
+  if (exit_code > 128) {
+    spdlog::warn("ddprun: {}", message);
+  } else {
+    spdlog::error("ddprun: {}", message);
+  }
+  exit_code_ = exit_code;
+  enter(Phase::done);
+}
+
+void JobController::on_round_over(const RoundOutcome& o) {
+  if (o.round != round_ || outcome_ || (phase_ != Phase::running && phase_ != Phase::stopping)) return;
+  outcome_ = o;
+  log_outcome(o);
+  if (phase_ == Phase::running) {
+    if (!o.end || o.end->kind != Kind::success) group_.stop(SIGTERM);
+    enter(Phase::stopping);
+  }
+  decide();
+}
+
+void JobController::on_finished() {
+  if (phase_ == Phase::draining) enter(Phase::done);
+}
+
+void JobController::log_outcome(const RoundOutcome& o) {
+  if (!o.end) {
+    spdlog::error("ddprun: {}; stopping this node", o.error);
+    return;
+  }
+  const RoundEnd& e = *o.end;
+  switch (e.kind) {
+    case Kind::failure:
+      if (!root_cause_) {
+        spdlog::warn("ddprun: round {} failed on host {} (rank {}: {}); stopping this node's workers", round_,
+                     e.failure->host, e.failure->rank, e.failure->reason);
+      }
+      break;
+    case Kind::node_lost:
+      spdlog::warn("ddprun: round {}: node {} ({}) stopped answering; stopping this node's workers", round_,
+                   e.group_rank, e.host);
+      events_.emit("node_lost", {{"round", round_}, {"group_rank", e.group_rank}, {"lost_host", e.host}});
+      break;
+    case Kind::membership:
+      spdlog::info("ddprun: round {}: node {} wants to join; restarting with it", round_, e.host);
+      break;
+    case Kind::stopped:
+      spdlog::warn("ddprun: the job was stopped by {} on host {}", signal_name(e.signal), e.host);
+      break;
+    case Kind::success:
+      break;
+  }
+}
+
+// ---- workers ----------------------------------------------------------------------------------
+
+void JobController::start_workers() {
+  try {
+    group_.start(plan_workers(opt_, info_, dir_));
+  } catch (const Error& e) {
+    spdlog::error("ddprun: {}", e.what());
+    finish(1, false);
+    return;
+  }
+  group_ended_ = false;
+  attempt_started_ = std::chrono::steady_clock::now();
+  enter(Phase::running);
+  const auto& ws = group_.workers();
+  if (events_.enabled()) {
+    nlohmann::json ranks = nlohmann::json::array(), pids = nlohmann::json::array();
+    for (const auto& w : ws) {
+      ranks.push_back(w.spec.rank);
+      pids.push_back(w.pid);
+    }
+    events_.emit("workers_started", {{"attempt", attempt_}, {"round", round_}, {"ranks", ranks}, {"pids", pids}});
+  }
+  if (opt_.rdzv.enabled) {
+    spdlog::info("ddprun: round {}: node {} of {}, started ranks {}..{} of {} (restart count {}, store {}:{})",
+                 round_, info_.group_rank, info_.group_world, info_.rank_offset,
+                 info_.rank_offset + opt_.nproc_per_node - 1, info_.world_size, attempt_, info_.store_host,
+                 info_.store_port);
+  } else {
+    spdlog::info("ddprun: started {} worker{} (attempt {}, store {}:{})", ws.size(), ws.size() == 1 ? "" : "s",
+                 attempt_, info_.store_host, info_.store_port);
+  }
+}
+
+void JobController::on_worker_failed(const Worker& w, const std::string& reason, int code, FailureKind kind) {
+  auto when = w.running ? std::chrono::system_clock::now() : w.ended_wall;
+  FailureRecord f = make_failure_record(w.spec.rank, w.spec.local_rank, w.pid, w.status, when, w.spec.error_file, {});
+  f.host = node_name_;
+  f.reason = reason;
+  f.exit_code = code;
+  if (!w.stopped_by_agent && events_.enabled()) {
+    nlohmann::json e = {{"rank", w.spec.rank}, {"local_rank", w.spec.local_rank}, {"pid", w.pid},
+                        {"reason", to_string(kind)}, {"detail", reason}, {"attempt", attempt_}};
+    e["exit_code"] = kind == FailureKind::exit ? nlohmann::json(w.status.code) : nlohmann::json();
+    e["signal"] = kind == FailureKind::signal || kind == FailureKind::oom ? nlohmann::json(w.status.signal)
+                                                                           : nlohmann::json();
+    events_.emit("worker_failed", e);
+  }
+  if (phase_ != Phase::running || w.stopped_by_agent || stop_signal_ != 0) {
+    failures_.push_back(std::move(f));
+    return;
+  }
+  // The first failure of the round on this node: the root cause, unless another node's came first.
+  spdlog::debug("ddprun: root cause: rank {}: {}", w.spec.rank, f.reason);
+  f.stderr_tail = group_.stderr_tail(w.spec.local_rank);
+  root_cause_ = f;
+  end_round(RoundEnd::of_failure(f), info_.group_world);
+  group_.stop(SIGTERM);
+  enter(Phase::stopping);
+}
+
+void JobController::on_group_ended() {
+  group_ended_ = true;
+  if (phase_ == Phase::running) {
+    // Nothing failed: every worker exited 0.
+    auto n = group_.workers().size();
+    spdlog::info("ddprun: {}all {} worker{} exited 0 ({:.2f} s){}",
+                 opt_.rdzv.enabled ? "round " + std::to_string(round_) + ": this node's " : "", n, n == 1 ? "" : "s",
+                 seconds_since(attempt_started_), opt_.rdzv.enabled ? "; waiting for the other nodes" : "");
+    rdzv_.report_success(round_);
+    enter(Phase::stopping);
+  }
+  decide();
+}
+
+void JobController::end_round(const RoundEnd& why, int expect_next) { rdzv_.end_round(round_, why, expect_next); }
+
+// ---- decisions --------------------------------------------------------------------------------
+
+void JobController::decide() {
+  if (phase_ != Phase::stopping || !group_ended_ || !outcome_) return;
+  if (!outcome_->end) return finish(1, false);
+  const RoundEnd& e = *outcome_->end;
+  switch (e.kind) {
+    case Kind::success:
+      if (info_.group_world > 1) spdlog::info("ddprun: all {} nodes finished; job done", info_.group_world);
+      return finish(0, true);
+    case Kind::stopped:
+      spdlog::warn("ddprun: stopped by {}; workers ended after {:.2f} s", signal_name(e.signal),
+                   seconds_since(attempt_started_));
+      return finish(128 + (e.signal > 0 ? e.signal : SIGTERM), true);
+    case Kind::failure:
+      return decide_failure(*e.failure);
+    case Kind::node_lost:
+    case Kind::membership:
+      break;
+  }
+  if (stop_signal_ != 0) {  // signalled while this round was ending: no next round
+    rdzv_.leave(round_ + 1, stop_signal_);
+    exit_code_ = 128 + stop_signal_;
+    return enter(Phase::draining);
+  }
+  join(round_ + 1, attempt_);
+}
+
+void JobController::decide_failure(const FailureRecord& root) {
+  if (attempt_ + 1 > opt_.max_restarts || stop_signal_ != 0) {
+    if (stop_signal_ != 0) {
+      rdzv_.leave(round_ + 1, stop_signal_);
+      exit_code_ = 128 + stop_signal_;
+      return enter(Phase::draining);
+    }
+    report_failure(root);
+    return finish(root.exit_code, true);
+  }
+  int next = attempt_ + 1;
+  std::string who = "rank " + std::to_string(root.rank);
+  if (opt_.rdzv.enabled) {
+    spdlog::warn("ddprun: restarting the job on every node (restart {} of {})", next, opt_.max_restarts);
+    who += " on " + root.host;
+  } else {
+    spdlog::warn("ddprun: rank {} failed ({}); restarting the worker group (restart {} of {})", root.rank, root.reason,
+                 next, opt_.max_restarts);
+  }
+  events_.emit("restart", {{"count", next}, {"reason", who + ": " + root.reason}});
+  join(round_ + 1, next);
+}
+
+// The summary: the root cause (with its last stderr lines, complete now that the output is
+// drained) and this node's other failures.
+void JobController::report_failure(FailureRecord root) {
+  std::vector<FailureRecord> others;
+  for (auto f : failures_) {
+    f.stderr_tail = group_.stderr_tail(f.local_rank);
+    others.push_back(std::move(f));
+  }
+  if (root_cause_ && root_cause_->pid == root.pid && root_cause_->host == root.host) {
+    root.stderr_tail = group_.stderr_tail(root_cause_->local_rank);
+  } else if (root_cause_) {
+    others.push_back(*root_cause_);  // this node failed too, but after the root cause
+  }
+  write_to_console(format_failure_report(root, others, opt_.role, attempt_, opt_.max_restarts));
+}
+
+void JobController::finish(int code, bool acknowledge) {
+  exit_code_ = code;
+  enter(Phase::draining);
+  rdzv_.finish(round_, acknowledge);
+}
+
+// ---- signals ----------------------------------------------------------------------------------
+
+void JobController::on_signal(int sig) {
+  if (stop_signal_ != 0 && (sig == SIGINT || sig == SIGTERM)) return second_signal(sig);
+  if (phase_ == Phase::draining || phase_ == Phase::done) return;
+  spdlog::warn("ddprun: received {}; forwarding it to the workers", signal_name(sig));
+  if (stop_signal_ == 0) stop_signal_ = sig;
+  if (phase_ == Phase::rendezvous) {
+    // No worker runs here: tell the other nodes (they may be waiting for this one), then leave.
+    rdzv_.leave(round_, sig);
+    exit_code_ = 128 + sig;
+    return enter(Phase::draining);
+  }
+  if (!outcome_) end_round(RoundEnd::of_stop(sig, node_name_, ""), 0);
+  if (terminating(sig)) {
+    group_.stop(sig);
+  } else {
+    group_.forward(sig);  // e.g. SIGUSR1, a preemption notice: the workers decide when to end
+  }
+  if (phase_ == Phase::running) enter(Phase::stopping);
+  decide();
+}
+
+void JobController::second_signal(int sig) {
+  spdlog::warn("ddprun: {} again: killing the workers now", signal_name(sig));
+  group_.kill_now();
+  if (phase_ == Phase::draining) enter(Phase::done);
+}
+
+}  // namespace ddprun::agent

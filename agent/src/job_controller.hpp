@@ -1,0 +1,99 @@
+#pragma once
+// The job's state machine: every decision of the agent is taken here (when to start, stop and
+// restart workers, which failure is the root cause, what ddprun exits with), on the loop thread,
+// from events of the WorkerGroup, the Rendezvous and the signals ddprun receives. The controller
+// does no I/O of its own beyond logging: it can be driven entirely in-process by tests.
+//
+// Phases and transitions (the only place they are decided):
+//
+//   rendezvous --round ready---------------------------------> running   (workers started)
+//   rendezvous --rendezvous failed---------------------------> done      (its exit code)
+//   rendezvous --stop signal---------------------------------> draining  (the others are told; 128+sig)
+//   running    --a worker failed or hung (the root cause)----> stopping  (round ended "failure", group stopped)
+//   running    --round over (another node, lost store, ...)-> stopping  (group stopped)
+//   running    --stop signal---------------------------------> stopping  (round ended "stopped", signal passed on)
+//   running    --every worker exited 0-----------------------> stopping  (success reported; waits for every node)
+//   stopping   --group ended and round outcome known---------> decide():
+//                 success                         -> draining (0)
+//                 stopped                         -> draining (128 + signal)
+//                 failure, restarts left          -> rendezvous (next round, restart count + 1)
+//                 failure, no restart left        -> draining (the root cause's code; summary printed)
+//                 node lost, a node joining       -> rendezvous (next round, same restart count)
+//                 rendezvous lost, malformed end  -> draining (1, nothing acknowledged)
+//                 any of these after a stop signal -> draining (128 + signal; the next round is told)
+//   draining   --rendezvous finished-------------------------> done
+//   any phase  --second SIGINT/SIGTERM-----------------------> workers SIGKILLed now (draining: done now)
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddprun/agent/agent.hpp"
+#include "failure_report.hpp"
+#include "rendezvous.hpp"
+#include "worker_group.hpp"
+
+namespace ddprun::agent {
+
+class EventLog;
+class RunDir;
+
+enum class Phase { rendezvous, running, stopping, draining, done };
+const char* to_string(Phase p);
+
+class JobController : public WorkerGroup::Listener, public Rendezvous::Listener {
+ public:
+  // `node_name`: how the other nodes know this one (failure summaries).
+  JobController(const AgentOptions& opt, WorkerGroup& group, Rendezvous& rdzv, EventLog& events, const RunDir& dir,
+                std::string node_name);
+
+  void start();             // joins the first round
+  void on_signal(int sig);  // a signal ddprun handles, SIGCHLD excepted (that one goes to the group)
+
+  Phase phase() const { return phase_; }
+  int exit_code() const { return exit_code_; }
+  int round() const { return round_; }
+  int restart_count() const { return attempt_; }
+
+  // WorkerGroup::Listener
+  void on_worker_failed(const Worker& w, const std::string& reason, int code, FailureKind kind) override;
+  void on_group_ended() override;
+  // Rendezvous::Listener
+  void on_round_ready(const RoundInfo& info) override;
+  void on_rendezvous_failed(const std::string& message, int exit_code) override;
+  void on_round_over(const RoundOutcome& outcome) override;
+  void on_finished() override;
+
+ private:
+  void enter(Phase p);
+  void join(int round, int restart_count);
+  void start_workers();
+  void end_round(const RoundEnd& why, int expect_next);
+  void log_outcome(const RoundOutcome& o);
+  void decide();
+  void decide_failure(const FailureRecord& root);
+  void finish(int code, bool acknowledge);
+  void report_failure(FailureRecord root);
+  void second_signal(int sig);
+
+  const AgentOptions& opt_;
+  WorkerGroup& group_;
+  Rendezvous& rdzv_;
+  EventLog& events_;
+  const RunDir& dir_;
+  std::string node_name_;
+
+  Phase phase_ = Phase::rendezvous;
+  int round_ = 0;
+  int attempt_ = 0;  // TORCHELASTIC_RESTART_COUNT
+  RoundInfo info_;
+  std::optional<RoundOutcome> outcome_;      // how the current round ended, once known
+  std::optional<FailureRecord> root_cause_;  // this node's first failure in the round
+  std::vector<FailureRecord> failures_;      // this node's other failures
+  bool group_ended_ = true;
+  int stop_signal_ = 0;  // ddprun was told to stop by this signal
+  int exit_code_ = 0;
+  std::chrono::steady_clock::time_point attempt_started_;
+};
+
+}  // namespace ddprun::agent

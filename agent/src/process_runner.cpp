@@ -1,0 +1,30 @@
+#include "process_runner.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "ddprun/agent/spawn.hpp"
+#include "guardian.hpp"
+
+namespace ddprun::agent {
+
+ProcessRunner::Started RealProcessRunner::start(const std::vector<std::string>& argv,
+                                                const std::vector<std::string>& env) {
+  auto p = spawn_process(argv, env);
+  guardian_.watch(p.pid);
+  return Started{p.pid, p.stdout_fd, p.stderr_fd};
+}
+
+void RealProcessRunner::signal_group(pid_t pgid, int sig) { ::kill(-pgid, sig); }
+
+std::vector<ProcessRunner::Ended> RealProcessRunner::reap() {
+  std::vector<Ended> out;
+  int status = 0;
+  pid_t pid;
+  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) out.push_back(Ended{pid, ExitStatus::from_wait_status(status)});
+  return out;
+}
+
+void RealProcessRunner::forget(pid_t pgid) { guardian_.forget(pgid); }
+
+}  // namespace ddprun::agent

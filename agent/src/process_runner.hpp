@@ -1,0 +1,56 @@
+#pragma once
+// The seam between the worker group and the operating system (as ninja's CommandRunner): starting
+// a process, signalling its process group, collecting the ones that ended. The agent uses the
+// real one; tests drive a WorkerGroup with a fake that starts nothing.
+
+#include <sys/types.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddprun/agent/exit_status.hpp"
+
+namespace ddprun::agent {
+
+class Guardian;
+
+class ProcessRunner {
+ public:
+  struct Started {
+    pid_t pid = -1;      // also its process group id
+    int stdout_fd = -1;  // pipes the worker writes; -1: none
+    int stderr_fd = -1;
+  };
+  struct Ended {
+    pid_t pid = -1;
+    ExitStatus status;
+  };
+
+  virtual ~ProcessRunner() = default;
+  // Starts `argv` with exactly `env` ("K=V"). Throws ddprun::Error.
+  virtual Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env) = 0;
+  // Sends `sig` to the process group `pgid`.
+  virtual void signal_group(pid_t pgid, int sig) = 0;
+  // The children that ended since the last call (never blocks). May include processes that are
+  // not workers: the caller ignores them.
+  virtual std::vector<Ended> reap() = 0;
+  // The process group `pgid` is gone (reaped and killed): nothing needs to watch it any more.
+  virtual void forget(pid_t pgid) = 0;
+};
+
+// fork + exec (spawn_process), kill(2), waitpid(2); every group it starts is reported to the
+// guardian, which kills it if the agent dies without stopping it.
+class RealProcessRunner : public ProcessRunner {
+ public:
+  explicit RealProcessRunner(Guardian& guardian) : guardian_(guardian) {}
+  Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env) override;
+  void signal_group(pid_t pgid, int sig) override;
+  std::vector<Ended> reap() override;
+  void forget(pid_t pgid) override;
+
+ private:
+  Guardian& guardian_;
+};
+
+}  // namespace ddprun::agent

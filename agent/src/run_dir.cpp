@@ -1,0 +1,70 @@
+#include "run_dir.hpp"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <spdlog/spdlog.h>
+#include <vector>
+
+#include "ddprun/agent/agent.hpp"
+#include "ddprun/common/error.hpp"
+
+namespace ddprun::agent {
+
+namespace fs = std::filesystem;
+
+void make_private_dirs(const std::string& dir) {
+  std::vector<fs::path> created;
+  fs::path p = dir;
+  std::error_code ec;
+  while (!p.empty() && !fs::exists(p, ec)) {
+    created.push_back(p);
+    p = p.parent_path();
+  }
+  for (auto it = created.rbegin(); it != created.rend(); ++it) {
+    if (::mkdir(it->c_str(), 0700) != 0 && errno != EEXIST) {
+      throw Error("cannot create log directory '" + it->string() + "': " + std::strerror(errno) +
+                  " (choose another --log_dir)");
+    }
+  }
+  if (!fs::is_directory(dir, ec)) throw Error("cannot use '" + dir + "' as a log directory: not a directory");
+}
+
+RunDir::RunDir(const AgentOptions& opt) : keep_(opt.redirects.any() || opt.tee.any()) {
+  std::string base = opt.log_dir;
+  if (base.empty()) {
+    auto t = opt.base_env.find("TMPDIR");
+    std::string tmpdir = t != opt.base_env.end() && !t->second.empty() ? t->second : "/tmp";
+    std::string tmpl = tmpdir + "/ddprun-XXXXXX";
+    if (!::mkdtemp(tmpl.data())) {
+      throw Error("cannot create a temporary directory in '" + tmpdir + "': " + std::strerror(errno) +
+                  " (set TMPDIR, or give --log_dir)");
+    }
+    base = temp_root_ = tmpl;
+  }
+  run_dir_ = base + "/" + opt.run_id;
+  try {
+    make_private_dirs(run_dir_);
+  } catch (...) {
+    if (!temp_root_.empty()) ::rmdir(temp_root_.c_str());
+    throw;
+  }
+  if (!opt.log_dir.empty() || keep_) spdlog::info("ddprun: worker logs in {}", run_dir_);
+}
+
+RunDir::~RunDir() {
+  if (temp_root_.empty() || keep_) return;
+  std::error_code ec;
+  fs::remove_all(temp_root_, ec);
+}
+
+std::string RunDir::worker_dir(int round, int local_rank) const {
+  std::string dir = run_dir_ + "/attempt_" + std::to_string(round) + "/" + std::to_string(local_rank);
+  make_private_dirs(dir);
+  return dir;
+}
+
+}  // namespace ddprun::agent

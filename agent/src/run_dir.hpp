@@ -1,0 +1,36 @@
+#pragma once
+// Where a job's files go: <log_dir>/<run_id>/attempt_<round>/<local_rank>/ (logs, error file,
+// heartbeat). Without --log_dir, a fresh directory of ddprun's own under $TMPDIR (mkdtemp: 0700),
+// the only thing ddprun ever removes. Directories it creates are 0700, files 0600: logs may hold
+// what workers print.
+
+#include <string>
+
+namespace ddprun::agent {
+
+struct AgentOptions;
+
+class RunDir {
+ public:
+  // Creates the run directory. Throws ddprun::Error with what to do.
+  explicit RunDir(const AgentOptions& opt);
+  // Removes the temporary directory ddprun created, and nothing else: never --log_dir, never a
+  // parent. Kept when logs were asked for (--redirects, --tee) so they can be read.
+  ~RunDir();
+  RunDir(const RunDir&) = delete;
+  RunDir& operator=(const RunDir&) = delete;
+
+  const std::string& path() const { return run_dir_; }
+  // <run dir>/attempt_<round>/<local_rank>, created.
+  std::string worker_dir(int round, int local_rank) const;
+
+ private:
+  std::string run_dir_;
+  std::string temp_root_;  // the temporary directory ddprun created, or empty
+  bool keep_ = false;
+};
+
+// Creates `dir` and its missing parents, each new one 0700 (existing ones are left as they are).
+void make_private_dirs(const std::string& dir);
+
+}  // namespace ddprun::agent

@@ -1,0 +1,98 @@
+#pragma once
+// One node's worker processes for one attempt: started through a ProcessRunner, their output
+// read from pipes (event-driven, on the agent's loop), reaped on SIGCHLD, stopped (SIGTERM, then
+// SIGKILL after stop_timeout), watched for heartbeats. The group decides nothing: it tells its
+// listener what happened (a worker failed or hung; every worker is gone and its output drained),
+// and the JobController decides what follows.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddprun/agent/exit_status.hpp"
+#include "output.hpp"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::agent {
+
+class ProcessRunner;
+
+// What the controller asks for one worker.
+struct WorkerSpec {
+  int local_rank = 0;
+  int rank = 0;
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  // "K=V", complete
+  std::string error_file;        // TORCHELASTIC_ERROR_FILE
+  std::string heartbeat_file;    // DDPRUN_HEARTBEAT_FILE; empty: not watched
+  StreamRoute out, err;
+};
+
+struct Worker {
+  WorkerSpec spec;
+  pid_t pid = -1;
+  bool running = false;
+  bool stopped_by_agent = false;  // ddprun signalled it: its death is a consequence, not a cause
+  bool reported = false;          // its failure was reported (a hang: its death is not reported again)
+  ExitStatus status;
+  std::chrono::system_clock::time_point started_wall, ended_wall;
+};
+
+// Why a worker is reported failed (the event log's "reason").
+enum class FailureKind { exit, signal, hang, oom };
+const char* to_string(FailureKind k);
+
+class WorkerGroup {
+ public:
+  // Called on the loop thread.
+  struct Listener {
+    virtual ~Listener() = default;
+    // A worker ended unsuccessfully (`code`: ddprun's exit code for it), or hung (it still runs).
+    virtual void on_worker_failed(const Worker& w, const std::string& reason, int code, FailureKind kind) = 0;
+    // Every worker of the group ended and its output is drained (bounded: 2 s after the last
+    // exit, for a grandchild that escaped the process group and holds a pipe).
+    virtual void on_group_ended() = 0;
+  };
+  struct Options {
+    std::chrono::milliseconds worker_timeout{0};  // heartbeats: 0 = not watched
+    std::chrono::milliseconds stop_timeout{std::chrono::seconds(5)};
+  };
+
+  WorkerGroup(boost::asio::io_context& io, ProcessRunner& runner, Listener& listener, Options options);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Starts a new group (the previous one must have ended). Throws ddprun::Error; workers already
+  // started are then killed.
+  void start(std::vector<WorkerSpec> specs);
+  // SIGCHLD: collects every ended child and reports what it means.
+  void reap();
+  // Stops every running worker with `sig` (SIGKILL to each one still running stop_timeout later).
+  void stop(int sig);
+  // SIGKILL to every running worker, now.
+  void kill_now();
+  // Passes `sig` on to every running worker without stopping the group (SIGUSR1, ...).
+  void forward(int sig);
+  // Checks the heartbeat files (the group's timer calls this; tests call it with their own clock).
+  void check_heartbeats(std::chrono::steady_clock::time_point now);
+
+  bool stopping() const;
+  bool ended() const;  // every worker reaped and drained (true before the first start)
+  const std::vector<Worker>& workers() const;
+  // The last stderr lines of a worker of the current group.
+  std::deque<std::string> stderr_tail(int local_rank) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddprun::agent

@@ -1,0 +1,79 @@
+#include "worker_plan.hpp"
+
+#include <unistd.h>
+
+#include <map>
+
+namespace ddprun::agent {
+namespace {
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (std::size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) {
+    s.replace(pos, from.size(), to);
+  }
+  return s;
+}
+
+std::vector<std::string> worker_env(const AgentOptions& opt, const RoundInfo& r, const WorkerSpec& w) {
+  std::map<std::string, std::string> env = opt.base_env;
+  auto set = [&](const std::string& k, const std::string& v) { env[k] = v; };
+  set("RANK", std::to_string(w.rank));
+  set("LOCAL_RANK", std::to_string(w.local_rank));
+  set("WORLD_SIZE", std::to_string(r.world_size));
+  set("LOCAL_WORLD_SIZE", std::to_string(opt.nproc_per_node));
+  set("GROUP_RANK", std::to_string(r.group_rank));
+  set("GROUP_WORLD_SIZE", std::to_string(r.group_world));
+  set("ROLE_NAME", opt.role);
+  set("ROLE_RANK", std::to_string(w.rank));
+  set("ROLE_WORLD_SIZE", std::to_string(r.world_size));
+  set("MASTER_ADDR", r.store_host);
+  set("MASTER_PORT", std::to_string(r.store_port));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(r.restart_count));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(opt.max_restarts));
+  set("TORCHELASTIC_RUN_ID", opt.run_id);
+  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  set("TORCHELASTIC_ERROR_FILE", w.error_file);
+  set("DDPRUN_HEARTBEAT_FILE", w.heartbeat_file);
+  env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  env.try_emplace("NCCL_ASYNC_ERROR_HANDLING", "1");  // the name PyTorch 1.13 reads
+  if (opt.nproc_per_node > 1) env.try_emplace("OMP_NUM_THREADS", "1");
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+StreamRoute route(const AgentOptions& opt, const WorkerSpec& w, const std::string& dir, int which /*1 out, 2 err*/) {
+  StreamRoute r;
+  bool redirect = opt.redirects.for_rank(w.local_rank) & which;
+  bool tee = opt.tee.for_rank(w.local_rank) & which;
+  bool shown = opt.local_ranks_filter.empty() || opt.local_ranks_filter.count(w.local_rank);
+  if (!redirect && shown) r.console_fd = which == 1 ? STDOUT_FILENO : STDERR_FILENO;
+  if (redirect || tee) r.file = dir + (which == 1 ? "/stdout.log" : "/stderr.log");
+  r.keep_tail = which == 2;
+  r.prefix = replace_all(replace_all(replace_all(opt.line_prefix_template, "${role_name}", opt.role),
+                                     "${local_rank}", std::to_string(w.local_rank)),
+                         "${rank}", std::to_string(w.rank));
+  return r;
+}
+
+}  // namespace
+
+std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const RoundInfo& round, const RunDir& dir) {
+  std::vector<WorkerSpec> specs(opt.nproc_per_node);
+  for (int i = 0; i < opt.nproc_per_node; ++i) {
+    auto& w = specs[i];
+    w.local_rank = i;
+    w.rank = round.rank_offset + i;
+    std::string wdir = dir.worker_dir(round.round, i);
+    w.error_file = wdir + "/error.json";
+    w.heartbeat_file = wdir + "/heartbeat";
+    for (const auto& a : opt.command) w.argv.push_back(replace_all(a, "${local_rank}", std::to_string(i)));
+    w.env = worker_env(opt, round, w);
+    w.out = route(opt, w, wdir, 1);
+    w.err = route(opt, w, wdir, 2);
+  }
+  return specs;
+}
+
+}  // namespace ddprun::agent

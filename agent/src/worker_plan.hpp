@@ -1,0 +1,17 @@
+#pragma once
+// What each local rank runs in a round: its command, torchrun's environment, where its output
+// goes, its files (TORCHELASTIC_ERROR_FILE, DDPRUN_HEARTBEAT_FILE).
+
+#include <vector>
+
+#include "ddprun/agent/agent.hpp"
+#include "rendezvous.hpp"
+#include "run_dir.hpp"
+#include "worker_group.hpp"
+
+namespace ddprun::agent {
+
+// Creates the workers' directories. Throws ddprun::Error.
+std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const RoundInfo& round, const RunDir& dir);
+
+}  // namespace ddprun::agent

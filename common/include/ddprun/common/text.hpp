@@ -1,0 +1,34 @@
+#pragma once
+// Small text helpers every part of ddprun shares: strict integer parsing, durations and
+// addresses in messages, splitting and trimming. One copy each (they used to exist in up to four).
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddprun {
+
+// The whole of `s` as a base-10 integer: no sign other than a leading '-', no spaces, no
+// trailing text, no overflow. nullopt otherwise.
+std::optional<long long> parse_int(std::string_view s) noexcept;
+// As parse_int, and within [lo, hi].
+std::optional<long long> parse_int(std::string_view s, long long lo, long long hi) noexcept;
+// A finite decimal number ("1.5", "2", "1e3"); nullopt for anything else.
+std::optional<double> parse_double(std::string_view s) noexcept;
+
+// "5 s", "250 ms", "1.5 s": for messages about time-outs and durations.
+std::string duration_text(std::chrono::milliseconds d);
+std::string duration_text(std::chrono::steady_clock::duration d);
+
+// "host:port", or "[v6]:port" for an IPv6 literal.
+std::string format_address(const std::string& host, std::uint16_t port);
+
+// Splits at every `sep` (empty fields kept, none for an empty string).
+std::vector<std::string> split(std::string_view s, char sep);
+// Without leading and trailing white space.
+std::string trim(std::string_view s);
+
+}  // namespace ddprun

@@ -1,0 +1,70 @@
+#include "ddprun/common/text.hpp"
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace ddprun {
+
+std::optional<long long> parse_int(std::string_view s) noexcept {
+  if (s.empty()) return std::nullopt;
+  long long v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<long long> parse_int(std::string_view s, long long lo, long long hi) noexcept {
+  auto v = parse_int(s);
+  if (!v || *v < lo || *v > hi) return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_double(std::string_view s) noexcept {
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s.front()))) return std::nullopt;
+  std::string copy(s);
+  char* end = nullptr;
+  double v = std::strtod(copy.c_str(), &end);
+  if (end != copy.c_str() + copy.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+std::string duration_text(std::chrono::milliseconds d) {
+  auto ms = d.count();
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
+  if (ms > -1000 && ms < 1000) return std::to_string(ms) + " ms";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(ms) / 1000.0);
+  return buf;
+}
+
+std::string duration_text(std::chrono::steady_clock::duration d) {
+  return duration_text(std::chrono::duration_cast<std::chrono::milliseconds>(d));
+}
+
+std::string format_address(const std::string& host, std::uint16_t port) {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+std::vector<std::string> split(std::string_view s, char sep) {
+  std::vector<std::string> out;
+  if (s.empty()) return out;
+  std::size_t start = 0;
+  for (;;) {
+    auto pos = s.find(sep, start);
+    out.emplace_back(s.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start));
+    if (pos == std::string_view::npos) return out;
+    start = pos + 1;
+  }
+}
+
+std::string trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  return std::string(s);
+}
+
+}  // namespace ddprun
