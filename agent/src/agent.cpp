@@ -95,16 +95,8 @@ struct Agent::Impl {
 
   int run_loop(asio::io_context& io, asio::signal_set& signals, ProcessRunner& runner, Rendezvous& rdzv,
                EventLog& events, RunDir& dir, const std::string& node_name) {
-    struct GroupEvents : WorkerGroup::Listener {
-      WorkerGroup::Listener* to = nullptr;
-      void on_worker_failed(const Worker& w, const std::string& r, int c, FailureKind k) override {
-        to->on_worker_failed(w, r, c, k);
-      }
-      void on_group_ended() override { to->on_group_ended(); }
-    } relay;
-    WorkerGroup group(io, runner, relay, {opt.worker_timeout, opt.stop_timeout});
+    WorkerGroup group(io, runner, {opt.worker_timeout, opt.stop_timeout});
     JobController controller(opt, group, rdzv, events, dir, node_name);
-    relay.to = &controller;
     std::function<void()> wait_signals = [&] {
       signals.async_wait([&](boost::system::error_code ec, int sig) {
         if (ec) return;

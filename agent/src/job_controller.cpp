@@ -38,6 +38,7 @@ JobController::JobController(const AgentOptions& opt, WorkerGroup& group, Rendez
                              const RunDir& dir, std::string node_name)
     : opt_(opt), group_(group), rdzv_(rdzv), events_(events), dir_(dir), node_name_(std::move(node_name)) {
   rdzv_.set_listener(*this);
+  group_.set_listener(*this);
 }
 
 void JobController::enter(Phase p) {

@@ -56,7 +56,7 @@ struct Slot {
 struct WorkerGroup::Impl {
   asio::io_context& io;
   ProcessRunner& runner;
-  Listener& listener;
+  Listener* listener = nullptr;
   Options opt;
   asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io};
   std::vector<std::unique_ptr<Slot>> slots;
@@ -66,7 +66,7 @@ struct WorkerGroup::Impl {
   bool is_ended = true;
   std::optional<long long> oom_kills_at_start;
 
-  Impl(asio::io_context& i, ProcessRunner& r, Listener& l, Options o) : io(i), runner(r), listener(l), opt(o) {}
+  Impl(asio::io_context& i, ProcessRunner& r, Options o) : io(i), runner(r), opt(o) {}
 
   void refresh() {
     view.clear();
@@ -179,7 +179,7 @@ struct WorkerGroup::Impl {
       if (w.status.success() || w.reported) continue;
       w.reported = true;
       std::string reason = w.stopped_by_agent ? w.status.describe() + " (stopped by ddprun)" : w.status.describe();
-      listener.on_worker_failed(w, reason, w.status.shell_code(), kind_of(w));
+      listener->on_worker_failed(w, reason, w.status.shell_code(), kind_of(w));
     }
     maybe_ended();
   }
@@ -251,7 +251,7 @@ struct WorkerGroup::Impl {
                       std::chrono::duration<double>(opt.worker_timeout).count());
         w.reported = true;
         refresh();
-        listener.on_worker_failed(w, reason, kHeartbeatExitCode, FailureKind::hang);
+        listener->on_worker_failed(w, reason, kHeartbeatExitCode, FailureKind::hang);
         return;  // the listener stops the group
       }
     }
@@ -291,12 +291,13 @@ struct WorkerGroup::Impl {
         s->err_pipe->close(ignored);
       }
     }
-    listener.on_group_ended();
+    listener->on_group_ended();
   }
 };
 
-WorkerGroup::WorkerGroup(boost::asio::io_context& io, ProcessRunner& runner, Listener& listener, Options options)
-    : impl_(std::make_unique<Impl>(io, runner, listener, options)) {}
+WorkerGroup::WorkerGroup(boost::asio::io_context& io, ProcessRunner& runner, Options options)
+    : impl_(std::make_unique<Impl>(io, runner, options)) {}
+void WorkerGroup::set_listener(Listener& listener) { impl_->listener = &listener; }
 WorkerGroup::~WorkerGroup() = default;
 void WorkerGroup::start(std::vector<WorkerSpec> specs) { impl_->start(std::move(specs)); }
 void WorkerGroup::reap() { impl_->reap(); }

@@ -65,7 +65,8 @@ class WorkerGroup {
     std::chrono::milliseconds stop_timeout{std::chrono::seconds(5)};
   };
 
-  WorkerGroup(boost::asio::io_context& io, ProcessRunner& runner, Listener& listener, Options options);
+  WorkerGroup(boost::asio::io_context& io, ProcessRunner& runner, Options options);
+  void set_listener(Listener& listener);
   ~WorkerGroup();
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;

@@ -40,10 +40,6 @@ std::string duration_text(std::chrono::milliseconds d) {
   return buf;
 }
 
-std::string duration_text(std::chrono::steady_clock::duration d) {
-  return duration_text(std::chrono::duration_cast<std::chrono::milliseconds>(d));
-}
-
 std::string format_address(const std::string& host, std::uint16_t port) {
   if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
   return host + ":" + std::to_string(port);

@@ -21,7 +21,6 @@ std::optional<double> parse_double(std::string_view s) noexcept;
 
 // "5 s", "250 ms", "1.5 s": for messages about time-outs and durations.
 std::string duration_text(std::chrono::milliseconds d);
-std::string duration_text(std::chrono::steady_clock::duration d);
 
 // "host:port", or "[v6]:port" for an IPv6 literal.
 std::string format_address(const std::string& host, std::uint16_t port);

@@ -1,71 +1,10 @@
-// Unit tests of the agent's and launcher's pieces: exit statuses, line splitting, error files,
-// command-line parsing.
-
-#include <sys/wait.h>
-
+// The command line: torchrun's flags, their PET_ fallbacks, what they turn into.
 #include <catch2/catch.hpp>
 
-#include "ddprun/agent/exit_status.hpp"
-#include "ddprun/launcher/cli.hpp"
 #include "ddprun/common/error.hpp"
-#include "failure_report.hpp"
-#include "output.hpp"
+#include "ddprun/launcher/cli.hpp"
 
 using namespace ddprun;
-using namespace ddprun::agent;
-
-TEST_CASE("exit statuses map to shell codes like srun", "[units]") {
-  auto exited = ExitStatus::from_wait_status(3 << 8);
-  CHECK(exited.code == 3);
-  CHECK(exited.shell_code() == 3);
-  CHECK(exited.describe() == "exit code 3");
-  ExitStatus killed;
-  killed.signal = SIGKILL;
-  CHECK(killed.shell_code() == 137);
-  CHECK(killed.describe() == "signal SIGKILL (9)");
-  CHECK(parse_signal("SIGUSR1") == SIGUSR1);
-  CHECK(parse_signal("USR2") == SIGUSR2);
-  CHECK(parse_signal("15") == SIGTERM);
-  CHECK(parse_signal("SIGNOPE") == 0);
-  CHECK(signal_name(SIGSEGV) == "SIGSEGV");
-}
-
-TEST_CASE("the line splitter yields whole lines and cuts runaway ones", "[units]") {
-  LineSplitter s;
-  std::vector<std::string> got;
-  auto sink = [&](std::string_view l) { got.emplace_back(l); };
-  s.feed("ab", sink);
-  s.feed("c\nde", sink);
-  s.feed("f\n\ng", sink);
-  CHECK(got == std::vector<std::string>{"abc", "def", ""});
-  s.finish(sink);
-  CHECK(got.back() == "g");
-  got.clear();
-  s.feed(std::string(LineSplitter::kMaxLine + 10, 'x'), sink);
-  CHECK(got.size() == 1);
-  CHECK(got[0].size() == LineSplitter::kMaxLine);
-  s.finish(sink);
-  CHECK(got[1].size() == 10);
-  got.clear();
-  s.feed(std::string(200000, 'y') + "\n", sink);  // ends with a newline: the last piece is short
-  CHECK(got.size() == 4);
-  CHECK(got[3].size() == 200000 - 3 * LineSplitter::kMaxLine);
-  got.clear();
-  s.feed(std::string(LineSplitter::kMaxLine, 'z') + "\n", sink);  // exactly the limit: one line
-  CHECK(got.size() == 1);
-}
-
-TEST_CASE("PyTorch's error file JSON is read - anything else is not", "[units]") {
-  std::string m, t;
-  CHECK(parse_error_file(R"({"message": {"message": "RuntimeError: x", "extraInfo": {"py_callstack": "tb", "timestamp": "1"}}})", m, t));
-  CHECK(m == "RuntimeError: x");
-  CHECK(t == "tb");
-  m.clear();
-  CHECK(parse_error_file(R"({"message": "plain"})", m, t));
-  CHECK(m == "plain");
-  CHECK_FALSE(parse_error_file("not json", m, t));
-  CHECK_FALSE(parse_error_file("[1,2]", m, t));
-}
 
 namespace {
 

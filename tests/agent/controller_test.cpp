@@ -1,0 +1,347 @@
+// The JobController driven in-process: a fake process runner (nothing is started), a fake
+// rendezvous (the test plays the other nodes), the real WorkerGroup on a real loop.
+#include <boost/asio.hpp>
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "event_log.hpp"
+#include "fakes.hpp"
+#include "job_controller.hpp"
+#include "local_rendezvous.hpp"
+#include "run_dir.hpp"
+#include "worker_group.hpp"
+
+using namespace ddprun::agent;
+using namespace ddprun::agent::testing;
+using namespace std::chrono_literals;
+using Kind = RoundEnd::Kind;
+
+namespace {
+
+std::string temp_dir() {
+  std::string t = (std::filesystem::temp_directory_path() / "ddprun-ctl-XXXXXX").string();
+  REQUIRE(::mkdtemp(t.data()) != nullptr);
+  return t;
+}
+
+AgentOptions options(int nproc, int max_restarts) {
+  AgentOptions o;
+  o.command = {"/bin/true"};
+  o.nproc_per_node = nproc;
+  o.max_restarts = max_restarts;
+  o.run_id = "ctl";
+  o.stop_timeout = 1s;
+  return o;
+}
+
+struct Job {
+  std::string root = temp_dir();
+  AgentOptions opt;
+  boost::asio::io_context io;
+  FakeRunner runner;
+  FakeRendezvous rdzv;
+  EventLog events;
+  std::unique_ptr<RunDir> dir;
+  std::unique_ptr<WorkerGroup> group;
+  std::unique_ptr<JobController> ctl;
+
+  explicit Job(AgentOptions o, Rendezvous* r = nullptr) : opt(std::move(o)) {
+    opt.log_dir = root;
+    dir = std::make_unique<RunDir>(opt);
+    group = std::make_unique<WorkerGroup>(io, runner, WorkerGroup::Options{opt.worker_timeout, opt.stop_timeout});
+    ctl = std::make_unique<JobController>(opt, *group, r ? *r : rdzv, events, *dir, "node-a");
+  }
+  ~Job() { std::filesystem::remove_all(root); }
+
+  // Round `round` is ready with this node alone (or `world` nodes, this one first).
+  void ready(int round, int rc, int world = 1) {
+    RoundInfo info;
+    info.round = round;
+    info.restart_count = rc;
+    info.group_world = world;
+    info.world_size = world * opt.nproc_per_node;
+    info.store_host = "127.0.0.1";
+    info.store_port = 4242;
+    ctl->on_round_ready(info);
+  }
+  // The pids of the current group, by local rank.
+  std::vector<pid_t> pids() const {
+    std::vector<pid_t> out;
+    for (const auto& w : group->workers()) out.push_back(w.pid);
+    return out;
+  }
+  void reap() {
+    group->reap();
+    io.poll();
+  }
+  void over(int round, std::optional<RoundEnd> end, std::string error = "") {
+    ctl->on_round_over(RoundOutcome{round, std::move(end), std::move(error)});
+  }
+  // The first end this node wrote for `round` (what the fake store's first writer would keep).
+  RoundEnd written(int round) const {
+    for (const auto& e : rdzv.ends) {
+      if (e.round == round) return e.why;
+    }
+    FAIL("no end written for round " << round);
+    return {};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("controller: a clean run goes rendezvous, running, stopping, draining, done and exits 0", "[controller]") {
+  Job j(options(2, 0));
+  j.ctl->start();
+  CHECK(j.ctl->phase() == Phase::rendezvous);
+  REQUIRE(j.rdzv.joins == std::vector<std::pair<int, int>>{{0, 0}});
+  j.ready(0, 0);
+  CHECK(j.ctl->phase() == Phase::running);
+  auto pids = j.pids();
+  REQUIRE(pids.size() == 2);
+  CHECK(j.runner.started[pids[1]].env["RANK"] == "1");
+  CHECK(j.runner.started[pids[1]].env["WORLD_SIZE"] == "2");
+  CHECK(j.runner.started[pids[1]].env["MASTER_PORT"] == "4242");
+  CHECK(j.runner.started[pids[1]].env["TORCHELASTIC_RESTART_COUNT"] == "0");
+  j.runner.exit(pids[0], 0);
+  j.reap();
+  CHECK(j.ctl->phase() == Phase::running);  // one still runs
+  j.runner.exit(pids[1], 0);
+  j.reap();
+  CHECK(j.ctl->phase() == Phase::stopping);  // waiting for every node's success
+  CHECK(j.rdzv.successes == std::vector<int>{0});
+  j.over(0, RoundEnd::of_success());
+  CHECK(j.ctl->phase() == Phase::draining);
+  CHECK(j.rdzv.finishes == std::vector<std::pair<int, bool>>{{0, true}});
+  j.ctl->on_finished();
+  CHECK(j.ctl->phase() == Phase::done);
+  CHECK(j.ctl->exit_code() == 0);
+  CHECK(j.runner.signals.empty() == false);  // reaped groups are SIGKILLed (grandchildren)
+  for (auto [pid, sig] : j.runner.signals) CHECK(sig == SIGKILL);
+}
+
+TEST_CASE("controller: a failure ends the round, stops the rest, restarts with the next count, then gives up", "[controller]") {
+  Job j(options(2, 1));
+  j.ctl->start();
+  j.ready(0, 0);
+  auto pids = j.pids();
+  j.runner.exit(pids[1], 3);
+  j.reap();
+  CHECK(j.ctl->phase() == Phase::stopping);
+  auto end = j.written(0);
+  REQUIRE(end.kind == Kind::failure);
+  CHECK(end.failure->rank == 1);
+  CHECK(end.failure->exit_code == 3);
+  CHECK(end.failure->host == "node-a");
+  CHECK(j.runner.signals_to(pids[0]) == std::vector<int>{SIGTERM});
+  j.over(0, end);
+  CHECK(j.ctl->phase() == Phase::stopping);  // rank 0 still runs
+  j.runner.kill(pids[0], SIGTERM);
+  j.reap();
+  CHECK(j.ctl->phase() == Phase::rendezvous);
+  REQUIRE(j.rdzv.joins.back() == std::pair<int, int>{1, 1});
+  j.ready(1, 1);
+  pids = j.pids();
+  CHECK(j.runner.started[pids[0]].env["TORCHELASTIC_RESTART_COUNT"] == "1");
+  j.runner.exit(pids[0], 7);
+  j.runner.exit(pids[1], 0);
+  j.reap();
+  j.over(1, j.written(1));
+  CHECK(j.ctl->phase() == Phase::draining);
+  CHECK(j.ctl->exit_code() == 7);  // no restart left: the root cause's code
+  CHECK(j.rdzv.finishes.back() == std::pair<int, bool>{1, true});
+}
+
+TEST_CASE("controller: a failure while stopping is not the root cause", "[controller]") {
+  Job j(options(3, 0));
+  j.ctl->start();
+  j.ready(0, 0);
+  auto pids = j.pids();
+  j.runner.exit(pids[0], 3);  // the root cause
+  j.reap();
+  j.runner.exit(pids[1], 9);  // crashes while being stopped
+  j.reap();
+  CHECK(j.rdzv.ends.size() == 1);
+  j.runner.kill(pids[2], SIGKILL);
+  j.reap();
+  j.over(0, j.written(0));
+  CHECK(j.ctl->phase() == Phase::draining);
+  CHECK(j.ctl->exit_code() == 3);
+}
+
+TEST_CASE("controller: another node's failure stops this node's workers and restarts with it", "[controller]") {
+  Job j(options(2, 2));
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  auto pids = j.pids();
+  ddprun::agent::FailureRecord f;
+  f.rank = 3;
+  f.host = "node-b";
+  f.exit_code = 1;
+  j.over(0, RoundEnd::of_failure(f));
+  CHECK(j.ctl->phase() == Phase::stopping);
+  CHECK(j.runner.signals_to(pids[0]) == std::vector<int>{SIGTERM});
+  CHECK(j.rdzv.ends.empty());  // the round already ended: nothing to write
+  j.runner.kill(pids[0], SIGTERM);
+  j.runner.kill(pids[1], SIGTERM);
+  j.reap();
+  CHECK(j.rdzv.ends.empty());  // deaths of workers ddprun stopped are consequences
+  CHECK(j.rdzv.joins.back() == std::pair<int, int>{1, 1});
+}
+
+TEST_CASE("controller: a lost node or a node joining restarts with the same restart count", "[controller]") {
+  auto end = GENERATE(RoundEnd::of_node_lost(1, "node-b", 3.0), RoundEnd::of_membership("node-c"));
+  Job j(options(1, 0));
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  j.over(0, end);
+  j.runner.kill(j.pids()[0], SIGTERM);
+  j.reap();
+  CHECK(j.rdzv.joins.back() == std::pair<int, int>{1, 0});
+  CHECK(j.ctl->phase() == Phase::rendezvous);
+}
+
+TEST_CASE("controller: a lost rendezvous or a malformed end stops this node and exits 1 without acknowledging", "[controller]") {
+  Job j(options(1, 3));
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  j.over(0, std::nullopt, "lost the rendezvous store at h:1 (its node left or crashed)");
+  CHECK(j.runner.signals_to(j.pids()[0]) == std::vector<int>{SIGTERM});
+  j.runner.kill(j.pids()[0], SIGTERM);
+  j.reap();
+  CHECK(j.ctl->phase() == Phase::draining);
+  CHECK(j.ctl->exit_code() == 1);
+  CHECK(j.rdzv.finishes.back() == std::pair<int, bool>{0, false});
+}
+
+TEST_CASE("controller: a signal during the rendezvous tells the others and exits 128+sig", "[controller]") {
+  Job j(options(2, 3));
+  j.ctl->start();
+  j.ctl->on_signal(SIGINT);
+  CHECK(j.rdzv.leaves == std::vector<std::pair<int, int>>{{0, SIGINT}});
+  CHECK(j.ctl->phase() == Phase::draining);
+  SECTION("the others told, done") {
+    j.ctl->on_finished();
+  }
+  SECTION("a second Ctrl-C does not wait for the others") {
+    j.ctl->on_signal(SIGINT);
+  }
+  CHECK(j.ctl->phase() == Phase::done);
+  CHECK(j.ctl->exit_code() == 130);
+  j.ready(0, 0);  // a round completing late starts nothing
+  CHECK(j.runner.started.empty());
+}
+
+TEST_CASE("controller: SIGINT while running stops the workers with it, a second one kills them", "[controller]") {
+  Job j(options(2, 3));
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  auto pids = j.pids();
+  j.ctl->on_signal(SIGINT);
+  CHECK(j.ctl->phase() == Phase::stopping);
+  auto end = j.written(0);
+  CHECK(end.kind == Kind::stopped);
+  CHECK(end.signal == SIGINT);
+  CHECK(j.runner.signals_to(pids[0]) == std::vector<int>{SIGINT});
+  j.ctl->on_signal(SIGINT);
+  CHECK(j.runner.signals_to(pids[0]) == std::vector<int>{SIGINT, SIGKILL});
+  CHECK(j.runner.signals_to(pids[1]) == std::vector<int>{SIGINT, SIGKILL});
+  j.runner.kill(pids[0], SIGKILL);
+  j.runner.exit(pids[1], 1);  // a failure while stopping: not a cause
+  j.reap();
+  j.over(0, end);
+  CHECK(j.ctl->phase() == Phase::draining);
+  CHECK(j.ctl->exit_code() == 130);
+  CHECK(j.rdzv.ends.size() == 1);
+}
+
+TEST_CASE("controller: a signal while a failed round ends means no next round", "[controller]") {
+  Job j(options(1, 5));
+  j.ctl->start();
+  j.ready(0, 0);
+  j.runner.exit(j.pids()[0], 2);
+  j.reap();
+  j.ctl->on_signal(SIGTERM);
+  j.over(0, j.written(0));
+  CHECK(j.ctl->phase() == Phase::draining);
+  CHECK(j.rdzv.leaves == std::vector<std::pair<int, int>>{{1, SIGTERM}});
+  CHECK(j.rdzv.joins.size() == 1);
+  CHECK(j.ctl->exit_code() == 128 + SIGTERM);
+}
+
+TEST_CASE("controller: a heartbeat expiring during a restart is ignored, one in the next attempt is a hang", "[controller]") {
+  auto o = options(2, 1);
+  o.worker_timeout = 1s;
+  Job j(o);
+  j.ctl->start();
+  j.ready(0, 0);
+  auto pids = j.pids();
+  j.runner.exit(pids[0], 3);
+  j.reap();
+  REQUIRE(j.ctl->phase() == Phase::stopping);
+  // Rank 1 ignores SIGTERM and stops beating: it is being stopped, it is no new cause.
+  j.group->check_heartbeats(std::chrono::steady_clock::now() + 10s);
+  CHECK(j.rdzv.ends.size() == 1);
+  j.runner.kill(pids[1], SIGKILL);
+  j.reap();
+  j.over(0, j.written(0));
+  REQUIRE(j.rdzv.joins.back() == std::pair<int, int>{1, 1});
+  j.ready(1, 1);
+  pids = j.pids();
+  j.group->check_heartbeats(std::chrono::steady_clock::now() + 10s);
+  REQUIRE(j.rdzv.ends.size() == 2);
+  auto hang = j.rdzv.ends.back().why;
+  CHECK(hang.failure->exit_code == 124);
+  CHECK_THAT(hang.failure->reason, Catch::Contains("no heartbeat"));
+  CHECK(j.runner.signals_to(pids[0]) == std::vector<int>{SIGTERM});
+  // Killed after its hang was reported: its death is not a second failure.
+  j.runner.kill(pids[0], SIGTERM);
+  j.runner.kill(pids[1], SIGTERM);
+  j.reap();
+  j.over(1, hang);
+  CHECK(j.ctl->exit_code() == 124);
+}
+
+TEST_CASE("controller: workers that cannot be started end the job with 1", "[controller]") {
+  Job j(options(3, 2));
+  j.runner.fail_start_at = 1;
+  j.ctl->start();
+  j.ready(0, 0);
+  CHECK(j.ctl->phase() == Phase::draining);
+  CHECK(j.ctl->exit_code() == 1);
+  CHECK(j.runner.signals_to(1000) == std::vector<int>{SIGKILL});  // the one that started
+}
+
+TEST_CASE("controller: a rendezvous that fails ends the job with its code", "[controller]") {
+  Job j(options(1, 0));
+  j.ctl->start();
+  j.ctl->on_rendezvous_failed("rendezvous: only 1 of the 2 nodes needed joined", 1);
+  CHECK(j.ctl->phase() == Phase::done);
+  CHECK(j.ctl->exit_code() == 1);
+}
+
+TEST_CASE("controller: one node through LocalRendezvous restarts on an emptied store", "[controller]") {
+  auto o = options(1, 1);
+  o.store_port = 0;
+  boost::asio::io_context loop;
+  LocalRendezvous local(o, "node-a", [&](std::function<void()> f) { boost::asio::post(loop, std::move(f)); });
+  Job j(o, &local);
+  auto run = [&] {
+    loop.poll();
+    loop.restart();
+  };
+  j.ctl->start();
+  run();
+  REQUIRE(j.ctl->phase() == Phase::running);
+  j.runner.exit(j.pids()[0], 4);
+  j.reap();
+  run();  // the end of round 0, then round 1 ready
+  REQUIRE(j.ctl->phase() == Phase::running);
+  CHECK(j.ctl->round() == 1);
+  CHECK(j.runner.started[j.pids()[0]].env["TORCHELASTIC_RESTART_COUNT"] == "1");
+  j.runner.exit(j.pids()[0], 0);
+  j.reap();
+  run();
+  run();
+  CHECK(j.ctl->phase() == Phase::done);
+  CHECK(j.ctl->exit_code() == 0);
+}

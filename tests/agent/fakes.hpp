@@ -1,0 +1,80 @@
+#pragma once
+// Test doubles for the agent's seams: a process runner that starts nothing, and a rendezvous
+// that records what the controller asks and lets the test decide what happens.
+
+#include <csignal>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ddprun/common/error.hpp"
+#include "process_runner.hpp"
+#include "rendezvous.hpp"
+
+namespace ddprun::agent::testing {
+
+class FakeRunner : public ProcessRunner {
+ public:
+  struct Process {
+    std::vector<std::string> argv;
+    std::map<std::string, std::string> env;
+  };
+  std::map<pid_t, Process> started;
+  std::vector<std::pair<pid_t, int>> signals;  // (process group, signal), in order
+  int fail_start_at = -1;                      // the n-th start throws
+  pid_t next_pid = 1000;
+
+  Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env) override {
+    if (static_cast<int>(started.size()) == fail_start_at) throw Error("fork failed: Resource temporarily unavailable");
+    Process p{argv, {}};
+    for (const auto& kv : env) p.env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+    pid_t pid = next_pid++;
+    started[pid] = p;
+    return Started{pid, -1, -1};
+  }
+  void signal_group(pid_t pgid, int sig) override { signals.emplace_back(pgid, sig); }
+  std::vector<Ended> reap() override { return std::exchange(ended_, {}); }
+  void forget(pid_t) override {}
+
+  // What the kernel would report: the process exited with `code` / was killed by `sig`.
+  void exit(pid_t pid, int code) { ended_.push_back({pid, ExitStatus{code, 0}}); }
+  void kill(pid_t pid, int sig) { ended_.push_back({pid, ExitStatus{0, sig}}); }
+  // The signals sent to `pid`, in order.
+  std::vector<int> signals_to(pid_t pid) const {
+    std::vector<int> out;
+    for (auto [p, s] : signals) {
+      if (p == pid) out.push_back(s);
+    }
+    return out;
+  }
+
+ private:
+  std::vector<Ended> ended_;
+};
+
+class FakeRendezvous : public Rendezvous {
+ public:
+  struct Ended {
+    int round;
+    RoundEnd why;
+    int expect_next;
+  };
+  Listener* listener = nullptr;
+  std::vector<std::pair<int, int>> joins;  // (round, restart count)
+  std::vector<Ended> ends;
+  std::vector<int> successes;
+  std::vector<std::pair<int, bool>> finishes;  // (round, acknowledge)
+  std::vector<std::pair<int, int>> leaves;     // (round, signal)
+
+  void set_listener(Listener& l) override { listener = &l; }
+  std::string describe() const override { return ""; }
+  void join(int round, int rc) override { joins.emplace_back(round, rc); }
+  void end_round(int round, const RoundEnd& why, int expect_next) override { ends.push_back({round, why, expect_next}); }
+  void report_success(int round) override { successes.push_back(round); }
+  void finish(int round, bool ack) override { finishes.emplace_back(round, ack); }
+  void leave(int round, int sig) override { leaves.emplace_back(round, sig); }
+  void shutdown() override {}
+};
+
+}  // namespace ddprun::agent::testing

@@ -1,0 +1,57 @@
+// ddprun::common: strict parsing, the text of durations and addresses, the error codes.
+#include <catch2/catch.hpp>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/system.hpp"
+#include "ddprun/common/text.hpp"
+
+using namespace ddprun;
+using namespace std::chrono_literals;
+
+TEST_CASE("parse_int takes the whole text as a base-10 integer, nothing else", "[common]") {
+  CHECK(parse_int("42") == 42);
+  CHECK(parse_int("-7") == -7);
+  CHECK(parse_int("9223372036854775807") == 9223372036854775807LL);
+  for (const char* bad : {"", " 1", "1 ", "+1", "1x", "0x10", "9223372036854775808", "1.0", "--1"}) {
+    CHECK_FALSE(parse_int(bad));
+  }
+  CHECK(parse_int("5", 0, 5) == 5);
+  CHECK_FALSE(parse_int("6", 0, 5));
+  CHECK_FALSE(parse_int("-1", 0, 5));
+}
+
+TEST_CASE("parse_double takes finite numbers only", "[common]") {
+  CHECK(parse_double("1.5") == 1.5);
+  CHECK(parse_double("2") == 2.0);
+  CHECK(parse_double("1e3") == 1000.0);
+  for (const char* bad : {"", " 1", "1s", "nan", "inf", "1e999", "."}) CHECK_FALSE(parse_double(bad));
+}
+
+TEST_CASE("durations and addresses read well in messages", "[common]") {
+  CHECK(duration_text(5s) == "5 s");
+  CHECK(duration_text(250ms) == "250 ms");
+  CHECK(duration_text(1500ms) == "1.5 s");
+  CHECK(format_address("node0", 29500) == "node0:29500");
+  CHECK(format_address("::1", 1) == "[::1]:1");
+}
+
+TEST_CASE("split keeps empty fields, trim removes white space at both ends", "[common]") {
+  CHECK(split("a,,b", ',') == std::vector<std::string>{"a", "", "b"});
+  CHECK(split("", ',').empty());
+  CHECK(split("a,", ',') == std::vector<std::string>{"a", ""});
+  CHECK(trim("  x y \t\n") == "x y");
+  CHECK(trim("   ").empty());
+}
+
+TEST_CASE("exit_code_for: usage errors 2, every other error 1", "[common]") {
+  CHECK(exit_code_for(UsageError("bad flag")) == 2);
+  CHECK(exit_code_for(TimeoutError("late")) == 1);
+  CHECK(exit_code_for(AddressInUseError("taken")) == 1);
+  CHECK(exit_code_for(std::runtime_error("other")) == 1);
+}
+
+TEST_CASE("the environment map and the host name come from this process", "[common]") {
+  ::setenv("DDPRUN_COMMON_TEST", "a=b", 1);
+  CHECK(environment_map().at("DDPRUN_COMMON_TEST") == "a=b");
+  CHECK_FALSE(host_name().empty());
+}
