@@ -3,6 +3,8 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/launcher/cli.hpp"
+#include "options.hpp"
+#include <set>
 
 using namespace ddprun;
 
@@ -68,4 +70,37 @@ TEST_CASE("store placement follows the rendezvous flags", "[units]") {
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--node_rank=2", "/bin/true"}), Catch::Contains("must be below --nnodes=2"));
   CHECK_THROWS_WITH(parse({"--nnodes=1:2", "--rdzv_backend=c10d", "--rdzv_conf=bogus=1", "/bin/true"}),
                     Catch::Contains("unknown key 'bogus'"));
+}
+
+TEST_CASE("every option of the table reads PET_NAME and is validated by the table's parser", "[units]") {
+  // Free text by design: names, paths, addresses, accepted-and-ignored compatibility options.
+  const std::set<std::string> free_text = {"role", "local_addr", "log_dir", "events_file", "start_method",
+                                           "local_ranks_filter", "master_addr", "rdzv_conf"};
+  int checked = 0;
+  for (const auto& o : launcher::option_table()) {
+    if (o.kind != launcher::OptionKind::value || o.parse == nullptr || free_text.count(o.name)) continue;
+    std::string pet = launcher::pet_name(o.name);
+    CAPTURE(pet);
+    CHECK_THROWS_WITH(parse({"/bin/true"}, {{pet, "x y!"}}), Catch::Contains(std::string("--") + o.name));
+    ++checked;
+  }
+  CHECK(checked >= 15);
+  // An explicit flag wins over PET_, PET_ over the default.
+  CHECK(parse({"--max_restarts=2", "/bin/true"}, {{"PET_MAX_RESTARTS", "5"}}).agent.max_restarts == 2);
+  CHECK(parse({"/bin/true"}, {{"PET_MAX_RESTARTS", "5"}}).agent.max_restarts == 5);
+  CHECK(parse({"/bin/true"}, {{"PET_NO_PYTHON", "1"}, {"PYTHON_EXEC", "false"}}).agent.command[0] == "/bin/true");
+}
+
+TEST_CASE("help and completion list every option of the table, in both spellings", "[units]") {
+  auto help = parse({"--help"}).text;
+  auto completion = parse({"--completion", "bash"}).text;
+  for (const auto& o : launcher::option_table()) {
+    std::string name = o.name, dashed = name;
+    for (auto& c : dashed) c = c == '_' ? '-' : c;
+    CHECK_THAT(help, Catch::Contains("--" + name));
+    if (name != "completion") {
+      CHECK_THAT(completion, Catch::Contains("--" + name));
+      CHECK_THAT(completion, Catch::Contains("--" + dashed));
+    }
+  }
 }

@@ -1,0 +1,260 @@
+#include "options.hpp"
+
+#include <cctype>
+#include <csignal>
+
+#include "ddprun/agent/exit_status.hpp"
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/text.hpp"
+
+namespace ddprun::launcher {
+namespace {
+
+const std::set<int> kAllowedSignals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+
+void parse_nnodes(const std::string& v, Settings& s) {
+  s.nnodes_text = v;
+  auto parts = split(v, ':');
+  if (v.find(':') == std::string::npos) {
+    s.min_nodes = s.max_nodes = parse_count("nnodes", v, false);
+    return;
+  }
+  if (parts.size() != 2) usage("--nnodes must be N or MIN:MAX (got '" + v + "')");
+  auto lo = parse_int(parts[0], 1, 1'000'000), hi = parse_int(parts[1], 1, 1'000'000);
+  if (!lo || !hi) usage("--nnodes must be N or MIN:MAX with positive numbers (got '" + v + "')");
+  if (*lo > *hi) usage("--nnodes=" + v + ": MIN is larger than MAX");
+  s.min_nodes = static_cast<int>(*lo);
+  s.max_nodes = static_cast<int>(*hi);
+}
+
+std::uint16_t parse_port(const std::string& flag, const std::string& v) {
+  auto n = parse_int(v, 0, 65535);
+  if (!n) usage("--" + flag + " must be a port number 0-65535 (got '" + v + "')");
+  return static_cast<std::uint16_t>(*n);
+}
+
+agent::StreamSelection parse_streams(const std::string& flag, const std::string& v) {
+  agent::StreamSelection s;
+  auto value = [&](const std::string& x) {
+    auto n = parse_int(trim(x), 0, 3);
+    if (!n) usage("--" + flag + " values are 0 (none), 1 (stdout), 2 (stderr) or 3 (both) (got '" + v + "')");
+    return static_cast<int>(*n);
+  };
+  if (v.find(':') == std::string::npos) {
+    s.all = value(v);
+    return s;
+  }
+  for (const auto& item : split(v, ',')) {
+    auto colon = item.find(':');
+    if (colon == std::string::npos) usage("--" + flag + " per-rank form is RANK:VALUE,... (got '" + v + "')");
+    auto rank = parse_int(trim(item.substr(0, colon)), 0, 1'000'000);
+    if (!rank) usage("--" + flag + ": bad local rank in '" + item + "'");
+    s.per_rank[static_cast<int>(*rank)] = value(item.substr(colon + 1));
+  }
+  return s;
+}
+
+std::set<int> parse_signals(const std::string& v) {
+  std::set<int> out = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  for (const auto& raw : split(v, ',')) {
+    std::string name = trim(raw);
+    if (name.empty()) continue;
+    int s = agent::parse_signal(name);
+    if (!s || !kAllowedSignals.count(s)) {
+      usage("--signals_to_handle: '" + name + "' is not one of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2");
+    }
+    out.insert(s);
+  }
+  return out;
+}
+
+std::map<std::string, std::string> parse_conf(const std::string& v) {
+  std::map<std::string, std::string> conf;
+  for (const auto& kv : split(v, ',')) {
+    if (trim(kv).empty()) continue;
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) usage("--rdzv_conf items are KEY=VALUE (got '" + kv + "')");
+    conf[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));
+  }
+  return conf;
+}
+
+// The run id names a directory under the log directory: anything that could climb out of it or
+// name something else is refused.
+std::string parse_run_id(const std::string& id) {
+  bool ok = !id.empty() && id.size() <= 128 && id != "." && id != "..";
+  for (char c : id) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
+  if (!ok) {
+    usage("--rdzv_id='" + (id.size() > 140 ? id.substr(0, 140) + "..." : id) +
+          "' is not a valid run id: use 1-128 of the characters A-Z a-z 0-9 . _ - (not '.' or '..'), e.g. job-42");
+  }
+  return id;
+}
+
+std::string parse_log_level(const std::string& v) {
+  for (const char* ok : {"debug", "info", "warn", "error", "trace", "off"}) {
+    if (v == ok) return v;
+  }
+  usage("--log_level must be debug, info, warn or error (got '" + v + "')");
+}
+
+std::string not_empty(const char* flag, const std::string& v) {
+  if (v.empty()) usage(std::string("--") + flag + " must not be empty");
+  return v;
+}
+
+constexpr const char* kWorkers = "Worker group";
+constexpr const char* kRdzv = "Rendezvous";
+constexpr const char* kFault = "Failures and hangs";
+constexpr const char* kProgram = "Program";
+constexpr const char* kOutput = "Output and logs";
+constexpr const char* kGeneral = "General";
+using K = OptionKind;
+
+}  // namespace
+
+void usage(const std::string& what) { throw UsageError(what); }
+
+std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& v, bool allow_zero) {
+  auto d = parse_double(v);
+  if (!d || *d < 0 || (!allow_zero && *d == 0) || *d > 1e7) {
+    usage("--" + flag + " must be a " + std::string(allow_zero ? "non-negative" : "positive") +
+          " number of seconds (got '" + v + "')");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(*d * 1000.0 + 0.5));
+}
+
+int parse_count(const std::string& flag, const std::string& v, bool allow_zero) {
+  auto n = parse_int(v, allow_zero ? 0 : 1, 1'000'000);
+  if (!n) usage("--" + flag + " must be " + (allow_zero ? "a non-negative" : "a positive") + " integer (got '" + v + "')");
+  return static_cast<int>(*n);
+}
+
+const std::vector<OptionSpec>& option_table() {
+  static const std::vector<OptionSpec> table = {
+      {"nproc_per_node", "", kWorkers, K::value, "1",
+       "workers on this node: a number, 'cpu' (one per CPU), 'gpu' (one per GPU) or 'auto' (GPUs, else CPUs)",
+       [](const std::string& v, Settings& s) { s.nproc_per_node = v; }},
+      {"nnodes", "", kWorkers, K::value, "1:1", "number of nodes, N or MIN:MAX", parse_nnodes},
+      {"node_rank", "", kWorkers, K::value, "0", "rank of this node (static rendezvous)",
+       [](const std::string& v, Settings& s) { s.node_rank = parse_count("node_rank", v, true); }},
+      {"role", "", kWorkers, K::value, "default", "role name of the workers (ROLE_NAME)",
+       [](const std::string& v, Settings& s) { s.role = not_empty("role", v); }},
+      {"max_restarts", "", kWorkers, K::value, "0", "restarts of the worker group before giving up",
+       [](const std::string& v, Settings& s) { s.max_restarts = parse_count("max_restarts", v, true); }},
+      {"standalone", "", kRdzv, K::flag, "", "single node: the store on 127.0.0.1, a free port, a random run id",
+       [](const std::string& v, Settings& s) { s.standalone = truthy(v); }},
+      {"master_addr", "", kRdzv, K::value, "127.0.0.1", "address of the store (static rendezvous)",
+       [](const std::string& v, Settings& s) { s.master_addr = not_empty("master_addr", v); }},
+      {"master_port", "", kRdzv, K::value, "29500", "port of the store (static rendezvous)",
+       [](const std::string& v, Settings& s) { s.master_port = parse_port("master_port", v); }},
+      {"rdzv_backend", "", kRdzv, K::value, "static", "static or c10d",
+       [](const std::string& v, Settings& s) {
+         if (v == "etcd" || v == "etcd-v2") usage("--rdzv_backend=" + v + " is not supported: use c10d (ddprun's own store)");
+         if (v != "static" && v != "c10d") usage("--rdzv_backend must be 'static' or 'c10d' (got '" + v + "')");
+         s.rdzv_backend = v;
+       }},
+      {"rdzv_endpoint", "", kRdzv, K::value, "", "host[:port] of the rendezvous store (c10d)",
+       [](const std::string& v, Settings& s) {
+         if (!v.empty()) parse_endpoint(v, 0);  // checked here; the default port depends on the backend
+         s.rdzv_endpoint = v;
+       }},
+      {"rdzv_id", "", kRdzv, K::value, "none", "job id shared by all nodes (TORCHELASTIC_RUN_ID)",
+       [](const std::string& v, Settings& s) { s.rdzv_id = parse_run_id(v); }},
+      {"rdzv_conf", "", kRdzv, K::value, "", "key=value,... rendezvous settings",
+       [](const std::string& v, Settings& s) { s.rdzv_conf = parse_conf(v); }},
+      {"local_addr", "", kRdzv, K::value, "", "this node's address as other nodes see it",
+       [](const std::string& v, Settings& s) { s.local_addr = v; }},
+      {"worker_timeout", "", kFault, K::value, "0",
+       "seconds without a touch of DDPRUN_HEARTBEAT_FILE after which a worker counts as hung (0 = off)",
+       [](const std::string& v, Settings& s) { s.worker_timeout = parse_seconds("worker_timeout", v, true); }},
+      {"stop_timeout", "", kFault, K::value, "5", "seconds between SIGTERM and SIGKILL when stopping workers",
+       [](const std::string& v, Settings& s) { s.stop_timeout = parse_seconds("stop_timeout", v, false); }},
+      {"signals_to_handle", "", kFault, K::value, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+       "signals forwarded to the workers (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2)",
+       [](const std::string& v, Settings& s) { s.signals = parse_signals(v); }},
+      {"monitor_interval", "", kFault, K::value, "0.1",
+       "accepted for torchrun compatibility; ddprun sees worker exits as they happen",
+       [](const std::string& v, Settings&) { parse_seconds("monitor_interval", v, true); }},
+      {"module", "m", kProgram, K::flag, "", "run the program as a Python module (python -m)",
+       [](const std::string& v, Settings& s) { s.module = truthy(v); }},
+      {"no_python", "", kProgram, K::flag, "", "execute the program directly, not through Python",
+       [](const std::string& v, Settings& s) { s.no_python = truthy(v); }},
+      {"run_path", "", kProgram, K::flag, "", "accepted for compatibility: runs the script with Python like the default",
+       [](const std::string&, Settings&) {}},
+      {"start_method", "", kProgram, K::value, "spawn", "accepted for compatibility (spawn, fork, forkserver)",
+       [](const std::string&, Settings&) {}},
+      {"log_dir", "", kOutput, K::value, "", "per-rank logs: LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log",
+       [](const std::string& v, Settings& s) { s.log_dir = v; }},
+      {"redirects", "r", kOutput, K::value, "0",
+       "streams to files only: 0 none, 1 stdout, 2 stderr, 3 both; per rank as 0:1,1:2",
+       [](const std::string& v, Settings& s) { s.redirects = parse_streams("redirects", v); }},
+      {"tee", "t", kOutput, K::value, "0", "streams to files and the console, values as --redirects",
+       [](const std::string& v, Settings& s) { s.tee = parse_streams("tee", v); }},
+      {"local_ranks_filter", "", kOutput, K::value, "", "local ranks shown on the console, e.g. 0 or 0,2",
+       [](const std::string& v, Settings& s) { s.local_ranks_filter = v; }},
+      {"log_level", "", kOutput, K::value, "info", "ddprun's own messages: debug, info, warn, error",
+       [](const std::string& v, Settings& s) { s.log_level = parse_log_level(v); }},
+      {"events_file", "", kOutput, K::value, "",
+       "append machine-readable events (JSON Lines) to this file; also DDPRUN_EVENTS_FILE",
+       [](const std::string& v, Settings& s) { s.events_file = v; }},
+      {"help", "h", kGeneral, K::action, "", "show this help and exit", nullptr},
+      {"version", "", kGeneral, K::action, "", "show the version and the optional parts of this build, and exit", nullptr},
+      {"completion", "", kGeneral, K::value, "", "print the completion script for SHELL (bash) and exit", nullptr},
+  };
+  return table;
+}
+
+std::string normalize_option(const std::string& arg) {
+  if (arg.size() < 3 || arg.rfind("--", 0) != 0) return arg;
+  auto eq = arg.find('=');
+  std::string name = arg.substr(0, eq);
+  for (std::size_t i = 2; i < name.size(); ++i) {
+    if (name[i] == '-') name[i] = '_';
+  }
+  return eq == std::string::npos ? name : name + arg.substr(eq);
+}
+
+std::string pet_name(const std::string& option) {
+  std::string upper = "PET_" + option;
+  for (auto& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return upper;
+}
+
+bool truthy(const std::string& v) { return v == "1" || v == "true" || v == "True" || v == "TRUE" || v == "yes"; }
+
+// "host", "host:port", "[v6]:port", "[v6]".
+std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& v, std::uint16_t default_port) {
+  auto bad = [&](const std::string& why) {
+    usage("--rdzv_endpoint='" + v + "' is malformed: " + why + " (expected HOST[:PORT], e.g. node0:29400 or [::1]:29400)");
+  };
+  if (v.empty()) bad("empty");
+  std::string host, port;
+  bool has_port = false;
+  if (v[0] == '[') {
+    auto close = v.find(']');
+    if (close == std::string::npos) bad("missing ']'");
+    host = v.substr(1, close - 1);
+    std::string rest = v.substr(close + 1);
+    if (!rest.empty() && rest[0] != ':') bad("unexpected text after ']'");
+    has_port = !rest.empty();
+    if (has_port) port = rest.substr(1);
+  } else {
+    auto colon = v.rfind(':');
+    if (colon != std::string::npos && v.find(':') != colon) bad("IPv6 addresses need brackets");
+    host = colon == std::string::npos ? v : v.substr(0, colon);
+    has_port = colon != std::string::npos;
+    if (has_port) port = v.substr(colon + 1);
+  }
+  if (has_port && port.empty()) bad("empty port");
+  if (host.empty()) bad("empty host");
+  for (char c : host) {
+    if (std::isspace(static_cast<unsigned char>(c)) || c == '/' || c == ',') bad("invalid character in host");
+  }
+  if (!has_port) return {host, default_port};
+  auto n = parse_int(port, 0, 65535);
+  if (!n) bad("port must be 0-65535");
+  return {host, static_cast<std::uint16_t>(*n)};
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,69 @@
+#pragma once
+// ddprun's options, all in one table: name, default, help group, help text, and the parser that
+// validates one value and stores it in Settings. The option descriptions (--help, the man page),
+// the PET_<NAME> fallbacks, the bash completion and the validation are all generated from it.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ddprun/agent/agent.hpp"
+
+namespace ddprun::launcher {
+
+// Every option's value, parsed and checked on its own (cross-option checks: cli.cpp).
+struct Settings {
+  std::string nproc_per_node;  // resolved with the host's CPUs and GPUs later
+  int min_nodes = 1, max_nodes = 1;
+  std::string nnodes_text;
+  int node_rank = 0;
+  std::string role;
+  int max_restarts = 0;
+  bool standalone = false;
+  std::string master_addr;
+  std::uint16_t master_port = 0;
+  std::string rdzv_backend;
+  std::string rdzv_endpoint;
+  std::string rdzv_id;
+  std::map<std::string, std::string> rdzv_conf;
+  std::string local_addr;
+  std::chrono::milliseconds worker_timeout{0}, stop_timeout{0};
+  std::set<int> signals;
+  bool module = false, no_python = false;
+  std::string log_dir;
+  agent::StreamSelection redirects, tee;
+  std::string local_ranks_filter;
+  std::string log_level;
+  std::string events_file;
+};
+
+enum class OptionKind { value, flag, action };  // action: --help, --version, --completion
+
+struct OptionSpec {
+  const char* name;           // torchrun's spelling; --name-with-hyphens is accepted too
+  const char* short_name;     // "m", or "" for none
+  const char* group;          // the --help section
+  OptionKind kind;
+  const char* default_value;  // value options
+  const char* help;
+  void (*parse)(const std::string& value, Settings& s);  // throws UsageError naming the option
+};
+
+const std::vector<OptionSpec>& option_table();
+
+// "--nproc-per-node" -> "--nproc_per_node" (torchrun accepts both spellings).
+std::string normalize_option(const std::string& arg);
+// "PET_NPROC_PER_NODE" for "nproc_per_node".
+std::string pet_name(const std::string& option);
+bool truthy(const std::string& v);
+
+// Helpers shared with cli.cpp.
+[[noreturn]] void usage(const std::string& what);
+std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& v, bool allow_zero);
+int parse_count(const std::string& flag, const std::string& v, bool allow_zero);
+std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& v, std::uint16_t default_port);
+
+}  // namespace ddprun::launcher
