@@ -114,123 +114,130 @@ std::string& RequestParser::target(Field f) {
   return s;
 }
 
+// The opcode (and, for the first request of a connection starting with byte 0, the dialect).
+// False when `in` ran out first.
+bool RequestParser::begin_request(std::string_view& in) {
+  if (!in_request_) {
+    if (in.empty()) return false;
+    auto byte = static_cast<std::uint8_t>(in[0]);
+    in.remove_prefix(1);
+    total_ = 1;
+    if (dialect_ == wire::Dialect::kUnknown && byte == 0) {
+      // 0x00 is VALIDATE in 2.x and SET in 1.13: the next 4 bytes tell (the magic, or the low
+      // half of a 1.13 key length).
+      sniffing_ = true;
+      in_request_ = true;
+      ihave_ = 0;
+      std::memset(ibuf_, 0, sizeof(ibuf_));
+    } else {
+      if (dialect_ == wire::Dialect::kUnknown) dialect_ = wire::Dialect::kV1;
+      auto op = wire::decode_op(byte, dialect_);
+      if (!op) {
+        throw Invalid{"unknown opcode " + std::to_string(byte) +
+                      (dialect_ == wire::Dialect::kV1 ? " (PyTorch 1.13 numbering)" : " (PyTorch 2.x numbering)")};
+      }
+      start(*op);
+      std::memset(ibuf_, 0, sizeof(ibuf_));
+      ihave_ = 0;
+    }
+  }
+  if (!sniffing_) return true;
+  if (!take_int(in, 4)) return false;
+  sniffing_ = false;
+  std::uint32_t magic = static_cast<std::uint32_t>(int_value());
+  if (magic == wire::kValidationMagic) {
+    dialect_ = wire::Dialect::kV2;
+    start(Op::kValidate);
+    req_.u32 = magic;
+    finish_field();
+  } else {
+    dialect_ = wire::Dialect::kV1;
+    start(Op::kSet);  // the 4 bytes stay in the accumulator: half of the key length
+  }
+  return true;
+}
+
+// The field at idx_. False when `in` ran out first.
+bool RequestParser::take_field(std::string_view& in) {
+  F f = field();
+  switch (f) {
+    case F::kU32:
+      if (!take_int(in, 4)) return false;
+      req_.u32 = static_cast<std::uint32_t>(int_value());
+      break;
+    case F::kI64:
+      if (!take_int(in, 8)) return false;
+      req_.delta = static_cast<std::int64_t>(int_value());
+      break;
+    case F::kCount:
+    case F::kSignedCount: {
+      if (!take_int(in, 8)) return false;
+      std::uint64_t n = int_value();
+      if (f == F::kSignedCount && static_cast<std::int64_t>(n) < 0) {
+        throw Invalid{"MULTI_SET with a negative count " + std::to_string(static_cast<std::int64_t>(n))};
+      }
+      if (n > limits_.max_keys_per_request) {
+        throw Invalid{"request names " + std::to_string(n) + " keys, over the limit of " +
+                      std::to_string(limits_.max_keys_per_request)};
+      }
+      count_ = n;
+      break;
+    }
+    default:
+      if (!take_string(in, f)) return false;
+      break;
+  }
+  finish_field();
+  if (total_ > limits_.max_request_bytes) {
+    throw Invalid{"request of over " + std::to_string(total_) + " bytes exceeds the limit of " +
+                  std::to_string(limits_.max_request_bytes) + " bytes"};
+  }
+  return true;
+}
+
+// A string field: u64 length (checked before any byte is stored), then the bytes.
+bool RequestParser::take_string(std::string_view& in, Field f) {
+  if (!in_string_) {
+    if (!take_int(in, 8)) return false;
+    std::uint64_t len = int_value();
+    std::size_t max = f == F::kKey ? limits_.max_key_bytes : limits_.max_value_bytes;
+    if (len > max) {
+      throw Invalid{std::string(field_name(f)) + " of " + std::to_string(len) + " bytes exceeds the limit of " +
+                    std::to_string(max) + " bytes"};
+    }
+    if (total_ + len > limits_.max_request_bytes) {
+      throw Invalid{"request of over " + std::to_string(total_ + len) + " bytes exceeds the limit of " +
+                    std::to_string(limits_.max_request_bytes) + " bytes"};
+    }
+    target(f);
+    in_string_ = true;
+    remaining_ = len;
+  }
+  auto& s = (f == F::kKey ? req_.keys[nkeys_ - 1] : req_.values[nvalues_ - 1]);
+  std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(remaining_, in.size()));
+  s.append(in.data(), take);
+  in.remove_prefix(take);
+  remaining_ -= take;
+  total_ += take;
+  return remaining_ == 0;
+}
+
 RequestParser::Result RequestParser::parse(std::string_view in, Request& out) {
   const std::size_t given = in.size();
   try {
-    for (;;) {
-      if (!in_request_) {
-        if (in.empty()) return {Status::kNeedMore, given, {}};
-        auto byte = static_cast<std::uint8_t>(in[0]);
-        in.remove_prefix(1);
-        total_ = 1;
-        if (dialect_ == wire::Dialect::kUnknown) {
-          if (byte != 0) {
-            dialect_ = wire::Dialect::kV1;
-          } else {
-            // 0x00 is VALIDATE in 2.x and SET in 1.13: the next 4 bytes tell (the magic, or the
-            // low half of a 1.13 key length).
-            sniffing_ = true;
-            in_request_ = true;
-            ihave_ = 0;
-            std::memset(ibuf_, 0, sizeof(ibuf_));
-            continue;
-          }
-        }
-        auto op = wire::decode_op(byte, dialect_);
-        if (!op) {
-          throw Invalid{"unknown opcode " + std::to_string(byte) +
-                        (dialect_ == wire::Dialect::kV1 ? " (PyTorch 1.13 numbering)" : " (PyTorch 2.x numbering)")};
-        }
-        start(*op);
-        std::memset(ibuf_, 0, sizeof(ibuf_));
-        ihave_ = 0;
-      }
-      if (sniffing_) {
-        if (!take_int(in, 4)) return {Status::kNeedMore, given, {}};
-        sniffing_ = false;
-        std::uint32_t magic = static_cast<std::uint32_t>(int_value());
-        if (magic == wire::kValidationMagic) {
-          dialect_ = wire::Dialect::kV2;
-          start(Op::kValidate);
-          req_.u32 = magic;
-          finish_field();
-        } else {
-          dialect_ = wire::Dialect::kV1;
-          start(Op::kSet);  // the 4 bytes stay in the accumulator: half of the key length
-        }
-      }
-      while (!done()) {
-        F f = field();
-        switch (f) {
-          case F::kU32:
-            if (!take_int(in, 4)) return {Status::kNeedMore, given, {}};
-            req_.u32 = static_cast<std::uint32_t>(int_value());
-            finish_field();
-            break;
-          case F::kI64:
-            if (!take_int(in, 8)) return {Status::kNeedMore, given, {}};
-            req_.delta = static_cast<std::int64_t>(int_value());
-            finish_field();
-            break;
-          case F::kCount:
-          case F::kSignedCount: {
-            if (!take_int(in, 8)) return {Status::kNeedMore, given, {}};
-            std::uint64_t n = int_value();
-            if (f == F::kSignedCount && static_cast<std::int64_t>(n) < 0) {
-              throw Invalid{"MULTI_SET with a negative count " + std::to_string(static_cast<std::int64_t>(n))};
-            }
-            if (n > limits_.max_keys_per_request) {
-              throw Invalid{"request names " + std::to_string(n) + " keys, over the limit of " +
-                            std::to_string(limits_.max_keys_per_request)};
-            }
-            count_ = n;
-            finish_field();
-            break;
-          }
-          default: {  // a string: u64 length, then the bytes
-            if (!in_string_) {
-              if (!take_int(in, 8)) return {Status::kNeedMore, given, {}};
-              std::uint64_t len = int_value();
-              std::size_t max = f == F::kKey ? limits_.max_key_bytes : limits_.max_value_bytes;
-              if (len > max) {
-                throw Invalid{std::string(field_name(f)) + " of " + std::to_string(len) +
-                              " bytes exceeds the limit of " + std::to_string(max) + " bytes"};
-              }
-              if (total_ + len > limits_.max_request_bytes) {
-                throw Invalid{"request of over " + std::to_string(total_ + len) + " bytes exceeds the limit of " +
-                              std::to_string(limits_.max_request_bytes) + " bytes"};
-              }
-              target(f);
-              in_string_ = true;
-              remaining_ = len;
-            }
-            auto& s = (f == F::kKey ? req_.keys[nkeys_ - 1] : req_.values[nvalues_ - 1]);
-            std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(remaining_, in.size()));
-            s.append(in.data(), take);
-            in.remove_prefix(take);
-            remaining_ -= take;
-            total_ += take;
-            if (remaining_ > 0) return {Status::kNeedMore, given, {}};
-            finish_field();
-            break;
-          }
-        }
-        if (total_ > limits_.max_request_bytes) {
-          throw Invalid{"request of over " + std::to_string(total_) + " bytes exceeds the limit of " +
-                        std::to_string(limits_.max_request_bytes) + " bytes"};
-        }
-      }
-      // Complete.
-      if (req_.op == Op::kValidate && req_.u32 != wire::kValidationMagic) {
-        throw Invalid{"bad validation magic " + std::to_string(req_.u32)};
-      }
-      req_.keys.resize(nkeys_);
-      req_.values.resize(nvalues_);
-      std::swap(out, req_);
-      in_request_ = false;
-      total_ = 0;
-      return {Status::kComplete, given - in.size(), {}};
+    if (!begin_request(in)) return {Status::kNeedMore, given, {}};
+    while (!done()) {
+      if (!take_field(in)) return {Status::kNeedMore, given, {}};
     }
+    if (req_.op == Op::kValidate && req_.u32 != wire::kValidationMagic) {
+      throw Invalid{"bad validation magic " + std::to_string(req_.u32)};
+    }
+    req_.keys.resize(nkeys_);
+    req_.values.resize(nvalues_);
+    std::swap(out, req_);
+    in_request_ = false;
+    total_ = 0;
+    return {Status::kComplete, given - in.size(), {}};
   } catch (Invalid& e) {
     in_request_ = false;
     return {Status::kInvalid, given - in.size(), std::move(e.why)};

@@ -61,6 +61,9 @@ class RequestParser {
   void finish_field();  // moves to the next field
   bool done() const { return idx_ >= fixed_len_ + count_ * repeat_len_; }
   std::string& target(Field f);
+  bool begin_request(std::string_view& in);
+  bool take_field(std::string_view& in);
+  bool take_string(std::string_view& in, Field f);
 
   WireLimits limits_;
   wire::Dialect dialect_ = wire::Dialect::kUnknown;

@@ -204,40 +204,15 @@ void StoreCore::handle(Session& session, const Request& req, std::string& out) {
       put(key, req.values[0]);
       return;
     }
-    case Op::kCompareSet: {
-      const auto& key = req.keys[0];
-      const auto& expected = req.values[0];
-      const auto& desired = req.values[1];
-      auto it = data_.find(key);
-      bool store = it == data_.end() ? expected.empty() : it->second == expected;
-      if (store) {
-        check_quota(key.size() + desired.size(), held(key), "COMPARE_SET", key);
-        put(key, desired);
-        wire::put_str(out, desired);
-      } else {
-        wire::put_str(out, it == data_.end() ? expected : it->second);
-      }
-      return;
-    }
+    case Op::kCompareSet:
+      return compare_set(req, out);
     case Op::kGet: {
       auto it = data_.find(req.keys[0]);
       wire::put_str(out, it == data_.end() ? std::string_view() : std::string_view(it->second));
       return;
     }
-    case Op::kAdd: {
-      const auto& key = req.keys[0];
-      auto it = data_.find(key);
-      std::int64_t current = it == data_.end() ? 0 : parse_counter(key, it->second);
-      std::int64_t next;
-      if (__builtin_add_overflow(current, req.delta, &next)) {
-        throw ProtocolError("ADD on key '" + shown(key) + "' overflows a 64-bit counter");
-      }
-      auto text = std::to_string(next);
-      check_quota(key.size() + text.size(), held(key), "ADD", key);
-      put(key, std::move(text));
-      wire::put_i64(out, next);
-      return;
-    }
+    case Op::kAdd:
+      return add(req, out);
     case Op::kCheck: {
       bool ready = std::all_of(req.keys.begin(), req.keys.end(), [&](const auto& k) { return exists(k); });
       wire::put_u8(out, ready ? wire::kReady : wire::kNotReady);
@@ -250,107 +225,152 @@ void StoreCore::handle(Session& session, const Request& req, std::string& out) {
       wire::put_i64(out, static_cast<std::int64_t>(data_.size()));
       return;
     case Op::kWatchKey:
-      if (session.watches.size() >= limits_.max_watches_per_connection) {
-        throw LimitError("WATCH_KEY on '" + shown(req.keys[0]) + "': this connection already has " +
-                         std::to_string(session.watches.size()) + " watches, the limit of --max_watches_per_connection");
-      }
-      session.watches.push_back(req.keys[0]);
-      watchers_[req.keys[0]].push_back(&session);
-      wire::put_u8(out, wire::kKeyCallbackRegistered);
-      return;
-    case Op::kDeleteKey: {
-      const auto& key = req.keys[0];
-      auto it = data_.find(key);
-      bool found = it != data_.end();
-      if (found) {
-        if (!watchers_.empty()) notify_watchers(key, wire::kKeyDeleted, it->second, {});
-        bytes_ -= held(key);
-        data_.erase(key);
-      }
-      wire::put_i64(out, found ? 1 : 0);
-      return;
-    }
-    case Op::kAppend: {
-      const auto& key = req.keys[0];
-      auto it = data_.find(key);
-      std::size_t old = it == data_.end() ? 0 : it->second.size();
-      check_value(old + req.values[0].size(), "APPEND", key);
-      check_quota(req.values[0].size() + (it == data_.end() ? key.size() : 0), 0, "APPEND", key);
-      put(key, it == data_.end() ? req.values[0] : it->second + req.values[0]);
-      return;
-    }
-    case Op::kMultiGet: {
-      std::size_t reply = 0;
-      for (const auto& k : req.keys) {
-        auto it = data_.find(k);
-        reply += 8 + (it == data_.end() ? 0 : it->second.size());
-      }
-      if (reply > limits_.max_reply_bytes) {
-        throw LimitError("MULTI_GET of " + std::to_string(req.keys.size()) + " keys would reply " +
-                         std::to_string(reply) + " bytes, over --max_reply_bytes=" +
-                         std::to_string(limits_.max_reply_bytes));
-      }
-      out.reserve(out.size() + reply);
-      for (const auto& k : req.keys) {
-        auto it = data_.find(k);
-        wire::put_str(out, it == data_.end() ? std::string_view() : std::string_view(it->second));
-      }
-      return;
-    }
-    case Op::kMultiSet: {
-      // The exact growth, counting a key named twice once (its last value wins).
-      std::unordered_map<std::string_view, std::size_t> last;
-      for (std::size_t i = 0; i < req.keys.size(); ++i) last[req.keys[i]] = req.keys[i].size() + req.values[i].size();
-      std::size_t grow = 0, shrink = 0;
-      for (const auto& [k, size] : last) {
-        grow += size;
-        shrink += held(std::string(k));
-      }
-      check_quota(grow, shrink, "MULTI_SET", req.keys.empty() ? std::string() : req.keys[0]);
-      for (std::size_t i = 0; i < req.keys.size(); ++i) put(req.keys[i], req.values[i]);
-      return;
-    }
+      return watch_key(session, req, out);
+    case Op::kDeleteKey:
+      return delete_key(req, out);
+    case Op::kAppend:
+      return append(req, out);
+    case Op::kMultiGet:
+      return multi_get(req, out);
+    case Op::kMultiSet:
+      return multi_set(req, out);
     case Op::kCancelWait:
       cancel_waits(session);
       wire::put_u8(out, wire::kWaitCanceled);
       return;
-    case Op::kQueuePush: {
-      const auto& key = req.keys[0];
-      auto& q = queues_[key];
-      if (q.size() >= limits_.max_queue_length) {
-        throw LimitError("QUEUE_PUSH on '" + shown(key) + "': the queue already holds " + std::to_string(q.size()) +
-                         " items, the limit of --max_queue_length");
-      }
-      try {
-        check_quota(key.size() + req.values[0].size(), 0, "QUEUE_PUSH", key);
-      } catch (...) {
-        if (q.empty()) queues_.erase(key);
-        throw;
-      }
-      q.push_back(req.values[0]);
-      bytes_ += key.size() + req.values[0].size();
-      wake(key);
-      return;
-    }
-    case Op::kQueuePop: {
-      const auto& key = req.keys[0];
-      auto it = queues_.find(key);
-      std::int64_t size = it == queues_.end() ? 0 : static_cast<std::int64_t>(it->second.size());
-      wire::put_i64(out, size);
-      if (size > 0) {
-        wire::put_str(out, it->second.front());
-        bytes_ -= key.size() + it->second.front().size();
-        it->second.pop_front();
-        if (it->second.empty()) queues_.erase(it);
-      }
-      return;
-    }
+    case Op::kQueuePush:
+      return queue_push(req, out);
+    case Op::kQueuePop:
+      return queue_pop(req, out);
     case Op::kQueueLen: {
       auto it = queues_.find(req.keys[0]);
       wire::put_i64(out, it == queues_.end() ? 0 : static_cast<std::int64_t>(it->second.size()));
       return;
     }
   }
+}
+
+
+void StoreCore::compare_set(const Request& req, std::string& out) {
+  const auto& key = req.keys[0];
+  const auto& expected = req.values[0];
+  const auto& desired = req.values[1];
+  auto it = data_.find(key);
+  bool store = it == data_.end() ? expected.empty() : it->second == expected;
+  if (store) {
+    check_quota(key.size() + desired.size(), held(key), "COMPARE_SET", key);
+    put(key, desired);
+    wire::put_str(out, desired);
+  } else {
+    wire::put_str(out, it == data_.end() ? expected : it->second);
+  }
+}
+
+void StoreCore::add(const Request& req, std::string& out) {
+  const auto& key = req.keys[0];
+  auto it = data_.find(key);
+  std::int64_t current = it == data_.end() ? 0 : parse_counter(key, it->second);
+  std::int64_t next;
+  if (__builtin_add_overflow(current, req.delta, &next)) {
+    throw ProtocolError("ADD on key '" + shown(key) + "' overflows a 64-bit counter");
+  }
+  auto text = std::to_string(next);
+  check_quota(key.size() + text.size(), held(key), "ADD", key);
+  put(key, std::move(text));
+  wire::put_i64(out, next);
+}
+
+void StoreCore::delete_key(const Request& req, std::string& out) {
+  const auto& key = req.keys[0];
+  auto it = data_.find(key);
+  bool found = it != data_.end();
+  if (found) {
+    if (!watchers_.empty()) notify_watchers(key, wire::kKeyDeleted, it->second, {});
+    bytes_ -= held(key);
+    data_.erase(key);
+  }
+  wire::put_i64(out, found ? 1 : 0);
+}
+
+void StoreCore::append(const Request& req, std::string& out) {
+  const auto& key = req.keys[0];
+  auto it = data_.find(key);
+  std::size_t old = it == data_.end() ? 0 : it->second.size();
+  check_value(old + req.values[0].size(), "APPEND", key);
+  check_quota(req.values[0].size() + (it == data_.end() ? key.size() : 0), 0, "APPEND", key);
+  put(key, it == data_.end() ? req.values[0] : it->second + req.values[0]);
+}
+
+void StoreCore::multi_get(const Request& req, std::string& out) {
+  std::size_t reply = 0;
+  for (const auto& k : req.keys) {
+    auto it = data_.find(k);
+    reply += 8 + (it == data_.end() ? 0 : it->second.size());
+  }
+  if (reply > limits_.max_reply_bytes) {
+    throw LimitError("MULTI_GET of " + std::to_string(req.keys.size()) + " keys would reply " +
+                     std::to_string(reply) + " bytes, over --max_reply_bytes=" +
+                     std::to_string(limits_.max_reply_bytes));
+  }
+  out.reserve(out.size() + reply);
+  for (const auto& k : req.keys) {
+    auto it = data_.find(k);
+    wire::put_str(out, it == data_.end() ? std::string_view() : std::string_view(it->second));
+  }
+}
+
+void StoreCore::multi_set(const Request& req, std::string& out) {
+  // The exact growth, counting a key named twice once (its last value wins).
+  std::unordered_map<std::string_view, std::size_t> last;
+  for (std::size_t i = 0; i < req.keys.size(); ++i) last[req.keys[i]] = req.keys[i].size() + req.values[i].size();
+  std::size_t grow = 0, shrink = 0;
+  for (const auto& [k, size] : last) {
+    grow += size;
+    shrink += held(std::string(k));
+  }
+  check_quota(grow, shrink, "MULTI_SET", req.keys.empty() ? std::string() : req.keys[0]);
+  for (std::size_t i = 0; i < req.keys.size(); ++i) put(req.keys[i], req.values[i]);
+}
+
+void StoreCore::queue_push(const Request& req, std::string& out) {
+  const auto& key = req.keys[0];
+  auto& q = queues_[key];
+  if (q.size() >= limits_.max_queue_length) {
+    throw LimitError("QUEUE_PUSH on '" + shown(key) + "': the queue already holds " + std::to_string(q.size()) +
+                     " items, the limit of --max_queue_length");
+  }
+  try {
+    check_quota(key.size() + req.values[0].size(), 0, "QUEUE_PUSH", key);
+  } catch (...) {
+    if (q.empty()) queues_.erase(key);
+    throw;
+  }
+  q.push_back(req.values[0]);
+  bytes_ += key.size() + req.values[0].size();
+  wake(key);
+}
+
+void StoreCore::queue_pop(const Request& req, std::string& out) {
+  const auto& key = req.keys[0];
+  auto it = queues_.find(key);
+  std::int64_t size = it == queues_.end() ? 0 : static_cast<std::int64_t>(it->second.size());
+  wire::put_i64(out, size);
+  if (size > 0) {
+    wire::put_str(out, it->second.front());
+    bytes_ -= key.size() + it->second.front().size();
+    it->second.pop_front();
+    if (it->second.empty()) queues_.erase(it);
+  }
+}
+
+void StoreCore::watch_key(Session& session, const Request& req, std::string& out) {
+  if (session.watches.size() >= limits_.max_watches_per_connection) {
+    throw LimitError("WATCH_KEY on '" + shown(req.keys[0]) + "': this connection already has " +
+                     std::to_string(session.watches.size()) + " watches, the limit of --max_watches_per_connection");
+  }
+  session.watches.push_back(req.keys[0]);
+  watchers_[req.keys[0]].push_back(&session);
+  wire::put_u8(out, wire::kKeyCallbackRegistered);
 }
 
 }  // namespace ddprun::rendezvous

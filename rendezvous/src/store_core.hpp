@@ -104,6 +104,16 @@ class StoreCore {
   void notify_watchers(const std::string& key, std::uint8_t type, std::string_view old_value,
                        std::string_view new_value);
   void add_wait(Session& session, const std::vector<std::string>& keys, std::string& out);
+  // One operation each (handle() dispatches).
+  void compare_set(const Request& req, std::string& out);
+  void add(const Request& req, std::string& out);
+  void watch_key(Session& session, const Request& req, std::string& out);
+  void delete_key(const Request& req, std::string& out);
+  void append(const Request& req, std::string& out);
+  void multi_get(const Request& req, std::string& out);
+  void multi_set(const Request& req, std::string& out);
+  void queue_push(const Request& req, std::string& out);
+  void queue_pop(const Request& req, std::string& out);
   void cancel_waits(Session& session);
   // Throws LimitError unless the store can grow by `grow` bytes after freeing `shrink`.
   void check_quota(std::size_t grow, std::size_t shrink, const char* op, const std::string& key) const;

@@ -39,32 +39,43 @@ std::size_t parse_size(const std::string& name, const std::string& text) {
   return static_cast<std::size_t>(v * mult);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// What the command line sets: the server's options and the values checked after parsing.
+struct Config {
   ddprun::rendezvous::StoreServerOptions opts;
-  opts.host = "127.0.0.1";
   int port = 0;
   std::string log_level, allow, secret_file;
   bool same_user = true;
-  long keepalive = opts.tcp_keepalive_idle.count();
-  std::map<std::string, std::size_t*> sizes = {
-      {"max_key_bytes", &opts.limits.max_key_bytes},
-      {"max_value_bytes", &opts.limits.max_value_bytes},
-      {"max_request_bytes", &opts.limits.max_request_bytes},
-      {"max_reply_bytes", &opts.max_reply_bytes},
-      {"max_store_bytes", &opts.max_store_bytes},
-      {"output_high_water_bytes", &opts.output_high_water_bytes},
-      {"max_pending_output_bytes", &opts.max_pending_output_bytes},
-  };
+  long keepalive = 0;
+  std::map<std::string, std::size_t*> sizes;
   std::map<std::string, std::string> size_text;
-  auto human = [](std::size_t v) {
-    if (v % (1ULL << 30) == 0) return std::to_string(v >> 30) + "G";
-    if (v % (1ULL << 20) == 0) return std::to_string(v >> 20) + "M";
-    if (v % (1ULL << 10) == 0) return std::to_string(v >> 10) + "K";
-    return std::to_string(v);
-  };
-  for (auto& [name, ptr] : sizes) size_text[name] = human(*ptr);
+
+  Config() {
+    opts.host = "127.0.0.1";
+    keepalive = opts.tcp_keepalive_idle.count();
+    sizes = {
+        {"max_key_bytes", &opts.limits.max_key_bytes},
+        {"max_value_bytes", &opts.limits.max_value_bytes},
+        {"max_request_bytes", &opts.limits.max_request_bytes},
+        {"max_reply_bytes", &opts.max_reply_bytes},
+        {"max_store_bytes", &opts.max_store_bytes},
+        {"output_high_water_bytes", &opts.output_high_water_bytes},
+        {"max_pending_output_bytes", &opts.max_pending_output_bytes},
+    };
+    auto human = [](std::size_t v) {
+      if (v % (1ULL << 30) == 0) return std::to_string(v >> 30) + "G";
+      if (v % (1ULL << 20) == 0) return std::to_string(v >> 20) + "M";
+      if (v % (1ULL << 10) == 0) return std::to_string(v >> 10) + "K";
+      return std::to_string(v);
+    };
+    for (auto& [name, ptr] : sizes) size_text[name] = human(*ptr);
+  }
+  po::typed_value<std::string>* size(const char* name) {
+    return po::value(&size_text[name])->default_value(size_text[name]);
+  }
+};
+
+po::options_description describe(Config& c) {
+  auto& o = c.opts;
   po::options_description desc(
       "Usage: ddprun-store [--host H] [--port P] [options]\n"
       "Serves a PyTorch-compatible TCPStore (1.13 and 2.x clients) until SIGINT or SIGTERM.\n"
@@ -73,63 +84,103 @@ int main(int argc, char** argv) {
   desc.add_options()
       ("help,h", "show this help")
       ("version", "show the version and exit")
-      ("host", po::value(&opts.host)->default_value(opts.host),
-       "address to bind; \"\" = every interface (then give --allow)")
-      ("port", po::value(&port)->default_value(0), "port to bind; 0 picks a free one (printed on the first line)")
-      ("allow", po::value(&allow)->default_value("127.0.0.0/8,::1/128"),
+      ("host", po::value(&o.host)->default_value(o.host), "address to bind; \"\" = every interface (then give --allow)")
+      ("port", po::value(&c.port)->default_value(0), "port to bind; 0 picks a free one (printed on the first line)")
+      ("allow", po::value(&c.allow)->default_value("127.0.0.0/8,::1/128"),
        "CIDR blocks clients on other hosts must be in, comma-separated; '*' = any address")
-      ("same_user", po::value(&same_user)->default_value(true),
+      ("same_user", po::value(&c.same_user)->default_value(true),
        "clients on this host must be processes of this user or root (kernel sock_diag)")
-      ("secret_file", po::value(&secret_file)->default_value(""),
+      ("secret_file", po::value(&c.secret_file)->default_value(""),
        "require ddprun's HMAC handshake with the secret in this file (mode 0600); PyTorch clients are then refused")
-      ("max_key_bytes", po::value(&size_text["max_key_bytes"])->default_value(size_text["max_key_bytes"]), "longest key")
-      ("max_value_bytes", po::value(&size_text["max_value_bytes"])->default_value(size_text["max_value_bytes"]),
-       "longest value, also as APPEND grows it")
-      ("max_request_bytes", po::value(&size_text["max_request_bytes"])->default_value(size_text["max_request_bytes"]),
-       "largest request")
-      ("max_keys_per_request", po::value(&opts.limits.max_keys_per_request)->default_value(opts.limits.max_keys_per_request),
+      ("max_key_bytes", c.size("max_key_bytes"), "longest key")
+      ("max_value_bytes", c.size("max_value_bytes"), "longest value, also as APPEND grows it")
+      ("max_request_bytes", c.size("max_request_bytes"), "largest request")
+      ("max_keys_per_request", po::value(&o.limits.max_keys_per_request)->default_value(o.limits.max_keys_per_request),
        "keys in one CHECK, WAIT, MULTI_GET or MULTI_SET")
-      ("max_reply_bytes", po::value(&size_text["max_reply_bytes"])->default_value(size_text["max_reply_bytes"]),
-       "largest reply (MULTI_GET)")
-      ("max_store_bytes", po::value(&size_text["max_store_bytes"])->default_value(size_text["max_store_bytes"]),
+      ("max_reply_bytes", c.size("max_reply_bytes"), "largest reply (MULTI_GET)")
+      ("max_store_bytes", c.size("max_store_bytes"),
        "bytes held in all keys, values and queues; a write over it fails for its client only")
-      ("max_waits_per_connection", po::value(&opts.max_waits_per_connection)->default_value(opts.max_waits_per_connection),
+      ("max_waits_per_connection", po::value(&o.max_waits_per_connection)->default_value(o.max_waits_per_connection),
        "keys one connection may wait on at once")
       ("max_watches_per_connection",
-       po::value(&opts.max_watches_per_connection)->default_value(opts.max_watches_per_connection),
+       po::value(&o.max_watches_per_connection)->default_value(o.max_watches_per_connection),
        "WATCH_KEY registrations per connection (PyTorch 1.13)")
-      ("max_queue_length", po::value(&opts.max_queue_length)->default_value(opts.max_queue_length), "items in one queue")
-      ("output_high_water_bytes",
-       po::value(&size_text["output_high_water_bytes"])->default_value(size_text["output_high_water_bytes"]),
+      ("max_queue_length", po::value(&o.max_queue_length)->default_value(o.max_queue_length), "items in one queue")
+      ("output_high_water_bytes", c.size("output_high_water_bytes"),
        "unsent replies at which a client is not read from until they drain to half")
-      ("max_pending_output_bytes",
-       po::value(&size_text["max_pending_output_bytes"])->default_value(size_text["max_pending_output_bytes"]),
+      ("max_pending_output_bytes", c.size("max_pending_output_bytes"),
        "unsent replies (WAIT wake-ups, watch events) beyond which a client is disconnected")
-      ("max_connections", po::value(&opts.max_connections)->default_value(opts.max_connections),
+      ("max_connections", po::value(&o.max_connections)->default_value(o.max_connections),
        "clients connected at once; more are refused (logged at most once a second)")
-      ("reserved_fds", po::value(&opts.reserved_fds)->default_value(opts.reserved_fds),
+      ("reserved_fds", po::value(&o.reserved_fds)->default_value(o.reserved_fds),
        "descriptors kept free under the open-file limit")
-      ("tcp_keepalive_s", po::value(&keepalive)->default_value(keepalive),
+      ("tcp_keepalive_s", po::value(&c.keepalive)->default_value(c.keepalive),
        "probe a silent client after this many seconds and drop it if it vanished; 0 = off")
-      ("log_level", po::value(&log_level)->default_value("info"), "trace, debug, info, warn, error or off");
+      ("log_level", po::value(&c.log_level)->default_value("info"), "trace, debug, info, warn, error or off");
+  return desc;
+}
+
+// Checks what parsing could not and fills the server's options. Throws UsageError.
+void finish(Config& c) {
+  for (auto& [name, ptr] : c.sizes) *ptr = parse_size(name, c.size_text[name]);
+  if (c.port < 0 || c.port > 65535) {
+    throw ddprun::UsageError("--port " + std::to_string(c.port) + " is out of range (0-65535; 0 picks a free port)");
+  }
+  if (c.keepalive < 0) throw ddprun::UsageError("--tcp_keepalive_s must be 0 (off) or positive");
+  if (c.allow != "*") {
+    c.opts.allow = std::vector<std::string>{c.allow};
+    ddprun::rendezvous::parse_cidr_list(c.allow);  // validate now, with the flag's name
+  }
+  if (!c.secret_file.empty()) c.opts.secret = ddprun::rendezvous::auth::read_secret_file(c.secret_file);
+  auto level = spdlog::level::from_str(c.log_level);
+  if (level == spdlog::level::off && c.log_level != "off") {
+    throw ddprun::UsageError("unknown --log_level '" + c.log_level + "'");
+  }
+  c.opts.port = static_cast<std::uint16_t>(c.port);
+  c.opts.same_user = c.same_user;
+  c.opts.tcp_keepalive_idle = std::chrono::seconds(c.keepalive);
+}
+
+// Serves until SIGINT or SIGTERM.
+int serve(const ddprun::rendezvous::StoreServerOptions& opts) {
+  // Block the stop signals before any thread starts, then wait for them here.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  ddprun::rendezvous::StoreServer server(opts);
+  const auto& host = server.host();
+  std::string shown = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+  std::printf("listening on %s:%u\n", shown.c_str(), server.port());
+  std::fflush(stdout);
+  if ((opts.host.empty() || (host != "127.0.0.1" && host != "::1")) && !opts.allow) {
+    spdlog::warn("store: any host that can reach port {} may connect (--allow '*'){}", server.port(),
+                 opts.secret.empty() ? " and read or change every key" : "");
+  }
+  server.start();
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("store: stopping on signal {}", sig);
+  server.stop();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  auto desc = describe(c);
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
     po::notify(vm);
-    for (auto& [name, ptr] : sizes) *ptr = parse_size(name, size_text[name]);
-    if (port < 0 || port > 65535) {
-      throw ddprun::UsageError("--port " + std::to_string(port) + " is out of range (0-65535; 0 picks a free port)");
-    }
-    if (keepalive < 0) throw ddprun::UsageError("--tcp_keepalive_s must be 0 (off) or positive");
-    if (allow != "*") {
-      opts.allow = std::vector<std::string>{allow};
-      ddprun::rendezvous::parse_cidr_list(allow);  // validate now, with the flag's name below
-    }
-    if (!secret_file.empty()) opts.secret = ddprun::rendezvous::auth::read_secret_file(secret_file);
+    finish(c);
   } catch (const po::error& e) {
     std::cerr << "ddprun-store: " << e.what() << "\n(see ddprun-store --help)\n";
     return 2;
-  } catch (const ddprun::UsageError& e) {
+  } catch (const ddprun::Error& e) {
     std::cerr << "ddprun-store: " << e.what() << "\n";
     return 2;
   }
@@ -141,50 +192,14 @@ int main(int argc, char** argv) {
     std::cout << "ddprun-store " << DDPRUN_VERSION << "\n";
     return 0;
   }
-  opts.port = static_cast<std::uint16_t>(port);
-  opts.same_user = same_user;
-  opts.tcp_keepalive_idle = std::chrono::seconds(keepalive);
-  auto level = spdlog::level::from_str(log_level);
-  if (level == spdlog::level::off && log_level != "off") {
-    std::cerr << "ddprun-store: unknown --log_level '" << log_level << "'\n";
-    return 2;
-  }
   auto logger = spdlog::stderr_color_mt("ddprun-store");
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
   spdlog::set_default_logger(logger);
-  spdlog::set_level(level);
-
-  // Block the stop signals before any thread starts, then wait for them here.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
-
+  spdlog::set_level(spdlog::level::from_str(c.log_level));
   try {
-    ddprun::rendezvous::StoreServer server(opts);
-    const auto& host = server.host();
-    std::string shown = host.find(':') != std::string::npos ? "[" + host + "]" : host;
-    std::printf("listening on %s:%u\n", shown.c_str(), server.port());
-    std::fflush(stdout);
-    if (opts.host.empty() || (host != "127.0.0.1" && host != "::1")) {
-      if (!opts.allow) {
-        spdlog::warn("store: any host that can reach port {} may connect (--allow '*'){}", server.port(),
-                     opts.secret.empty() ? " and read or change every key" : "");
-      }
-    }
-    server.start();
-    int sig = 0;
-    sigwait(&signals, &sig);
-    spdlog::info("store: stopping on signal {}", sig);
-    server.stop();
-  } catch (const ddprun::UsageError& e) {
+    return serve(c.opts);
+  } catch (const std::exception& e) {
     std::cerr << "ddprun-store: " << e.what() << "\n";
-    return 2;
-  } catch (const ddprun::Error& e) {
-    std::cerr << "ddprun-store: " << e.what() << "\n";
-    return 1;
+    return ddprun::exit_code_for(e);
   }
-  return 0;
 }

@@ -16,6 +16,7 @@
 #include <future>
 #include <thread>
 
+#include "admission.hpp"
 #include "connection.hpp"
 #include "ddprun/common/error.hpp"
 #include "socket.hpp"
@@ -75,8 +76,7 @@ struct StoreServer::Impl {
     ctx.epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
     if (ctx.epoll_fd < 0) throw NetworkError(std::string("store: epoll_create1 failed: ") + std::strerror(errno));
     epoll_desc.assign(ctx.epoll_fd);
-    if (ctx.options.allow) allow = parse_cidrs(*ctx.options.allow);
-    for (const auto& a : local_addresses()) local_addrs.push_back(a);
+    admission.set_allow(ctx.options.allow);
   }
   ~Impl() { close_all(); }
 
@@ -86,28 +86,13 @@ struct StoreServer::Impl {
   asio::posix::stream_descriptor epoll_desc{io};
   asio::steady_timer retry_timer{io};
   asio::steady_timer auth_timer{io};
-  std::optional<std::vector<Cidr>> allow;
-  std::vector<IpAddress> local_addrs;
-  SocketOwnerLookup owners;
-  uid_t my_uid = ::getuid();
+  Admission admission{ctx};
   std::size_t fd_limit = 1024;
   std::string host;
   std::uint16_t port = 0;
   std::thread thread;
   bool waiting_for_events = false;
   bool fd_limit_logged = false;
-  // Refusals for the connection cap, logged at most once a second.
-  SteadyClock::time_point last_cap_log{};
-  std::size_t cap_refusals_unlogged = 0;
-
-  static std::vector<Cidr> parse_cidrs(const std::vector<std::string>& items) {
-    std::vector<Cidr> out;
-    for (const auto& i : items) {
-      auto part = parse_cidr_list(i);
-      out.insert(out.end(), part.begin(), part.end());
-    }
-    return out;
-  }
 
   void close_all() {
     auto open = std::move(ctx.connections);
@@ -190,64 +175,6 @@ struct StoreServer::Impl {
     });
   }
 
-  void refuse_for_capacity(const std::string& why) {
-    ++ctx.refused;
-    ++cap_refusals_unlogged;
-    auto now = SteadyClock::now();
-    if (now - last_cap_log >= std::chrono::seconds(1)) {
-      spdlog::warn("store: refused {} connection(s): {}", cap_refusals_unlogged, why);
-      cap_refusals_unlogged = 0;
-      last_cap_log = now;
-    }
-  }
-
-  // Access control; false (and the connection closed) when the peer may not connect.
-  bool admit(int fd, const sockaddr_storage& addr) {
-    auto peer = IpAddress::from_sockaddr(addr);
-    if (!peer) return true;  // not IP (cannot happen on a TCP listener)
-    sockaddr_storage mine{};
-    socklen_t len = sizeof(mine);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &len);
-    auto local = IpAddress::from_sockaddr(mine);
-    bool same_host = peer->is_loopback() || (local && peer->same_host_as(*local));
-    for (const auto& a : local_addrs) same_host = same_host || peer->same_host_as(a);
-    auto refuse = [&](const std::string& why) {
-      ++ctx.refused;
-      ctx.log_once(peer->to_string() + "|" + why, "store: refused a connection from " + peer->to_string() + ": " + why);
-      ::close(fd);
-      return false;
-    };
-    if (!same_host && allow) {
-      bool ok = false;
-      for (const auto& c : *allow) ok = ok || c.contains(*peer);
-      if (!ok) {
-        std::string list;
-        for (const auto& c : *allow) list += (list.empty() ? "" : ",") + c.to_string();
-        return refuse("not in the allowed addresses (" + (list.empty() ? std::string("none") : list) + ")");
-      }
-    }
-    if (same_host && ctx.options.same_user && local) {
-      std::string error;
-      auto uid = owners.owner(*peer, *local, &error);
-      if (!uid) return refuse("cannot tell which user owns the connecting socket (" + error + ")");
-      if (*uid != my_uid && *uid != 0) {
-        return refuse("the connecting process belongs to uid " + std::to_string(*uid) +
-                      "; only uid " + std::to_string(my_uid) + " (this job's user) and root may connect");
-      }
-    }
-    return true;
-  }
-
-  void set_keepalive(int fd) {
-    int idle = static_cast<int>(ctx.options.tcp_keepalive_idle.count());
-    if (idle <= 0) return;
-    int one = 1, interval = std::max(1, idle / 3), count = 3;
-    ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
-    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
-  }
-
   void accept_batch() {
     for (int i = 0; i < kAcceptsPerTurn; ++i) {
       sockaddr_storage addr{};
@@ -273,25 +200,8 @@ struct StoreServer::Impl {
         spdlog::debug("store: accept failed: {}", std::strerror(errno));
         continue;
       }
-      if (ctx.connections.size() >= ctx.options.max_connections) {
-        ::close(fd);
-        refuse_for_capacity(std::to_string(ctx.connections.size()) + " clients are connected, the limit of --max_connections");
-        continue;
-      }
-      // Descriptors are allocated lowest first: this one being among the last `reserved_fds`
-      // means fewer than that are left for the process that hosts the store.
-      if (static_cast<std::size_t>(fd) + ctx.options.reserved_fds >= fd_limit) {
-        ::close(fd);
-        refuse_for_capacity("only " + std::to_string(fd_limit - static_cast<std::size_t>(fd)) +
-                            " descriptors are left under the open-file limit of " + std::to_string(fd_limit) +
-                            ", and " + std::to_string(ctx.options.reserved_fds) +
-                            " are kept for the hosting process (raise ulimit -n)");
-        continue;
-      }
-      if (!admit(fd, addr)) continue;
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      set_keepalive(fd);
+      if (!admission.admit(fd, addr, fd_limit)) continue;
+      admission.configure(fd);
       auto peer = IpAddress::from_sockaddr(addr);
       std::string name = peer ? format_address(peer->to_string(), peer->port) : std::string("?");
       std::shared_ptr<Connection> conn;
@@ -299,7 +209,7 @@ struct StoreServer::Impl {
         conn = std::make_shared<Connection>(ctx, fd, std::move(name));
       } catch (const std::bad_alloc&) {
         ::close(fd);
-        refuse_for_capacity("out of memory");
+        admission.refuse_for_capacity("out of memory");
         continue;
       }
       if (conn->start()) {
@@ -426,9 +336,10 @@ void StoreServer::reset() {
 }
 
 void StoreServer::set_allow(std::optional<std::vector<std::string>> cidrs) {
-  std::optional<std::vector<Cidr>> parsed;
-  if (cidrs) parsed = Impl::parse_cidrs(*cidrs);
-  impl_->on_io_thread([&] { impl_->allow = std::move(parsed); });
+  if (cidrs) {
+    for (const auto& c : *cidrs) parse_cidr_list(c);  // a bad list throws here, on the caller's thread
+  }
+  impl_->on_io_thread([&] { impl_->admission.set_allow(cidrs); });
 }
 
 StoreServerStats StoreServer::stats() {

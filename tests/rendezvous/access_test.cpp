@@ -122,7 +122,7 @@ TEST_CASE("the secret handshake: right secret served - wrong or missing refused 
       CHECK_THAT(e.what(), Catch::Contains("refused this client: wrong or missing secret"));
     }
     CHECK(Clock::now() - t0 < 2s);  // not retried until the timeout
-    CHECK(logs.lines_with({"refused 127.0.0.1:", "wrong or missing secret"}).size() == 1);
+    CHECK(logs.await_lines_with({"refused 127.0.0.1:", "wrong or missing secret"}).size() == 1);
   }
   SECTION("no secret (a ddprun client)") {
     try {
@@ -140,7 +140,7 @@ TEST_CASE("the secret handshake: right secret served - wrong or missing refused 
     CHECK(raw.read<std::uint32_t>() == auth::kRefusedMarker);
     CHECK(raw.closed_by_server());
     CHECK(good.get("round") == "1");
-    CHECK(logs.lines_with({"refused 127.0.0.1:", "did not authenticate"}).size() == 1);
+    CHECK(logs.await_lines_with({"refused 127.0.0.1:", "did not authenticate"}).size() == 1);
   }
   SECTION("a client that says nothing is closed after auth_timeout") {
     // (the server above uses the default 10 s; a second one with 300 ms)

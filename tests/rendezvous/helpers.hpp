@@ -1,4 +1,6 @@
 #pragma once
+#include <chrono>
+#include <thread>
 // Shared test helpers: a server on 127.0.0.1 port 0, a raw client that speaks bytes, and a
 // capture of the server's log lines.
 
@@ -44,6 +46,17 @@ class LogCapture {
       if (all) out.push_back(l);
     }
     return out;
+  }
+  // As lines_with, once at least `n` such lines are there or `limit` passed: the server logs on
+  // its own thread, possibly after the client has seen the effect.
+  std::vector<std::string> await_lines_with(std::initializer_list<std::string> parts, std::size_t n = 1,
+                                            std::chrono::milliseconds limit = std::chrono::seconds(2)) const {
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      auto found = lines_with(parts);
+      if (found.size() >= n || std::chrono::steady_clock::now() > deadline) return found;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
 
  private:

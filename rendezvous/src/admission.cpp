@@ -1,0 +1,107 @@
+#include "admission.hpp"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+namespace ddprun::rendezvous {
+
+Admission::Admission(ServerContext& ctx) : ctx_(ctx), my_uid_(::getuid()) {
+  for (const auto& a : local_addresses()) local_addrs_.push_back(a);
+}
+
+void Admission::set_allow(const std::optional<std::vector<std::string>>& cidrs) {
+  if (!cidrs) {
+    allow_.reset();
+    return;
+  }
+  std::vector<Cidr> out;
+  for (const auto& i : *cidrs) {
+    auto part = parse_cidr_list(i);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  allow_ = std::move(out);
+}
+
+void Admission::refuse_for_capacity(const std::string& why) {
+  ++ctx_.refused;
+  ++cap_refusals_unlogged_;
+  auto now = std::chrono::steady_clock::now();
+  if (now - last_cap_log_ >= std::chrono::seconds(1)) {
+    spdlog::warn("store: refused {} connection(s): {}", cap_refusals_unlogged_, why);
+    cap_refusals_unlogged_ = 0;
+    last_cap_log_ = now;
+  }
+}
+
+bool Admission::admit(int fd, const sockaddr_storage& addr, std::size_t fd_limit) {
+  const auto& o = ctx_.options;
+  if (ctx_.connections.size() >= o.max_connections) {
+    ::close(fd);
+    refuse_for_capacity(std::to_string(ctx_.connections.size()) + " clients are connected, the limit of --max_connections");
+    return false;
+  }
+  // Descriptors are allocated lowest first: this one being among the last `reserved_fds` means
+  // fewer than that are left for the process that hosts the store.
+  if (static_cast<std::size_t>(fd) + o.reserved_fds >= fd_limit) {
+    ::close(fd);
+    refuse_for_capacity("only " + std::to_string(fd_limit - static_cast<std::size_t>(fd)) +
+                        " descriptors are left under the open-file limit of " + std::to_string(fd_limit) + ", and " +
+                        std::to_string(o.reserved_fds) + " are kept for the hosting process (raise ulimit -n)");
+    return false;
+  }
+  return admit_peer(fd, addr);
+}
+
+// Access control; false (and the connection closed) when the peer may not connect.
+bool Admission::admit_peer(int fd, const sockaddr_storage& addr) {
+  auto peer = IpAddress::from_sockaddr(addr);
+  if (!peer) return true;  // not IP (cannot happen on a TCP listener)
+  sockaddr_storage mine{};
+  socklen_t len = sizeof(mine);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &len);
+  auto local = IpAddress::from_sockaddr(mine);
+  bool same_host = peer->is_loopback() || (local && peer->same_host_as(*local));
+  for (const auto& a : local_addrs_) same_host = same_host || peer->same_host_as(a);
+  auto refuse = [&](const std::string& why) {
+    ++ctx_.refused;
+    ctx_.log_once(peer->to_string() + "|" + why, "store: refused a connection from " + peer->to_string() + ": " + why);
+    ::close(fd);
+    return false;
+  };
+  if (!same_host && allow_) {
+    bool ok = false;
+    for (const auto& c : *allow_) ok = ok || c.contains(*peer);
+    if (!ok) {
+      std::string list;
+      for (const auto& c : *allow_) list += (list.empty() ? "" : ",") + c.to_string();
+      return refuse("not in the allowed addresses (" + (list.empty() ? std::string("none") : list) + ")");
+    }
+  }
+  if (same_host && ctx_.options.same_user && local) {
+    std::string error;
+    auto uid = owners_.owner(*peer, *local, &error);
+    if (!uid) return refuse("cannot tell which user owns the connecting socket (" + error + ")");
+    if (*uid != my_uid_ && *uid != 0) {
+      return refuse("the connecting process belongs to uid " + std::to_string(*uid) + "; only uid " +
+                    std::to_string(my_uid_) + " (this job's user) and root may connect");
+    }
+  }
+  return true;
+}
+
+void Admission::configure(int fd) const {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  int idle = static_cast<int>(ctx_.options.tcp_keepalive_idle.count());
+  if (idle <= 0) return;
+  int interval = std::max(1, idle / 3), count = 3;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+}
+
+}  // namespace ddprun::rendezvous

@@ -1,0 +1,45 @@
+#pragma once
+// Who may connect to the store, decided as a connection is accepted (no Asio): the connection
+// cap, the descriptors kept for the hosting process, the allowed addresses of other hosts, and
+// the user owning a local peer's socket. Refusals are counted and logged without flooding.
+
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "connection.hpp"
+#include "peer_access.hpp"
+
+namespace ddprun::rendezvous {
+
+class Admission {
+ public:
+  explicit Admission(ServerContext& ctx);
+
+  // Replaces the allowed addresses of other hosts (nullopt: any). Throws UsageError.
+  void set_allow(const std::optional<std::vector<std::string>>& cidrs);
+  // Whether `fd`, just accepted from `addr`, may become a client; when not, it is closed and the
+  // refusal counted (and logged, at most once a second for the capacity limits).
+  bool admit(int fd, const sockaddr_storage& addr, std::size_t fd_limit);
+  // The connection's socket options: no Nagle delay, TCP keep-alive probes when configured.
+  void configure(int fd) const;
+  // A refusal for want of capacity, logged at most once a second.
+  void refuse_for_capacity(const std::string& why);
+
+ private:
+  bool admit_peer(int fd, const sockaddr_storage& addr);
+
+  ServerContext& ctx_;
+  std::optional<std::vector<Cidr>> allow_;
+  std::vector<IpAddress> local_addrs_;
+  SocketOwnerLookup owners_;
+  uid_t my_uid_;
+  std::chrono::steady_clock::time_point last_cap_log_{};
+  std::size_t cap_refusals_unlogged_ = 0;
+};
+
+}  // namespace ddprun::rendezvous
