@@ -86,6 +86,10 @@ struct Reducer::Impl {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(buckets[next_launch++]);
   }
 
+  void account_unused();
+  std::vector<std::exception_ptr> wait_all();
+  void decompress();
+
   void reset_iteration() {
     next_launch = 0;
     std::fill(ready.begin(), ready.end(), false);
@@ -158,71 +162,80 @@ void Reducer::mark_ready(std::size_t i) {
 void Reducer::finalize() {
   if (!sync_) return;
   auto& im = *impl_;
-  std::vector<std::size_t> unused;
-  for (std::size_t i = 0; i < im.params.size(); ++i) {
-    if (!im.ready[i]) unused.push_back(i);
+  im.account_unused();
+  auto errors = im.wait_all();
+  im.reset_iteration();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
   }
-  if (!unused.empty() && !im.opt.find_unused_parameters) {
+  im.decompress();
+  heartbeat();
+}
+
+// Parameters that received no gradient: an error, unless find_unused_parameters (then their
+// buckets go without them).
+void Reducer::Impl::account_unused() {
+  std::vector<std::size_t> unused;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!ready[i]) unused.push_back(i);
+  }
+  if (!unused.empty() && !opt.find_unused_parameters) {
     std::string list;
     for (std::size_t k = 0; k < unused.size() && k < 10; ++k) list += (k ? ", " : "") + std::to_string(unused[k]);
     if (unused.size() > 10) list += " and " + std::to_string(unused.size() - 10) + " more";
-    im.reset_iteration();
+    reset_iteration();
     throw UsageError("Reducer: parameter(s) " + list +
                      " received no gradient in this iteration; mark them ready, or set "
                      "ReducerOptions::find_unused_parameters");
   }
   for (auto i : unused) {
-    im.ready[i] = true;
-    --im.buckets[im.where[i].first].pending;
+    ready[i] = true;
+    --buckets[where[i].first].pending;
   }
-  // Every bucket is waited for, failures or not (no collective may still use bucket memory when
-  // this returns or throws), and the first failure in bucket order is what is thrown. Each
-  // bucket's error is kept as it was caught, so a Work whose second wait() would return (as an
-  // earlier NCCL backend's did) cannot turn a failure into success.
-  std::vector<std::exception_ptr> errors(im.buckets.size());
+}
+
+// Every bucket is waited for, failures or not (no collective may still use bucket memory when
+// finalize returns or throws); each bucket's error is kept as it was caught, so a Work whose
+// second wait() would return (as an earlier NCCL backend's did) cannot turn a failure into
+// success. The caller throws the first in bucket order.
+std::vector<std::exception_ptr> Reducer::Impl::wait_all() {
+  std::vector<std::exception_ptr> errors(buckets.size());
   std::exception_ptr launch_error;  // the group failed before every bucket was issued
   try {
-    im.launch_ready();
+    launch_ready();
   } catch (...) {
     launch_error = std::current_exception();
   }
-  // Buckets complete in order, so waiting for the last one first wakes this thread once
-  // instead of once per bucket (each wake-up takes a core from the communication threads).
-  auto& last = im.buckets.back();
-  if (last.work && !errors.back()) {
-    try {
-      last.work->wait();
-    } catch (...) {
-      errors.back() = std::current_exception();
-    }
-  }
-  for (std::size_t k = 0; k < im.buckets.size(); ++k) {
-    auto& b = im.buckets[k];
-    if (errors[k]) continue;
+  auto wait = [&](std::size_t k) {
+    auto& b = buckets[k];
+    if (errors[k]) return;
     if (!b.work) {
       errors[k] = launch_error ? launch_error
                                : std::make_exception_ptr(NetworkError(
                                      "Reducer: bucket " + std::to_string(k) +
                                      " was never reduced: the process group failed before it was issued"));
-      continue;
+      return;
     }
     try {
       b.work->wait();
     } catch (...) {
       errors[k] = std::current_exception();
     }
-  }
-  im.reset_iteration();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-  for (auto& b : im.buckets) {
-    if (!im.compress(b)) continue;
+  };
+  // Buckets complete in order, so waiting for the last one first wakes this thread once
+  // instead of once per bucket (each wake-up takes a core from the communication threads).
+  if (buckets.back().work) wait(buckets.size() - 1);
+  for (std::size_t k = 0; k < buckets.size(); ++k) wait(k);
+  return errors;
+}
+
+void Reducer::Impl::decompress() {
+  for (auto& b : buckets) {
+    if (!compress(b)) continue;
     auto* dst = static_cast<float*>(b.storage);
-    bool half = im.opt.compression == Compression::kFloat16;
+    bool half = opt.compression == Compression::kFloat16;
     for (std::size_t i = 0; i < b.count; ++i) dst[i] = half ? half_to_float(b.wire[i]) : bfloat16_to_float(b.wire[i]);
   }
-  heartbeat();
 }
 
 std::vector<Reducer::BucketInfo> Reducer::buckets() const {
