@@ -15,6 +15,7 @@ packages=(
   python3-torch                # PyTorch 1.13: compatibility tests, benchmarks, example jobs
   clang libclang-rt-14-dev     # libFuzzer for the protocol fuzzer
   iproute2 procps
+  elfutils gdb                 # eu-stack (else gdb): stacks of hung native workers
 )
 
 missing=()

@@ -22,6 +22,7 @@ struct FailureRecord {
   std::string host;
   std::string reason;     // "exit code 3", "no heartbeat for 2.0 s", ...
   int exit_code = 1;      // what ddprun exits with if this is the root cause
+  bool hang = false;      // it missed its heartbeats (then every node dumps its workers' stacks)
   std::string error_file;  // TORCHELASTIC_ERROR_FILE, if the worker wrote it
   std::string message;     // from the error file
   std::string traceback;   // from the error file

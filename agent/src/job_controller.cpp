@@ -97,7 +97,9 @@ void JobController::on_round_over(const RoundOutcome& o) {
   outcome_ = o;
   log_outcome(o);
   if (phase_ == Phase::running) {
-    if (!o.end || o.end->kind != Kind::success) group_.stop(SIGTERM);
+    // A hang on another node: this node's stacks too (where is everyone stuck?).
+    bool hang = o.end && o.end->kind == Kind::failure && o.end->failure->hang;
+    if (!o.end || o.end->kind != Kind::success) group_.stop(SIGTERM, hang);
     enter(Phase::stopping);
   }
   decide();
@@ -190,9 +192,10 @@ void JobController::on_worker_failed(const Worker& w, const std::string& reason,
   // The first failure of the round on this node: the root cause, unless another node's came first.
   spdlog::debug("ddprun: root cause: rank {}: {}", w.spec.rank, f.reason);
   f.stderr_tail = group_.stderr_tail(w.spec.local_rank);
+  f.hang = kind == FailureKind::hang;
   root_cause_ = f;
   end_round(RoundEnd::of_failure(f), info_.group_world);
-  group_.stop(SIGTERM);
+  group_.stop(SIGTERM, f.hang);  // a hang: every worker's stack first
   enter(Phase::stopping);
 }
 
@@ -211,6 +214,20 @@ void JobController::on_group_ended() {
 }
 
 void JobController::end_round(const RoundEnd& why, int expect_next) { rdzv_.end_round(round_, why, expect_next); }
+
+void JobController::on_stacks_dumped(const std::map<int, std::vector<StackFrame>>& by_rank,
+                                     const std::vector<std::string>& files) {
+  if (by_rank.empty()) return;
+  std::string where = files.empty() ? "" : " (full dumps: " + files.front().substr(0, files.front().rfind('/')) +
+                                               (files.size() > 1 ? " and the other ranks' stack.txt)" : ")");
+  write_to_console("ddprun: stacks of the workers on " + node_name_ + ", innermost first" + where + ":\n" +
+                   summarize_stacks(by_rank));
+  if (events_.enabled()) {
+    nlohmann::json stacks = nlohmann::json::object();
+    for (const auto& [rank, frames] : by_rank) stacks[std::to_string(rank)] = describe_frames(frames);
+    events_.emit("stacks_dumped", {{"attempt", attempt_}, {"round", round_}, {"stacks", stacks}, {"files", files}});
+  }
+}
 
 // ---- decisions --------------------------------------------------------------------------------
 

@@ -58,6 +58,8 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   // WorkerGroup::Listener
   void on_worker_failed(const Worker& w, const std::string& reason, int code, FailureKind kind) override;
   void on_group_ended() override;
+  void on_stacks_dumped(const std::map<int, std::vector<StackFrame>>& by_rank,
+                        const std::vector<std::string>& files) override;
   // Rendezvous::Listener
   void on_round_ready(const RoundInfo& info) override;
   void on_rendezvous_failed(const std::string& message, int exit_code) override;

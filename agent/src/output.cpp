@@ -81,7 +81,7 @@ StreamOutput::~StreamOutput() {
 
 void StreamOutput::write(std::string_view data) {
   if (file_ >= 0) write_fully(file_, data);
-  if (route_.console_fd < 0 && !route_.keep_tail) return;
+  if (route_.console_fd < 0 && !route_.keep_tail && !capturing_) return;
   splitter_.feed(data, [this](std::string_view l) { line(l); });
 }
 
@@ -96,6 +96,10 @@ void StreamOutput::line(std::string_view l) {
     scratch_.append(l);
     scratch_.push_back('\n');
     Console::for_fd(route_.console_fd).write(scratch_);
+  }
+  if (capturing_ && captured_.size() < kCaptureBytes) {
+    captured_.append(l);
+    captured_.push_back('\n');
   }
   if (route_.keep_tail) {
     tail_.emplace_back(l.substr(0, 1024));

@@ -47,6 +47,10 @@ class StreamOutput {
   void write(std::string_view data);
   void finish();
   const std::deque<std::string>& tail() const { return tail_; }
+  // From now on, lines are also kept (up to kCaptureBytes): a Python worker's traceback.
+  void start_capture() { capturing_ = true; }
+  const std::string& captured() const { return captured_; }
+  static constexpr std::size_t kCaptureBytes = 1 << 20;
   bool has_file() const { return file_ >= 0; }
 
  private:
@@ -57,6 +61,8 @@ class StreamOutput {
   int file_ = -1;  // the raw copy (route_.file), written unbuffered
   std::deque<std::string> tail_;
   std::string scratch_;
+  bool capturing_ = false;
+  std::string captured_;
 };
 
 // Writes all of `data` to fd, retrying on EINTR and short writes.

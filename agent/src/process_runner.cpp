@@ -5,6 +5,7 @@
 
 #include "ddprun/agent/spawn.hpp"
 #include "guardian.hpp"
+#include "stack_dump.hpp"
 
 namespace ddprun::agent {
 
@@ -26,5 +27,9 @@ std::vector<ProcessRunner::Ended> RealProcessRunner::reap() {
 }
 
 void RealProcessRunner::forget(pid_t pgid) { guardian_.forget(pgid); }
+
+std::string RealProcessRunner::native_stack(pid_t pid, std::chrono::milliseconds limit) {
+  return native_stack_text(pid, limit);
+}
 
 }  // namespace ddprun::agent

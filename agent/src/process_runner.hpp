@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,8 @@ class ProcessRunner {
   virtual std::vector<Ended> reap() = 0;
   // The process group `pgid` is gone (reaped and killed): nothing needs to watch it any more.
   virtual void forget(pid_t pgid) = 0;
+  // The native stack of a running process, as text, within `limit` (called off the loop).
+  virtual std::string native_stack(pid_t pid, std::chrono::milliseconds limit) = 0;
 };
 
 // fork + exec (spawn_process), kill(2), waitpid(2); every group it starts is reported to the
@@ -48,6 +51,7 @@ class RealProcessRunner : public ProcessRunner {
   void signal_group(pid_t pgid, int sig) override;
   std::vector<Ended> reap() override;
   void forget(pid_t pgid) override;
+  std::string native_stack(pid_t pid, std::chrono::milliseconds limit) override;
 
  private:
   Guardian& guardian_;

@@ -54,6 +54,10 @@ FailureRecord failure_from(const json& j, const std::string& key) {
   f.error_file = field<std::string>(j, key, "error_file", "");
   f.message = field<std::string>(j, key, "message", "");
   f.traceback = field<std::string>(j, key, "traceback", "");
+  if (auto h = j.find("hang"); h != j.end() && !h->is_null()) {
+    if (!h->is_boolean()) malformed(key, "field 'hang' is not a boolean");
+    f.hang = h->get<bool>();
+  }
   auto tail = j.find("stderr_tail");
   if (tail != j.end() && !tail->is_null()) {
     if (!tail->is_array()) malformed(key, "field 'stderr_tail' is not an array");
@@ -145,7 +149,7 @@ std::string round_end_json(const RoundEnd& e) {
     case RoundEnd::Kind::failure: {
       const FailureRecord& f = *e.failure;
       j.update(json{{"rank", f.rank}, {"local_rank", f.local_rank}, {"pid", f.pid}, {"host", f.host},
-                    {"reason", f.reason}, {"exit_code", f.exit_code}, {"signal", f.status.signal},
+                    {"reason", f.reason}, {"exit_code", f.exit_code}, {"hang", f.hang}, {"signal", f.status.signal},
                     {"code", f.status.code},
                     {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(f.time.time_since_epoch()).count()},
                     {"error_file", f.error_file}, {"message", f.message}, {"traceback", f.traceback},

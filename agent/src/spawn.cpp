@@ -75,6 +75,9 @@ SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::ve
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);  // the agent died before the line above took effect
+    // Where Yama restricts ptrace to ancestors, let the agent's children (eu-stack, gdb) read
+    // this worker's stack when it hangs.
+    ::prctl(PR_SET_PTRACER, parent, 0, 0, 0);
     for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);

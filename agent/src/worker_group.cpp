@@ -9,7 +9,11 @@
 #include <boost/asio.hpp>
 #include <cerrno>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <optional>
+#include <set>
+#include <thread>
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/error.hpp"
@@ -58,15 +62,29 @@ struct WorkerGroup::Impl {
   ProcessRunner& runner;
   Listener* listener = nullptr;
   Options opt;
-  asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io};
+  asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io};
   std::vector<std::unique_ptr<Slot>> slots;
   std::vector<Worker> view;  // what workers() returns, refreshed on every change
   int generation = 0;        // +1 per group: handlers of an earlier group check it
   bool is_stopping = false;
+  bool kill_armed = false;
   bool is_ended = true;
+  // Stacks of the running workers, collected once per group before it is stopped or killed.
+  struct Dump {
+    std::set<int> python, native;       // local ranks: stopped with SIGABRT / read by eu-stack or gdb
+    std::map<int, std::string> text;    // native stacks as they arrive
+    std::function<void()> then;         // what follows (stop, SIGKILL)
+    bool done = false;
+  };
+  std::optional<Dump> dump;
+  bool dump_started = false;
+  std::vector<std::thread> dumpers;
   std::optional<long long> oom_kills_at_start;
 
   Impl(asio::io_context& i, ProcessRunner& r, Options o) : io(i), runner(r), opt(o) {}
+  ~Impl() {
+    for (auto& t : dumpers) t.join();  // each bounded by stack_dump_timeout
+  }
 
   void refresh() {
     view.clear();
@@ -94,10 +112,14 @@ struct WorkerGroup::Impl {
     kill_timer.cancel();
     heartbeat_timer.cancel();
     drain_timer.cancel();
+    dump_timer.cancel();
     ++generation;
     slots.clear();
     is_stopping = false;
+    kill_armed = false;
     is_ended = false;
+    dump.reset();
+    dump_started = false;
     for (auto& spec : specs) {
       auto s = std::make_unique<Slot>();
       s->w.spec = std::move(spec);
@@ -149,6 +171,7 @@ struct WorkerGroup::Impl {
         boost::system::error_code ignored;
         pipe.close(ignored);
         --s.open_pipes;
+        check_dump();
         maybe_ended();
         return;
       }
@@ -176,6 +199,7 @@ struct WorkerGroup::Impl {
       runner.forget(w.pid);
       spdlog::debug("ddprun: worker {} (pid {}) ended: {}", w.spec.rank, w.pid, w.status.describe());
       refresh();
+      check_dump();
       if (w.status.success() || w.reported) continue;
       w.reported = true;
       std::string reason = w.stopped_by_agent ? w.status.describe() + " (stopped by ddprun)" : w.status.describe();
@@ -200,24 +224,112 @@ struct WorkerGroup::Impl {
     refresh();
   }
 
-  void stop(int sig) {
-    bool any = false;
-    for (const auto& s : slots) any = any || s->w.running;
-    signal_running(sig);
-    bool first = !is_stopping;
+  bool any_running() const {
+    for (const auto& s : slots) {
+      if (s->w.running) return true;
+    }
+    return false;
+  }
+
+  void stop(int sig, bool stacks_first) {
+    bool any = any_running();
     is_stopping = true;
     heartbeat_timer.cancel();
-    if (!any || !first) return;
+    if (stacks_first && any && start_dump([this, sig] { stop(sig, false); })) return;
+    signal_running(sig);
+    if (!any || kill_armed) return;
+    kill_armed = true;
     kill_timer.expires_after(opt.stop_timeout);
     kill_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
       if (ec || gen != generation) return;
       for (auto& s : slots) {
         if (!s->w.running) continue;
-        spdlog::warn("ddprun: worker {} (pid {}) did not stop within {} of SIGTERM; sending SIGKILL", s->w.spec.rank,
-                     s->w.pid, duration_text(opt.stop_timeout));
+        spdlog::warn("ddprun: worker {} (pid {}) did not stop within {} of SIGTERM; {}SIGKILL", s->w.spec.rank,
+                     s->w.pid, duration_text(opt.stop_timeout), dump_started ? "" : "collecting its stack, then ");
       }
-      signal_running(SIGKILL);
+      if (!start_dump([this] { signal_running(SIGKILL); })) signal_running(SIGKILL);
     });
+  }
+
+  // ---- stacks -----------------------------------------------------------------------------------
+
+  // Starts collecting the stacks of the running workers, all at once; `then` runs when they are
+  // in, or after stack_dump_timeout. False when there is nothing to do (off, done already).
+  bool start_dump(std::function<void()> then) {
+    if (opt.stack_dump_timeout.count() <= 0 || dump_started) return false;
+    dump_started = true;
+    dump.emplace();
+    dump->then = std::move(then);
+    for (auto& s : slots) {
+      Worker& w = s->w;
+      if (!w.running) continue;
+      int lr = w.spec.local_rank;
+      w.stopped_by_agent = true;
+      if (is_python_command(w.spec.argv)) {
+        dump->python.insert(lr);
+        if (s->err) s->err->start_capture();
+        runner.signal_group(w.pid, SIGABRT);  // faulthandler prints every thread, then Python dies
+      } else {
+        dump->native.insert(lr);
+        dumpers.emplace_back([this, pid = w.pid, lr, gen = generation, limit = opt.stack_dump_timeout] {
+          std::string text = runner.native_stack(pid, limit);
+          asio::post(io, [this, lr, gen, text = std::move(text)] {
+            if (gen != generation || !dump) return;
+            dump->text[lr] = text;
+            check_dump();
+          });
+        });
+      }
+    }
+    refresh();
+    dump_timer.expires_after(opt.stack_dump_timeout + std::chrono::milliseconds(200));
+    dump_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
+      if (!ec && gen == generation) finish_dump();
+    });
+    check_dump();
+    return true;
+  }
+
+  // Done when every native stack is in and every Python worker is gone with its output drained.
+  void check_dump() {
+    if (!dump || dump->done) return;
+    if (dump->text.size() < dump->native.size()) return;
+    for (auto& s : slots) {
+      if (dump->python.count(s->w.spec.local_rank) && (s->w.running || s->open_pipes > 0)) return;
+    }
+    asio::post(io, [this, gen = generation] {
+      if (gen == generation) finish_dump();
+    });
+  }
+
+  void finish_dump() {
+    if (!dump || dump->done) return;
+    dump->done = true;
+    dump_timer.cancel();
+    std::map<int, std::vector<StackFrame>> by_rank;
+    std::vector<std::string> files;
+    for (auto& s : slots) {
+      int lr = s->w.spec.local_rank;
+      bool python = dump->python.count(lr) > 0;
+      if (!python && !dump->native.count(lr)) continue;
+      std::string text = python ? (s->err ? s->err->captured() : std::string()) : dump->text[lr];
+      if (!python && text.empty()) text = "(no stack within " + duration_text(opt.stack_dump_timeout) + ")\n";
+      by_rank[s->w.spec.rank] = python ? parse_python_stack(text) : parse_native_stack(text);
+      if (!s->w.spec.dir.empty() && write_stack_file(s->w.spec.dir + "/stack.txt", text)) {
+        files.push_back(s->w.spec.dir + "/stack.txt");
+      }
+    }
+    listener->on_stacks_dumped(by_rank, files);
+    auto then = std::move(dump->then);
+    if (then) then();
+  }
+
+  static bool write_stack_file(const std::string& path, const std::string& text) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return false;
+    write_fully(fd, text);
+    ::close(fd);
+    return true;
   }
 
   void arm_heartbeat_check() {
@@ -276,6 +388,7 @@ struct WorkerGroup::Impl {
   // Once per group: a drain timer that fired just as the last pipe closed ends nothing twice.
   void end() {
     if (is_ended) return;
+    finish_dump();  // a dump in progress completes first: its Python workers' output is all in
     is_ended = true;
     drain_timer.cancel();
     kill_timer.cancel();
@@ -301,7 +414,7 @@ void WorkerGroup::set_listener(Listener& listener) { impl_->listener = &listener
 WorkerGroup::~WorkerGroup() = default;
 void WorkerGroup::start(std::vector<WorkerSpec> specs) { impl_->start(std::move(specs)); }
 void WorkerGroup::reap() { impl_->reap(); }
-void WorkerGroup::stop(int sig) { impl_->stop(sig); }
+void WorkerGroup::stop(int sig, bool stacks_first) { impl_->stop(sig, stacks_first); }
 void WorkerGroup::kill_now() { impl_->signal_running(SIGKILL); }
 void WorkerGroup::forward(int sig) {
   for (auto& s : impl_->slots) {

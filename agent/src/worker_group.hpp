@@ -15,6 +15,8 @@
 
 #include "ddprun/agent/exit_status.hpp"
 #include "output.hpp"
+#include "stack_dump.hpp"
+#include <map>
 
 namespace boost::asio {
 class io_context;
@@ -30,6 +32,7 @@ struct WorkerSpec {
   int rank = 0;
   std::vector<std::string> argv;
   std::vector<std::string> env;  // "K=V", complete
+  std::string dir;               // LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK (stack.txt goes there)
   std::string error_file;        // TORCHELASTIC_ERROR_FILE
   std::string heartbeat_file;    // DDPRUN_HEARTBEAT_FILE; empty: not watched
   StreamRoute out, err;
@@ -59,10 +62,15 @@ class WorkerGroup {
     // Every worker of the group ended and its output is drained (bounded: 2 s after the last
     // exit, for a grandchild that escaped the process group and holds a pipe).
     virtual void on_group_ended() = 0;
+    // The stacks of the workers that were running, by rank (their full dumps in each worker's
+    // stack.txt), collected before a hung group was stopped or SIGKILLed.
+    virtual void on_stacks_dumped(const std::map<int, std::vector<StackFrame>>& by_rank,
+                                  const std::vector<std::string>& files) = 0;
   };
   struct Options {
     std::chrono::milliseconds worker_timeout{0};  // heartbeats: 0 = not watched
     std::chrono::milliseconds stop_timeout{std::chrono::seconds(5)};
+    std::chrono::milliseconds stack_dump_timeout{std::chrono::seconds(10)};  // 0: no stacks
   };
 
   WorkerGroup(boost::asio::io_context& io, ProcessRunner& runner, Options options);
@@ -76,8 +84,10 @@ class WorkerGroup {
   void start(std::vector<WorkerSpec> specs);
   // SIGCHLD: collects every ended child and reports what it means.
   void reap();
-  // Stops every running worker with `sig` (SIGKILL to each one still running stop_timeout later).
-  void stop(int sig);
+  // Stops every running worker with `sig` (SIGKILL to each one still running stop_timeout later,
+  // after collecting their stacks). `stacks_first`: a hang; collect every running worker's stack
+  // (bounded by stack_dump_timeout), then stop.
+  void stop(int sig, bool stacks_first = false);
   // SIGKILL to every running worker, now.
   void kill_now();
   // Passes `sig` on to every running worker without stopping the group (SIGUSR1, ...).

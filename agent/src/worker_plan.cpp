@@ -36,6 +36,7 @@ std::vector<std::string> worker_env(const AgentOptions& opt, const RoundInfo& r,
   set("DDPRUN_HEARTBEAT_FILE", w.heartbeat_file);
   env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   env.try_emplace("NCCL_ASYNC_ERROR_HANDLING", "1");  // the name PyTorch 1.13 reads
+  env.try_emplace("PYTHONFAULTHANDLER", "1");  // a hung Python worker stopped with SIGABRT prints its stacks
   if (opt.nproc_per_node > 1) env.try_emplace("OMP_NUM_THREADS", "1");
   std::vector<std::string> out;
   out.reserve(env.size());
@@ -66,6 +67,7 @@ std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const RoundInfo& r
     w.local_rank = i;
     w.rank = round.rank_offset + i;
     std::string wdir = dir.worker_dir(round.round, i);
+    w.dir = wdir;
     w.error_file = wdir + "/error.json";
     w.heartbeat_file = wdir + "/heartbeat";
     for (const auto& a : opt.command) w.argv.push_back(replace_all(a, "${local_rank}", std::to_string(i)));

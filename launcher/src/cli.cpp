@@ -321,6 +321,7 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
   a.role = s.role;
   a.worker_timeout = s.worker_timeout;
   a.stop_timeout = s.stop_timeout;
+  a.stack_dump_timeout = s.stack_dump_timeout;
   a.forward_signals = s.signals;
   a.redirects = s.redirects;
   a.tee = s.tee;

@@ -3,6 +3,7 @@
 #include <boost/asio.hpp>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 
 #include "event_log.hpp"
 #include "fakes.hpp"
@@ -73,6 +74,15 @@ struct Job {
   void reap() {
     group->reap();
     io.poll();
+  }
+  // Runs the loop (results of the stack readers' threads arrive there) until `done`, at most 5 s.
+  template <typename F>
+  void run_until(F done) {
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      io.run_one_for(50ms);
+      io.restart();
+    }
   }
   void over(int round, std::optional<RoundEnd> end, std::string error = "") {
     ctl->on_round_over(RoundOutcome{round, std::move(end), std::move(error)});
@@ -291,8 +301,16 @@ TEST_CASE("controller: a heartbeat expiring during a restart is ignored, one in 
   REQUIRE(j.rdzv.ends.size() == 2);
   auto hang = j.rdzv.ends.back().why;
   CHECK(hang.failure->exit_code == 124);
+  CHECK(hang.failure->hang);
   CHECK_THAT(hang.failure->reason, Catch::Contains("no heartbeat"));
+  // Every worker's stack first (the fake runner answers as eu-stack would), then SIGTERM.
+  CHECK(j.runner.signals_to(pids[0]).empty());
+  j.run_until([&] { return !j.runner.signals_to(pids[0]).empty(); });
+  CHECK(j.runner.stacks_read == 2);
   CHECK(j.runner.signals_to(pids[0]) == std::vector<int>{SIGTERM});
+  std::ifstream stack(j.root + "/ctl/attempt_1/1/stack.txt");
+  std::string text((std::istreambuf_iterator<char>(stack)), std::istreambuf_iterator<char>());
+  CHECK_THAT(text, Catch::Contains("wait_for_peer"));
   // Killed after its hang was reported: its death is not a second failure.
   j.runner.kill(pids[0], SIGTERM);
   j.runner.kill(pids[1], SIGTERM);
@@ -344,4 +362,22 @@ TEST_CASE("controller: one node through LocalRendezvous restarts on an emptied s
   run();
   CHECK(j.ctl->phase() == Phase::done);
   CHECK(j.ctl->exit_code() == 0);
+}
+
+TEST_CASE("controller: a hang on another node makes this node dump its workers' stacks before stopping them", "[controller]") {
+  Job j(options(2, 0));
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  auto pids = j.pids();
+  ddprun::agent::FailureRecord f;
+  f.rank = 2;
+  f.host = "node-b";
+  f.exit_code = 124;
+  f.hang = true;
+  j.over(0, RoundEnd::of_failure(f));
+  CHECK(j.runner.signals_to(pids[0]).empty());  // stacks first
+  j.run_until([&] { return !j.runner.signals_to(pids[0]).empty(); });
+  CHECK(j.runner.stacks_read == 2);
+  CHECK(j.runner.signals_to(pids[0]) == std::vector<int>{SIGTERM});
+  CHECK(std::filesystem::exists(j.root + "/ctl/attempt_0/0/stack.txt"));
 }

@@ -126,10 +126,11 @@ TEST_CASE("coordinator: three agents form one world with distinct ranks and one 
     f.exit_code = 7;
     f.reason = "exit code 7";
     c.agents[1]->end_round(0, RoundEnd::of_failure(f), 3);
+    REQUIRE(c.rec[1]->wait([&] { return !c.rec[1]->over.empty(); }));
     c.agents[2]->end_round(0, RoundEnd::of_stop(SIGTERM, "node-2", ""), 0);  // too late: the first end wins
     for (const auto& o : c.outcomes(0)) {
       REQUIRE(o.end);
-      CHECK(o.end->kind == Kind::failure);
+      REQUIRE(o.end->kind == Kind::failure);
       CHECK(o.end->failure->rank == 3);
       CHECK(o.end->failure->exit_code == 7);
     }

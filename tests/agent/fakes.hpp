@@ -5,6 +5,7 @@
 #include <csignal>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,17 @@ class FakeRunner : public ProcessRunner {
   void signal_group(pid_t pgid, int sig) override { signals.emplace_back(pgid, sig); }
   std::vector<Ended> reap() override { return std::exchange(ended_, {}); }
   void forget(pid_t) override {}
+  // A hung native worker's stack as eu-stack prints it.
+  std::string native_stack(pid_t pid, std::chrono::milliseconds) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stacks_read;
+    return "PID " + std::to_string(pid) + " - process\nTID " + std::to_string(pid) +
+           ":\n#0  0x00007f0000000001 __GI___clock_nanosleep - /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+           "#1  0x0000550000000002 wait_for_peer - /opt/train\n    /src/comm.cpp:42\n"
+           "#2  0x0000550000000003 all_reduce - /opt/train\n    /src/comm.cpp:80\n"
+           "#3  0x0000550000000004 main - /opt/train\n    /src/train.cpp:12\n";
+  }
+  int stacks_read = 0;
 
   // What the kernel would report: the process exited with `code` / was killed by `sig`.
   void exit(pid_t pid, int code) { ended_.push_back({pid, ExitStatus{code, 0}}); }
@@ -51,6 +63,7 @@ class FakeRunner : public ProcessRunner {
 
  private:
   std::vector<Ended> ended_;
+  std::mutex mu_;
 };
 
 class FakeRendezvous : public Rendezvous {

@@ -10,6 +10,7 @@
 #include "failure_report.hpp"
 #include "output.hpp"
 #include "round_protocol.hpp"
+#include "stack_dump.hpp"
 
 using namespace ddprun;
 using namespace ddprun::agent;
@@ -97,4 +98,50 @@ TEST_CASE("round records: each kind round-trips, anything malformed names the ke
   CHECK(nb.addrs == n.addrs);
   CHECK_THROWS_AS(parse_node("k", "{\"nproc\": 0}"), ddprun::ProtocolError);
   CHECK(round_key(3, "end") == "r3/end");
+}
+
+TEST_CASE("stacks: Python's faulthandler, eu-stack and gdb are read into frames - identical stacks grouped", "[units]") {
+  const std::string python =
+      "Fatal Python error: Aborted\n\n"
+      "Thread 0x00007f96551d66c0 (most recent call first):\n"
+      "  File \"/tmp/stuck.py\", line 10 in <lambda>\n"
+      "  File \"/usr/lib/python3.11/threading.py\", line 982 in run\n\n"
+      "Current thread 0x00007f965601eb80 (most recent call first):\n"
+      "  File \"/tmp/stuck.py\", line 5 in stuck_in_all_reduce\n"
+      "  File \"/tmp/stuck.py\", line 8 in train_step\n"
+      "  File \"/tmp/stuck.py\", line 11 in <module>\n";
+  auto py = parse_python_stack(python);
+  REQUIRE(py.size() == 3);
+  CHECK(describe_frames(py) == "stuck_in_all_reduce (stuck.py:5) <- train_step (stuck.py:8) <- <module> (stuck.py:11)");
+  const std::string eu =
+      "PID 10089 - process\nTID 10089:\n"
+      "#0  0x00007fceb62f1dd0 pause - /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+      "    ../sysdeps/unix/sysv/linux/pause.c:29:10\n"
+      "#1  0x000056260b1039f5 ddprun_test_stuck_in_all_reduce - /work/build/tests/test_worker\n"
+      "    /work/tests/e2e/test_worker.cpp:79:19\n"
+      "#2  0x000056260b103a09 ddprun_test_train_step() - /work/build/tests/test_worker\n"
+      "    /work/tests/e2e/test_worker.cpp:83:34\n"
+      "#3  0x000056260b103340 main - /work/build/tests/test_worker\n"
+      "TID 10090:\n#0  0x00007fceb62f1dd0 other_thread - /work/build/tests/test_worker\n";
+  auto native = parse_native_stack(eu);
+  REQUIRE(native.size() == 3);
+  CHECK(describe_frames(native, 2) ==
+        "ddprun_test_stuck_in_all_reduce (test_worker.cpp:79) <- ddprun_test_train_step() (test_worker.cpp:83) <- ...");
+  const std::string gdb =
+      "#0  0x00007fceb62f1dd0 in __libc_pause () at ../sysdeps/unix/sysv/linux/pause.c:29\n"
+      "#1  0x000056260b1039f5 in ddprun_test_stuck_in_all_reduce () at /work/tests/e2e/test_worker.cpp:79\n"
+      "#2  0x000056260b103340 in main (argc=2, argv=0x7ffebe520f58) at /work/tests/e2e/test_worker.cpp:121\n";
+  auto g = parse_native_stack(gdb);
+  REQUIRE(g.size() == 2);
+  CHECK(g[0].function == "ddprun_test_stuck_in_all_reduce");
+  CHECK(g[0].line == 79);
+  CHECK(parse_python_stack("garbage\n").empty());
+  CHECK(describe_frames({}) == "(no stack)");
+  std::map<int, std::vector<StackFrame>> by_rank = {{0, py}, {1, py}, {3, py}, {2, native}};
+  CHECK(summarize_stacks(by_rank) ==
+        "  ranks 0,1,3: stuck_in_all_reduce (stuck.py:5) <- train_step (stuck.py:8) <- <module> (stuck.py:11)\n"
+        "  rank 2: ddprun_test_stuck_in_all_reduce (test_worker.cpp:79) <- ddprun_test_train_step() (test_worker.cpp:83) <- main\n");
+  CHECK(is_python_command({"/usr/bin/python3", "-u", "x.py"}));
+  CHECK(is_python_command({"/opt/bin/python3.11"}));
+  CHECK_FALSE(is_python_command({"/opt/train"}));
 }

@@ -72,6 +72,18 @@ std::string after(const std::string& a, std::size_t n) { return a.substr(n); }
 
 }  // namespace
 
+// A worker stuck in a collective that never completes: what a stack dump must name. Outside the
+// anonymous namespace and not inlined, so the symbol is there as written.
+extern "C" __attribute__((noinline)) void ddprun_test_stuck_in_all_reduce() {
+  std::fflush(stdout);
+  for (;;) ::pause();
+}
+
+__attribute__((noinline)) void ddprun_test_train_step() {
+  ddprun_test_stuck_in_all_reduce();
+  asm volatile("");  // not a tail call: train_step stays on the stack
+}
+
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   for (int i = 1; i < argc; ++i) {
@@ -105,6 +117,8 @@ int main(int argc, char** argv) {
       ::signal(sig_number(name), on_trap);
     } else if (a == "ready") {
       std::printf("ready\n");
+    } else if (a == "stuck") {
+      ddprun_test_train_step();
     } else if (a == "block") {
       std::fflush(stdout);
       for (;;) ::pause();

@@ -73,6 +73,9 @@ struct AgentOptions {
   std::chrono::milliseconds worker_timeout{0};
   // Grace period between SIGTERM and SIGKILL when stopping workers.
   std::chrono::milliseconds stop_timeout{std::chrono::seconds(5)};
+  // Before a hung group is stopped (or workers ignoring SIGTERM are killed), every running
+  // worker's stack is collected, bounded by this. 0 = no stacks.
+  std::chrono::milliseconds stack_dump_timeout{std::chrono::seconds(10)};
   // Signals forwarded to the workers (then the job ends with 128 + signal).
   std::set<int> forward_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
 

@@ -1,0 +1,190 @@
+#include "stack_dump.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <regex>
+#include <sstream>
+
+#include "ddprun/agent/spawn.hpp"
+#include "ddprun/common/system.hpp"
+#include "ddprun/common/text.hpp"
+
+extern char** environ;
+
+namespace ddprun::agent {
+namespace {
+
+std::string base_name(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// Runs `argv` with stdout and stderr on a pipe; returns what it wrote within `limit` (then it is
+// killed). Its exit is reaped by the agent's SIGCHLD handler, which ignores unknown children.
+std::string run_capture(const std::vector<std::string>& argv, std::chrono::milliseconds limit) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return std::string("cannot run ") + argv[0] + ": pipe failed";
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDERR_FILENO);
+  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(fds[1]);
+  if (rc != 0) {
+    ::close(fds[0]);
+    return "cannot run " + argv[0] + ": " + std::strerror(rc);
+  }
+  std::string out;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  char buf[65536];
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fds[0], POLLIN, 0};
+    int n = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::kill(pid, SIGKILL);
+      out += "\n(" + base_name(argv[0]) + " did not finish within " + duration_text(limit) + ")\n";
+      break;
+    }
+    ssize_t got = ::read(fds[0], buf, sizeof(buf));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    if (out.size() < (4u << 20)) out.append(buf, static_cast<std::size_t>(got));
+  }
+  ::close(fds[0]);
+  return out;
+}
+
+bool in_c_library(const std::string& module) {
+  auto b = base_name(module);
+  for (const char* lib : {"libc.so", "libc-", "libpthread", "ld-linux", "linux-vdso", "[vdso]", "libstdc++"}) {
+    if (b.rfind(lib, 0) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool is_python_command(const std::vector<std::string>& argv) {
+  return !argv.empty() && base_name(argv[0]).rfind("python", 0) == 0;
+}
+
+std::string native_stack_text(pid_t pid, std::chrono::milliseconds limit) {
+  std::string path = getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin";
+  std::string eu = find_executable("eu-stack", path + ":/usr/bin");
+  if (!eu.empty()) return run_capture({eu, "-m", "-s", "-p", std::to_string(pid)}, limit);
+  std::string gdb = find_executable("gdb", path + ":/usr/bin");
+  if (!gdb.empty()) {
+    return run_capture({gdb, "-batch", "-nx", "-p", std::to_string(pid), "-ex", "thread apply all bt"}, limit);
+  }
+  return "no stack: neither eu-stack nor gdb is installed (apt-get install elfutils, or gdb)\n";
+}
+
+std::vector<StackFrame> parse_python_stack(const std::string& text) {
+  // Fatal Python error: Aborted
+  //
+  // Current thread 0x00007f... (most recent call first):
+  //   File "/tmp/x.py", line 5 in stuck
+  static const std::regex frame(R"re(^\s+File "([^"]*)", line (\d+) in (.+)$)re");
+  std::vector<StackFrame> first, current, *into = nullptr;
+  bool seen_current = false;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    if (l.find("(most recent call first)") != std::string::npos) {
+      bool is_current = l.rfind("Current thread", 0) == 0;
+      if (is_current) seen_current = true;
+      into = is_current ? &current : (first.empty() ? &first : nullptr);
+      continue;
+    }
+    std::smatch m;
+    if (into && std::regex_match(l, m, frame)) {
+      into->push_back({m[3].str(), base_name(m[1].str()), static_cast<int>(parse_int(m[2].str()).value_or(0))});
+    }
+  }
+  return seen_current ? current : first;
+}
+
+std::vector<StackFrame> parse_native_stack(const std::string& text) {
+  // eu-stack -m -s:  "#1  0x000055d4 stuck_in_all_reduce - /path/test_worker"
+  //                  "    /src/test_worker.cpp:42"
+  // gdb:             "#1  0x000055d4 in stuck_in_all_reduce () at test_worker.cpp:42"
+  static const std::regex eu(R"re(^#(\d+)\s+0x[0-9a-f]+\s+(\S.*?)?\s+-\s+(\S+)\s*$)re");
+  static const std::regex eu_source(R"re(^\s+(\S+?):(\d+)(?::\d+)?\s*$)re");
+  static const std::regex gdb(R"re(^#(\d+)\s+(?:0x[0-9a-f]+\s+in\s+)?(\S+)\s*\(.*?\)(?:\s+(?:at|from)\s+(\S+?)(?::(\d+))?)?\s*$)re");
+  std::vector<StackFrame> frames;
+  std::vector<std::string> modules;
+  int threads = 0;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("TID ", 0) == 0 || l.rfind("Thread ", 0) == 0) {
+      if (++threads > 1) break;  // the first thread listed (eu-stack: the main one)
+      continue;
+    }
+    std::smatch m;
+    if (std::regex_match(l, m, eu)) {
+      std::string fn = m[2].matched && !m[2].str().empty() ? m[2].str() : "?";
+      frames.push_back({fn, "", 0});
+      modules.push_back(m[3].str());
+    } else if (!frames.empty() && frames.back().file.empty() && std::regex_match(l, m, eu_source)) {
+      frames.back().file = base_name(m[1].str());
+      frames.back().line = static_cast<int>(parse_int(m[2].str()).value_or(0));
+    } else if (std::regex_match(l, m, gdb)) {
+      std::string where = m[3].matched ? m[3].str() : "";
+      frames.push_back({m[2].str(), m[4].matched ? base_name(where) : "", static_cast<int>(parse_int(m[4].str()).value_or(0))});
+      modules.push_back(m[4].matched ? "" : where);
+    }
+  }
+  // The C library's frames on top (nanosleep, poll, futex waits) say little: start below them.
+  std::size_t skip = 0;
+  while (skip + 1 < frames.size() && (in_c_library(modules[skip]) || frames[skip].function.rfind("__", 0) == 0)) ++skip;
+  return std::vector<StackFrame>(frames.begin() + static_cast<long>(skip), frames.end());
+}
+
+std::string describe_frames(const std::vector<StackFrame>& frames, std::size_t depth) {
+  if (frames.empty()) return "(no stack)";
+  std::string out;
+  for (std::size_t i = 0; i < frames.size() && i < depth; ++i) {
+    const auto& f = frames[i];
+    if (i) out += " <- ";
+    out += f.function;
+    if (!f.file.empty()) out += " (" + f.file + (f.line ? ":" + std::to_string(f.line) : "") + ")";
+  }
+  if (frames.size() > depth) out += " <- ...";
+  return out;
+}
+
+std::string summarize_stacks(const std::map<int, std::vector<StackFrame>>& by_rank) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;  // in the order of the lowest rank
+  for (const auto& [rank, frames] : by_rank) {
+    std::string text = describe_frames(frames);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == text; });
+    if (it == groups.end()) {
+      groups.push_back({text, {rank}});
+    } else {
+      it->second.push_back(rank);
+    }
+  }
+  std::string out;
+  for (const auto& [text, ranks] : groups) {
+    std::string list;
+    for (int r : ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
+    out += std::string("  ") + (ranks.size() == 1 ? "rank " : "ranks ") + list + ": " + text + "\n";
+  }
+  return out;
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,43 @@
+#pragma once
+// Stacks of hung workers. Python workers run with PYTHONFAULTHANDLER=1 and are stopped with
+// SIGABRT: Python prints every thread's traceback to stderr before dying. Native workers are
+// read from outside with eu-stack (elfutils), else gdb; without either, one line says how to
+// get them. Parsed into frames for the failure summary, which groups identical stacks:
+//   ranks 0,1,3: all_reduce (train.py:42) <- train_step (train.py:80)
+//   rank 2: load_batch (data.py:17) <- ...
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ddprun::agent {
+
+struct StackFrame {
+  std::string function;  // "stuck_in_all_reduce", "<module>", "?" when unknown
+  std::string file;      // base name; empty when unknown
+  int line = 0;
+};
+
+// Whether a worker's command runs Python (argv[0] is python, python3, python3.11, ...).
+bool is_python_command(const std::vector<std::string>& argv);
+
+// The native stack of `pid` as text (eu-stack, else gdb), bounded by `limit`: the tool is killed
+// when it takes longer. Blocking: call it off the loop. Never throws: the text says what failed.
+std::string native_stack_text(pid_t pid, std::chrono::milliseconds limit);
+
+// The frames of the thread that matters, innermost first: for Python, faulthandler's "Current
+// thread" (else the first thread); for native, the main thread (TID == PID, else the first),
+// without the C library's frames on top of it.
+std::vector<StackFrame> parse_python_stack(const std::string& text);
+std::vector<StackFrame> parse_native_stack(const std::string& text);
+
+// "stuck_in_all_reduce (x.py:5) <- main (x.py:9) <- <module> (x.py:12)": at most `depth` frames.
+std::string describe_frames(const std::vector<StackFrame>& frames, std::size_t depth = 3);
+
+// One line per distinct stack, ranks grouped: "  ranks 0,1: a (f.py:1) <- b (f.py:2)".
+std::string summarize_stacks(const std::map<int, std::vector<StackFrame>>& by_rank);
+
+}  // namespace ddprun::agent

@@ -1,0 +1,104 @@
+// Stacks of hung ranks: a C++ worker and a Python worker, each stuck in a named function, are
+// found hung by their heartbeats; ddprun prints where every rank is stuck (identical stacks
+// grouped), writes the full dumps to each rank's stack.txt, and only then stops them.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "e2e/agents.hpp"
+
+using namespace ddprun::test;
+using json = nlohmann::json;
+
+namespace {
+
+std::string fresh_dir() {
+  char tmpl[] = "/tmp/ddprun-stacks-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("stacks: a C++ worker stuck in a named function - every rank's stack, grouped, before the kill", "[stacks]") {
+  if (!std::filesystem::exists("/usr/bin/eu-stack") && !std::filesystem::exists("/usr/bin/gdb")) {
+    WARN("neither eu-stack nor gdb is installed: skipped (scripts/setup.sh installs elfutils)");
+    return;
+  }
+  auto dir = fresh_dir();
+  auto events = dir + "/events.jsonl";
+  auto r = Launch(cmd({"--nproc_per_node=2", "--master_port=0", "--rdzv_id=hung", "--worker_timeout=0.5",
+                       "--stop_timeout=1", "--log_dir=" + dir, "--events_file=" + events, kWorker, "stuck"}))
+               .finish(60s);
+  CHECK(r.code == 124);
+  INFO(r.err);
+  CHECK_THAT(r.err, Catch::Contains("stacks of the workers on"));
+  CHECK_THAT(r.err, Catch::Contains("ranks 0,1: ddprun_test_stuck_in_all_reduce (test_worker.cpp:"));
+  CHECK_THAT(r.err, Catch::Contains("<- ddprun_test_train_step"));
+  for (const char* rank : {"0", "1"}) {
+    auto text = slurp(dir + "/hung/attempt_0/" + rank + "/stack.txt");
+    CHECK_THAT(text, Catch::Contains("ddprun_test_stuck_in_all_reduce"));
+    CHECK_THAT(text, Catch::Contains("main"));
+  }
+  std::ifstream ev(events);
+  std::vector<std::string> names;
+  for (std::string l; std::getline(ev, l);) {
+    auto j = json::parse(l);
+    names.push_back(j["event"]);
+    if (j["event"] == "stacks_dumped") {
+      CHECK(j["files"].size() == 2);
+      CHECK_THAT(j["stacks"]["1"].get<std::string>(), Catch::Contains("ddprun_test_stuck_in_all_reduce"));
+    }
+  }
+  // The hang is reported, then the stacks, then the job ends.
+  auto at = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) - names.begin(); };
+  CHECK(at("worker_failed") < at("stacks_dumped"));
+  CHECK(at("stacks_dumped") < at("job_finished"));
+  CHECK(at("stacks_dumped") < static_cast<long>(names.size()));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("stacks: a Python worker stuck in a named function - its traceback, via faulthandler and SIGABRT", "[stacks]") {
+  auto dir = fresh_dir();
+  auto script = dir + "/train.py";
+  std::ofstream(script) << "import os, time\n"
+                           "def stuck_in_all_reduce():\n"
+                           "    while True:\n"
+                           "        time.sleep(0.05)\n"
+                           "def train_step():\n"
+                           "    stuck_in_all_reduce()\n"
+                           "if os.environ['RANK'] == '1':\n"
+                           "    train_step()\n"
+                           "while True:\n"
+                           "    os.utime(os.environ['DDPRUN_HEARTBEAT_FILE'])\n"
+                           "    time.sleep(0.05)\n";
+  auto r = Launch(cmd({"--nproc_per_node=2", "--master_port=0", "--rdzv_id=py", "--worker_timeout=1",
+                       "--stop_timeout=1", "--log_dir=" + dir, script}))
+               .finish(60s);
+  CHECK(r.code == 124);
+  INFO(r.err);
+  // Rank 1 missed its heartbeats; rank 0 was beating, in its loop: both stacks are shown.
+  CHECK_THAT(r.err, Catch::Contains("rank 1: stuck_in_all_reduce (train.py:4) <- train_step (train.py:6) <- <module> (train.py:8)"));
+  CHECK_THAT(r.err, Catch::Contains("rank 0: <module> (train.py:11)"));
+  auto text = slurp(dir + "/py/attempt_0/1/stack.txt");
+  CHECK_THAT(text, Catch::Contains("Fatal Python error: Aborted"));
+  CHECK_THAT(text, Catch::Contains("in stuck_in_all_reduce"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("stacks: --stack_dump_timeout=0 stops a hung group at once, without stacks", "[stacks]") {
+  auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.3", "--stop_timeout=1",
+                       "--stack_dump_timeout=0", kWorker, "stuck"}))
+               .finish(60s);
+  CHECK(r.code == 124);
+  CHECK_THAT(r.err, !Catch::Contains("stacks of the workers"));
+}
