@@ -16,6 +16,7 @@ packages=(
   clang libclang-rt-14-dev     # libFuzzer for the protocol fuzzer
   iproute2 procps
   elfutils gdb                 # eu-stack (else gdb): stacks of hung native workers
+  libhwloc-dev                 # --numa_binding: the machine's topology
 )
 
 missing=()

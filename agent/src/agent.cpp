@@ -7,11 +7,13 @@
 #include <mutex>
 #include <spdlog/spdlog.h>
 
+#include "ddprun/common/error.hpp"
 #include "ddprun/common/system.hpp"
 #include "event_log.hpp"
 #include "guardian.hpp"
 #include "job_controller.hpp"
 #include "local_rendezvous.hpp"
+#include "numa_binding.hpp"
 #include "output.hpp"
 #include "process_runner.hpp"
 #include "run_dir.hpp"
@@ -71,8 +73,28 @@ struct Agent::Impl {
                                 {"command", opt.command}});
   }
 
+  // --numa_binding: each local rank's CPUs and NUMA node, from the machine's topology.
+  void plan_binding() {
+    if (opt.numa_binding.empty()) return;
+    auto mode = parse_numa_mode(opt.numa_binding);
+    if (!mode) throw UsageError("--numa_binding must be node, socket, exclusive or core-complex");
+    auto topo = Topology::load();
+    auto gpus = topo.gpu_numa_nodes();
+    opt.bindings = plan_bindings(topo, opt.nproc_per_node, *mode, gpus);
+    for (std::size_t i = 0; i < opt.bindings.size(); ++i) {
+      auto line = fmt::format("ddprun: local rank {}: {}{}", i, describe_binding(opt.bindings[i]),
+                              gpus.size() >= opt.bindings.size() ? " (nearest its GPU)" : "");
+      if (opt.report_bindings) {
+        spdlog::info("{}", line);
+      } else {
+        spdlog::debug("{}", line);
+      }
+    }
+  }
+
   int run() {
     const auto job_start = std::chrono::steady_clock::now();
+    plan_binding();
     const std::string node_name = opt.rdzv.local_addr.empty() ? host_name() : opt.rdzv.local_addr;
     RunDir dir(opt);
     EventLog events;

@@ -10,8 +10,8 @@
 namespace ddprun::agent {
 
 ProcessRunner::Started RealProcessRunner::start(const std::vector<std::string>& argv,
-                                                const std::vector<std::string>& env) {
-  auto p = spawn_process(argv, env);
+                                                const std::vector<std::string>& env, const CpuBinding* binding) {
+  auto p = spawn_process(argv, env, binding);
   guardian_.watch(p.pid);
   return Started{p.pid, p.stdout_fd, p.stderr_fd};
 }

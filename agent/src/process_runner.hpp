@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddprun/agent/agent.hpp"
 #include "ddprun/agent/exit_status.hpp"
 
 namespace ddprun::agent {
@@ -30,7 +31,8 @@ class ProcessRunner {
 
   virtual ~ProcessRunner() = default;
   // Starts `argv` with exactly `env` ("K=V"). Throws ddprun::Error.
-  virtual Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env) = 0;
+  virtual Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                        const CpuBinding* binding) = 0;
   // Sends `sig` to the process group `pgid`.
   virtual void signal_group(pid_t pgid, int sig) = 0;
   // The children that ended since the last call (never blocks). May include processes that are
@@ -47,7 +49,8 @@ class ProcessRunner {
 class RealProcessRunner : public ProcessRunner {
  public:
   explicit RealProcessRunner(Guardian& guardian) : guardian_(guardian) {}
-  Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env) override;
+  Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                const CpuBinding* binding) override;
   void signal_group(pid_t pgid, int sig) override;
   std::vector<Ended> reap() override;
   void forget(pid_t pgid) override;

@@ -1,6 +1,7 @@
 #include "ddprun/agent/spawn.hpp"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "ddprun/agent/agent.hpp"
 #include "ddprun/common/error.hpp"
 
 namespace ddprun::agent {
@@ -41,13 +43,25 @@ std::string find_executable(const std::string& program, const std::string& path_
   return "";
 }
 
-SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                             const CpuBinding* binding) {
   // Everything the child touches is prepared before fork: after it, only async-signal-safe calls.
   std::vector<char*> cargv, cenv;
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   for (const auto& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
   cenv.push_back(nullptr);
+
+  // The binding, as the system calls take it (set_mempolicy has no libc wrapper without libnuma).
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  unsigned long nodes[16] = {};
+  if (binding) {
+    for (int c : binding->cpus) {
+      if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &cpus);
+    }
+    if (binding->numa_node >= 0 && binding->numa_node < 1024) nodes[binding->numa_node / 64] |= 1UL << (binding->numa_node % 64);
+  }
 
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0) throw Error(std::string("pipe failed: ") + std::strerror(errno));
@@ -78,6 +92,13 @@ SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::ve
     // Where Yama restricts ptrace to ancestors, let the agent's children (eu-stack, gdb) read
     // this worker's stack when it hangs.
     ::prctl(PR_SET_PTRACER, parent, 0, 0, 0);
+    if (binding && !binding->cpus.empty() && ::sched_setaffinity(0, sizeof(cpus), &cpus) != 0) {
+      write_str(STDERR_FILENO, "ddprun: cannot bind the worker to its CPUs (sched_setaffinity failed)\n");
+      ::_exit(127);
+    }
+    if (binding && binding->numa_node >= 0) {
+      ::syscall(SYS_set_mempolicy, 1 /* MPOL_PREFERRED */, nodes, sizeof(nodes) * 8);  // advisory: not fatal
+    }
     for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);

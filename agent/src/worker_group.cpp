@@ -145,7 +145,7 @@ struct WorkerGroup::Impl {
   }
 
   void spawn(Slot& s) {
-    auto p = runner.start(s.w.spec.argv, s.w.spec.env);
+    auto p = runner.start(s.w.spec.argv, s.w.spec.env, s.w.spec.binding ? &*s.w.spec.binding : nullptr);
     s.w.pid = p.pid;
     s.w.running = true;
     s.w.started_wall = std::chrono::system_clock::now();

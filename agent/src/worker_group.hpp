@@ -17,6 +17,8 @@
 #include "output.hpp"
 #include "stack_dump.hpp"
 #include <map>
+#include <optional>
+#include "ddprun/agent/agent.hpp"
 
 namespace boost::asio {
 class io_context;
@@ -36,6 +38,7 @@ struct WorkerSpec {
   std::string error_file;        // TORCHELASTIC_ERROR_FILE
   std::string heartbeat_file;    // DDPRUN_HEARTBEAT_FILE; empty: not watched
   StreamRoute out, err;
+  std::optional<CpuBinding> binding;  // --numa_binding
 };
 
 struct Worker {

@@ -74,6 +74,7 @@ std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const RoundInfo& r
     w.env = worker_env(opt, round, w);
     w.out = route(opt, w, wdir, 1);
     w.err = route(opt, w, wdir, 2);
+    if (static_cast<std::size_t>(i) < opt.bindings.size()) w.binding = opt.bindings[static_cast<std::size_t>(i)];
   }
   return specs;
 }

@@ -322,6 +322,9 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
   a.worker_timeout = s.worker_timeout;
   a.stop_timeout = s.stop_timeout;
   a.stack_dump_timeout = s.stack_dump_timeout;
+  a.numa_binding = s.numa_binding;
+  a.report_bindings = s.report_bindings;
+  if (a.report_bindings && a.numa_binding.empty()) usage("--report_bindings needs --numa_binding");
   a.forward_signals = s.signals;
   a.redirects = s.redirects;
   a.tee = s.tee;

@@ -187,6 +187,17 @@ const std::vector<OptionSpec>& option_table() {
        [](const std::string&, Settings&) {}},
       {"start_method", "", kProgram, K::value, "spawn", "accepted for compatibility (spawn, fork, forkserver)",
        [](const std::string&, Settings&) {}},
+      {"numa_binding", "", kWorkers, K::value, "",
+       "bind each local rank's CPUs and memory: node, socket, exclusive or core-complex (hwloc; nearest its GPU "
+       "on GPU nodes)",
+       [](const std::string& v, Settings& s) {
+         if (!v.empty() && v != "node" && v != "socket" && v != "exclusive" && v != "core-complex" && v != "core_complex") {
+           usage("--numa_binding must be node, socket, exclusive or core-complex (got '" + v + "')");
+         }
+         s.numa_binding = v;
+       }},
+      {"report_bindings", "", kWorkers, K::flag, "", "print each local rank's CPUs and NUMA node",
+       [](const std::string& v, Settings& s) { s.report_bindings = truthy(v); }},
       {"log_dir", "", kOutput, K::value, "", "per-rank logs: LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log",
        [](const std::string& v, Settings& s) { s.log_dir = v; }},
       {"redirects", "r", kOutput, K::value, "0",

@@ -38,6 +38,8 @@ struct Settings {
   std::string local_ranks_filter;
   std::string log_level;
   std::string events_file;
+  std::string numa_binding;
+  bool report_bindings = false;
 };
 
 enum class OptionKind { value, flag, action };  // action: --help, --version, --completion

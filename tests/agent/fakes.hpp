@@ -20,15 +20,17 @@ class FakeRunner : public ProcessRunner {
   struct Process {
     std::vector<std::string> argv;
     std::map<std::string, std::string> env;
+    std::optional<CpuBinding> binding;
   };
   std::map<pid_t, Process> started;
   std::vector<std::pair<pid_t, int>> signals;  // (process group, signal), in order
   int fail_start_at = -1;                      // the n-th start throws
   pid_t next_pid = 1000;
 
-  Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env) override {
+  Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                const CpuBinding* binding) override {
     if (static_cast<int>(started.size()) == fail_start_at) throw Error("fork failed: Resource temporarily unavailable");
-    Process p{argv, {}};
+    Process p{argv, {}, binding ? std::optional<CpuBinding>(*binding) : std::nullopt};
     for (const auto& kv : env) p.env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
     pid_t pid = next_pid++;
     started[pid] = p;

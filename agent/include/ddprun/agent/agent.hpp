@@ -54,6 +54,13 @@ struct RendezvousOptions {
   std::string secret;
 };
 
+// Where one local rank runs (--numa_binding): these CPUs (OS indexes), memory preferred on this
+// NUMA node (OS index; -1: no memory policy).
+struct CpuBinding {
+  std::vector<int> cpus;
+  int numa_node = -1;
+};
+
 struct AgentOptions {
   // The worker command (argv[0] resolved to a path); "${local_rank}" in any element is replaced.
   std::vector<std::string> command;
@@ -89,6 +96,12 @@ struct AgentOptions {
   std::string events_file;
   // Console line prefix; ${role_name}, ${local_rank} and ${rank} are replaced.
   std::string line_prefix_template = "[${role_name}${local_rank}]:";
+
+  // CPU and memory binding per local rank: "" (none), node, socket, exclusive, core-complex.
+  std::string numa_binding;
+  bool report_bindings = false;  // one line per local rank: its cores and NUMA node
+  // Filled by the agent from numa_binding (tests may set it): by local rank.
+  std::vector<CpuBinding> bindings;
 
   // Multi-node: how agents find each other. When enabled, store_host/store_port are unused.
   RendezvousOptions rdzv;

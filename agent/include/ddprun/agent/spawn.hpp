@@ -9,6 +9,8 @@
 
 namespace ddprun::agent {
 
+struct CpuBinding;  // agent.hpp
+
 struct SpawnedProcess {
   pid_t pid = -1;  // also its process group id
   int stdout_fd = -1;
@@ -19,7 +21,9 @@ struct SpawnedProcess {
 // process group, gets SIGKILL when the agent's thread that spawned it dies, and starts with
 // default signal dispositions and an empty signal mask. If exec fails, the child writes why to
 // its stderr and exits 127. Throws ddprun::Error when fork or pipe fail.
-SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env);
+// `binding`: CPUs and preferred NUMA node, applied in the child before exec.
+SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                             const CpuBinding* binding = nullptr);
 
 // Finds `program` the way execvp would (a name without '/' is looked up in PATH). Returns the
 // path, or an empty string when there is no such executable.
