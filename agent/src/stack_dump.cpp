@@ -122,7 +122,7 @@ std::vector<StackFrame> parse_native_stack(const std::string& text) {
   // eu-stack -m -s:  "#1  0x000055d4 stuck_in_all_reduce - /path/test_worker"
   //                  "    /src/test_worker.cpp:42"
   // gdb:             "#1  0x000055d4 in stuck_in_all_reduce () at test_worker.cpp:42"
-  static const std::regex eu(R"re(^#(\d+)\s+0x[0-9a-f]+\s+(\S.*?)?\s+-\s+(\S+)\s*$)re");
+  static const std::regex eu(R"re(^#(\d+)\s+0x[0-9a-f]+(?:\s+(.*?))?\s+-\s+(\S+)\s*$)re");
   static const std::regex eu_source(R"re(^\s+(\S+?):(\d+)(?::\d+)?\s*$)re");
   static const std::regex gdb(R"re(^#(\d+)\s+(?:0x[0-9a-f]+\s+in\s+)?(\S+)\s*\(.*?\)(?:\s+(?:at|from)\s+(\S+?)(?::(\d+))?)?\s*$)re");
   std::vector<StackFrame> frames;
@@ -136,8 +136,9 @@ std::vector<StackFrame> parse_native_stack(const std::string& text) {
     }
     std::smatch m;
     if (std::regex_match(l, m, eu)) {
-      std::string fn = m[2].matched && !m[2].str().empty() ? m[2].str() : "?";
-      frames.push_back({fn, "", 0});
+      bool named = m[2].matched && !m[2].str().empty();
+      // No symbol (a stripped binary): the module says at least where.
+      frames.push_back({named ? m[2].str() : "??", named ? "" : base_name(m[3].str()), 0});
       modules.push_back(m[3].str());
     } else if (!frames.empty() && frames.back().file.empty() && std::regex_match(l, m, eu_source)) {
       frames.back().file = base_name(m[1].str());

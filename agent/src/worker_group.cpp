@@ -244,7 +244,7 @@ struct WorkerGroup::Impl {
       if (ec || gen != generation) return;
       for (auto& s : slots) {
         if (!s->w.running) continue;
-        spdlog::warn("ddprun: worker {} (pid {}) did not stop within {} of SIGTERM; {}SIGKILL", s->w.spec.rank,
+        spdlog::warn("ddprun: worker {} (pid {}) did not stop within {} of SIGTERM; {}sending SIGKILL", s->w.spec.rank,
                      s->w.pid, duration_text(opt.stop_timeout), dump_started ? "" : "collecting its stack, then ");
       }
       if (!start_dump([this] { signal_running(SIGKILL); })) signal_running(SIGKILL);

@@ -80,12 +80,14 @@ TEST_CASE("event log: a hang and a signal are told apart from an exit", "[events
                  .finish(60s);
     CHECK(r.code == 124);
     auto ev = read_events(path);
-    REQUIRE(ev.size() == 5);
+    REQUIRE(ev.size() == 6);
     CHECK(ev[3]["event"] == "worker_failed");
     CHECK(ev[3]["reason"] == "hang");
     CHECK(ev[3]["exit_code"].is_null());
-    CHECK(ev[4]["event"] == "job_finished");
-    CHECK(ev[4]["exit_code"] == 124);
+    CHECK(ev[4]["event"] == "stacks_dumped");  // where the hung rank was, before it was stopped
+    CHECK(ev[4]["stacks"].contains("0"));
+    CHECK(ev[5]["event"] == "job_finished");
+    CHECK(ev[5]["exit_code"] == 124);
   }
   SECTION("signal") {
     auto path = events_path();
