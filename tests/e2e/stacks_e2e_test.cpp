@@ -102,3 +102,26 @@ TEST_CASE("stacks: --stack_dump_timeout=0 stops a hung group at once, without st
   CHECK(r.code == 124);
   CHECK_THAT(r.err, !Catch::Contains("stacks of the workers"));
 }
+
+TEST_CASE("stacks: a hang on one node makes every node dump its own workers' stacks", "[stacks][multinode]") {
+  if (!std::filesystem::exists("/usr/bin/eu-stack") && !std::filesystem::exists("/usr/bin/gdb")) {
+    WARN("neither eu-stack nor gdb is installed: skipped (scripts/setup.sh installs elfutils)");
+    return;
+  }
+  // Node 0's workers beat for a long time; node 1's rank hangs in a named function.
+  std::string conf = "--rdzv_conf=join_timeout=30,last_call_timeout=30";
+  Launch n0(cmd({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "--rdzv_id=hang2", conf,
+                 "--nproc_per_node=1", "--worker_timeout=5", "--stop_timeout=1", kWorker, "heartbeat:1000:50"}));
+  auto port = host_port(n0);
+  Launch n1(cmd({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port, "--rdzv_id=hang2",
+                 conf, "--nproc_per_node=1", "--worker_timeout=0.5", "--stop_timeout=1", kWorker, "stuck"}));
+  auto r1 = n1.finish(60s);
+  auto r0 = n0.finish(60s);
+  INFO(r0.err << "\n----\n" << r1.err);
+  CHECK(r0.code == 124);
+  CHECK(r1.code == 124);
+  CHECK_THAT(r1.err, Catch::Contains("rank 1: ddprun_test_stuck_in_all_reduce"));
+  // The healthy node shows where its rank was when the other one hung.
+  CHECK_THAT(r0.err, Catch::Contains("stacks of the workers on"));
+  CHECK_THAT(r0.err, Catch::Contains("rank 0: "));
+}
