@@ -1,0 +1,122 @@
+#pragma once
+// WorkerGroup's state, shared by worker_group.cpp (workers, pipes, reaping, stopping, heartbeats)
+// and worker_group_stacks.cpp (collecting stacks). Private to the agent: Asio is included here.
+
+#include "worker_group.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <boost/asio.hpp>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <thread>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/text.hpp"
+#include "event_log.hpp"
+#include "process_runner.hpp"
+
+namespace ddprun::agent {
+
+namespace asio = boost::asio;
+using SteadyClock = std::chrono::steady_clock;
+
+// A worker with what the loop needs to run it: its pipes, its output, its heartbeat.
+struct Slot {
+  Worker w;
+  std::unique_ptr<StreamOutput> out, err;
+  std::unique_ptr<asio::posix::stream_descriptor> out_pipe, err_pipe;
+  int open_pipes = 0;
+  // Heartbeats are timed on the monotonic clock: what counts is when the agent saw the file's
+  // mtime change, not the mtime's value, so a wall-clock step cannot kill or hide a worker.
+  timespec beat_mtime{};
+  SteadyClock::time_point last_beat;
+};
+
+struct WorkerGroup::Impl {
+  asio::io_context& io;
+  ProcessRunner& runner;
+  Listener* listener = nullptr;
+  Options opt;
+  asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io};
+  std::vector<std::unique_ptr<Slot>> slots;
+  std::vector<Worker> view;  // what workers() returns, refreshed on every change
+  int generation = 0;        // +1 per group: handlers of an earlier group check it
+  bool is_stopping = false;
+  bool kill_armed = false;
+  bool is_ended = true;
+  // Stacks of the running workers, collected once per group before it is stopped or killed.
+  struct Dump {
+    std::set<int> python, native;       // local ranks: stopped with SIGABRT / read by eu-stack or gdb
+    std::map<int, std::string> text;    // native stacks as they arrive
+    std::function<void()> then;         // what follows (stop, SIGKILL)
+    bool done = false;
+  };
+  std::optional<Dump> dump;
+  bool dump_started = false;
+  std::vector<std::thread> dumpers;
+  std::optional<long long> oom_kills_at_start;
+
+  Impl(asio::io_context& i, ProcessRunner& r, Options o) : io(i), runner(r), opt(o) {}
+  ~Impl() {
+    for (auto& t : dumpers) t.join();  // each bounded by stack_dump_timeout
+  }
+
+  void refresh();
+
+  void prepare(Slot& s);
+
+  void start(std::vector<WorkerSpec> specs);
+
+  void spawn(Slot& s);
+
+  void open_pipe(Slot& s, std::unique_ptr<asio::posix::stream_descriptor>& pipe, int fd, StreamOutput& out);
+
+  void read_pipe(Slot& s, asio::posix::stream_descriptor& pipe, StreamOutput& out);
+
+  Slot* find(pid_t pid);
+
+  void reap();
+
+  FailureKind kind_of(const Worker& w) const;
+
+  void signal_running(int sig);
+
+  bool any_running() const;
+
+  void stop(int sig, bool stacks_first);
+
+
+  // Starts collecting the stacks of the running workers, all at once; `then` runs when they are
+  // in, or after stack_dump_timeout. False when there is nothing to do (off, done already).
+  bool start_dump(std::function<void()> then);
+
+  // Done when every native stack is in and every Python worker is gone with its output drained.
+  void check_dump();
+
+  void finish_dump();
+
+  static bool write_stack_file(const std::string& path, const std::string& text);
+
+  void arm_heartbeat_check();
+
+  // A worker beats by touching its file; the agent notices the mtime change at its next check
+  // (every worker_timeout/10, 20 ms to 1 s), so a beat counts at most one interval late.
+  void check_heartbeats(SteadyClock::time_point now);
+
+  void maybe_ended();
+
+  // Once per group: a drain timer that fired just as the last pipe closed ends nothing twice.
+  void end();
+};
+
+}  // namespace ddprun::agent
