@@ -17,6 +17,7 @@ packages=(
   iproute2 procps
   elfutils gdb                 # eu-stack (else gdb): stacks of hung native workers
   libhwloc-dev                 # --numa_binding: the machine's topology
+  etcd-server                  # tests of the etcd client (a 3-member cluster on loopback)
 )
 
 missing=()
