@@ -12,6 +12,7 @@
 #include "event_log.hpp"
 #include "guardian.hpp"
 #include "job_controller.hpp"
+#include "etcd_rendezvous.hpp"
 #include "local_rendezvous.hpp"
 #include "numa_binding.hpp"
 #include "output.hpp"
@@ -50,6 +51,9 @@ class LoopGate {
 };
 
 std::unique_ptr<Rendezvous> make_rendezvous(const AgentOptions& opt, const std::string& node_name, Post post) {
+  if (opt.rdzv.enabled && opt.rdzv.etcd) {
+    return std::make_unique<EtcdRendezvous>(opt.rdzv, opt.run_id, opt.nproc_per_node, std::move(post));
+  }
   if (opt.rdzv.enabled) {
     return std::make_unique<StoreRendezvous>(opt.rdzv, opt.run_id, opt.nproc_per_node, opt.node_rank, std::move(post));
   }

@@ -289,8 +289,18 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
   json create = {{"key", b64(key)}, {"start_revision", std::to_string(from)}};
   if (prefix) create["range_end"] = b64(prefix_end(key));
   const auto deadline = Clock::now() + limit;
+  // A member that cannot be reached is skipped for the next one (once round).
+  std::optional<beast::tcp_stream> stream;
+  for (std::size_t tried = 0; !stream; ++tried) {
+    try {
+      stream.emplace(im.connect(im.opt.endpoints[im.current], deadline));
+    } catch (const Error&) {
+      im.current = (im.current + 1) % im.opt.endpoints.size();
+      if (tried + 1 >= im.opt.endpoints.size() || Clock::now() >= deadline) throw;
+    }
+  }
+  auto& s = *stream;
   const auto& e = im.opt.endpoints[im.current];
-  auto s = im.connect(e, deadline);
   auto req = im.request(e, "/v3/watch", {{"create_request", create}});
   // The answer is a stream of JSON messages (chunked): "created", then events as they happen.
   http::response_parser<http::buffer_body> parser;

@@ -204,9 +204,12 @@ void JobController::on_group_ended() {
   if (phase_ == Phase::running) {
     // Nothing failed: every worker exited 0.
     auto n = group_.workers().size();
-    spdlog::info("ddprun: {}all {} worker{} exited 0 ({:.2f} s){}",
-                 opt_.rdzv.enabled ? "round " + std::to_string(round_) + ": this node's " : "", n, n == 1 ? "" : "s",
-                 seconds_since(attempt_started_), opt_.rdzv.enabled ? "; waiting for the other nodes" : "");
+    if (opt_.rdzv.enabled) {
+      spdlog::info("ddprun: round {}: this node's {} worker{} exited 0 ({:.2f} s); waiting for the other nodes", round_, n,
+                   n == 1 ? "" : "s", seconds_since(attempt_started_));
+    } else {
+      spdlog::info("ddprun: all {} worker{} exited 0 ({:.2f} s)", n, n == 1 ? "" : "s", seconds_since(attempt_started_));
+    }
     rdzv_.report_success(round_);
     enter(Phase::stopping);
   }

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 #include <thread>
 
+#include "bounded_thread.hpp"
 #include "coordinator.hpp"
 #include "ddprun/agent/exit_status.hpp"
 #include "ddprun/common/error.hpp"
@@ -18,30 +19,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
-
-// A thread that can be waited for with a time limit, then left behind.
-struct Worker {
-  std::thread thread;
-  std::shared_future<void> done;
-
-  template <typename F>
-  void start(F f) {
-    auto p = std::make_shared<std::promise<void>>();
-    done = p->get_future().share();
-    thread = std::thread([p, f = std::move(f)]() mutable {
-      f();
-      p->set_value();
-    });
-  }
-  void join_within(std::chrono::milliseconds limit) {
-    if (!thread.joinable()) return;
-    if (done.wait_for(limit) == std::future_status::ready) {
-      thread.join();
-    } else {
-      thread.detach();
-    }
-  }
-};
 
 }  // namespace
 
@@ -74,7 +51,7 @@ struct StoreRendezvous::Core : std::enable_shared_from_this<Core> {
   std::optional<ActiveRound> active;
   std::shared_ptr<rendezvous::Store> watch_store;  // watch thread only
 
-  Worker thread, watcher, announcer;
+  BoundedThread thread, watcher, announcer;
 
   Core(const RendezvousOptions& o, const std::string& run_id, int nproc, int node_rank, Post p)
       : opt(o), coord(o, run_id, nproc, node_rank), post(std::move(p)) {}

@@ -13,6 +13,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
 #include "ddprun/rendezvous/auth.hpp"
+#include "etcd_client.hpp"
 #include "options.hpp"
 #include "slurm.hpp"
 
@@ -264,12 +265,26 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, agent::Rend
       if (b == "1" || b == "true" || b == "yes") z.is_host = 1;
       else if (b == "0" || b == "false" || b == "no") z.is_host = 0;
       else usage("--rdzv_conf is_host must be true or false (got '" + v + "')");
+    } else if (k == "prefix") {
+      if (v.empty() || v[0] != '/') usage("--rdzv_conf prefix must start with '/' (got '" + v + "')");
+      z.etcd_prefix = v;
+    } else if (k == "lease_ttl") {
+      auto n = parse_int(v, 1, 3600);
+      if (!n) usage("--rdzv_conf lease_ttl must be 1-3600 seconds (got '" + v + "')");
+      z.lease_ttl = std::chrono::seconds(*n);
+    } else if (k == "user") {
+      z.etcd_user = v;
+    } else if (k == "password") {
+      z.etcd_password = v;
+    } else if (k == "cacert" || k == "cert" || k == "key") {
+      usage("--rdzv_conf " + k + ": TLS to etcd is not supported yet; reach etcd over a trusted network or a local proxy");
     } else if (k == "secret_file") {
       if (v.empty()) usage("--rdzv_conf secret_file needs a path");
       secret_file = v;
     } else {
       usage("--rdzv_conf: unknown key '" + k + "' (known: join_timeout, last_call_timeout, close_timeout, "
-            "keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host, timeout, secret_file)");
+            "keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host, timeout, secret_file; etcd: prefix, lease_ttl, "
+            "user, password)");
     }
   }
 }
@@ -281,6 +296,11 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
     a.store_host = "127.0.0.1";
     a.store_port = 0;  // bound first, then published: no free-port race
     a.run_id = random_run_id();
+  } else if (s.rdzv_backend == "etcd") {
+    if (s.rdzv_endpoint.empty()) usage("--rdzv_backend=etcd needs --rdzv_endpoint=HOST:PORT[,HOST:PORT...] (etcd's members)");
+    agent::parse_etcd_endpoints(s.rdzv_endpoint);  // checked now
+    a.store_host = "127.0.0.1";
+    a.store_port = 0;
   } else if (s.rdzv_backend == "c10d") {
     std::tie(a.store_host, a.store_port) = parse_endpoint(s.rdzv_endpoint.empty() ? "127.0.0.1" : s.rdzv_endpoint, 29400);
   } else {
@@ -295,7 +315,9 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
   }
   auto& z = a.rdzv;
   z.enabled = true;
-  z.dynamic = s.rdzv_backend == "c10d";
+  z.dynamic = s.rdzv_backend != "static";
+  z.etcd = s.rdzv_backend == "etcd";
+  if (z.etcd) z.etcd_endpoints = s.rdzv_endpoint;
   z.min_nodes = s.min_nodes;
   z.max_nodes = s.max_nodes;
   z.endpoint_host = a.store_host;

@@ -148,15 +148,17 @@ const std::vector<OptionSpec>& option_table() {
        [](const std::string& v, Settings& s) { s.master_addr = not_empty("master_addr", v); }},
       {"master_port", "", kRdzv, K::value, "29500", "port of the store (static rendezvous)",
        [](const std::string& v, Settings& s) { s.master_port = parse_port("master_port", v); }},
-      {"rdzv_backend", "", kRdzv, K::value, "static", "static or c10d",
+      {"rdzv_backend", "", kRdzv, K::value, "static", "static, c10d (ddprun's store, hosted by an agent) or etcd (an etcd v3 cluster)",
        [](const std::string& v, Settings& s) {
-         if (v == "etcd" || v == "etcd-v2") usage("--rdzv_backend=" + v + " is not supported: use c10d (ddprun's own store)");
-         if (v != "static" && v != "c10d") usage("--rdzv_backend must be 'static' or 'c10d' (got '" + v + "')");
+         if (v == "etcd-v2") usage("--rdzv_backend=etcd-v2: etcd's v2 API is gone from etcd 3.6; use etcd (ddprun speaks v3)");
+         if (v != "static" && v != "c10d" && v != "etcd") {
+           usage("--rdzv_backend must be 'static', 'c10d' or 'etcd' (got '" + v + "')");
+         }
          s.rdzv_backend = v;
        }},
       {"rdzv_endpoint", "", kRdzv, K::value, "", "host[:port] of the rendezvous store (c10d)",
        [](const std::string& v, Settings& s) {
-         if (!v.empty()) parse_endpoint(v, 0);  // checked here; the default port depends on the backend
+         if (!v.empty() && v.find(',') == std::string::npos) parse_endpoint(v, 0);  // etcd's lists: cli.cpp
          s.rdzv_endpoint = v;
        }},
       {"rdzv_id", "", kRdzv, K::value, "none", "job id shared by all nodes (TORCHELASTIC_RUN_ID)",

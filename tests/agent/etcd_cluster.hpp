@@ -2,6 +2,7 @@
 // A real etcd cluster on loopback for tests: N members on free ports, data in a temporary
 // directory, started and SIGKILLed by the test, removed at the end.
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>

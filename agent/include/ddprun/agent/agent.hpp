@@ -49,6 +49,13 @@ struct RendezvousOptions {
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
   int keep_alive_max_attempt = 3;
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
+  // --rdzv_backend=etcd: nodes meet through an etcd v3 cluster (no agent hosts a rendezvous
+  // store; the workers' store is hosted by group rank 0 of each round).
+  bool etcd = false;
+  std::string etcd_endpoints;                   // "h1:2379,h2:2379,..."
+  std::string etcd_prefix = "/ddprun";          // keys under <prefix>/<run_id>/
+  std::chrono::seconds lease_ttl{5};            // a node silent this long is lost
+  std::string etcd_user, etcd_password;
   // The per-job secret (--rdzv_conf=secret_file=PATH or DDPRUN_SECRET_FILE): agents and the
   // rendezvous store authenticate each other with it. Empty: the store accepts any client.
   std::string secret;

@@ -1,0 +1,151 @@
+// The etcd rendezvous backend end to end: agents (the built ddprun) meeting through a real
+// 3-member etcd cluster on loopback. Skipped, with a message, where etcd is not installed.
+#include <catch2/catch.hpp>
+
+#include <regex>
+#include <set>
+
+#include "e2e/agents.hpp"
+#include "etcd_cluster.hpp"
+
+using namespace ddprun::test;
+using ddprun::agent::EtcdClient;
+using ddprun::agent::testing::EtcdCluster;
+
+#define SKIP_WITHOUT_ETCD()                                                         \
+  if (!EtcdCluster::available()) {                                                  \
+    WARN("etcd is not installed: skipped (scripts/setup.sh installs etcd-server)"); \
+    return;                                                                         \
+  }
+
+namespace {
+
+std::vector<std::string> agent(const EtcdCluster& c, const std::string& id, const std::string& nnodes,
+                               std::vector<std::string> rest) {
+  std::vector<std::string> args = {"--nnodes=" + nnodes, "--rdzv_backend=etcd", "--rdzv_endpoint=" + c.endpoint_list(),
+                                   "--rdzv_id=" + id, "--rdzv_conf=lease_ttl=1,last_call_timeout=1,join_timeout=30"};
+  args.insert(args.end(), rest.begin(), rest.end());
+  return cmd(args);
+}
+
+// Waits until `l`'s log has `text` (bounded).
+bool logged(Launch& l, const std::string& text, std::chrono::seconds limit = 20s) {
+  auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    l.wait_for("\x01", 1, 50ms);
+    if (l.err().find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("etcd backend: 2 agents x 2 workers form one world - nothing is left in etcd", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  Launch a(agent(cluster, "job1", "2", {"--nproc_per_node=2", kWorker, "env"}));
+  Launch b(agent(cluster, "job1", "2", {"--nproc_per_node=2", kWorker, "env"}));
+  auto rb = b.finish(60s), ra = a.finish(60s);
+  INFO(ra.err << "\n---\n" << rb.err);
+  REQUIRE(ra.code == 0);
+  REQUIRE(rb.code == 0);
+  std::set<std::string> ranks, ports;
+  std::regex re(R"(\[default\d\]:(RANK|MASTER_PORT|WORLD_SIZE)=(\d+))");
+  for (const auto* out : {&ra.out, &rb.out}) {
+    for (auto it = std::sregex_iterator(out->begin(), out->end(), re); it != std::sregex_iterator(); ++it) {
+      if ((*it)[1] == "RANK") ranks.insert((*it)[2]);
+      if ((*it)[1] == "MASTER_PORT") ports.insert((*it)[2]);
+      if ((*it)[1] == "WORLD_SIZE") CHECK((*it)[2] == "4");
+    }
+  }
+  CHECK(ranks == std::set<std::string>{"0", "1", "2", "3"});
+  CHECK(ports.size() == 1);
+  EtcdClient c({cluster.endpoints(), 5s});
+  CHECK(c.get_prefix("/ddprun/job1/").empty());  // a finished job leaves nothing behind
+}
+
+TEST_CASE("etcd backend: kill -9 of the etcd leader mid-job - the job finishes without a restart", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  // Workers run ~3 s; the leader dies while they run.
+  Launch a(agent(cluster, "job2", "2", {"--nproc_per_node=1", kWorker, "heartbeat:60:50"}));
+  Launch b(agent(cluster, "job2", "2", {"--nproc_per_node=1", kWorker, "heartbeat:60:50"}));
+  REQUIRE(logged(a, "started ranks"));
+  cluster.kill(cluster.leader());
+  auto rb = b.finish(60s), ra = a.finish(60s);
+  INFO(ra.err << "\n---\n" << rb.err);
+  CHECK(ra.code == 0);
+  CHECK(rb.code == 0);
+  CHECK_THAT(ra.err + rb.err, !Catch::Contains("round 1"));  // no new round: no restart
+}
+
+TEST_CASE("etcd backend: kill -9 of the agent hosting the workers' store - the others restart without it", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  std::vector<std::unique_ptr<Launch>> agents;
+  for (int i = 0; i < 3; ++i) {
+    agents.push_back(std::make_unique<Launch>(agent(cluster, "job3", "2:3", {"--nproc_per_node=1", kWorker, "heartbeat:40:50"})));
+  }
+  int host = -1;
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(logged(*agents[i], "started ranks"));
+    if (agents[i]->err().find("node 0 of 3") != std::string::npos) host = i;
+  }
+  REQUIRE(host >= 0);
+  auto t0 = Clock::now();
+  agents[host]->signal(SIGKILL);
+  for (int i = 0; i < 3; ++i) {
+    if (i == host) continue;
+    REQUIRE(logged(*agents[i], "rendezvous round 1 complete: 2 nodes"));
+  }
+  CHECK(Clock::now() - t0 < 3s);
+  for (int i = 0; i < 3; ++i) {
+    if (i == host) continue;
+    auto r = agents[i]->finish(60s);
+    INFO(r.err);
+    CHECK(r.code == 0);
+    CHECK_THAT(r.err, Catch::Contains("lost its etcd lease"));
+  }
+}
+
+TEST_CASE("etcd backend: exhausted restarts end every node with the same root cause", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  Launch a(agent(cluster, "job4", "2", {"--nproc_per_node=1", "--max_restarts=1", kWorker, "exit_if_rank:1:7"}));
+  Launch b(agent(cluster, "job4", "2", {"--nproc_per_node=1", "--max_restarts=1", kWorker, "exit_if_rank:1:7"}));
+  auto rb = b.finish(60s), ra = a.finish(60s);
+  INFO(ra.err << "\n---\n" << rb.err);
+  CHECK(ra.code == 7);
+  CHECK(rb.code == 7);
+  for (const auto* err : {&ra.err, &rb.err}) {
+    CHECK_THAT(*err, Catch::Contains("restarting the job on every node (restart 1 of 1)"));
+    CHECK_THAT(*err, Catch::Contains("rank       : 1"));
+  }
+}
+
+TEST_CASE("etcd backend: a late joiner grows the job", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  Launch a(agent(cluster, "job5", "2:3", {"--nproc_per_node=1", kWorker, "block_if_world:2"}));
+  Launch b(agent(cluster, "job5", "2:3", {"--nproc_per_node=1", kWorker, "block_if_world:2"}));
+  REQUIRE(logged(a, "started ranks"));
+  Launch c(agent(cluster, "job5", "2:3", {"--nproc_per_node=1", kWorker, "block_if_world:2"}));
+  auto rc = c.finish(60s), rb = b.finish(60s), ra = a.finish(60s);
+  INFO(ra.err << "\n---\n" << rb.err << "\n---\n" << rc.err);
+  CHECK(ra.code == 0);
+  CHECK(rb.code == 0);
+  CHECK(rc.code == 0);
+  CHECK_THAT(ra.err, Catch::Contains("rendezvous round 1 complete: 3 nodes"));
+}
+
+TEST_CASE("etcd backend: etcd unreachable is a clear error naming the endpoints", "[etcd]") {
+  auto port = std::to_string(ddprun::agent::testing::free_port());
+  auto r = Launch(cmd({"--nnodes=2", "--rdzv_backend=etcd", "--rdzv_endpoint=127.0.0.1:" + port, "--rdzv_id=x",
+                       "--rdzv_conf=lease_ttl=1", kWorker, "env"}))
+               .finish(60s);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.err, Catch::Contains("cannot reach etcd at 127.0.0.1:" + port));
+  auto bad = Launch(cmd({"--nnodes=2", "--rdzv_backend=etcd", kWorker})).finish(30s);
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("--rdzv_backend=etcd needs --rdzv_endpoint"));
+}
