@@ -46,6 +46,7 @@ struct EtcdRendezvous::Core : std::enable_shared_from_this<Core> {
   std::deque<std::function<void()>> tasks;
   bool quit = false;
   std::atomic<std::int64_t> lease{0};
+  std::atomic<int> current_round{0};  // the round this node is in (or joining)
   std::mutex over_mu;
   int last_over = -1;
 
@@ -112,7 +113,6 @@ struct EtcdRendezvous::Core : std::enable_shared_from_this<Core> {
 
   void keep_alive() {
     auto c = client();
-    auto last_ok = Clock::now();
     for (;;) {
       {
         std::unique_lock<std::mutex> lk(mu);
@@ -120,13 +120,14 @@ struct EtcdRendezvous::Core : std::enable_shared_from_this<Core> {
       }
       try {
         if (!c->keep_alive(lease)) {
-          over(RoundOutcome{last_over + 1, std::nullopt,
+          over(RoundOutcome{current_round.load(), std::nullopt,
                             "this node's etcd lease expired (etcd at " + where() + " did not hear from it for " +
                                 duration_text(opt.lease_ttl) + "): the other nodes count it as lost"});
           return;
         }
-        last_ok = Clock::now();
       } catch (const Error& e) {
+        // etcd unreachable for now: the next renewal tries again; if the lease expires meanwhile,
+        // the renewal that reaches etcd says so (and the watch reports etcd lost).
         spdlog::debug("ddprun: etcd keep-alive failed: {}", e.what());
       }
     }
@@ -257,6 +258,7 @@ struct EtcdRendezvous::Core : std::enable_shared_from_this<Core> {
         etcd->put(key(round, "join/" + node_id), node_json(me), lease);
         auto members = wait_closed(round, deadline);
         if (std::find(members.begin(), members.end(), node_id) != members.end()) {
+          current_round = round;
           auto info = read_round(round, members, rc);
           group_world = info.group_world;
           post([l = listener, info] { l->on_round_ready(info); });

@@ -132,6 +132,43 @@ def two_nodes_same_as_one(ddprun, env):
     check(multi == single, f"2 agents x 2 workers == 1 node x 4 workers: {multi} vs {single}")
 
 
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_etcd_agents_same_as_one(ddprun, env, tmp):
+    """The same DDP job across 2 agents meeting through etcd (--rdzv_backend=etcd)."""
+    if not os.path.exists("/usr/bin/etcd"):
+        print("skipped: etcd is not installed (scripts/setup.sh installs etcd-server)")
+        return
+    script = os.path.join(ROOT, "examples", "ddp_train.py")
+    p, _ = run([ddprun, "--standalone", "--nproc_per_node=4", script, "--epochs", "2"], env)
+    single = results(p.stdout)
+    client, peer = free_port(), free_port()
+    etcd = subprocess.Popen(["/usr/bin/etcd", "--name", "e0", "--data-dir", os.path.join(tmp, "etcd"),
+                             "--listen-client-urls", f"http://127.0.0.1:{client}",
+                             "--advertise-client-urls", f"http://127.0.0.1:{client}",
+                             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                             "--initial-cluster", f"e0=http://127.0.0.1:{peer}", "--log-level", "error"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        args = [ddprun, "--nnodes=2", "--rdzv_backend=etcd", f"--rdzv_endpoint=127.0.0.1:{client}",
+                "--rdzv_id=ddp-etcd", "--rdzv_conf=join_timeout=60", "--nproc_per_node=2", script, "--epochs", "2"]
+        a = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        b, _ = run(args, env)
+        out_a, err_a = a.communicate(timeout=300)
+        check(a.returncode == 0 and b.returncode == 0, f"both etcd agents exit 0 ({err_a[-300:]} {b.stderr[-300:]})")
+        multi = results(out_a + b.stdout)
+        check(multi == single, f"2 agents via etcd x 2 workers == 1 node x 4 workers: {multi} vs {single}")
+    finally:
+        etcd.kill()
+        etcd.wait()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
@@ -142,6 +179,7 @@ def main():
         tcpstore_script(args.ddprun, env, tmp)
         error_file(args.ddprun, env, tmp)
         two_nodes_same_as_one(args.ddprun, env)
+        two_etcd_agents_same_as_one(args.ddprun, env, tmp)
     print("all launcher PyTorch checks passed")
 
 
