@@ -242,6 +242,10 @@ struct EtcdRendezvous::Core : std::enable_shared_from_this<Core> {
     try {
       if (!etcd) {
         etcd = client();
+        if (etcd->get(prefix + "/finished")) {
+          throw Error("rendezvous: run id '" + prefix.substr(prefix.rfind('/') + 1) + "' already finished on etcd at " +
+                      where() + "; give this job a new --rdzv_id");
+        }
         start_lease();
       }
       NodeInfo me;
@@ -362,7 +366,12 @@ struct EtcdRendezvous::Core : std::enable_shared_from_this<Core> {
     try {
       if (acknowledge && etcd) {
         etcd->put(key(round, "acked/" + node_id), "1");
-        if (static_cast<int>(etcd->get_prefix(key(round, "acked/")).size()) >= group_world) etcd->delete_prefix(prefix + "/");
+        if (static_cast<int>(etcd->get_prefix(key(round, "acked/")).size()) >= group_world) {
+          // Nothing of the job stays but a marker, on a lease of 10 minutes: a node started late
+          // with the same run id is told the job finished instead of waiting for a rendezvous.
+          etcd->delete_prefix(prefix + "/");
+          etcd->put(prefix + "/finished", "1", etcd->grant_lease(std::chrono::seconds(600)));
+        }
       }
       if (etcd && lease) etcd->revoke(lease);
     } catch (const Error& e) {

@@ -10,7 +10,8 @@
 //   .../r<R>/rc, expect, store, end      restart count, next round's size, the workers' store
 //                                        (hosted by group rank 0), why the round ended (txn)
 //   .../r<R>/succeeded/<id>, acked/<id>  success and end acknowledgements; the last node to
-//                                        acknowledge deletes the run's keys
+//                                        acknowledge deletes the run's keys, leaving only
+//   <prefix>/<run_id>/finished           on a 10-minute lease: a late node is told the job ended
 // Threads: requests in order on a coordinator thread, the round's watch on another, the lease's
 // keep-alive on a third, a stop announcement on its own; results posted to the loop.
 

@@ -61,7 +61,15 @@ TEST_CASE("etcd backend: 2 agents x 2 workers form one world - nothing is left i
   CHECK(ranks == std::set<std::string>{"0", "1", "2", "3"});
   CHECK(ports.size() == 1);
   EtcdClient c({cluster.endpoints(), 5s});
-  CHECK(c.get_prefix("/ddprun/job1/").empty());  // a finished job leaves nothing behind
+  // A finished job leaves nothing behind but a marker on a lease.
+  auto left = c.get_prefix("/ddprun/job1/");
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].key == "/ddprun/job1/finished");
+  CHECK(left[0].lease != 0);
+  // A node started late with the same run id is told, instead of waiting for a rendezvous.
+  auto late = Launch(agent(cluster, "job1", "2", {"--nproc_per_node=2", kWorker, "env"})).finish(60s);
+  CHECK(late.code == 1);
+  CHECK_THAT(late.err, Catch::Contains("run id 'job1' already finished"));
 }
 
 TEST_CASE("etcd backend: kill -9 of the etcd leader mid-job - the job finishes without a restart", "[etcd]") {
