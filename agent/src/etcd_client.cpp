@@ -67,6 +67,25 @@ EtcdKv kv_of(const json& j) {
 
 std::string where(const EtcdEndpoint& e) { return format_address(e.host, e.port); }
 
+// Takes the complete JSON messages at the front of a watch stream's text (balanced braces; keys
+// and values are base64, so no brace hides in a string) and their events.
+void take_messages(std::string& text, std::vector<EtcdEvent>& events) {
+  int depth = 0;
+  std::size_t start = 0, used = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '{' && depth++ == 0) start = i;
+    if (text[i] != '}' || --depth != 0) continue;
+    auto m = json::parse(text.substr(start, i - start + 1), nullptr, false);
+    used = i + 1;
+    if (m.is_discarded()) continue;
+    auto r = m.contains("result") ? m["result"] : m;
+    for (const auto& ev : r.value("events", json::array())) {
+      events.push_back({ev.value("type", "") == "DELETE", kv_of(ev.value("kv", json::object()))});
+    }
+  }
+  text.erase(0, used);
+}
+
 // An error etcd returned: worth another member (no leader, leader changed, unavailable) or not.
 struct Refused {
   std::string message;
@@ -319,22 +338,7 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
         return;
       }
       text.append(chunk, sizeof(chunk) - parser.get().body().size);
-      // Complete messages: scan for balanced braces (values are base64: no braces inside).
-      int depth = 0;
-      std::size_t startpos = 0, used = 0;
-      for (std::size_t i = 0; i < text.size(); ++i) {
-        if (text[i] == '{' && depth++ == 0) startpos = i;
-        if (text[i] == '}' && --depth == 0) {
-          auto m = json::parse(text.substr(startpos, i - startpos + 1), nullptr, false);
-          used = i + 1;
-          if (m.is_discarded()) continue;
-          auto r = m.contains("result") ? m["result"] : m;
-          for (const auto& ev : r.value("events", json::array())) {
-            events.push_back({ev.value("type", "") == "DELETE", kv_of(ev.value("kv", json::object()))});
-          }
-        }
-      }
-      text.erase(0, used);
+      take_messages(text, events);
       if (events.empty() && !parser.is_done()) read_more();
     });
   };

@@ -13,8 +13,8 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
 #include "ddprun/rendezvous/auth.hpp"
-#include "etcd_client.hpp"
 #include "options.hpp"
+#include "rdzv_flags.hpp"
 #include "slurm.hpp"
 
 namespace ddprun::launcher {
@@ -79,13 +79,6 @@ void split_args(const std::vector<std::string>& args, const po::options_descript
   }
 }
 
-std::string random_run_id() {
-  std::random_device rd;
-  std::uniform_int_distribution<unsigned> d(0, 15);
-  std::string id;
-  for (int i = 0; i < 12; ++i) id += "0123456789abcdef"[d(rd)];
-  return id;
-}
 
 std::string get_env(const std::map<std::string, std::string>& env, const std::string& k, const std::string& def) {
   auto it = env.find(k);
@@ -248,91 +241,6 @@ int resolve_nproc(const std::string& v, const HostInfo& host) {
   auto n = parse_int(v, 1, 100'000);
   if (!n) usage("--nproc_per_node must be a positive integer, 'cpu', 'gpu' or 'auto' (got '" + v + "')");
   return static_cast<int>(*n);
-}
-
-void apply_rdzv_conf(const std::map<std::string, std::string>& conf, agent::RendezvousOptions& z,
-                     std::string& secret_file) {
-  for (const auto& [k, v] : conf) {
-    if (k == "join_timeout" || k == "timeout") z.join_timeout = parse_seconds("rdzv_conf " + k, v, false);
-    else if (k == "last_call_timeout") z.last_call_timeout = parse_seconds("rdzv_conf " + k, v, true);
-    else if (k == "close_timeout") z.close_timeout = parse_seconds("rdzv_conf " + k, v, true);
-    else if (k == "keep_alive_interval") z.keep_alive_interval = parse_seconds("rdzv_conf " + k, v, false);
-    else if (k == "read_timeout") z.read_timeout = parse_seconds("rdzv_conf " + k, v, false);
-    else if (k == "keep_alive_max_attempt") z.keep_alive_max_attempt = parse_count("rdzv_conf keep_alive_max_attempt", v, false);
-    else if (k == "is_host") {
-      std::string b = v;
-      for (auto& c : b) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (b == "1" || b == "true" || b == "yes") z.is_host = 1;
-      else if (b == "0" || b == "false" || b == "no") z.is_host = 0;
-      else usage("--rdzv_conf is_host must be true or false (got '" + v + "')");
-    } else if (k == "prefix") {
-      if (v.empty() || v[0] != '/') usage("--rdzv_conf prefix must start with '/' (got '" + v + "')");
-      z.etcd_prefix = v;
-    } else if (k == "lease_ttl") {
-      auto n = parse_int(v, 1, 3600);
-      if (!n) usage("--rdzv_conf lease_ttl must be 1-3600 seconds (got '" + v + "')");
-      z.lease_ttl = std::chrono::seconds(*n);
-    } else if (k == "user") {
-      z.etcd_user = v;
-    } else if (k == "password") {
-      z.etcd_password = v;
-    } else if (k == "cacert" || k == "cert" || k == "key") {
-      usage("--rdzv_conf " + k + ": TLS to etcd is not supported yet; reach etcd over a trusted network or a local proxy");
-    } else if (k == "secret_file") {
-      if (v.empty()) usage("--rdzv_conf secret_file needs a path");
-      secret_file = v;
-    } else {
-      usage("--rdzv_conf: unknown key '" + k + "' (known: join_timeout, last_call_timeout, close_timeout, "
-            "keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host, timeout, secret_file; etcd: prefix, lease_ttl, "
-            "user, password)");
-    }
-  }
-}
-
-// Where the store is and how nodes meet, from the rendezvous options together.
-void place_store(const Settings& s, const std::map<std::string, std::string>& env, agent::AgentOptions& a) {
-  if (s.standalone) {
-    if (s.max_nodes != 1) usage("--standalone runs a single node: drop --nnodes or set it to 1");
-    a.store_host = "127.0.0.1";
-    a.store_port = 0;  // bound first, then published: no free-port race
-    a.run_id = random_run_id();
-  } else if (s.rdzv_backend == "etcd") {
-    if (s.rdzv_endpoint.empty()) usage("--rdzv_backend=etcd needs --rdzv_endpoint=HOST:PORT[,HOST:PORT...] (etcd's members)");
-    agent::parse_etcd_endpoints(s.rdzv_endpoint);  // checked now
-    a.store_host = "127.0.0.1";
-    a.store_port = 0;
-  } else if (s.rdzv_backend == "c10d") {
-    std::tie(a.store_host, a.store_port) = parse_endpoint(s.rdzv_endpoint.empty() ? "127.0.0.1" : s.rdzv_endpoint, 29400);
-  } else {
-    a.store_host = s.master_addr;
-    a.store_port = s.master_port;
-  }
-  a.nnodes = s.max_nodes;
-  if (s.max_nodes == 1) {
-    if (a.node_rank != 0) usage("--node_rank=" + std::to_string(a.node_rank) + " needs --nnodes > " + std::to_string(a.node_rank));
-    if (!s.rdzv_conf.empty() && s.rdzv_backend != "c10d") usage("--rdzv_conf applies to --rdzv_backend=c10d");
-    return;
-  }
-  auto& z = a.rdzv;
-  z.enabled = true;
-  z.dynamic = s.rdzv_backend != "static";
-  z.etcd = s.rdzv_backend == "etcd";
-  if (z.etcd) z.etcd_endpoints = s.rdzv_endpoint;
-  z.min_nodes = s.min_nodes;
-  z.max_nodes = s.max_nodes;
-  z.endpoint_host = a.store_host;
-  z.endpoint_port = a.store_port;
-  if (!z.dynamic) {
-    if (s.min_nodes != s.max_nodes) {
-      usage("--nnodes=" + s.nnodes_text + ": a range needs --rdzv_backend=c10d (static rendezvous has a fixed number of nodes)");
-    }
-    if (a.node_rank >= s.max_nodes) usage("--node_rank=" + std::to_string(a.node_rank) + " must be below --nnodes=" + std::to_string(s.max_nodes));
-    z.is_host = a.node_rank == 0 ? 1 : 0;  // node 0 hosts the store at --master_addr:--master_port
-  }
-  std::string secret_file;
-  apply_rdzv_conf(s.rdzv_conf, z, secret_file);
-  if (secret_file.empty()) secret_file = get_env(env, "DDPRUN_SECRET_FILE", "");
-  if (!secret_file.empty()) z.secret = rendezvous::auth::read_secret_file(secret_file);
 }
 
 void to_agent_options(const Settings& s, const std::map<std::string, std::string>& env, const HostInfo& host,

@@ -310,7 +310,9 @@ class GlooProcessGroup final : public ProcessGroup {
         // (gloo::EnforceNotMet, std::bad_alloc): the group is broken either way, since the pairs
         // are in an unknown state. Gloo has no exception type for time-outs (IoException for
         // every I/O failure): an operation that failed once its deadline had passed timed out.
-        fail(what, t, std::chrono::steady_clock::now() - started >= t, e.what());
+        // (Gloo's own waits round the time left down to milliseconds: a margin.)
+        auto margin = std::max(std::chrono::milliseconds(10), t / 20);
+        fail(what, t, std::chrono::steady_clock::now() - started + margin >= t, e.what());
       }
     };
   }

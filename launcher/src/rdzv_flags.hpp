@@ -1,0 +1,17 @@
+#pragma once
+// The rendezvous flags together: where the store is (or which etcd), how nodes meet, the
+// --rdzv_conf keys of each backend.
+
+#include <map>
+#include <string>
+
+#include "ddprun/agent/agent.hpp"
+#include "options.hpp"
+
+namespace ddprun::launcher {
+
+// Fills a.store_host/store_port, a.run_id (random with --standalone), a.nnodes and a.rdzv.
+// Throws UsageError.
+void place_store(const Settings& s, const std::map<std::string, std::string>& env, agent::AgentOptions& a);
+
+}  // namespace ddprun::launcher
