@@ -3,6 +3,8 @@
 #include <fcntl.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "ddprun/common/error.hpp"
@@ -118,4 +120,29 @@ TEST_CASE("etcd: kill -9 of the leader - the client carries on with the other me
   CHECK(c.get("/k/before")->value == "1");
   CHECK(c.get("/k/after")->value == "2");
   CHECK(cluster.leader() != leader);
+}
+
+TEST_CASE("etcd: a cluster with authentication on - the right user is served, a wrong one is refused clearly", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  if (!std::filesystem::exists("/usr/bin/etcdctl")) {
+    WARN("etcdctl is not installed: skipped");
+    return;
+  }
+  EtcdCluster cluster(1);
+  std::string ctl = "ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=" + cluster.endpoint_list();
+  REQUIRE(std::system((ctl + " user add root:s3cret >/dev/null 2>&1").c_str()) == 0);
+  REQUIRE(std::system((ctl + " auth enable >/dev/null 2>&1").c_str()) == 0);
+  EtcdOptions good(cluster.endpoints(), 5s);
+  good.user = "root";
+  good.password = "s3cret";
+  EtcdClient c(good);
+  c.put("/a/x", "1");
+  CHECK(c.get("/a/x")->value == "1");
+  EtcdOptions bad = good;
+  bad.password = "guess";
+  EtcdClient wrong(bad);
+  CHECK_THROWS_AS(wrong.get("/a/x"), ddprun::AuthError);
+  CHECK_THROWS_WITH(wrong.get("/a/x"), Catch::Contains("refused ddprun"));
+  EtcdClient anonymous({cluster.endpoints(), 5s});
+  CHECK_THROWS_AS(anonymous.get("/a/x"), ddprun::AuthError);
 }

@@ -157,3 +157,23 @@ TEST_CASE("etcd backend: etcd unreachable is a clear error naming the endpoints"
   CHECK(bad.code == 2);
   CHECK_THAT(bad.err, Catch::Contains("--rdzv_backend=etcd needs --rdzv_endpoint"));
 }
+
+TEST_CASE("etcd backend: authentication - the job's user is served, a wrong password exits 1 saying so", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster(1);
+  std::string ctl = "ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=" + cluster.endpoint_list();
+  REQUIRE(std::system((ctl + " user add root:s3cret >/dev/null 2>&1 && " + ctl + " auth enable >/dev/null 2>&1").c_str()) == 0);
+  auto with = [&](const std::string& password) {
+    return cmd({"--nnodes=1:2", "--rdzv_backend=etcd", "--rdzv_endpoint=" + cluster.endpoint_list(), "--rdzv_id=auth",
+                "--rdzv_conf=lease_ttl=1,last_call_timeout=0.2,user=root,password=" + password, "--nproc_per_node=1",
+                kWorker, "env"});
+  };
+  // (nnodes 1:2: one agent is a job; a second Launch runs after the first finished.)
+  auto ok = Launch(with("s3cret")).finish(60s);
+  INFO(ok.err);
+  CHECK(ok.code == 0);
+  auto refused = Launch(with("guess")).finish(60s);
+  CHECK(refused.code == 1);
+  CHECK_THAT(refused.err, Catch::Contains("refused ddprun"));
+  CHECK_THAT(refused.err, Catch::Contains("user, password"));
+}
