@@ -70,7 +70,7 @@ void EtcdRendezvous::Core::keep_alive() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(mu);
-      if (cv.wait_for(lk, opt.lease_ttl / 3, [&] { return quit; })) return;
+      if (cv.wait_for(lk, std::chrono::milliseconds(opt.lease_ttl) / 3, [&] { return quit; })) return;
     }
     try {
       if (!c->keep_alive(lease)) {
