@@ -73,13 +73,7 @@ int to_int(const std::string& s, int def) {
 }  // namespace
 
 Coordinator::Coordinator(const RendezvousOptions& opt, const std::string& run_id, int nproc, int node_rank)
-    : opt_(opt), prefix_("ddprun/rdzv/" + run_id), nproc_(nproc), node_rank_(node_rank) {
-  {
-    std::random_device rd;
-    char id[17];
-    std::snprintf(id, sizeof(id), "%08x%08x", rd(), rd());
-    node_id_ = id;
-  }
+    : opt_(opt), prefix_("ddprun/rdzv/" + run_id), node_id_(random_node_id()), nproc_(nproc), node_rank_(node_rank) {
   if (decide_host()) {
     rendezvous::StoreServerOptions so;
     so.host = "";  // every interface: the endpoint's address is one of them

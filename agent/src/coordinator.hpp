@@ -51,6 +51,7 @@ class Coordinator {
   // The store key of `name` in round `round`, as the store sees it (for error messages).
   std::string full_key(int round, const std::string& name) const;
   std::string endpoint() const;
+  std::uint16_t endpoint_port() const { return opt_.endpoint_port; }
 
   // Joins round `round` (or a later one when this node does not fit in it). `restart_count`
   // is this node's count, or -1 for a node that has not been in the job before. Blocking;

@@ -9,14 +9,6 @@ using json = nlohmann::json;
 
 }  // namespace
 
-std::string random_node_id() {
-  std::random_device rd;
-  char id[17];
-  std::snprintf(id, sizeof(id), "%08x%08x", rd(), rd());
-  return id;
-}
-
-
 std::unique_ptr<EtcdClient> EtcdRendezvous::Core::client() const {
   EtcdOptions eo(endpoints, std::max<std::chrono::milliseconds>(opt.lease_ttl, 2s));
   eo.user = opt.etcd_user;
@@ -24,40 +16,14 @@ std::unique_ptr<EtcdClient> EtcdRendezvous::Core::client() const {
   return std::make_unique<EtcdClient>(eo);
 }
 
-void EtcdRendezvous::Core::submit(std::function<void()> task) {
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    tasks.push_back(std::move(task));
-  }
-  cv.notify_all();
-}
-
 void EtcdRendezvous::Core::run() {
-  for (;;) {
-    std::function<void()> task;
-    {
-      std::unique_lock<std::mutex> lk(mu);
-      cv.wait(lk, [&] { return quit || !tasks.empty(); });
-      if (quit) return;
-      task = std::move(tasks.front());
-      tasks.pop_front();
-    }
-    task();
+  while (auto task = tasks.next(Clock::now() + 1h)) {
+    if (*task) (*task)();
   }
-}
-
-bool EtcdRendezvous::Core::quitting() {
-  std::lock_guard<std::mutex> lk(mu);
-  return quit;
 }
 
 void EtcdRendezvous::Core::over(RoundOutcome o) {
-  {
-    std::lock_guard<std::mutex> lk(over_mu);
-    if (o.round <= last_over) return;
-    last_over = o.round;
-  }
-  post([l = listener, o = std::move(o)] { l->on_round_over(o); });
+  if (ended.claim(o.round)) post([l = listener, o = std::move(o)] { l->on_round_over(o); });
 }
 
 void EtcdRendezvous::Core::start_lease() {
@@ -68,10 +34,7 @@ void EtcdRendezvous::Core::start_lease() {
 void EtcdRendezvous::Core::keep_alive() {
   auto c = client();
   for (;;) {
-    {
-      std::unique_lock<std::mutex> lk(mu);
-      if (cv.wait_for(lk, std::chrono::milliseconds(opt.lease_ttl) / 3, [&] { return quit; })) return;
-    }
+    if (tasks.wait_stopped_for(std::chrono::milliseconds(opt.lease_ttl) / 3)) return;
     try {
       if (!c->keep_alive(lease)) {
         over(RoundOutcome{current_round.load(), std::nullopt,
@@ -104,10 +67,14 @@ void EtcdRendezvous::Core::watch_round(const RoundInfo& info, const std::vector<
     }
   };
   auto failing_since = Clock::now();
-  bool failing = false;
-  while (!quitting()) {
+  bool failing = false, read_end = false;
+  while (!tasks.stopped()) {
     try {
-      if (auto v = c->get(end)) return ended(v->value);
+      // An end written before `from` is read once; later ones arrive through the watch.
+      if (!read_end) {
+        if (auto v = c->get(end)) return ended(v->value);
+        read_end = true;
+      }
       for (const auto& ev : c->watch(key(info.round, ""), true, from, 1s)) {
         from = std::max(from, ev.kv.mod_revision + 1);
         if (ev.kv.key == end && !ev.deleted) return ended(ev.kv.value);
@@ -176,7 +143,6 @@ void EtcdRendezvous::Core::finish(int round, bool acknowledge) {
   post([l = listener] { l->on_finished(); });
 }
 
-
 EtcdRendezvous::EtcdRendezvous(const RendezvousOptions& opt, const std::string& run_id, int nproc, Post post)
     : core_(std::make_shared<Core>(opt, run_id, nproc, std::move(post))) {
   core_->thread.start([c = core_] { c->run(); });
@@ -191,39 +157,28 @@ std::string EtcdRendezvous::describe() const {
 }
 
 void EtcdRendezvous::join(int round, int rc) {
-  core_->submit([c = core_.get(), round, rc] { c->do_join(round, rc); });
+  core_->tasks.submit([c = core_.get(), round, rc] { c->do_join(round, rc); });
 }
 void EtcdRendezvous::end_round(int round, const RoundEnd& why, int expect_next) {
-  core_->submit([c = core_.get(), round, why, expect_next] { c->end_round(round, why, expect_next); });
+  core_->tasks.submit([c = core_.get(), round, why, expect_next] { c->end_round(round, why, expect_next); });
 }
 void EtcdRendezvous::report_success(int round) {
-  core_->submit([c = core_.get(), round] { c->report_success(round); });
+  core_->tasks.submit([c = core_.get(), round] { c->report_success(round); });
 }
 void EtcdRendezvous::finish(int round, bool acknowledge) {
-  core_->submit([c = core_.get(), round, acknowledge] { c->finish(round, acknowledge); });
+  core_->tasks.submit([c = core_.get(), round, acknowledge] { c->finish(round, acknowledge); });
 }
 
 void EtcdRendezvous::leave(int round, int signal) {
-  core_->announcer.join_within(0ms);
-  core_->announcer.start([c = core_, round, signal] {
-    try {
-      auto e = c->client();
-      e->create(c->key(round, "end"), round_end_json(RoundEnd::of_stop(signal, host_name(), c->node_id)));
-      if (c->lease) e->revoke(c->lease);
-    } catch (const Error& err) {
-      spdlog::warn("ddprun: could not tell the other nodes about {}: {}", signal_name(signal), err.what());
-    }
-    c->post([l = c->listener] { l->on_finished(); });
+  announce_stop(core_->announcer, core_->post, core_->listener, signal, [c = core_, round, signal] {
+    auto e = c->client();
+    e->create(c->key(round, "end"), round_end_json(RoundEnd::of_stop(signal, host_name(), c->node_id)));
+    if (c->lease) e->revoke(c->lease);
   });
 }
 
 void EtcdRendezvous::shutdown() {
-  {
-    std::lock_guard<std::mutex> lk(core_->mu);
-    if (core_->quit) return;
-    core_->quit = true;
-  }
-  core_->cv.notify_all();
+  if (!core_->tasks.stop()) return;
   core_->thread.join_within(2s);
   core_->announcer.join_within(2s);
   core_->keeper.join_within(1s);

@@ -12,7 +12,7 @@
 #include <random>
 #include <spdlog/spdlog.h>
 
-#include "bounded_thread.hpp"
+#include "rendezvous_threads.hpp"
 #include "coordinator.hpp"  // JobStopped
 #include "ddprun/agent/exit_status.hpp"
 #include "ddprun/common/error.hpp"
@@ -23,9 +23,6 @@
 
 namespace ddprun::agent {
 
-// A random id for this agent, unique among the nodes of a job.
-std::string random_node_id();
-
 struct EtcdRendezvous::Core : std::enable_shared_from_this<Core> {
   RendezvousOptions opt;
   std::vector<EtcdEndpoint> endpoints;
@@ -34,14 +31,10 @@ struct EtcdRendezvous::Core : std::enable_shared_from_this<Core> {
   Post post;
   Listener* listener = nullptr;
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::function<void()>> tasks;
-  bool quit = false;
+  TaskQueue tasks;
+  RoundEnds ended;
   std::atomic<std::int64_t> lease{0};
   std::atomic<int> current_round{0};  // the round this node is in (or joining)
-  std::mutex over_mu;
-  int last_over = -1;
 
   // Coordinator thread only.
   std::unique_ptr<EtcdClient> etcd;
@@ -58,9 +51,7 @@ struct EtcdRendezvous::Core : std::enable_shared_from_this<Core> {
   std::string key(int round, const std::string& name) const { return prefix + "/" + round_key(round, name); }
   std::string where() const { return opt.etcd_endpoints; }
 
-  void submit(std::function<void()> task);
   void run();
-  bool quitting();
 
   void over(RoundOutcome o);
 

@@ -247,26 +247,25 @@ void JobController::decide() {
                    seconds_since(attempt_started_));
       return finish(128 + (e.signal > 0 ? e.signal : SIGTERM), true);
     case Kind::failure:
-      return decide_failure(*e.failure);
+      if (stop_signal_ == 0) return decide_failure(*e.failure);
+      break;
     case Kind::node_lost:
     case Kind::membership:
       break;
   }
-  if (stop_signal_ != 0) {  // signalled while this round was ending: no next round
-    rdzv_.leave(round_ + 1, stop_signal_);
-    exit_code_ = 128 + stop_signal_;
-    return enter(Phase::draining);
-  }
+  if (stop_signal_ != 0) return leave(round_ + 1);  // signalled while this round was ending: no next round
   join(round_ + 1, attempt_);
 }
 
+// A stop signal with no round running here: the nodes in (or on their way to) `round` are told.
+void JobController::leave(int round) {
+  rdzv_.leave(round, stop_signal_);
+  exit_code_ = 128 + stop_signal_;
+  enter(Phase::draining);
+}
+
 void JobController::decide_failure(const FailureRecord& root) {
-  if (attempt_ + 1 > opt_.max_restarts || stop_signal_ != 0) {
-    if (stop_signal_ != 0) {
-      rdzv_.leave(round_ + 1, stop_signal_);
-      exit_code_ = 128 + stop_signal_;
-      return enter(Phase::draining);
-    }
+  if (attempt_ + 1 > opt_.max_restarts) {
     report_failure(root);
     return finish(root.exit_code, true);
   }
@@ -312,12 +311,7 @@ void JobController::on_signal(int sig) {
   if (phase_ == Phase::draining || phase_ == Phase::done) return;
   spdlog::warn("ddprun: received {}; forwarding it to the workers", signal_name(sig));
   if (stop_signal_ == 0) stop_signal_ = sig;
-  if (phase_ == Phase::rendezvous) {
-    // No worker runs here: tell the other nodes (they may be waiting for this one), then leave.
-    rdzv_.leave(round_, sig);
-    exit_code_ = 128 + sig;
-    return enter(Phase::draining);
-  }
+  if (phase_ == Phase::rendezvous) return leave(round_);  // no worker runs here
   if (!outcome_) end_round(RoundEnd::of_stop(sig, node_name_, ""), 0);
   if (terminating(sig)) {
     group_.stop(sig);

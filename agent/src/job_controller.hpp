@@ -74,6 +74,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   void log_outcome(const RoundOutcome& o);
   void decide();
   void decide_failure(const FailureRecord& root);
+  void leave(int round);
   void finish(int code, bool acknowledge);
   void report_failure(FailureRecord root);
   void second_signal(int sig);

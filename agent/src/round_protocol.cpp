@@ -1,6 +1,8 @@
 #include "round_protocol.hpp"
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "ddprun/common/error.hpp"
 
@@ -93,6 +95,13 @@ NodeInfo parse_node(const std::string& key, const std::string& value) {
     }
   }
   return n;
+}
+
+std::string random_node_id() {
+  std::random_device rd;
+  char id[17];
+  std::snprintf(id, sizeof(id), "%08x%08x", rd(), rd());
+  return id;
 }
 
 std::string round_key(int round, const std::string& name) { return "r" + std::to_string(round) + "/" + name; }

@@ -30,6 +30,10 @@
 
 namespace ddprun::agent {
 
+// A random id for this agent, unique among the nodes of a job (several may share a host name):
+// it signs the "stopped" ends it writes.
+std::string random_node_id();
+
 // The key of `name` in round `round`, relative to the run's prefix: "r3/end".
 std::string round_key(int round, const std::string& name);
 

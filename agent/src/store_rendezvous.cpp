@@ -8,7 +8,7 @@
 #include <spdlog/spdlog.h>
 #include <thread>
 
-#include "bounded_thread.hpp"
+#include "rendezvous_threads.hpp"
 #include "coordinator.hpp"
 #include "ddprun/agent/exit_status.hpp"
 #include "ddprun/common/error.hpp"
@@ -38,12 +38,8 @@ struct StoreRendezvous::Core : std::enable_shared_from_this<Core> {
   Post post;
   Listener* listener = nullptr;
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::function<void()>> tasks;
-  bool quit = false;
-  std::mutex over_mu;
-  int last_over = -1;  // the latest round whose end was posted
+  TaskQueue tasks;
+  RoundEnds ended;
 
   // Coordinator thread only.
   bool connected = false;
@@ -60,48 +56,23 @@ struct StoreRendezvous::Core : std::enable_shared_from_this<Core> {
     return "lost the rendezvous store at " + coord.endpoint() + " (its node left or crashed)";
   }
 
-  void submit(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lk(mu);
-      tasks.push_back(std::move(task));
-    }
-    cv.notify_one();
-  }
-
-  // The coordinator thread.
+  // The coordinator thread: requests in order; between them, the round's keep-alives.
   void run() {
     for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lk(mu);
-        Clock::time_point wake = active ? std::min(active->next_alive, active->next_check) : Clock::now() + 1h;
-        cv.wait_until(lk, wake, [&] { return quit || !tasks.empty(); });
-        if (quit) return;
-        if (!tasks.empty()) {
-          task = std::move(tasks.front());
-          tasks.pop_front();
-        }
-      }
-      if (task) {
-        task();
+      Clock::time_point wake = active ? std::min(active->next_alive, active->next_check) : Clock::now() + 1h;
+      auto task = tasks.next(wake);
+      if (!task) return;
+      if (*task) {
+        (*task)();
       } else {
         tick();
       }
     }
   }
 
-  // Posts the end of `o.round`, once (the watch and a failed request may both report one).
+  // Posts the end of `o.round`, once.
   void over(RoundOutcome o) {
-    {
-      std::lock_guard<std::mutex> lk(over_mu);
-      if (o.round <= last_over) return;
-      last_over = o.round;
-    }
-    post([l = listener, o = std::move(o)] { l->on_round_over(o); });
-  }
-  bool is_over(int round) {
-    std::lock_guard<std::mutex> lk(over_mu);
-    return round <= last_over;
+    if (ended.claim(o.round)) post([l = listener, o = std::move(o)] { l->on_round_over(o); });
   }
 
   void do_join(int round, int restart_count) {
@@ -147,7 +118,7 @@ struct StoreRendezvous::Core : std::enable_shared_from_this<Core> {
 
   // Keep-alives of this node; the next node's, watched (every interval / 4, at least 50 ms).
   void tick() {
-    if (!active || is_over(active->round)) {
+    if (!active || ended.over(active->round)) {
       active.reset();
       return;
     }
@@ -206,10 +177,7 @@ StoreRendezvous::~StoreRendezvous() { shutdown(); }
 
 bool StoreRendezvous::is_host() const { return core_->coord.is_host(); }
 std::string StoreRendezvous::endpoint() const { return core_->coord.endpoint(); }
-std::uint16_t StoreRendezvous::endpoint_port() const {
-  auto e = core_->coord.endpoint();
-  return static_cast<std::uint16_t>(std::stoi(e.substr(e.rfind(':') + 1)));
-}
+std::uint16_t StoreRendezvous::endpoint_port() const { return core_->coord.endpoint_port(); }
 void StoreRendezvous::set_listener(Listener& l) { core_->listener = &l; }
 
 std::string StoreRendezvous::describe() const {
@@ -219,23 +187,23 @@ std::string StoreRendezvous::describe() const {
 }
 
 void StoreRendezvous::join(int round, int restart_count) {
-  core_->submit([c = core_.get(), round, restart_count] { c->do_join(round, restart_count); });
+  core_->tasks.submit([c = core_.get(), round, restart_count] { c->do_join(round, restart_count); });
 }
 
 void StoreRendezvous::end_round(int round, const RoundEnd& why, int expect_next) {
-  core_->submit([c = core_.get(), round, why, expect_next] {
+  core_->tasks.submit([c = core_.get(), round, why, expect_next] {
     c->guarded(round, "end", [&] { c->coord.end_round(round, why, expect_next); });
   });
 }
 
 void StoreRendezvous::report_success(int round) {
-  core_->submit([c = core_.get(), round] {
+  core_->tasks.submit([c = core_.get(), round] {
     c->guarded(round, "report the success", [&] { c->coord.report_success(round, c->group_world); });
   });
 }
 
 void StoreRendezvous::finish(int round, bool acknowledge) {
-  core_->submit([c = core_.get(), round, acknowledge] {
+  core_->tasks.submit([c = core_.get(), round, acknowledge] {
     c->active.reset();
     if (acknowledge) {
       try {
@@ -249,24 +217,12 @@ void StoreRendezvous::finish(int round, bool acknowledge) {
 }
 
 void StoreRendezvous::leave(int round, int signal) {
-  core_->announcer.join_within(0ms);
-  core_->announcer.start([c = core_, round, signal] {
-    try {
-      c->coord.announce_stop(round, signal);
-    } catch (const Error& e) {
-      spdlog::warn("ddprun: could not tell the other nodes about {}: {}", signal_name(signal), e.what());
-    }
-    c->post([l = c->listener] { l->on_finished(); });
-  });
+  announce_stop(core_->announcer, core_->post, core_->listener, signal,
+                [c = core_, round, signal] { c->coord.announce_stop(round, signal); });
 }
 
 void StoreRendezvous::shutdown() {
-  {
-    std::lock_guard<std::mutex> lk(core_->mu);
-    if (core_->quit) return;
-    core_->quit = true;
-  }
-  core_->cv.notify_all();
+  if (!core_->tasks.stop()) return;
   // A joiner blocked in a WAIT is woken by a stop this node announced; one stuck on an
   // unreachable store is left behind.
   core_->thread.join_within(2s);

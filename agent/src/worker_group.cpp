@@ -43,16 +43,8 @@ const char* to_string(FailureKind k) {
   return "?";
 }
 
-
-
-void WorkerGroup::Impl::refresh() {
-  view.clear();
-  for (const auto& s : slots) view.push_back(s->w);
-}
-
 void WorkerGroup::Impl::prepare(Slot& s) {
   const auto& spec = s.w.spec;
-  std::error_code ec;
   if (!spec.error_file.empty()) ::unlink(spec.error_file.c_str());
   s.last_beat = SteadyClock::now();
   if (!spec.heartbeat_file.empty()) {
@@ -95,11 +87,9 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
     }
     is_stopping = true;
     is_ended = !any;  // else the killed ones end it when reaped
-    refresh();
     throw;
   }
   oom_kills_at_start = cgroup_oom_kills();
-  refresh();
   arm_heartbeat_check();
 }
 
@@ -157,7 +147,6 @@ void WorkerGroup::Impl::reap() {
     runner.signal_group(w.pid, SIGKILL);
     runner.forget(w.pid);
     spdlog::debug("ddprun: worker {} (pid {}) ended: {}", w.spec.rank, w.pid, w.status.describe());
-    refresh();
     check_dump();
     if (w.status.success() || w.reported) continue;
     w.reported = true;
@@ -180,7 +169,6 @@ void WorkerGroup::Impl::signal_running(int sig) {
     s->w.stopped_by_agent = s->w.stopped_by_agent || stops(sig);
     runner.signal_group(s->w.pid, sig);
   }
-  refresh();
 }
 
 bool WorkerGroup::Impl::any_running() const {
@@ -210,7 +198,6 @@ void WorkerGroup::Impl::stop(int sig, bool stacks_first) {
   });
 }
 
-
 void WorkerGroup::Impl::arm_heartbeat_check() {
   if (opt.worker_timeout.count() <= 0) return;
   auto interval = std::clamp(opt.worker_timeout / 10, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
@@ -239,7 +226,6 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
                     std::chrono::duration<double>(now - s->last_beat).count(),
                     std::chrono::duration<double>(opt.worker_timeout).count());
       w.reported = true;
-      refresh();
       listener->on_worker_failed(w, reason, kHeartbeatExitCode, FailureKind::hang);
       return;  // the listener stops the group
     }
@@ -299,7 +285,11 @@ void WorkerGroup::forward(int sig) {
 void WorkerGroup::check_heartbeats(std::chrono::steady_clock::time_point now) { impl_->check_heartbeats(now); }
 bool WorkerGroup::stopping() const { return impl_->is_stopping; }
 bool WorkerGroup::ended() const { return impl_->is_ended; }
-const std::vector<Worker>& WorkerGroup::workers() const { return impl_->view; }
+std::vector<Worker> WorkerGroup::workers() const {
+  std::vector<Worker> out;
+  for (const auto& s : impl_->slots) out.push_back(s->w);
+  return out;
+}
 std::deque<std::string> WorkerGroup::stderr_tail(int local_rank) const {
   for (const auto& s : impl_->slots) {
     if (s->w.spec.local_rank == local_rank && s->err) return s->err->tail();

@@ -100,7 +100,7 @@ class WorkerGroup {
 
   bool stopping() const;
   bool ended() const;  // every worker reaped and drained (true before the first start)
-  const std::vector<Worker>& workers() const;
+  std::vector<Worker> workers() const;  // a copy, as they are now
   // The last stderr lines of a worker of the current group.
   std::deque<std::string> stderr_tail(int local_rank) const;
 

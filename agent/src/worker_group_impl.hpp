@@ -49,7 +49,6 @@ struct WorkerGroup::Impl {
   Options opt;
   asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io};
   std::vector<std::unique_ptr<Slot>> slots;
-  std::vector<Worker> view;  // what workers() returns, refreshed on every change
   int generation = 0;        // +1 per group: handlers of an earlier group check it
   bool is_stopping = false;
   bool kill_armed = false;
@@ -71,7 +70,6 @@ struct WorkerGroup::Impl {
     for (auto& t : dumpers) t.join();  // each bounded by stack_dump_timeout
   }
 
-  void refresh();
 
   void prepare(Slot& s);
 

@@ -36,7 +36,6 @@ bool WorkerGroup::Impl::start_dump(std::function<void()> then) {
       });
     }
   }
-  refresh();
   dump_timer.expires_after(opt.stack_dump_timeout + std::chrono::milliseconds(200));
   dump_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
     if (!ec && gen == generation) finish_dump();

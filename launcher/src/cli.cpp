@@ -79,12 +79,6 @@ void split_args(const std::vector<std::string>& args, const po::options_descript
   }
 }
 
-
-std::string get_env(const std::map<std::string, std::string>& env, const std::string& k, const std::string& def) {
-  auto it = env.find(k);
-  return it == env.end() ? def : it->second;
-}
-
 // The worker command: python for .py scripts and -m, the program itself otherwise.
 std::vector<std::string> resolve_command(const std::vector<std::string>& program, bool module, bool no_python,
                                          const std::map<std::string, std::string>& env) {

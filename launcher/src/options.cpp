@@ -237,6 +237,11 @@ std::string pet_name(const std::string& option) {
   return upper;
 }
 
+std::string get_env(const std::map<std::string, std::string>& env, const std::string& k, const std::string& def) {
+  auto it = env.find(k);
+  return it == env.end() ? def : it->second;
+}
+
 bool truthy(const std::string& v) { return v == "1" || v == "true" || v == "True" || v == "TRUE" || v == "yes"; }
 
 // "host", "host:port", "[v6]:port", "[v6]".

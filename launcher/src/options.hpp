@@ -61,6 +61,8 @@ std::string normalize_option(const std::string& arg);
 // "PET_NPROC_PER_NODE" for "nproc_per_node".
 std::string pet_name(const std::string& option);
 bool truthy(const std::string& v);
+// env[k], or `def` when it is not set.
+std::string get_env(const std::map<std::string, std::string>& env, const std::string& k, const std::string& def);
 
 // Helpers shared with cli.cpp.
 [[noreturn]] void usage(const std::string& what);

@@ -19,11 +19,6 @@ std::string random_run_id() {
   return id;
 }
 
-std::string get_env(const std::map<std::string, std::string>& env, const std::string& k, const std::string& def) {
-  auto it = env.find(k);
-  return it == env.end() ? def : it->second;
-}
-
 void apply_rdzv_conf(const std::map<std::string, std::string>& conf, agent::RendezvousOptions& z,
                      std::string& secret_file) {
   for (const auto& [k, v] : conf) {

@@ -87,6 +87,15 @@ struct Job {
   void over(int round, std::optional<RoundEnd> end, std::string error = "") {
     ctl->on_round_over(RoundOutcome{round, std::move(end), std::move(error)});
   }
+  // A failure record as another node writes it.
+  static ddprun::agent::FailureRecord failure_on(const std::string& host, int rank, int code, bool hang = false) {
+    ddprun::agent::FailureRecord f;
+    f.rank = rank;
+    f.host = host;
+    f.exit_code = code;
+    f.hang = hang;
+    return f;
+  }
   // The first end this node wrote for `round` (what the fake store's first writer would keep).
   RoundEnd written(int round) const {
     for (const auto& e : rdzv.ends) {
@@ -183,11 +192,7 @@ TEST_CASE("controller: another node's failure stops this node's workers and rest
   j.ctl->start();
   j.ready(0, 0, 2);
   auto pids = j.pids();
-  ddprun::agent::FailureRecord f;
-  f.rank = 3;
-  f.host = "node-b";
-  f.exit_code = 1;
-  j.over(0, RoundEnd::of_failure(f));
+  j.over(0, RoundEnd::of_failure(Job::failure_on("node-b", 3, 1)));
   CHECK(j.ctl->phase() == Phase::stopping);
   CHECK(j.runner.signals_to(pids[0]) == std::vector<int>{SIGTERM});
   CHECK(j.rdzv.ends.empty());  // the round already ended: nothing to write
@@ -369,12 +374,7 @@ TEST_CASE("controller: a hang on another node makes this node dump its workers' 
   j.ctl->start();
   j.ready(0, 0, 2);
   auto pids = j.pids();
-  ddprun::agent::FailureRecord f;
-  f.rank = 2;
-  f.host = "node-b";
-  f.exit_code = 124;
-  f.hang = true;
-  j.over(0, RoundEnd::of_failure(f));
+  j.over(0, RoundEnd::of_failure(Job::failure_on("node-b", 2, 124, true)));
   CHECK(j.runner.signals_to(pids[0]).empty());  // stacks first
   j.run_until([&] { return !j.runner.signals_to(pids[0]).empty(); });
   CHECK(j.runner.stacks_read == 2);

@@ -23,14 +23,6 @@ using namespace ddprun::rendezvous::test;
 
 namespace {
 
-TcpStore client(std::uint16_t port) {
-  TcpStoreOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.timeout = 5s;
-  return TcpStore(o);
-}
-
 // Pings the server from its own connection every few milliseconds until stopped; records the
 // slowest round trip.
 class Pinger {

@@ -17,6 +17,7 @@
 
 #include "ddprun/rendezvous/protocol.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/rendezvous/tcp_store.hpp"
 #include "socket.hpp"
 
 namespace ddprun::rendezvous::test {
@@ -26,6 +27,15 @@ using wire::Dialect;
 using wire::Op;
 
 inline Clock::time_point in(std::chrono::milliseconds d) { return Clock::now() + d; }
+
+// A TcpStore client of the server on this host's `port`, with a 5 s time-out.
+inline TcpStore client(std::uint16_t port) {
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.timeout = 5s;
+  return TcpStore(o);
+}
 
 // Captures log lines from the moment it is made; replaces the default logger while alive.
 class LogCapture {

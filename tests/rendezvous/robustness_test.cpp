@@ -26,11 +26,7 @@ StoreServerOptions small_limits() {
 }
 
 void check_good_client_works(std::uint16_t port) {
-  TcpStoreOptions o;
-  o.host = "127.0.0.1";
-  o.port = port;
-  o.timeout = 5s;
-  TcpStore good(o);
+  auto good = client(port);
   good.set("still", "fine");
   CHECK(good.get("still") == "fine");
   CHECK(good.add("counter", 1) >= 1);
