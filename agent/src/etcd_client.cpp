@@ -21,6 +21,10 @@ using tcp = asio::ip::tcp;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
+// The longest watch message taken (etcd's replies for a round are a few KiB); an answer of
+// another request over Beast's default body limit (8 MiB) is refused the same way.
+constexpr std::size_t kMaxWatchMessage = 16u << 20;
+
 std::string b64(const std::string& s) {
   std::string out(4 * ((s.size() + 2) / 3), '\0');
   int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(s.data()),
@@ -67,24 +71,43 @@ EtcdKv kv_of(const json& j) {
 
 std::string where(const EtcdEndpoint& e) { return format_address(e.host, e.port); }
 
-// Takes the complete JSON messages at the front of a watch stream's text (balanced braces; keys
-// and values are base64, so no brace hides in a string) and their events.
-void take_messages(std::string& text, std::vector<EtcdEvent>& events) {
-  int depth = 0;
-  std::size_t start = 0, used = 0;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == '{' && depth++ == 0) start = i;
-    if (text[i] != '}' || --depth != 0) continue;
-    auto m = json::parse(text.substr(start, i - start + 1), nullptr, false);
-    used = i + 1;
-    if (m.is_discarded()) continue;
+// A watch stream's JSON messages, split as bytes arrive (balanced braces; keys and values are
+// base64, so no brace hides in a string). Each byte is looked at once: a message that never
+// ends costs linear time, and what is buffered is bounded by the caller.
+class MessageSplitter {
+ public:
+  void feed(const char* data, std::size_t n, std::vector<EtcdEvent>& events) {
+    text_.append(data, n);
+    std::size_t used = 0;
+    for (; pos_ < text_.size(); ++pos_) {
+      char c = text_[pos_];
+      if (c == '}' && depth_ == 0) continue;  // a stray closing brace opens nothing
+      if (c == '{' && depth_++ == 0) start_ = pos_;
+      if (c != '}' || --depth_ != 0) continue;
+      take(text_.substr(start_, pos_ - start_ + 1), events);
+      used = pos_ + 1;
+    }
+    if (used > 0) {
+      text_.erase(0, used);
+      pos_ -= used;
+      start_ = start_ >= used ? start_ - used : 0;
+    }
+  }
+  std::size_t buffered() const { return text_.size(); }
+
+ private:
+  static void take(const std::string& message, std::vector<EtcdEvent>& events) {
+    auto m = json::parse(message, nullptr, false);
+    if (m.is_discarded()) return;
     auto r = m.contains("result") ? m["result"] : m;
     for (const auto& ev : r.value("events", json::array())) {
       events.push_back({ev.value("type", "") == "DELETE", kv_of(ev.value("kv", json::object()))});
     }
   }
-  text.erase(0, used);
-}
+  std::string text_;
+  std::size_t pos_ = 0, start_ = 0;
+  int depth_ = 0;
+};
 
 // An error etcd returned: worth another member (no leader, leader changed, unavailable) or not.
 struct Refused {
@@ -325,8 +348,9 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
   http::response_parser<http::buffer_body> parser;
   parser.body_limit(boost::none);
   beast::flat_buffer buf;
-  std::string text;
+  MessageSplitter messages;
   std::vector<EtcdEvent> events;
+  bool oversized = false;
   char chunk[16384];
   boost::system::error_code ec;
   std::function<void()> read_more = [&] {
@@ -337,8 +361,12 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
         ec = c;
         return;
       }
-      text.append(chunk, sizeof(chunk) - parser.get().body().size);
-      take_messages(text, events);
+      messages.feed(chunk, sizeof(chunk) - parser.get().body().size, events);
+      // A message never completed (a broken or hostile server) is not buffered without bound.
+      if (messages.buffered() > kMaxWatchMessage) {
+        oversized = true;
+        return;
+      }
       if (events.empty() && !parser.is_done()) read_more();
     });
   };
@@ -350,6 +378,10 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
     read_more();
   });
   im.run_until(s, deadline);
+  if (oversized) {
+    throw ProtocolError("etcd at " + where(e) + " sent a watch message of over " + std::to_string(kMaxWatchMessage) +
+                        " bytes (not etcd's gateway?)");
+  }
   return events;
 }
 

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 
 #include <catch2/catch.hpp>
+#include <arpa/inet.h>
 #include <cstdlib>
+#include <fstream>
 #include <filesystem>
 #include <thread>
 
@@ -145,4 +147,69 @@ TEST_CASE("etcd: a cluster with authentication on - the right user is served, a 
   CHECK_THROWS_WITH(wrong.get("/a/x"), Catch::Contains("refused ddprun"));
   EtcdClient anonymous({cluster.endpoints(), 5s});
   CHECK_THROWS_AS(anonymous.get("/a/x"), ddprun::AuthError);
+}
+
+namespace {
+
+// A broken or hostile "etcd": every request gets a body that never ends ('{' forever, chunked).
+class EndlessServer {
+ public:
+  EndlessServer() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    ::listen(fd_, 8);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~EndlessServer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  std::uint16_t port() const { return port_; }
+
+ private:
+  void serve() {
+    for (;;) {
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      char buf[4096];
+      ::recv(c, buf, sizeof(buf), 0);  // the request (small): not parsed
+      std::string head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+      std::string chunk = "4000\r\n" + std::string(0x4000, '{') + "\r\n";
+      bool ok = ::send(c, head.data(), head.size(), MSG_NOSIGNAL) > 0;
+      while (ok) ok = ::send(c, chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0;
+      ::close(c);
+    }
+  }
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+long rss_kib() {
+  std::ifstream in("/proc/self/status");
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("VmRSS:", 0) == 0) return std::stol(l.substr(6));
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("etcd: a server whose answer never ends - bounded memory and time, a clear error", "[etcd]") {
+  EndlessServer server;
+  EtcdClient c({{{"127.0.0.1", server.port()}}, 2s});
+  long before = rss_kib();
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(c.watch("/x", true, 1, 5s), Catch::Contains("sent a watch message of over"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 4s);
+  CHECK_THROWS_WITH(c.get("/x"), Catch::Contains("cannot reach etcd at 127.0.0.1:" + std::to_string(server.port())));
+  CHECK(std::chrono::steady_clock::now() - t0 < 8s);
+  CHECK(rss_kib() - before < 64 * 1024);
 }
