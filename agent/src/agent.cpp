@@ -12,13 +12,10 @@
 #include "event_log.hpp"
 #include "guardian.hpp"
 #include "job_controller.hpp"
-#include "etcd_rendezvous.hpp"
-#include "local_rendezvous.hpp"
 #include "numa_binding.hpp"
 #include "output.hpp"
 #include "process_runner.hpp"
 #include "run_dir.hpp"
-#include "store_rendezvous.hpp"
 #include "worker_group.hpp"
 
 namespace ddprun::agent {
@@ -30,7 +27,7 @@ namespace asio = boost::asio;
 class LoopGate {
  public:
   explicit LoopGate(asio::io_context& io) : state_(std::make_shared<State>(&io)) {}
-  Post poster() const {
+  rounds::Post poster() const {
     return [s = state_](std::function<void()> f) {
       std::lock_guard<std::mutex> lk(s->mu);
       if (s->io) asio::post(*s->io, std::move(f));
@@ -50,29 +47,20 @@ class LoopGate {
   std::shared_ptr<State> state_;
 };
 
-std::unique_ptr<Rendezvous> make_rendezvous(const AgentOptions& opt, const std::string& node_name, Post post) {
-  if (opt.rdzv.enabled && opt.rdzv.etcd) {
-    return std::make_unique<EtcdRendezvous>(opt.rdzv, opt.run_id, opt.nproc_per_node, std::move(post));
-  }
-  if (opt.rdzv.enabled) {
-    return std::make_unique<StoreRendezvous>(opt.rdzv, opt.run_id, opt.nproc_per_node, opt.node_rank, std::move(post));
-  }
-  return std::make_unique<LocalRendezvous>(opt, node_name, std::move(post));
-}
-
 }  // namespace
 
 struct Agent::Impl {
   AgentOptions opt;
   Guardian guardian;  // first: forked while the process has one thread
+  GuardianFence fence{guardian};
 
-  explicit Impl(AgentOptions o) : opt(std::move(o)) {}
+  explicit Impl(AgentOptions o) : opt(std::move(o)) { opt.rdzv.nproc = opt.nproc_per_node; }
 
   void open_events(EventLog& events, const std::string& node_name) {
-    events.open(opt.events_file, node_name, opt.run_id);
+    events.open(opt.events_file, node_name, opt.rdzv.run_id);
     events.emit("job_started", {{"nproc_per_node", opt.nproc_per_node},
-                                {"min_nodes", opt.rdzv.enabled ? opt.rdzv.min_nodes : 1},
-                                {"max_nodes", opt.rdzv.enabled ? opt.rdzv.max_nodes : 1},
+                                {"min_nodes", opt.rdzv.min_nodes},
+                                {"max_nodes", opt.rdzv.max_nodes},
                                 {"max_restarts", opt.max_restarts},
                                 {"command", opt.command}});
   }
@@ -109,7 +97,7 @@ struct Agent::Impl {
     signals.add(SIGCHLD);
     for (int s : opt.forward_signals) signals.add(s);
     RealProcessRunner runner(guardian);
-    auto rdzv = make_rendezvous(opt, node_name, gate.poster());
+    auto rdzv = rounds::make_rendezvous(opt.rdzv, gate.poster(), &fence);
     int code = run_loop(io, signals, runner, *rdzv, events, dir, node_name);
     rdzv->shutdown();
     gate.close();
@@ -122,7 +110,7 @@ struct Agent::Impl {
   int run_loop(asio::io_context& io, asio::signal_set& signals, ProcessRunner& runner, Rendezvous& rdzv,
                EventLog& events, RunDir& dir, const std::string& node_name) {
     WorkerGroup group(io, runner, {opt.worker_timeout, opt.stop_timeout, opt.stack_dump_timeout});
-    JobController controller(opt, group, rdzv, events, dir, node_name);
+    JobController controller(opt, group, rdzv, events, dir, node_name, &fence);
     std::function<void()> wait_signals = [&] {
       signals.async_wait([&](boost::system::error_code ec, int sig) {
         if (ec) return;

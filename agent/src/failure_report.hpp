@@ -9,25 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/agent/exit_status.hpp"
+#include "ddprun/common/exit_status.hpp"
+#include "ddprun/rounds/records.hpp"
 
 namespace ddprun::agent {
 
-struct FailureRecord {
-  int rank = 0;
-  int local_rank = 0;
-  pid_t pid = 0;
-  ExitStatus status;
-  std::chrono::system_clock::time_point time;
-  std::string host;
-  std::string reason;     // "exit code 3", "no heartbeat for 2.0 s", ...
-  int exit_code = 1;      // what ddprun exits with if this is the root cause
-  bool hang = false;      // it missed its heartbeats (then every node dumps its workers' stacks)
-  std::string error_file;  // TORCHELASTIC_ERROR_FILE, if the worker wrote it
-  std::string message;     // from the error file
-  std::string traceback;   // from the error file
-  std::deque<std::string> stderr_tail;
-};
+// A failed worker, as every node of the job reports it (ddprun::rounds carries it to the others).
+using rounds::FailureRecord;
 
 // Fills a record, reading the worker's error file (PyTorch's @record JSON) when it exists.
 FailureRecord make_failure_record(int rank, int local_rank, pid_t pid, ExitStatus status,

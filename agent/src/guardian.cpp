@@ -14,29 +14,62 @@
 namespace ddprun::agent {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 struct Message {
-  char op;  // 'w' watch, 'f' forget, 'q' quit quietly
+  char op;  // 'w' watch, 'f' forget, 'a' arm, 'd' disarm, 'q' quit quietly
   pid_t pgid;
+  std::int64_t when;  // 'a': the deadline, steady clock nanoseconds
+};
+
+std::int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+
+struct Watch {
+  std::set<pid_t> groups;
+  bool armed = false;
+  std::int64_t deadline = 0;
+
+  void kill_all() {
+    for (pid_t g : groups) ::kill(-g, SIGKILL);
+  }
+  // The fence: a deadline that passed kills the groups (once).
+  void check_deadline() {
+    if (armed && now_ns() >= deadline) {
+      kill_all();
+      armed = false;
+    }
+  }
+  int poll_timeout_ms() const {
+    if (!armed) return -1;
+    auto left = (deadline - now_ns()) / 1'000'000 + 1;
+    return static_cast<int>(std::clamp<std::int64_t>(left, 0, 60'000));
+  }
 };
 
 [[noreturn]] void guardian_main(int fd) {
   // Terminal signals are for the agent, which forwards them; the guardian waits for the pipe.
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) ::signal(s, SIG_IGN);
   ::prctl(PR_SET_NAME, "ddprun-guard", 0, 0, 0);
-  std::set<pid_t> groups;
+  Watch w;
   Message m;
   for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    int r = ::poll(&p, 1, w.poll_timeout_ms());
+    w.check_deadline();
+    if (r == 0 || (r < 0 && errno == EINTR)) continue;
     ssize_t n = ::read(fd, &m, sizeof(m));
     if (n == sizeof(m)) {
-      if (m.op == 'w') groups.insert(m.pgid);
-      if (m.op == 'f') groups.erase(m.pgid);
+      if (m.op == 'w') w.groups.insert(m.pgid);
+      if (m.op == 'f') w.groups.erase(m.pgid);
+      if (m.op == 'a') w.armed = true, w.deadline = m.when;
+      if (m.op == 'd') w.armed = false;
       if (m.op == 'q') ::_exit(0);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
     break;  // end of file: the agent died without saying goodbye
   }
-  for (pid_t g : groups) ::kill(-g, SIGKILL);
+  w.kill_all();
   ::_exit(0);
 }
 
@@ -67,9 +100,9 @@ Guardian::~Guardian() {
   ::waitpid(pid_, &status, 0);
 }
 
-void Guardian::send(char op, pid_t pgid) {
+void Guardian::send(char op, pid_t pgid, std::int64_t when) {
   if (fd_ < 0) return;
-  Message m{op, pgid};
+  Message m{op, pgid, when};
   // A few bytes to a pipe: atomic, and the guardian reads continuously.
   while (::write(fd_, &m, sizeof(m)) < 0 && errno == EINTR) {
   }
@@ -77,5 +110,39 @@ void Guardian::send(char op, pid_t pgid) {
 
 void Guardian::watch(pid_t pgid) { send('w', pgid); }
 void Guardian::forget(pid_t pgid) { send('f', pgid); }
+void Guardian::arm(Clock::time_point deadline) {
+  send('a', 0, std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count());
+}
+void Guardian::disarm() { send('d', 0); }
+
+void GuardianFence::note_lapse() {
+  if (armed_ && Clock::now() >= deadline_) lapsed_ = true;
+}
+
+void GuardianFence::renewed_until(Clock::time_point deadline) {
+  std::lock_guard<std::mutex> lk(mu_);
+  note_lapse();
+  armed_ = true;
+  deadline_ = deadline;
+  guardian_.arm(deadline);
+}
+
+void GuardianFence::release() {
+  std::lock_guard<std::mutex> lk(mu_);
+  note_lapse();
+  armed_ = false;
+  guardian_.disarm();
+}
+
+bool GuardianFence::lapsed() {
+  std::lock_guard<std::mutex> lk(mu_);
+  note_lapse();
+  return lapsed_;
+}
+
+void GuardianFence::reset() {
+  std::lock_guard<std::mutex> lk(mu_);
+  lapsed_ = false;
+}
 
 }  // namespace ddprun::agent

@@ -1,10 +1,19 @@
 #pragma once
-// The guardian: a small process forked before anything else, which outlives a SIGKILLed or
-// OOM-killed agent just long enough to kill the workers' process groups (grandchildren
-// included). The agent tells it each group it starts and stops through a pipe; the pipe's end
-// of file, which the kernel delivers however the agent dies, is its signal to act.
+// The guardian: a small process forked before anything else. It kills the workers' process
+// groups (grandchildren included) when the agent dies without saying goodbye (SIGKILL, the OOM
+// killer: the pipe's end of file, which the kernel delivers however the agent dies), and when
+// this node's liveness lapses (self-fencing): the agent tells it, at every renewal, until when
+// the other nodes cannot count this node lost; if that time passes first, because the agent is
+// stopped or cut off, the guardian kills the groups itself. It runs on while the agent is
+// SIGSTOPped, which is the point.
 
 #include <sys/types.h>
+
+#include <chrono>
+#include <mutex>
+
+#include "ddprun/rounds/rendezvous.hpp"
+#include "job_controller.hpp"
 
 namespace ddprun::agent {
 
@@ -19,13 +28,38 @@ class Guardian {
 
   void watch(pid_t pgid);    // a worker group started
   void forget(pid_t pgid);   // a worker group is gone
+  // Kill the watched groups if `deadline` (steady clock) passes before the next arm or disarm.
+  void arm(std::chrono::steady_clock::time_point deadline);
+  void disarm();
   // The descriptor children must not inherit (the agent marks it close-on-exec already).
   int fd() const { return fd_; }
 
  private:
-  void send(char op, pid_t pgid);
+  void send(char op, pid_t pgid, std::int64_t when = 0);
   int fd_ = -1;
   pid_t pid_ = -1;
+};
+
+// The rendezvous' Fence, kept by the guardian; the controller asks it whether workers it sees
+// SIGKILLed were fenced. Thread-safe: renewals come from the rendezvous' threads.
+class GuardianFence : public rounds::Fence, public FenceState {
+ public:
+  explicit GuardianFence(Guardian& g) : guardian_(g) {}
+  void renewed_until(std::chrono::steady_clock::time_point deadline) override;
+  void release() override;
+  bool lapsed() override;
+  void reset() override;
+
+ private:
+  // A deadline passed before this renewal or release: the guardian killed the groups (it acts
+  // on the same rule, on the same clock, by the time it reads the message).
+  void note_lapse();
+
+  Guardian& guardian_;
+  std::mutex mu_;
+  bool armed_ = false;
+  bool lapsed_ = false;
+  std::chrono::steady_clock::time_point deadline_;
 };
 
 }  // namespace ddprun::agent

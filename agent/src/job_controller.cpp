@@ -35,8 +35,8 @@ const char* to_string(Phase p) {
 }
 
 JobController::JobController(const AgentOptions& opt, WorkerGroup& group, Rendezvous& rdzv, EventLog& events,
-                             const RunDir& dir, std::string node_name)
-    : opt_(opt), group_(group), rdzv_(rdzv), events_(events), dir_(dir), node_name_(std::move(node_name)) {
+                             const RunDir& dir, std::string node_name, FenceState* fence)
+    : opt_(opt), group_(group), rdzv_(rdzv), events_(events), dir_(dir), node_name_(std::move(node_name)), fence_(fence) {
   rdzv_.set_listener(*this);
   group_.set_listener(*this);
 }
@@ -47,7 +47,7 @@ void JobController::enter(Phase p) {
 }
 
 void JobController::start() {
-  if (!rdzv_.describe().empty()) spdlog::info("ddprun: joining the rendezvous at {}", rdzv_.describe());
+  if (!rdzv_.describe().empty()) spdlog::info("ddprun: joining the rendezvous through {}", rdzv_.describe());
   join(0, 0);
 }
 
@@ -68,7 +68,7 @@ void JobController::on_round_ready(const RoundInfo& info) {
   info_ = info;
   round_ = info.round;
   attempt_ = info.restart_count;
-  if (opt_.rdzv.enabled) {
+  if (opt_.rdzv.multi_node()) {
     spdlog::info("ddprun: rendezvous round {} complete: {} nodes, {} workers", round_, info.group_world,
                  info.world_size);
   }
@@ -81,14 +81,15 @@ void JobController::on_round_ready(const RoundInfo& info) {
   start_workers();
 }
 
-void JobController::on_rendezvous_failed(const std::string& message, int exit_code) {
+void JobController::on_rendezvous_failed(const RendezvousFailure& f) {
   if (phase_ != Phase::rendezvous) return;
-  if (exit_code > 128) {
-    spdlog::warn("ddprun: {}", message);
+  using K = RendezvousFailure::Kind;
+  if (f.kind == K::stopped) {
+    spdlog::warn("ddprun: {}", f.message);
   } else {
-    spdlog::error("ddprun: {}", message);
+    spdlog::error("ddprun: {}", f.message);
   }
-  exit_code_ = exit_code;
+  exit_code_ = f.kind == K::stopped ? 128 + (f.signal > 0 ? f.signal : SIGTERM) : f.kind == K::usage ? 2 : 1;
   enter(Phase::done);
 }
 
@@ -111,7 +112,7 @@ void JobController::on_finished() {
 
 void JobController::log_outcome(const RoundOutcome& o) {
   if (!o.end) {
-    spdlog::error("ddprun: {}; stopping this node", o.error);
+    spdlog::error("ddprun: {}; stopping this node", o.lost.message);
     return;
   }
   const RoundEnd& e = *o.end;
@@ -141,11 +142,12 @@ void JobController::log_outcome(const RoundOutcome& o) {
 // ---- workers ----------------------------------------------------------------------------------
 
 void JobController::start_workers() {
+  if (fence_) fence_->reset();
   try {
     group_.start(plan_workers(opt_, info_, dir_));
   } catch (const Error& e) {
     spdlog::error("ddprun: {}", e.what());
-    finish(1, false);
+    finish(1, Rendezvous::Ack::no);
     return;
   }
   group_ended_ = false;
@@ -160,7 +162,7 @@ void JobController::start_workers() {
     }
     events_.emit("workers_started", {{"attempt", attempt_}, {"round", round_}, {"ranks", ranks}, {"pids", pids}});
   }
-  if (opt_.rdzv.enabled) {
+  if (opt_.rdzv.multi_node()) {
     spdlog::info("ddprun: round {}: node {} of {}, started ranks {}..{} of {} (restart count {}, store {}:{})",
                  round_, info_.group_rank, info_.group_world, info_.rank_offset,
                  info_.rank_offset + opt_.nproc_per_node - 1, info_.world_size, attempt_, info_.store_host,
@@ -185,7 +187,7 @@ void JobController::on_worker_failed(const Worker& w, const std::string& reason,
                                                                            : nlohmann::json();
     events_.emit("worker_failed", e);
   }
-  if (phase_ != Phase::running || w.stopped_by_agent || stop_signal_ != 0) {
+  if (phase_ != Phase::running || w.stopped_by_agent || stop_signal_ != 0 || fenced(w, kind)) {
     failures_.push_back(std::move(f));
     return;
   }
@@ -199,12 +201,25 @@ void JobController::on_worker_failed(const Worker& w, const std::string& reason,
   enter(Phase::stopping);
 }
 
+// A worker SIGKILLed after this node's liveness lapsed was stopped by the guardian: the other
+// nodes may count this node lost and go on without it. Its round ends "node lost" (this node),
+// so that if they have not noticed, every node meets again, this one included.
+bool JobController::fenced(const Worker& w, FailureKind kind) {
+  if (!fence_ || kind != FailureKind::signal || w.status.signal != SIGKILL || !fence_->lapsed()) return false;
+  spdlog::warn("ddprun: round {}: this node's liveness lapsed (ddprun was stopped or cut off from the rendezvous): "
+               "its workers were stopped so that the other nodes can go on without it; it joins again", round_);
+  end_round(RoundEnd::of_node_lost(info_.group_rank, node_name_, 0), info_.group_world);
+  group_.stop(SIGKILL);
+  enter(Phase::stopping);
+  return true;
+}
+
 void JobController::on_group_ended() {
   group_ended_ = true;
   if (phase_ == Phase::running) {
     // Nothing failed: every worker exited 0.
     auto n = group_.workers().size();
-    if (opt_.rdzv.enabled) {
+    if (opt_.rdzv.multi_node()) {
       spdlog::info("ddprun: round {}: this node's {} worker{} exited 0 ({:.2f} s); waiting for the other nodes", round_, n,
                    n == 1 ? "" : "s", seconds_since(attempt_started_));
     } else {
@@ -236,16 +251,16 @@ void JobController::on_stacks_dumped(const std::map<int, std::vector<StackFrame>
 
 void JobController::decide() {
   if (phase_ != Phase::stopping || !group_ended_ || !outcome_) return;
-  if (!outcome_->end) return finish(1, false);
+  if (!outcome_->end) return finish(1, Rendezvous::Ack::no);
   const RoundEnd& e = *outcome_->end;
   switch (e.kind) {
     case Kind::success:
       if (info_.group_world > 1) spdlog::info("ddprun: all {} nodes finished; job done", info_.group_world);
-      return finish(0, true);
+      return finish(0, Rendezvous::Ack::yes);
     case Kind::stopped:
       spdlog::warn("ddprun: stopped by {}; workers ended after {:.2f} s", signal_name(e.signal),
                    seconds_since(attempt_started_));
-      return finish(128 + (e.signal > 0 ? e.signal : SIGTERM), true);
+      return finish(128 + (e.signal > 0 ? e.signal : SIGTERM), Rendezvous::Ack::yes);
     case Kind::failure:
       if (stop_signal_ == 0) return decide_failure(*e.failure);
       break;
@@ -267,11 +282,11 @@ void JobController::leave(int round) {
 void JobController::decide_failure(const FailureRecord& root) {
   if (attempt_ + 1 > opt_.max_restarts) {
     report_failure(root);
-    return finish(root.exit_code, true);
+    return finish(root.exit_code, Rendezvous::Ack::yes);
   }
   int next = attempt_ + 1;
   std::string who = "rank " + std::to_string(root.rank);
-  if (opt_.rdzv.enabled) {
+  if (opt_.rdzv.multi_node()) {
     spdlog::warn("ddprun: restarting the job on every node (restart {} of {})", next, opt_.max_restarts);
     who += " on " + root.host;
   } else {
@@ -298,10 +313,10 @@ void JobController::report_failure(FailureRecord root) {
   write_to_console(format_failure_report(root, others, opt_.role, attempt_, opt_.max_restarts));
 }
 
-void JobController::finish(int code, bool acknowledge) {
+void JobController::finish(int code, Rendezvous::Ack ack) {
   exit_code_ = code;
   enter(Phase::draining);
-  rdzv_.finish(round_, acknowledge);
+  rdzv_.finish(round_, ack);
 }
 
 // ---- signals ----------------------------------------------------------------------------------

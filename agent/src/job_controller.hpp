@@ -20,6 +20,8 @@
 //                 failure, no restart left        -> draining (the root cause's code; summary printed)
 //                 node lost, a node joining       -> rendezvous (next round, same restart count)
 //                 rendezvous lost, malformed end  -> draining (1, nothing acknowledged)
+//   running    --workers SIGKILLed after this node's liveness lapsed (fenced)
+//                                                     -> stopping  (round ended "node lost": this one)
 //                 any of these after a stop signal -> draining (128 + signal; the next round is told)
 //   draining   --rendezvous finished-------------------------> done
 //   any phase  --second SIGINT/SIGTERM-----------------------> workers SIGKILLed now (draining: done now)
@@ -28,15 +30,30 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/agent/agent.hpp"
+#include "ddprun/agent/options.hpp"
+#include "ddprun/rounds/rendezvous.hpp"
 #include "failure_report.hpp"
-#include "rendezvous.hpp"
 #include "worker_group.hpp"
 
 namespace ddprun::agent {
 
 class EventLog;
 class RunDir;
+using rounds::Rendezvous;
+using rounds::RendezvousFailure;
+using rounds::RoundEnd;
+using rounds::RoundInfo;
+using rounds::RoundOutcome;
+
+// Whether this node's liveness lapsed, so that its guardian stopped its workers (README:
+// Self-fencing).
+class FenceState {
+ public:
+  virtual ~FenceState() = default;
+  // A lapse since reset(): workers SIGKILLed since were fenced, not failed.
+  virtual bool lapsed() = 0;
+  virtual void reset() = 0;  // a new group starts
+};
 
 enum class Phase { rendezvous, running, stopping, draining, done };
 const char* to_string(Phase p);
@@ -45,7 +62,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
  public:
   // `node_name`: how the other nodes know this one (failure summaries).
   JobController(const AgentOptions& opt, WorkerGroup& group, Rendezvous& rdzv, EventLog& events, const RunDir& dir,
-                std::string node_name);
+                std::string node_name, FenceState* fence = nullptr);
 
   void start();             // joins the first round
   void on_signal(int sig);  // a signal ddprun handles, SIGCHLD excepted (that one goes to the group)
@@ -62,7 +79,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
                         const std::vector<std::string>& files) override;
   // Rendezvous::Listener
   void on_round_ready(const RoundInfo& info) override;
-  void on_rendezvous_failed(const std::string& message, int exit_code) override;
+  void on_rendezvous_failed(const RendezvousFailure& failure) override;
   void on_round_over(const RoundOutcome& outcome) override;
   void on_finished() override;
 
@@ -75,7 +92,8 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   void decide();
   void decide_failure(const FailureRecord& root);
   void leave(int round);
-  void finish(int code, bool acknowledge);
+  void finish(int code, Rendezvous::Ack ack);
+  bool fenced(const Worker& w, FailureKind kind);
   void report_failure(FailureRecord root);
   void second_signal(int sig);
 
@@ -85,6 +103,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   EventLog& events_;
   const RunDir& dir_;
   std::string node_name_;
+  FenceState* fence_;
 
   Phase phase_ = Phase::rendezvous;
   int round_ = 0;

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/agent/agent.hpp"
+#include "ddprun/agent/options.hpp"
 
 namespace ddprun::agent {
 

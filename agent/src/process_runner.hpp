@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "ddprun/agent/agent.hpp"
-#include "ddprun/agent/exit_status.hpp"
+#include "ddprun/agent/options.hpp"
+#include "ddprun/common/exit_status.hpp"
 
 namespace ddprun::agent {
 

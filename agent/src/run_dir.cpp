@@ -9,7 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <vector>
 
-#include "ddprun/agent/agent.hpp"
+#include "ddprun/agent/options.hpp"
 #include "ddprun/common/error.hpp"
 
 namespace ddprun::agent {
@@ -45,7 +45,7 @@ RunDir::RunDir(const AgentOptions& opt) : keep_(opt.redirects.any() || opt.tee.a
     }
     base = temp_root_ = tmpl;
   }
-  run_dir_ = base + "/" + opt.run_id;
+  run_dir_ = base + "/" + opt.rdzv.run_id;
   try {
     make_private_dirs(run_dir_);
   } catch (...) {

@@ -12,7 +12,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "ddprun/agent/agent.hpp"
+#include "ddprun/agent/options.hpp"
 #include "ddprun/common/error.hpp"
 
 namespace ddprun::agent {

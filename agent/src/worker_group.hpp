@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/agent/exit_status.hpp"
+#include "ddprun/common/exit_status.hpp"
 #include "output.hpp"
 #include "stack_dump.hpp"
 #include <map>
 #include <optional>
-#include "ddprun/agent/agent.hpp"
+#include "ddprun/agent/options.hpp"
 
 namespace boost::asio {
 class io_context;

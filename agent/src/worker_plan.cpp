@@ -14,7 +14,7 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
   return s;
 }
 
-std::vector<std::string> worker_env(const AgentOptions& opt, const RoundInfo& r, const WorkerSpec& w) {
+std::vector<std::string> worker_env(const AgentOptions& opt, const rounds::RoundInfo& r, const WorkerSpec& w) {
   std::map<std::string, std::string> env = opt.base_env;
   auto set = [&](const std::string& k, const std::string& v) { env[k] = v; };
   set("RANK", std::to_string(w.rank));
@@ -30,7 +30,7 @@ std::vector<std::string> worker_env(const AgentOptions& opt, const RoundInfo& r,
   set("MASTER_PORT", std::to_string(r.store_port));
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(r.restart_count));
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(opt.max_restarts));
-  set("TORCHELASTIC_RUN_ID", opt.run_id);
+  set("TORCHELASTIC_RUN_ID", opt.rdzv.run_id);
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
   set("TORCHELASTIC_ERROR_FILE", w.error_file);
   set("DDPRUN_HEARTBEAT_FILE", w.heartbeat_file);
@@ -60,7 +60,7 @@ StreamRoute route(const AgentOptions& opt, const WorkerSpec& w, const std::strin
 
 }  // namespace
 
-std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const RoundInfo& round, const RunDir& dir) {
+std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const rounds::RoundInfo& round, const RunDir& dir) {
   std::vector<WorkerSpec> specs(opt.nproc_per_node);
   for (int i = 0; i < opt.nproc_per_node; ++i) {
     auto& w = specs[i];

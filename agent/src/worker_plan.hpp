@@ -4,14 +4,14 @@
 
 #include <vector>
 
-#include "ddprun/agent/agent.hpp"
-#include "rendezvous.hpp"
+#include "ddprun/agent/options.hpp"
+#include "ddprun/rounds/rendezvous.hpp"
 #include "run_dir.hpp"
 #include "worker_group.hpp"
 
 namespace ddprun::agent {
 
 // Creates the workers' directories. Throws ddprun::Error.
-std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const RoundInfo& round, const RunDir& dir);
+std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const rounds::RoundInfo& round, const RunDir& dir);
 
 }  // namespace ddprun::agent

@@ -240,7 +240,6 @@ int resolve_nproc(const std::string& v, const HostInfo& host) {
 void to_agent_options(const Settings& s, const std::map<std::string, std::string>& env, const HostInfo& host,
                       agent::AgentOptions& a) {
   a.nproc_per_node = resolve_nproc(s.nproc_per_node, host);
-  a.node_rank = s.node_rank;
   a.max_restarts = s.max_restarts;
   a.role = s.role;
   a.worker_timeout = s.worker_timeout;
@@ -262,8 +261,6 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
     }
     a.local_ranks_filter.insert(static_cast<int>(*n));
   }
-  a.run_id = s.rdzv_id;
-  a.rdzv.local_addr = s.local_addr;
   place_store(s, env, a);
 }
 

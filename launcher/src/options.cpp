@@ -3,7 +3,7 @@
 #include <cctype>
 #include <csignal>
 
-#include "ddprun/agent/exit_status.hpp"
+#include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
 
@@ -59,7 +59,7 @@ std::set<int> parse_signals(const std::string& v) {
   for (const auto& raw : split(v, ',')) {
     std::string name = trim(raw);
     if (name.empty()) continue;
-    int s = agent::parse_signal(name);
+    int s = parse_signal(name);
     if (!s || !kAllowedSignals.count(s)) {
       usage("--signals_to_handle: '" + name + "' is not one of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2");
     }

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/agent/agent.hpp"
+#include "ddprun/agent/options.hpp"
 
 namespace ddprun::launcher {
 

@@ -6,7 +6,6 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
 #include "ddprun/rendezvous/auth.hpp"
-#include "etcd_client.hpp"
 
 namespace ddprun::launcher {
 namespace {
@@ -19,7 +18,7 @@ std::string random_run_id() {
   return id;
 }
 
-void apply_rdzv_conf(const std::map<std::string, std::string>& conf, agent::RendezvousOptions& z,
+void apply_rdzv_conf(const std::map<std::string, std::string>& conf, rounds::RendezvousOptions& z,
                      std::string& secret_file) {
   for (const auto& [k, v] : conf) {
     if (k == "join_timeout" || k == "timeout") z.join_timeout = parse_seconds("rdzv_conf " + k, v, false);
@@ -31,8 +30,8 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, agent::Rend
     else if (k == "is_host") {
       std::string b = v;
       for (auto& c : b) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (b == "1" || b == "true" || b == "yes") z.is_host = 1;
-      else if (b == "0" || b == "false" || b == "no") z.is_host = 0;
+      if (b == "1" || b == "true" || b == "yes") z.host_role = rounds::HostRole::always;
+      else if (b == "0" || b == "false" || b == "no") z.host_role = rounds::HostRole::never;
       else usage("--rdzv_conf is_host must be true or false (got '" + v + "')");
     } else if (k == "prefix") {
       if (v.empty() || v[0] != '/') usage("--rdzv_conf prefix must start with '/' (got '" + v + "')");
@@ -62,48 +61,51 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, agent::Rend
 }  // namespace
 
 void place_store(const Settings& s, const std::map<std::string, std::string>& env, agent::AgentOptions& a) {
-  if (s.standalone) {
-    if (s.max_nodes != 1) usage("--standalone runs a single node: drop --nnodes or set it to 1");
-    a.store_host = "127.0.0.1";
-    a.store_port = 0;  // bound first, then published: no free-port race
-    a.run_id = random_run_id();
-  } else if (s.rdzv_backend == "etcd") {
-    if (s.rdzv_endpoint.empty()) usage("--rdzv_backend=etcd needs --rdzv_endpoint=HOST:PORT[,HOST:PORT...] (etcd's members)");
-    agent::parse_etcd_endpoints(s.rdzv_endpoint);  // checked now
-    a.store_host = "127.0.0.1";
-    a.store_port = 0;
-  } else if (s.rdzv_backend == "c10d") {
-    std::tie(a.store_host, a.store_port) = parse_endpoint(s.rdzv_endpoint.empty() ? "127.0.0.1" : s.rdzv_endpoint, 29400);
-  } else {
-    a.store_host = s.master_addr;
-    a.store_port = s.master_port;
-  }
-  a.nnodes = s.max_nodes;
-  if (s.max_nodes == 1) {
-    if (a.node_rank != 0) usage("--node_rank=" + std::to_string(a.node_rank) + " needs --nnodes > " + std::to_string(a.node_rank));
-    if (!s.rdzv_conf.empty() && s.rdzv_backend != "c10d") usage("--rdzv_conf applies to --rdzv_backend=c10d");
-    return;
-  }
+  using rounds::BackendKind;
   auto& z = a.rdzv;
-  z.enabled = true;
-  z.dynamic = s.rdzv_backend != "static";
-  z.etcd = s.rdzv_backend == "etcd";
-  if (z.etcd) z.etcd_endpoints = s.rdzv_endpoint;
+  z.run_id = s.rdzv_id;
+  z.node_rank = s.node_rank;
   z.min_nodes = s.min_nodes;
   z.max_nodes = s.max_nodes;
-  z.endpoint_host = a.store_host;
-  z.endpoint_port = a.store_port;
-  if (!z.dynamic) {
+  z.local_addr = s.local_addr;
+  if (s.standalone) {
+    if (s.max_nodes != 1) usage("--standalone runs a single node: drop --nnodes or set it to 1");
+    z.store_host = "127.0.0.1";
+    z.store_port = 0;  // bound first, then published: no free-port race
+    z.run_id = random_run_id();
+  } else if (s.rdzv_backend == "etcd") {
+    if (s.rdzv_endpoint.empty()) usage("--rdzv_backend=etcd needs --rdzv_endpoint=HOST:PORT[,HOST:PORT...] (etcd's members)");
+    z.etcd_endpoints = s.rdzv_endpoint;
+    z.store_host = "127.0.0.1";
+    z.store_port = 0;
+  } else if (s.rdzv_backend == "c10d") {
+    std::tie(z.store_host, z.store_port) = parse_endpoint(s.rdzv_endpoint.empty() ? "127.0.0.1" : s.rdzv_endpoint, 29400);
+  } else {
+    z.store_host = s.master_addr;
+    z.store_port = s.master_port;
+  }
+  if (s.max_nodes == 1) {
+    if (z.node_rank != 0) usage("--node_rank=" + std::to_string(z.node_rank) + " needs --nnodes > " + std::to_string(z.node_rank));
+    if (!s.rdzv_conf.empty() && s.rdzv_backend != "c10d") usage("--rdzv_conf applies to --rdzv_backend=c10d");
+    z.backend = BackendKind::single_node;
+    return;
+  }
+  z.backend = s.rdzv_backend == "static" ? BackendKind::static_ranks : s.rdzv_backend == "etcd" ? BackendKind::etcd : BackendKind::c10d;
+  z.endpoint_host = z.store_host;
+  z.endpoint_port = z.store_port;
+  if (z.backend == BackendKind::static_ranks) {
     if (s.min_nodes != s.max_nodes) {
       usage("--nnodes=" + s.nnodes_text + ": a range needs --rdzv_backend=c10d (static rendezvous has a fixed number of nodes)");
     }
-    if (a.node_rank >= s.max_nodes) usage("--node_rank=" + std::to_string(a.node_rank) + " must be below --nnodes=" + std::to_string(s.max_nodes));
-    z.is_host = a.node_rank == 0 ? 1 : 0;  // node 0 hosts the store at --master_addr:--master_port
+    if (z.node_rank >= s.max_nodes) usage("--node_rank=" + std::to_string(z.node_rank) + " must be below --nnodes=" + std::to_string(s.max_nodes));
+    // Node 0 hosts the store at --master_addr:--master_port.
+    z.host_role = z.node_rank == 0 ? rounds::HostRole::always : rounds::HostRole::never;
   }
   std::string secret_file;
   apply_rdzv_conf(s.rdzv_conf, z, secret_file);
   if (secret_file.empty()) secret_file = get_env(env, "DDPRUN_SECRET_FILE", "");
   if (!secret_file.empty()) z.secret = rendezvous::auth::read_secret_file(secret_file);
+  rounds::validate(z);
 }
 
 }  // namespace ddprun::launcher

@@ -5,12 +5,12 @@
 #include <map>
 #include <string>
 
-#include "ddprun/agent/agent.hpp"
+#include "ddprun/agent/options.hpp"
 #include "options.hpp"
 
 namespace ddprun::launcher {
 
-// Fills a.store_host/store_port, a.run_id (random with --standalone), a.nnodes and a.rdzv.
+// Fills a.rdzv: run id (random with --standalone), nodes, backend, where the store is.
 // Throws UsageError.
 void place_store(const Settings& s, const std::map<std::string, std::string>& env, agent::AgentOptions& a);
 

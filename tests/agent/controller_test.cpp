@@ -8,7 +8,6 @@
 #include "event_log.hpp"
 #include "fakes.hpp"
 #include "job_controller.hpp"
-#include "local_rendezvous.hpp"
 #include "run_dir.hpp"
 #include "worker_group.hpp"
 
@@ -30,7 +29,7 @@ AgentOptions options(int nproc, int max_restarts) {
   o.command = {"/bin/true"};
   o.nproc_per_node = nproc;
   o.max_restarts = max_restarts;
-  o.run_id = "ctl";
+  o.rdzv.run_id = "ctl";
   o.stop_timeout = 1s;
   return o;
 }
@@ -46,11 +45,11 @@ struct Job {
   std::unique_ptr<WorkerGroup> group;
   std::unique_ptr<JobController> ctl;
 
-  explicit Job(AgentOptions o, Rendezvous* r = nullptr) : opt(std::move(o)) {
+  explicit Job(AgentOptions o, Rendezvous* r = nullptr, FenceState* fence = nullptr) : opt(std::move(o)) {
     opt.log_dir = root;
     dir = std::make_unique<RunDir>(opt);
     group = std::make_unique<WorkerGroup>(io, runner, WorkerGroup::Options{opt.worker_timeout, opt.stop_timeout});
-    ctl = std::make_unique<JobController>(opt, *group, r ? *r : rdzv, events, *dir, "node-a");
+    ctl = std::make_unique<JobController>(opt, *group, r ? *r : rdzv, events, *dir, "node-a", fence);
   }
   ~Job() { std::filesystem::remove_all(root); }
 
@@ -85,7 +84,7 @@ struct Job {
     }
   }
   void over(int round, std::optional<RoundEnd> end, std::string error = "") {
-    ctl->on_round_over(RoundOutcome{round, std::move(end), std::move(error)});
+    ctl->on_round_over(RoundOutcome{round, std::move(end), {RendezvousFailure::Kind::unreachable, std::move(error), 0}});
   }
   // A failure record as another node writes it.
   static ddprun::agent::FailureRecord failure_on(const std::string& host, int rank, int code, bool hang = false) {
@@ -130,7 +129,7 @@ TEST_CASE("controller: a clean run goes rendezvous, running, stopping, draining,
   CHECK(j.rdzv.successes == std::vector<int>{0});
   j.over(0, RoundEnd::of_success());
   CHECK(j.ctl->phase() == Phase::draining);
-  CHECK(j.rdzv.finishes == std::vector<std::pair<int, bool>>{{0, true}});
+  CHECK(j.rdzv.finishes == std::vector<std::pair<int, Rendezvous::Ack>>{{0, Rendezvous::Ack::yes}});
   j.ctl->on_finished();
   CHECK(j.ctl->phase() == Phase::done);
   CHECK(j.ctl->exit_code() == 0);
@@ -167,7 +166,7 @@ TEST_CASE("controller: a failure ends the round, stops the rest, restarts with t
   j.over(1, j.written(1));
   CHECK(j.ctl->phase() == Phase::draining);
   CHECK(j.ctl->exit_code() == 7);  // no restart left: the root cause's code
-  CHECK(j.rdzv.finishes.back() == std::pair<int, bool>{1, true});
+  CHECK(j.rdzv.finishes.back() == std::pair<int, Rendezvous::Ack>{1, Rendezvous::Ack::yes});
 }
 
 TEST_CASE("controller: a failure while stopping is not the root cause", "[controller]") {
@@ -225,7 +224,7 @@ TEST_CASE("controller: a lost rendezvous or a malformed end stops this node and 
   j.reap();
   CHECK(j.ctl->phase() == Phase::draining);
   CHECK(j.ctl->exit_code() == 1);
-  CHECK(j.rdzv.finishes.back() == std::pair<int, bool>{0, false});
+  CHECK(j.rdzv.finishes.back() == std::pair<int, Rendezvous::Ack>{0, Rendezvous::Ack::no});
 }
 
 TEST_CASE("controller: a signal during the rendezvous tells the others and exits 128+sig", "[controller]") {
@@ -334,20 +333,50 @@ TEST_CASE("controller: workers that cannot be started end the job with 1", "[con
   CHECK(j.runner.signals_to(1000) == std::vector<int>{SIGKILL});  // the one that started
 }
 
-TEST_CASE("controller: a rendezvous that fails ends the job with its code", "[controller]") {
+TEST_CASE("controller: a rendezvous that fails ends the job with the code its kind gives", "[controller]") {
+  using FK = RendezvousFailure::Kind;
+  auto [kind, signal, code] = GENERATE(std::make_tuple(FK::timeout, 0, 1), std::make_tuple(FK::in_use, 0, 1),
+                                       std::make_tuple(FK::usage, 0, 2), std::make_tuple(FK::stopped, SIGINT, 130),
+                                       std::make_tuple(FK::refused, 0, 1));
   Job j(options(1, 0));
   j.ctl->start();
-  j.ctl->on_rendezvous_failed("rendezvous: only 1 of the 2 nodes needed joined", 1);
+  j.ctl->on_rendezvous_failed(RendezvousFailure{kind, "rendezvous: it failed", signal});
   CHECK(j.ctl->phase() == Phase::done);
-  CHECK(j.ctl->exit_code() == 1);
+  CHECK(j.ctl->exit_code() == code);
+}
+
+TEST_CASE("controller: workers SIGKILLed after this node's liveness lapsed are fenced, not failed", "[controller]") {
+  FakeFence fence;
+  auto o = options(2, 0);
+  Job j(o, nullptr, &fence);
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  auto pids = j.pids();
+  fence.lapse = true;
+  j.runner.kill(pids[0], SIGKILL);
+  j.reap();
+  // The round ends "node lost" (this node), expecting every node back; no restart is used.
+  auto end = j.written(0);
+  CHECK(end.kind == Kind::node_lost);
+  CHECK(j.rdzv.ends.back().expect_next == 2);
+  CHECK(j.ctl->phase() == Phase::stopping);
+  j.runner.kill(pids[1], SIGKILL);
+  j.reap();
+  j.over(0, RoundEnd::of_node_lost(0, "node-a", 3));
+  CHECK(j.rdzv.joins.back() == std::pair<int, int>{1, 0});
+  CHECK(fence.lapse);
+  j.ready(1, 0, 2);
+  CHECK(j.ctl->phase() == Phase::running);
+  CHECK_FALSE(fence.lapse);  // reset when the next group starts
 }
 
 TEST_CASE("controller: one node through LocalRendezvous restarts on an emptied store", "[controller]") {
   auto o = options(1, 1);
-  o.store_port = 0;
+  o.rdzv.store_port = 0;
   boost::asio::io_context loop;
-  LocalRendezvous local(o, "node-a", [&](std::function<void()> f) { boost::asio::post(loop, std::move(f)); });
-  Job j(o, &local);
+  auto local = ddprun::rounds::make_rendezvous(o.rdzv, [&](std::function<void()> f) { boost::asio::post(loop, std::move(f)); },
+                                               nullptr);
+  Job j(o, local.get());
   auto run = [&] {
     loop.poll();
     loop.restart();

@@ -11,7 +11,8 @@
 
 #include "ddprun/common/error.hpp"
 #include "process_runner.hpp"
-#include "rendezvous.hpp"
+#include "ddprun/rounds/rendezvous.hpp"
+#include "job_controller.hpp"
 
 namespace ddprun::agent::testing {
 
@@ -79,7 +80,7 @@ class FakeRendezvous : public Rendezvous {
   std::vector<std::pair<int, int>> joins;  // (round, restart count)
   std::vector<Ended> ends;
   std::vector<int> successes;
-  std::vector<std::pair<int, bool>> finishes;  // (round, acknowledge)
+  std::vector<std::pair<int, Ack>> finishes;  // (round, acknowledge)
   std::vector<std::pair<int, int>> leaves;     // (round, signal)
 
   void set_listener(Listener& l) override { listener = &l; }
@@ -87,9 +88,16 @@ class FakeRendezvous : public Rendezvous {
   void join(int round, int rc) override { joins.emplace_back(round, rc); }
   void end_round(int round, const RoundEnd& why, int expect_next) override { ends.push_back({round, why, expect_next}); }
   void report_success(int round) override { successes.push_back(round); }
-  void finish(int round, bool ack) override { finishes.emplace_back(round, ack); }
+  void finish(int round, Ack ack) override { finishes.emplace_back(round, ack); }
   void leave(int round, int sig) override { leaves.emplace_back(round, sig); }
   void shutdown() override {}
+};
+
+// A fence whose lapse the test decides.
+struct FakeFence : FenceState {
+  bool lapse = false;
+  bool lapsed() override { return lapse; }
+  void reset() override { lapse = false; }
 };
 
 }  // namespace ddprun::agent::testing

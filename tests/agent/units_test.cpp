@@ -1,15 +1,13 @@
-// Unit tests of the agent's small pieces: exit statuses, line splitting, error files, the
-// round protocol's records.
+// Unit tests of the agent's small pieces: exit statuses, line splitting, error files, stacks.
 
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
 
-#include "ddprun/agent/exit_status.hpp"
+#include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/error.hpp"
 #include "failure_report.hpp"
 #include "output.hpp"
-#include "round_protocol.hpp"
 #include "stack_dump.hpp"
 
 using namespace ddprun;
@@ -66,38 +64,6 @@ TEST_CASE("PyTorch's error file JSON is read - anything else is not", "[units]")
   CHECK(m == "plain");
   CHECK_FALSE(parse_error_file("not json", m, t));
   CHECK_FALSE(parse_error_file("[1,2]", m, t));
-}
-
-TEST_CASE("round records: each kind round-trips, anything malformed names the key", "[units]") {
-  FailureRecord f;
-  f.rank = 5;
-  f.host = "n1";
-  f.exit_code = 3;
-  f.reason = "exit code 3";
-  f.stderr_tail = {"a", "b"};
-  for (const auto& e : {RoundEnd::of_failure(f), RoundEnd::of_stop(2, "n2", "id"), RoundEnd::of_node_lost(1, "n3", 2.5),
-                        RoundEnd::of_membership("n4"), RoundEnd::of_success()}) {
-    auto back = parse_round_end("k", round_end_json(e));
-    CHECK(back.kind == e.kind);
-    CHECK(back.host == e.host);
-    CHECK(back.signal == e.signal);
-    CHECK(back.group_rank == e.group_rank);
-  }
-  auto back = parse_round_end("k", round_end_json(RoundEnd::of_failure(f)));
-  CHECK(back.failure->stderr_tail == std::deque<std::string>{"a", "b"});
-  for (const char* bad : {"", "nul", "[1]", "{\"kind\":\"nope\"}", "{\"kind\":\"stopped\",\"signal\":\"9\"}",
-                          "{\"kind\":\"failure\",\"exit_code\":999}", "{\"kind\":\"failure\",\"stderr_tail\":[1]}"}) {
-    CHECK_THROWS_WITH(parse_round_end("ddprun/rdzv/x/r0/end", bad), Catch::Contains("malformed value at key 'ddprun/rdzv/x/r0/end'"));
-  }
-  NodeInfo n;
-  n.host = "h";
-  n.nproc = 4;
-  n.addrs = {"10.0.0.1"};
-  auto nb = parse_node("k", node_json(n));
-  CHECK(nb.nproc == 4);
-  CHECK(nb.addrs == n.addrs);
-  CHECK_THROWS_AS(parse_node("k", "{\"nproc\": 0}"), ddprun::ProtocolError);
-  CHECK(round_key(3, "end") == "r3/end");
 }
 
 TEST_CASE("stacks: Python's faulthandler, eu-stack and gdb are read into frames - identical stacks grouped", "[units]") {

@@ -2,28 +2,27 @@
 // 3-member etcd cluster on loopback. Skipped, with a message, where etcd is not installed.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <regex>
 #include <set>
 
 #include "e2e/agents.hpp"
 #include "etcd_cluster.hpp"
+#include "skip.hpp"
 
 using namespace ddprun::test;
-using ddprun::agent::EtcdClient;
-using ddprun::agent::testing::EtcdCluster;
+using ddprun::rounds::EtcdClient;
+using ddprun::rounds::testing::EtcdCluster;
 
-#define SKIP_WITHOUT_ETCD()                                                         \
-  if (!EtcdCluster::available()) {                                                  \
-    WARN("etcd is not installed: skipped (scripts/setup.sh installs etcd-server)"); \
-    return;                                                                         \
-  }
+#define SKIP_WITHOUT_ETCD() SKIP_UNLESS(EtcdCluster::available(), "etcd is not installed (scripts/setup.sh installs etcd-server)")
 
 namespace {
 
 std::vector<std::string> agent(const EtcdCluster& c, const std::string& id, const std::string& nnodes,
-                               std::vector<std::string> rest) {
+                               std::vector<std::string> rest,
+                               const std::string& conf = "lease_ttl=1,last_call_timeout=1,join_timeout=30") {
   std::vector<std::string> args = {"--nnodes=" + nnodes, "--rdzv_backend=etcd", "--rdzv_endpoint=" + c.endpoint_list(),
-                                   "--rdzv_id=" + id, "--rdzv_conf=lease_ttl=1,last_call_timeout=1,join_timeout=30"};
+                                   "--rdzv_id=" + id, "--rdzv_conf=" + conf};
   args.insert(args.end(), rest.begin(), rest.end());
   return cmd(args);
 }
@@ -61,11 +60,12 @@ TEST_CASE("etcd backend: 2 agents x 2 workers form one world - nothing is left i
   CHECK(ranks == std::set<std::string>{"0", "1", "2", "3"});
   CHECK(ports.size() == 1);
   EtcdClient c({cluster.endpoints(), 5s});
-  // A finished job leaves nothing behind but a marker on a lease.
+  // A finished job leaves nothing behind but markers on a lease: the run, and no next round.
   auto left = c.get_prefix("/ddprun/job1/");
-  REQUIRE(left.size() == 1);
+  REQUIRE(left.size() == 2);
   CHECK(left[0].key == "/ddprun/job1/finished");
-  CHECK(left[0].lease != 0);
+  CHECK(left[1].key == "/ddprun/job1/r1/rc");
+  for (const auto& kv : left) CHECK(kv.lease != 0);
   // A node started late with the same run id is told, instead of waiting for a rendezvous.
   auto late = Launch(agent(cluster, "job1", "2", {"--nproc_per_node=2", kWorker, "env"})).finish(60s);
   CHECK(late.code == 1);
@@ -75,9 +75,11 @@ TEST_CASE("etcd backend: 2 agents x 2 workers form one world - nothing is left i
 TEST_CASE("etcd backend: kill -9 of the etcd leader mid-job - the job finishes without a restart", "[etcd]") {
   SKIP_WITHOUT_ETCD();
   EtcdCluster cluster;
-  // Workers run ~3 s; the leader dies while they run.
-  Launch a(agent(cluster, "job2", "2", {"--nproc_per_node=1", kWorker, "heartbeat:60:50"}));
-  Launch b(agent(cluster, "job2", "2", {"--nproc_per_node=1", kWorker, "heartbeat:60:50"}));
+  // Workers run ~3 s; the leader dies while they run. The lease (3 s) outlasts the election: a
+  // node whose renewals stall for its TTL less the fence margin stops its workers (fencing).
+  const std::string conf = "lease_ttl=3,last_call_timeout=1,join_timeout=30";
+  Launch a(agent(cluster, "job2", "2", {"--nproc_per_node=1", kWorker, "heartbeat:60:50"}, conf));
+  Launch b(agent(cluster, "job2", "2", {"--nproc_per_node=1", kWorker, "heartbeat:60:50"}, conf));
   REQUIRE(logged(a, "started ranks"));
   cluster.kill(cluster.leader());
   auto rb = b.finish(60s), ra = a.finish(60s);
@@ -147,7 +149,7 @@ TEST_CASE("etcd backend: a late joiner grows the job", "[etcd]") {
 }
 
 TEST_CASE("etcd backend: etcd unreachable is a clear error naming the endpoints", "[etcd]") {
-  auto port = std::to_string(ddprun::agent::testing::free_port());
+  auto port = std::to_string(ddprun::rounds::testing::free_port());
   auto r = Launch(cmd({"--nnodes=2", "--rdzv_backend=etcd", "--rdzv_endpoint=127.0.0.1:" + port, "--rdzv_id=x",
                        "--rdzv_conf=lease_ttl=1", kWorker, "env"}))
                .finish(60s);
@@ -160,6 +162,7 @@ TEST_CASE("etcd backend: etcd unreachable is a clear error naming the endpoints"
 
 TEST_CASE("etcd backend: authentication - the job's user is served, a wrong password exits 1 saying so", "[etcd]") {
   SKIP_WITHOUT_ETCD();
+  SKIP_UNLESS(std::filesystem::exists("/usr/bin/etcdctl"), "etcdctl is not installed (scripts/setup.sh installs etcd-client)");
   EtcdCluster cluster(1);
   std::string ctl = "ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=" + cluster.endpoint_list();
   REQUIRE(std::system((ctl + " user add root:s3cret >/dev/null 2>&1 && " + ctl + " auth enable >/dev/null 2>&1").c_str()) == 0);

@@ -163,8 +163,8 @@ TEST_CASE("a late joiner within the last call is in the first round - one beyond
   REQUIRE(b.wait_for("ready"));
   Launch c(agent("--rdzv_endpoint=127.0.0.1:" + port));  // round 0 is full (MAX 2): c waits
   auto deadline = Clock::now() + 20s;
-  while (c.err().find("waiting for the next one") == std::string::npos && Clock::now() < deadline) c.wait_for("\x01", 1, 50ms);
-  CHECK_THAT(c.err(), Catch::Contains("waiting for the next one"));
+  while (c.err().find("waits for a place") == std::string::npos && Clock::now() < deadline) c.wait_for("\x01", 1, 50ms);
+  CHECK_THAT(c.err(), Catch::Contains("round 0 is full (2 of 2 nodes); this node waits for a place"));
   CHECK(a.out().find("ready") != std::string::npos);
   c.signal(SIGTERM);
   c.finish();

@@ -8,6 +8,7 @@
 
 #include "ddprun/common/text.hpp"
 #include "e2e/agents.hpp"
+#include "skip.hpp"
 
 using namespace ddprun::test;
 
@@ -31,10 +32,8 @@ TEST_CASE("numa: each worker runs on the CPUs --report_bindings names", "[numa]"
                        "-c", "grep Cpus_allowed_list /proc/self/status"}))
                .finish(60s);
   INFO(r.err);
-  if (mode == "exclusive" && r.err.find("which has 1 cores") != std::string::npos) {
-    WARN("one core on this machine: exclusive cannot split it");
-    return;
-  }
+  SKIP_UNLESS_HARDWARE(mode != "exclusive" || r.err.find("which has 1 cores") == std::string::npos,
+                       "one core on this machine: exclusive cannot split it");
   REQUIRE(r.code == 0);
   std::map<int, std::string> reported, actual;
   static const std::regex rep(R"(ddprun: local rank (\d+): cpus (\S+) \()");

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "e2e/agents.hpp"
+#include "skip.hpp"
 
 using namespace ddprun::test;
 using json = nlohmann::json;
@@ -30,10 +31,8 @@ std::string slurp(const std::string& path) {
 }  // namespace
 
 TEST_CASE("stacks: a C++ worker stuck in a named function - every rank's stack, grouped, before the kill", "[stacks]") {
-  if (!std::filesystem::exists("/usr/bin/eu-stack") && !std::filesystem::exists("/usr/bin/gdb")) {
-    WARN("neither eu-stack nor gdb is installed: skipped (scripts/setup.sh installs elfutils)");
-    return;
-  }
+  SKIP_UNLESS(std::filesystem::exists("/usr/bin/eu-stack") || std::filesystem::exists("/usr/bin/gdb"),
+              "neither eu-stack nor gdb is installed (scripts/setup.sh installs elfutils)");
   auto dir = fresh_dir();
   auto events = dir + "/events.jsonl";
   auto r = Launch(cmd({"--nproc_per_node=2", "--master_port=0", "--rdzv_id=hung", "--worker_timeout=0.5",
@@ -104,10 +103,8 @@ TEST_CASE("stacks: --stack_dump_timeout=0 stops a hung group at once, without st
 }
 
 TEST_CASE("stacks: a hang on one node makes every node dump its own workers' stacks", "[stacks][multinode]") {
-  if (!std::filesystem::exists("/usr/bin/eu-stack") && !std::filesystem::exists("/usr/bin/gdb")) {
-    WARN("neither eu-stack nor gdb is installed: skipped (scripts/setup.sh installs elfutils)");
-    return;
-  }
+  SKIP_UNLESS(std::filesystem::exists("/usr/bin/eu-stack") || std::filesystem::exists("/usr/bin/gdb"),
+              "neither eu-stack nor gdb is installed (scripts/setup.sh installs elfutils)");
   // Node 0's workers beat for a long time; node 1's rank hangs in a named function.
   std::string conf = "--rdzv_conf=join_timeout=30,last_call_timeout=30";
   Launch n0(cmd({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "--rdzv_id=hang2", conf,

@@ -44,28 +44,27 @@ TEST_CASE("the program decides how workers are started", "[units]") {
 
 TEST_CASE("store placement follows the rendezvous flags", "[units]") {
   auto st = parse({"--master_addr=127.0.0.2", "--master_port=1234", "/bin/true"});
-  CHECK(st.agent.store_host == "127.0.0.2");
-  CHECK(st.agent.store_port == 1234);
+  CHECK(st.agent.rdzv.store_host == "127.0.0.2");
+  CHECK(st.agent.rdzv.store_port == 1234);
   auto sa = parse({"--standalone", "/bin/true"});
-  CHECK(sa.agent.store_host == "127.0.0.1");
-  CHECK(sa.agent.store_port == 0);
+  CHECK(sa.agent.rdzv.store_host == "127.0.0.1");
+  CHECK(sa.agent.rdzv.store_port == 0);
   auto c10d = parse({"--rdzv-backend=c10d", "--rdzv-endpoint=[::1]", "/bin/true"});
-  CHECK(c10d.agent.store_host == "::1");
-  CHECK(c10d.agent.store_port == 29400);
+  CHECK(c10d.agent.rdzv.store_host == "::1");
+  CHECK(c10d.agent.rdzv.store_port == 29400);
   auto multi = parse({"--nnodes=2", "--node_rank=1", "--master_port=1234", "/bin/true"});
-  CHECK(multi.agent.rdzv.enabled);
-  CHECK_FALSE(multi.agent.rdzv.dynamic);
-  CHECK(multi.agent.rdzv.is_host == 0);
+  CHECK(multi.agent.rdzv.backend == ddprun::rounds::BackendKind::static_ranks);
+    CHECK(multi.agent.rdzv.host_role == ddprun::rounds::HostRole::never);
   CHECK(multi.agent.rdzv.endpoint_port == 1234);
   auto elastic = parse({"--nnodes=2:4", "--rdzv_backend=c10d", "--rdzv_endpoint=node0",
                         "--rdzv_conf=join_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=2,is_host=false", "/bin/true"});
-  CHECK(elastic.agent.rdzv.dynamic);
+  CHECK(elastic.agent.rdzv.backend == ddprun::rounds::BackendKind::c10d);
   CHECK(elastic.agent.rdzv.min_nodes == 2);
   CHECK(elastic.agent.rdzv.max_nodes == 4);
   CHECK(elastic.agent.rdzv.endpoint_port == 29400);
   CHECK(elastic.agent.rdzv.join_timeout == std::chrono::seconds(5));
   CHECK(elastic.agent.rdzv.keep_alive_max_attempt == 2);
-  CHECK(elastic.agent.rdzv.is_host == 0);
+  CHECK(elastic.agent.rdzv.host_role == ddprun::rounds::HostRole::never);
   CHECK_THROWS_WITH(parse({"--nnodes=2:4", "/bin/true"}), Catch::Contains("a range needs --rdzv_backend=c10d"));
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--node_rank=2", "/bin/true"}), Catch::Contains("must be below --nnodes=2"));
   CHECK_THROWS_WITH(parse({"--nnodes=1:2", "--rdzv_backend=c10d", "--rdzv_conf=bogus=1", "/bin/true"}),

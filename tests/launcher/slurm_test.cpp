@@ -37,26 +37,26 @@ TEST_CASE("inside a Slurm step the multi-node settings are derived - flags and P
   HostInfo host;
   host.cpus = 8;
   auto r = parse_command_line({"--nproc_per_node=2", "/bin/true"}, env, host);
-  CHECK(r.agent.nnodes == 4);
-  CHECK(r.agent.node_rank == 2);
-  CHECK(r.agent.run_id == "4242");
-  CHECK(r.agent.store_host == "gpu07");
+  CHECK(r.agent.rdzv.max_nodes == 4);
+  CHECK(r.agent.rdzv.node_rank == 2);
+  CHECK(r.agent.rdzv.run_id == "4242");
+  CHECK(r.agent.rdzv.store_host == "gpu07");
   REQUIRE(r.notes.size() == 1);
   CHECK_THAT(r.notes[0], Catch::Contains("inside Slurm job 4242") && Catch::Contains("--master_addr=gpu07"));
   // explicit flags and PET_ variables win
   auto env2 = env;
   env2["PET_NODE_RANK"] = "1";
   auto r2 = parse_command_line({"--nnodes=4", "--master_addr=head", "/bin/true"}, env2, host);
-  CHECK(r2.agent.node_rank == 1);
-  CHECK(r2.agent.store_host == "head");
-  CHECK(r2.agent.run_id == "4242");
+  CHECK(r2.agent.rdzv.node_rank == 1);
+  CHECK(r2.agent.rdzv.store_host == "head");
+  CHECK(r2.agent.rdzv.run_id == "4242");
   // c10d: the first host is the endpoint
   auto r3 = parse_command_line({"--rdzv_backend=c10d", "/bin/true"}, env, host);
   CHECK(r3.agent.rdzv.endpoint_host == "gpu07");
   CHECK(r3.agent.rdzv.endpoint_port == 29400);
   // outside Slurm, or with --standalone: nothing derived
   CHECK(parse_command_line({"/bin/true"}, {}, host).notes.empty());
-  CHECK(parse_command_line({"--standalone", "/bin/true"}, env, host).agent.nnodes == 1);
+  CHECK(parse_command_line({"--standalone", "/bin/true"}, env, host).agent.rdzv.max_nodes == 1);
   // a malformed node list is a clear error
   env["SLURM_JOB_NODELIST"] = "gpu[07-";
   CHECK_THROWS_WITH(parse_command_line({"/bin/true"}, env, host),

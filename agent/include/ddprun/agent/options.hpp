@@ -1,0 +1,78 @@
+#pragma once
+// The agent's settings, with their defaults (what ddprun's flags set). How nodes meet is
+// ddprun::rounds' RendezvousOptions: run id, node rank, nodes, backend.
+
+#include <chrono>
+#include <csignal>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ddprun/rounds/options.hpp"
+
+namespace ddprun::agent {
+
+// Which of a worker's streams go to files: 0 none, 1 stdout, 2 stderr, 3 both (torchrun's
+// --redirects / --tee values), with optional per-local-rank values ("0:1,1:2").
+struct StreamSelection {
+  int all = 0;
+  std::map<int, int> per_rank;
+  int for_rank(int local_rank) const {
+    auto it = per_rank.find(local_rank);
+    return it == per_rank.end() ? all : it->second;
+  }
+  bool any() const { return all != 0 || !per_rank.empty(); }
+};
+
+// Where one local rank runs (--numa_binding): these CPUs (OS indexes), memory preferred on this
+// NUMA node (OS index; -1: no memory policy).
+struct CpuBinding {
+  std::vector<int> cpus;
+  int numa_node = -1;
+};
+
+struct AgentOptions {
+  // The worker command (argv[0] resolved to a path); "${local_rank}" in any element is replaced.
+  std::vector<std::string> command;
+  int nproc_per_node = 1;
+
+  std::string role = "default";
+
+  int max_restarts = 0;
+  // A worker that has not touched DDPRUN_HEARTBEAT_FILE for this long is failed. 0 = off.
+  std::chrono::milliseconds worker_timeout{0};
+  // Grace period between SIGTERM and SIGKILL when stopping workers.
+  std::chrono::milliseconds stop_timeout{std::chrono::seconds(5)};
+  // Before a hung group is stopped (or workers ignoring SIGTERM are killed), every running
+  // worker's stack is collected, bounded by this. 0 = no stacks.
+  std::chrono::milliseconds stack_dump_timeout{std::chrono::seconds(10)};
+  // Signals forwarded to the workers (then the job ends with 128 + signal).
+  std::set<int> forward_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+
+  StreamSelection redirects;  // to files only
+  StreamSelection tee;        // to files and the console
+  // Root of per-rank logs and error files: <log_dir>/<run_id>/attempt_<n>/<local_rank>/.
+  // Empty: a temporary directory, removed at exit unless it holds logs.
+  std::string log_dir;
+  std::set<int> local_ranks_filter;  // local ranks whose output reaches the console; empty = all
+  // Machine-readable events, JSON Lines (README: Event log); empty = none.
+  std::string events_file;
+  // Console line prefix; ${role_name}, ${local_rank} and ${rank} are replaced.
+  std::string line_prefix_template = "[${role_name}${local_rank}]:";
+
+  // CPU and memory binding per local rank: "" (none), node, socket, exclusive, core-complex.
+  std::string numa_binding;
+  bool report_bindings = false;  // one line per local rank: its cores and NUMA node
+  // Filled by the agent from numa_binding (tests may set it): by local rank.
+  std::vector<CpuBinding> bindings;
+
+  // How nodes meet: run id (TORCHELASTIC_RUN_ID), node rank, nodes, backend; for a single node,
+  // where its workers' store listens. rdzv.nproc is nproc_per_node (the agent sets it).
+  rounds::RendezvousOptions rdzv;
+
+  // The environment workers inherit (before the variables the agent sets).
+  std::map<std::string, std::string> base_env;
+};
+
+}  // namespace ddprun::agent

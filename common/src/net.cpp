@@ -1,0 +1,83 @@
+#include "ddprun/common/net.hpp"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace ddprun {
+namespace {
+
+std::string numeric(const sockaddr* sa, socklen_t len) {
+  char buf[NI_MAXHOST];
+  if (::getnameinfo(sa, len, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) != 0) return "";
+  std::string a = buf;
+  return a.substr(0, a.find('%'));  // drop an IPv6 scope
+}
+
+socklen_t length_of(const sockaddr* sa) {
+  return sa->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+}
+
+}  // namespace
+
+std::vector<std::string> local_addresses() {
+  std::vector<std::string> out;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return out;
+  for (auto* i = ifs; i; i = i->ifa_next) {
+    if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+    std::string a = numeric(i->ifa_addr, length_of(i->ifa_addr));
+    if (!a.empty()) out.push_back(a);
+  }
+  ::freeifaddrs(ifs);
+  return out;
+}
+
+std::vector<std::string> resolve_host(const std::string& host) {
+  std::vector<std::string> out;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
+  for (auto* ai = res; ai; ai = ai->ai_next) {
+    std::string a = numeric(ai->ai_addr, ai->ai_addrlen);
+    if (!a.empty()) out.push_back(a);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+bool is_ip_literal(const std::string& address) {
+  unsigned char buf[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, address.c_str(), buf) == 1 || ::inet_pton(AF_INET6, address.c_str(), buf) == 1;
+}
+
+bool is_loopback(const std::string& address) {
+  return address.rfind("127.", 0) == 0 || address == "::1" || address.rfind("::ffff:127.", 0) == 0;
+}
+
+std::string source_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &res) != 0) return "";
+  std::string out;
+  for (auto* ai = res; ai && out.empty(); ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    // connect() on a UDP socket only picks the route and the source address.
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      out = numeric(reinterpret_cast<sockaddr*>(&local), len);
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+}  // namespace ddprun

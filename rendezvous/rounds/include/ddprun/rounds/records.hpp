@@ -1,0 +1,76 @@
+#pragma once
+// The records nodes exchange about a round, with their JSON conversion in both directions: how
+// a node describes itself (NodeInfo), why a round ended (RoundEnd), and a failed worker as the
+// other nodes see it (FailureRecord).
+//
+// Anything can be written where a record is read (a bug, another program, a hostile client of an
+// unsecured store): a value that is not JSON, not an object, truncated, or has a field of the
+// wrong type is a ProtocolError naming the key and the field, never an uncaught exception.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddprun/common/exit_status.hpp"
+
+namespace ddprun::rounds {
+
+// A node of a round, as it described itself on arrival.
+struct NodeInfo {
+  std::string host;                // its name in messages: --local_addr, else its host name
+  std::string addr;                // --local_addr (empty when not given)
+  std::string reach;               // the address it reaches the rendezvous from
+  int nproc = 1;
+  int node_rank = -1;
+  std::vector<std::string> addrs;  // its interface addresses (its workers connect from one)
+};
+
+// A worker that failed: the root cause of a round's end, as every node reports it.
+struct FailureRecord {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = 0;
+  ExitStatus status;
+  std::chrono::system_clock::time_point time;
+  std::string host;
+  std::string reason;      // "exit code 3", "no heartbeat for 2.0 s", ...
+  int exit_code = 1;       // what ddprun exits with if this is the root cause
+  bool hang = false;       // it missed its heartbeats (then every node dumps its workers' stacks)
+  std::string error_file;  // TORCHELASTIC_ERROR_FILE, if the worker wrote it
+  std::string message;     // from the error file
+  std::string traceback;   // from the error file
+  std::deque<std::string> stderr_tail;
+};
+
+// Why a round ended: the first node to say so decides, for every node.
+struct RoundEnd {
+  enum class Kind { failure, node_lost, membership, stopped, success };
+  Kind kind = Kind::success;
+  std::string host = "?";  // failure: the failed rank's host; node_lost: the lost node; stopped, membership: who
+  int group_rank = -1;     // node_lost
+  double idle_s = 0;       // node_lost: seconds without a sign of life
+  int signal = 0;          // stopped
+  std::string by;          // stopped: the id of the node that stopped it
+  std::optional<FailureRecord> failure;  // failure: the root cause
+
+  static RoundEnd of_failure(FailureRecord f);
+  static RoundEnd of_stop(int signal, std::string host, std::string by);
+  static RoundEnd of_node_lost(int group_rank, std::string host, double idle_s);
+  static RoundEnd of_membership(std::string host);
+  static RoundEnd of_success();
+};
+
+const char* to_string(RoundEnd::Kind k);
+
+// Writers and readers. Readers throw
+// ddprun::ProtocolError("rendezvous: malformed value at key 'KEY': ...").
+std::string node_json(const NodeInfo& n);
+NodeInfo parse_node(const std::string& key, const std::string& value);
+std::string round_end_json(const RoundEnd& e);
+RoundEnd parse_round_end(const std::string& key, const std::string& value);
+
+}  // namespace ddprun::rounds

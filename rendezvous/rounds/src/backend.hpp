@@ -1,0 +1,105 @@
+#pragma once
+// The seam under the round rules: the few primitives a c10d store and etcd both have. The round
+// rules (round_rules.hpp) are written once over it; StoreBackend and EtcdBackend implement it,
+// and tests implement it in memory.
+//
+// A Connection is used by one thread at a time; every call is bounded (the backend's read
+// time-out) and throws ddprun::Error (NetworkError, TimeoutError, AuthError) when the backend
+// cannot answer. Values are never deleted while a run lasts, so "exists" never turns back.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "keys.hpp"
+
+namespace ddprun::rounds {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a key lives.
+enum class Lifetime {
+  run,     // until the run's keys are cleared
+  node,    // until this node is lost (etcd: on its lease); a store keeps it for the run
+  marker,  // outlives the run's other keys for a while (etcd: ten minutes), to tell late nodes
+};
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  virtual std::optional<std::string> get(const Key& k) = 0;
+  virtual void put(const Key& k, const std::string& value, Lifetime life = Lifetime::run) = 0;
+  // First writer wins: stores `value` unless `k` exists. Returns the value that stands.
+  virtual std::string create(const Key& k, const std::string& value, Lifetime life = Lifetime::run) = 0;
+  // Adds `delta` to the counter at `k` (missing counts as 0); returns the new value.
+  virtual std::int64_t add(const Key& k, std::int64_t delta) = 0;
+  // Waits until every key of `keys` exists; false when `deadline` passes first.
+  virtual bool wait(const std::vector<Key>& keys, Clock::time_point deadline) = 0;
+  // Removes every key of the run: the job is over. Markers written after it stay.
+  virtual void clear_run() = 0;
+  // The key's full name in the backend, for messages.
+  virtual std::string name(const Key& k) const = 0;
+};
+
+// The members of a running round, for watching their liveness.
+struct Members {
+  int round = 0;
+  int group_rank = 0;
+  std::vector<Key> records;        // each member's node record, by group rank
+  std::vector<std::string> hosts;  // by group rank, for messages
+};
+
+// What a liveness watch reports, from its own thread.
+class LivenessEvents {
+ public:
+  virtual ~LivenessEvents() = default;
+  // Group rank `g` of round `round` showed no sign of life for `idle_s` seconds.
+  virtual void peer_lost(int round, int g, double idle_s) = 0;
+  // The backend cannot be reached any more.
+  virtual void lost(int round, const std::string& why) = 0;
+};
+
+// A running liveness watch: stops (bounded) when destroyed.
+class Liveness {
+ public:
+  virtual ~Liveness() = default;
+};
+
+// This node's liveness renewals, reported as the requests that renew it are sent.
+class Renewals {
+ public:
+  virtual ~Renewals() = default;
+  // The others cannot count this node lost before `sent` + the backend's liveness TTL.
+  virtual void renewed(Clock::time_point sent) = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Where nodes meet, for messages: "the rendezvous store at 10.0.0.1:29400", "etcd at h1:2379".
+  virtual std::string where() const = 0;
+  // A new connection whose calls are bounded by `timeout` (connecting too: a store that is not
+  // up yet is retried that long). The first one also opens this node's session (etcd: its
+  // lease). Throws ddprun::Error.
+  virtual std::unique_ptr<Connection> connect(std::chrono::milliseconds timeout) = 0;
+  // The job is over here: ends this node's session (etcd: revokes its lease). Bounded.
+  virtual void close() {}
+  // The address this node reaches the backend from.
+  virtual std::string reach() const = 0;
+  // This process holds the round records (it hosts the rendezvous store): it must keep them
+  // until the other nodes have read how the job ended.
+  virtual bool holds_records() const = 0;
+  // A node whose liveness was last renewed by a request sent at t is counted lost by the others
+  // at t + liveness_ttl() at the earliest.
+  virtual std::chrono::milliseconds liveness_ttl() const = 0;
+  // Keeps this node alive while a round runs (etcd: for the whole job) and watches the other
+  // members of the round, until destroyed; losses go to `events` (while it exists). Renewals
+  // of this node's liveness go to the Renewals the backend was built with. Throws when the
+  // backend cannot be reached.
+  virtual std::unique_ptr<Liveness> watch(const Members& m, std::weak_ptr<LivenessEvents> events) = 0;
+};
+
+}  // namespace ddprun::rounds

@@ -1,0 +1,35 @@
+#pragma once
+// A thread that can be waited for with a time limit, then left behind (one stuck on an
+// unreachable server at exit): it must only touch state it shares by shared_ptr.
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <thread>
+
+namespace ddprun::rounds {
+
+struct BoundedThread {
+  std::thread thread;
+  std::shared_future<void> done;
+
+  template <typename F>
+  void start(F f) {
+    auto p = std::make_shared<std::promise<void>>();
+    done = p->get_future().share();
+    thread = std::thread([p, f = std::move(f)]() mutable {
+      f();
+      p->set_value();
+    });
+  }
+  void join_within(std::chrono::milliseconds limit) {
+    if (!thread.joinable()) return;
+    if (done.wait_for(limit) == std::future_status::ready) {
+      thread.join();
+    } else {
+      thread.detach();
+    }
+  }
+};
+
+}  // namespace ddprun::rounds

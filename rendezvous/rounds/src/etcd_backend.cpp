@@ -1,0 +1,219 @@
+#include "etcd_backend.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/net.hpp"
+#include "ddprun/common/text.hpp"
+#include "task_queue.hpp"
+
+namespace ddprun::rounds {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Markers outlive the run this long (a node started late is told the job finished).
+constexpr std::chrono::seconds kMarkerTtl{600};
+
+class EtcdConnection : public Connection {
+ public:
+  EtcdConnection(std::unique_ptr<EtcdClient> c, std::string prefix, std::shared_ptr<EtcdBackend::Lease> lease)
+      : c_(std::move(c)), prefix_(std::move(prefix)), lease_(std::move(lease)) {}
+
+  std::optional<std::string> get(const Key& k) override {
+    auto kv = c_->get(name(k));
+    if (!kv) return std::nullopt;
+    return kv->value;
+  }
+  void put(const Key& k, const std::string& value, Lifetime life) override { c_->put(name(k), value, lease_for(life)); }
+  std::string create(const Key& k, const std::string& value, Lifetime life) override {
+    EtcdKv existing;
+    return c_->create(name(k), value, lease_for(life), &existing) ? value : existing.value;
+  }
+  // Read, then replace if nobody wrote in between; again otherwise.
+  std::int64_t add(const Key& k, std::int64_t delta) override {
+    const std::string key = name(k);
+    for (;;) {
+      auto kv = c_->get(key);
+      if (!kv) {
+        if (c_->create(key, std::to_string(delta))) return delta;
+        continue;
+      }
+      auto now = parse_int(kv->value);
+      if (!now) throw ProtocolError("rendezvous: malformed value at key '" + key + "': not a counter");
+      if (delta == 0) return *now;
+      if (c_->replace(key, std::to_string(*now + delta), kv->mod_revision)) return *now + delta;
+    }
+  }
+  bool wait(const std::vector<Key>& keys, Clock::time_point deadline) override {
+    for (;;) {
+      const Key* missing = nullptr;
+      for (const auto& k : keys) {
+        if (!c_->get(name(k))) {
+          missing = &k;
+          break;
+        }
+      }
+      if (!missing) return true;
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left <= 0ms) return false;
+      c_->watch(name(*missing), false, c_->revision() + 1, std::min<std::chrono::milliseconds>(left, 1s));
+    }
+  }
+  void clear_run() override { c_->delete_prefix(prefix_ + "/"); }
+  std::string name(const Key& k) const override { return prefix_ + "/" + k.text(); }
+
+ private:
+  std::int64_t lease_for(Lifetime life) {
+    if (life == Lifetime::node) return lease_->id;
+    if (life == Lifetime::marker) return c_->grant_lease(kMarkerTtl);
+    return 0;
+  }
+
+  std::unique_ptr<EtcdClient> c_;
+  std::string prefix_;
+  std::shared_ptr<EtcdBackend::Lease> lease_;
+};
+
+// A round's members watched for their node records vanishing (their leases expired).
+class RecordWatch : public Liveness {
+ public:
+  RecordWatch(std::unique_ptr<EtcdClient> c, const Members& m, std::chrono::milliseconds ttl,
+              std::chrono::milliseconds give_up, std::string prefix, std::weak_ptr<LivenessEvents> ev)
+      : state_(std::make_shared<State>()) {
+    auto& s = *state_;
+    s.c = std::move(c);
+    s.m = m;
+    s.ttl = ttl;
+    s.give_up = give_up;
+    s.prefix = std::move(prefix);
+    s.events = std::move(ev);
+    s.c->get_prefix(s.full(m.records.at(0).family()));
+    s.from = s.c->revision() + 1;  // events after what was read here
+    thread_.start([st = state_] { st->run(); });
+  }
+  ~RecordWatch() override {
+    state_->stop.stop();
+    thread_.join_within(1500ms);
+  }
+
+ private:
+  struct State {
+    std::unique_ptr<EtcdClient> c;
+    Members m;
+    std::chrono::milliseconds ttl, give_up;
+    std::string prefix;
+    std::weak_ptr<LivenessEvents> events;
+    std::int64_t from = 0;
+    StopSignal stop;
+
+    std::string full(const std::string& rel) const { return prefix + "/" + rel; }
+    void lost_member(int g) {
+      spdlog::warn("ddprun: round {}: node {} ({}) lost its etcd lease", m.round, g, m.hosts.at(g));
+      if (auto e = events.lock()) e->peer_lost(m.round, g, std::chrono::duration<double>(ttl).count());
+    }
+    void run() {
+      // A record already gone (its node died as the round closed) is a loss at once.
+      for (std::size_t g = 0; g < m.records.size(); ++g) {
+        if (!stop.stopped() && !c->get(full(m.records[g].text()))) return lost_member(static_cast<int>(g));
+      }
+      auto failing_since = Clock::now();
+      bool failing = false;
+      while (!stop.stopped()) {
+        try {
+          for (const auto& ev : c->watch(full(m.records[0].family()), true, from, 1s)) {
+            from = std::max(from, ev.kv.mod_revision + 1);
+            if (!ev.deleted) continue;
+            for (std::size_t g = 0; g < m.records.size(); ++g) {
+              if (ev.kv.key == full(m.records[g].text())) return lost_member(static_cast<int>(g));
+            }
+          }
+          failing = false;
+        } catch (const Error& e) {
+          if (!failing) failing_since = Clock::now();
+          failing = true;
+          if (Clock::now() - failing_since > give_up) {
+            if (auto ev = events.lock()) ev->lost(m.round, std::string("lost etcd: ") + e.what());
+            return;
+          }
+          stop.wait_for(100ms);
+        }
+      }
+    }
+  };
+  std::shared_ptr<State> state_;
+  BoundedThread thread_;
+};
+
+}  // namespace
+
+EtcdBackend::EtcdBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
+    : opt_(opt), endpoints_(parse_etcd_endpoints(opt.etcd_endpoints)), prefix_(opt.etcd_prefix + "/" + opt.run_id),
+      renewals_(std::move(renewals)) {}
+
+EtcdBackend::~EtcdBackend() {
+  lease_->stop.stop();
+  keeper_.join_within(1s);
+}
+
+// etcd answers in milliseconds: a call is bounded by the lease's TTL (at least 2 s), so that a
+// node cut off from etcd knows within about a TTL.
+std::unique_ptr<EtcdClient> EtcdBackend::client(std::chrono::milliseconds timeout) const {
+  EtcdOptions eo(endpoints_, std::min(timeout, std::max<std::chrono::milliseconds>(opt_.lease_ttl, 2s)));
+  eo.user = opt_.etcd_user;
+  eo.password = opt_.etcd_password;
+  return std::make_unique<EtcdClient>(eo);
+}
+
+std::string EtcdBackend::reach() const { return source_address_towards(endpoints_.at(0).host); }
+
+std::unique_ptr<Connection> EtcdBackend::connect(std::chrono::milliseconds timeout) {
+  auto c = client(timeout);
+  if (lease_->id == 0) start_lease(*c);
+  return std::make_unique<EtcdConnection>(std::move(c), prefix_, lease_);
+}
+
+// The lease is renewed every TTL/3 on a thread of its own, for the whole job. One that expired
+// anyway (the node was stopped, or cut off) is replaced: the others counted this node lost, and
+// it joins again as a new node.
+void EtcdBackend::start_lease(EtcdClient& c) {
+  auto sent = Clock::now();
+  lease_->id = c.grant_lease(opt_.lease_ttl);
+  if (auto r = renewals_.lock()) r->renewed(sent);
+  keeper_.start([lease = lease_, c = client(opt_.lease_ttl), renewals = renewals_, ttl = opt_.lease_ttl]() mutable {
+    const auto every = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(ttl) / 3, 100ms);
+    while (!lease->stop.wait_for(every)) {
+      try {
+        auto sent = Clock::now();
+        if (!c->keep_alive(lease->id)) {
+          spdlog::warn("ddprun: this node's etcd lease expired (etcd did not hear from it for {}): the other nodes "
+                       "count it as lost; it joins again", duration_text(ttl));
+          lease->id = c->grant_lease(ttl);
+        }
+        if (auto r = renewals.lock()) r->renewed(sent);
+      } catch (const Error& e) {
+        // etcd unreachable for now: the next renewal tries again; the fence stops this node's
+        // workers if none gets through in time.
+        spdlog::debug("ddprun: etcd keep-alive failed: {}", e.what());
+      }
+    }
+  });
+}
+
+void EtcdBackend::close() {
+  lease_->stop.stop();
+  keeper_.join_within(1s);
+  if (lease_->id == 0) return;
+  try {
+    client(2s)->revoke(lease_->id);
+  } catch (const Error& e) {
+    spdlog::debug("ddprun: revoking this node's etcd lease: {}", e.what());
+  }
+}
+
+std::unique_ptr<Liveness> EtcdBackend::watch(const Members& m, std::weak_ptr<LivenessEvents> events) {
+  return std::make_unique<RecordWatch>(client(opt_.read_timeout), m, opt_.lease_ttl, opt_.read_timeout, prefix_,
+                                       std::move(events));
+}
+
+}  // namespace ddprun::rounds

@@ -1,0 +1,53 @@
+#pragma once
+// The round records in an etcd v3 cluster (--rdzv_backend=etcd): keys under
+// <prefix>/<run_id>/, first-writer-wins through transactions, counters through compare-and-swap,
+// waits through watches. Each node holds one lease for the job, renewed every TTL/3; its node
+// records live on it, so a node that dies loses them when its lease expires, which every other
+// member of its round sees through a watch. No node holds the records: the cluster does.
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend.hpp"
+#include "bounded_thread.hpp"
+#include "ddprun/rounds/options.hpp"
+#include "etcd_client.hpp"
+#include "task_queue.hpp"
+
+namespace ddprun::rounds {
+
+class EtcdBackend : public Backend {
+ public:
+  // Throws UsageError for a malformed endpoint list.
+  EtcdBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals);
+  ~EtcdBackend() override;
+
+  std::string where() const override { return "etcd at " + opt_.etcd_endpoints; }
+  std::unique_ptr<Connection> connect(std::chrono::milliseconds timeout) override;
+  void close() override;
+  std::string reach() const override;
+  bool holds_records() const override { return false; }
+  std::chrono::milliseconds liveness_ttl() const override { return opt_.lease_ttl; }
+  std::unique_ptr<Liveness> watch(const Members& m, std::weak_ptr<LivenessEvents> events) override;
+
+  // This node's lease, shared with its connections and its keeper thread.
+  struct Lease {
+    std::atomic<std::int64_t> id{0};
+    StopSignal stop;  // the keeper's pause, cut short at the end
+  };
+
+ private:
+  std::unique_ptr<EtcdClient> client(std::chrono::milliseconds timeout) const;
+  void start_lease(EtcdClient& c);
+
+  RendezvousOptions opt_;
+  std::vector<EtcdEndpoint> endpoints_;
+  std::string prefix_;
+  std::weak_ptr<Renewals> renewals_;
+  std::shared_ptr<Lease> lease_ = std::make_shared<Lease>();
+  BoundedThread keeper_;
+};
+
+}  // namespace ddprun::rounds

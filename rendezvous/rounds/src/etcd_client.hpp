@@ -1,0 +1,92 @@
+#pragma once
+// A small, blocking client of etcd's v3 API through its JSON gateway (HTTP/1.1 over Boost.Beast):
+// the key-value operations, transactions for create-if-absent, leases, and watches. Every call is
+// bounded by the time-out; a member that cannot be reached is skipped for the next one, so a
+// cluster that loses any one member (its leader included) keeps serving. The foundation of the
+// etcd rendezvous backend.
+//
+// Why the JSON gateway rather than gRPC: no generated code, no protobuf or gRPC build
+// dependency, one header-only library (Beast) that ddprun already has; the rendezvous needs a
+// handful of small requests per round, where the gateway's cost does not matter.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::rounds {
+
+struct EtcdEndpoint {
+  std::string host;
+  std::uint16_t port = 2379;
+};
+
+struct EtcdOptions {
+  EtcdOptions() = default;
+  EtcdOptions(std::vector<EtcdEndpoint> e, std::chrono::milliseconds t) : endpoints(std::move(e)), timeout(t) {}
+  std::vector<EtcdEndpoint> endpoints;
+  std::chrono::milliseconds timeout{std::chrono::seconds(5)};  // per call, all members tried
+  std::string user, password;                                  // when the cluster has auth on
+};
+
+struct EtcdKv {
+  std::string key, value;
+  std::int64_t create_revision = 0, mod_revision = 0, lease = 0;
+};
+
+struct EtcdEvent {
+  bool deleted = false;  // else a put
+  EtcdKv kv;
+};
+
+// "h1:2379,h2:2379,[::1]:2379" -> endpoints. Throws UsageError.
+std::vector<EtcdEndpoint> parse_etcd_endpoints(const std::string& list);
+
+class EtcdClient {
+ public:
+  explicit EtcdClient(EtcdOptions options);
+  ~EtcdClient();
+  EtcdClient(const EtcdClient&) = delete;
+  EtcdClient& operator=(const EtcdClient&) = delete;
+
+  std::optional<EtcdKv> get(const std::string& key);
+  // Every key under `prefix`, in creation order.
+  std::vector<EtcdKv> get_prefix(const std::string& prefix);
+  std::int64_t put(const std::string& key, const std::string& value, std::int64_t lease = 0);
+  // Creates `key` unless it exists (one transaction): true when this call created it; else
+  // `existing` (when given) receives the current entry. A member that timed out may have applied
+  // the transaction before the retry on another: make values unique (a node id) and compare.
+  bool create(const std::string& key, const std::string& value, std::int64_t lease = 0, EtcdKv* existing = nullptr);
+  // Replaces `key`'s value if it was last modified at `mod_revision` (one transaction): true
+  // when this call replaced it. The building block of counters (read, then replace).
+  bool replace(const std::string& key, const std::string& value, std::int64_t mod_revision);
+  std::int64_t delete_prefix(const std::string& prefix);
+
+  std::int64_t grant_lease(std::chrono::seconds ttl);
+  // Renews `lease`; false when it has expired already.
+  bool keep_alive(std::int64_t lease);
+  void revoke(std::int64_t lease);
+
+  // The events on `key` (or every key under it, `prefix`) from revision `from` on; waits up to
+  // `limit` for the first one, then returns what arrived with it (empty: none in time).
+  std::vector<EtcdEvent> watch(const std::string& key, bool prefix, std::int64_t from, std::chrono::milliseconds limit);
+
+  // The member that answered, and the cluster's leader, as etcd ids.
+  struct Status {
+    std::string member_id, leader_id;
+  };
+  Status status();
+
+  // The store's revision as of the last response.
+  std::int64_t revision() const { return revision_; }
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  std::int64_t revision_ = 0;
+};
+
+}  // namespace ddprun::rounds

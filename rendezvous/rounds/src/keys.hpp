@@ -1,0 +1,47 @@
+#pragma once
+// The keys of a run, relative to its prefix ("ddprun/rdzv/<run_id>" in a store,
+// "<etcd prefix>/<run_id>" in etcd). Typed: a key is built from its name, never parsed back.
+//
+// Run-wide:
+//   config             RunConfig of the first node: a node whose settings differ is another job
+//   round              the latest round any node joined
+//   finished           the job ended (a node arriving later is told so)
+// Round R (r<R>/...):
+//   rc                 the restart count of round R
+//   expect             how many nodes round R expects (survivors of R-1): it closes as soon as
+//                      they are in, instead of waiting out the last call
+//   join               arrival counter: arrival order is the group rank (c10d, etcd)
+//   node/<i>           NodeInfo of the i-th arrival (etcd: on the node's lease)
+//   rank/<n>           static: the node holding --node_rank n (first writer wins)
+//   closed             Closed: the first K arrivals are the round; or stopped, or finished
+//   store              StoreAddress of the workers' store, published by group rank 0
+//   alive/<g>          keep-alive counter of group rank g (store backend)
+//   end                RoundEnd: why round R ended (first writer wins)
+//   succeeded, acked, all_acked      the end of a successful or finished job
+//   stop_acks, stop_seen             nodes that read a "stopped" end
+
+#include <string>
+
+namespace ddprun::rounds {
+
+enum class Name {
+  config, round, finished,
+  rc, expect, join, node, rank, closed, store, alive, end, succeeded, acked, all_acked, stop_acks, stop_seen,
+};
+
+struct Key {
+  Name name;
+  int round = -1;  // -1: a run-wide key
+  int index = -1;  // node/<i>, rank/<n>, alive/<g>
+
+  // The key relative to the run's prefix: "r3/node/1", "config".
+  std::string text() const;
+  // The prefix of every key of this kind in this round ("r3/node/"): for watching them all.
+  std::string family() const;
+  bool operator==(const Key& o) const { return name == o.name && round == o.round && index == o.index; }
+};
+
+inline Key run_key(Name n) { return Key{n, -1, -1}; }
+inline Key round_key(int round, Name n, int index = -1) { return Key{n, round, index}; }
+
+}  // namespace ddprun::rounds

@@ -1,0 +1,65 @@
+#include "local_rendezvous.hpp"
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/system.hpp"
+#include "ddprun/rendezvous/store_server.hpp"
+
+namespace ddprun::rounds {
+
+LocalRendezvous::LocalRendezvous(const RendezvousOptions& opt, Post post)
+    : host_(opt.store_host), nproc_(opt.nproc),
+      node_name_(opt.local_addr.empty() ? host_name() : opt.local_addr), post_(std::move(post)) {
+  rendezvous::StoreServerOptions so;
+  so.host = opt.store_host;
+  so.port = opt.store_port;
+  // One node: every worker is a process of this user on this host.
+  so.same_user = true;
+  so.allow = std::vector<std::string>{};
+  so.reserved_fds = 64 + 8 * static_cast<std::size_t>(opt.nproc);
+  try {
+    store_ = std::make_unique<rendezvous::StoreServer>(so);
+  } catch (const AddressInUseError&) {
+    throw Error("cannot host the rendezvous store on " + opt.store_host + ":" + std::to_string(opt.store_port) +
+                ": the address is already in use (another job?). Use --standalone to pick a free port, "
+                "or another --master_port.");
+  }
+  store_->start();
+}
+
+LocalRendezvous::~LocalRendezvous() { shutdown(); }
+
+void LocalRendezvous::join(int round, int restart_count) {
+  if (round > 0) store_->reset();  // a restarted group does not see the previous one's keys
+  RoundInfo info;
+  info.round = round;
+  info.restart_count = std::max(restart_count, 0);
+  info.world_size = nproc_;
+  info.store_host = host_;
+  info.store_port = store_->port();
+  NodeInfo me;
+  me.host = node_name_;
+  me.nproc = nproc_;
+  me.node_rank = 0;
+  info.nodes = {me};
+  post_([l = listener_, info] { l->on_round_ready(info); });
+}
+
+void LocalRendezvous::over(int round, RoundEnd why) {
+  if (!ended_.insert(round).second) return;  // the first end of a round wins, as on several nodes
+  post_([l = listener_, o = RoundOutcome{round, std::move(why), {}}] { l->on_round_over(o); });
+}
+
+void LocalRendezvous::end_round(int round, const RoundEnd& why, int) { over(round, why); }
+void LocalRendezvous::report_success(int round) { over(round, RoundEnd::of_success()); }
+void LocalRendezvous::finish(int, Ack) {
+  post_([l = listener_] { l->on_finished(); });
+}
+void LocalRendezvous::leave(int, int) {
+  post_([l = listener_] { l->on_finished(); });
+}
+
+void LocalRendezvous::shutdown() {
+  if (store_) store_->stop();
+}
+
+}  // namespace ddprun::rounds

@@ -1,0 +1,39 @@
+// The one place that knows every Rendezvous: a single node meets nobody; several meet through
+// the round rules over a store or etcd.
+#include "ddprun/rounds/rendezvous.hpp"
+
+#include "ddprun/common/error.hpp"
+#include "etcd_backend.hpp"
+#include "local_rendezvous.hpp"
+#include "store_backend.hpp"
+#include "threaded_rendezvous.hpp"
+
+namespace ddprun::rounds {
+
+void validate(const RendezvousOptions& opt) {
+  if (opt.min_nodes < 1 || opt.max_nodes < opt.min_nodes) {
+    throw UsageError("rendezvous: --nnodes=" + std::to_string(opt.min_nodes) + ":" + std::to_string(opt.max_nodes) +
+                     " is not MIN:MAX with 1 <= MIN <= MAX");
+  }
+  if (opt.backend == BackendKind::etcd) parse_etcd_endpoints(opt.etcd_endpoints);
+}
+
+std::unique_ptr<Rendezvous> make_rendezvous(const RendezvousOptions& opt, Post post, Fence* fence) {
+  validate(opt);
+  switch (opt.backend) {
+    case BackendKind::single_node:
+      return std::make_unique<LocalRendezvous>(opt, std::move(post));
+    case BackendKind::etcd:
+      return std::make_unique<ThreadedRendezvous>(
+          opt, [&](std::weak_ptr<Renewals> r) { return std::make_unique<EtcdBackend>(opt, std::move(r)); },
+          std::move(post), fence);
+    case BackendKind::static_ranks:
+    case BackendKind::c10d:
+      break;
+  }
+  return std::make_unique<ThreadedRendezvous>(
+      opt, [&](std::weak_ptr<Renewals> r) { return std::make_unique<StoreBackend>(opt, std::move(r)); },
+      std::move(post), fence);
+}
+
+}  // namespace ddprun::rounds

@@ -1,0 +1,163 @@
+#include "ddprun/rounds/records.hpp"
+
+#include "json_fields.hpp"
+
+namespace ddprun::rounds {
+namespace {
+
+using namespace json_fields;
+
+FailureRecord failure_from(const json& j, const std::string& key) {
+  FailureRecord f;
+  f.rank = field<int>(j, key, "rank", -1);
+  f.local_rank = field<int>(j, key, "local_rank", -1);
+  f.pid = field<pid_t>(j, key, "pid", 0);
+  f.host = field<std::string>(j, key, "host", "?");
+  f.reason = field<std::string>(j, key, "reason", "?");
+  f.exit_code = field<int>(j, key, "exit_code", 1);
+  f.status.signal = field<int>(j, key, "signal", 0);
+  f.status.code = field<int>(j, key, "code", 0);
+  f.time = std::chrono::system_clock::time_point(std::chrono::milliseconds(field<long long>(j, key, "time_ms", 0)));
+  f.error_file = field<std::string>(j, key, "error_file", "");
+  f.message = field<std::string>(j, key, "message", "");
+  f.traceback = field<std::string>(j, key, "traceback", "");
+  f.hang = field<bool>(j, key, "hang", false);
+  auto tail = j.find("stderr_tail");
+  if (tail != j.end() && !tail->is_null()) {
+    if (!tail->is_array()) malformed(key, "field 'stderr_tail' is not an array");
+    for (const auto& l : *tail) {
+      if (!l.is_string()) malformed(key, "field 'stderr_tail' holds a non-string");
+      f.stderr_tail.push_back(l.get<std::string>());
+    }
+  }
+  if (f.exit_code < 0 || f.exit_code > 255) malformed(key, "field 'exit_code' is not 0-255");
+  return f;
+}
+
+}  // namespace
+
+std::string node_json(const NodeInfo& n) {
+  return json{{"host", n.host}, {"addr", n.addr}, {"reach", n.reach}, {"nproc", n.nproc}, {"node_rank", n.node_rank}, {"addrs", n.addrs}}
+      .dump();
+}
+
+NodeInfo parse_node(const std::string& key, const std::string& value) {
+  auto j = object(key, value);
+  NodeInfo n;
+  n.host = field<std::string>(j, key, "host", "");
+  n.addr = field<std::string>(j, key, "addr", "");
+  n.reach = field<std::string>(j, key, "reach", "");
+  n.nproc = field<int>(j, key, "nproc", 1);
+  n.node_rank = field<int>(j, key, "node_rank", -1);
+  if (n.nproc < 1 || n.nproc > 1 << 20) malformed(key, "field 'nproc' is out of range");
+  // Addresses are advisory (the workers' store allows them): entries that are not strings are skipped.
+  auto addrs = j.find("addrs");
+  if (addrs != j.end() && addrs->is_array()) {
+    for (const auto& a : *addrs) {
+      if (a.is_string()) n.addrs.push_back(a.get<std::string>());
+    }
+  }
+  return n;
+}
+
+const char* to_string(RoundEnd::Kind k) {
+  switch (k) {
+    case RoundEnd::Kind::failure: return "failure";
+    case RoundEnd::Kind::node_lost: return "node_lost";
+    case RoundEnd::Kind::membership: return "membership";
+    case RoundEnd::Kind::stopped: return "stopped";
+    case RoundEnd::Kind::success: return "success";
+  }
+  return "?";
+}
+
+RoundEnd RoundEnd::of_failure(FailureRecord f) {
+  RoundEnd e;
+  e.kind = Kind::failure;
+  e.host = f.host;
+  e.failure = std::move(f);
+  return e;
+}
+
+RoundEnd RoundEnd::of_stop(int signal, std::string host, std::string by) {
+  RoundEnd e;
+  e.kind = Kind::stopped;
+  e.signal = signal;
+  e.host = std::move(host);
+  e.by = std::move(by);
+  return e;
+}
+
+RoundEnd RoundEnd::of_node_lost(int group_rank, std::string host, double idle_s) {
+  RoundEnd e;
+  e.kind = Kind::node_lost;
+  e.group_rank = group_rank;
+  e.host = std::move(host);
+  e.idle_s = idle_s;
+  return e;
+}
+
+RoundEnd RoundEnd::of_membership(std::string host) {
+  RoundEnd e;
+  e.kind = Kind::membership;
+  e.host = std::move(host);
+  return e;
+}
+
+RoundEnd RoundEnd::of_success() { return RoundEnd{}; }
+
+std::string round_end_json(const RoundEnd& e) {
+  json j = {{"kind", to_string(e.kind)}};
+  switch (e.kind) {
+    case RoundEnd::Kind::failure: {
+      const FailureRecord& f = *e.failure;
+      j.update(json{{"rank", f.rank}, {"local_rank", f.local_rank}, {"pid", f.pid}, {"host", f.host},
+                    {"reason", f.reason}, {"exit_code", f.exit_code}, {"hang", f.hang}, {"signal", f.status.signal},
+                    {"code", f.status.code},
+                    {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(f.time.time_since_epoch()).count()},
+                    {"error_file", f.error_file}, {"message", f.message}, {"traceback", f.traceback},
+                    {"stderr_tail", std::vector<std::string>(f.stderr_tail.begin(), f.stderr_tail.end())}});
+      break;
+    }
+    case RoundEnd::Kind::node_lost:
+      j.update(json{{"group_rank", e.group_rank}, {"host", e.host}, {"idle_s", e.idle_s}});
+      break;
+    case RoundEnd::Kind::stopped:
+      j.update(json{{"signal", e.signal}, {"host", e.host}, {"by", e.by}});
+      break;
+    case RoundEnd::Kind::membership:
+      j["host"] = e.host;
+      break;
+    case RoundEnd::Kind::success:
+      break;
+  }
+  return j.dump();
+}
+
+RoundEnd parse_round_end(const std::string& key, const std::string& value) {
+  auto j = object(key, value);
+  RoundEnd r;
+  const std::string kind = field<std::string>(j, key, "kind", "");
+  bool known = false;
+  for (auto k : {RoundEnd::Kind::failure, RoundEnd::Kind::node_lost, RoundEnd::Kind::membership,
+                 RoundEnd::Kind::stopped, RoundEnd::Kind::success}) {
+    if (kind == to_string(k)) {
+      r.kind = k;
+      known = true;
+    }
+  }
+  if (!known) {
+    malformed(key, "field 'kind' is '" + kind.substr(0, 40) +
+                       "', not one of failure, node_lost, membership, stopped, success");
+  }
+  r.host = field<std::string>(j, key, "host", "?");
+  r.group_rank = field<int>(j, key, "group_rank", -1);
+  r.signal = field<int>(j, key, "signal", 0);
+  r.by = field<std::string>(j, key, "by", "");
+  r.idle_s = field<double>(j, key, "idle_s", 0.0);
+  if (r.signal < 0 || r.signal > 64) malformed(key, "field 'signal' is not a signal number");
+  if (r.kind == RoundEnd::Kind::failure) r.failure = failure_from(j, key);
+  return r;
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,326 @@
+#include "round_rules.hpp"
+
+#include <csignal>
+#include <cstdio>
+#include <random>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/common/net.hpp"
+#include "ddprun/common/system.hpp"
+#include "ddprun/common/text.hpp"
+#include "rendezvous_error.hpp"
+#include "round_state.hpp"
+#include "workers_store.hpp"
+
+namespace ddprun::rounds {
+namespace {
+
+using namespace std::chrono_literals;
+using K = RendezvousFailure::Kind;
+
+constexpr long long kMaxNodes = 1 << 20;
+// r<R+1>/rc when the job ended with round R.
+constexpr const char* kFinished = "finished";
+
+std::string random_node_id() {
+  std::random_device rd;
+  char id[17];
+  std::snprintf(id, sizeof(id), "%08x%08x", rd(), rd());
+  return id;
+}
+
+}  // namespace
+
+Self describe_self(const RendezvousOptions& opt, const std::string& reach) {
+  Self s;
+  s.node_id = random_node_id();
+  s.info.host = opt.local_addr.empty() ? host_name() : opt.local_addr;
+  s.info.addr = opt.local_addr;
+  s.info.reach = reach;
+  s.info.nproc = opt.nproc;
+  s.info.node_rank = opt.node_rank;
+  s.info.addrs = local_addresses();
+  return s;
+}
+
+RoundRules::RoundRules(const RendezvousOptions& opt, Backend& backend, WorkersStore& workers, Self self)
+    : opt_(opt), backend_(backend), workers_(workers), self_(std::move(self)), where_(backend.where()) {}
+
+void RoundRules::connect() {
+  conn_ = backend_.connect(opt_.join_timeout);
+  auto& c = *conn_;
+  const Key finished = run_key(Name::finished), config = run_key(Name::config);
+  if (c.get(finished)) {
+    throw RendezvousError(K::finished, "rendezvous: run id '" + opt_.run_id + "' already finished on " + where_ +
+                                           "; give this job a new --rdzv_id");
+  }
+  const RunConfig mine{opt_.backend, opt_.min_nodes, opt_.max_nodes};
+  const RunConfig theirs = parse_config(c.name(config), c.create(config, config_json(mine)));
+  if (!(theirs == mine)) {
+    throw RendezvousError(K::in_use, "rendezvous: run id '" + opt_.run_id + "' is in use on " + where_ +
+                                         " by a job with other settings (" + theirs.describe() + "; this node: " +
+                                         mine.describe() + "); give this job its own --rdzv_id");
+  }
+}
+
+RoundRules::Joined RoundRules::join(int round, int rc) {
+  auto& c = *conn_;
+  const auto deadline = Clock::now() + opt_.join_timeout;
+  const Key latest = run_key(Name::round);
+  for (;;) {
+    if (rc < 0) {
+      if (auto r = c.get(latest)) round = std::max(round, static_cast<int>(parse_number(c.name(latest), *r, 0, INT32_MAX)));
+    }
+    c.put(latest, std::to_string(round));
+    if (rc >= 0) c.put(round_key(round, Name::rc), std::to_string(rc));
+    if (opt_.backend == BackendKind::static_ranks && !claim_rank(round, deadline)) {
+      ++round;  // the round that held this rank has ended: meet in the next one
+      continue;
+    }
+    int idx = static_cast<int>(c.add(round_key(round, Name::join), 1)) - 1;
+    told_ = round;
+    c.put(round_key(round, Name::node, idx), node_json(self_.info), Lifetime::node);
+    int closed = wait_closed(round, idx, deadline);
+    if (idx < closed) return read_round(round, idx, closed, rc);
+    told_ = kNobody;  // this node is not in the round: a stop here is nobody else's business
+    ask_to_join(round, closed);
+    wait_next_round(round);
+    rc = -1;
+    ++round;
+  }
+}
+
+// Outside a running round: the next one begins when this one has ended and its members go on
+// (the first to join the next round writes its restart count), never beside it; a job that
+// ends instead leaves "finished" there.
+void RoundRules::wait_next_round(int round) {
+  auto& c = *conn_;
+  const Key next = round_key(round + 1, Name::rc);
+  while (!c.wait({next}, Clock::now() + opt_.read_timeout)) {
+  }
+  if (c.get(next).value_or("") == kFinished) {
+    throw RendezvousError(K::finished, "rendezvous: the job of run id '" + opt_.run_id + "' on " + where_ +
+                                           " finished while this node waited for a place in it");
+  }
+}
+
+int RoundRules::round_to_tell(int asked) const {
+  int told = told_;
+  return told == kNobody ? -1 : std::max(told, asked);
+}
+
+// The round runs without this node: with room, it is asked to restart with this node in.
+void RoundRules::ask_to_join(int round, int closed) {
+  auto& c = *conn_;
+  if (closed < opt_.max_nodes) {
+    c.put(round_key(round + 1, Name::expect), std::to_string(closed + 1));
+    c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_membership(self_.info.host)));
+    spdlog::info("ddprun: round {} runs with {} nodes; asking it to restart with this one", round, closed);
+  } else if (!said_spare_) {
+    said_spare_ = true;
+    spdlog::info("ddprun: round {} is full ({} of {} nodes); this node waits for a place (run id '{}': if this is "
+                 "another job, give it its own --rdzv_id)", round, closed, opt_.max_nodes, opt_.run_id);
+  }
+}
+
+// Static: --node_rank N is claimed first-writer-wins. Taken by a live node is an error; a node
+// whose agent died is counted lost within the liveness TTL, which ends its round: that long is
+// waited for an end before refusing. False: the round ended, try the next one.
+bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
+  auto& c = *conn_;
+  const Key k = round_key(round, Name::rank, opt_.node_rank);
+  const RankClaim holder = parse_claim(c.name(k), c.create(k, claim_json({self_.node_id, self_.info.host})));
+  if (holder.node_id == self_.node_id) return true;
+  auto wait_until = std::min(deadline, Clock::now() + backend_.liveness_ttl() + 1s);
+  if (c.wait({round_key(round, Name::end)}, wait_until)) return false;
+  throw RendezvousError(K::in_use, "rendezvous: node rank " + std::to_string(opt_.node_rank) + " is already in use in run '" +
+                                       opt_.run_id + "' on " + where_ + ": host " + holder.host + " holds it in round " +
+                                       std::to_string(round) + " and is alive; give each node a distinct --node_rank (0.." +
+                                       std::to_string(opt_.max_nodes - 1) + "), or a new job its own --rdzv_id");
+}
+
+// Closes round `round` when this arrival (`idx`) fills it, waits until it is closed, and returns
+// how many nodes it holds.
+int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
+  auto& c = *conn_;
+  int expect = opt_.max_nodes;
+  const Key ek = round_key(round, Name::expect);
+  if (auto e = c.get(ek)) expect = std::clamp(static_cast<int>(parse_number(c.name(ek), *e, 1, kMaxNodes)), 1, opt_.max_nodes);
+  const Key closed = round_key(round, Name::closed), joins = round_key(round, Name::join);
+  const int n = idx + 1;
+  if (n >= opt_.max_nodes || (n >= opt_.min_nodes && n >= expect)) {
+    // Full, or every survivor of the last round is back: close now, no last call.
+    c.create(closed, closed_json(Closed::of_nodes(std::min(n, opt_.max_nodes))));
+  }
+  if (n >= opt_.min_nodes) {
+    if (!c.wait({closed}, Clock::now() + opt_.last_call_timeout)) {
+      // Last call over: close with whoever has arrived.
+      int joined = static_cast<int>(std::min<std::int64_t>(c.add(joins, 0), opt_.max_nodes));
+      c.create(closed, closed_json(Closed::of_nodes(joined)));
+    }
+  } else if (!c.wait({closed}, deadline)) {
+    throw_if_stopped(c, round);
+    throw RendezvousError(K::timeout, "rendezvous: only " + std::to_string(c.add(joins, 0)) + " of the " +
+                                          std::to_string(opt_.min_nodes) + " nodes needed joined round " +
+                                          std::to_string(round) + " on " + where_ + " within " +
+                                          duration_text(opt_.join_timeout) +
+                                          " (join_timeout); start the other nodes, or lower --nnodes");
+  }
+  const Closed result = parse_closed(c.name(closed), c.get(closed).value_or("{}"));
+  if (result.kind == Closed::Kind::stopped) {
+    throw_if_stopped(c, round);
+    throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
+  }
+  return result.nodes;
+}
+
+// In round `round` as its idx-th arrival: every member's description, this node's place.
+RoundRules::Joined RoundRules::read_round(int round, int idx, int closed, int rc) {
+  auto& c = *conn_;
+  std::vector<Key> records;
+  for (int i = 0; i < closed; ++i) records.push_back(round_key(round, Name::node, i));
+  if (!c.wait(records, Clock::now() + opt_.read_timeout)) {
+    throw RendezvousError(K::timeout, "rendezvous: not every node of round " + std::to_string(round) + " on " + where_ +
+                                          " described itself within " + duration_text(opt_.read_timeout) +
+                                          " (read_timeout): a node died while joining?");
+  }
+  std::vector<NodeInfo> arrivals;
+  for (const auto& k : records) arrivals.push_back(parse_node(c.name(k), c.get(k).value_or("{}")));
+  Joined j;
+  RoundInfo& info = j.info;
+  info.round = round;
+  info.group_world = closed;
+  if (opt_.backend != BackendKind::static_ranks) {
+    info.group_rank = idx;
+    info.nodes = arrivals;
+    j.members.records = records;
+  } else {
+    // Static: group rank = --node_rank, unique (claimed) and below --nnodes.
+    info.nodes.resize(closed);
+    j.members.records.resize(closed, records[0]);
+    std::vector<bool> seen(closed, false);
+    for (int i = 0; i < closed; ++i) {
+      const NodeInfo& n = arrivals[i];
+      if (n.node_rank < 0 || n.node_rank >= closed || seen[n.node_rank]) {
+        throw RendezvousError(K::usage, "rendezvous: node_rank " + std::to_string(n.node_rank) + " (host " + n.host +
+                                            ") is out of range or used twice; give each node a distinct --node_rank in 0.." +
+                                            std::to_string(closed - 1));
+      }
+      seen[n.node_rank] = true;
+      info.nodes[n.node_rank] = n;
+      j.members.records[n.node_rank] = records[i];
+    }
+    info.group_rank = opt_.node_rank;
+  }
+  info.world_size = 0;
+  for (int g = 0; g < closed; ++g) {
+    if (g < info.group_rank) info.rank_offset += info.nodes[g].nproc;
+    info.world_size += info.nodes[g].nproc;
+    j.members.hosts.push_back(info.nodes[g].host);
+  }
+  const Key rck = round_key(round, Name::rc);
+  auto stored = rc >= 0 ? std::nullopt : c.get(rck);
+  info.restart_count = rc >= 0 ? rc : stored ? static_cast<int>(parse_number(c.name(rck), *stored, 0, INT32_MAX)) : 0;
+  j.members.round = round;
+  j.members.group_rank = info.group_rank;
+  publish_store(j);
+  return j;
+}
+
+// The workers' store: hosted by group rank 0 (emptied for the round), published, read by all.
+void RoundRules::publish_store(Joined& j) {
+  auto& c = *conn_;
+  RoundInfo& info = j.info;
+  const Key k = round_key(info.round, Name::store);
+  if (info.group_rank == 0) {
+    c.put(k, store_json(workers_.host(info)));
+  } else {
+    workers_.release();
+  }
+  if (!c.wait({k}, Clock::now() + opt_.read_timeout)) {
+    throw RendezvousError(K::timeout, "rendezvous: group rank 0 (host " + info.nodes[0].host +
+                                          ") did not publish the workers' store of round " + std::to_string(info.round) +
+                                          " within " + duration_text(opt_.read_timeout));
+  }
+  const StoreAddress s = parse_store(c.name(k), c.get(k).value_or("{}"));
+  if (s.stopped) {
+    throw_if_stopped(c, info.round);
+    throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
+  }
+  info.store_host = s.host;
+  info.store_port = s.port;
+}
+
+void RoundRules::throw_if_stopped(Connection& c, int round) {
+  const Key end = round_key(round, Name::end);
+  auto v = c.get(end);
+  if (!v) return;
+  const RoundEnd e = parse_round_end(c.name(end), *v);
+  if (e.kind != RoundEnd::Kind::stopped) return;
+  // Acknowledge: the last of the joined nodes (all but the one that stopped) releases the node
+  // holding the records. The node that stopped the round does not acknowledge its own stop.
+  if (e.by != self_.node_id) {
+    try {
+      auto joined = c.add(round_key(round, Name::join), 0);
+      if (c.add(round_key(round, Name::stop_acks), 1) >= joined - 1) c.put(round_key(round, Name::stop_seen), "1");
+    } catch (const Error&) {
+      // The records are gone already: the stop is known, which is all that matters here.
+    }
+  }
+  const int sig = e.signal > 0 ? e.signal : SIGTERM;
+  throw RendezvousError(K::stopped, "the job was stopped by " + signal_name(sig) + " on host " + e.host +
+                                        " during the rendezvous", sig);
+}
+
+void RoundRules::announce_stop(Connection& c, int round, int signal) {
+  c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_stop(signal, self_.info.host, self_.node_id)));
+  // Wake whoever waits for the round to close, or for its workers' store.
+  c.create(round_key(round, Name::closed), closed_json(Closed::stopped()));
+  StoreAddress stopped;
+  stopped.stopped = true;
+  c.create(round_key(round, Name::store), store_json(stopped));
+  if (!backend_.holds_records()) return;
+  bool others = c.add(round_key(round, Name::join), 0) > 1;
+  if (!c.wait({round_key(round, Name::stop_seen)}, Clock::now() + (others ? 1500ms : 300ms))) {
+    spdlog::debug("ddprun: not every node acknowledged the stop of round {}", round);
+  }
+}
+
+void RoundRules::end_round(int round, RoundEnd why, int expect_next) {
+  if (why.kind == RoundEnd::Kind::stopped) why.by = self_.node_id;
+  if (expect_next > 0) conn_->put(round_key(round + 1, Name::expect), std::to_string(expect_next));
+  conn_->create(round_key(round, Name::end), round_end_json(why));
+}
+
+void RoundRules::report_success(int round, int group_world) {
+  if (conn_->add(round_key(round, Name::succeeded), 1) == group_world) {
+    conn_->create(round_key(round, Name::end), round_end_json(RoundEnd::of_success()));
+  }
+}
+
+void RoundRules::acknowledge_end(int round, int group_world) {
+  auto& c = *conn_;
+  const Key all = round_key(round, Name::all_acked);
+  if (c.add(round_key(round, Name::acked), 1) >= group_world) {
+    // Nothing of the job stays but markers: a node started late with this run id is told the
+    // job finished, and one waiting for a place in a next round learns there is none.
+    c.put(all, "1");
+    c.clear_run();
+    c.put(run_key(Name::finished), "1", Lifetime::marker);
+    c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
+  }
+  // The records must outlive the others' last reads; bounded (close_timeout), it is no exit
+  // barrier: normally every node acknowledges within milliseconds.
+  if (backend_.holds_records() && !c.wait({all}, Clock::now() + opt_.close_timeout)) {
+    spdlog::debug("ddprun: not every node acknowledged the end of round {}", round);
+  }
+}
+
+RoundEnd RoundRules::wait_end(Connection& c, int round) {
+  const Key end = round_key(round, Name::end);
+  while (!c.wait({end}, Clock::now() + 24h)) {
+  }
+  return parse_round_end(c.name(end), c.get(end).value_or("{}"));
+}
+
+}  // namespace ddprun::rounds

@@ -1,0 +1,96 @@
+#pragma once
+// The round rules, written once over the Backend seam (keys: keys.hpp): rounds of MIN:MAX nodes
+// closed when full, when every survivor of the last round is back, or when the last call is
+// over; static node ranks claimed first-writer-wins; one restart count per round; a late node
+// asks the running round to end ("membership") when it has room; the workers' store published
+// by group rank 0; the end of a round decided by its first writer; acknowledgements so that a
+// node holding the records keeps them until the others have read the end; stops announced to
+// nodes still in the rendezvous.
+//
+// Blocking, and not thread-safe: the rendezvous calls join/end/report/acknowledge from its
+// coordinator thread only; announce_stop and wait_end take a connection of their caller's own.
+// Errors that end the rendezvous are RendezvousErrors (rendezvous_error.hpp); a backend that
+// cannot be reached throws its own ddprun::Error.
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "backend.hpp"
+#include "ddprun/rounds/options.hpp"
+#include "ddprun/rounds/rendezvous.hpp"
+
+namespace ddprun::rounds {
+
+class WorkersStore;
+
+// This node, as the other nodes see it.
+struct Self {
+  std::string node_id;  // random, unique among the nodes of a job (several may share a host)
+  NodeInfo info;
+};
+// A new node id, and this node's description (host name or --local_addr, its addresses).
+Self describe_self(const RendezvousOptions& opt, const std::string& reach);
+
+class RoundRules {
+ public:
+  RoundRules(const RendezvousOptions& opt, Backend& backend, WorkersStore& workers, Self self);
+
+  // Opens this node's connection and checks the run: a run id used by a job with other settings,
+  // or a finished one, is an error naming it.
+  void connect();
+
+  struct Joined {
+    RoundInfo info;
+    Members members;
+  };
+  // Joins round `round` (or a later one when this node does not fit in it). `restart_count` is
+  // this node's count, or -1 for a node new to the job. Throws RendezvousError: too few nodes
+  // within join_timeout, a node rank in use, a node stopped during the rendezvous.
+  Joined join(int round, int restart_count);
+
+  // Ends the round with `why` unless another node ended it first. expect_next > 0: how many
+  // nodes the next round waits for before closing without a last call.
+  void end_round(int round, RoundEnd why, int expect_next);
+  // This node's workers all exited 0; the last node to report ends the round "success".
+  void report_success(int round, int group_world);
+  // After the end: every node acknowledges; the last one clears the run and marks it finished;
+  // a node holding the records waits (bounded) for every acknowledgement.
+  void acknowledge_end(int round, int group_world);
+
+  // A stop signal while this node joins `round`: ends it "stopped" and wakes every node waiting
+  // in its rendezvous. A node holding the records keeps them until the others have read why
+  // (1.5 s at most; 0.3 s when no other node had joined).
+  void announce_stop(Connection& c, int round, int signal);
+  // Blocks until round `round` has an end, and returns it.
+  RoundEnd wait_end(Connection& c, int round);
+
+  // The round a stop signal should be announced to, when the caller was asked for `asked`: the
+  // round this node arrived in (the others may wait for it there), or -1 when it is in none
+  // that could wait for it (it waits for a place beside a running round). Any thread.
+  int round_to_tell(int asked) const;
+
+  const std::string& node_id() const { return self_.node_id; }
+  const std::string& where() const { return where_; }
+
+ private:
+  bool claim_rank(int round, Clock::time_point deadline);
+  int wait_closed(int round, int idx, Clock::time_point deadline);
+  void wait_next_round(int round);
+  Joined read_round(int round, int idx, int closed, int restart_count);
+  void publish_store(Joined& j);
+  void throw_if_stopped(Connection& c, int round);
+  void ask_to_join(int round, int closed);
+
+  const RendezvousOptions& opt_;
+  Backend& backend_;
+  WorkersStore& workers_;
+  Self self_;
+  std::string where_;
+  std::unique_ptr<Connection> conn_;
+  bool said_spare_ = false;
+  static constexpr int kNobody = -2;
+  std::atomic<int> told_{-1};  // the round this node arrived in; kNobody: excluded from it
+};
+
+}  // namespace ddprun::rounds

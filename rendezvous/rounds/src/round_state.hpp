@@ -1,0 +1,58 @@
+#pragma once
+// The records only the round protocol itself reads (records.hpp has those that cross the
+// Rendezvous seam), each with its JSON in both directions. Readers throw ProtocolError naming
+// the key.
+
+#include <cstdint>
+#include <string>
+
+#include "ddprun/rounds/options.hpp"
+
+namespace ddprun::rounds {
+
+// r<R>/closed: who is in round R, or that a stop ended it first.
+struct Closed {
+  enum class Kind { nodes, stopped };
+  Kind kind = Kind::nodes;
+  int nodes = 0;  // the first `nodes` arrivals are the round
+
+  static Closed of_nodes(int n) { return {Kind::nodes, n}; }
+  static Closed stopped() { return {Kind::stopped, 0}; }
+};
+std::string closed_json(const Closed& c);
+Closed parse_closed(const std::string& key, const std::string& value);
+
+// r<R>/store: the workers' store (MASTER_ADDR, MASTER_PORT), or a stop.
+struct StoreAddress {
+  std::string host;
+  std::uint16_t port = 0;
+  bool stopped = false;
+};
+std::string store_json(const StoreAddress& s);
+StoreAddress parse_store(const std::string& key, const std::string& value);
+
+// config: the settings every node of a job shares.
+struct RunConfig {
+  BackendKind backend = BackendKind::c10d;
+  int min_nodes = 1;
+  int max_nodes = 1;
+  bool operator==(const RunConfig& o) const {
+    return backend == o.backend && min_nodes == o.min_nodes && max_nodes == o.max_nodes;
+  }
+  std::string describe() const;  // "c10d, 2 to 4 nodes"
+};
+std::string config_json(const RunConfig& c);
+RunConfig parse_config(const std::string& key, const std::string& value);
+
+// r<R>/rank/<n>: the node holding a static node rank.
+struct RankClaim {
+  std::string node_id;
+  std::string host;
+};
+std::string claim_json(const RankClaim& c);
+RankClaim parse_claim(const std::string& key, const std::string& value);
+
+// A counter or a number written by a node (round, rc, expect): a decimal integer in [lo, hi].
+long long parse_number(const std::string& key, const std::string& value, long long lo, long long hi);
+
+}  // namespace ddprun::rounds

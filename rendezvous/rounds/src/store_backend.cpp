@@ -1,0 +1,199 @@
+#include "store_backend.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "bounded_thread.hpp"
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/net.hpp"
+#include "ddprun/common/text.hpp"
+#include "ddprun/rendezvous/prefix_store.hpp"
+#include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/rendezvous/tcp_store.hpp"
+#include "task_queue.hpp"
+
+namespace ddprun::rounds {
+namespace {
+
+using namespace std::chrono_literals;
+
+class StoreConnection : public Connection {
+ public:
+  explicit StoreConnection(std::shared_ptr<rendezvous::PrefixStore> s) : s_(std::move(s)) {}
+
+  std::optional<std::string> get(const Key& k) override {
+    auto t = k.text();
+    if (!s_->check({t})) return std::nullopt;
+    return s_->get(t);
+  }
+  void put(const Key& k, const std::string& value, Lifetime) override { s_->set(k.text(), value); }
+  std::string create(const Key& k, const std::string& value, Lifetime) override {
+    return s_->compare_set(k.text(), "", value);
+  }
+  std::int64_t add(const Key& k, std::int64_t delta) override { return s_->add(k.text(), delta); }
+  bool wait(const std::vector<Key>& keys, Clock::time_point deadline) override {
+    std::vector<std::string> texts;
+    for (const auto& k : keys) texts.push_back(k.text());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left <= 0ms) return s_->check(texts);
+    try {
+      s_->wait(texts, left);
+      return true;
+    } catch (const TimeoutError&) {
+      return false;
+    }
+  }
+  void clear_run() override {}  // the store goes with its host; an external one keeps the markers
+  std::string name(const Key& k) const override { return s_->prefix() + "/" + k.text(); }
+
+ private:
+  std::shared_ptr<rendezvous::PrefixStore> s_;
+};
+
+// The keep-alive ring of one round: this node's counter, the next node's watched.
+class Ring : public Liveness {
+ public:
+  Ring(std::unique_ptr<Connection> c, const Members& m, const RendezvousOptions& opt, std::weak_ptr<LivenessEvents> ev,
+       std::weak_ptr<Renewals> renewals, std::string lost_message)
+      : state_(std::make_shared<State>()) {
+    auto& s = *state_;
+    s.conn = std::move(c);
+    s.m = m;
+    s.interval = opt.keep_alive_interval;
+    s.ttl = opt.keep_alive_interval * opt.keep_alive_max_attempt;
+    s.events = std::move(ev);
+    s.renewals = std::move(renewals);
+    s.lost_message = std::move(lost_message);
+    s.beat();  // the first keep-alive before the round's workers start: the fence is armed
+    thread_.start([st = state_] { st->run(); });
+  }
+  ~Ring() override {
+    state_->stop.stop();
+    thread_.join_within(1s);
+  }
+
+ private:
+  struct State {
+    std::unique_ptr<Connection> conn;
+    Members m;
+    std::chrono::milliseconds interval, ttl;
+    std::weak_ptr<LivenessEvents> events;
+    std::weak_ptr<Renewals> renewals;
+    std::string lost_message;
+    StopSignal stop;
+
+    void beat() {
+      auto sent = Clock::now();
+      conn->add(round_key(m.round, Name::alive, m.group_rank), 1);
+      if (auto r = renewals.lock()) r->renewed(sent);
+    }
+
+    void run() {
+      const int world = static_cast<int>(m.records.size()), next = (m.group_rank + 1) % world;
+      const auto check_every = std::max(interval / 4, std::chrono::milliseconds(50));
+      long long seen = -2;
+      auto changed = Clock::now(), next_beat = changed + interval;
+      bool watching = world > 1;
+      while (!stop.wait_for(check_every)) {
+        try {
+          auto now = Clock::now();
+          if (now >= next_beat) {
+            beat();
+            next_beat = now + interval;
+          }
+          if (!watching) continue;
+          long long count = conn->add(round_key(m.round, Name::alive, next), 0);
+          if (count != seen) {
+            seen = count;
+            changed = now;
+          } else if (now - changed > ttl) {
+            watching = false;
+            double idle = std::chrono::duration<double>(now - changed).count();
+            if (auto e = events.lock()) e->peer_lost(m.round, next, idle);
+          }
+        } catch (const Error& e) {
+          spdlog::debug("ddprun: keep-alive of round {} failed: {}", m.round, e.what());
+          if (auto ev = events.lock()) ev->lost(m.round, lost_message);
+          return;
+        }
+      }
+    }
+  };
+  std::shared_ptr<State> state_;
+  BoundedThread thread_;
+};
+
+}  // namespace
+
+StoreBackend::StoreBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
+    : opt_(opt), renewals_(std::move(renewals)), port_(opt.endpoint_port) {
+  if (!should_host()) return;
+  rendezvous::StoreServerOptions so;
+  so.host = "";  // every interface: the endpoint's address is one of them
+  so.port = opt.endpoint_port;
+  so.secret = opt.secret;  // agents prove they know the job's secret
+  so.same_user = true;     // processes of other users on this host are refused
+  so.reserved_fds = 64 + 8 * static_cast<std::size_t>(opt.nproc);
+  try {
+    server_ = std::make_unique<rendezvous::StoreServer>(so);
+  } catch (const NetworkError& e) {
+    if (opt.host_role == HostRole::always) {
+      throw Error("is_host=1 but the rendezvous store cannot listen on port " + std::to_string(opt.endpoint_port) + ": " +
+                  e.what());
+    }
+    // Another agent on this machine got the port first: it is the host.
+    spdlog::debug("ddprun: port {} is taken; joining as a client ({})", opt.endpoint_port, e.what());
+    return;
+  }
+  server_->start();
+  port_ = server_->port();
+  spdlog::info("ddprun: hosting the rendezvous store on port {}", port_);
+  if (opt.secret.empty()) {
+    spdlog::warn("ddprun: the rendezvous store on port {} accepts any client that can reach it; give every node "
+                 "--rdzv_conf=secret_file=PATH (README: Security)", port_);
+  }
+}
+
+StoreBackend::~StoreBackend() = default;
+
+bool StoreBackend::should_host() const {
+  if (opt_.host_role != HostRole::automatic) return opt_.host_role == HostRole::always;
+  auto mine = local_addresses();
+  for (const auto& a : resolve_host(opt_.endpoint_host)) {
+    if (is_loopback(a) || std::find(mine.begin(), mine.end(), a) != mine.end()) return true;
+  }
+  return false;
+}
+
+std::string StoreBackend::endpoint() const { return format_address(opt_.endpoint_host, port_); }
+std::string StoreBackend::where() const { return "the rendezvous store at " + endpoint(); }
+std::string StoreBackend::reach() const { return source_address_towards(opt_.endpoint_host); }
+std::chrono::milliseconds StoreBackend::liveness_ttl() const {
+  return opt_.keep_alive_interval * opt_.keep_alive_max_attempt;
+}
+
+std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds timeout) {
+  rendezvous::TcpStoreOptions o;
+  o.host = opt_.endpoint_host;
+  o.port = port_;
+  o.timeout = timeout;
+  o.secret = opt_.secret;
+  std::shared_ptr<rendezvous::TcpStore> tcp;
+  try {
+    tcp = std::make_shared<rendezvous::TcpStore>(o);
+  } catch (const AuthError& e) {
+    throw AuthError("the rendezvous store at " + endpoint() + " refused this node: wrong or missing secret (" + e.what() +
+                    "); give every node the same --rdzv_conf=secret_file=PATH or DDPRUN_SECRET_FILE");
+  } catch (const TimeoutError& e) {
+    throw TimeoutError("rendezvous: no store at " + endpoint() + " within " + duration_text(timeout) +
+                       ": is the host node's ddprun (or ddprun-store) running, and is --rdzv_endpoint right?");
+  }
+  tcp->set_timeout(std::min(timeout, opt_.read_timeout));
+  return std::make_unique<StoreConnection>(std::make_shared<rendezvous::PrefixStore>("ddprun/rdzv/" + opt_.run_id, tcp));
+}
+
+std::unique_ptr<Liveness> StoreBackend::watch(const Members& m, std::weak_ptr<LivenessEvents> events) {
+  return std::make_unique<Ring>(connect(opt_.read_timeout), m, opt_, std::move(events), renewals_,
+                                "lost the rendezvous store at " + endpoint() + " (its node left or crashed)");
+}
+
+}  // namespace ddprun::rounds

@@ -1,0 +1,49 @@
+#pragma once
+// The round records in a c10d TCPStore (torchrun's static and c10d backends): hosted by one of
+// the agents (the node whose address is the endpoint, or is_host=1), or by an external
+// ddprun-store (every agent is_host=0). Keys live under "ddprun/rdzv/<run_id>/". Liveness is a
+// ring: each node bumps its keep-alive counter every keep_alive_interval and watches the next
+// node's (O(1) requests per node); a counter that has not moved for interval x max_attempt is a
+// lost node.
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "backend.hpp"
+#include "ddprun/rounds/options.hpp"
+
+namespace ddprun::rendezvous {
+class StoreServer;
+}
+
+namespace ddprun::rounds {
+
+class StoreBackend : public Backend {
+ public:
+  // Hosts the rendezvous store when this node is its host (binding only). Throws ddprun::Error
+  // when host_role is `always` and the port cannot be bound.
+  StoreBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals);
+  ~StoreBackend() override;
+
+  std::string where() const override;
+  std::unique_ptr<Connection> connect(std::chrono::milliseconds timeout) override;
+  std::string reach() const override;
+  bool holds_records() const override { return server_ != nullptr; }
+  std::chrono::milliseconds liveness_ttl() const override;
+  std::unique_ptr<Liveness> watch(const Members& m, std::weak_ptr<LivenessEvents> events) override;
+
+  // The endpoint's port: the real one when this node hosts the store on port 0.
+  std::uint16_t port() const { return port_; }
+  std::string endpoint() const;
+
+ private:
+  bool should_host() const;
+
+  RendezvousOptions opt_;
+  std::weak_ptr<Renewals> renewals_;
+  std::uint16_t port_;
+  std::unique_ptr<rendezvous::StoreServer> server_;
+};
+
+}  // namespace ddprun::rounds

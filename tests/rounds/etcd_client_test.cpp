@@ -1,0 +1,209 @@
+// The etcd v3 client (through the JSON gateway) against a real 3-member etcd cluster on loopback.
+// Skipped, with a message, where etcd is not installed (scripts/setup.sh installs etcd-server).
+#include <fcntl.h>
+
+#include <catch2/catch.hpp>
+#include <arpa/inet.h>
+#include <cstdlib>
+#include <fstream>
+#include <filesystem>
+#include <thread>
+
+#include "ddprun/common/error.hpp"
+#include "etcd_cluster.hpp"
+#include "skip.hpp"
+
+using namespace ddprun::rounds;
+using namespace ddprun::rounds::testing;
+using namespace std::chrono_literals;
+
+#define SKIP_WITHOUT_ETCD() SKIP_UNLESS(EtcdCluster::available(), "etcd is not installed (scripts/setup.sh installs etcd-server)")
+
+TEST_CASE("etcd: endpoints are parsed with clear errors", "[etcd]") {
+  auto e = parse_etcd_endpoints("h1:2379, h2:23790,[::1]:1,http://h4");
+  REQUIRE(e.size() == 4);
+  CHECK(e[1].port == 23790);
+  CHECK(e[2].host == "::1");
+  CHECK(e[3].port == 2379);
+  CHECK_THROWS_WITH(parse_etcd_endpoints("h1:99999"), Catch::Contains("1-65535"));
+  CHECK_THROWS_WITH(parse_etcd_endpoints(" , "), Catch::Contains("no etcd endpoint"));
+}
+
+TEST_CASE("etcd: nothing listening is a clear error naming every endpoint, within the time-out", "[etcd]") {
+  auto a = free_port(), b = free_port();
+  EtcdClient c({{{"127.0.0.1", a}, {"127.0.0.1", b}}, 500ms});
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(c.get("x"), Catch::Contains("cannot reach etcd at 127.0.0.1:" + std::to_string(a) +
+                                                ", 127.0.0.1:" + std::to_string(b)));
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+}
+
+TEST_CASE("etcd: keys, prefixes in creation order, create-if-absent, deletion", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  EtcdClient c({cluster.endpoints(), 5s});
+  c.put("/ddprun/t/b", "2");
+  c.put("/ddprun/t/a", "1");
+  c.put("/ddprun/t0", "outside");
+  auto got = c.get("/ddprun/t/a");
+  REQUIRE(got);
+  CHECK(got->value == "1");
+  CHECK_FALSE(c.get("/ddprun/t/none"));
+  auto all = c.get_prefix("/ddprun/t/");
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].key == "/ddprun/t/b");  // created first
+  std::string binary("\0\xff{}\n", 5);
+  c.put("/ddprun/t/bin", binary);
+  CHECK(c.get("/ddprun/t/bin")->value == binary);
+  EtcdKv existing;
+  CHECK(c.create("/ddprun/t/closed", "first", 0, &existing));
+  CHECK_FALSE(c.create("/ddprun/t/closed", "second", 0, &existing));
+  CHECK(existing.value == "first");
+  CHECK(c.delete_prefix("/ddprun/t/") == 4);
+  CHECK(c.get_prefix("/ddprun/t/").empty());
+  CHECK(c.get("/ddprun/t0")->value == "outside");
+}
+
+TEST_CASE("etcd: a key on a lease vanishes when the lease is not kept alive - and stays while it is", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  EtcdClient c({cluster.endpoints(), 5s});
+  auto kept = c.grant_lease(1s), dropped = c.grant_lease(1s);
+  c.put("/l/kept", "x", kept);
+  auto rev = c.put("/l/dropped", "x", dropped);
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<EtcdEvent> ev;
+  while (ev.empty() && std::chrono::steady_clock::now() - t0 < 5s) {
+    CHECK(c.keep_alive(kept));
+    ev = c.watch("/l/dropped", false, rev + 1, 300ms);
+  }
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0].deleted);  // the lease expired: no polling, the watch says so
+  CHECK(std::chrono::steady_clock::now() - t0 < 4s);
+  CHECK(c.get("/l/kept"));
+  CHECK_FALSE(c.keep_alive(dropped));
+  c.revoke(kept);
+  CHECK_FALSE(c.get("/l/kept"));
+}
+
+TEST_CASE("etcd: a watch wakes on the next change, and times out without one", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  EtcdClient c({cluster.endpoints(), 5s}), writer({cluster.endpoints(), 5s});
+  auto rev = c.put("/w/x", "0");
+  CHECK(c.watch("/w/", true, rev + 1, 200ms).empty());
+  std::thread t([&] {
+    std::this_thread::sleep_for(100ms);
+    writer.put("/w/y", "1");
+  });
+  auto ev = c.watch("/w/", true, rev + 1, 5s);
+  t.join();
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0].kv.key == "/w/y");
+  CHECK(ev[0].kv.value == "1");
+  // From an old revision: what already happened.
+  CHECK(c.watch("/w/x", false, rev, 1s).size() == 1);
+}
+
+TEST_CASE("etcd: kill -9 of the leader - the client carries on with the other members", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  EtcdClient c({cluster.endpoints(), 10s});
+  c.put("/k/before", "1");
+  int leader = cluster.leader();
+  REQUIRE(leader >= 0);
+  cluster.kill(leader);
+  auto t0 = std::chrono::steady_clock::now();
+  c.put("/k/after", "2");  // a new leader is elected (election timeout 0.5 s here)
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  CHECK(c.get("/k/before")->value == "1");
+  CHECK(c.get("/k/after")->value == "2");
+  CHECK(cluster.leader() != leader);
+}
+
+TEST_CASE("etcd: a cluster with authentication on - the right user is served, a wrong one is refused clearly", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  SKIP_UNLESS(std::filesystem::exists("/usr/bin/etcdctl"), "etcdctl is not installed (scripts/setup.sh installs etcd-client)");
+  EtcdCluster cluster(1);
+  std::string ctl = "ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=" + cluster.endpoint_list();
+  REQUIRE(std::system((ctl + " user add root:s3cret >/dev/null 2>&1").c_str()) == 0);
+  REQUIRE(std::system((ctl + " auth enable >/dev/null 2>&1").c_str()) == 0);
+  EtcdOptions good(cluster.endpoints(), 5s);
+  good.user = "root";
+  good.password = "s3cret";
+  EtcdClient c(good);
+  c.put("/a/x", "1");
+  CHECK(c.get("/a/x")->value == "1");
+  EtcdOptions bad = good;
+  bad.password = "guess";
+  EtcdClient wrong(bad);
+  CHECK_THROWS_AS(wrong.get("/a/x"), ddprun::AuthError);
+  CHECK_THROWS_WITH(wrong.get("/a/x"), Catch::Contains("refused ddprun"));
+  EtcdClient anonymous({cluster.endpoints(), 5s});
+  CHECK_THROWS_AS(anonymous.get("/a/x"), ddprun::AuthError);
+}
+
+namespace {
+
+// A broken or hostile "etcd": every request gets a body that never ends ('{' forever, chunked).
+class EndlessServer {
+ public:
+  EndlessServer() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    ::listen(fd_, 8);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~EndlessServer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  std::uint16_t port() const { return port_; }
+
+ private:
+  void serve() {
+    for (;;) {
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      char buf[4096];
+      ::recv(c, buf, sizeof(buf), 0);  // the request (small): not parsed
+      std::string head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+      std::string chunk = "4000\r\n" + std::string(0x4000, '{') + "\r\n";
+      bool ok = ::send(c, head.data(), head.size(), MSG_NOSIGNAL) > 0;
+      while (ok) ok = ::send(c, chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0;
+      ::close(c);
+    }
+  }
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+long rss_kib() {
+  std::ifstream in("/proc/self/status");
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("VmRSS:", 0) == 0) return std::stol(l.substr(6));
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("etcd: a server whose answer never ends - bounded memory and time, a clear error", "[etcd]") {
+  EndlessServer server;
+  EtcdClient c({{{"127.0.0.1", server.port()}}, 2s});
+  long before = rss_kib();
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(c.watch("/x", true, 1, 5s), Catch::Contains("sent a watch message of over"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 4s);
+  CHECK_THROWS_WITH(c.get("/x"), Catch::Contains("cannot reach etcd at 127.0.0.1:" + std::to_string(server.port())));
+  CHECK(std::chrono::steady_clock::now() - t0 < 8s);
+  CHECK(rss_kib() - before < 64 * 1024);
+}

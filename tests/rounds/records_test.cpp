@@ -1,0 +1,66 @@
+// The records nodes exchange: each one round-trips; anything malformed names the key.
+#include <catch2/catch.hpp>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/rounds/records.hpp"
+#include "keys.hpp"
+#include "round_state.hpp"
+
+using namespace ddprun::rounds;
+
+TEST_CASE("round records: each kind round-trips, anything malformed names the key", "[units]") {
+  FailureRecord f;
+  f.rank = 5;
+  f.host = "n1";
+  f.exit_code = 3;
+  f.reason = "exit code 3";
+  f.stderr_tail = {"a", "b"};
+  for (const auto& e : {RoundEnd::of_failure(f), RoundEnd::of_stop(2, "n2", "id"), RoundEnd::of_node_lost(1, "n3", 2.5),
+                        RoundEnd::of_membership("n4"), RoundEnd::of_success()}) {
+    auto back = parse_round_end("k", round_end_json(e));
+    CHECK(back.kind == e.kind);
+    CHECK(back.host == e.host);
+    CHECK(back.signal == e.signal);
+    CHECK(back.group_rank == e.group_rank);
+  }
+  auto back = parse_round_end("k", round_end_json(RoundEnd::of_failure(f)));
+  CHECK(back.failure->stderr_tail == std::deque<std::string>{"a", "b"});
+  for (const char* bad : {"", "nul", "[1]", "{\"kind\":\"nope\"}", "{\"kind\":\"stopped\",\"signal\":\"9\"}",
+                          "{\"kind\":\"failure\",\"exit_code\":999}", "{\"kind\":\"failure\",\"stderr_tail\":[1]}"}) {
+    CHECK_THROWS_WITH(parse_round_end("ddprun/rdzv/x/r0/end", bad), Catch::Contains("malformed value at key 'ddprun/rdzv/x/r0/end'"));
+  }
+  NodeInfo n;
+  n.host = "h";
+  n.nproc = 4;
+  n.addrs = {"10.0.0.1"};
+  auto nb = parse_node("k", node_json(n));
+  CHECK(nb.nproc == 4);
+  CHECK(nb.addrs == n.addrs);
+  CHECK_THROWS_AS(parse_node("k", "{\"nproc\": 0}"), ddprun::ProtocolError);
+}
+
+TEST_CASE("round state: closed, store and config records round-trip - numbers are read strictly", "[records]") {
+  CHECK(parse_closed("k", closed_json(Closed::of_nodes(3))).nodes == 3);
+  CHECK(parse_closed("k", closed_json(Closed::stopped())).kind == Closed::Kind::stopped);
+  CHECK_THROWS_AS(parse_closed("k", "{\"nodes\": 0}"), ddprun::ProtocolError);
+  StoreAddress a{"10.0.0.1", 29500, false};
+  auto b = parse_store("k", store_json(a));
+  CHECK(b.host == "10.0.0.1");
+  CHECK(b.port == 29500);
+  CHECK_THROWS_AS(parse_store("k", "{\"host\": \"h\", \"port\": 70000}"), ddprun::ProtocolError);
+  RunConfig c{BackendKind::static_ranks, 2, 2};
+  CHECK(parse_config("k", config_json(c)) == c);
+  CHECK(c.describe() == "static, 2 nodes");
+  CHECK(parse_number("k", "12", 0, 20) == 12);
+  for (const char* bad : {"", "12x", "0x10", " 1", "-1", "99"}) {
+    CHECK_THROWS_WITH(parse_number("ddprun/rdzv/x/r0/expect", bad, 0, 20),
+                      Catch::Contains("malformed value at key 'ddprun/rdzv/x/r0/expect'"));
+  }
+}
+
+TEST_CASE("keys: typed, each kind with its text", "[records]") {
+  CHECK(round_key(3, Name::end).text() == "r3/end");
+  CHECK(round_key(0, Name::node, 2).text() == "r0/node/2");
+  CHECK(round_key(0, Name::node, 2).family() == "r0/node/");
+  CHECK(run_key(Name::config).text() == "config");
+}

@@ -1,0 +1,293 @@
+// The round rules in-process: several nodes (ThreadedRendezvous, each with its threads) meet
+// through an in-memory backend; the test plays lost nodes and late arrivals.
+#include <catch2/catch.hpp>
+#include <csignal>
+#include <set>
+
+#include "fake_backend.hpp"
+#include "recorder.hpp"
+#include "round_state.hpp"
+#include "threaded_rendezvous.hpp"
+
+using namespace ddprun::rounds;
+using namespace ddprun::rounds::testing;
+using Kind = RoundEnd::Kind;
+using FK = RendezvousFailure::Kind;
+
+namespace {
+
+struct Nodes {
+  std::shared_ptr<FakeWorld> world = std::make_shared<FakeWorld>();
+  RendezvousOptions opt;
+  std::vector<std::unique_ptr<Recorder>> rec;
+  std::vector<std::unique_ptr<ThreadedRendezvous>> nodes;
+
+  Nodes(int min_nodes, int max_nodes, BackendKind kind = BackendKind::c10d) {
+    opt.backend = kind;
+    opt.run_id = "job";
+    opt.min_nodes = min_nodes;
+    opt.max_nodes = max_nodes;
+    opt.nproc = 2;
+    opt.join_timeout = 10s;
+    opt.last_call_timeout = 200ms;
+    opt.read_timeout = 5s;
+  }
+  // A new node; returns its index.
+  int add(int node_rank = 0, const std::function<void(RendezvousOptions&)>& tweak = {}) {
+    auto o = opt;
+    o.node_rank = node_rank;
+    if (tweak) tweak(o);
+    rec.push_back(std::make_unique<Recorder>());
+    Recorder* r = rec.back().get();
+    nodes.push_back(std::make_unique<ThreadedRendezvous>(
+        o, [&](std::weak_ptr<Renewals> rn) { return std::make_unique<FakeBackend>(world, std::move(rn)); }, inline_post(),
+        r));
+    nodes.back()->set_listener(*r);
+    return static_cast<int>(nodes.size()) - 1;
+  }
+  void add_many(int n) {
+    for (int i = 0; i < n; ++i) add(i);
+  }
+  void join_all(int round, int rc) {
+    for (auto& n : nodes) n->join(round, rc);
+    for (auto& r : rec) REQUIRE(r->wait_ready());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("rules: nodes form one world - distinct ranks, one workers' store from group rank 0", "[rules]") {
+  Nodes n(3, 3);
+  n.add_many(3);
+  n.join_all(0, 0);
+  std::set<int> group_ranks, offsets;
+  std::set<std::uint16_t> ports;
+  for (auto& r : n.rec) {
+    const auto& i = r->ready.front();
+    CHECK(i.group_world == 3);
+    CHECK(i.world_size == 6);
+    CHECK(i.nodes.size() == 3);
+    CHECK(i.store_host == "127.0.0.1");  // group rank 0 reaches the others over loopback
+    ports.insert(i.store_port);
+    group_ranks.insert(i.group_rank);
+    offsets.insert(i.rank_offset);
+  }
+  CHECK(ports.size() == 1);
+  CHECK(group_ranks == std::set<int>{0, 1, 2});
+  CHECK(offsets == std::set<int>{0, 2, 4});
+}
+
+TEST_CASE("rules: static ranks come from --node_rank, whatever the arrival order", "[rules]") {
+  Nodes n(3, 3, BackendKind::static_ranks);
+  for (int rank : {2, 0, 1}) n.add(rank);
+  for (auto& node : n.nodes) node->join(0, 0);
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(n.rec[i]->wait_ready());
+    CHECK(n.rec[i]->ready.front().group_rank == std::vector<int>{2, 0, 1}[i]);
+  }
+}
+
+TEST_CASE("rules: a node rank held by a live node is refused within the liveness TTL, naming it", "[rules]") {
+  Nodes n(2, 2, BackendKind::static_ranks);
+  n.add(0);
+  n.add(1);
+  n.join_all(0, 0);
+  int late = n.add(1);
+  auto t0 = std::chrono::steady_clock::now();
+  n.nodes[late]->join(0, -1);
+  REQUIRE(n.rec[late]->wait_failed());
+  const auto& f = n.rec[late]->failed.front();
+  CHECK(f.kind == FK::in_use);
+  CHECK_THAT(f.message, Catch::Contains("node rank 1 is already in use") && Catch::Contains("--node_rank"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);  // TTL 1 s + 1 s
+  SECTION("but a node whose round ended takes the rank in the next round") {
+    int again = n.add(1);
+    n.world->lose(0, 1);
+    for (int i : {0, 1}) REQUIRE(n.rec[i]->wait_over());
+    n.nodes[0]->join(1, 0);
+    n.nodes[again]->join(0, -1);
+    REQUIRE(n.rec[again]->wait_ready());
+    CHECK(n.rec[again]->ready.front().round == 1);
+    CHECK(n.rec[again]->ready.front().group_rank == 1);
+  }
+}
+
+TEST_CASE("rules: a run id used by a job with other settings, or finished, is refused at once", "[rules]") {
+  Nodes n(1, 2);
+  n.add();
+  n.nodes[0]->join(0, 0);
+  REQUIRE(n.rec[0]->wait_ready());
+  int other = n.add(0, [](RendezvousOptions& o) { o.min_nodes = o.max_nodes = 4; });
+  n.nodes[other]->join(0, 0);
+  REQUIRE(n.rec[other]->wait_failed());
+  CHECK(n.rec[other]->failed.front().kind == FK::in_use);
+  CHECK_THAT(n.rec[other]->failed.front().message,
+             Catch::Contains("run id 'job' is in use") && Catch::Contains("c10d, 1 to 2 nodes") &&
+                 Catch::Contains("--rdzv_id"));
+  // The job ends; a node started later with its run id is told so.
+  n.nodes[0]->report_success(0);
+  REQUIRE(n.rec[0]->wait_over());
+  n.nodes[0]->finish(0, Rendezvous::Ack::yes);
+  REQUIRE(n.rec[0]->wait([&] { return n.rec[0]->finished == 1; }));
+  CHECK(n.world->cleared == 1);
+  int late = n.add();
+  n.nodes[late]->join(0, 0);
+  REQUIRE(n.rec[late]->wait_failed());
+  CHECK(n.rec[late]->failed.front().kind == FK::finished);
+  CHECK_THAT(n.rec[late]->failed.front().message, Catch::Contains("already finished"));
+}
+
+TEST_CASE("rules: MIN nodes close the round after the last call - a later node restarts it with itself in", "[rules]") {
+  Nodes n(2, 3);
+  n.add_many(2);
+  n.join_all(0, 0);
+  CHECK(n.rec[0]->ready.front().group_world == 2);
+  int late = n.add();
+  n.nodes[late]->join(0, -1);
+  for (int i : {0, 1}) {
+    REQUIRE(n.rec[i]->wait_over());
+    REQUIRE(n.rec[i]->over.front().end);
+    CHECK(n.rec[i]->over.front().end->kind == Kind::membership);
+  }
+  // Round 1 expects all three: it closes as soon as they are in.
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i : {0, 1}) n.nodes[i]->join(1, 0);
+  for (auto& r : n.rec) REQUIRE(r->wait([&] { return !r->ready.empty() && r->ready.back().round == 1; }));
+  CHECK(n.rec[late]->ready.back().group_world == 3);
+  CHECK(n.rec[late]->ready.back().restart_count == 0);  // a membership change is not a restart
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+}
+
+TEST_CASE("rules: a node beyond MAX waits for a place, and is told when the job finishes", "[rules]") {
+  Nodes n(1, 1);
+  n.add();
+  n.nodes[0]->join(0, 0);
+  REQUIRE(n.rec[0]->wait_ready());
+  int spare = n.add();
+  n.nodes[spare]->join(0, -1);
+  CHECK_FALSE(n.rec[spare]->wait([&] { return !n.rec[spare]->ready.empty() || !n.rec[spare]->failed.empty(); }, 500ms));
+  n.nodes[0]->report_success(0);
+  REQUIRE(n.rec[0]->wait_over());
+  n.nodes[0]->finish(0, Rendezvous::Ack::yes);
+  REQUIRE(n.rec[spare]->wait_failed());
+  CHECK(n.rec[spare]->failed.front().kind == FK::finished);
+  CHECK_THAT(n.rec[spare]->failed.front().message, Catch::Contains("finished while this node waited"));
+}
+
+TEST_CASE("rules: a lost node ends the round for all - the next round closes with the survivors, no last call", "[rules]") {
+  Nodes n(1, 3);
+  n.opt.last_call_timeout = 5s;  // the survivors must not need it
+  n.add_many(3);
+  n.join_all(0, 0);
+  int lost_rank = n.rec[2]->ready.front().group_rank;
+  n.world->lose(0, lost_rank);
+  for (int i : {0, 1}) {
+    REQUIRE(n.rec[i]->wait_over());
+    REQUIRE(n.rec[i]->over.front().end);
+    CHECK(n.rec[i]->over.front().end->kind == Kind::node_lost);
+    CHECK(n.rec[i]->over.front().end->group_rank == lost_rank);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i : {0, 1}) n.nodes[i]->join(1, 0);
+  for (int i : {0, 1}) REQUIRE(n.rec[i]->wait_ready(2));
+  CHECK(n.rec[0]->ready.back().group_world == 2);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+}
+
+TEST_CASE("rules: the first end of a round wins, and success needs every node", "[rules]") {
+  Nodes n(3, 3);
+  n.add_many(3);
+  n.join_all(0, 0);
+  SECTION("a failure, then a stop: every node sees the failure") {
+    FailureRecord f;
+    f.rank = 3;
+    f.exit_code = 7;
+    n.nodes[1]->end_round(0, RoundEnd::of_failure(f), 3);
+    REQUIRE(n.rec[1]->wait_over());
+    n.nodes[2]->end_round(0, RoundEnd::of_stop(SIGTERM, "x", ""), 0);
+    for (auto& r : n.rec) {
+      REQUIRE(r->wait_over());
+      REQUIRE(r->over.front().end);
+      CHECK(r->over.front().end->kind == Kind::failure);
+      CHECK(r->over.front().end->failure->exit_code == 7);
+    }
+  }
+  SECTION("success once all three report") {
+    n.nodes[0]->report_success(0);
+    n.nodes[1]->report_success(0);
+    CHECK_FALSE(n.rec[2]->wait([&] { return !n.rec[2]->over.empty(); }, 300ms));
+    n.nodes[2]->report_success(0);
+    for (auto& r : n.rec) {
+      REQUIRE(r->wait_over());
+      CHECK(r->over.front().end->kind == Kind::success);
+    }
+  }
+}
+
+TEST_CASE("rules: a stop during the rendezvous reaches every node waiting in it", "[rules]") {
+  Nodes n(3, 3);
+  n.add_many(2);
+  for (auto& node : n.nodes) node->join(0, 0);
+  n.nodes[1]->leave(0, SIGINT);
+  REQUIRE(n.rec[0]->wait_failed());
+  CHECK(n.rec[0]->failed.front().kind == FK::stopped);
+  CHECK(n.rec[0]->failed.front().signal == SIGINT);
+  CHECK_THAT(n.rec[0]->failed.front().message, Catch::Contains("stopped by SIGINT"));
+  CHECK(n.rec[1]->wait([&] { return n.rec[1]->finished == 1; }));
+}
+
+TEST_CASE("rules: a malformed record is a typed failure naming the key", "[rules]") {
+  Nodes n(2, 2);
+  n.add_many(2);
+  n.join_all(0, 0);
+  n.world->set("r0/end", "{\"kind\": 5}");
+  for (auto& r : n.rec) {
+    REQUIRE(r->wait_over());
+    CHECK_FALSE(r->over.front().end);
+    CHECK(r->over.front().lost.kind == FK::malformed);
+    CHECK_THAT(r->over.front().lost.message, Catch::Contains("malformed value at key 'fake/r0/end'"));
+  }
+}
+
+TEST_CASE("rules: too few nodes within join_timeout is a time-out saying what to do", "[rules]") {
+  Nodes n(2, 2);
+  n.opt.join_timeout = 300ms;
+  n.add();
+  n.nodes[0]->join(0, 0);
+  REQUIRE(n.rec[0]->wait_failed());
+  CHECK(n.rec[0]->failed.front().kind == FK::timeout);
+  CHECK_THAT(n.rec[0]->failed.front().message, Catch::Contains("only 1 of the 2 nodes") && Catch::Contains("--nnodes"));
+}
+
+TEST_CASE("rules: the fence is told TTL minus a margin at each renewal, and released at the round's end", "[rules]") {
+  Nodes n(1, 1);
+  n.add();
+  auto t0 = std::chrono::steady_clock::now();
+  n.nodes[0]->join(0, 0);
+  REQUIRE(n.rec[0]->wait_ready());
+  REQUIRE(n.rec[0]->wait([&] { return !n.rec[0]->renewals.empty(); }));
+  auto deadline = n.rec[0]->renewals.front();
+  CHECK(deadline > t0 + 1s - fence_margin(1s));  // the fake's TTL is 1 s
+  CHECK(deadline <= std::chrono::steady_clock::now() + 1s - fence_margin(1s));
+  CHECK(fence_margin(1s) == 250ms);
+  CHECK(fence_margin(60s) == 2s);
+  n.nodes[0]->report_success(0);
+  REQUIRE(n.rec[0]->wait_over());
+  CHECK(n.rec[0]->wait([&] { return n.rec[0]->releases >= 1; }));
+}
+
+TEST_CASE("rules: the backend gone mid-round ends the round as lost", "[rules]") {
+  Nodes n(2, 2);
+  n.add_many(2);
+  n.join_all(0, 0);
+  {
+    std::lock_guard<std::mutex> lk(n.world->mu);
+    n.world->down = true;
+  }
+  n.world->cv.notify_all();
+  for (auto& r : n.rec) {
+    REQUIRE(r->wait_over());
+    CHECK_FALSE(r->over.front().end);
+    CHECK(r->over.front().lost.kind == FK::unreachable);
+  }
+}

@@ -1,0 +1,180 @@
+// The round rules over a real c10d store, in-process: N nodes (ThreadedRendezvous over
+// StoreBackend) meet through the rendezvous store hosted by the first one, or by a store none of
+// them hosts (an external ddprun-store).
+#include <catch2/catch.hpp>
+#include <csignal>
+#include <set>
+
+#include "ddprun/rendezvous/prefix_store.hpp"
+#include "ddprun/rendezvous/store_server.hpp"
+#include "ddprun/rendezvous/tcp_store.hpp"
+#include "recorder.hpp"
+#include "store_backend.hpp"
+#include "threaded_rendezvous.hpp"
+
+using namespace ddprun::rounds;
+using namespace ddprun::rounds::testing;
+using Kind = RoundEnd::Kind;
+
+namespace {
+
+RendezvousOptions store_options(int min_nodes, int max_nodes) {
+  RendezvousOptions o;
+  o.backend = BackendKind::c10d;
+  o.run_id = "job";
+  o.nproc = 2;
+  o.min_nodes = min_nodes;
+  o.max_nodes = max_nodes;
+  o.endpoint_host = "127.0.0.1";
+  o.endpoint_port = 0;
+  o.join_timeout = 10s;
+  o.last_call_timeout = 200ms;
+  o.keep_alive_interval = 100ms;
+  o.keep_alive_max_attempt = 3;
+  o.read_timeout = 5s;
+  return o;
+}
+
+std::unique_ptr<ThreadedRendezvous> node(const RendezvousOptions& o, Recorder& r) {
+  auto n = std::make_unique<ThreadedRendezvous>(
+      o, [&](std::weak_ptr<Renewals> rn) { return std::make_unique<StoreBackend>(o, std::move(rn)); }, inline_post(), &r);
+  n->set_listener(r);
+  return n;
+}
+
+// Node 0 hosts the store (is_host=1, a free port), or an external store serves them all.
+struct Cluster {
+  std::unique_ptr<ddprun::rendezvous::StoreServer> external;
+  std::vector<std::unique_ptr<Recorder>> rec;
+  std::vector<std::unique_ptr<ThreadedRendezvous>> nodes;
+  RendezvousOptions opt;
+  std::uint16_t port = 0;
+
+  Cluster(int n, int min_nodes, int max_nodes, bool external_store = false) : opt(store_options(min_nodes, max_nodes)) {
+    if (external_store) {
+      external = std::make_unique<ddprun::rendezvous::StoreServer>(ddprun::rendezvous::StoreServerOptions{});
+      external->start();
+      port = external->port();
+    }
+    for (int i = 0; i < n; ++i) {
+      auto o = opt;
+      o.host_role = i == 0 && !external_store ? HostRole::always : HostRole::never;
+      o.endpoint_port = port;
+      rec.push_back(std::make_unique<Recorder>());
+      nodes.push_back(node(o, *rec.back()));
+      if (i == 0 && !external_store) port = static_cast<StoreBackend&>(nodes[0]->backend()).port();
+    }
+  }
+  std::shared_ptr<ddprun::rendezvous::Store> client() const {
+    ddprun::rendezvous::TcpStoreOptions o;
+    o.port = port;
+    o.timeout = 5s;
+    return std::make_shared<ddprun::rendezvous::PrefixStore>("ddprun/rdzv/job",
+                                                             std::make_shared<ddprun::rendezvous::TcpStore>(o));
+  }
+  void join_all(int round, int rc) {
+    for (auto& a : nodes) a->join(round, rc);
+    for (auto& r : rec) REQUIRE(r->wait_ready());
+  }
+};
+
+void check_one_world(Cluster& c, int n) {
+  std::set<int> group_ranks, offsets;
+  std::set<std::uint16_t> ports;
+  for (auto& r : c.rec) {
+    const auto& i = r->ready.front();
+    CHECK(i.group_world == n);
+    CHECK(i.world_size == 2 * n);
+    CHECK(i.nodes.size() == static_cast<std::size_t>(n));
+    ports.insert(i.store_port);
+    group_ranks.insert(i.group_rank);
+    offsets.insert(i.rank_offset);
+  }
+  CHECK(ports.size() == 1);
+  CHECK(group_ranks.size() == static_cast<std::size_t>(n));
+  CHECK(*offsets.rbegin() == 2 * (n - 1));
+}
+
+}  // namespace
+
+TEST_CASE("store rounds: three nodes form one world with distinct ranks and one workers' store", "[store_rounds]") {
+  Cluster c(3, 3, 3);
+  c.join_all(0, 0);
+  check_one_world(c, 3);
+  // The workers' store is group rank 0's, whoever hosts the rendezvous store.
+  ddprun::rendezvous::TcpStoreOptions w;
+  w.host = c.rec[0]->ready.front().store_host;
+  w.port = c.rec[0]->ready.front().store_port;
+  w.timeout = 2s;
+  ddprun::rendezvous::TcpStore workers(w);
+  workers.set("k", "v");
+  CHECK(workers.get("k") == "v");
+}
+
+TEST_CASE("store rounds: an external store that no node hosts - group rank 0 hosts the workers' store", "[store_rounds]") {
+  Cluster c(2, 2, 2, /*external_store=*/true);
+  c.join_all(0, 0);
+  check_one_world(c, 2);
+  CHECK(c.rec[0]->ready.front().store_port != c.port);
+}
+
+TEST_CASE("store rounds: a node whose keep-alives stop is lost for the others within the TTL", "[store_rounds]") {
+  Cluster c(3, 2, 3);
+  c.join_all(0, 0);
+  // Group rank g is watched by g - 1: shut down one that does not host the store.
+  int victim = c.rec[1]->ready.front().group_rank == 0 ? 2 : 1;
+  int lost_rank = c.rec[victim]->ready.front().group_rank;
+  auto t0 = std::chrono::steady_clock::now();
+  c.nodes[victim]->shutdown();
+  for (int i : {0, 1, 2}) {
+    if (i == victim) continue;
+    REQUIRE(c.rec[i]->wait_over());
+    REQUIRE(c.rec[i]->over.front().end);
+    CHECK(c.rec[i]->over.front().end->kind == Kind::node_lost);
+    CHECK(c.rec[i]->over.front().end->group_rank == lost_rank);
+  }
+  auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(took >= 300ms);  // not before the TTL (3 x 100 ms)
+  CHECK(took < 3s);
+  // Its fence was last told a deadline before the others counted it lost.
+  REQUIRE_FALSE(c.rec[victim]->renewals.empty());
+  CHECK(c.rec[victim]->renewals.back() < std::chrono::steady_clock::now());
+}
+
+TEST_CASE("store rounds: a malformed end record is a protocol error naming the key, on every node", "[store_rounds]") {
+  Cluster c(2, 2, 2);
+  c.join_all(0, 0);
+  auto value = GENERATE(std::string("not json"), std::string("{\"kind\": 5}"), std::string("{\"kind\":\"failure\",\"rank\":\"x\"}"));
+  c.client()->set("r0/end", value);
+  for (auto& r : c.rec) {
+    REQUIRE(r->wait_over());
+    CHECK_FALSE(r->over.front().end);
+    CHECK_THAT(r->over.front().lost.message, Catch::Contains("malformed value at key 'ddprun/rdzv/job/r0/end'"));
+  }
+}
+
+TEST_CASE("store rounds: a node stopped during the rendezvous stops the ones waiting in it within 2 s", "[store_rounds]") {
+  Cluster c(2, 3, 3);
+  for (auto& a : c.nodes) a->join(0, 0);
+  auto t0 = std::chrono::steady_clock::now();
+  c.nodes[1]->leave(0, SIGINT);
+  auto& host = *c.rec[0];
+  REQUIRE(host.wait_failed());
+  CHECK(host.failed.front().kind == RendezvousFailure::Kind::stopped);
+  CHECK(host.failed.front().signal == SIGINT);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  CHECK(c.rec[1]->wait([&] { return c.rec[1]->finished == 1; }));
+}
+
+TEST_CASE("store rounds: no store at the endpoint within the join time-out says what to check", "[store_rounds]") {
+  auto o = store_options(2, 2);
+  o.host_role = HostRole::never;
+  o.endpoint_port = 1;  // nothing listens there
+  o.join_timeout = 300ms;
+  Recorder r;
+  auto a = node(o, r);
+  a->join(0, 0);
+  REQUIRE(r.wait_failed());
+  CHECK(r.failed.front().kind == RendezvousFailure::Kind::timeout);
+  CHECK_THAT(r.failed.front().message, Catch::Contains("no store at 127.0.0.1:1") && Catch::Contains("--rdzv_endpoint"));
+}
