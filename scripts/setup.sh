@@ -10,14 +10,16 @@ packages=(
   libboost1.81-dev libboost-program-options1.81-dev
   libspdlog-dev libfmt-dev catch2 libgloo-dev nlohmann-json3-dev
   libssl-dev                   # OpenSSL libcrypto: HMAC-SHA256 for the store handshake
-  util-linux                   # setpriv: tests connect as another user
+  util-linux                   # setpriv (another user), unshare (a host name per test host)
   help2man man-db dpkg-dev     # man pages from --help, man -w, dpkg-shlibdeps for the .deb
+  file                         # cpack's Debian generator reads binaries with it
   python3-torch                # PyTorch 1.13: compatibility tests, benchmarks, example jobs
   clang libclang-rt-14-dev     # libFuzzer for the protocol fuzzer
   iproute2 procps
   elfutils gdb                 # eu-stack (else gdb): stacks of hung native workers
   libhwloc-dev                 # --numa_binding: the machine's topology
-  etcd-server                  # tests of the etcd client (a 3-member cluster on loopback)
+  etcd-server                  # tests of the etcd client and backend (3-member clusters)
+  etcd-client                  # etcdctl: turns authentication on in the auth tests
 )
 
 missing=()

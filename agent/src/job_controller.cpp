@@ -48,7 +48,7 @@ void JobController::enter(Phase p) {
 
 void JobController::start() {
   if (!rdzv_.describe().empty()) spdlog::info("ddprun: joining the rendezvous through {}", rdzv_.describe());
-  join(0, 0);
+  join(0, -1);  // new to the job: the restart count is the round's
 }
 
 void JobController::join(int round, int restart_count) {

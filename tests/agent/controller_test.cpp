@@ -111,7 +111,7 @@ TEST_CASE("controller: a clean run goes rendezvous, running, stopping, draining,
   Job j(options(2, 0));
   j.ctl->start();
   CHECK(j.ctl->phase() == Phase::rendezvous);
-  REQUIRE(j.rdzv.joins == std::vector<std::pair<int, int>>{{0, 0}});
+  REQUIRE(j.rdzv.joins == std::vector<std::pair<int, int>>{{0, -1}});
   j.ready(0, 0);
   CHECK(j.ctl->phase() == Phase::running);
   auto pids = j.pids();

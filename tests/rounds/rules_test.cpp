@@ -104,11 +104,12 @@ TEST_CASE("rules: a node rank held by a live node is refused within the liveness
     int again = n.add(1);
     n.world->lose(0, 1);
     for (int i : {0, 1}) REQUIRE(n.rec[i]->wait_over());
-    n.nodes[0]->join(1, 0);
     n.nodes[again]->join(0, -1);
+    n.nodes[0]->join(1, 1);
     REQUIRE(n.rec[again]->wait_ready());
     CHECK(n.rec[again]->ready.front().round == 1);
     CHECK(n.rec[again]->ready.front().group_rank == 1);
+    CHECK(n.rec[again]->ready.front().restart_count == 1);  // the job's count, not the new node's
   }
 }
 

@@ -1,0 +1,99 @@
+# Hosts that are hosts, for multi-node tests (sourced by the tests in this folder): each host is a
+# network namespace of its own, joined to the others by a bridge in a "switch" namespace, with
+# its own host name (unshare --uts) and its own hosts file (/etc/netns/NAME/hosts, which
+# `ip netns exec` puts over /etc/hosts), so that what a process learns from its host name
+# (PyTorch's gloo binds to the address of `hostname`) is what a real host would tell it.
+#
+#   hosts_up N          N hosts h1..hN at $net.1..$net.N (exits 77 where namespaces cannot be
+#                       made; under CI=true that is a failure)
+#   on I CMD...         runs CMD on host I (foreground)
+#   start I NAME CMD... runs CMD on host I in the background; output in $out/NAME.{out,err},
+#                       its pid in pid_NAME
+#   addr I              host I's address
+# Everything (processes, namespaces, hosts files, $out) goes at exit.
+
+set -u
+id=$$
+net=10.$((id % 200 + 20)).$(((id / 200) % 250)).0
+net=${net%.0}
+sw=ddprun-sw-$id
+out=$(mktemp -d /tmp/ddprun-multihost-XXXXXX)
+declare -a host_pids=()
+nhosts=0
+
+skip_or_fail() {
+  if [ "${CI:-}" = true ] || [ "${CI:-}" = 1 ]; then
+    echo "FAILED: CI=true and $1"
+    exit 1
+  fi
+  echo "SKIP: $1"
+  exit 77
+}
+
+hosts_down() {
+  exec 2>/dev/null  # the shell's notes on the jobs killed here
+  local p
+  for p in "${host_pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
+  for ((i = 1; i <= nhosts; i++)); do
+    ip netns pids "ns-$id-h$i" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+    ip netns del "ns-$id-h$i" 2>/dev/null
+    rm -rf "/etc/netns/ns-$id-h$i"
+  done
+  ip netns del "$sw" 2>/dev/null
+  [ -n "${keep_out:-}" ] || rm -rf "$out"
+}
+trap hosts_down EXIT
+
+addr() { echo "$net.$1"; }
+
+hosts_up() {
+  nhosts=$1
+  [ "$(id -u)" -eq 0 ] || skip_or_fail "multi-host tests need root (network namespaces)"
+  command -v ip >/dev/null && command -v unshare >/dev/null || skip_or_fail "iproute2 and util-linux are needed"
+  ip netns add "$sw" 2>/dev/null || skip_or_fail "cannot create network namespaces here"
+  ip -n "$sw" link add br0 type bridge && ip -n "$sw" link set br0 up || skip_or_fail "cannot make a bridge"
+  local hosts="127.0.0.1 localhost"$'\n'
+  for ((i = 1; i <= nhosts; i++)); do hosts+="$(addr "$i") h$i"$'\n'; done
+  for ((i = 1; i <= nhosts; i++)); do
+    local ns="ns-$id-h$i"
+    ip netns add "$ns" || skip_or_fail "cannot create network namespace $ns"
+    ip link add "h$i-$id" netns "$ns" type veth peer name "p$i-$id" netns "$sw" || skip_or_fail "veth refused"
+    ip -n "$sw" link set "p$i-$id" master br0 up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr add "$(addr "$i")/24" dev "h$i-$id"
+    ip -n "$ns" link set "h$i-$id" up
+    mkdir -p "/etc/netns/$ns"
+    printf '%s' "$hosts" >"/etc/netns/$ns/hosts"
+  done
+}
+
+on() {
+  local i=$1
+  shift
+  ip netns exec "ns-$id-h$i" unshare --uts -- /bin/sh -c 'hostname "$0" && exec "$@"' "h$i" "$@"
+}
+
+start() {
+  local i=$1 name=$2
+  shift 2
+  setsid bash -c 'on_host "$@"' bash "$i" "$@" >"$out/$name.out" 2>"$out/$name.err" &
+  local pid=$!
+  host_pids+=("$pid")
+  printf -v "pid_$name" '%s' "$pid"
+}
+on_host() {
+  local i=$1
+  shift
+  on "$i" "$@"
+}
+export -f on on_host
+export id
+
+# Waits (bounded, `secs`) until FILE has a line matching PATTERN.
+wait_line() {
+  local file=$1 pattern=$2 secs=${3:-60} t=0
+  while ! grep -qE "$pattern" "$file" 2>/dev/null; do
+    ((t++ >= secs * 20)) && return 1
+    sleep 0.05
+  done
+}
