@@ -100,7 +100,7 @@ void JobController::on_round_over(const RoundOutcome& o) {
   if (phase_ == Phase::running) {
     // A hang on another node: this node's stacks too (where is everyone stuck?).
     bool hang = o.end && o.end->kind == Kind::failure && o.end->failure->hang;
-    if (!o.end || o.end->kind != Kind::success) group_.stop(SIGTERM, hang);
+    if (!o.end || o.end->kind != Kind::success) group_.stop(SIGTERM, hang ? WorkerGroup::Stacks::first : WorkerGroup::Stacks::after_timeout);
     enter(Phase::stopping);
   }
   decide();
@@ -174,12 +174,12 @@ void JobController::start_workers() {
 }
 
 void JobController::on_worker_failed(const Worker& w, const std::string& reason, int code, FailureKind kind) {
-  auto when = w.running ? std::chrono::system_clock::now() : w.ended_wall;
+  auto when = w.running() ? std::chrono::system_clock::now() : w.ended_wall;
   FailureRecord f = make_failure_record(w.spec.rank, w.spec.local_rank, w.pid, w.status, when, w.spec.error_file, {});
   f.host = node_name_;
   f.reason = reason;
   f.exit_code = code;
-  if (!w.stopped_by_agent && events_.enabled()) {
+  if (!w.stopped_by_agent() && events_.enabled()) {
     nlohmann::json e = {{"rank", w.spec.rank}, {"local_rank", w.spec.local_rank}, {"pid", w.pid},
                         {"reason", to_string(kind)}, {"detail", reason}, {"attempt", attempt_}};
     e["exit_code"] = kind == FailureKind::exit ? nlohmann::json(w.status.code) : nlohmann::json();
@@ -187,7 +187,7 @@ void JobController::on_worker_failed(const Worker& w, const std::string& reason,
                                                                            : nlohmann::json();
     events_.emit("worker_failed", e);
   }
-  if (phase_ != Phase::running || w.stopped_by_agent || stop_signal_ != 0 || fenced(w, kind)) {
+  if (phase_ != Phase::running || w.stopped_by_agent() || stop_signal_ != 0 || fenced(w, kind)) {
     failures_.push_back(std::move(f));
     return;
   }
@@ -197,7 +197,7 @@ void JobController::on_worker_failed(const Worker& w, const std::string& reason,
   f.hang = kind == FailureKind::hang;
   root_cause_ = f;
   end_round(RoundEnd::of_failure(f), info_.group_world);
-  group_.stop(SIGTERM, f.hang);  // a hang: every worker's stack first
+  group_.stop(SIGTERM, f.hang ? WorkerGroup::Stacks::first : WorkerGroup::Stacks::after_timeout);
   enter(Phase::stopping);
 }
 

@@ -66,9 +66,7 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   dump_timer.cancel();
   ++generation;
   slots.clear();
-  is_stopping = false;
-  kill_armed = false;
-  is_ended = false;
+  state = State::running;
   dump.reset();
   dump_started = false;
   for (auto& spec : specs) {
@@ -82,11 +80,10 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   } catch (...) {
     bool any = false;
     for (auto& s : slots) {
-      if (s->w.running) runner.signal_group(s->w.pid, SIGKILL);
-      any = any || s->w.running;
+      if (s->w.running()) runner.signal_group(s->w.pid, SIGKILL);
+      any = any || s->w.running();
     }
-    is_stopping = true;
-    is_ended = !any;  // else the killed ones end it when reaped
+    state = any ? State::stopping : State::ended;  // the killed ones end it when reaped
     throw;
   }
   oom_kills_at_start = cgroup_oom_kills();
@@ -96,7 +93,7 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
 void WorkerGroup::Impl::spawn(Slot& s) {
   auto p = runner.start(s.w.spec.argv, s.w.spec.env, s.w.spec.binding ? &*s.w.spec.binding : nullptr);
   s.w.pid = p.pid;
-  s.w.running = true;
+  s.w.life = Life::running;
   s.w.started_wall = std::chrono::system_clock::now();
   open_pipe(s, s.out_pipe, p.stdout_fd, *s.out);
   open_pipe(s, s.err_pipe, p.stderr_fd, *s.err);
@@ -138,9 +135,9 @@ Slot* WorkerGroup::Impl::find(pid_t pid) {
 void WorkerGroup::Impl::reap() {
   for (const auto& e : runner.reap()) {
     Slot* s = find(e.pid);
-    if (!s || !s->w.running) continue;  // the guardian, or a worker of an earlier group
+    if (!s || !s->w.running()) continue;  // the guardian, or a worker of an earlier group
     Worker& w = s->w;
-    w.running = false;
+    w.life = Life::ended;
     w.status = e.status;
     w.ended_wall = std::chrono::system_clock::now();
     // Grandchildren die with their worker: the group goes, whatever is left of it.
@@ -148,10 +145,10 @@ void WorkerGroup::Impl::reap() {
     runner.forget(w.pid);
     spdlog::debug("ddprun: worker {} (pid {}) ended: {}", w.spec.rank, w.pid, w.status.describe());
     check_dump();
-    if (w.status.success() || w.reported) continue;
-    w.reported = true;
-    std::string reason = w.stopped_by_agent ? w.status.describe() + " (stopped by ddprun)" : w.status.describe();
+    if (w.status.success() || w.standing == Standing::reported) continue;
+    std::string reason = w.stopped_by_agent() ? w.status.describe() + " (stopped by ddprun)" : w.status.describe();
     listener->on_worker_failed(w, reason, w.status.shell_code(), kind_of(w));
+    w.raise(Standing::reported);
   }
   maybe_ended();
 }
@@ -165,32 +162,32 @@ FailureKind WorkerGroup::Impl::kind_of(const Worker& w) const {
 
 void WorkerGroup::Impl::signal_running(int sig) {
   for (auto& s : slots) {
-    if (!s->w.running) continue;
-    s->w.stopped_by_agent = s->w.stopped_by_agent || stops(sig);
+    if (!s->w.running()) continue;
+    if (stops(sig)) s->w.raise(Standing::stopped);
     runner.signal_group(s->w.pid, sig);
   }
 }
 
 bool WorkerGroup::Impl::any_running() const {
   for (const auto& s : slots) {
-    if (s->w.running) return true;
+    if (s->w.running()) return true;
   }
   return false;
 }
 
-void WorkerGroup::Impl::stop(int sig, bool stacks_first) {
+void WorkerGroup::Impl::stop(int sig, Stacks stacks) {
   bool any = any_running();
-  is_stopping = true;
+  if (state == State::running) state = State::stopping;
   heartbeat_timer.cancel();
-  if (stacks_first && any && start_dump([this, sig] { stop(sig, false); })) return;
+  if (stacks == Stacks::first && any && start_dump([this, sig] { stop(sig, Stacks::after_timeout); })) return;
   signal_running(sig);
-  if (!any || kill_armed) return;
-  kill_armed = true;
+  if (!any || state != State::stopping) return;
+  state = State::killing;
   kill_timer.expires_after(opt.stop_timeout);
   kill_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
     if (ec || gen != generation) return;
     for (auto& s : slots) {
-      if (!s->w.running) continue;
+      if (!s->w.running()) continue;
       spdlog::warn("ddprun: worker {} (pid {}) did not stop within {} of SIGTERM; {}sending SIGKILL", s->w.spec.rank,
                    s->w.pid, duration_text(opt.stop_timeout), dump_started ? "" : "collecting its stack, then ");
     }
@@ -203,17 +200,17 @@ void WorkerGroup::Impl::arm_heartbeat_check() {
   auto interval = std::clamp(opt.worker_timeout / 10, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
   heartbeat_timer.expires_after(interval);
   heartbeat_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
-    if (ec || gen != generation || is_stopping) return;
+    if (ec || gen != generation || stopping()) return;
     check_heartbeats(SteadyClock::now());
-    if (!is_stopping) arm_heartbeat_check();
+    if (!stopping()) arm_heartbeat_check();
   });
 }
 
 void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
-  if (opt.worker_timeout.count() <= 0 || is_stopping) return;
+  if (opt.worker_timeout.count() <= 0 || stopping()) return;
   for (auto& s : slots) {
     Worker& w = s->w;
-    if (!w.running || w.stopped_by_agent || w.reported || w.spec.heartbeat_file.empty()) continue;
+    if (!w.running() || w.standing != Standing::own || w.spec.heartbeat_file.empty()) continue;
     struct stat st{};
     if (::stat(w.spec.heartbeat_file.c_str(), &st) == 0 &&
         (st.st_mtim.tv_sec != s->beat_mtime.tv_sec || st.st_mtim.tv_nsec != s->beat_mtime.tv_nsec)) {
@@ -225,7 +222,7 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
       std::snprintf(reason, sizeof(reason), "no heartbeat for %.1f s (--worker_timeout=%.1f)",
                     std::chrono::duration<double>(now - s->last_beat).count(),
                     std::chrono::duration<double>(opt.worker_timeout).count());
-      w.reported = true;
+      w.raise(Standing::reported);
       listener->on_worker_failed(w, reason, kHeartbeatExitCode, FailureKind::hang);
       return;  // the listener stops the group
     }
@@ -233,9 +230,9 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
 }
 
 void WorkerGroup::Impl::maybe_ended() {
-  if (is_ended) return;
+  if (state == State::ended) return;
   for (const auto& s : slots) {
-    if (s->w.running) return;
+    if (s->w.running()) return;
   }
   bool drained = true;
   for (const auto& s : slots) drained = drained && s->open_pipes == 0;
@@ -249,9 +246,9 @@ void WorkerGroup::Impl::maybe_ended() {
 }
 
 void WorkerGroup::Impl::end() {
-  if (is_ended) return;
+  if (state == State::ended) return;
   finish_dump();  // a dump in progress completes first: its Python workers' output is all in
-  is_ended = true;
+  state = State::ended;
   drain_timer.cancel();
   kill_timer.cancel();
   heartbeat_timer.cancel();
@@ -275,16 +272,16 @@ void WorkerGroup::set_listener(Listener& listener) { impl_->listener = &listener
 WorkerGroup::~WorkerGroup() = default;
 void WorkerGroup::start(std::vector<WorkerSpec> specs) { impl_->start(std::move(specs)); }
 void WorkerGroup::reap() { impl_->reap(); }
-void WorkerGroup::stop(int sig, bool stacks_first) { impl_->stop(sig, stacks_first); }
+void WorkerGroup::stop(int sig, Stacks stacks) { impl_->stop(sig, stacks); }
 void WorkerGroup::kill_now() { impl_->signal_running(SIGKILL); }
 void WorkerGroup::forward(int sig) {
   for (auto& s : impl_->slots) {
-    if (s->w.running) impl_->runner.signal_group(s->w.pid, sig);
+    if (s->w.running()) impl_->runner.signal_group(s->w.pid, sig);
   }
 }
 void WorkerGroup::check_heartbeats(std::chrono::steady_clock::time_point now) { impl_->check_heartbeats(now); }
-bool WorkerGroup::stopping() const { return impl_->is_stopping; }
-bool WorkerGroup::ended() const { return impl_->is_ended; }
+bool WorkerGroup::stopping() const { return impl_->stopping(); }
+bool WorkerGroup::ended() const { return impl_->state == Impl::State::ended; }
 std::vector<Worker> WorkerGroup::workers() const {
   std::vector<Worker> out;
   for (const auto& s : impl_->slots) out.push_back(s->w);

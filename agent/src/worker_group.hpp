@@ -18,6 +18,7 @@
 #include "stack_dump.hpp"
 #include <map>
 #include <optional>
+
 #include "ddprun/agent/options.hpp"
 
 namespace boost::asio {
@@ -41,14 +42,26 @@ struct WorkerSpec {
   std::optional<CpuBinding> binding;  // --numa_binding
 };
 
+// A worker's life, as its group sees it.
+enum class Life { not_started, running, ended };
+// What a worker's end means; only ever raised (own < stopped < reported).
+enum class Standing {
+  own,       // its end is its own doing: a failure when unsuccessful
+  stopped,   // ddprun told it to stop: its end is a consequence, not a cause
+  reported,  // its failure (a hang, or its end) was reported: not reported again
+};
+
 struct Worker {
   WorkerSpec spec;
   pid_t pid = -1;
-  bool running = false;
-  bool stopped_by_agent = false;  // ddprun signalled it: its death is a consequence, not a cause
-  bool reported = false;          // its failure was reported (a hang: its death is not reported again)
+  Life life = Life::not_started;
+  Standing standing = Standing::own;
   ExitStatus status;
   std::chrono::system_clock::time_point started_wall, ended_wall;
+
+  bool running() const { return life == Life::running; }
+  bool stopped_by_agent() const { return standing == Standing::stopped; }
+  void raise(Standing s) { standing = std::max(standing, s); }
 };
 
 // Why a worker is reported failed (the event log's "reason").
@@ -88,9 +101,10 @@ class WorkerGroup {
   // SIGCHLD: collects every ended child and reports what it means.
   void reap();
   // Stops every running worker with `sig` (SIGKILL to each one still running stop_timeout later,
-  // after collecting their stacks). `stacks_first`: a hang; collect every running worker's stack
+  // after collecting their stacks). Stacks::first: a hang; collect every running worker's stack
   // (bounded by stack_dump_timeout), then stop.
-  void stop(int sig, bool stacks_first = false);
+  enum class Stacks { after_timeout, first };
+  void stop(int sig, Stacks stacks = Stacks::after_timeout);
   // SIGKILL to every running worker, now.
   void kill_now();
   // Passes `sig` on to every running worker without stopping the group (SIGUSR1, ...).

@@ -50,9 +50,11 @@ struct WorkerGroup::Impl {
   asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io};
   std::vector<std::unique_ptr<Slot>> slots;
   int generation = 0;        // +1 per group: handlers of an earlier group check it
-  bool is_stopping = false;
-  bool kill_armed = false;
-  bool is_ended = true;
+  // The group's life: ended before the first start; stopping once told to stop; killing once
+  // SIGKILL is scheduled for the workers still running after stop_timeout.
+  enum class State { running, stopping, killing, ended };
+  State state = State::ended;
+  bool stopping() const { return state == State::stopping || state == State::killing; }
   // Stacks of the running workers, collected once per group before it is stopped or killed.
   struct Dump {
     std::set<int> python, native;       // local ranks: stopped with SIGABRT / read by eu-stack or gdb
@@ -91,7 +93,7 @@ struct WorkerGroup::Impl {
 
   bool any_running() const;
 
-  void stop(int sig, bool stacks_first);
+  void stop(int sig, Stacks stacks);
 
 
   // Starts collecting the stacks of the running workers, all at once; `then` runs when they are

@@ -17,9 +17,9 @@ bool WorkerGroup::Impl::start_dump(std::function<void()> then) {
   dump->then = std::move(then);
   for (auto& s : slots) {
     Worker& w = s->w;
-    if (!w.running) continue;
+    if (!w.running()) continue;
     int lr = w.spec.local_rank;
-    w.stopped_by_agent = true;
+    w.raise(Standing::stopped);
     if (is_python_command(w.spec.argv)) {
       dump->python.insert(lr);
       if (s->err) s->err->start_capture();
@@ -48,7 +48,7 @@ void WorkerGroup::Impl::check_dump() {
   if (!dump || dump->done) return;
   if (dump->text.size() < dump->native.size()) return;
   for (auto& s : slots) {
-    if (dump->python.count(s->w.spec.local_rank) && (s->w.running || s->open_pipes > 0)) return;
+    if (dump->python.count(s->w.spec.local_rank) && (s->w.running() || s->open_pipes > 0)) return;
   }
   asio::post(io, [this, gen = generation] {
     if (gen == generation) finish_dump();
