@@ -18,6 +18,7 @@ packages=(
   iproute2 procps
   elfutils gdb                 # eu-stack (else gdb): stacks of hung native workers
   libhwloc-dev                 # --numa_binding: the machine's topology
+  prometheus-cpp-dev           # --metrics_port: metrics in Prometheus' text format
   etcd-server                  # tests of the etcd client and backend (3-member clusters)
   etcd-client                  # etcdctl: turns authentication on in the auth tests
 )

@@ -12,6 +12,8 @@
 #include "event_log.hpp"
 #include "guardian.hpp"
 #include "job_controller.hpp"
+#include "metrics.hpp"
+#include "metrics_server.hpp"
 #include "numa_binding.hpp"
 #include "output.hpp"
 #include "process_runner.hpp"
@@ -98,7 +100,15 @@ struct Agent::Impl {
     for (int s : opt.forward_signals) signals.add(s);
     RealProcessRunner runner(guardian);
     auto rdzv = rounds::make_rendezvous(opt.rdzv, gate.poster(), &fence);
-    int code = run_loop(io, signals, runner, *rdzv, events, dir, node_name);
+    std::unique_ptr<JobMetrics> metrics;
+    std::unique_ptr<MetricsServer> server;
+    if (opt.metrics.port >= 0) {
+      metrics = std::make_unique<JobMetrics>([r = rdzv.get()] { return r->hosted_stores(); });
+      server = std::make_unique<MetricsServer>(
+          MetricsServerOptions{opt.metrics.addr, static_cast<std::uint16_t>(opt.metrics.port)}, *metrics);
+    }
+    int code = run_loop(io, signals, runner, *rdzv, events, dir, node_name, metrics.get());
+    server.reset();  // before the rendezvous whose stores it reads
     rdzv->shutdown();
     gate.close();
     flush_console(opt.redirects.any() || opt.tee.any());
@@ -108,9 +118,18 @@ struct Agent::Impl {
   }
 
   int run_loop(asio::io_context& io, asio::signal_set& signals, ProcessRunner& runner, Rendezvous& rdzv,
-               EventLog& events, RunDir& dir, const std::string& node_name) {
+               EventLog& events, RunDir& dir, const std::string& node_name, JobMetrics* metrics) {
     WorkerGroup group(io, runner, {opt.worker_timeout, opt.stop_timeout, opt.stack_dump_timeout});
     JobController controller(opt, group, rdzv, events, dir, node_name, &fence);
+    // Once a second the loop shows the job to the metrics: /healthz also proves the loop turns.
+    asio::steady_timer tick(io);
+    std::function<void()> refresh = [&] {
+      metrics->refresh(controller, group);
+      tick.expires_after(std::chrono::seconds(1));
+      tick.async_wait([&](boost::system::error_code ec) {
+        if (!ec) refresh();
+      });
+    };
     std::function<void()> wait_signals = [&] {
       signals.async_wait([&](boost::system::error_code ec, int sig) {
         if (ec) return;
@@ -127,7 +146,9 @@ struct Agent::Impl {
       spdlog::info("ddprun: OMP_NUM_THREADS=1 for each worker (set it to override)");
     }
     controller.start();
+    if (metrics) refresh();
     while (controller.phase() != Phase::done) io.run_one();
+    if (metrics) metrics->refresh(controller, group);
     return controller.exit_code();
   }
 };

@@ -76,7 +76,8 @@ FailureRecord make_failure_record(int rank, int local_rank, pid_t pid, ExitStatu
 }
 
 std::string format_failure_report(const FailureRecord& root, const std::vector<FailureRecord>& others,
-                                  const std::string& role, int attempt, int max_restarts) {
+                                  const std::string& role, int attempt, int max_restarts,
+                                  const std::vector<std::string>& notes, int exits_with) {
   std::ostringstream os;
   os << "\n==================== ddprun: job failed ====================\n";
   if (max_restarts > 0) {
@@ -108,7 +109,8 @@ std::string format_failure_report(const FailureRecord& root, const std::vector<F
          << ": " << f.reason << "\n";
     }
   }
-  os << "ddprun exits with " << root.exit_code << "\n";
+  for (const auto& n : notes) os << n << "\n";
+  os << "ddprun exits with " << (exits_with >= 0 ? exits_with : root.exit_code) << "\n";
   os << "=============================================================\n";
   return os.str();
 }

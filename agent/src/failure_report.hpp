@@ -27,6 +27,7 @@ FailureRecord make_failure_record(int rank, int local_rank, pid_t pid, ExitStatu
 bool parse_error_file(const std::string& text, std::string& message, std::string& traceback);
 
 std::string format_failure_report(const FailureRecord& root, const std::vector<FailureRecord>& others,
-                                  const std::string& role, int attempt, int max_restarts);
+                                  const std::string& role, int attempt, int max_restarts,
+                                  const std::vector<std::string>& notes = {}, int exits_with = -1);
 
 }  // namespace ddprun::agent

@@ -57,6 +57,7 @@ void JobController::join(int round, int restart_count) {
   outcome_.reset();
   root_cause_.reset();
   failures_.clear();
+  joined_at_ = std::chrono::steady_clock::now();
   enter(Phase::rendezvous);
   rdzv_.join(round, restart_count);
 }
@@ -66,6 +67,7 @@ void JobController::join(int round, int restart_count) {
 void JobController::on_round_ready(const RoundInfo& info) {
   if (phase_ != Phase::rendezvous) return;
   info_ = info;
+  rendezvous_s_ = seconds_since(joined_at_);
   round_ = info.round;
   attempt_ = info.restart_count;
   if (opt_.rdzv.multi_node()) {
@@ -142,6 +144,7 @@ void JobController::log_outcome(const RoundOutcome& o) {
 // ---- workers ----------------------------------------------------------------------------------
 
 void JobController::start_workers() {
+  const auto t0 = std::chrono::steady_clock::now();
   if (fence_) fence_->reset();
   try {
     group_.start(plan_workers(opt_, info_, dir_));
@@ -152,6 +155,7 @@ void JobController::start_workers() {
   }
   group_ended_ = false;
   attempt_started_ = std::chrono::steady_clock::now();
+  start_s_ = seconds_since(t0);
   enter(Phase::running);
   const auto& ws = group_.workers();
   if (events_.enabled()) {
@@ -280,11 +284,27 @@ void JobController::leave(int round) {
 }
 
 void JobController::decide_failure(const FailureRecord& root) {
+  streaks_.record(root);
+  std::vector<std::string> notes;
+  if (streaks_.host_streak() > 1) {
+    notes.push_back("Host " + root.host + " caused the last " + std::to_string(streaks_.host_streak()) + " failures.");
+  }
+  if (opt_.max_same_failures > 0 && streaks_.same_failure() >= opt_.max_same_failures) {
+    notes.push_back("Crash loop: rank " + std::to_string(root.rank) + " failed the same way (" + root.reason + ") on " +
+                    std::to_string(streaks_.same_failure()) + " consecutive attempts (--max_same_failures=" +
+                    std::to_string(opt_.max_same_failures) + "): restarting will not mend it, and the exit code " +
+                    std::to_string(kCrashLoopExitCode) + " says not to requeue the job.");
+    events_.emit("crash_loop", {{"rank", root.rank}, {"host", root.host}, {"reason", root.reason},
+                                {"attempts", streaks_.same_failure()}, {"exit_code", kCrashLoopExitCode}});
+    report_failure(root, notes, kCrashLoopExitCode);
+    return finish(kCrashLoopExitCode, Rendezvous::Ack::yes);
+  }
   if (attempt_ + 1 > opt_.max_restarts) {
-    report_failure(root);
+    report_failure(root, notes, root.exit_code);
     return finish(root.exit_code, Rendezvous::Ack::yes);
   }
   int next = attempt_ + 1;
+  ++restarts_;
   std::string who = "rank " + std::to_string(root.rank);
   if (opt_.rdzv.multi_node()) {
     spdlog::warn("ddprun: restarting the job on every node (restart {} of {})", next, opt_.max_restarts);
@@ -293,13 +313,17 @@ void JobController::decide_failure(const FailureRecord& root) {
     spdlog::warn("ddprun: rank {} failed ({}); restarting the worker group (restart {} of {})", root.rank, root.reason,
                  next, opt_.max_restarts);
   }
-  events_.emit("restart", {{"count", next}, {"reason", who + ": " + root.reason}});
+  if (streaks_.host_streak() > 1) {
+    spdlog::warn("ddprun: host {} caused the last {} failures", root.host, streaks_.host_streak());
+  }
+  events_.emit("restart", {{"count", next}, {"reason", who + ": " + root.reason}, {"host", root.host},
+                           {"host_streak", streaks_.host_streak()}});
   join(round_ + 1, next);
 }
 
 // The summary: the root cause (with its last stderr lines, complete now that the output is
 // drained) and this node's other failures.
-void JobController::report_failure(FailureRecord root) {
+void JobController::report_failure(FailureRecord root, const std::vector<std::string>& notes, int exits_with) {
   std::vector<FailureRecord> others;
   for (auto f : failures_) {
     f.stderr_tail = group_.stderr_tail(f.local_rank);
@@ -310,7 +334,7 @@ void JobController::report_failure(FailureRecord root) {
   } else if (root_cause_) {
     others.push_back(*root_cause_);  // this node failed too, but after the root cause
   }
-  write_to_console(format_failure_report(root, others, opt_.role, attempt_, opt_.max_restarts));
+  write_to_console(format_failure_report(root, others, opt_.role, attempt_, opt_.max_restarts, notes, exits_with));
 }
 
 void JobController::finish(int code, Rendezvous::Ack ack) {

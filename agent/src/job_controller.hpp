@@ -18,6 +18,7 @@
 //                 stopped                         -> draining (128 + signal)
 //                 failure, restarts left          -> rendezvous (next round, restart count + 1)
 //                 failure, no restart left        -> draining (the root cause's code; summary printed)
+//                 failure, a crash loop           -> draining (93; summary printed): --max_same_failures
 //                 node lost, a node joining       -> rendezvous (next round, same restart count)
 //                 rendezvous lost, malformed end  -> draining (1, nothing acknowledged)
 //   running    --workers SIGKILLed after this node's liveness lapsed (fenced)
@@ -33,6 +34,7 @@
 #include "ddprun/agent/options.hpp"
 #include "ddprun/rounds/rendezvous.hpp"
 #include "failure_report.hpp"
+#include "failure_streaks.hpp"
 #include "worker_group.hpp"
 
 namespace ddprun::agent {
@@ -71,6 +73,9 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   int exit_code() const { return exit_code_; }
   int round() const { return round_; }
   int restart_count() const { return attempt_; }
+  int restarts() const { return restarts_; }  // restarts this agent decided (a failure each)
+  double last_rendezvous_seconds() const { return rendezvous_s_; }  // joining to round ready
+  double last_start_seconds() const { return start_s_; }           // round ready to every worker spawned
 
   // WorkerGroup::Listener
   void on_worker_failed(const Worker& w, const std::string& reason, int code, FailureKind kind) override;
@@ -94,7 +99,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   void leave(int round);
   void finish(int code, Rendezvous::Ack ack);
   bool fenced(const Worker& w, FailureKind kind);
-  void report_failure(FailureRecord root);
+  void report_failure(FailureRecord root, const std::vector<std::string>& notes, int exits_with);
   void second_signal(int sig);
 
   const AgentOptions& opt_;
@@ -112,10 +117,13 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   std::optional<RoundOutcome> outcome_;      // how the current round ended, once known
   std::optional<FailureRecord> root_cause_;  // this node's first failure in the round
   std::vector<FailureRecord> failures_;      // this node's other failures
+  FailureStreaks streaks_;                   // root causes, attempt after attempt
   bool group_ended_ = true;
   int stop_signal_ = 0;  // ddprun was told to stop by this signal
   int exit_code_ = 0;
-  std::chrono::steady_clock::time_point attempt_started_;
+  std::chrono::steady_clock::time_point attempt_started_, joined_at_;
+  double rendezvous_s_ = 0, start_s_ = 0;
+  int restarts_ = 0;
 };
 
 }  // namespace ddprun::agent

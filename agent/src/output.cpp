@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -73,15 +74,19 @@ StreamOutput::StreamOutput(StreamRoute route) : route_(std::move(route)) {
     // 0600: what workers print may be private; O_NOFOLLOW: a link planted there is not followed.
     file_ = ::open(route_.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   }
+  if (!route_.duplicate_filters.empty() && !route_.duplicate_file.empty()) {
+    duplicate_ = ::open(route_.duplicate_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+  }
 }
 
 StreamOutput::~StreamOutput() {
   if (file_ >= 0) ::close(file_);
+  if (duplicate_ >= 0) ::close(duplicate_);
 }
 
 void StreamOutput::write(std::string_view data) {
   if (file_ >= 0) write_fully(file_, data);
-  if (route_.console_fd < 0 && !route_.keep_tail && !capturing_) return;
+  if (route_.console_fd < 0 && !route_.keep_tail && !capturing_ && duplicate_ < 0) return;
   splitter_.feed(data, [this](std::string_view l) { line(l); });
 }
 
@@ -90,12 +95,15 @@ void StreamOutput::finish() {
 }
 
 void StreamOutput::line(std::string_view l) {
-  if (route_.console_fd >= 0) {
+  bool duplicate = duplicate_ >= 0 && std::any_of(route_.duplicate_filters.begin(), route_.duplicate_filters.end(),
+                                                  [&](const std::string& f) { return l.find(f) != std::string_view::npos; });
+  if (route_.console_fd >= 0 || duplicate) {
     // One write per line: the console sees whole lines, never pieces of two workers' lines.
     scratch_.assign(route_.prefix);
     scratch_.append(l);
     scratch_.push_back('\n');
-    Console::for_fd(route_.console_fd).write(scratch_);
+    if (route_.console_fd >= 0) Console::for_fd(route_.console_fd).write(scratch_);
+    if (duplicate) write_fully(duplicate_, scratch_);
   }
   if (capturing_ && captured_.size() < kCaptureBytes) {
     captured_.append(l);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace ddprun::agent {
 
@@ -34,6 +35,10 @@ struct StreamRoute {
   std::string prefix;    // "[default0]:"
   std::string file;      // raw copy; empty = none
   bool keep_tail = false;  // remember the last lines (stderr, for the failure summary)
+  // Lines holding any of these substrings are also appended, prefixed, to duplicate_file
+  // (several workers append to one file: one write per line keeps lines whole).
+  std::vector<std::string> duplicate_filters;
+  std::string duplicate_file;
 };
 
 class StreamOutput {
@@ -59,6 +64,7 @@ class StreamOutput {
   StreamRoute route_;
   LineSplitter splitter_;
   int file_ = -1;  // the raw copy (route_.file), written unbuffered
+  int duplicate_ = -1;  // route_.duplicate_file, opened for appending
   std::deque<std::string> tail_;
   std::string scratch_;
   bool capturing_ = false;

@@ -33,7 +33,9 @@ void make_private_dirs(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) throw Error("cannot use '" + dir + "' as a log directory: not a directory");
 }
 
-RunDir::RunDir(const AgentOptions& opt) : keep_(opt.redirects.any() || opt.tee.any()) {
+RunDir::RunDir(const AgentOptions& opt)
+    : keep_(opt.redirects.any() || opt.tee.any() || !opt.duplicate_stdout_filters.empty() ||
+            !opt.duplicate_stderr_filters.empty()) {
   std::string base = opt.log_dir;
   if (base.empty()) {
     auto t = opt.base_env.find("TMPDIR");

@@ -139,6 +139,7 @@ void WorkerGroup::Impl::reap() {
     Worker& w = s->w;
     w.life = Life::ended;
     w.status = e.status;
+    last_exits[w.spec.local_rank] = {w.spec.rank, w.status.shell_code()};
     w.ended_wall = std::chrono::system_clock::now();
     // Grandchildren die with their worker: the group goes, whatever is left of it.
     runner.signal_group(w.pid, SIGKILL);
@@ -287,6 +288,7 @@ std::vector<Worker> WorkerGroup::workers() const {
   for (const auto& s : impl_->slots) out.push_back(s->w);
   return out;
 }
+const std::map<int, std::pair<int, int>>& WorkerGroup::last_exits() const { return impl_->last_exits; }
 std::deque<std::string> WorkerGroup::stderr_tail(int local_rank) const {
   for (const auto& s : impl_->slots) {
     if (s->w.spec.local_rank == local_rank && s->err) return s->err->tail();

@@ -66,6 +66,7 @@ struct WorkerGroup::Impl {
   bool dump_started = false;
   std::vector<std::thread> dumpers;
   std::optional<long long> oom_kills_at_start;
+  std::map<int, std::pair<int, int>> last_exits;  // local rank -> (rank, shell code), across groups
 
   Impl(asio::io_context& i, ProcessRunner& r, Options o) : io(i), runner(r), opt(o) {}
   ~Impl() {

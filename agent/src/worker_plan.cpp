@@ -4,6 +4,8 @@
 
 #include <map>
 
+#include "ddprun/common/text.hpp"
+
 namespace ddprun::agent {
 namespace {
 
@@ -38,6 +40,14 @@ std::vector<std::string> worker_env(const AgentOptions& opt, const rounds::Round
   env.try_emplace("NCCL_ASYNC_ERROR_HANDLING", "1");  // the name PyTorch 1.13 reads
   env.try_emplace("PYTHONFAULTHANDLER", "1");  // a hung Python worker stopped with SIGABRT prints its stacks
   if (opt.nproc_per_node > 1) env.try_emplace("OMP_NUM_THREADS", "1");
+  if (opt.virtual_local_rank) {
+    // Its own GPU as device 0: the inherited list's entry for this local rank, else its index.
+    auto visible = env.find("CUDA_VISIBLE_DEVICES");
+    auto devices = visible == env.end() ? std::vector<std::string>{} : split(visible->second, ',');
+    set("CUDA_VISIBLE_DEVICES", w.local_rank < static_cast<int>(devices.size()) ? trim(devices[w.local_rank])
+                                                                                 : std::to_string(w.local_rank));
+    set("LOCAL_RANK", "0");
+  }
   std::vector<std::string> out;
   out.reserve(env.size());
   for (auto& [k, v] : env) out.push_back(k + "=" + v);
@@ -52,6 +62,9 @@ StreamRoute route(const AgentOptions& opt, const WorkerSpec& w, const std::strin
   if (!redirect && shown) r.console_fd = which == 1 ? STDOUT_FILENO : STDERR_FILENO;
   if (redirect || tee) r.file = dir + (which == 1 ? "/stdout.log" : "/stderr.log");
   r.keep_tail = which == 2;
+  r.duplicate_filters = which == 1 ? opt.duplicate_stdout_filters : opt.duplicate_stderr_filters;
+  // One file per attempt, beside the ranks' folders, as torchrun writes it.
+  r.duplicate_file = dir.substr(0, dir.rfind('/')) + (which == 1 ? "/filtered_stdout.log" : "/filtered_stderr.log");
   r.prefix = replace_all(replace_all(replace_all(opt.line_prefix_template, "${role_name}", opt.role),
                                      "${local_rank}", std::to_string(w.local_rank)),
                          "${rank}", std::to_string(w.rank));

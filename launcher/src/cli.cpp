@@ -244,6 +244,18 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
   a.role = s.role;
   a.worker_timeout = s.worker_timeout;
   a.stop_timeout = s.stop_timeout;
+  // torchrun 2.x's spelling (or its environment variable) wins over --stop_timeout.
+  if (s.shutdown_timeout) {
+    a.stop_timeout = *s.shutdown_timeout;
+  } else if (auto t = get_env(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", ""); !t.empty()) {
+    a.stop_timeout = parse_seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", t, false);
+  }
+  a.max_same_failures = s.max_same_failures;
+  a.virtual_local_rank = s.virtual_local_rank;
+  a.duplicate_stdout_filters = s.duplicate_stdout_filters;
+  a.duplicate_stderr_filters = s.duplicate_stderr_filters;
+  a.metrics.addr = s.metrics_addr;
+  a.metrics.port = s.metrics_port;
   a.stack_dump_timeout = s.stack_dump_timeout;
   a.numa_binding = s.numa_binding;
   a.report_bindings = s.report_bindings;
@@ -309,7 +321,11 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
   }
   r.agent.command = resolve_command(program, s.module, s.no_python, env);
   r.agent.base_env = env;
-  if (auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != env.end()) r.agent.line_prefix_template = it->second;
+  if (!s.log_line_prefix_template.empty()) {
+    r.agent.line_prefix_template = s.log_line_prefix_template;
+  } else if (auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != env.end()) {
+    r.agent.line_prefix_template = it->second;
+  }
   return r;
 }
 

@@ -5,6 +5,7 @@
 
 #include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/net.hpp"
 #include "ddprun/common/text.hpp"
 
 namespace ddprun::launcher {
@@ -103,6 +104,25 @@ std::string not_empty(const char* flag, const std::string& v) {
   return v;
 }
 
+// torchrun's comma-separated list: ",," is a literal comma; empty items are dropped.
+std::vector<std::string> parse_filters(const std::string& v) {
+  std::vector<std::string> out;
+  std::string item;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (v[i] != ',') {
+      item += v[i];
+    } else if (i + 1 < v.size() && v[i + 1] == ',') {
+      item += ',';
+      ++i;
+    } else {
+      if (!item.empty()) out.push_back(item);
+      item.clear();
+    }
+  }
+  if (!item.empty()) out.push_back(item);
+  return out;
+}
+
 constexpr const char* kWorkers = "Worker group";
 constexpr const char* kRdzv = "Rendezvous";
 constexpr const char* kFault = "Failures and hangs";
@@ -178,6 +198,15 @@ const std::vector<OptionSpec>& option_table() {
       {"signals_to_handle", "", kFault, K::value, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
        "signals forwarded to the workers (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2)",
        [](const std::string& v, Settings& s) { s.signals = parse_signals(v); }},
+      {"shutdown_timeout", "", kFault, K::value, "",
+       "torchrun 2.x's name for --stop_timeout (seconds); also TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+       [](const std::string& v, Settings& s) {
+         if (!v.empty()) s.shutdown_timeout = parse_seconds("shutdown_timeout", v, false);
+       }},
+      {"max_same_failures", "", kFault, K::value, "0",
+       "end the job with exit code 93 (a crash loop: do not requeue) when the same rank fails the same way on "
+       "this many consecutive attempts (0 = off)",
+       [](const std::string& v, Settings& s) { s.max_same_failures = parse_count("max_same_failures", v, true); }},
       {"monitor_interval", "", kFault, K::value, "0.1",
        "accepted for torchrun compatibility; ddprun sees worker exits as they happen",
        [](const std::string& v, Settings&) { parse_seconds("monitor_interval", v, true); }},
@@ -200,6 +229,9 @@ const std::vector<OptionSpec>& option_table() {
        }},
       {"report_bindings", "", kWorkers, K::flag, "", "print each local rank's CPUs and NUMA node",
        [](const std::string& v, Settings& s) { s.report_bindings = truthy(v); }},
+      {"virtual_local_rank", "", kWorkers, K::flag, "",
+       "each worker sees only its own GPU: LOCAL_RANK=0, CUDA_VISIBLE_DEVICES its device (torchrun 2.x)",
+       [](const std::string& v, Settings& s) { s.virtual_local_rank = truthy(v); }},
       {"log_dir", "", kOutput, K::value, "", "per-rank logs: LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log",
        [](const std::string& v, Settings& s) { s.log_dir = v; }},
       {"redirects", "r", kOutput, K::value, "0",
@@ -209,11 +241,34 @@ const std::vector<OptionSpec>& option_table() {
        [](const std::string& v, Settings& s) { s.tee = parse_streams("tee", v); }},
       {"local_ranks_filter", "", kOutput, K::value, "", "local ranks shown on the console, e.g. 0 or 0,2",
        [](const std::string& v, Settings& s) { s.local_ranks_filter = v; }},
+      {"log_line_prefix_template", "", kOutput, K::value, "",
+       "console line prefix with ${role_name}, ${local_rank}, ${rank}; also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE "
+       "(default [${role_name}${local_rank}]:)",
+       [](const std::string& v, Settings& s) { s.log_line_prefix_template = v; }},
+      {"duplicate_stdout_filters", "", kOutput, K::value, "",
+       "copy stdout lines holding any of these comma-separated substrings (',,' is a comma) to "
+       "LOG_DIR/RUN_ID/attempt_N/filtered_stdout.log",
+       [](const std::string& v, Settings& s) { s.duplicate_stdout_filters = parse_filters(v); }},
+      {"duplicate_stderr_filters", "", kOutput, K::value, "", "as --duplicate_stdout_filters, for stderr (filtered_stderr.log)",
+       [](const std::string& v, Settings& s) { s.duplicate_stderr_filters = parse_filters(v); }},
       {"log_level", "", kOutput, K::value, "info", "ddprun's own messages: debug, info, warn, error",
        [](const std::string& v, Settings& s) { s.log_level = parse_log_level(v); }},
       {"events_file", "", kOutput, K::value, "",
        "append machine-readable events (JSON Lines) to this file; also DDPRUN_EVENTS_FILE",
        [](const std::string& v, Settings& s) { s.events_file = v; }},
+      {"metrics_port", "", kGeneral, K::value, "",
+       "serve /metrics (Prometheus), /healthz and /readyz on this port (0: a free one, printed; empty: off)",
+       [](const std::string& v, Settings& s) {
+         if (v.empty()) return;
+         auto n = parse_int(v, 0, 65535);
+         if (!n) usage("--metrics_port must be a port number 0-65535 (got '" + v + "')");
+         s.metrics_port = static_cast<int>(*n);
+       }},
+      {"metrics_addr", "", kGeneral, K::value, "", "address the metrics server binds (empty: every interface)",
+       [](const std::string& v, Settings& s) {
+         if (!v.empty() && !is_ip_literal(v)) usage("--metrics_addr must be an IP address such as 0.0.0.0 or ::1 (got '" + v + "')");
+         s.metrics_addr = v;
+       }},
       {"help", "h", kGeneral, K::action, "", "show this help and exit", nullptr},
       {"version", "", kGeneral, K::action, "", "show the version and the optional parts of this build, and exit", nullptr},
       {"completion", "", kGeneral, K::value, "", "print the completion script for SHELL (bash) and exit", nullptr},

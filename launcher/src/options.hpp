@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -40,6 +41,13 @@ struct Settings {
   std::string events_file;
   std::string numa_binding;
   bool report_bindings = false;
+  int max_same_failures = 0;
+  std::optional<std::chrono::milliseconds> shutdown_timeout;  // torchrun 2.x's name for stop_timeout
+  bool virtual_local_rank = false;
+  std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
+  std::string log_line_prefix_template;  // empty: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else the default
+  std::string metrics_addr;
+  int metrics_port = -1;  // -1: off
 };
 
 enum class OptionKind { value, flag, action };  // action: --help, --version, --completion

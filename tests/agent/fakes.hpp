@@ -91,6 +91,7 @@ class FakeRendezvous : public Rendezvous {
   void finish(int round, Ack ack) override { finishes.emplace_back(round, ack); }
   void leave(int round, int sig) override { leaves.emplace_back(round, sig); }
   void shutdown() override {}
+  std::vector<ddprun::rounds::HostedStore> hosted_stores() const override { return {}; }
 };
 
 // A fence whose lapse the test decides.

@@ -74,7 +74,8 @@ TEST_CASE("store placement follows the rendezvous flags", "[units]") {
 TEST_CASE("every option of the table reads PET_NAME and is validated by the table's parser", "[units]") {
   // Free text by design: names, paths, addresses, accepted-and-ignored compatibility options.
   const std::set<std::string> free_text = {"role", "local_addr", "log_dir", "events_file", "start_method",
-                                           "local_ranks_filter", "master_addr", "rdzv_conf"};
+                                           "local_ranks_filter", "master_addr", "rdzv_conf", "log_line_prefix_template",
+                                           "duplicate_stdout_filters", "duplicate_stderr_filters"};
   int checked = 0;
   for (const auto& o : launcher::option_table()) {
     if (o.kind != launcher::OptionKind::value || o.parse == nullptr || free_text.count(o.name)) continue;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/rounds/rendezvous.hpp"
 #include "keys.hpp"
 
 namespace ddprun::rounds {
@@ -89,6 +90,8 @@ class Backend {
   virtual void close() {}
   // The address this node reaches the backend from.
   virtual std::string reach() const = 0;
+  // The store this process hosts for the round records, if any (metrics). Any thread.
+  virtual std::vector<HostedStore> hosted() const { return {}; }
   // This process holds the round records (it hosts the rendezvous store): it must keep them
   // until the other nodes have read how the job ended.
   virtual bool holds_records() const = 0;

@@ -3,6 +3,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/system.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
+#include "workers_store.hpp"
 
 namespace ddprun::rounds {
 
@@ -57,6 +58,8 @@ void LocalRendezvous::finish(int, Ack) {
 void LocalRendezvous::leave(int, int) {
   post_([l = listener_] { l->on_finished(); });
 }
+
+std::vector<HostedStore> LocalRendezvous::hosted_stores() const { return {observe_store("workers", *store_)}; }
 
 void LocalRendezvous::shutdown() {
   if (store_) store_->stop();

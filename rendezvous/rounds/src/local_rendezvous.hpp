@@ -28,6 +28,7 @@ class LocalRendezvous : public Rendezvous {
   void finish(int round, Ack ack) override;
   void leave(int round, int signal) override;
   void shutdown() override;
+  std::vector<HostedStore> hosted_stores() const override;
 
  private:
   void over(int round, RoundEnd why);

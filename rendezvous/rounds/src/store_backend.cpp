@@ -10,6 +10,7 @@
 #include "ddprun/rendezvous/store_server.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
 #include "task_queue.hpp"
+#include "workers_store.hpp"
 
 namespace ddprun::rounds {
 namespace {
@@ -162,6 +163,11 @@ bool StoreBackend::should_host() const {
     if (is_loopback(a) || std::find(mine.begin(), mine.end(), a) != mine.end()) return true;
   }
   return false;
+}
+
+std::vector<HostedStore> StoreBackend::hosted() const {
+  if (!server_) return {};
+  return {observe_store("rendezvous", *server_)};
 }
 
 std::string StoreBackend::endpoint() const { return format_address(opt_.endpoint_host, port_); }

@@ -30,6 +30,7 @@ class StoreBackend : public Backend {
   std::unique_ptr<Connection> connect(std::chrono::milliseconds timeout) override;
   std::string reach() const override;
   bool holds_records() const override { return server_ != nullptr; }
+  std::vector<HostedStore> hosted() const override;
   std::chrono::milliseconds liveness_ttl() const override;
   std::unique_ptr<Liveness> watch(const Members& m, std::weak_ptr<LivenessEvents> events) override;
 

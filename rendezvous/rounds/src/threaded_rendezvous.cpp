@@ -200,6 +200,12 @@ void ThreadedRendezvous::finish(int round, Ack ack) {
 
 void ThreadedRendezvous::leave(int round, int signal) { core_->announce(round, signal); }
 
+std::vector<HostedStore> ThreadedRendezvous::hosted_stores() const {
+  std::vector<HostedStore> out = core_->backend->hosted();
+  if (auto w = core_->workers->observe()) out.push_back(*w);
+  return out;
+}
+
 void ThreadedRendezvous::shutdown() {
   if (!core_->tasks.stop()) return;
   // A joiner blocked in a wait is woken by a stop this node announced; one stuck on an

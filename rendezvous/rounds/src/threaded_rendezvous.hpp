@@ -38,6 +38,7 @@ class ThreadedRendezvous : public Rendezvous {
   void finish(int round, Ack ack) override;
   void leave(int round, int signal) override;
   void shutdown() override;
+  std::vector<HostedStore> hosted_stores() const override;
 
  private:
   struct Core;

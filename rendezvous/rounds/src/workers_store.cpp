@@ -31,8 +31,10 @@ StoreAddress WorkersStore::host(const RoundInfo& info) {
     so.same_user = true;
     so.allow = std::vector<std::string>{};
     so.reserved_fds = reserved_fds_;
-    server_ = std::make_unique<rendezvous::StoreServer>(so);
-    server_->start();
+    auto server = std::make_shared<rendezvous::StoreServer>(so);
+    server->start();
+    std::lock_guard<std::mutex> lk(mu_);
+    server_ = std::move(server);
   }
   std::vector<std::string> allowed;
   for (const auto& n : info.nodes) {
@@ -50,6 +52,32 @@ StoreAddress WorkersStore::host(const RoundInfo& info) {
   return a;
 }
 
-void WorkersStore::release() { server_.reset(); }
+void WorkersStore::release() {
+  std::shared_ptr<rendezvous::StoreServer> gone;
+  std::lock_guard<std::mutex> lk(mu_);
+  gone = std::move(server_);
+}
+
+std::optional<HostedStore> WorkersStore::observe() const {
+  std::shared_ptr<rendezvous::StoreServer> s;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    s = server_;
+  }
+  if (!s) return std::nullopt;
+  return observe_store("workers", *s);
+}
+
+HostedStore observe_store(const std::string& role, rendezvous::StoreServer& s) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto st = s.stats();
+  HostedStore h;
+  h.role = role;
+  h.connections = st.connections;
+  h.keys = st.keys;
+  h.bytes = st.store_bytes;
+  h.loop_latency_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return h;
+}
 
 }  // namespace ddprun::rounds

@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "ddprun/rounds/rendezvous.hpp"
@@ -29,12 +31,18 @@ class WorkersStore {
   StoreAddress host(const RoundInfo& info);
   // Another node hosts it now.
   void release();
+  // The store while this node hosts it (metrics). Any thread.
+  std::optional<HostedStore> observe() const;
 
  private:
   std::string local_addr_;
   std::size_t reserved_fds_;
-  std::unique_ptr<rendezvous::StoreServer> server_;
+  mutable std::mutex mu_;  // server_ is replaced on the coordinator thread, observed from others
+  std::shared_ptr<rendezvous::StoreServer> server_;
 };
+
+// A hosted store's figures, `role` as named in HostedStore.
+HostedStore observe_store(const std::string& role, rendezvous::StoreServer& s);
 
 // The address group rank 0 advertises: `local_addr`, else its source address towards the
 // first other member (by that member's reach address), else its own reach address.

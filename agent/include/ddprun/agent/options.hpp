@@ -32,6 +32,9 @@ struct CpuBinding {
   int numa_node = -1;
 };
 
+// The exit code of a job ended by --max_same_failures: a crash loop, not worth requeueing.
+constexpr int kCrashLoopExitCode = 93;
+
 struct AgentOptions {
   // The worker command (argv[0] resolved to a path); "${local_rank}" in any element is replaced.
   std::vector<std::string> command;
@@ -40,6 +43,9 @@ struct AgentOptions {
   std::string role = "default";
 
   int max_restarts = 0;
+  // The same rank failing the same way (exit code or signal, or a hang) on this many consecutive
+  // attempts ends the job with kCrashLoopExitCode instead of restarting again. 0 = off.
+  int max_same_failures = 0;
   // A worker that has not touched DDPRUN_HEARTBEAT_FILE for this long is failed. 0 = off.
   std::chrono::milliseconds worker_timeout{0};
   // Grace period between SIGTERM and SIGKILL when stopping workers.
@@ -60,6 +66,20 @@ struct AgentOptions {
   std::string events_file;
   // Console line prefix; ${role_name}, ${local_rank} and ${rank} are replaced.
   std::string line_prefix_template = "[${role_name}${local_rank}]:";
+  // Lines of stdout / stderr holding any of these substrings are also written, prefixed, to
+  // <run dir>/attempt_<n>/filtered_stdout.log / filtered_stderr.log (torchrun 2.x's filters).
+  std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
+
+  // Each worker sees only its own GPU: LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES set to its device
+  // (torchrun 2.x's --virtual-local-rank).
+  bool virtual_local_rank = false;
+
+  // /metrics, /healthz, /readyz over HTTP (README: Operating ddprun). port < 0: off; 0: a free
+  // port; addr empty: every interface.
+  struct Metrics {
+    std::string addr;
+    int port = -1;
+  } metrics;
 
   // CPU and memory binding per local rank: "" (none), node, socket, exclusive, core-complex.
   std::string numa_binding;

@@ -63,6 +63,13 @@ struct RoundOutcome {
   RendezvousFailure lost;  // no `end`: why
 };
 
+// A store this node hosts, as it is now (metrics).
+struct HostedStore {
+  std::string role;  // "rendezvous" (the round records), "workers" (MASTER_ADDR:MASTER_PORT)
+  std::size_t connections = 0, keys = 0, bytes = 0;
+  double loop_latency_s = 0;  // how long a request to its I/O loop took to be served
+};
+
 // Runs a function on the agent's loop thread.
 using Post = std::function<void(std::function<void()>)>;
 
@@ -111,6 +118,8 @@ class Rendezvous {
   // Stops what runs in the background; waits a bounded time (a thread stuck on an unreachable
   // backend is left behind: it touches nothing but state it shares).
   virtual void shutdown() = 0;
+  // The stores this node hosts now. Any thread; takes a round trip to each store's I/O loop.
+  virtual std::vector<HostedStore> hosted_stores() const = 0;
 };
 
 // The rendezvous `opt.backend` names. `fence` (may be null) is told of every liveness renewal;

@@ -1,0 +1,140 @@
+#include "metrics_server.hpp"
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <spdlog/spdlog.h>
+#include <thread>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/text.hpp"
+#include "metrics.hpp"
+
+namespace ddprun::agent {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+constexpr std::chrono::seconds kDeadline{5};
+
+}  // namespace
+
+// Handlers hold a plain pointer: the server stops and joins its thread before the loop (and the
+// handlers with it) is destroyed, and the counters are declared first so that they outlive it.
+struct MetricsServer::Impl {
+  JobMetrics& metrics;
+  std::atomic<int> clients{0};
+  std::atomic<std::size_t> refused{0};
+  std::thread thread;
+  asio::io_context io{1};
+  tcp::acceptor acceptor{io};
+
+  explicit Impl(JobMetrics& m) : metrics(m) {}
+
+  // One client: read one request (bounded), answer it, close.
+  struct Client : std::enable_shared_from_this<Client> {
+    Impl* server;
+    beast::tcp_stream stream;
+    beast::flat_buffer buf;
+    http::request_parser<http::empty_body> parser;
+    http::response<http::string_body> res;
+
+    Client(Impl* s, tcp::socket sock) : server(s), stream(std::move(sock)) {
+      parser.header_limit(static_cast<std::uint32_t>(kMaxHeader));
+      parser.body_limit(0);
+    }
+    ~Client() { --server->clients; }
+
+    void start() {
+      stream.expires_after(kDeadline);  // the whole exchange: a slow client is cut off
+      http::async_read(stream, buf, parser, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+        if (ec) return self->answer(ec == http::error::header_limit ? http::status::request_header_fields_too_large
+                                                                    : http::status::bad_request, "");
+        self->route(self->parser.get());
+      });
+    }
+
+    void route(const http::request<http::empty_body>& req) {
+      const auto target = req.target();
+      if (req.method() != http::verb::get && req.method() != http::verb::head) {
+        return answer(http::status::method_not_allowed, "only GET\n");
+      }
+      if (target == "/metrics") return answer(http::status::ok, server->metrics.scrape(), true);
+      if (target == "/healthz") {
+        bool ok = server->metrics.healthy();
+        return answer(ok ? http::status::ok : http::status::service_unavailable, ok ? "ok\n" : "agent loop stalled\n");
+      }
+      if (target == "/readyz") {
+        bool ok = server->metrics.ready();
+        return answer(ok ? http::status::ok : http::status::service_unavailable, ok ? "ready\n" : "no workers running\n");
+      }
+      answer(http::status::not_found, "paths: /metrics /healthz /readyz\n");
+    }
+
+    void answer(http::status status, std::string body, bool prometheus = false) {
+      res.result(status);
+      res.version(11);
+      res.set(http::field::server, "ddprun");
+      res.set(http::field::content_type, prometheus ? "text/plain; version=0.0.4" : "text/plain");
+      res.keep_alive(false);
+      res.body() = std::move(body);
+      res.prepare_payload();
+      http::async_write(stream, res, [self = shared_from_this()](beast::error_code, std::size_t) {
+        beast::error_code ignored;
+        self->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+      });
+    }
+  };
+
+  void accept() {
+    acceptor.async_accept([self = this](beast::error_code ec, tcp::socket sock) {
+      if (ec == asio::error::operation_aborted) return;
+      if (!ec) {
+        if (self->clients >= kMaxClients) {
+          ++self->refused;  // closed at once: a flood cannot hold the server
+        } else {
+          ++self->clients;
+          std::make_shared<Client>(self, std::move(sock))->start();
+        }
+      }
+      self->accept();
+    });
+  }
+};
+
+MetricsServer::MetricsServer(MetricsServerOptions o, JobMetrics& metrics) : impl_(std::make_unique<Impl>(metrics)) {
+  auto& a = impl_->acceptor;
+  beast::error_code ec;
+  auto addr = o.addr.empty() ? asio::ip::address(asio::ip::address_v6::any()) : asio::ip::make_address(o.addr, ec);
+  if (ec) throw UsageError("--metrics_addr '" + o.addr + "' is not an IP address");
+  tcp::endpoint ep(addr, o.port);
+  a.open(ep.protocol(), ec);
+  if (ec && o.addr.empty()) {  // no IPv6 here: every IPv4 interface
+    ep = tcp::endpoint(asio::ip::address_v4::any(), o.port);
+    a.open(ep.protocol(), ec);
+  }
+  if (!ec) a.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) a.bind(ep, ec);
+  if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    throw Error("cannot serve metrics on " + format_address(o.addr.empty() ? "*" : o.addr, o.port) + ": " + ec.message() +
+                " (choose another --metrics_port, or 0 for a free one)");
+  }
+  impl_->accept();
+  impl_->thread = std::thread([im = impl_.get()] { im->io.run(); });
+  spdlog::info("ddprun: metrics on port {} (/metrics, /healthz, /readyz)", port());
+}
+
+MetricsServer::~MetricsServer() {
+  impl_->io.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+std::uint16_t MetricsServer::port() const { return impl_->acceptor.local_endpoint().port(); }
+std::size_t MetricsServer::refused() const { return impl_->refused; }
+
+}  // namespace ddprun::agent
