@@ -6,6 +6,8 @@
 //                                    gradient sync of ResNet-50's 161 parameter tensors (25.6 M
 //                                    floats): one flat all_reduce vs the bucketed Reducer, and
 //                                    the Reducer overlapped with a synthetic backward
+//   runtime_bench cost [--backend fake|nccl|gloo]   host cost of one small collective, one rank
+//                                    (runtime_bench_cost.cpp; needs no launcher)
 // Rank 0 prints one JSON object per measurement.
 
 #include <algorithm>
@@ -20,18 +22,14 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/runtime/process_group.hpp"
 #include "ddprun/runtime/reducer.hpp"
+#include "runtime_bench.hpp"
 
 using namespace ddprun::runtime;
-using Clock = std::chrono::steady_clock;
+using ddprun::bench::Clock;
+using ddprun::bench::median;
+using ddprun::bench::since;
 
 namespace {
-
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 int busbw(ProcessGroup& pg) {
   int n = pg.size();
@@ -234,22 +232,30 @@ int resnet50(const std::shared_ptr<ProcessGroup>& pg, double compute_ms_total) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string mode = argc > 1 ? argv[1] : "";
-  double compute_ms = 0;
+  ddprun::bench::Args args;
+  args.mode = argc > 1 ? argv[1] : "";
   for (int i = 2; i + 1 < argc; i += 2) {
-    if (std::string(argv[i]) == "--compute_ms") compute_ms = std::stod(argv[i + 1]);
-    if (std::string(argv[i]) == "--compute") g_sleep = std::string(argv[i + 1]) == "sleep";
-    if (std::string(argv[i]) == "--bucket_cap_mb") g_bucket_cap_mb = std::stod(argv[i + 1]);
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--compute_ms") args.compute_ms = std::stod(v);
+    if (k == "--compute") args.compute_sleep = v == "sleep";
+    if (k == "--bucket_cap_mb") args.bucket_cap_mb = std::stod(v);
+    if (k == "--backend") args.backend = v;
+    if (k == "--count") args.count = std::stoul(v);
+    if (k == "--iters") args.iters = std::stoi(v);
   }
+  g_sleep = args.compute_sleep;
+  g_bucket_cap_mb = args.bucket_cap_mb;
   try {
+    if (args.mode == "cost") return ddprun::bench::collective_cost(args);
     auto pg = init_process_group("gloo");
-    if (mode == "busbw") return busbw(*pg);
-    if (mode == "reduce_scatter") return busbw_reduce_scatter(*pg);
-    if (mode == "resnet50") return resnet50(pg, compute_ms);
+    if (args.mode == "busbw") return busbw(*pg);
+    if (args.mode == "reduce_scatter") return busbw_reduce_scatter(*pg);
+    if (args.mode == "resnet50") return resnet50(pg, args.compute_ms);
   } catch (const ddprun::Error& e) {
     std::fprintf(stderr, "runtime_bench: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: runtime_bench busbw | resnet50 [--compute_ms X]\n");
+  std::fprintf(stderr, "usage: runtime_bench busbw | reduce_scatter | resnet50 [--compute_ms X] | "
+                       "cost [--backend fake|nccl|gloo] [--count N] [--iters N]\n");
   return 2;
 }

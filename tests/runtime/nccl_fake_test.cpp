@@ -5,158 +5,27 @@
 
 #include <catch2/catch.hpp>
 
-#include <map>
-#include <set>
-
 #include "ddprun/common/error.hpp"
 #include "ddprun/runtime/reducer.hpp"
 #include "group_fixture.hpp"
-#include "nccl_api.hpp"
+#include "fake_nccl.hpp"
 
 using namespace ddprun;
 using namespace ddprun::runtime;
 using ddprun::test::message_of;
-using nccl::Handle;
 using nccl::Status;
+using nccl::fake::Fate;
 
 namespace {
 
-// What the fake does with the n-th collective (0-based): complete, never complete (a peer that
-// stalls: only the time-out ends it), never complete and report an asynchronous error (a peer
-// that died), or fail when enqueued.
-enum class Fate { kComplete, kHang, kPeerDies, kEnqueueError };
-
-struct FakeState {
-  std::map<int, Fate> fates;
-  int collectives = 0;
-  int events_created = 0, events_destroyed = 0;
-  int aborts = 0, destroys = 0, finalizes = 0, mallocs = 0, frees = 0;
-  bool peer_died = false;          // async_error reports it from now on
-  Status finalize_result = Status::ok();
-  int finalize_polls_in_progress = 0;  // async_error answers kInProgress this often after finalize
-  bool finalize_hangs = false;         // ... or for ever
-  bool finalizing = false;
-  std::set<Handle> live_events;
-};
-
-struct FakeEvent {
-  bool reached = false;
-  int collective = -1;
-};
-
-class FakeNccl final : public nccl::Api {
- public:
-  explicit FakeNccl(std::shared_ptr<FakeState> s) : s_(std::move(s)) {}
-
-  int device_count() override { return 1; }
-  Status set_device(int) override { return Status::ok(); }
-  Status stream_create(Handle* stream) override {
-    *stream = &group_stream_;
-    return Status::ok();
-  }
-  void stream_destroy(Handle) override {}
-  Status malloc(void** p, std::size_t bytes) override {
-    *p = std::calloc(1, bytes);
-    ++s_->mallocs;
-    return Status::ok();
-  }
-  void free(void* p) override {
-    ++s_->frees;
-    std::free(p);
-  }
-  Status copy(void* dst, const void* src, std::size_t bytes, bool) override {
-    std::memcpy(dst, src, bytes);
-    return Status::ok();
-  }
-  Status event_create(Handle* event) override {
-    *event = new FakeEvent;
-    ++s_->events_created;
-    s_->live_events.insert(*event);
-    return Status::ok();
-  }
-  void event_destroy(Handle event) override {
-    ++s_->events_destroyed;
-    s_->live_events.erase(event);
-    delete static_cast<FakeEvent*>(event);
-  }
-  Status event_record(Handle event, Handle stream) override {
-    auto* e = static_cast<FakeEvent*>(event);
-    if (stream != &group_stream_) {
-      e->reached = true;  // the trainer's stream: nothing pending
-      return Status::ok();
-    }
-    e->collective = s_->collectives - 1;
-    auto fate = fate_of(e->collective);
-    e->reached = fate == Fate::kComplete;
-    if (fate == Fate::kPeerDies) s_->peer_died = true;
-    return Status::ok();
-  }
-  Status stream_wait_event(Handle, Handle) override { return Status::ok(); }
-  Status event_query(Handle event) override {
-    return static_cast<FakeEvent*>(event)->reached ? Status::ok() : Status::in_progress();
-  }
-  Status unique_id(std::string* bytes) override {
-    bytes->assign(128, 'u');
-    return Status::ok();
-  }
-  Status comm_init(Handle* comm, int, const std::string&, int) override {
-    *comm = &comm_;
-    return Status::in_progress();  // non-blocking: ready at the first poll
-  }
-  Status async_error(Handle) override {
-    if (s_->peer_died) return Status::error("remote process exited or there was a network error");
-    if (s_->finalizing) {
-      if (s_->finalize_hangs) return Status::in_progress();
-      if (s_->finalize_polls_in_progress > 0) {
-        --s_->finalize_polls_in_progress;
-        return Status::in_progress();
-      }
-    }
-    return Status::ok();
-  }
-  Status comm_finalize(Handle) override {
-    ++s_->finalizes;
-    s_->finalizing = true;
-    if (s_->finalize_result.code == Status::kError) return s_->finalize_result;
-    return Status::in_progress();
-  }
-  Status comm_destroy(Handle) override {
-    ++s_->destroys;
-    return Status::ok();
-  }
-  Status comm_abort(Handle) override {
-    ++s_->aborts;
-    return Status::ok();
-  }
-  Status all_reduce(const void*, void*, std::size_t, DataType, ReduceOp, Handle, Handle) override { return issue(); }
-  Status broadcast(void*, std::size_t, DataType, int, Handle, Handle) override { return issue(); }
-  Status all_gather(const void*, void*, std::size_t, DataType, Handle, Handle) override { return issue(); }
-  Status reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp, Handle, Handle) override { return issue(); }
-
- private:
-  Fate fate_of(int n) const {
-    auto it = s_->fates.find(n);
-    return it == s_->fates.end() ? Fate::kComplete : it->second;
-  }
-  Status issue() {
-    int n = s_->collectives++;
-    if (fate_of(n) == Fate::kEnqueueError) return Status::error("unhandled cuda error");
-    return Status::ok();
-  }
-
-  std::shared_ptr<FakeState> s_;
-  int group_stream_ = 0;
-  int comm_ = 0;
-};
-
 struct Fixture {
   test::Ranks ranks;
-  std::shared_ptr<FakeState> state = std::make_shared<FakeState>();
+  std::shared_ptr<nccl::fake::State> state = std::make_shared<nccl::fake::State>();
   std::shared_ptr<ProcessGroup> group(std::chrono::milliseconds timeout = std::chrono::milliseconds(300)) {
     ProcessGroupOptions o;
     o.timeout = timeout;
     static int n = 0;
-    return nccl::make_process_group(std::make_unique<FakeNccl>(state), ranks.store("fake" + std::to_string(n++)), 0, 1,
+    return nccl::make_process_group(nccl::fake::make_api(state), ranks.store("fake" + std::to_string(n++)), 0, 1,
                                      o, 0);
   }
 };
