@@ -22,6 +22,8 @@
 #include "ddprun/runtime/process_group.hpp"
 #include "ddprun/runtime/reducer.hpp"
 #include "fake_nccl.hpp"
+#include "group_keys.hpp"
+#include "nccl_group.hpp"
 #include "runtime_bench.hpp"
 
 namespace ddprun::bench {
@@ -48,9 +50,8 @@ struct LocalStore {
 
 std::shared_ptr<ProcessGroup> one_rank_group(const std::string& backend, LocalStore& store) {
   if (backend == "fake") {
-    auto state = std::make_shared<nccl::fake::State>();
-    state->launch_thread = true;  // NCCL 2.28 on the non-blocking communicator the backend creates
-    return nccl::make_process_group(nccl::fake::make_api(state), store.client("fake"), 0, 1, {}, 0);
+    auto api = nccl::fake::make_api(std::make_shared<nccl::fake::State>());
+    return nccl::make_process_group(api, next_group_store(store.client("fake"), 0), 0, 1, {}, {0, 1});
   }
   return create_process_group(backend, store.client(backend), 0, 1);
 }
