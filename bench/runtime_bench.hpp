@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "ddprun/runtime/process_group.hpp"
 
 namespace ddprun::bench {
 
@@ -18,9 +21,43 @@ inline double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Memory of the group (device memory on nccl) filled with `fill`; freed with the object.
+class Buffer {
+ public:
+  Buffer(runtime::ProcessGroup& pg, std::size_t floats, float fill = 1.0f) : pg_(pg), p_(pg.allocate(floats * 4)) {
+    std::vector<float> host(floats, fill);
+    pg.copy_to_device(p_, host.data(), floats * 4);
+  }
+  ~Buffer() { pg_.deallocate(p_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  float* data() const { return static_cast<float*>(p_); }
+
+ private:
+  runtime::ProcessGroup& pg_;
+  void* p_;
+};
+
+// Returns once the group's work issued so far is done: a 4-byte copy to the host, which on nccl
+// waits for the group's stream (after the compute stream); on gloo a memcpy.
+inline void settle(runtime::ProcessGroup& pg, const Buffer& b) {
+  float x;
+  pg.copy_to_host(&x, b.data(), sizeof x);
+}
+
+// The largest of every rank's v (the slowest rank bounds a collective).
+inline double max_over_ranks(runtime::ProcessGroup& pg, double v) {
+  void* d = pg.allocate(sizeof v);
+  pg.copy_to_device(d, &v, sizeof v);
+  pg.all_reduce(d, 1, runtime::DataType::kFloat64, runtime::ReduceOp::kMax);
+  pg.copy_to_host(&v, d, sizeof v);
+  pg.deallocate(d);
+  return v;
+}
+
 struct Args {
   std::string mode;
-  std::string backend = "gloo";  // cost: fake | nccl | gloo
+  std::string backend = "gloo";  // gloo | nccl (cost: also fake)
   double compute_ms = 0;
   bool compute_sleep = false;    // --compute sleep
   double bucket_cap_mb = 0;      // 0: the Reducer's default
@@ -29,5 +66,6 @@ struct Args {
 };
 
 int collective_cost(const Args& args);
+int resnet50(const std::shared_ptr<runtime::ProcessGroup>& pg, const Args& args);
 
 }  // namespace ddprun::bench
