@@ -101,7 +101,7 @@ check_faults() {
   grep -q -- '--fault exit at step 50' "$logs/dead.log" && [[ $rc != 0 ]] && less "$secs" 15 && ok=PASS
   local said="rank 0 said nothing (stopped by ddprun first)"
   grep -q ']:train_linear_cuda: nccl' "$logs/dead.log" && said="rank 0: $(grep -o ']:train_linear_cuda: nccl.*' \
-    "$logs/dead.log" | head -n 1 | cut -c 21-100)"
+    "$logs/dead.log" | head -n 1 | cut -c 22-120)"
   line "$ok" "a dead peer: the job ends well within the time-out (30 s)" "after $secs s, rc $rc; $said"
   extra=(--max_restarts=1)
   launch restart.log 2 "$bin/train_linear_cuda" --steps 200 --fault kill --fault_step 50
