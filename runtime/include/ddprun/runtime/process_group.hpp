@@ -61,7 +61,7 @@ struct ProcessGroupOptions {
   // gloo: the address peers use to reach this process; empty = 127.0.0.1 when the store is on
   // loopback, else this host's name.
   std::string gloo_hostname;
-  // nccl: the CUDA device; -1 = the local rank modulo the device count.
+  // nccl: the CUDA device; -1 = the local rank (a device that does not exist is a UsageError).
   int device = -1;
   // gloo: communication threads that asynchronous all-reduces rotate over (1-16). Several let
   // consecutive collectives (the Reducer's buckets) overlap instead of each one filling and
