@@ -120,6 +120,7 @@ int main(int argc, char** argv) {
     if (k == "--backend") args.backend = v;
     if (k == "--count") args.count = std::stoul(v);
     if (k == "--iters") args.iters = std::stoi(v);
+    if (k == "--max_us") args.max_us = std::stod(v);
   }
   try {
     if (args.mode == "cost") return ddprun::bench::collective_cost(args);
@@ -133,6 +134,6 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "usage: runtime_bench busbw | reduce_scatter | resnet50 [--compute_ms X] [--compute spin|sleep] "
                        "[--bucket_cap_mb MB] [--backend gloo|nccl]\n"
-                       "       runtime_bench cost [--backend fake|nccl|gloo] [--count N] [--iters N]\n");
+                       "       runtime_bench cost [--backend fake|nccl|gloo] [--count N] [--iters N] [--max_us X]\n");
   return 2;
 }

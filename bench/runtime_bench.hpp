@@ -63,6 +63,7 @@ struct Args {
   double bucket_cap_mb = 0;      // 0: the Reducer's default
   std::size_t count = 257;       // cost: floats per collective
   int iters = 2000;              // cost: collectives per measurement
+  double max_us = 0;             // cost: exit 1 when a collective costs more (0: no limit)
 };
 
 int collective_cost(const Args& args);

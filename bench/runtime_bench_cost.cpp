@@ -111,6 +111,11 @@ int collective_cost(const Args& args) {
   std::printf("{\"kind\": \"collective_cost\", \"backend\": \"%s\", \"count\": %zu, \"iters\": %d, "
               "\"us_per_collective\": %.2f, \"us_per_collective_synced\": %.2f, \"us_per_reducer_step\": %.2f}\n",
               args.backend.c_str(), count, args.iters, median(collective), median(synced), median(step));
+  if (args.max_us > 0 && median(collective) > args.max_us) {
+    std::fprintf(stderr, "runtime_bench: %.2f us per collective is over the limit of %.2f us (--max_us)\n",
+                 median(collective), args.max_us);
+    return 1;
+  }
   return 0;
 }
 
