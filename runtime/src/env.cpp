@@ -30,6 +30,16 @@ long long integer(const std::string& key, const std::string& value, long long lo
   return v;
 }
 
+bool yes_no(const std::string& key, const std::string& value) {
+  for (const char* yes : {"1", "true", "yes", "on"}) {
+    if (value == yes) return true;
+  }
+  for (const char* no : {"", "0", "false", "no", "off"}) {
+    if (value == no) return false;
+  }
+  throw UsageError(key + "=" + value + " is not one of 1, true, yes, on, 0, false, no, off");
+}
+
 }  // namespace
 
 DistEnv DistEnv::from_map(const std::map<std::string, std::string>& env) {
@@ -49,6 +59,7 @@ DistEnv DistEnv::from_map(const std::map<std::string, std::string>& env) {
   };
   e.run_id = get("TORCHELASTIC_RUN_ID", "none");
   e.heartbeat_file = get("DDPRUN_HEARTBEAT_FILE", "");
+  e.share_devices = yes_no("DDPRUN_NCCL_SHARE_DEVICES", get("DDPRUN_NCCL_SHARE_DEVICES", ""));
   return e;
 }
 

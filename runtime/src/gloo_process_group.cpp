@@ -12,52 +12,26 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/store.h>
-#include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 #include <type_traits>
 #include <vector>
 
-#include "ddprun/common/system.hpp"
 #include "comm_thread.hpp"
 #include "ddprun/common/error.hpp"
-#include "ddprun/rendezvous/store.hpp"
+#include "ddprun/rendezvous/prefix_store.hpp"
 #include "ddprun/runtime/heartbeat.hpp"
+#include "gloo_context.hpp"
 #include "gloo_reduce.hpp"
+#include "group_keys.hpp"
 #include "process_groups.hpp"
 
 namespace ddprun::runtime {
 namespace {
 
-// Gloo's store interface over ddprun's.
-class StoreAdapter final : public gloo::rendezvous::Store {
- public:
-  explicit StoreAdapter(std::shared_ptr<rendezvous::Store> store) : store_(std::move(store)) {}
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_->set(key, std::string_view(data.data(), data.size()));
-  }
-  std::vector<char> get(const std::string& key) override {
-    auto v = store_->get(key);
-    return std::vector<char>(v.begin(), v.end());
-  }
-  void wait(const std::vector<std::string>& keys) override { store_->wait(keys); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    store_->wait(keys, timeout);
-  }
-
- private:
-  std::shared_ptr<rendezvous::Store> store_;
-};
-
 // Gloo's slot prefixes end at 0x08 (types.h); ours for the ring reduce-scatter.
 constexpr std::uint8_t kReduceScatterSlotPrefix = 0x0D;
 constexpr std::size_t kSegmentBytes = 1 << 20;
-
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
 
 class GlooProcessGroup final : public ProcessGroup {
   using Op = std::function<void(std::chrono::milliseconds, std::uint32_t)>;
@@ -65,28 +39,8 @@ class GlooProcessGroup final : public ProcessGroup {
  public:
   GlooProcessGroup(std::shared_ptr<rendezvous::Store> store, int rank, int size, const ProcessGroupOptions& opt,
                    const std::string& store_host)
-      : rank_(rank), size_(size), opt_(opt) {
-    gloo::transport::tcp::attr attr;
-    if (!opt.gloo_hostname.empty()) {
-      attr.hostname = opt.gloo_hostname;
-    } else if (is_loopback(store_host)) {
-      attr.hostname = "127.0.0.1";
-    } else {
-      attr.hostname = host_name();
-    }
-    try {
-      auto device = gloo::transport::tcp::CreateDevice(attr);
-      context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
-      context_->setTimeout(opt.timeout);
-      StoreAdapter adapter(std::move(store));
-      context_->connectFullMesh(adapter, device);
-    } catch (const ddprun::Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw NetworkError("gloo: rank " + std::to_string(rank) + " could not connect to its " +
-                         std::to_string(size - 1) + " peers (address " + attr.hostname + ", timeout " +
-                         seconds_text(opt.timeout) + "): " + e.what());
-    }
+      : rank_(rank), size_(size), opt_(opt), store_(std::move(store)), store_host_(store_host) {
+    context_ = connect_gloo(store_, rank, size, opt, store_host);
     const int lanes = std::clamp(opt.gloo_threads, 1, 16);
     for (int k = 0; k < lanes; ++k) lanes_.push_back(std::make_unique<CommThread>());
   }
@@ -112,6 +66,21 @@ class GlooProcessGroup final : public ProcessGroup {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "gloo"; }
+  const ProcessGroupOptions& options() const override { return opt_; }
+  using ProcessGroup::split;
+
+  // The new group's context connects through keys of its own (group_keys.hpp); this group's
+  // connections are not used.
+  std::shared_ptr<ProcessGroup> split(int color, int key, const ProcessGroupOptions& options) override {
+    if (broken_) {
+      throw NetworkError("gloo: split on rank " + std::to_string(rank_) + ": the process group failed earlier (" +
+                         broken_cause() + ")");
+    }
+    auto plan = agree_split(*store_, ++splits_, rank_, size_, color, key, opt_.timeout);
+    if (!plan) return nullptr;
+    return make_gloo_process_group(std::make_shared<rendezvous::PrefixStore>(plan->prefix, store_), plan->rank,
+                                   plan->size, options, store_host_);
+  }
 
   std::shared_ptr<Work> all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op,
                                          std::chrono::milliseconds timeout) override {
@@ -259,6 +228,7 @@ class GlooProcessGroup final : public ProcessGroup {
     return p;
   }
   void deallocate(void* p) override { std::free(p); }
+  void zero(void* data, std::size_t bytes) override { std::memset(data, 0, bytes); }
   void copy_to_device(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
 
@@ -339,6 +309,9 @@ class GlooProcessGroup final : public ProcessGroup {
 
   int rank_, size_;
   ProcessGroupOptions opt_;
+  std::shared_ptr<rendezvous::Store> store_;  // this group's keys
+  std::string store_host_;
+  int splits_ = 0;                            // caller's thread only
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::vector<char> scratch_[3];
   std::uint32_t next_tag_ = 1;

@@ -1,19 +1,22 @@
 #pragma once
 // The NCCL and CUDA calls the nccl backend makes, behind a thin interface (private). The
-// backend's state machine (nccl_group.cpp: enqueue, watch, time-outs, aborts, teardown, the
-// broken-group rule) is written against it and compiled in every build, so unit tests drive it
-// with a fake that injects failures on machines without a GPU; nccl_api_cuda.cpp is the real
-// implementation, built with CUDA and NCCL.
+// backend's logic (nccl_group.cpp, nccl_core.cpp: enqueue, the watchdog, time-outs, aborts,
+// teardown, the broken-group rule, subgroups, compression) is written against it and compiled in
+// every build, so unit tests drive it with a fake (runtime/testing) on machines without a GPU;
+// nccl_api_cuda.cpp is the real implementation, built with CUDA and NCCL.
 //
 // Handles are opaque pointers (ncclComm_t, cudaStream_t, cudaEvent_t). Every call reports a
-// Status; kInProgress means "not yet" (a non-blocking communicator still working, an event not
-// reached), kError carries NCCL's or CUDA's message.
+// Status; kError carries NCCL's message, kCudaError CUDA's (also when NCCL reports that a CUDA
+// call of its own failed). Calls that work on the device apply to the calling thread's current
+// device: the caller sets it (set_device) on every thread it calls from.
+//
+// Communicators are blocking: a call returns once its work is enqueued (init and split once the
+// communicator exists), and comm_abort, from another thread, ends a call that waits for a peer.
 
 #include <cstddef>
 #include <memory>
 #include <string>
 
-#include "ddprun/runtime/process_group.hpp"
 #include "ddprun/runtime/types.hpp"
 
 namespace ddprun::rendezvous {
@@ -23,12 +26,14 @@ class Store;
 namespace ddprun::runtime::nccl {
 
 struct Status {
-  enum Code { kSuccess, kInProgress, kError } code = kSuccess;
-  std::string message;  // kError: what NCCL or CUDA said
+  enum Code { kSuccess, kInProgress, kError, kCudaError } code = kSuccess;
+  std::string message;  // kError, kCudaError: what NCCL or CUDA said
   static Status ok() { return {}; }
   static Status in_progress() { return {kInProgress, {}}; }
   static Status error(std::string m) { return {kError, std::move(m)}; }
+  static Status cuda_error(std::string m) { return {kCudaError, std::move(m)}; }
   bool is_ok() const { return code == kSuccess; }
+  bool failed() const { return code == kError || code == kCudaError; }
 };
 
 using Handle = void*;
@@ -37,27 +42,37 @@ class Api {
  public:
   virtual ~Api() = default;
 
-  // Devices and memory.
+  // Devices (of the calling thread).
   virtual int device_count() = 0;  // 0 when no device is usable (no driver counts as 0)
+  virtual Status get_device(int* device) = 0;
   virtual Status set_device(int device) = 0;
-  virtual Status stream_create(Handle* stream) = 0;  // non-blocking stream
-  virtual void stream_destroy(Handle stream) = 0;
-  virtual Status malloc(void** p, std::size_t bytes) = 0;  // zero-filled
-  virtual void free(void* p) = 0;
-  virtual Status copy(void* dst, const void* src, std::size_t bytes, bool to_device) = 0;
 
-  // Events: record on a stream, make a stream wait for one, poll one.
+  // Streams and memory. Streams are non-blocking (never ordered with the legacy NULL stream).
+  virtual Status stream_create(Handle* stream) = 0;
+  virtual void stream_destroy(Handle stream) = 0;
+  virtual Status malloc(void** p, std::size_t bytes) = 0;  // contents undefined
+  virtual void free(void* p) = 0;
+  virtual Status copy_async(void* dst, const void* src, std::size_t bytes, bool to_device, Handle stream) = 0;
+  virtual Status memset_async(void* p, std::size_t bytes, Handle stream) = 0;  // to zero
+  // out[i] = (out_type)((float)in[i] * scale), for float32 <-> float16 / bfloat16 (a kernel).
+  virtual Status cast_async(const void* in, DataType in_type, void* out, DataType out_type, std::size_t count,
+                            float scale, Handle stream) = 0;
+
+  // Events: record on a stream, make a stream wait for one, poll one, block on one.
   virtual Status event_create(Handle* event) = 0;
   virtual void event_destroy(Handle event) = 0;
   virtual Status event_record(Handle event, Handle stream) = 0;
   virtual Status stream_wait_event(Handle stream, Handle event) = 0;
   virtual Status event_query(Handle event) = 0;  // kSuccess: reached; kInProgress: not yet
+  virtual Status event_synchronize(Handle event) = 0;
 
-  // Communicators (non-blocking: calls may answer kInProgress; poll async_error).
+  // Communicators.
   virtual Status unique_id(std::string* bytes) = 0;
   virtual Status comm_init(Handle* comm, int size, const std::string& unique_id, int rank) = 0;
-  virtual Status async_error(Handle comm) = 0;  // kSuccess, kInProgress, or the error
-  virtual Status comm_finalize(Handle comm) = 0;
+  // Collective over `parent`: ranks with the same color >= 0 form a communicator ordered by key
+  // (then parent rank); color < 0 takes part and gets nullptr.
+  virtual Status comm_split(Handle parent, int color, int key, Handle* child) = 0;
+  virtual Status async_error(Handle comm) = 0;  // kSuccess or the error a peer or NCCL reported
   virtual Status comm_destroy(Handle comm) = 0;
   virtual Status comm_abort(Handle comm) = 0;
 
@@ -72,15 +87,10 @@ class Api {
 };
 
 // The real NCCL and CUDA (nccl_api_cuda.cpp); nullptr in a build without them.
-std::unique_ptr<Api> make_cuda_api();
+std::shared_ptr<Api> make_cuda_api();
 
 // The unique id exchange through the store: rank 0 creates the id and publishes it under
 // kNcclUniqueIdKey; every other rank waits for it and checks its size.
 std::string exchange_unique_id(Api& api, rendezvous::Store& store, int rank);
-
-// The nccl process group on `api`. `poll_interval`: how often a pending operation is checked.
-std::shared_ptr<ProcessGroup> make_process_group(std::unique_ptr<Api> api, std::shared_ptr<rendezvous::Store> store,
-                                                 int rank, int size, const ProcessGroupOptions& options,
-                                                 int local_rank);
 
 }  // namespace ddprun::runtime::nccl

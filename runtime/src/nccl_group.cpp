@@ -1,23 +1,18 @@
-// The nccl backend's state machine, on the nccl::Api seam (nccl_api.hpp): NCCL communicators on
-// device memory, created non-blocking so that every operation can be watched against its
-// time-out. A peer that died makes NCCL wait forever, so on a time-out or an asynchronous NCCL
-// error the communicator is aborted and the call throws, rather than hang the job.
-//
-// Failure rules (both backends): every wait() of a failed operation rethrows its error, every
-// time; after any failed or timed-out operation the group is broken and every later call fails at
-// once, naming the first cause; operations still pending when the group broke fail too (their
-// events will never be reached after an abort). Teardown finalizes the communicator, polled to
-// completion within the group's time-out, and aborts it when that runs out or it fails.
+// The nccl process group: the public operations over the core (nccl_core.hpp), its creation
+// and its subgroups. Every operation sets the group's device on the calling thread first and
+// puts the thread's own device back before returning.
 
-#include <cstdio>
-#include <cstring>
-#include <mutex>
-#include <thread>
+#include "nccl_group.hpp"
 
+#include <cstdlib>
+
+#include "bounded_call.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/rendezvous/prefix_store.hpp"
 #include "ddprun/rendezvous/store.hpp"
-#include "ddprun/runtime/heartbeat.hpp"
-#include "nccl_api.hpp"
+#include "device_compression.hpp"
+#include "group_keys.hpp"
+#include "nccl_core.hpp"
 #include "nccl_unique_id.hpp"
 #include "process_groups.hpp"
 
@@ -27,7 +22,7 @@ std::string exchange_unique_id(Api& api, rendezvous::Store& store, int rank) {
   std::string bytes;
   if (rank == 0) {
     auto s = api.unique_id(&bytes);
-    if (!s.is_ok()) throw Error("nccl: ncclGetUniqueId failed: " + s.message);
+    if (!s.is_ok()) throw NetworkError("nccl: ncclGetUniqueId failed: " + s.message);
     store.set(kNcclUniqueIdKey, bytes);
     return bytes;
   }
@@ -40,290 +35,222 @@ std::string exchange_unique_id(Api& api, rendezvous::Store& store, int rank) {
   return bytes;
 }
 
+int choose_device(int devices, const ProcessGroupOptions& options, Placement placement, int rank) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string seen = std::to_string(devices) + " visible CUDA device(s)" +
+                           (visible ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")" : std::string());
+  if (options.device >= 0) {
+    if (options.device >= devices) {
+      throw UsageError("nccl: rank " + std::to_string(rank) + " asks for device " + std::to_string(options.device) +
+                       " (ProcessGroupOptions::device) but this machine has " + seen);
+    }
+    return options.device;
+  }
+  if (placement.local_size > devices && !options.share_devices) {
+    throw UsageError("nccl: " + std::to_string(placement.local_size) + " ranks run on this machine but it has " + seen +
+                     " (rank " + std::to_string(rank) + ", local rank " + std::to_string(placement.local_rank) +
+                     "): NCCL wants a GPU per rank. Start at most " + std::to_string(devices) +
+                     " ranks per node, or let ranks share GPUs with ProcessGroupOptions::share_devices or "
+                     "DDPRUN_NCCL_SHARE_DEVICES=1 (then each process needs its own NCCL_HOSTID)");
+  }
+  return placement.local_rank % devices;
+}
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
-constexpr auto kPoll = std::chrono::microseconds(200);  // NCCL reports progress only when polled
+std::string rank_text(int rank, int size) { return "rank " + std::to_string(rank) + " of " + std::to_string(size); }
 
-class Group;
-
-// A collective enqueued on the group's stream; wait() watches it against its deadline.
-class NcclWork final : public Work {
- public:
-  NcclWork(std::shared_ptr<Group> g, Handle done, const char* what, Clock::time_point deadline,
-           std::chrono::milliseconds timeout)
-      : g_(std::move(g)), done_(done), what_(what), deadline_(deadline), timeout_(timeout) {}
-  ~NcclWork() override;
-  void wait() override;
-
- private:
-  std::shared_ptr<Group> g_;
-  Handle done_;
-  const char* what_;
-  Clock::time_point deadline_;
-  std::chrono::milliseconds timeout_;
-  bool completed_ = false;
-  std::exception_ptr error_;  // rethrown by every wait() after a failure
-};
-
-// An event destroyed unless released: no event leaks when enqueueing fails half-way.
-struct EventGuard {
-  Api& api;
-  Handle event = nullptr;
-  ~EventGuard() {
-    if (event) api.event_destroy(event);
+// ncclCommInitRankConfig, bounded by the time-out (bounded_call.hpp).
+Handle init_comm(const std::shared_ptr<Api>& api, int device, int rank, int size, const std::string& id,
+                 std::chrono::milliseconds timeout) {
+  using Result = std::pair<Status, Handle>;
+  auto r = run_bounded<Result>(
+      [api, device, rank, size, id] {
+        Handle comm = nullptr;
+        auto s = api->set_device(device);
+        if (s.is_ok()) s = api->comm_init(&comm, size, id, rank);
+        return Result{s, comm};
+      },
+      Clock::now() + timeout,
+      [api](Result& late) {
+        if (late.second) api->comm_abort(late.second);  // nobody will use it
+      });
+  if (!r) {
+    throw TimeoutError("nccl: communicator initialisation on " + rank_text(rank, size) + " timed out after " +
+                       seconds_text(timeout) + " (are all ranks running and creating this group?)");
   }
-  Handle release() {
-    Handle e = event;
-    event = nullptr;
-    return e;
-  }
-};
-
-class Group final : public ProcessGroup, public std::enable_shared_from_this<Group> {
- public:
-  Group(std::unique_ptr<Api> api, std::shared_ptr<rendezvous::Store> store, int rank, int size,
-        const ProcessGroupOptions& opt, int local_rank)
-      : api_(std::move(api)), rank_(rank), size_(size), opt_(opt) {
-    int devices = api_->device_count();
-    if (devices <= 0) {
-      throw UsageError("nccl: no CUDA device is usable on this machine (rank " + std::to_string(rank) +
-                       "); use the gloo backend");
+  if (!r->first.is_ok()) {
+    if (r->second) api->comm_abort(r->second);
+    std::string msg = "nccl: ncclCommInitRankConfig failed on device " + std::to_string(device) + " (" +
+                      rank_text(rank, size) + "): " + r->first.message;
+    if (r->first.code == Status::kCudaError) throw CudaError(msg);
+    if (r->first.message.find("invalid usage") != std::string::npos) {
+      msg += " (NCCL refuses two ranks of one communicator on one GPU unless each process has its own NCCL_HOSTID)";
     }
+    throw NetworkError(msg);
+  }
+  return r->second;
+}
+
+class Group final : public ProcessGroup, public DeviceCompression {
+ public:
+  Group(std::shared_ptr<Core> core, std::shared_ptr<rendezvous::Store> store, ProcessGroupOptions opt)
+      : core_(std::move(core)), api_(core_->api()), store_(std::move(store)), opt_(std::move(opt)) {
+    DeviceGuard guard(api_, core_->device());
+    scratch_ = allocate(sizeof(float));
+  }
+  ~Group() override {
     try {
-      device_ = opt.device >= 0 ? opt.device : local_rank % devices;
-      check(api_->set_device(device_), "cudaSetDevice");
-      std::string id = exchange_unique_id(*api_, *store, rank);
-      check(api_->stream_create(&stream_), "cudaStreamCreate");
-      auto s = api_->comm_init(&comm_, size, id, rank);
-      if (s.code == Status::kError) {
-        throw NetworkError("nccl: ncclCommInitRankConfig failed on rank " + std::to_string(rank) + ": " + s.message);
-      }
-      wait_until_ready("communicator initialisation", Clock::now() + opt.timeout, opt.timeout);
-      check(api_->malloc(&scratch_, sizeof(float)), "cudaMalloc");
-    } catch (...) {
-      teardown();
-      throw;
+      DeviceGuard guard(api_, core_->device());
+      core_->shutdown();
+      if (scratch_) api_.free(scratch_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ddprun: nccl: rank %d: destroying the group: %s\n", core_->rank(), e.what());
     }
   }
 
-  ~Group() override { teardown(); }
-
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  int rank() const override { return core_->rank(); }
+  int size() const override { return core_->size(); }
   const char* backend() const override { return "nccl"; }
+  const ProcessGroupOptions& options() const override { return opt_; }
+  using ProcessGroup::split;
 
   std::shared_ptr<Work> all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op,
                                          std::chrono::milliseconds timeout) override {
-    return enqueue("all_reduce", timeout, [&] { return api_->all_reduce(data, data, count, type, op, comm_, stream_); });
+    DeviceGuard guard(api_, core_->device());
+    return core_->enqueue("all_reduce", timeout, [&](Handle comm, Handle stream) {
+      return CallResult::of(api_.all_reduce(data, data, count, type, op, comm, stream), "ncclAllReduce");
+    });
   }
   void broadcast(void* data, std::size_t count, DataType type, int root, std::chrono::milliseconds timeout) override {
-    if (root < 0 || root >= size_) {
-      throw UsageError("broadcast: root " + std::to_string(root) + " is not a rank of a group of " + std::to_string(size_));
+    if (root < 0 || root >= size()) {
+      throw UsageError("broadcast: root " + std::to_string(root) + " is not a rank of a group of " + std::to_string(size()));
     }
-    enqueue("broadcast", timeout, [&] { return api_->broadcast(data, count, type, root, comm_, stream_); })->wait();
+    DeviceGuard guard(api_, core_->device());
+    core_->enqueue("broadcast", timeout, [&](Handle comm, Handle stream) {
+      return CallResult::of(api_.broadcast(data, count, type, root, comm, stream), "ncclBroadcast");
+    })->wait();
   }
   void all_gather(const void* in, void* out, std::size_t count, DataType type, std::chrono::milliseconds timeout) override {
-    enqueue("all_gather", timeout, [&] { return api_->all_gather(in, out, count, type, comm_, stream_); })->wait();
+    DeviceGuard guard(api_, core_->device());
+    core_->enqueue("all_gather", timeout, [&](Handle comm, Handle stream) {
+      return CallResult::of(api_.all_gather(in, out, count, type, comm, stream), "ncclAllGather");
+    })->wait();
   }
   void reduce_scatter(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
                       std::chrono::milliseconds timeout) override {
-    enqueue("reduce_scatter", timeout,
-            [&] { return api_->reduce_scatter(in, out, count, type, op, comm_, stream_); })->wait();
-  }
-  void barrier(std::chrono::milliseconds timeout) override {
-    enqueue("barrier", timeout, [&] {
-      return api_->all_reduce(scratch_, scratch_, 1, DataType::kFloat32, ReduceOp::kSum, comm_, stream_);
+    DeviceGuard guard(api_, core_->device());
+    core_->enqueue("reduce_scatter", timeout, [&](Handle comm, Handle stream) {
+      return CallResult::of(api_.reduce_scatter(in, out, count, type, op, comm, stream), "ncclReduceScatter");
     })->wait();
+  }
+  // Blocks the host (PyTorch's barrier does too): every rank got here and the group's work
+  // issued before it is done.
+  void barrier(std::chrono::milliseconds timeout) override {
+    DeviceGuard guard(api_, core_->device());
+    core_->enqueue("barrier", timeout, [&](Handle comm, Handle stream) {
+      return CallResult::of(api_.all_reduce(scratch_, scratch_, 1, DataType::kFloat32, ReduceOp::kSum, comm, stream),
+                            "ncclAllReduce");
+    })->synchronize();
   }
 
   void* allocate(std::size_t bytes) override {
+    DeviceGuard guard(api_, core_->device());
     void* p = nullptr;
-    check(api_->malloc(&p, bytes ? bytes : 1), "cudaMalloc");
+    auto s = api_.malloc(&p, bytes ? bytes : 1);
+    if (!s.is_ok()) {
+      throw CudaError(core_->call_failure(("allocating " + std::to_string(bytes) + " bytes").c_str(),
+                                          CallResult::of(s, "cudaMalloc")));
+    }
+    try {
+      zero(p, bytes);
+    } catch (...) {
+      api_.free(p);
+      throw;
+    }
     return p;
   }
-  void deallocate(void* p) override { api_->free(p); }
+  void deallocate(void* p) override {
+    DeviceGuard guard(api_, core_->device());
+    api_.free(p);
+  }
+  void zero(void* data, std::size_t bytes) override {
+    DeviceGuard guard(api_, core_->device());
+    core_->stream_op("zero", false, [&](Handle stream) {
+      return CallResult::of(api_.memset_async(data, bytes, stream), "cudaMemsetAsync");
+    });
+  }
   void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
-    check(api_->copy(dst, src, bytes, true), "cudaMemcpy to device");
+    DeviceGuard guard(api_, core_->device());
+    core_->stream_op("copy_to_device", true, [&](Handle stream) {
+      return CallResult::of(api_.copy_async(dst, src, bytes, true, stream), "cudaMemcpyAsync");
+    });
   }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
-    check(api_->copy(dst, src, bytes, false), "cudaMemcpy to host");
+    DeviceGuard guard(api_, core_->device());
+    core_->stream_op("copy_to_host", true, [&](Handle stream) {
+      return CallResult::of(api_.copy_async(dst, src, bytes, false, stream), "cudaMemcpyAsync");
+    });
   }
-  void set_compute_stream(void* stream) override { compute_ = stream; }
+  void set_compute_stream(void* stream) override { core_->set_compute_stream(stream); }
 
-  // Waits for `done` or a NCCL error, until the deadline; aborts the communicator on either.
-  void watch(Handle done, const char* what, Clock::time_point deadline, std::chrono::milliseconds timeout) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (;;) {
-      auto q = api_->event_query(done);
-      if (q.code == Status::kSuccess) break;
-      if (q.code == Status::kError) fail(std::string(what) + ": CUDA error " + q.message);
-      // The group broke (another operation failed and aborted the communicator): this event
-      // will never be reached.
-      if (failure_) throw_earlier(what);
-      check_async(what);
-      if (Clock::now() > deadline) fail_timeout(what, timeout, " (a peer may have died or stalled)");
-      std::this_thread::sleep_for(kPoll);
-    }
-    // Later work on the trainer's stream runs after the collective.
-    check(api_->stream_wait_event(compute_, done), "cudaStreamWaitEvent");
-    heartbeat();
+  std::shared_ptr<ProcessGroup> split(int color, int key, const ProcessGroupOptions& options) override;
+
+  std::shared_ptr<Work> all_reduce_compressed_async(float* data, std::size_t count, DataType wire,
+                                                    void* scratch) override {
+    DeviceGuard guard(api_, core_->device());
+    const float scale = 1.0f / static_cast<float>(size());
+    return core_->enqueue("all_reduce (compressed)", kDefaultTimeout, [&](Handle comm, Handle stream) {
+      auto r = CallResult::of(api_.cast_async(data, DataType::kFloat32, scratch, wire, count, scale, stream), "cast kernel");
+      if (r.status.is_ok()) {
+        r = CallResult::of(api_.all_reduce(scratch, scratch, count, wire, ReduceOp::kSum, comm, stream), "ncclAllReduce");
+      }
+      if (r.status.is_ok()) {
+        r = CallResult::of(api_.cast_async(scratch, wire, data, DataType::kFloat32, count, 1.0f, stream), "cast kernel");
+      }
+      return r;
+    });
   }
-
-  Api& api() { return *api_; }
 
  private:
-  template <typename F>
-  std::shared_ptr<Work> enqueue(const char* what, std::chrono::milliseconds timeout, F&& call) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failure_) throw_earlier(what);
-    auto t = timeout.count() < 0 ? opt_.timeout : timeout;
-    auto deadline = Clock::now() + t;
-    EventGuard ready{*api_}, done{*api_};
-    check(api_->event_create(&ready.event), "cudaEventCreate");
-    check(api_->event_create(&done.event), "cudaEventCreate");
-    // The collective starts after the gradients the trainer queued on its stream.
-    check(api_->event_record(ready.event, compute_), "cudaEventRecord");
-    check(api_->stream_wait_event(stream_, ready.event), "cudaStreamWaitEvent");
-    auto r = call();
-    if (r.code == Status::kInProgress) {
-      wait_until_ready(what, deadline, t);
-    } else if (r.code == Status::kError) {
-      fail(std::string(what) + " failed: " + r.message);
-    }
-    check(api_->event_record(done.event, stream_), "cudaEventRecord");
-    return std::make_shared<NcclWork>(shared_from_this(), done.release(), what, deadline, t);
-  }
-
-  void wait_until_ready(const char* what, Clock::time_point deadline, std::chrono::milliseconds timeout) {
-    for (;;) {
-      auto s = api_->async_error(comm_);
-      if (s.code == Status::kSuccess) return;
-      if (s.code == Status::kError) fail(std::string(what) + " failed: " + s.message);
-      if (Clock::now() > deadline) fail_timeout(what, timeout, " (are all ranks running?)");
-      std::this_thread::sleep_for(kPoll);
-    }
-  }
-
-  void check_async(const char* what) {
-    auto s = api_->async_error(comm_);
-    if (s.code == Status::kError) fail(std::string(what) + ": " + s.message + " (a peer may have died)");
-  }
-
-  // A failed CUDA call: the group cannot be trusted any more either.
-  void check(const Status& s, const char* call) {
-    if (s.code == Status::kError) fail(std::string(call) + " failed: " + s.message);
-  }
-
-  void abort_comm() {
-    if (comm_) api_->comm_abort(comm_);
-    comm_ = nullptr;
-  }
-
-  [[noreturn]] void fail(const std::string& what) {
-    std::string msg = "nccl: " + what + " on rank " + std::to_string(rank_) + "; the communicator was aborted";
-    abort_comm();
-    auto e = std::make_exception_ptr(NetworkError(msg));
-    if (!failure_) {
-      failure_ = e;
-      cause_ = msg;
-    }
-    std::rethrow_exception(e);
-  }
-  [[noreturn]] void fail_timeout(const char* what, std::chrono::milliseconds timeout, const char* hint) {
-    std::string msg = "nccl: " + std::string(what) + " on rank " + std::to_string(rank_) + " of " +
-                      std::to_string(size_) + " timed out after " + seconds_text(timeout) + hint +
-                      "; the communicator was aborted";
-    abort_comm();
-    auto e = std::make_exception_ptr(TimeoutError(msg));
-    if (!failure_) {
-      failure_ = e;
-      cause_ = msg;
-      cause_is_timeout_ = true;
-    }
-    std::rethrow_exception(e);
-  }
-  [[noreturn]] void throw_earlier(const char* what) {
-    std::string msg = "nccl: " + std::string(what) + " on rank " + std::to_string(rank_) +
-                      ": the process group failed earlier: " + cause_;
-    if (cause_is_timeout_) throw TimeoutError(msg);
-    throw NetworkError(msg);
-  }
-
-  // Finalize (flushes what was issued) polled to completion within the time-out, then destroy;
-  // abort instead when the group failed, finalize fails, or the time runs out. Never throws.
-  void teardown() {
-    if (comm_) {
-      bool clean = !failure_;
-      if (clean) {
-        auto s = api_->comm_finalize(comm_);
-        auto deadline = Clock::now() + opt_.timeout;
-        while (s.code == Status::kSuccess || s.code == Status::kInProgress) {
-          s = api_->async_error(comm_);
-          if (s.code == Status::kSuccess) break;
-          if (s.code == Status::kInProgress && Clock::now() > deadline) {
-            std::fprintf(stderr, "ddprun: nccl: rank %d: ncclCommFinalize did not complete within %s; aborting\n",
-                         rank_, seconds_text(opt_.timeout).c_str());
-            s = Status::error("time-out");
-            break;
-          }
-          std::this_thread::sleep_for(kPoll);
-        }
-        if (s.code == Status::kError) {
-          if (s.message != "time-out") {
-            std::fprintf(stderr, "ddprun: nccl: rank %d: ncclCommFinalize failed (%s); aborting\n", rank_,
-                         s.message.c_str());
-          }
-          clean = false;
-        }
-      }
-      if (clean) {
-        api_->comm_destroy(comm_);
-      } else {
-        api_->comm_abort(comm_);
-      }
-      comm_ = nullptr;
-    }
-    if (scratch_) api_->free(scratch_);
-    scratch_ = nullptr;
-    if (stream_) api_->stream_destroy(stream_);
-    stream_ = nullptr;
-  }
-
-  std::unique_ptr<Api> api_;
-  int rank_, size_;
+  // ---- constant after construction
+  std::shared_ptr<Core> core_;
+  Api& api_;
+  std::shared_ptr<rendezvous::Store> store_;  // this group's keys
   ProcessGroupOptions opt_;
-  int device_ = 0;
-  Handle comm_ = nullptr;
-  Handle stream_ = nullptr;
-  Handle compute_ = nullptr;  // the legacy default stream unless the trainer sets one
-  void* scratch_ = nullptr;
-  std::mutex mu_;                    // enqueue and watch may come from different threads
-  std::exception_ptr failure_;       // the first failure: the group is broken from then on
-  std::string cause_;
-  bool cause_is_timeout_ = false;
+  void* scratch_ = nullptr;  // barrier's one float
+  // ---- the thread using the group
+  int splits_ = 0;
 };
 
-NcclWork::~NcclWork() { g_->api().event_destroy(done_); }
-
-void NcclWork::wait() {
-  if (completed_) return;
-  if (error_) std::rethrow_exception(error_);
-  try {
-    g_->watch(done_, what_, deadline_, timeout_);
-    completed_ = true;
-  } catch (...) {
-    error_ = std::current_exception();
-    throw;
-  }
+std::shared_ptr<ProcessGroup> Group::split(int color, int key, const ProcessGroupOptions& options) {
+  DeviceGuard guard(api_, core_->device());
+  auto plan = agree_split(*store_, ++splits_, rank(), size(), color, key, opt_.timeout);
+  // Every rank takes part in ncclCommSplit, those without a color too; NCCL orders ranks as
+  // agree_split does (key, then rank).
+  Handle child = core_->split(plan ? color : -1, key, opt_.timeout);
+  if (!plan) return nullptr;
+  if (!child) throw NetworkError("nccl: ncclCommSplit gave no communicator to " + rank_text(rank(), size()));
+  auto core = Core::create({core_->api_shared(), plan->rank, plan->size, core_->device(), options.timeout, child});
+  return std::make_shared<Group>(core, std::make_shared<rendezvous::PrefixStore>(plan->prefix, store_), options);
 }
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> make_process_group(std::unique_ptr<Api> api, std::shared_ptr<rendezvous::Store> store,
+std::shared_ptr<ProcessGroup> make_process_group(std::shared_ptr<Api> api, std::shared_ptr<rendezvous::Store> store,
                                                  int rank, int size, const ProcessGroupOptions& options,
-                                                 int local_rank) {
-  return std::make_shared<Group>(std::move(api), std::move(store), rank, size, options, local_rank);
+                                                 Placement placement) {
+  int devices = api->device_count();
+  if (devices <= 0) {
+    throw UsageError("nccl: no CUDA device is usable on this machine (rank " + std::to_string(rank) +
+                     "); use the gloo backend");
+  }
+  const int device = choose_device(devices, options, placement, rank);
+  DeviceGuard guard(*api, device);
+  std::string id = exchange_unique_id(*api, *store, rank);
+  Handle comm = init_comm(api, device, rank, size, id, options.timeout);
+  auto core = Core::create({api, rank, size, device, options.timeout, comm});
+  return std::make_shared<Group>(core, std::move(store), options);
 }
 
 }  // namespace ddprun::runtime::nccl

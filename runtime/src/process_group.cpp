@@ -1,5 +1,6 @@
 #include "ddprun/runtime/process_group.hpp"
 
+#include <algorithm>
 #include <csignal>
 #include <mutex>
 
@@ -7,6 +8,7 @@
 #include "ddprun/rendezvous/prefix_store.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
 #include "ddprun/runtime/env.hpp"
+#include "group_keys.hpp"
 #include "process_groups.hpp"
 
 namespace ddprun::runtime {
@@ -32,35 +34,51 @@ void ignore_sigpipe() {
   });
 }
 
-std::shared_ptr<ProcessGroup> create(const std::string& backend, std::shared_ptr<rendezvous::Store> store, int rank,
-                                     int size, const ProcessGroupOptions& options, const std::string& store_host,
-                                     int local_rank) {
+// Where a rank runs, for the nccl backend's choice of device.
+struct Local {
+  int rank = 0;
+  int size = 1;
+};
+
+std::shared_ptr<ProcessGroup> create(const std::string& backend, const std::shared_ptr<rendezvous::Store>& store,
+                                     int rank, int size, const ProcessGroupOptions& options,
+                                     const std::string& store_host, Local local) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw UsageError("process group: rank " + std::to_string(rank) + " is not within a group of " + std::to_string(size));
   }
+  if (backend != "gloo" && backend != "nccl") {
+    throw UsageError("process group: unknown backend '" + backend + "' (use \"gloo\" or \"nccl\")");
+  }
   ignore_sigpipe();
   if (backend == "gloo") {
-    return make_gloo_process_group(std::make_shared<rendezvous::PrefixStore>("gloo", std::move(store)), rank, size,
-                                   options, store_host);
+    return make_gloo_process_group(next_group_store(store, rank), rank, size, options, store_host);
   }
-  if (backend == "nccl") {
 #ifdef DDPRUN_WITH_NCCL
-    return make_nccl_process_group(std::make_shared<rendezvous::PrefixStore>("nccl", std::move(store)), rank, size,
-                                   options, local_rank);
+  return make_nccl_process_group(next_group_store(store, rank), rank, size, options, local.rank, local.size);
 #else
-    (void)local_rank;
-    throw UsageError("process group: this build of ddprun has no NCCL backend (CUDA and NCCL were not found when it "
-                     "was built); use \"gloo\"");
+  (void)local;
+  throw UsageError("process group: this build of ddprun has no NCCL backend (CUDA and NCCL were not found when it "
+                   "was built); use \"gloo\"");
 #endif
-  }
-  throw UsageError("process group: unknown backend '" + backend + "' (use \"gloo\" or \"nccl\")");
 }
 
 }  // namespace
 
 std::shared_ptr<ProcessGroup> create_process_group(const std::string& backend, std::shared_ptr<rendezvous::Store> store,
                                                    int rank, int size, const ProcessGroupOptions& options) {
-  return create(backend, std::move(store), rank, size, options, "127.0.0.1", rank);
+  return create(backend, store, rank, size, options, "127.0.0.1", Local{rank, size});
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) { return split(color, key, options()); }
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks) {
+  return new_group(std::move(ranks), options());
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks, const ProcessGroupOptions& options) {
+  auto members = checked_members(std::move(ranks), size());
+  bool member = std::binary_search(members.begin(), members.end(), rank());
+  return split(member ? 0 : kNoColor, rank(), options);
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, const ProcessGroupOptions& options) {
@@ -74,8 +92,12 @@ std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, con
   so.port = env.master_port;
   so.timeout = options.timeout;
   auto store = std::make_shared<rendezvous::TcpStore>(so);
-  auto attempt = std::make_shared<rendezvous::PrefixStore>("ddprun/attempt_" + std::to_string(env.restart_count), store);
-  return create(backend, attempt, env.rank, env.world_size, options, env.master_addr, env.local_rank);
+  std::shared_ptr<rendezvous::Store> attempt =
+      std::make_shared<rendezvous::PrefixStore>("ddprun/attempt_" + std::to_string(env.restart_count), store);
+  ProcessGroupOptions o = options;
+  o.share_devices = o.share_devices || env.share_devices;
+  return create(backend, attempt, env.rank, env.world_size, o, env.master_addr,
+                Local{env.local_rank, env.local_world_size});
 }
 
 }  // namespace ddprun::runtime

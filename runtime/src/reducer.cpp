@@ -6,6 +6,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/runtime/heartbeat.hpp"
+#include "device_compression.hpp"
 
 namespace ddprun::runtime {
 
@@ -17,7 +18,8 @@ struct Bucket {
   void* storage = nullptr;           // group memory
   std::size_t count = 0;             // elements
   std::size_t pending = 0;           // parameters not yet ready in this iteration
-  std::vector<std::uint16_t> wire;   // compressed copy (gloo, float32 buckets)
+  std::vector<std::uint16_t> wire;   // compressed copy (host memory: gloo, float32 buckets)
+  void* device_wire = nullptr;       // compressed copy (group memory: DeviceCompression)
   std::shared_ptr<Work> work;
 };
 
@@ -34,7 +36,8 @@ struct Reducer::Impl {
   // same order on every rank, and backward may finish parameters in a slightly different
   // order on different ranks. A ready bucket waits for the ones before it.
   std::size_t next_launch = 0;
-  std::vector<char> zeros;  // zero_grad's source
+  // Compression done by the group on its own memory (nccl), or nullptr: on the host (gloo).
+  DeviceCompression* device_compression = nullptr;
 
   void assign_buckets() {
     // Reverse registration order: the order backward produces gradients (last layer first).
@@ -68,10 +71,18 @@ struct Reducer::Impl {
   }
 
   bool compress(const Bucket& b) const { return opt.compression != Compression::kNone && b.info.type == DataType::kFloat32; }
+  DataType wire_type() const {
+    return opt.compression == Compression::kFloat16 ? DataType::kFloat16 : DataType::kBFloat16;
+  }
 
   void launch(Bucket& b) {
     if (!compress(b)) {
       b.work = group->all_reduce_async(b.storage, b.count, b.info.type, ReduceOp::kAvg);
+      return;
+    }
+    if (device_compression) {
+      b.work = device_compression->all_reduce_compressed_async(static_cast<float*>(b.storage), b.count, wire_type(),
+                                                               b.device_wire);
       return;
     }
     const auto* src = static_cast<const float*>(b.storage);
@@ -111,13 +122,21 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> group, std::vector<ParameterSpec>
     throw UsageError("Reducer: bucket sizes must be positive");
   }
   if (options.compression != Compression::kNone && std::string(group->backend()) != "gloo") {
-    throw UsageError("Reducer: compression is available with the gloo backend only");
+    impl_->device_compression = dynamic_cast<DeviceCompression*>(group.get());
+    if (!impl_->device_compression) {
+      throw UsageError(std::string("Reducer: compression is not available with the ") + group->backend() + " backend");
+    }
   }
   impl_->group = std::move(group);
   impl_->opt = options;
   impl_->params = std::move(params);
   impl_->ready.assign(impl_->params.size(), false);
   impl_->assign_buckets();
+  if (impl_->device_compression) {
+    for (auto& b : impl_->buckets) {
+      if (impl_->compress(b)) b.device_wire = impl_->group->allocate(b.count * 2);
+    }
+  }
 }
 
 Reducer::~Reducer() {
@@ -129,6 +148,7 @@ Reducer::~Reducer() {
       }
     }
     impl_->group->deallocate(b.storage);
+    if (b.device_wire) impl_->group->deallocate(b.device_wire);
   }
 }
 
@@ -139,15 +159,9 @@ void* Reducer::grad(std::size_t i) {
 }
 
 void Reducer::zero_grad() {
-  // Zeros copied from one host buffer as large as the largest bucket, made once: zero_grad runs
-  // every step, and bucket memory may be device memory that host code cannot memset.
-  auto& zeros = impl_->zeros;
-  if (zeros.empty()) {
-    std::size_t largest = 0;
-    for (const auto& b : impl_->buckets) largest = std::max(largest, b.info.bytes);
-    zeros.assign(largest, 0);
-  }
-  for (auto& b : impl_->buckets) impl_->group->copy_to_device(b.storage, zeros.data(), b.info.bytes);
+  // Bucket memory may be device memory: the group zeroes it (nccl: a memset on its stream,
+  // after the compute stream's work and before the next backward's).
+  for (auto& b : impl_->buckets) impl_->group->zero(b.storage, b.info.bytes);
 }
 
 void Reducer::mark_ready(std::size_t i) {
@@ -230,6 +244,7 @@ std::vector<std::exception_ptr> Reducer::Impl::wait_all() {
 }
 
 void Reducer::Impl::decompress() {
+  if (device_compression) return;  // cast back on the device, as part of the collective
   for (auto& b : buckets) {
     if (!compress(b)) continue;
     auto* dst = static_cast<float*>(b.storage);

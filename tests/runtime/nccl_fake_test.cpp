@@ -1,174 +1,36 @@
-// The nccl backend's state machine on a fake NCCL/CUDA (nccl_api.hpp), so its failure paths run
-// in CI on machines without a GPU: a peer dying during the last bucket, a time-out, an
-// asynchronous NCCL error, an error while enqueueing, a failure during teardown, and a second
-// wait() after each. The real-device tests stay in gpu_tests (label gpu).
+// The nccl backend's failure guarantees on the fake NCCL/CUDA (runtime/testing), so they run in
+// CI on machines without a GPU: a peer dying during the last bucket, a time-out, an
+// asynchronous NCCL error, a call stuck inside NCCL, an error while enqueueing, failures at
+// creation and teardown, and a second wait() after each. The real-device tests are gpu_tests.
 
 #include <catch2/catch.hpp>
 
-#include <map>
-#include <set>
-
 #include "ddprun/common/error.hpp"
 #include "ddprun/runtime/reducer.hpp"
-#include "group_fixture.hpp"
-#include "nccl_api.hpp"
+#include "fake_ranks.hpp"
 
 using namespace ddprun;
 using namespace ddprun::runtime;
+using namespace std::chrono_literals;
 using ddprun::test::message_of;
-using nccl::Handle;
-using nccl::Status;
+using nccl::fake::Fate;
 
 namespace {
 
-// What the fake does with the n-th collective (0-based): complete, never complete (a peer that
-// stalls: only the time-out ends it), never complete and report an asynchronous error (a peer
-// that died), or fail when enqueued.
-enum class Fate { kComplete, kHang, kPeerDies, kEnqueueError };
+using Clock = std::chrono::steady_clock;
 
-struct FakeState {
-  std::map<int, Fate> fates;
-  int collectives = 0;
-  int events_created = 0, events_destroyed = 0;
-  int aborts = 0, destroys = 0, finalizes = 0, mallocs = 0, frees = 0;
-  bool peer_died = false;          // async_error reports it from now on
-  Status finalize_result = Status::ok();
-  int finalize_polls_in_progress = 0;  // async_error answers kInProgress this often after finalize
-  bool finalize_hangs = false;         // ... or for ever
-  bool finalizing = false;
-  std::set<Handle> live_events;
-};
-
-struct FakeEvent {
-  bool reached = false;
-  int collective = -1;
-};
-
-class FakeNccl final : public nccl::Api {
- public:
-  explicit FakeNccl(std::shared_ptr<FakeState> s) : s_(std::move(s)) {}
-
-  int device_count() override { return 1; }
-  Status set_device(int) override { return Status::ok(); }
-  Status stream_create(Handle* stream) override {
-    *stream = &group_stream_;
-    return Status::ok();
-  }
-  void stream_destroy(Handle) override {}
-  Status malloc(void** p, std::size_t bytes) override {
-    *p = std::calloc(1, bytes);
-    ++s_->mallocs;
-    return Status::ok();
-  }
-  void free(void* p) override {
-    ++s_->frees;
-    std::free(p);
-  }
-  Status copy(void* dst, const void* src, std::size_t bytes, bool) override {
-    std::memcpy(dst, src, bytes);
-    return Status::ok();
-  }
-  Status event_create(Handle* event) override {
-    *event = new FakeEvent;
-    ++s_->events_created;
-    s_->live_events.insert(*event);
-    return Status::ok();
-  }
-  void event_destroy(Handle event) override {
-    ++s_->events_destroyed;
-    s_->live_events.erase(event);
-    delete static_cast<FakeEvent*>(event);
-  }
-  Status event_record(Handle event, Handle stream) override {
-    auto* e = static_cast<FakeEvent*>(event);
-    if (stream != &group_stream_) {
-      e->reached = true;  // the trainer's stream: nothing pending
-      return Status::ok();
-    }
-    e->collective = s_->collectives - 1;
-    auto fate = fate_of(e->collective);
-    e->reached = fate == Fate::kComplete;
-    if (fate == Fate::kPeerDies) s_->peer_died = true;
-    return Status::ok();
-  }
-  Status stream_wait_event(Handle, Handle) override { return Status::ok(); }
-  Status event_query(Handle event) override {
-    return static_cast<FakeEvent*>(event)->reached ? Status::ok() : Status::in_progress();
-  }
-  Status unique_id(std::string* bytes) override {
-    bytes->assign(128, 'u');
-    return Status::ok();
-  }
-  Status comm_init(Handle* comm, int, const std::string&, int) override {
-    *comm = &comm_;
-    return Status::in_progress();  // non-blocking: ready at the first poll
-  }
-  Status async_error(Handle) override {
-    if (s_->peer_died) return Status::error("remote process exited or there was a network error");
-    if (s_->finalizing) {
-      if (s_->finalize_hangs) return Status::in_progress();
-      if (s_->finalize_polls_in_progress > 0) {
-        --s_->finalize_polls_in_progress;
-        return Status::in_progress();
-      }
-    }
-    return Status::ok();
-  }
-  Status comm_finalize(Handle) override {
-    ++s_->finalizes;
-    s_->finalizing = true;
-    if (s_->finalize_result.code == Status::kError) return s_->finalize_result;
-    return Status::in_progress();
-  }
-  Status comm_destroy(Handle) override {
-    ++s_->destroys;
-    return Status::ok();
-  }
-  Status comm_abort(Handle) override {
-    ++s_->aborts;
-    return Status::ok();
-  }
-  Status all_reduce(const void*, void*, std::size_t, DataType, ReduceOp, Handle, Handle) override { return issue(); }
-  Status broadcast(void*, std::size_t, DataType, int, Handle, Handle) override { return issue(); }
-  Status all_gather(const void*, void*, std::size_t, DataType, Handle, Handle) override { return issue(); }
-  Status reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp, Handle, Handle) override { return issue(); }
-
- private:
-  Fate fate_of(int n) const {
-    auto it = s_->fates.find(n);
-    return it == s_->fates.end() ? Fate::kComplete : it->second;
-  }
-  Status issue() {
-    int n = s_->collectives++;
-    if (fate_of(n) == Fate::kEnqueueError) return Status::error("unhandled cuda error");
-    return Status::ok();
-  }
-
-  std::shared_ptr<FakeState> s_;
-  int group_stream_ = 0;
-  int comm_ = 0;
-};
-
-struct Fixture {
-  test::Ranks ranks;
-  std::shared_ptr<FakeState> state = std::make_shared<FakeState>();
-  std::shared_ptr<ProcessGroup> group(std::chrono::milliseconds timeout = std::chrono::milliseconds(300)) {
-    ProcessGroupOptions o;
-    o.timeout = timeout;
-    static int n = 0;
-    return nccl::make_process_group(std::make_unique<FakeNccl>(state), ranks.store("fake" + std::to_string(n++)), 0, 1,
-                                     o, 0);
-  }
-};
+ProcessGroupOptions with_timeout(std::chrono::milliseconds t) {
+  ProcessGroupOptions o;
+  o.timeout = t;
+  return o;
+}
 
 // A Reducer with three parameters, one bucket each (1 KiB buckets).
 std::unique_ptr<Reducer> three_buckets(std::shared_ptr<ProcessGroup> g) {
   ReducerOptions o;
   o.first_bucket_bytes = 1024;
   o.bucket_cap_bytes = 1024;
-  auto r = std::make_unique<Reducer>(std::move(g), std::vector<ParameterSpec>{{256}, {256}, {256}}, o);
-  REQUIRE(r->buckets().size() == 3);
-  return r;
+  return std::make_unique<Reducer>(std::move(g), std::vector<ParameterSpec>{{256}, {256}, {256}}, o);
 }
 
 void backward(Reducer& r) {
@@ -177,124 +39,164 @@ void backward(Reducer& r) {
 
 }  // namespace
 
-TEST_CASE("fake nccl: a healthy step and a clean teardown (finalize polled, then destroy)", "[nccl-fake]") {
-  Fixture f;
-  f.state->finalize_polls_in_progress = 5;
+TEST_CASE("fake nccl: a healthy step and a clean teardown", "[nccl-fake]") {
+  test::FakeRanks f(1);
+  auto& s = *f.states[0];
   {
-    auto g = f.group();
+    auto g = f.group(0);
     auto r = three_buckets(g);
+    REQUIRE(r->buckets().size() == 3);
     backward(*r);
     r->finalize();
     g->barrier();
   }
-  CHECK(f.state->finalizes == 1);
-  CHECK(f.state->destroys == 1);
-  CHECK(f.state->aborts == 0);
-  CHECK(f.state->live_events.empty());
-  CHECK(f.state->mallocs == f.state->frees);
+  CHECK(s.collectives == 4);
+  CHECK(s.destroys == 1);
+  CHECK(s.aborts == 0);
+  CHECK(s.events_created == s.events_destroyed);
+  CHECK(s.mallocs == s.frees);
+  CHECK(s.wrong_device().empty());
 }
 
-TEST_CASE("fake nccl: a peer dying during the last bucket fails finalize - never a silent success", "[nccl-fake]") {
-  Fixture f;
-  f.state->fates[2] = Fate::kPeerDies;  // buckets are collectives 0, 1, 2: the last one
-  auto g = f.group();
+TEST_CASE("fake nccl: a peer dying during the last bucket fails the step - never a silent success", "[nccl-fake]") {
+  test::FakeRanks f(1);
+  auto& s = *f.states[0];
+  s.fates[2] = Fate::kPeerDies;  // buckets are collectives 0, 1, 2: the last one
+  auto g = f.group(0);
   auto r = three_buckets(g);
   backward(*r);
+  // finalize() does not wait for the device: it throws if the watchdog has seen the error by
+  // then, and the next call that waits for the device (here barrier) throws if not.
   std::string first = message_of([&] { r->finalize(); });
-  CHECK_THAT(first, Catch::Contains("remote process exited") && Catch::Contains("all_reduce"));
-  CHECK(f.state->aborts == 1);
+  std::string next = message_of([&] { g->barrier(); });
+  INFO(first << " / " << next);
+  CHECK((first.empty() || Catch::contains(first, "remote process exited")));
+  CHECK_THAT(next, Catch::Contains("remote process exited") && Catch::Contains("all_reduce"));
+  CHECK(s.aborts == 1);
   // Every later call fails at once, naming the first cause.
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = Clock::now();
   std::string later = message_of([&] { g->barrier(); });
-  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(100));
+  CHECK(Clock::now() - t0 < 100ms);
   CHECK_THAT(later, Catch::Contains("failed earlier") && Catch::Contains("remote process exited"));
   CHECK_THAT(message_of([&] { backward(*r); }), Catch::Contains("failed earlier"));  // the next step
   CHECK_THROWS(r->finalize());
 }
 
-TEST_CASE("fake nccl: every wait() after a failure rethrows it", "[nccl-fake]") {
+TEST_CASE("fake nccl: wait() does not block the host, and every wait after a failure rethrows it", "[nccl-fake]") {
   for (Fate fate : {Fate::kPeerDies, Fate::kHang}) {
-    Fixture f;
-    f.state->fates[0] = fate;
-    auto g = f.group(std::chrono::milliseconds(100));
-    std::vector<float> buf(4);
-    auto work = g->all_reduce_async(buf.data(), 4, DataType::kFloat32, ReduceOp::kSum);
-    std::string a = message_of([&] { work->wait(); });
+    test::FakeRanks f(1);
+    f.states[0]->fates[0] = fate;
+    auto g = f.group(0, with_timeout(1s));
+    void* buf = g->allocate(16);
+    auto work = g->all_reduce_async(buf, 4, DataType::kFloat32, ReduceOp::kSum);
+    auto t0 = Clock::now();
+    std::string pending = message_of([&] { work->wait(); });  // stream order only
+    auto waited = Clock::now() - t0;
+    std::string a = message_of([&] { work->synchronize(); });
     std::string b = message_of([&] { work->wait(); });
-    std::string c = message_of([&] { work->wait(); });
-    INFO(a);
+    std::string c = message_of([&] { work->synchronize(); });
+    INFO(pending << " / " << a);
+    CHECK(waited < 500ms);  // a wait() blocking the host would last the time-out (1 s)
     CHECK(!a.empty());
     CHECK(a == b);
     CHECK(b == c);
     if (fate == Fate::kHang) {
-      CHECK_THAT(a, Catch::Contains("timed out after 100 ms"));
+      CHECK(pending.empty());
+      CHECK_THAT(a, Catch::Contains("all_reduce on rank 0 of 1 timed out after 1 s"));
       CHECK_THROWS_AS(work->wait(), ddprun::TimeoutError);
     } else {
+      CHECK_THAT(a, Catch::Contains("remote process exited"));
       CHECK_THROWS_AS(work->wait(), ddprun::NetworkError);
     }
+    g->deallocate(buf);
   }
 }
 
 TEST_CASE("fake nccl: a time-out aborts the communicator - pending work fails too", "[nccl-fake]") {
-  Fixture f;
-  f.state->fates[0] = Fate::kHang;
-  f.state->fates[1] = Fate::kHang;
-  auto g = f.group(std::chrono::milliseconds(100));
-  std::vector<float> a(4), b(4);
-  auto w0 = g->all_reduce_async(a.data(), 4, DataType::kFloat32, ReduceOp::kSum);
-  auto w1 = g->all_reduce_async(b.data(), 4, DataType::kFloat32, ReduceOp::kSum);
-  CHECK_THROWS_AS(w0->wait(), ddprun::TimeoutError);
-  CHECK(f.state->aborts == 1);
-  // w1 can never complete after the abort: it fails at once with the cause.
-  auto t0 = std::chrono::steady_clock::now();
-  CHECK_THAT(message_of([&] { w1->wait(); }), Catch::Contains("failed earlier") && Catch::Contains("timed out"));
-  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(50));
+  test::FakeRanks f(1);
+  auto& s = *f.states[0];
+  s.fates[0] = Fate::kHang;
+  s.fates[1] = Fate::kHang;
+  auto g = f.group(0, with_timeout(100ms));
+  void* a = g->allocate(16);
+  void* b = g->allocate(16);
+  auto w0 = g->all_reduce_async(a, 4, DataType::kFloat32, ReduceOp::kSum);
+  auto w1 = g->all_reduce_async(b, 4, DataType::kFloat32, ReduceOp::kSum, 60s);
+  auto t0 = Clock::now();
+  CHECK_THROWS_AS(w0->synchronize(), ddprun::TimeoutError);
+  auto took = Clock::now() - t0;
+  CHECK(took >= 100ms);
+  CHECK(took < 2s);
+  CHECK(s.aborts == 1);
+  // w1 can never complete after the abort: it fails at once, with the cause.
+  t0 = Clock::now();
+  CHECK_THAT(message_of([&] { w1->synchronize(); }), Catch::Contains("failed earlier") && Catch::Contains("timed out"));
+  CHECK_THROWS_AS(w1->wait(), ddprun::TimeoutError);
+  CHECK(Clock::now() - t0 < 50ms);
+}
+
+TEST_CASE("fake nccl: a call stuck inside NCCL is timed out by the watchdog", "[nccl-fake]") {
+  test::FakeRanks f(1);
+  auto& s = *f.states[0];
+  s.fates[0] = Fate::kCallHangs;  // NCCL connecting to a dead peer on first use
+  auto g = f.group(0, with_timeout(200ms));
+  void* buf = g->allocate(16);
+  auto t0 = Clock::now();
+  std::string msg = message_of([&] { g->all_reduce(buf, 4, DataType::kFloat32, ReduceOp::kSum); });
+  auto took = Clock::now() - t0;
+  CHECK_THAT(msg, Catch::Contains("timed out after 200 ms inside NCCL"));
+  CHECK(took >= 200ms);
+  CHECK(took < 900ms);  // no grace period for the call the abort is meant to end
+  CHECK(s.aborts == 1);
+  CHECK_THROWS_AS(g->barrier(), ddprun::TimeoutError);
 }
 
 TEST_CASE("fake nccl: an error while enqueueing leaks no event and breaks the group", "[nccl-fake]") {
-  Fixture f;
-  f.state->fates[1] = Fate::kEnqueueError;
+  test::FakeRanks f(1);
+  auto& s = *f.states[0];
+  s.fates[1] = Fate::kEnqueueError;
   {
-    auto g = f.group();
+    auto g = f.group(0);
     auto r = three_buckets(g);
-    CHECK_THROWS_WITH(backward(*r), Catch::Contains("unhandled cuda error"));
+    CHECK_THROWS_WITH(backward(*r), Catch::Contains("unhandled cuda error") && Catch::Contains("ncclAllReduce"));
     CHECK_THROWS(r->finalize());  // the step cannot complete
   }
-  CHECK(f.state->live_events.empty());
-  CHECK(f.state->events_created == f.state->events_destroyed);
-  CHECK(f.state->aborts == 1);
-  CHECK(f.state->destroys == 0);
+  CHECK(s.events_created == s.events_destroyed);
+  CHECK(s.aborts == 1);
+  CHECK(s.destroys == 0);
+  CHECK(s.mallocs == s.frees);
 }
 
-TEST_CASE("fake nccl: teardown aborts when finalize fails or does not complete in time", "[nccl-fake]") {
-  SECTION("finalize hangs") {
-    Fixture f;
-    f.state->finalize_hangs = true;
-    auto t0 = std::chrono::steady_clock::now();
-    { auto g = f.group(std::chrono::milliseconds(150)); }
-    auto took = std::chrono::steady_clock::now() - t0;
-    CHECK(took >= std::chrono::milliseconds(150));
-    CHECK(took < std::chrono::seconds(3));
-    CHECK(f.state->finalizes == 1);
-    CHECK(f.state->aborts == 1);
-    CHECK(f.state->destroys == 0);
+TEST_CASE("fake nccl: teardown destroys a whole group within its time-out and aborts a broken one", "[nccl-fake]") {
+  SECTION("ncclCommDestroy hangs: left to finish, the destructor returns") {
+    test::FakeRanks f(1);
+    f.states[0]->destroy_hangs = true;
+    auto t0 = Clock::now();
+    { auto g = f.group(0, with_timeout(150ms)); }
+    auto took = Clock::now() - t0;
+    CHECK(took >= 150ms);
+    CHECK(took < 3s);
+    CHECK(f.states[0]->destroys == 1);
+    CHECK(f.states[0]->aborts == 0);
   }
-  SECTION("finalize fails") {
-    Fixture f;
-    f.state->finalize_result = Status::error("internal error");
-    { auto g = f.group(); }
-    CHECK(f.state->aborts == 1);
-    CHECK(f.state->destroys == 0);
-  }
-  SECTION("a broken group is aborted, not finalized") {
-    Fixture f;
-    f.state->fates[0] = Fate::kPeerDies;
+  SECTION("a broken group is aborted, not destroyed") {
+    test::FakeRanks f(1);
+    f.states[0]->fates[0] = Fate::kPeerDies;
     {
-      auto g = f.group();
+      auto g = f.group(0);
       CHECK_THROWS(g->barrier());
     }
-    CHECK(f.state->finalizes == 0);
-    CHECK(f.state->aborts == 1);
-    CHECK(f.state->mallocs == f.state->frees);
+    CHECK(f.states[0]->destroys == 0);
+    CHECK(f.states[0]->aborts == 1);
+    CHECK(f.states[0]->mallocs == f.states[0]->frees);
   }
+}
+
+TEST_CASE("fake nccl: a peer that never creates the group times out communicator init", "[nccl-fake]") {
+  test::FakeRanks f(2);
+  auto t0 = Clock::now();
+  std::string msg = message_of([&] { f.group(0, with_timeout(300ms)); });  // rank 1 never comes
+  auto took = Clock::now() - t0;
+  CHECK_THAT(msg, Catch::Contains("communicator initialisation on rank 0 of 2 timed out after 300 ms"));
+  CHECK(took < 2s);
 }

@@ -18,6 +18,9 @@ struct DistEnv {
   std::uint16_t master_port = 0;
   std::string run_id;           // TORCHELASTIC_RUN_ID ("none" when unset)
   std::string heartbeat_file;   // DDPRUN_HEARTBEAT_FILE (empty when unset)
+  // DDPRUN_NCCL_SHARE_DEVICES: 1/true/yes/on let more ranks than GPUs share this machine's
+  // devices (ProcessGroupOptions::share_devices); 0/false/no/off or unset: they may not.
+  bool share_devices = false;
 
   // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required) and
   // the optional variables. Throws ddprun::UsageError naming the variable that is missing or

@@ -38,7 +38,8 @@ struct ReducerOptions {
   // Parameters not marked ready by finalize() contribute their gradient storage as it is (zero
   // after zero_grad) instead of raising an error.
   bool find_unused_parameters = false;
-  // Compression of float32 buckets on the wire (gloo only).
+  // Compression of float32 buckets on the wire: gloo casts on the host; nccl in a kernel on the
+  // group's stream, dividing by the group size first (DDP's fp16/bf16_compress_hook).
   Compression compression = Compression::kNone;
 };
 
@@ -55,14 +56,18 @@ class Reducer {
   template <typename T>
   T* grad_as(std::size_t i) { return static_cast<T*>(grad(i)); }
   // Sets every gradient to zero (between optimizer steps; gradients accumulate otherwise).
+  // nccl: on the group's stream, between the compute stream's earlier and later work.
   void zero_grad();
 
   // Parameter i's gradient is final for this iteration. May start the reduction of its bucket
   // (and of later-ready buckets waiting for it). Throws UsageError if i was already marked.
   void mark_ready(std::size_t i);
-  // Waits until every bucket is reduced: each gradient then holds the average over ranks.
-  // Throws NetworkError / TimeoutError on communication failure, UsageError when a parameter
-  // got no gradient and find_unused_parameters is off.
+  // Waits until every bucket is reduced: each gradient then holds the average over ranks (nccl:
+  // in stream order: what the trainer queues on its compute stream afterwards sees the
+  // averages, and the host does not wait for the device). Throws NetworkError / TimeoutError on
+  // communication failure (nccl: a failure the watchdog has seen by then; one it sees later is
+  // thrown by the group's next call), UsageError when a parameter got no gradient and
+  // find_unused_parameters is off.
   void finalize();
 
   // While a NoSync guard lives, mark_ready and finalize communicate nothing: gradients of
