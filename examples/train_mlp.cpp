@@ -164,110 +164,150 @@ int deserialize(const std::string& s, std::vector<std::vector<float>>& p) {
   return step;
 }
 
+// One rank's training: its shard of the data, the model, the Reducer that averages gradients.
+struct Trainer {
+  const Args& args;
+  int rank, world, batch;
+  std::shared_ptr<ProcessGroup> pg;
+  std::vector<std::vector<float>> params = init_params();
+  Reducer reducer;
+  Data data;
+  DistributedSampler sampler;
+  std::size_t steps_per_epoch;
+  std::vector<std::int64_t> order;
+  std::size_t order_epoch = ~std::size_t{0};
+  std::vector<float> x, y, h1, h2, out, d_out, d_h2, d_h1;
+
+  Trainer(const Args& a, const DistEnv& env, std::shared_ptr<ProcessGroup> group)
+      : args(a), rank(env.rank), world(env.world_size), batch(a.global_batch / env.world_size), pg(std::move(group)),
+        reducer(pg, kShapes, reducer_options(a)), sampler(kDataset, world, rank, /*shuffle=*/true, /*seed=*/0),
+        steps_per_epoch(sampler.num_samples() / static_cast<std::size_t>(batch)),
+        x(static_cast<std::size_t>(batch) * kIn), y(batch), h1(batch * kHidden), h2(batch * kHidden), out(batch),
+        d_out(batch), d_h2(batch * kHidden), d_h1(batch * kHidden) {}
+
+  static ReducerOptions reducer_options(const Args& a) {
+    ReducerOptions ropt;
+    ropt.bucket_cap_bytes = static_cast<std::size_t>(a.bucket_cap_mb * 1024 * 1024);
+    ropt.first_bucket_bytes = std::min(ropt.first_bucket_bytes, ropt.bucket_cap_bytes);
+    return ropt;
+  }
+
+  // Replicas start identical whatever happened before (rank 0's values win).
+  void broadcast() {
+    std::vector<TensorRef> refs;
+    for (auto& p : params) refs.push_back({p.data(), p.size(), DataType::kFloat32});
+    broadcast_tensors(*pg, refs);
+  }
+
+  void load_batch(int step) {
+    std::size_t epoch = static_cast<std::size_t>(step) / steps_per_epoch;
+    if (epoch != order_epoch) {
+      sampler.set_epoch(epoch);
+      order = sampler.indices();
+      order_epoch = epoch;
+    }
+    std::size_t pos = (static_cast<std::size_t>(step) % steps_per_epoch) * static_cast<std::size_t>(batch);
+    for (int b = 0; b < batch; ++b) {
+      auto s = static_cast<std::size_t>(order[pos + static_cast<std::size_t>(b)]);
+      std::memcpy(&x[b * kIn], &data.x[s * kIn], kIn * sizeof(float));
+      y[b] = data.y[s];
+    }
+  }
+
+  // The local batch's mean squared error; d_out its gradient.
+  float forward() {
+    dense(x.data(), kIn, params[0].data(), params[1].data(), h1.data(), kHidden, batch, true);
+    dense(h1.data(), kHidden, params[2].data(), params[3].data(), h2.data(), kHidden, batch, true);
+    dense(h2.data(), kHidden, params[4].data(), params[5].data(), out.data(), kOut, batch, false);
+    float local = 0;
+    for (int b = 0; b < batch; ++b) {
+      float e = out[b] - y[b];
+      local += e * e;
+      d_out[b] = 2.0f * e / static_cast<float>(batch);  // mean over the local batch; the Reducer averages ranks
+    }
+    return local / static_cast<float>(batch);
+  }
+
+  // Each layer's gradients are handed to the Reducer as soon as they exist, so the last layer's
+  // bucket is on the wire while earlier layers are still being computed.
+  void backward() {
+    reducer.zero_grad();
+    dense_backward(h2.data(), kHidden, params[4].data(), d_out.data(), kOut, batch, reducer.grad_as<float>(4),
+                   reducer.grad_as<float>(5), d_h2.data());
+    reducer.mark_ready(5);
+    reducer.mark_ready(4);
+    for (int i = 0; i < batch * kHidden; ++i) d_h2[i] *= 1.0f - h2[i] * h2[i];
+    dense_backward(h1.data(), kHidden, params[2].data(), d_h2.data(), kHidden, batch, reducer.grad_as<float>(2),
+                   reducer.grad_as<float>(3), d_h1.data());
+    reducer.mark_ready(3);
+    reducer.mark_ready(2);
+    for (int i = 0; i < batch * kHidden; ++i) d_h1[i] *= 1.0f - h1[i] * h1[i];
+    dense_backward(x.data(), kIn, params[0].data(), d_h1.data(), kHidden, batch, reducer.grad_as<float>(0),
+                   reducer.grad_as<float>(1), nullptr);
+    reducer.mark_ready(1);
+    reducer.mark_ready(0);
+    reducer.finalize();
+  }
+
+  void sgd() {
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      const float* g = reducer.grad_as<float>(k);
+      for (std::size_t i = 0; i < params[k].size(); ++i) params[k][i] -= static_cast<float>(args.lr) * g[i];
+    }
+  }
+
+  // Position-weighted, so that swapped or offsetting values change it too.
+  double checksum() const {
+    double sum = 0;
+    for (const auto& t : params) {
+      for (std::size_t i = 0; i < t.size(); ++i) sum += static_cast<double>(t[i]) * static_cast<double>(1 + i % 7);
+    }
+    return sum;
+  }
+};
+
+int train(const Args& args) {
+  auto env = DistEnv::from_environment();
+  if (args.global_batch % env.world_size != 0) {
+    usage("--global_batch " + std::to_string(args.global_batch) + " is not divisible by the " +
+          std::to_string(env.world_size) + " workers");
+  }
+  Trainer t(args, env, init_process_group(args.backend, env));
+  int start_step = 0;
+  if (!args.checkpoint.empty()) {
+    if (auto data = load_checkpoint(args.checkpoint)) {
+      start_step = deserialize(*data, t.params);
+      if (t.rank == 0) std::printf("resumed from %s at step %d (attempt %d)\n", args.checkpoint.c_str(), start_step, env.restart_count);
+    }
+  }
+  t.broadcast();
+  float loss = 0;
+  for (int step = start_step; step < args.steps; ++step) {
+    if (step == args.crash_at_step && env.restart_count == 0 && t.rank == (t.world > 1 ? 1 : 0)) {
+      std::fprintf(stderr, "rank %d: crashing at step %d as asked (--crash_at_step)\n", t.rank, step);
+      std::_Exit(17);
+    }
+    t.load_batch(step);
+    loss = t.forward();
+    t.backward();
+    t.sgd();
+    if (t.rank == 0 && (step + 1) % 50 == 0) std::printf("step %d loss %.6f (rank 0's share of the batch)\n", step + 1, loss);
+    if (!args.checkpoint.empty() && (step + 1) % args.checkpoint_every == 0) {
+      save_checkpoint_on_rank0(*t.pg, args.checkpoint, serialize(step + 1, t.params));
+    }
+  }
+  // The mean loss of the last global batch, the same on every rank.
+  t.pg->all_reduce(&loss, 1, DataType::kFloat32, ReduceOp::kAvg);
+  std::printf("RESULT rank=%d world=%d loss=%.6f checksum=%.9f\n", t.rank, t.world, loss, t.checksum());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Args args = parse(argc, argv);
   try {
-    auto env = DistEnv::from_environment();
-    const int world = env.world_size, rank = env.rank;
-    if (args.global_batch % world != 0) {
-      usage("--global_batch " + std::to_string(args.global_batch) + " is not divisible by the " + std::to_string(world) + " workers");
-    }
-    const int batch = args.global_batch / world;
-    auto pg = init_process_group(args.backend, env);
-
-    auto params = init_params();
-    int start_step = 0;
-    if (!args.checkpoint.empty()) {
-      if (auto data = load_checkpoint(args.checkpoint)) {
-        start_step = deserialize(*data, params);
-        if (rank == 0) std::printf("resumed from %s at step %d (attempt %d)\n", args.checkpoint.c_str(), start_step, env.restart_count);
-      }
-    }
-    // Replicas start identical whatever happened before (rank 0's values win).
-    std::vector<TensorRef> refs;
-    for (std::size_t k = 0; k < params.size(); ++k) refs.push_back({params[k].data(), params[k].size(), DataType::kFloat32});
-    broadcast_tensors(*pg, refs);
-
-    ReducerOptions ropt;
-    ropt.bucket_cap_bytes = static_cast<std::size_t>(args.bucket_cap_mb * 1024 * 1024);
-    ropt.first_bucket_bytes = std::min(ropt.first_bucket_bytes, ropt.bucket_cap_bytes);
-    Reducer reducer(pg, kShapes, ropt);
-
-    Data data;
-    DistributedSampler sampler(kDataset, world, rank, /*shuffle=*/true, /*seed=*/0);
-    const std::size_t steps_per_epoch = sampler.num_samples() / static_cast<std::size_t>(batch);
-    std::vector<std::int64_t> order;
-    std::size_t order_epoch = ~std::size_t{0};
-
-    std::vector<float> x(static_cast<std::size_t>(batch) * kIn), y(batch), h1(batch * kHidden), h2(batch * kHidden), out(batch);
-    std::vector<float> d_out(batch), d_h2(batch * kHidden), d_h1(batch * kHidden);
-    float loss = 0;
-    for (int step = start_step; step < args.steps; ++step) {
-      if (step == args.crash_at_step && env.restart_count == 0 && rank == (world > 1 ? 1 : 0)) {
-        std::fprintf(stderr, "rank %d: crashing at step %d as asked (--crash_at_step)\n", rank, step);
-        std::_Exit(17);
-      }
-      std::size_t epoch = static_cast<std::size_t>(step) / steps_per_epoch;
-      if (epoch != order_epoch) {
-        sampler.set_epoch(epoch);
-        order = sampler.indices();
-        order_epoch = epoch;
-      }
-      std::size_t pos = (static_cast<std::size_t>(step) % steps_per_epoch) * static_cast<std::size_t>(batch);
-      for (int b = 0; b < batch; ++b) {
-        auto s = static_cast<std::size_t>(order[pos + static_cast<std::size_t>(b)]);
-        std::memcpy(&x[b * kIn], &data.x[s * kIn], kIn * sizeof(float));
-        y[b] = data.y[s];
-      }
-      // forward
-      dense(x.data(), kIn, params[0].data(), params[1].data(), h1.data(), kHidden, batch, true);
-      dense(h1.data(), kHidden, params[2].data(), params[3].data(), h2.data(), kHidden, batch, true);
-      dense(h2.data(), kHidden, params[4].data(), params[5].data(), out.data(), kOut, batch, false);
-      float local = 0;
-      for (int b = 0; b < batch; ++b) {
-        float e = out[b] - y[b];
-        local += e * e;
-        d_out[b] = 2.0f * e / static_cast<float>(batch);  // mean over the local batch; the Reducer averages ranks
-      }
-      loss = local / static_cast<float>(batch);
-      // backward: each layer's gradients are handed to the Reducer as soon as they exist, so the
-      // last layer's bucket is on the wire while earlier layers are still being computed.
-      reducer.zero_grad();
-      dense_backward(h2.data(), kHidden, params[4].data(), d_out.data(), kOut, batch, reducer.grad_as<float>(4),
-                     reducer.grad_as<float>(5), d_h2.data());
-      reducer.mark_ready(5);
-      reducer.mark_ready(4);
-      for (int i = 0; i < batch * kHidden; ++i) d_h2[i] *= 1.0f - h2[i] * h2[i];
-      dense_backward(h1.data(), kHidden, params[2].data(), d_h2.data(), kHidden, batch, reducer.grad_as<float>(2),
-                     reducer.grad_as<float>(3), d_h1.data());
-      reducer.mark_ready(3);
-      reducer.mark_ready(2);
-      for (int i = 0; i < batch * kHidden; ++i) d_h1[i] *= 1.0f - h1[i] * h1[i];
-      dense_backward(x.data(), kIn, params[0].data(), d_h1.data(), kHidden, batch, reducer.grad_as<float>(0),
-                     reducer.grad_as<float>(1), nullptr);
-      reducer.mark_ready(1);
-      reducer.mark_ready(0);
-      reducer.finalize();
-      for (std::size_t k = 0; k < params.size(); ++k) {
-        const float* g = reducer.grad_as<float>(k);
-        for (std::size_t i = 0; i < params[k].size(); ++i) params[k][i] -= static_cast<float>(args.lr) * g[i];
-      }
-      if (rank == 0 && (step + 1) % 50 == 0) std::printf("step %d loss %.6f (rank 0's share of the batch)\n", step + 1, loss);
-      if (!args.checkpoint.empty() && (step + 1) % args.checkpoint_every == 0) {
-        save_checkpoint_on_rank0(*pg, args.checkpoint, serialize(step + 1, params));
-      }
-    }
-    // Position-weighted, so that swapped or offsetting values change it too.
-    double checksum = 0;
-    for (const auto& t : params) {
-      for (std::size_t i = 0; i < t.size(); ++i) checksum += static_cast<double>(t[i]) * static_cast<double>(1 + i % 7);
-    }
-    // The mean loss of the last global batch, the same on every rank.
-    pg->all_reduce(&loss, 1, DataType::kFloat32, ReduceOp::kAvg);
-    std::printf("RESULT rank=%d world=%d loss=%.6f checksum=%.9f\n", rank, world, loss, checksum);
-    return 0;
+    return train(args);
   } catch (const ddprun::Error& e) {
     std::fprintf(stderr, "train_mlp: %s\n", e.what());
     return 1;
