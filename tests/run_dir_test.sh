@@ -19,7 +19,7 @@ fi
 # The binary may live under /tmp itself (a checkout in /tmp): keep it open across the mount and
 # run a copy from inside the private tmpfs.
 exec 9<"$ddprun"
-mount -t tmpfs -o size=64m tmpfs /tmp || { echo "SKIP: cannot mount a tmpfs on /tmp"; exit 77; }
+mount -t tmpfs -o size=512m tmpfs /tmp || { echo "SKIP: cannot mount a tmpfs on /tmp"; exit 77; }
 mkdir -p /tmp/.under-test && cp "/proc/$$/fd/9" /tmp/.under-test/ddprun && chmod 755 /tmp/.under-test/ddprun
 exec 9<&-
 ddprun=/tmp/.under-test/ddprun

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/error.hpp"
+#include "private_files.hpp"
 
 namespace ddprun::agent {
 namespace {
@@ -32,8 +33,12 @@ void EventLog::open(const std::string& path, std::string host, std::string run_i
   host_ = std::move(host);
   run_id_ = std::move(run_id);
   if (path.empty()) return;
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd_ < 0) throw Error("cannot open the events file '" + path + "': " + std::strerror(errno));
+  // Events name the job's command line: a file another user created, or can write, is refused.
+  try {
+    fd_ = open_private_file(path, O_APPEND).release();
+  } catch (const Error& e) {
+    throw Error(std::string("the events file: ") + e.what());
+  }
 }
 
 EventLog::~EventLog() {

@@ -1,6 +1,7 @@
 #include "job_controller.hpp"
 
 #include <csignal>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -218,8 +219,17 @@ bool JobController::fenced(const Worker& w, FailureKind kind) {
   return true;
 }
 
+// Log files a full disk cut short: said now and at the end, with the bytes they lack.
+void JobController::note_log_losses() {
+  for (auto& l : group_.take_log_losses()) {
+    events_.emit("log_write_failed", {{"file", l.file}, {"error", std::strerror(l.error)}, {"bytes_lost", l.bytes_lost}});
+    log_losses_.push_back(std::move(l));
+  }
+}
+
 void JobController::on_group_ended() {
   group_ended_ = true;
+  note_log_losses();
   if (phase_ == Phase::running) {
     // Nothing failed: every worker exited 0.
     auto n = group_.workers().size();
@@ -338,6 +348,10 @@ void JobController::report_failure(FailureRecord root, const std::vector<std::st
 }
 
 void JobController::finish(int code, Rendezvous::Ack ack) {
+  for (const auto& l : log_losses_) {
+    spdlog::warn("ddprun: the log file '{}' is incomplete: {} bytes of output are missing from it ({}); the console "
+                 "showed them", l.file, l.bytes_lost, std::strerror(l.error));
+  }
   exit_code_ = code;
   enter(Phase::draining);
   rdzv_.finish(round_, ack);

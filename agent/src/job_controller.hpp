@@ -99,6 +99,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   void leave(int round);
   void finish(int code, Rendezvous::Ack ack);
   bool fenced(const Worker& w, FailureKind kind);
+  void note_log_losses();
   void report_failure(FailureRecord root, const std::vector<std::string>& notes, int exits_with);
   void second_signal(int sig);
 
@@ -118,6 +119,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   std::optional<FailureRecord> root_cause_;  // this node's first failure in the round
   std::vector<FailureRecord> failures_;      // this node's other failures
   FailureStreaks streaks_;                   // root causes, attempt after attempt
+  std::vector<StreamOutput::FileLoss> log_losses_;  // log files left incomplete, for the end
   bool group_ended_ = true;
   int stop_signal_ = 0;  // ddprun was told to stop by this signal
   int exit_code_ = 0;

@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+#include <spdlog/spdlog.h>
 
 namespace ddprun::agent {
 
-void write_fully(int fd, std::string_view data) {
+std::size_t write_fully(int fd, std::string_view data) {
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());
     if (n > 0) {
@@ -22,9 +24,10 @@ void write_fully(int fd, std::string_view data) {
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else {
-      return;  // the console is gone (closed pipe): drop output rather than fail the job
+      return data.size();  // a full disk, a closed console: the caller decides what that means
     }
   }
+  return 0;
 }
 
 void LineSplitter::feed(std::string_view data, const Sink& sink) {
@@ -85,7 +88,15 @@ StreamOutput::~StreamOutput() {
 }
 
 void StreamOutput::write(std::string_view data) {
-  if (file_ >= 0) write_fully(file_, data);
+  if (loss_) {
+    loss_->bytes_lost += data.size();
+  } else if (file_ >= 0) {
+    if (std::size_t missed = write_fully(file_, data); missed > 0) {
+      loss_ = FileLoss{route_.file, errno, missed};
+      spdlog::warn("ddprun: writing '{}' failed: {}; what follows is not in that file (the console still shows it)",
+                   route_.file, std::strerror(loss_->error));
+    }
+  }
   if (route_.console_fd < 0 && !route_.keep_tail && !capturing_ && duplicate_ < 0) return;
   splitter_.feed(data, [this](std::string_view l) { line(l); });
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,6 +56,14 @@ class StreamOutput {
   // From now on, lines are also kept (up to kCaptureBytes): a Python worker's traceback.
   void start_capture() { capturing_ = true; }
   const std::string& captured() const { return captured_; }
+  // A log file that could not take everything (ENOSPC, EIO): from the first failed write on,
+  // nothing more is written to it and what it missed is counted. The console is unaffected.
+  struct FileLoss {
+    std::string file;
+    int error = 0;  // errno of the first failed write
+    std::uint64_t bytes_lost = 0;
+  };
+  const std::optional<FileLoss>& file_loss() const { return loss_; }
   static constexpr std::size_t kCaptureBytes = 1 << 20;
   bool has_file() const { return file_ >= 0; }
 
@@ -65,14 +74,16 @@ class StreamOutput {
   LineSplitter splitter_;
   int file_ = -1;  // the raw copy (route_.file), written unbuffered
   int duplicate_ = -1;  // route_.duplicate_file, opened for appending
+  std::optional<FileLoss> loss_;
   std::deque<std::string> tail_;
   std::string scratch_;
   bool capturing_ = false;
   std::string captured_;
 };
 
-// Writes all of `data` to fd, retrying on EINTR and short writes.
-void write_fully(int fd, std::string_view data);
+// Writes all of `data` to fd, retrying on EINTR and short writes. Returns how many bytes it
+// could not write (0: all of them; errno tells why).
+std::size_t write_fully(int fd, std::string_view data);
 
 // The console (stdout or stderr of ddprun) as workers' lines reach it. A thread of its own
 // writes what is queued (up to kCapacity). A console that reads, however slowly, gets every line

@@ -1,6 +1,8 @@
 #include "run_dir.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 
 #include "ddprun/agent/options.hpp"
 #include "ddprun/common/error.hpp"
+#include "private_files.hpp"
 
 namespace ddprun::agent {
 
@@ -49,7 +52,10 @@ RunDir::RunDir(const AgentOptions& opt)
   }
   run_dir_ = base + "/" + opt.rdzv.run_id;
   try {
-    make_private_dirs(run_dir_);
+    make_private_dirs(base);  // the base is the user's choice (or ddprun's own temporary one)
+    Fd base_fd(::open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (base_fd.get() < 0) throw Error("cannot open the log directory '" + base + "': " + std::strerror(errno));
+    open_private_dir(base_fd.get(), opt.rdzv.run_id, run_dir_);
   } catch (...) {
     if (!temp_root_.empty()) ::rmdir(temp_root_.c_str());
     throw;
@@ -63,9 +69,16 @@ RunDir::~RunDir() {
   fs::remove_all(temp_root_, ec);
 }
 
+// Each level is opened below the last without following links, and checked: a private run
+// directory is what guarantees that nobody else can have put anything inside it.
 std::string RunDir::worker_dir(int round, int local_rank) const {
-  std::string dir = run_dir_ + "/attempt_" + std::to_string(round) + "/" + std::to_string(local_rank);
-  make_private_dirs(dir);
+  Fd run(::open(run_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (run.get() < 0) throw Error("cannot open the run directory '" + run_dir_ + "': " + std::strerror(errno));
+  check_private(run.get(), run_dir_, true);
+  const std::string attempt = "attempt_" + std::to_string(round);
+  Fd a = open_private_dir(run.get(), attempt, run_dir_ + "/" + attempt);
+  const std::string dir = run_dir_ + "/" + attempt + "/" + std::to_string(local_rank);
+  open_private_dir(a.get(), std::to_string(local_rank), dir);
   return dir;
 }
 

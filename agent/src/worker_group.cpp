@@ -254,6 +254,9 @@ void WorkerGroup::Impl::end() {
   kill_timer.cancel();
   heartbeat_timer.cancel();
   for (auto& s : slots) {
+    for (auto* o : {s->out.get(), s->err.get()}) {
+      if (o && o->file_loss()) log_losses.push_back(*o->file_loss());
+    }
     boost::system::error_code ignored;
     if (s->out_pipe && s->out_pipe->is_open()) {
       s->out->finish();
@@ -289,6 +292,7 @@ std::vector<Worker> WorkerGroup::workers() const {
   return out;
 }
 const std::map<int, std::pair<int, int>>& WorkerGroup::last_exits() const { return impl_->last_exits; }
+std::vector<StreamOutput::FileLoss> WorkerGroup::take_log_losses() { return std::exchange(impl_->log_losses, {}); }
 std::deque<std::string> WorkerGroup::stderr_tail(int local_rank) const {
   for (const auto& s : impl_->slots) {
     if (s->w.spec.local_rank == local_rank && s->err) return s->err->tail();

@@ -115,6 +115,9 @@ class WorkerGroup {
   bool stopping() const;
   bool ended() const;  // every worker reaped and drained (true before the first start)
   std::vector<Worker> workers() const;  // a copy, as they are now
+  // Log files that could not take all their output (a full disk), from groups ended since the
+  // last call.
+  std::vector<StreamOutput::FileLoss> take_log_losses();
   // How each local rank's worker last ended, across groups: (rank, exit code for a shell).
   const std::map<int, std::pair<int, int>>& last_exits() const;
   // The last stderr lines of a worker of the current group.

@@ -67,6 +67,7 @@ struct WorkerGroup::Impl {
   std::vector<std::thread> dumpers;
   std::optional<long long> oom_kills_at_start;
   std::map<int, std::pair<int, int>> last_exits;  // local rank -> (rank, shell code), across groups
+  std::vector<StreamOutput::FileLoss> log_losses;  // from ended groups, until taken
 
   Impl(asio::io_context& i, ProcessRunner& r, Options o) : io(i), runner(r), opt(o) {}
   ~Impl() {

@@ -1,0 +1,75 @@
+#include "private_files.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "ddprun/common/error.hpp"
+
+namespace ddprun::agent {
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+void check_private(int fd, const std::string& shown, bool want_dir) {
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) throw Error("cannot inspect '" + shown + "': " + std::strerror(errno));
+  const char* kind = want_dir ? "directory" : "file";
+  if (want_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) {
+    throw Error("'" + shown + "' is not a " + kind + ": refusing to use it for this job's logs");
+  }
+  if (st.st_uid != ::geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw Error("the " + std::string(kind) + " '" + shown + "' belongs to uid " + std::to_string(st.st_uid) +
+                " with mode " + mode + ": another user could read or change this job's logs through it; remove it, "
+                "or choose another --log_dir or --rdzv_id");
+  }
+}
+
+Fd open_private_dir(int parent, const std::string& name, const std::string& shown) {
+  if (::mkdirat(parent, name.c_str(), 0700) != 0 && errno != EEXIST) {
+    throw Error("cannot create the log directory '" + shown + "': " + std::strerror(errno) + " (choose another --log_dir)");
+  }
+  Fd fd(::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) {
+    int e = errno;
+    if (e == ELOOP || e == ENOTDIR) {
+      throw Error("'" + shown + "' is a link or not a directory: refusing to write this job's logs through it; remove "
+                  "it, or choose another --log_dir or --rdzv_id");
+    }
+    throw Error("cannot open the log directory '" + shown + "': " + std::strerror(e));
+  }
+  check_private(fd.get(), shown, true);
+  return fd;
+}
+
+Fd open_private_file(const std::string& path, int flags) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | flags, 0600));
+  if (fd.get() < 0) {
+    int e = errno;
+    struct stat st{};
+    // ELOOP, or EACCES where the kernel protects links in sticky directories (fs.protected_symlinks).
+    if (e == ELOOP || (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))) {
+      throw Error("'" + path + "' is a link: refusing to write through it; remove it or choose another path");
+    }
+    throw Error("cannot open '" + path + "': " + std::strerror(e));
+  }
+  check_private(fd.get(), path, false);
+  return fd;
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Files nobody else can touch, and every byte accounted (README: Security). Runs in a private
+# mount namespace with its own tmpfs on /tmp (unshare -m); `nobody` plays the other user.
+#  1. a run directory another user made in a shared --log_dir (mode 0777), or a link there, is
+#     refused (exit 1, the path named) and nothing is written into it or through it;
+#  2. an events file another user made (mode 0666), or a link, is refused: the job's command line
+#     (with its --api-key=...) is not written there;
+#  3. --log_dir on a full 1 MiB filesystem: the job still ends 0, every line reaches the console,
+#     and ddprun says which log files lack how many bytes (and writes log_write_failed events).
+# Usage: tests/log_files_test.sh DDPRUN
+set -u
+ddprun=$1
+if [ "${DDPRUN_IN_PRIVATE_NS:-}" != 1 ]; then
+  if [ "$(id -u)" -ne 0 ] || ! unshare -m --propagation private true 2>/dev/null; then
+    if [ "${CI:-}" = true ]; then echo "FAILED: CI=true and this needs root and unshare -m"; exit 1; fi
+    echo "SKIP: needs root and unshare -m"
+    exit 77
+  fi
+  exec env DDPRUN_IN_PRIVATE_NS=1 unshare -m --propagation private bash "$0" "$@"
+fi
+exec 9<"$ddprun"
+mount -t tmpfs -o size=512m,mode=1777 tmpfs /tmp || { echo "SKIP: cannot mount a tmpfs on /tmp"; exit 77; }
+mkdir -p /tmp/.under-test && cp "/proc/$$/fd/9" /tmp/.under-test/ddprun && chmod 755 /tmp/.under-test/ddprun
+exec 9<&-
+ddprun=/tmp/.under-test/ddprun
+as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups "$@"; }
+passed=0 failed=0
+ok() { echo "ok: $1"; passed=$((passed + 1)); }
+bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
+run() { "$ddprun" --nproc_per_node=1 --rdzv_id=job7 "$@" --no_python /bin/echo --api-key=s3cret 2>&1; }
+
+# 1. A shared log directory: the run id's directory made by another user, or a link.
+mkdir -m 1777 /tmp/shared
+as_nobody mkdir -m 0777 /tmp/shared/job7
+out=$(run --log_dir=/tmp/shared --tee=3); rc=$?
+if [ $rc -eq 1 ] && echo "$out" | grep -q "'/tmp/shared/job7' belongs to uid 65534 with mode 0777" &&
+   [ -z "$(ls -A /tmp/shared/job7)" ]; then
+  ok "a run directory made by another user (0777) is refused, nothing written in it"
+else
+  bad "another user's run directory (exit $rc, contents: $(ls -A /tmp/shared/job7)): $out"
+fi
+rmdir /tmp/shared/job7
+as_nobody mkdir -m 0700 /tmp/nobodys && as_nobody ln -s /tmp/nobodys /tmp/shared/job7
+out=$(run --log_dir=/tmp/shared --tee=3); rc=$?
+if [ $rc -eq 1 ] && echo "$out" | grep -q "is a link or not a directory" && [ -z "$(ls -A /tmp/nobodys)" ]; then
+  ok "a link planted as the run directory is refused, nothing written through it"
+else
+  bad "a planted link (exit $rc): $out"
+fi
+rm /tmp/shared/job7
+out=$(run --log_dir=/tmp/shared --tee=3); rc=$?
+mode=$(stat -c %a /tmp/shared/job7/attempt_0/0)
+if [ $rc -eq 0 ] && [ "$mode" = 700 ] && grep -q api-key /tmp/shared/job7/attempt_0/0/stdout.log; then
+  ok "the job's own directories are made 0700 and used"
+else
+  bad "a clean run in a shared directory (exit $rc, mode $mode): $out"
+fi
+
+# 2. The events file.
+as_nobody sh -c 'umask 0; : > /tmp/shared/events.jsonl'
+out=$(run --standalone --events_file=/tmp/shared/events.jsonl); rc=$?
+if [ $rc -eq 1 ] && echo "$out" | grep -q "events file.*belongs to uid 65534 with mode 0666" &&
+   [ ! -s /tmp/shared/events.jsonl ]; then
+  ok "an events file made by another user (0666) is refused: the command line is not written there"
+else
+  bad "another user's events file (exit $rc, $(wc -c </tmp/shared/events.jsonl) bytes in it): $out"
+fi
+as_nobody ln -s /tmp/nobodys/stolen /tmp/shared/linked.jsonl
+out=$(run --standalone --events_file=/tmp/shared/linked.jsonl); rc=$?
+if [ $rc -eq 1 ] && echo "$out" | grep -q "is a link" && [ ! -e /tmp/nobodys/stolen ]; then
+  ok "an events file that is a link is refused"
+else
+  bad "a linked events file (exit $rc): $out"
+fi
+
+# 3. A full disk under --log_dir.
+mkdir /tmp/small && mount -t tmpfs -o size=1m tmpfs /tmp/small
+out=$("$ddprun" --standalone --nproc_per_node=2 --tee=3 --log_dir=/tmp/small --events_file=/tmp/events.jsonl \
+  --no_python sh -c 'i=0; while [ $i -lt 20000 ]; do echo "line $i of rank $RANK padded to be a hundred bytes long ....................................."; i=$((i+1)); done' 2>/tmp/err)
+rc=$?
+lines=$(echo "$out" | grep -c 'padded to be')
+lost=$(grep -c '"event":"log_write_failed"' /tmp/events.jsonl)
+bytes=$(grep -o '"bytes_lost":[0-9]*' /tmp/events.jsonl | cut -d: -f2 | awk '{s += $1} END {print s + 0}')
+echo "  a 1 MiB --log_dir, 2 x 2.2 MB of output: exit $rc, $lines of 40000 lines on the console, $lost log files incomplete, $bytes bytes lost"
+if [ $rc -eq 0 ] && [ "$lines" -eq 40000 ] && [ "$lost" -ge 2 ] && grep -q "is incomplete: .* bytes of output are missing" /tmp/err; then
+  ok "a full disk: the job ends 0, the console has every line, the incomplete log files are named with what they lack"
+else
+  bad "a full disk (exit $rc): $(cat /tmp/err)"
+fi
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
