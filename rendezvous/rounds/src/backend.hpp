@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ddprun/rounds/rendezvous.hpp"
+#include "bounded_thread.hpp"
 #include "keys.hpp"
 
 namespace ddprun::rounds {
@@ -67,6 +68,26 @@ class LivenessEvents {
 class Liveness {
  public:
   virtual ~Liveness() = default;
+};
+
+// A liveness watch whose work is `State::run()` on a thread of its own, until `State::stop` (a
+// StopSignal) is given; destroying it gives the stop and waits up to `limit`. A thread stuck on
+// an unreachable backend is left behind: it holds its State by shared_ptr.
+template <typename State>
+class LivenessThread : public Liveness {
+ public:
+  LivenessThread(std::shared_ptr<State> s, std::chrono::milliseconds limit) : state_(std::move(s)), limit_(limit) {
+    thread_.start([st = state_] { st->run(); });
+  }
+  ~LivenessThread() override {
+    state_->stop.stop();
+    thread_.join_within(limit_);
+  }
+
+ private:
+  std::shared_ptr<State> state_;
+  std::chrono::milliseconds limit_;
+  BoundedThread thread_;
 };
 
 // This node's liveness renewals, reported as the requests that renew it are sent.

@@ -76,73 +76,52 @@ class EtcdConnection : public Connection {
 };
 
 // A round's members watched for their node records vanishing (their leases expired).
-class RecordWatch : public Liveness {
- public:
-  RecordWatch(std::unique_ptr<EtcdClient> c, const Members& m, std::chrono::milliseconds ttl,
-              std::chrono::milliseconds give_up, std::string prefix, std::weak_ptr<LivenessEvents> ev)
-      : state_(std::make_shared<State>()) {
-    auto& s = *state_;
-    s.c = std::move(c);
-    s.m = m;
-    s.ttl = ttl;
-    s.give_up = give_up;
-    s.prefix = std::move(prefix);
-    s.events = std::move(ev);
-    s.c->get_prefix(s.full(m.records.at(0).family()));
-    s.from = s.c->revision() + 1;  // events after what was read here
-    thread_.start([st = state_] { st->run(); });
-  }
-  ~RecordWatch() override {
-    state_->stop.stop();
-    thread_.join_within(1500ms);
-  }
+struct RecordWatch {
+  std::unique_ptr<EtcdClient> c;
+  Members m;
+  std::chrono::milliseconds ttl, give_up;
+  std::string prefix;
+  std::weak_ptr<LivenessEvents> events;
+  std::int64_t from = 0;
+  StopSignal stop;
 
- private:
-  struct State {
-    std::unique_ptr<EtcdClient> c;
-    Members m;
-    std::chrono::milliseconds ttl, give_up;
-    std::string prefix;
-    std::weak_ptr<LivenessEvents> events;
-    std::int64_t from = 0;
-    StopSignal stop;
-
-    std::string full(const std::string& rel) const { return prefix + "/" + rel; }
-    void lost_member(int g) {
-      spdlog::warn("ddprun: round {}: node {} ({}) lost its etcd lease", m.round, g, m.hosts.at(g));
-      if (auto e = events.lock()) e->peer_lost(m.round, g, std::chrono::duration<double>(ttl).count());
+  std::string full(const std::string& rel) const { return prefix + "/" + rel; }
+  void lost_member(int g) {
+    spdlog::warn("ddprun: round {}: node {} ({}) lost its etcd lease", m.round, g, m.hosts.at(g));
+    if (auto e = events.lock()) e->peer_lost(m.round, g, std::chrono::duration<double>(ttl).count());
+  }
+  // The member whose record `key` is, or -1.
+  int member_of(const std::string& key) const {
+    for (std::size_t g = 0; g < m.records.size(); ++g) {
+      if (key == full(m.records[g].text())) return static_cast<int>(g);
     }
-    void run() {
-      // A record already gone (its node died as the round closed) is a loss at once.
-      for (std::size_t g = 0; g < m.records.size(); ++g) {
-        if (!stop.stopped() && !c->get(full(m.records[g].text()))) return lost_member(static_cast<int>(g));
-      }
-      auto failing_since = Clock::now();
-      bool failing = false;
-      while (!stop.stopped()) {
-        try {
-          for (const auto& ev : c->watch(full(m.records[0].family()), true, from, 1s)) {
-            from = std::max(from, ev.kv.mod_revision + 1);
-            if (!ev.deleted) continue;
-            for (std::size_t g = 0; g < m.records.size(); ++g) {
-              if (ev.kv.key == full(m.records[g].text())) return lost_member(static_cast<int>(g));
-            }
-          }
-          failing = false;
-        } catch (const Error& e) {
-          if (!failing) failing_since = Clock::now();
-          failing = true;
-          if (Clock::now() - failing_since > give_up) {
-            if (auto ev = events.lock()) ev->lost(m.round, std::string("lost etcd: ") + e.what());
-            return;
-          }
-          stop.wait_for(100ms);
+    return -1;
+  }
+  void run() {
+    // A record already gone (its node died as the round closed) is a loss at once.
+    for (std::size_t g = 0; g < m.records.size(); ++g) {
+      if (!stop.stopped() && !c->get(full(m.records[g].text()))) return lost_member(static_cast<int>(g));
+    }
+    auto failing_since = Clock::now();
+    bool failing = false;
+    while (!stop.stopped()) {
+      try {
+        for (const auto& ev : c->watch(full(m.records[0].family()), true, from, 1s)) {
+          from = std::max(from, ev.kv.mod_revision + 1);
+          if (int g = ev.deleted ? member_of(ev.kv.key) : -1; g >= 0) return lost_member(g);
         }
+        failing = false;
+      } catch (const Error& e) {
+        if (!failing) failing_since = Clock::now();
+        failing = true;
+        if (Clock::now() - failing_since > give_up) {
+          if (auto ev = events.lock()) ev->lost(m.round, std::string("lost etcd: ") + e.what());
+          return;
+        }
+        stop.wait_for(100ms);
       }
     }
-  };
-  std::shared_ptr<State> state_;
-  BoundedThread thread_;
+  }
 };
 
 }  // namespace
@@ -212,8 +191,16 @@ void EtcdBackend::close() {
 }
 
 std::unique_ptr<Liveness> EtcdBackend::watch(const Members& m, std::weak_ptr<LivenessEvents> events) {
-  return std::make_unique<RecordWatch>(client(opt_.read_timeout), m, opt_.lease_ttl, opt_.read_timeout, prefix_,
-                                       std::move(events));
+  auto w = std::make_shared<RecordWatch>();
+  w->c = client(opt_.read_timeout);
+  w->m = m;
+  w->ttl = opt_.lease_ttl;
+  w->give_up = opt_.read_timeout;
+  w->prefix = prefix_;
+  w->events = std::move(events);
+  w->c->get_prefix(w->full(m.records.at(0).family()));
+  w->from = w->c->revision() + 1;  // events after what was read here
+  return std::make_unique<LivenessThread<RecordWatch>>(w, 1500ms);
 }
 
 }  // namespace ddprun::rounds

@@ -50,77 +50,52 @@ class StoreConnection : public Connection {
   std::shared_ptr<rendezvous::PrefixStore> s_;
 };
 
-// The keep-alive ring of one round: this node's counter, the next node's watched.
-class Ring : public Liveness {
- public:
-  Ring(std::unique_ptr<Connection> c, const Members& m, const RendezvousOptions& opt, std::weak_ptr<LivenessEvents> ev,
-       std::weak_ptr<Renewals> renewals, std::string lost_message)
-      : state_(std::make_shared<State>()) {
-    auto& s = *state_;
-    s.conn = std::move(c);
-    s.m = m;
-    s.interval = opt.keep_alive_interval;
-    s.ttl = opt.keep_alive_interval * opt.keep_alive_max_attempt;
-    s.events = std::move(ev);
-    s.renewals = std::move(renewals);
-    s.lost_message = std::move(lost_message);
-    s.beat();  // the first keep-alive before the round's workers start: the fence is armed
-    thread_.start([st = state_] { st->run(); });
-  }
-  ~Ring() override {
-    state_->stop.stop();
-    thread_.join_within(1s);
+// The keep-alive ring of one round: this node's counter bumped, the next node's watched.
+struct Ring {
+  std::unique_ptr<Connection> conn;
+  Members m;
+  std::chrono::milliseconds interval, ttl;
+  std::weak_ptr<LivenessEvents> events;
+  std::weak_ptr<Renewals> renewals;
+  std::string lost_message;
+  StopSignal stop;
+
+  void beat() {
+    auto sent = Clock::now();
+    conn->add(round_key(m.round, Name::alive, m.group_rank), 1);
+    if (auto r = renewals.lock()) r->renewed(sent);
   }
 
- private:
-  struct State {
-    std::unique_ptr<Connection> conn;
-    Members m;
-    std::chrono::milliseconds interval, ttl;
-    std::weak_ptr<LivenessEvents> events;
-    std::weak_ptr<Renewals> renewals;
-    std::string lost_message;
-    StopSignal stop;
-
-    void beat() {
-      auto sent = Clock::now();
-      conn->add(round_key(m.round, Name::alive, m.group_rank), 1);
-      if (auto r = renewals.lock()) r->renewed(sent);
-    }
-
-    void run() {
-      const int world = static_cast<int>(m.records.size()), next = (m.group_rank + 1) % world;
-      const auto check_every = std::max(interval / 4, std::chrono::milliseconds(50));
-      long long seen = -2;
-      auto changed = Clock::now(), next_beat = changed + interval;
-      bool watching = world > 1;
-      while (!stop.wait_for(check_every)) {
-        try {
-          auto now = Clock::now();
-          if (now >= next_beat) {
-            beat();
-            next_beat = now + interval;
-          }
-          if (!watching) continue;
-          long long count = conn->add(round_key(m.round, Name::alive, next), 0);
-          if (count != seen) {
-            seen = count;
-            changed = now;
-          } else if (now - changed > ttl) {
-            watching = false;
-            double idle = std::chrono::duration<double>(now - changed).count();
-            if (auto e = events.lock()) e->peer_lost(m.round, next, idle);
-          }
-        } catch (const Error& e) {
-          spdlog::debug("ddprun: keep-alive of round {} failed: {}", m.round, e.what());
-          if (auto ev = events.lock()) ev->lost(m.round, lost_message);
-          return;
+  void run() {
+    const int world = static_cast<int>(m.records.size()), next = (m.group_rank + 1) % world;
+    const auto check_every = std::max(interval / 4, std::chrono::milliseconds(50));
+    long long seen = -2;
+    auto changed = Clock::now(), next_beat = changed + interval;
+    bool watching = world > 1;
+    while (!stop.wait_for(check_every)) {
+      try {
+        auto now = Clock::now();
+        if (now >= next_beat) {
+          beat();
+          next_beat = now + interval;
         }
+        if (!watching) continue;
+        long long count = conn->add(round_key(m.round, Name::alive, next), 0);
+        if (count != seen) {
+          seen = count;
+          changed = now;
+        } else if (now - changed > ttl) {
+          watching = false;
+          double idle = std::chrono::duration<double>(now - changed).count();
+          if (auto e = events.lock()) e->peer_lost(m.round, next, idle);
+        }
+      } catch (const Error& e) {
+        spdlog::debug("ddprun: keep-alive of round {} failed: {}", m.round, e.what());
+        if (auto ev = events.lock()) ev->lost(m.round, lost_message);
+        return;
       }
     }
-  };
-  std::shared_ptr<State> state_;
-  BoundedThread thread_;
+  }
 };
 
 }  // namespace
@@ -198,8 +173,16 @@ std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds time
 }
 
 std::unique_ptr<Liveness> StoreBackend::watch(const Members& m, std::weak_ptr<LivenessEvents> events) {
-  return std::make_unique<Ring>(connect(opt_.read_timeout), m, opt_, std::move(events), renewals_,
-                                "lost the rendezvous store at " + endpoint() + " (its node left or crashed)");
+  auto ring = std::make_shared<Ring>();
+  ring->conn = connect(opt_.read_timeout);
+  ring->m = m;
+  ring->interval = opt_.keep_alive_interval;
+  ring->ttl = liveness_ttl();
+  ring->events = std::move(events);
+  ring->renewals = renewals_;
+  ring->lost_message = "lost the rendezvous store at " + endpoint() + " (its node left or crashed)";
+  ring->beat();  // the first keep-alive before the round's workers start: the fence is armed
+  return std::make_unique<LivenessThread<Ring>>(ring, 1s);
 }
 
 }  // namespace ddprun::rounds
