@@ -60,8 +60,8 @@ void check_all_reduce(test::Ranks& ranks, int size, DataType t, ReduceOp op, std
       double want = reference(op, size, i, integer);
       double tol = (t == DataType::kBFloat16 || t == DataType::kFloat16) ? std::abs(want) * 1e-2 + 1e-2 : 1e-6;
       if (std::abs(from<T>(buf[i], t) - want) > tol) {
-        FAIL("rank " << r << " " << name(t) << " " << name(op) << " n=" << n << " i=" << i << ": " << from<T>(buf[i], t)
-                     << " != " << want);
+        RANK_FAIL("rank " << r << " " << name(t) << " " << name(op) << " n=" << n << " i=" << i << ": "
+                          << from<T>(buf[i], t) << " != " << want);
       }
     }
   });
@@ -107,13 +107,13 @@ TEST_CASE("broadcast, all_gather, reduce_scatter, barrier", "[collectives]") {
       // broadcast from rank 2
       std::vector<double> b(n, r);
       pg.broadcast(b.data(), n, DataType::kFloat64, 2);
-      for (auto v : b) REQUIRE(v == 2.0);
+      for (auto v : b) RANK_CHECK(v == 2.0);
       // all_gather: block k holds rank k's values
       std::vector<std::int64_t> mine(n), all(n * 4, -1);
       for (std::size_t i = 0; i < n; ++i) mine[i] = r * 1000000 + static_cast<std::int64_t>(i);
       pg.all_gather(mine.data(), all.data(), n, DataType::kInt64);
       for (int k = 0; k < 4; ++k) {
-        for (std::size_t i = 0; i < n; i += 97) REQUIRE(all[k * n + i] == k * 1000000 + static_cast<std::int64_t>(i));
+        for (std::size_t i = 0; i < n; i += 97) RANK_CHECK(all[k * n + i] == k * 1000000 + static_cast<std::int64_t>(i));
       }
       // reduce_scatter: rank r receives the sum of block r
       std::vector<float> in(n * 4), out(n, -1);
@@ -122,7 +122,7 @@ TEST_CASE("broadcast, all_gather, reduce_scatter, barrier", "[collectives]") {
       for (std::size_t i = 0; i < n; i += 89) {
         double want = 0;
         for (int k = 0; k < 4; ++k) want += value(k, r * n + i);
-        REQUIRE(out[i] == static_cast<float>(want));
+        RANK_CHECK(out[i] == static_cast<float>(want));
       }
       pg.barrier();
     });
@@ -140,7 +140,7 @@ TEST_CASE("asynchronous all_reduces complete in issue order", "[collectives]") {
     }
     for (std::size_t k = 0; k < bufs.size(); ++k) {
       works[k]->wait();
-      REQUIRE(bufs[k][123] == static_cast<float>(2 * k + 1));
+      RANK_CHECK(bufs[k][123] == static_cast<float>(2 * k + 1));
     }
   });
 }
@@ -226,7 +226,7 @@ TEST_CASE("reduce_scatter (ring): 2, 3 and 5 ranks, every op, and a time-out", "
           }
           if (op == ReduceOp::kSum) want = sum;
           if (op == ReduceOp::kAvg) want = sum / size;
-          if (out[i] != want) FAIL("rank " << r << " element " << i << ": " << out[i] << " != " << want);
+          if (out[i] != want) RANK_FAIL("rank " << r << " element " << i << ": " << out[i] << " != " << want);
         }
       });
     }
@@ -242,8 +242,8 @@ TEST_CASE("reduce_scatter (ring): 2, 3 and 5 ranks, every op, and a time-out", "
           return;
         }
         std::vector<float> in(200), out(100);
-        CHECK_THROWS_AS(pg.reduce_scatter(in.data(), out.data(), 100, DataType::kFloat32, ReduceOp::kSum),
-                        ddprun::TimeoutError);
+        RANK_CHECK_THROWS_AS(pg.reduce_scatter(in.data(), out.data(), 100, DataType::kFloat32, ReduceOp::kSum),
+                             ddprun::TimeoutError);
         done = true;
       },
       opt);

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "rank_checks.hpp"
+
 #include "ddprun/rendezvous/prefix_store.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
