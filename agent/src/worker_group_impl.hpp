@@ -38,8 +38,11 @@ struct Slot {
   int open_pipes = 0;
   // Heartbeats are timed on the monotonic clock: what counts is when the agent saw the file's
   // mtime change, not the mtime's value, so a wall-clock step cannot kill or hide a worker.
+  // Until the first change (`beaten`), last_beat is the spawn and worker_start_timeout bounds
+  // the wait: imports, model loading and NCCL set-up are not a hang.
   timespec beat_mtime{};
   SteadyClock::time_point last_beat;
+  bool beaten = false;
 };
 
 struct WorkerGroup::Impl {

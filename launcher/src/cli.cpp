@@ -243,6 +243,7 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
   a.max_restarts = s.max_restarts;
   a.role = s.role;
   a.worker_timeout = s.worker_timeout;
+  a.worker_start_timeout = s.worker_start_timeout;
   a.stop_timeout = s.stop_timeout;
   a.stack_dump_timeout = s.stack_dump_timeout;
   a.numa_binding = s.numa_binding;

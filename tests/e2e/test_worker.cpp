@@ -13,6 +13,7 @@
 //   grandchild             fork a process that blocks; print "grandchild PID"
 //   pid                    print "pid PID"
 //   heartbeat:N:MS         touch DDPRUN_HEARTBEAT_FILE N times, MS apart
+//   sleep:MS               sleep MS milliseconds (a slow start, before the first heartbeat)
 //   flood:LINES:LEN        print LINES lines of LEN characters, as fast as possible
 //   longline:LEN           print one line of LEN characters
 //   errorfile              write a PyTorch-style error JSON to TORCHELASTIC_ERROR_FILE
@@ -150,6 +151,8 @@ int main(int argc, char** argv) {
         ::utimensat(AT_FDCWD, env("DDPRUN_HEARTBEAT_FILE").c_str(), nullptr, 0);
         std::this_thread::sleep_for(std::chrono::milliseconds(ms));  // the work between two beats
       }
+    } else if (a.rfind("sleep:", 0) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(after(a, 6).c_str())));
     } else if (a.rfind("flood:", 0) == 0) {
       auto rest = after(a, 6);
       auto colon = rest.find(':');

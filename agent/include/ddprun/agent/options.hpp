@@ -40,8 +40,12 @@ struct AgentOptions {
   std::string role = "default";
 
   int max_restarts = 0;
-  // A worker that has not touched DDPRUN_HEARTBEAT_FILE for this long is failed. 0 = off.
+  // A worker that has not touched DDPRUN_HEARTBEAT_FILE for this long since its last touch is
+  // failed. 0 = off (and so is worker_start_timeout).
   std::chrono::milliseconds worker_timeout{0};
+  // With worker_timeout on: a worker that has not touched it once this long after its start is
+  // failed (imports, model loading, NCCL set-up come before the first step). 0 = no bound.
+  std::chrono::milliseconds worker_start_timeout{std::chrono::minutes(30)};
   // Grace period between SIGTERM and SIGKILL when stopping workers.
   std::chrono::milliseconds stop_timeout{std::chrono::seconds(5)};
   // Before a hung group is stopped (or workers ignoring SIGTERM are killed), every running
