@@ -5,6 +5,10 @@ include(CMakePackageConfigHelpers)
 
 # ---- programs, libraries, headers ------------------------------------------------------------
 install(TARGETS ddprun ddprun-store RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
+# Beside ddprun, where it finds them (agent/include/ddprun/agent/resources.hpp).
+if(TARGET ddprun-stack)
+  install(TARGETS ddprun-stack RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
+endif()
 install(TARGETS ddprun_common ddprun_rendezvous ddprun_runtime EXPORT ddprunTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT bin

@@ -110,7 +110,4 @@ TEST_CASE("stacks: Python's faulthandler, eu-stack and gdb are read into frames 
   CHECK(summarize_stacks(by_rank) ==
         "  ranks 0,1,3: stuck_in_all_reduce (stuck.py:5) <- train_step (stuck.py:8) <- <module> (stuck.py:11)\n"
         "  rank 2: ddprun_test_stuck_in_all_reduce (test_worker.cpp:79) <- ddprun_test_train_step() (test_worker.cpp:83) <- main <- ...\n");
-  CHECK(is_python_command({"/usr/bin/python3", "-u", "x.py"}));
-  CHECK(is_python_command({"/opt/bin/python3.11"}));
-  CHECK_FALSE(is_python_command({"/opt/train"}));
 }

@@ -1,0 +1,14 @@
+#pragma once
+// Files ddprun ships beside its program, found from where the running program is (so an
+// installed ddprun, a build tree and a relocated copy all find their own): PREFIX/bin/ddprun
+// looks in PREFIX/bin/, build/launcher/ddprun in build/launcher/.
+
+#include <string>
+
+namespace ddprun::agent {
+
+// The path of ddprun-stack (native stacks through libdw); empty when it is not there (ddprun
+// built without libdw, or copied without it).
+std::string stack_tool();
+
+}  // namespace ddprun::agent
