@@ -3,6 +3,12 @@
 #include <unistd.h>
 
 #include <climits>
+#include <filesystem>
+#include <system_error>
+
+#ifndef DDPRUN_DATA_FROM_BIN
+#define DDPRUN_DATA_FROM_BIN "../share"  // CMAKE_INSTALL_DATADIR seen from CMAKE_INSTALL_BINDIR
+#endif
 
 namespace ddprun::agent {
 namespace {
@@ -16,6 +22,14 @@ std::string program_dir() {
 }
 
 }  // namespace
+
+std::string python_site_dir() {
+  std::string dir = program_dir() + "/" DDPRUN_DATA_FROM_BIN "/ddprun/python";
+  if (::access((dir + "/sitecustomize.py").c_str(), R_OK) != 0) return "";
+  std::error_code ec;
+  auto clean = std::filesystem::weakly_canonical(dir, ec);
+  return ec ? dir : clean.string();
+}
 
 std::string stack_tool() {
   std::string path = program_dir() + "/ddprun-stack";

@@ -33,6 +33,7 @@ struct Settings {
   std::chrono::milliseconds worker_timeout{0}, worker_start_timeout{0}, stop_timeout{0}, stack_dump_timeout{0};
   std::set<int> signals;
   bool module = false, no_python = false;
+  bool no_progress_hook = false;
   std::string log_dir;
   agent::StreamSelection redirects, tee;
   std::string local_ranks_filter;

@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
                             "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
                             "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                            "OMP_NUM_THREADS", "DDPRUN_HEARTBEAT_FILE", "DDPRUN_TEST_INHERITED"}) {
+                            "TORCHELASTIC_SIGNALS_TO_HANDLE", "PYTHONPATH", "OMP_NUM_THREADS", "DDPRUN_HEARTBEAT_FILE", "DDPRUN_TEST_INHERITED"}) {
         std::printf("%s=%s\n", k, env(k).c_str());
       }
     } else if (a.rfind("exit:", 0) == 0) {

@@ -51,8 +51,14 @@ struct AgentOptions {
   // Before a hung group is stopped (or workers ignoring SIGTERM are killed), every running
   // worker's stack is collected, bounded by this. 0 = no stacks.
   std::chrono::milliseconds stack_dump_timeout{std::chrono::seconds(10)};
-  // Signals forwarded to the workers (then the job ends with 128 + signal).
+  // Signals forwarded to the workers (then the job ends with 128 + signal); also told to them
+  // as TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun 2.x does.
   std::set<int> forward_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  // ddprun's sitecustomize for Python workers, first on their PYTHONPATH (README: Hangs): it
+  // touches DDPRUN_HEARTBEAT_FILE after every optimizer step and gives PyTorch 1.x its
+  // NCCL_ASYNC_ERROR_HANDLING. Empty (--no_progress_hook, or not installed): neither; ddprun
+  // then sets NCCL_ASYNC_ERROR_HANDLING itself (which PyTorch 2.x warns about on every rank).
+  std::string python_site_dir;
 
   StreamSelection redirects;  // to files only
   StreamSelection tee;        // to files and the console
