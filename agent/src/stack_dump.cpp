@@ -122,6 +122,8 @@ std::vector<StackFrame> parse_python_stack(const std::string& text) {
     std::smatch m;
     if (into && std::regex_match(l, m, frame)) {
       into->push_back({m[3].str(), base_name(m[1].str()), static_cast<int>(parse_int(m[2].str()).value_or(0))});
+    } else if (into && trim(l) == "Garbage-collecting") {  // a (long) collection, below any frames
+      into->push_back({"(garbage collection)", "", 0});
     }
   }
   return seen_current ? current : first;

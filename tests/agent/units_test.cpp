@@ -105,6 +105,9 @@ TEST_CASE("stacks: Python's faulthandler, eu-stack and gdb are read into frames 
   CHECK(g[0].function == "ddprun_test_stuck_in_all_reduce");
   CHECK(g[0].line == 79);
   CHECK(parse_python_stack("garbage\n").empty());
+  auto gc = parse_python_stack("Current thread 0x00007f71 (most recent call first):\n  Garbage-collecting\n"
+                               "  <no Python frame>\n");
+  CHECK(describe_frames(gc) == "(garbage collection)");
   CHECK(describe_frames({}) == "(no stack)");
   std::map<int, std::vector<StackFrame>> by_rank = {{0, py}, {1, py}, {3, py}, {2, native}};
   CHECK(summarize_stacks(by_rank) ==

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """ddprun's progress hook (agent/python/sitecustomize.py) on unmodified PyTorch scripts:
 
-1. examples/ddp_train.py (DDP over gloo, nothing about heartbeats in it) under --worker_timeout
+1. examples/ddp_train.py (DDP over gloo, nothing about heartbeats in it) under --worker_timeout=3
    runs to completion: the hook touches each rank's DDPRUN_HEARTBEAT_FILE after every optimizer
    step (PyTorch 1.13 here: through Optimizer._optimizer_step_code);
 2. the same job with rank 1 stopped by SIGSTOP mid-training is caught as hung (exit 124), with
@@ -54,12 +54,13 @@ def heartbeats(log_dir):
 def unhung_run_completes(ddprun, env, tmp):
     logs = os.path.join(tmp, "unhung")
     t0 = time.time()
-    p = subprocess.run([ddprun, "--standalone", "--nproc_per_node=2", "--worker_timeout=1", f"--log_dir={logs}",
-                        DDP_SCRIPT, "--epochs", "100"], env=env, capture_output=True, text=True, timeout=300)
+    # 3 s: a loaded machine has stalled a rank for over 1 s (a garbage collection between steps).
+    p = subprocess.run([ddprun, "--standalone", "--nproc_per_node=2", "--worker_timeout=3", f"--log_dir={logs}",
+                        DDP_SCRIPT, "--epochs", "150"], env=env, capture_output=True, text=True, timeout=300)
     took = time.time() - t0
-    check(p.returncode == 0, f"an unmodified DDP script under --worker_timeout=1 exits 0 ({took:.1f} s; "
+    check(p.returncode == 0, f"an unmodified DDP script under --worker_timeout=3 exits 0 ({took:.1f} s; "
                              f"{p.stderr[-800:]})")
-    check(took > 4, f"it ran longer than 4x the time-out ({took:.1f} s)")
+    check(took > 6, f"it ran longer than 2x the time-out ({took:.1f} s)")
     beats = heartbeats(logs)
     check(sorted(beats) == ["0", "1"] and all(m > t0 + 1 for m in beats.values()),
           f"both ranks' heartbeat files were touched during training: {beats} (start {t0:.1f})")
@@ -79,7 +80,7 @@ def wait_for_line(stream, text, deadline):
 
 def sigstop_is_caught(ddprun, env, tmp):
     events = os.path.join(tmp, "events.jsonl")
-    p = subprocess.Popen([ddprun, "--standalone", "--nproc_per_node=2", "--worker_timeout=2", "--stop_timeout=2",
+    p = subprocess.Popen([ddprun, "--standalone", "--nproc_per_node=2", "--worker_timeout=3", "--stop_timeout=2",
                           f"--events_file={events}", DDP_SCRIPT, "--epochs", "100000"],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
