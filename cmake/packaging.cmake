@@ -5,6 +5,12 @@ include(CMakePackageConfigHelpers)
 
 # ---- programs, libraries, headers ------------------------------------------------------------
 install(TARGETS ddprun ddprun-store RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
+# Beside ddprun, where it finds them (agent/include/ddprun/agent/resources.hpp).
+if(TARGET ddprun-stack)
+  install(TARGETS ddprun-stack RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
+endif()
+install(FILES ${PROJECT_SOURCE_DIR}/agent/python/sitecustomize.py DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python
+  COMPONENT bin)
 install(TARGETS ddprun_common ddprun_rendezvous ddprun_runtime EXPORT ddprunTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT bin

@@ -16,7 +16,8 @@ packages=(
   python3-torch                # PyTorch 1.13: compatibility tests, benchmarks, example jobs
   clang libclang-rt-14-dev     # libFuzzer for the protocol fuzzer
   iproute2 procps
-  elfutils gdb                 # eu-stack (else gdb): stacks of hung native workers
+  elfutils gdb                 # eu-stack (else gdb): stacks of hung native workers when ddprun-stack is missing
+  libdw-dev                    # ddprun-stack: native stacks of hung workers without eu-stack or gdb
   libhwloc-dev                 # --numa_binding: the machine's topology
   prometheus-cpp-dev           # --metrics_port: metrics in Prometheus' text format
   etcd-server                  # tests of the etcd client and backend (3-member clusters)

@@ -21,6 +21,13 @@ check "the installed ddprun and ddprun-store run" sh -c "'$prefix/bin/ddprun' --
 check "ddprun --version names the version and the build's features" \
   sh -c "'$prefix/bin/ddprun' --version | grep -Eq '^ddprun [0-9]+\.[0-9]+\.[0-9]+' && '$prefix/bin/ddprun' --version | grep -Eq 'built with: nccl (on|off), etcd (on|off), hwloc (on|off)'"
 
+check "the installed ddprun gives workers its progress hook (PREFIX/share/ddprun/python first on PYTHONPATH)" sh -c "
+  '$prefix/bin/ddprun' --standalone --log_level warn --no_python /bin/sh -c 'echo \$PYTHONPATH' > '$work/pp.txt' &&
+  grep -qx '.default0.:$prefix/share/ddprun/python' '$work/pp.txt' && test -f '$prefix/share/ddprun/python/sitecustomize.py'"
+check "ddprun-stack is installed beside ddprun and reads a process's stack" sh -c "
+  sleep 30 & pid=\$!; '$prefix/bin/ddprun-stack' \$pid > '$work/stack.txt'; rc=\$?; kill \$pid
+  [ \$rc -eq 0 ] && grep -q '^#0 ' '$work/stack.txt'"
+
 # A separate project against the prefix: examples/ with find_package(ddprun).
 check "examples/ configures and builds against the prefix with find_package(ddprun)" sh -c "
   cmake -S '$src/examples' -B '$work/consumer' -DCMAKE_PREFIX_PATH='$prefix' -DCMAKE_BUILD_TYPE=Release >/dev/null &&
@@ -66,6 +73,8 @@ if command -v dpkg-shlibdeps >/dev/null && command -v cpack >/dev/null; then
     check "the installed ddprun --version runs" "$root/usr/bin/ddprun" --version
     check "man -w ddprun finds the installed page" sh -c "MANPATH='$root/usr/share/man' man -w ddprun | grep -q '$root/usr/share/man/man1/ddprun.1'"
     check "the CMake package is in the scratch root" test -f "$root/usr/lib/cmake/ddprun/ddprunConfig.cmake"
+    check "the package holds the progress hook and ddprun-stack" \
+      test -f "$root/usr/share/ddprun/python/sitecustomize.py" -a -x "$root/usr/bin/ddprun-stack"
     check "apt can resolve the packages' Depends on this machine (apt-get install --simulate)" \
       apt-get install --simulate -q "$deb" "$dev"
   fi

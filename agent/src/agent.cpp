@@ -119,7 +119,7 @@ struct Agent::Impl {
 
   int run_loop(asio::io_context& io, asio::signal_set& signals, ProcessRunner& runner, Rendezvous& rdzv,
                EventLog& events, RunDir& dir, const std::string& node_name, JobMetrics* metrics) {
-    WorkerGroup group(io, runner, {opt.worker_timeout, opt.stop_timeout, opt.stack_dump_timeout});
+    WorkerGroup group(io, runner, {opt.worker_timeout, opt.stop_timeout, opt.stack_dump_timeout, opt.worker_start_timeout});
     JobController controller(opt, group, rdzv, events, dir, node_name, &fence);
     // Once a second the loop shows the job to the metrics: /healthz also proves the loop turns.
     asio::steady_timer tick(io);

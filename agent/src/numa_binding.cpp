@@ -1,12 +1,10 @@
 #include "numa_binding.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 
 #include "ddprun/build_info.hpp"
 #include "ddprun/common/error.hpp"
-#include "ddprun/common/text.hpp"
 
 #if DDPRUN_FEATURE_HWLOC
 #include <hwloc.h>
@@ -55,7 +53,6 @@ std::unique_ptr<Topology::Impl> make(const char* synthetic) {
   if (synthetic && hwloc_topology_set_synthetic(impl->t, synthetic) != 0) {
     throw UsageError(std::string("hwloc: bad synthetic topology '") + synthetic + "'");
   }
-  if (!synthetic) hwloc_topology_set_io_types_filter(impl->t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
   if (hwloc_topology_load(impl->t) != 0) throw Error("hwloc: cannot read this machine's topology");
   return impl;
 }
@@ -80,7 +77,8 @@ std::vector<std::vector<int>> parts(hwloc_topology_t t, hwloc_const_cpuset_t set
 std::vector<int> node_of_rank(int nproc, int nodes, const std::vector<int>& gpu_numa) {
   std::vector<int> out(nproc);
   for (int r = 0; r < nproc; ++r) {
-    out[r] = static_cast<int>(gpu_numa.size()) >= nproc ? gpu_numa[r] : static_cast<int>(static_cast<long>(r) * nodes / nproc);
+    bool by_gpu = static_cast<int>(gpu_numa.size()) >= nproc && gpu_numa[r] >= 0;
+    out[r] = by_gpu ? gpu_numa[r] : static_cast<int>(static_cast<long>(r) * nodes / nproc);
   }
   return out;
 }
@@ -119,34 +117,14 @@ Topology& Topology::operator=(Topology&&) noexcept = default;
 Topology Topology::load() { return Topology(make(nullptr)); }
 Topology Topology::synthetic(const std::string& description) { return Topology(make(description.c_str())); }
 
-std::vector<int> Topology::gpu_numa_nodes() const {
-  hwloc_topology_t t = impl_->t;
-  std::vector<std::pair<std::tuple<int, int, int, int>, int>> gpus;  // (PCI address, NUMA logical index)
-  for (hwloc_obj_t d = hwloc_get_next_pcidev(t, nullptr); d; d = hwloc_get_next_pcidev(t, d)) {
-    const auto& pci = d->attr->pcidev;
-    if (pci.vendor_id != 0x10de || (pci.class_id >> 8) != 0x03) continue;  // NVIDIA display/3D controllers
-    hwloc_obj_t near = hwloc_get_non_io_ancestor_obj(t, d);
-    int numa = 0;
-    if (near && near->nodeset) {
-      int os = hwloc_bitmap_first(near->nodeset);
-      for (hwloc_obj_t n = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, nullptr); n;
-           n = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, n)) {
-        if (static_cast<int>(n->os_index) == os) numa = static_cast<int>(n->logical_index);
-      }
-    }
-    gpus.push_back({{pci.domain, pci.bus, pci.dev, pci.func}, numa});
-  }
-  std::sort(gpus.begin(), gpus.end());
-  std::vector<int> all;
-  for (const auto& g : gpus) all.push_back(g.second);
-  // CUDA_VISIBLE_DEVICES=2,3: local rank 0 uses the third GPU (indexes only; UUIDs are ignored).
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (!visible || !*visible) return all;
+std::vector<int> Topology::gpu_numa_nodes() const { return numa_nodes_of(find_visible_gpus(), "/sys"); }
+
+std::vector<int> Topology::numa_nodes_of(const std::vector<VisibleGpu>& gpus, const std::string& sys_root) const {
   std::vector<int> out;
-  for (const auto& item : split(visible, ',')) {
-    auto i = parse_int(trim(item), 0, static_cast<long long>(all.size()) - 1);
-    if (!i) return all;
-    out.push_back(all[static_cast<std::size_t>(*i)]);
+  for (const auto& g : gpus) {
+    int os = pci_numa_node(g.pci_bus_id, sys_root);
+    hwloc_obj_t node = os >= 0 ? hwloc_get_numanode_obj_by_os_index(impl_->t, static_cast<unsigned>(os)) : nullptr;
+    out.push_back(node ? static_cast<int>(node->logical_index) : -1);
   }
   return out;
 }
@@ -176,6 +154,7 @@ Topology& Topology::operator=(Topology&&) noexcept = default;
 Topology Topology::load() { throw UsageError("--numa_binding: this ddprun was built without hwloc (apt-get install libhwloc-dev, rebuild)"); }
 Topology Topology::synthetic(const std::string&) { return load(); }
 std::vector<int> Topology::gpu_numa_nodes() const { return {}; }
+std::vector<int> Topology::numa_nodes_of(const std::vector<VisibleGpu>&, const std::string&) const { return {}; }
 std::vector<CpuBinding> plan_bindings(const Topology&, int, NumaMode, const std::vector<int>&) { return {}; }
 
 #endif

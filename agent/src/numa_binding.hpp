@@ -5,8 +5,9 @@
 //   socket        every core of the socket (package) holding the rank's NUMA node
 //   exclusive     the rank's NUMA node's cores, split between the ranks that share the node
 //   core-complex  one L3 cache domain of the rank's NUMA node, distinct for ranks sharing it
-// The rank's NUMA node: on GPU nodes the one nearest its GPU (hwloc's PCI locality, GPUs in PCI
-// bus order, CUDA_VISIBLE_DEVICES honoured); elsewhere ranks are spread evenly over the nodes.
+// The rank's NUMA node: on GPU nodes the one of its GPU, the local rank's entry among the GPUs
+// CUDA_VISIBLE_DEVICES leaves visible (ddprun/agent/gpus.hpp), found by the GPU's PCI bus id;
+// elsewhere (and for a GPU whose node is unknown) ranks are spread evenly over the nodes.
 // Memory: the rank's NUMA node is preferred (first touch lands there; a full node spills
 // instead of failing).
 
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/agent/gpus.hpp"
 #include "ddprun/agent/options.hpp"
 
 namespace ddprun::agent {
@@ -34,8 +36,11 @@ class Topology {
   Topology(Topology&&) noexcept;
   Topology& operator=(Topology&&) noexcept;
 
-  // The NUMA node (logical index) nearest each GPU, in PCI bus order; empty without GPUs.
+  // The NUMA node (logical index; -1 unknown) of each GPU this process sees, in CUDA's order;
+  // empty without GPUs.
   std::vector<int> gpu_numa_nodes() const;
+  // The same for `gpus`, their PCI devices' NUMA nodes read under `sys_root` (tests: a fake).
+  std::vector<int> numa_nodes_of(const std::vector<VisibleGpu>& gpus, const std::string& sys_root) const;
 
   struct Impl;
 
@@ -46,7 +51,7 @@ class Topology {
 };
 
 // Where each of `nproc` local ranks goes. `gpu_numa`: the NUMA node of each local rank's GPU
-// (empty: spread evenly). Throws UsageError when the mode cannot be honoured (more ranks than
+// (empty, fewer than nproc, or -1: spread evenly). Throws UsageError when the mode cannot be honoured (more ranks than
 // cores to split).
 std::vector<CpuBinding> plan_bindings(const Topology& topo, int nproc, NumaMode mode,
                                       const std::vector<int>& gpu_numa = {});

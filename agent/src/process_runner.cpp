@@ -32,4 +32,13 @@ std::string RealProcessRunner::native_stack(pid_t pid, std::chrono::milliseconds
   return native_stack_text(pid, limit);
 }
 
+std::vector<StackTargets> RealProcessRunner::stack_targets(const std::vector<pid_t>& workers) {
+  auto tree = ProcessTree::read();
+  std::vector<StackTargets> out;
+  for (pid_t w : workers) out.push_back(tree.stack_targets(w));
+  return out;
+}
+
+void RealProcessRunner::signal_process(pid_t pid, int sig) { ::kill(pid, sig); }
+
 }  // namespace ddprun::agent

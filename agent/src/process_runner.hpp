@@ -12,6 +12,7 @@
 
 #include "ddprun/agent/options.hpp"
 #include "ddprun/common/exit_status.hpp"
+#include "process_tree.hpp"
 
 namespace ddprun::agent {
 
@@ -42,6 +43,11 @@ class ProcessRunner {
   virtual void forget(pid_t pgid) = 0;
   // The native stack of a running process, as text, within `limit` (called off the loop).
   virtual std::string native_stack(pid_t pid, std::chrono::milliseconds limit) = 0;
+  // Where each worker's stack is read (by the workers' pids, in their order): the Python
+  // processes below it, else the process running its program (README: Where every rank is stuck).
+  virtual std::vector<StackTargets> stack_targets(const std::vector<pid_t>& workers) = 0;
+  // Sends `sig` to the one process `pid` (not its group).
+  virtual void signal_process(pid_t pid, int sig) = 0;
 };
 
 // fork + exec (spawn_process), kill(2), waitpid(2); every group it starts is reported to the
@@ -55,6 +61,8 @@ class RealProcessRunner : public ProcessRunner {
   std::vector<Ended> reap() override;
   void forget(pid_t pgid) override;
   std::string native_stack(pid_t pid, std::chrono::milliseconds limit) override;
+  std::vector<StackTargets> stack_targets(const std::vector<pid_t>& workers) override;
+  void signal_process(pid_t pid, int sig) override;
 
  private:
   Guardian& guardian_;

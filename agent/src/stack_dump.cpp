@@ -12,6 +12,7 @@
 #include <regex>
 #include <sstream>
 
+#include "ddprun/agent/resources.hpp"
 #include "ddprun/agent/spawn.hpp"
 #include "ddprun/common/system.hpp"
 #include "ddprun/common/text.hpp"
@@ -79,19 +80,26 @@ bool in_c_library(const std::string& module) {
 
 }  // namespace
 
-bool is_python_command(const std::vector<std::string>& argv) {
-  return !argv.empty() && base_name(argv[0]).rfind("python", 0) == 0;
-}
-
 std::string native_stack_text(pid_t pid, std::chrono::milliseconds limit) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + limit;
+  auto left = [&] { return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()); };
+  // ddprun's own reader first; eu-stack and gdb only where it is missing or read nothing.
+  std::string failed;
+  if (std::string tool = stack_tool(); !tool.empty()) {
+    std::string text = run_capture({tool, std::to_string(pid)}, left());
+    if (!parse_native_stack(text).empty() || left().count() <= 0) return text;
+    failed = text;
+  }
   std::string path = getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin";
   std::string eu = find_executable("eu-stack", path + ":/usr/bin");
-  if (!eu.empty()) return run_capture({eu, "-m", "-s", "-p", std::to_string(pid)}, limit);
+  if (!eu.empty()) return failed + run_capture({eu, "-m", "-s", "-p", std::to_string(pid)}, left());
   std::string gdb = find_executable("gdb", path + ":/usr/bin");
   if (!gdb.empty()) {
-    return run_capture({gdb, "-batch", "-nx", "-p", std::to_string(pid), "-ex", "thread apply all bt"}, limit);
+    return failed + run_capture({gdb, "-batch", "-nx", "-p", std::to_string(pid), "-ex", "thread apply all bt"}, left());
   }
-  return "no stack: neither eu-stack nor gdb is installed (apt-get install elfutils, or gdb)\n";
+  return failed + (failed.empty() ? "no stack: ddprun-stack is not beside ddprun (built without libdw-dev) and " : "") +
+         "neither eu-stack nor gdb is installed (apt-get install elfutils, or gdb)\n";
 }
 
 std::vector<StackFrame> parse_python_stack(const std::string& text) {
@@ -105,7 +113,8 @@ std::vector<StackFrame> parse_python_stack(const std::string& text) {
   std::istringstream in(text);
   for (std::string l; std::getline(in, l);) {
     if (l.find("(most recent call first)") != std::string::npos) {
-      bool is_current = l.rfind("Current thread", 0) == 0;
+      // Several Python processes below one worker each print a "Current thread": the first counts.
+      bool is_current = l.rfind("Current thread", 0) == 0 && !seen_current;
       if (is_current) seen_current = true;
       into = is_current ? &current : (first.empty() ? &first : nullptr);
       continue;
@@ -113,6 +122,8 @@ std::vector<StackFrame> parse_python_stack(const std::string& text) {
     std::smatch m;
     if (into && std::regex_match(l, m, frame)) {
       into->push_back({m[3].str(), base_name(m[1].str()), static_cast<int>(parse_int(m[2].str()).value_or(0))});
+    } else if (into && trim(l) == "Garbage-collecting") {  // a (long) collection, below any frames
+      into->push_back({"(garbage collection)", "", 0});
     }
   }
   return seen_current ? current : first;

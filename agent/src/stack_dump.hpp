@@ -1,8 +1,9 @@
 #pragma once
 // Stacks of hung workers. Python workers run with PYTHONFAULTHANDLER=1 and are stopped with
 // SIGABRT: Python prints every thread's traceback to stderr before dying. Native workers are
-// read from outside with eu-stack (elfutils), else gdb; without either, one line says how to
-// get them. Parsed into frames for the failure summary, which groups identical stacks:
+// read from outside with ddprun-stack (libdw), else eu-stack (elfutils), else gdb; without
+// any, one line says how to get them. Parsed into frames for the failure summary, which groups
+// identical stacks:
 //   ranks 0,1,3: all_reduce (train.py:42) <- train_step (train.py:80)
 //   rank 2: load_batch (data.py:17) <- ...
 
@@ -21,11 +22,9 @@ struct StackFrame {
   int line = 0;
 };
 
-// Whether a worker's command runs Python (argv[0] is python, python3, python3.11, ...).
-bool is_python_command(const std::vector<std::string>& argv);
-
-// The native stack of `pid` as text (eu-stack, else gdb), bounded by `limit`: the tool is killed
-// when it takes longer. Blocking: call it off the loop. Never throws: the text says what failed.
+// The native stack of `pid` as text (ddprun-stack, else eu-stack, else gdb), bounded by `limit`:
+// the tool is killed when it takes longer. Blocking: call it off the loop. Never throws: the
+// text says what failed.
 std::string native_stack_text(pid_t pid, std::chrono::milliseconds limit);
 
 // The frames of the thread that matters, innermost first: for Python, faulthandler's "Current

@@ -48,7 +48,7 @@ void WorkerGroup::Impl::prepare(Slot& s) {
   if (!spec.error_file.empty()) ::unlink(spec.error_file.c_str());
   s.last_beat = SteadyClock::now();
   if (!spec.heartbeat_file.empty()) {
-    // The clock starts at spawn. O_NOFOLLOW: a link planted there is not followed.
+    // The start-up clock starts at spawn. O_NOFOLLOW: a link planted there is not followed.
     int hb = ::open(spec.heartbeat_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (hb < 0) throw Error("cannot create '" + spec.heartbeat_file + "': " + std::strerror(errno));
     struct stat st{};
@@ -217,16 +217,24 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
         (st.st_mtim.tv_sec != s->beat_mtime.tv_sec || st.st_mtim.tv_nsec != s->beat_mtime.tv_nsec)) {
       s->beat_mtime = st.st_mtim;
       s->last_beat = now;
+      s->beaten = true;
     }
-    if (now - s->last_beat > opt.worker_timeout) {
-      char reason[128];
-      std::snprintf(reason, sizeof(reason), "no heartbeat for %.1f s (--worker_timeout=%.1f)",
-                    std::chrono::duration<double>(now - s->last_beat).count(),
-                    std::chrono::duration<double>(opt.worker_timeout).count());
-      w.raise(Standing::reported);
-      listener->on_worker_failed(w, reason, kHeartbeatExitCode, FailureKind::hang);
-      return;  // the listener stops the group
+    auto bound = s->beaten ? opt.worker_timeout : opt.worker_start_timeout;
+    if (bound.count() <= 0 || now - s->last_beat <= bound) continue;
+    auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
+    char reason[192];
+    if (s->beaten) {
+      std::snprintf(reason, sizeof(reason), "no heartbeat for %.1f s (--worker_timeout=%.1f)", secs(now - s->last_beat),
+                    secs(opt.worker_timeout));
+    } else {
+      std::snprintf(reason, sizeof(reason),
+                    "no first heartbeat within %.1f s of its start (--worker_start_timeout=%.1f; raise it if "
+                    "start-up takes longer)",
+                    secs(now - s->last_beat), secs(opt.worker_start_timeout));
     }
+    w.raise(Standing::reported);
+    listener->on_worker_failed(w, reason, kHeartbeatExitCode, FailureKind::hang);
+    return;  // the listener stops the group
   }
 }
 

@@ -87,6 +87,8 @@ class WorkerGroup {
     std::chrono::milliseconds worker_timeout{0};  // heartbeats: 0 = not watched
     std::chrono::milliseconds stop_timeout{std::chrono::seconds(5)};
     std::chrono::milliseconds stack_dump_timeout{std::chrono::seconds(10)};  // 0: no stacks
+    // Heartbeats watched: the bound on the time from spawn to the first beat (0 = none).
+    std::chrono::milliseconds worker_start_timeout{std::chrono::minutes(30)};
   };
 
   WorkerGroup(boost::asio::io_context& io, ProcessRunner& runner, Options options);

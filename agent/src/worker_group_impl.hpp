@@ -38,8 +38,11 @@ struct Slot {
   int open_pipes = 0;
   // Heartbeats are timed on the monotonic clock: what counts is when the agent saw the file's
   // mtime change, not the mtime's value, so a wall-clock step cannot kill or hide a worker.
+  // Until the first change (`beaten`), last_beat is the spawn and worker_start_timeout bounds
+  // the wait: imports, model loading and NCCL set-up are not a hang.
   timespec beat_mtime{};
   SteadyClock::time_point last_beat;
+  bool beaten = false;
 };
 
 struct WorkerGroup::Impl {
@@ -57,7 +60,7 @@ struct WorkerGroup::Impl {
   bool stopping() const { return state == State::stopping || state == State::killing; }
   // Stacks of the running workers, collected once per group before it is stopped or killed.
   struct Dump {
-    std::set<int> python, native;       // local ranks: stopped with SIGABRT / read by eu-stack or gdb
+    std::set<int> python, native;       // local ranks: stopped with SIGABRT / read from outside
     std::map<int, std::string> text;    // native stacks as they arrive
     std::function<void()> then;         // what follows (stop, SIGKILL)
     bool done = false;
@@ -101,6 +104,11 @@ struct WorkerGroup::Impl {
   // Starts collecting the stacks of the running workers, all at once; `then` runs when they are
   // in, or after stack_dump_timeout. False when there is nothing to do (off, done already).
   bool start_dump(std::function<void()> then);
+
+  // A worker with Python below it: SIGABRT to each of those processes, its stderr captured.
+  void dump_python(Slot& s, const std::vector<pid_t>& pythons);
+  // A native worker: `program`'s stack read on a thread of its own.
+  void dump_native(Slot& s, pid_t program);
 
   // Done when every native stack is in and every Python worker is gone with its output drained.
   void check_dump();

@@ -1,5 +1,6 @@
-// Stacks of a hung group (README: Where every rank is stuck): Python workers by SIGABRT and
-// faulthandler, native ones through the ProcessRunner (eu-stack, gdb) on threads off the loop.
+// Stacks of a hung group (README: Where every rank is stuck): the Python processes found below
+// each worker (whatever started them) by SIGABRT and faulthandler, native ones through the
+// ProcessRunner (ddprun-stack, eu-stack, gdb) on threads off the loop.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -15,25 +16,21 @@ bool WorkerGroup::Impl::start_dump(std::function<void()> then) {
   dump_started = true;
   dump.emplace();
   dump->then = std::move(then);
+  std::vector<Slot*> running;
+  std::vector<pid_t> pids;
   for (auto& s : slots) {
-    Worker& w = s->w;
-    if (!w.running()) continue;
-    int lr = w.spec.local_rank;
-    w.raise(Standing::stopped);
-    if (is_python_command(w.spec.argv)) {
-      dump->python.insert(lr);
-      if (s->err) s->err->start_capture();
-      runner.signal_group(w.pid, SIGABRT);  // faulthandler prints every thread, then Python dies
+    if (!s->w.running()) continue;
+    running.push_back(s.get());
+    pids.push_back(s->w.pid);
+  }
+  auto targets = runner.stack_targets(pids);
+  for (std::size_t i = 0; i < running.size() && i < targets.size(); ++i) {
+    Slot& s = *running[i];
+    s.w.raise(Standing::stopped);
+    if (!targets[i].python.empty()) {
+      dump_python(s, targets[i].python);
     } else {
-      dump->native.insert(lr);
-      dumpers.emplace_back([this, pid = w.pid, lr, gen = generation, limit = opt.stack_dump_timeout] {
-        std::string text = runner.native_stack(pid, limit);
-        asio::post(io, [this, lr, gen, text = std::move(text)] {
-          if (gen != generation || !dump) return;
-          dump->text[lr] = text;
-          check_dump();
-        });
-      });
+      dump_native(s, targets[i].native);
     }
   }
   dump_timer.expires_after(opt.stack_dump_timeout + std::chrono::milliseconds(200));
@@ -42,6 +39,34 @@ bool WorkerGroup::Impl::start_dump(std::function<void()> then) {
   });
   check_dump();
   return true;
+}
+
+void WorkerGroup::Impl::dump_python(Slot& s, const std::vector<pid_t>& pythons) {
+  dump->python.insert(s.w.spec.local_rank);
+  if (s.err) s.err->start_capture();
+  for (pid_t p : pythons) {
+    // faulthandler prints every thread, then Python dies (its wrapper, if any, ends after it).
+    // SIGCONT: a stopped process handles the SIGABRT too, instead of holding the dump up.
+    runner.signal_process(p, SIGABRT);
+    runner.signal_process(p, SIGCONT);
+  }
+}
+
+void WorkerGroup::Impl::dump_native(Slot& s, pid_t program) {
+  int lr = s.w.spec.local_rank;
+  dump->native.insert(lr);
+  pid_t worker = s.w.pid;
+  dumpers.emplace_back([this, worker, program, lr, gen = generation, limit = opt.stack_dump_timeout] {
+    std::string text = runner.native_stack(program, limit);
+    if (program != worker) {
+      text = "(pid " + std::to_string(program) + ", started by worker pid " + std::to_string(worker) + ")\n" + text;
+    }
+    asio::post(io, [this, lr, gen, text = std::move(text)] {
+      if (gen != generation || !dump) return;
+      dump->text[lr] = text;
+      check_dump();
+    });
+  });
 }
 
 void WorkerGroup::Impl::check_dump() {

@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <map>
 
+#include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/text.hpp"
 
 namespace ddprun::agent {
@@ -14,6 +16,26 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
     s.replace(pos, from.size(), to);
   }
   return s;
+}
+
+// "SIGTERM,SIGINT,SIGHUP,SIGQUIT", then the others (torchrun's default order and spelling).
+std::string signal_list(const std::set<int>& signals) {
+  std::string out;
+  auto add = [&](int s) { out += (out.empty() ? "" : ",") + signal_name(s); };
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) {
+    if (signals.count(s)) add(s);
+  }
+  for (int s : signals) {
+    if (s != SIGTERM && s != SIGINT && s != SIGHUP && s != SIGQUIT) add(s);
+  }
+  return out;
+}
+
+// `dir` first on a colon-separated list (once: a nested ddprun does not add it again).
+void prepend_path(std::map<std::string, std::string>& env, const std::string& key, const std::string& dir) {
+  auto& v = env[key];
+  if (v == dir || v.rfind(dir + ":", 0) == 0) return;
+  v = v.empty() ? dir : dir + ":" + v;
 }
 
 std::vector<std::string> worker_env(const AgentOptions& opt, const rounds::RoundInfo& r, const WorkerSpec& w) {
@@ -36,8 +58,13 @@ std::vector<std::string> worker_env(const AgentOptions& opt, const rounds::Round
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
   set("TORCHELASTIC_ERROR_FILE", w.error_file);
   set("DDPRUN_HEARTBEAT_FILE", w.heartbeat_file);
+  set("TORCHELASTIC_SIGNALS_TO_HANDLE", signal_list(opt.forward_signals));
   env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
-  env.try_emplace("NCCL_ASYNC_ERROR_HANDLING", "1");  // the name PyTorch 1.13 reads
+  if (opt.python_site_dir.empty()) {
+    env.try_emplace("NCCL_ASYNC_ERROR_HANDLING", "1");  // the name PyTorch 1.x reads (2.x warns about it)
+  } else {
+    prepend_path(env, "PYTHONPATH", opt.python_site_dir);  // its sitecustomize sets it for 1.x only
+  }
   env.try_emplace("PYTHONFAULTHANDLER", "1");  // a hung Python worker stopped with SIGABRT prints its stacks
   if (opt.nproc_per_node > 1) env.try_emplace("OMP_NUM_THREADS", "1");
   if (opt.virtual_local_rank) {

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <sys/stat.h>
 
+#include "ddprun/agent/resources.hpp"
 #include "ddprun/agent/spawn.hpp"
 #include "ddprun/build_info.hpp"
 #include "ddprun/common/error.hpp"
@@ -243,6 +244,8 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
   a.max_restarts = s.max_restarts;
   a.role = s.role;
   a.worker_timeout = s.worker_timeout;
+  a.worker_start_timeout = s.worker_start_timeout;
+  if (!s.no_progress_hook) a.python_site_dir = agent::python_site_dir();
   a.stop_timeout = s.stop_timeout;
   // torchrun 2.x's spelling (or its environment variable) wins over --stop_timeout.
   if (s.shutdown_timeout) {
@@ -318,6 +321,10 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
     for (const auto& [k, v] : derived) said += " --" + k + "=" + v;
     r.notes.push_back("ddprun: inside Slurm job " + get_env(env, "SLURM_JOB_ID", get_env(env, "SLURM_JOBID", "?")) +
                       ":" + said + " (from SLURM_*; explicit flags and PET_ variables win)");
+  }
+  if (!s.no_progress_hook && r.agent.python_site_dir.empty() && s.worker_timeout.count() > 0) {
+    r.notes.push_back("ddprun: no progress hook for Python workers (share/ddprun/python/sitecustomize.py is not "
+                      "installed beside ddprun): they must touch DDPRUN_HEARTBEAT_FILE themselves");
   }
   r.agent.command = resolve_command(program, s.module, s.no_python, env);
   r.agent.base_env = env;

@@ -1,11 +1,11 @@
-// What the machine offers: CPUs this process may use, and CUDA devices, counted through the CUDA
-// runtime if it can be loaded (dlopen: the launcher does not link CUDA). Without a GPU or a
-// driver, cudaGetDeviceCount fails; that counts as zero GPUs.
+// What the machine offers: CPUs this process may use, and the GPUs CUDA_VISIBLE_DEVICES leaves
+// it, counted without CUDA (the driver's /proc entries, else NVML: ddprun/agent/gpus.hpp).
+// Without a driver that is zero GPUs.
 
-#include <dlfcn.h>
 #include <sched.h>
 #include <unistd.h>
 
+#include "ddprun/agent/gpus.hpp"
 #include "ddprun/launcher/cli.hpp"
 
 namespace ddprun::launcher {
@@ -18,19 +18,7 @@ int count_cpus() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
-int count_gpus() {
-  for (const char* lib : {"libcudart.so", "libcudart.so.13", "libcudart.so.12", "/usr/local/cuda/lib64/libcudart.so"}) {
-    void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-    if (!h) continue;
-    using Fn = int (*)(int*);
-    auto fn = reinterpret_cast<Fn>(dlsym(h, "cudaGetDeviceCount"));
-    int n = 0;
-    int rc = fn ? fn(&n) : -1;
-    dlclose(h);
-    return rc == 0 ? n : 0;
-  }
-  return 0;
-}
+int count_gpus() { return static_cast<int>(agent::find_visible_gpus().size()); }
 
 }  // namespace
 

@@ -188,8 +188,19 @@ const std::vector<OptionSpec>& option_table() {
       {"local_addr", "", kRdzv, K::value, "", "this node's address as other nodes see it",
        [](const std::string& v, Settings& s) { s.local_addr = v; }},
       {"worker_timeout", "", kFault, K::value, "0",
-       "seconds without a touch of DDPRUN_HEARTBEAT_FILE after which a worker counts as hung (0 = off)",
+       "seconds without a touch of DDPRUN_HEARTBEAT_FILE, once a worker has touched it, after which it counts as "
+       "hung (0 = off); Python workers touch it after every optimizer step",
        [](const std::string& v, Settings& s) { s.worker_timeout = parse_seconds("worker_timeout", v, true); }},
+      {"worker_start_timeout", "", kFault, K::value, "1800",
+       "with --worker_timeout: seconds from a worker's start to its first heartbeat (imports, model loading and "
+       "NCCL set-up are not a hang; 0 = no bound)",
+       [](const std::string& v, Settings& s) {
+         s.worker_start_timeout = parse_seconds("worker_start_timeout", v, true);
+       }},
+      {"no_progress_hook", "", kFault, K::flag, "",
+       "do not give Python workers ddprun's sitecustomize, which touches DDPRUN_HEARTBEAT_FILE after every "
+       "optimizer step (and sets NCCL_ASYNC_ERROR_HANDLING for PyTorch 1.x only)",
+       [](const std::string& v, Settings& s) { s.no_progress_hook = truthy(v); }},
       {"stop_timeout", "", kFault, K::value, "5", "seconds between SIGTERM and SIGKILL when stopping workers",
        [](const std::string& v, Settings& s) { s.stop_timeout = parse_seconds("stop_timeout", v, false); }},
       {"stack_dump_timeout", "", kFault, K::value, "10",

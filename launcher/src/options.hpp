@@ -31,9 +31,10 @@ struct Settings {
   std::string rdzv_id;
   std::map<std::string, std::string> rdzv_conf;
   std::string local_addr;
-  std::chrono::milliseconds worker_timeout{0}, stop_timeout{0}, stack_dump_timeout{0};
+  std::chrono::milliseconds worker_timeout{0}, worker_start_timeout{0}, stop_timeout{0}, stack_dump_timeout{0};
   std::set<int> signals;
   bool module = false, no_python = false;
+  bool no_progress_hook = false;
   std::string log_dir;
   agent::StreamSelection redirects, tee;
   std::string local_ranks_filter;

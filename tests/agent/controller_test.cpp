@@ -1,111 +1,11 @@
 // The JobController driven in-process: a fake process runner (nothing is started), a fake
 // rendezvous (the test plays the other nodes), the real WorkerGroup on a real loop.
-#include <boost/asio.hpp>
-#include <catch2/catch.hpp>
-#include <filesystem>
-#include <fstream>
-
-#include "event_log.hpp"
-#include "fakes.hpp"
-#include "job_controller.hpp"
-#include "run_dir.hpp"
-#include "worker_group.hpp"
+#include "controller_job.hpp"
 
 using namespace ddprun::agent;
 using namespace ddprun::agent::testing;
 using namespace std::chrono_literals;
 using Kind = RoundEnd::Kind;
-
-namespace {
-
-std::string temp_dir() {
-  std::string t = (std::filesystem::temp_directory_path() / "ddprun-ctl-XXXXXX").string();
-  REQUIRE(::mkdtemp(t.data()) != nullptr);
-  return t;
-}
-
-AgentOptions options(int nproc, int max_restarts) {
-  AgentOptions o;
-  o.command = {"/bin/true"};
-  o.nproc_per_node = nproc;
-  o.max_restarts = max_restarts;
-  o.rdzv.run_id = "ctl";
-  o.stop_timeout = 1s;
-  return o;
-}
-
-struct Job {
-  std::string root = temp_dir();
-  AgentOptions opt;
-  boost::asio::io_context io;
-  FakeRunner runner;
-  FakeRendezvous rdzv;
-  EventLog events;
-  std::unique_ptr<RunDir> dir;
-  std::unique_ptr<WorkerGroup> group;
-  std::unique_ptr<JobController> ctl;
-
-  explicit Job(AgentOptions o, Rendezvous* r = nullptr, FenceState* fence = nullptr) : opt(std::move(o)) {
-    opt.log_dir = root;
-    dir = std::make_unique<RunDir>(opt);
-    group = std::make_unique<WorkerGroup>(io, runner, WorkerGroup::Options{opt.worker_timeout, opt.stop_timeout});
-    ctl = std::make_unique<JobController>(opt, *group, r ? *r : rdzv, events, *dir, "node-a", fence);
-  }
-  ~Job() { std::filesystem::remove_all(root); }
-
-  // Round `round` is ready with this node alone (or `world` nodes, this one first).
-  void ready(int round, int rc, int world = 1) {
-    RoundInfo info;
-    info.round = round;
-    info.restart_count = rc;
-    info.group_world = world;
-    info.world_size = world * opt.nproc_per_node;
-    info.store_host = "127.0.0.1";
-    info.store_port = 4242;
-    ctl->on_round_ready(info);
-  }
-  // The pids of the current group, by local rank.
-  std::vector<pid_t> pids() const {
-    std::vector<pid_t> out;
-    for (const auto& w : group->workers()) out.push_back(w.pid);
-    return out;
-  }
-  void reap() {
-    group->reap();
-    io.poll();
-  }
-  // Runs the loop (results of the stack readers' threads arrive there) until `done`, at most 5 s.
-  template <typename F>
-  void run_until(F done) {
-    auto deadline = std::chrono::steady_clock::now() + 5s;
-    while (!done() && std::chrono::steady_clock::now() < deadline) {
-      io.run_one_for(50ms);
-      io.restart();
-    }
-  }
-  void over(int round, std::optional<RoundEnd> end, std::string error = "") {
-    ctl->on_round_over(RoundOutcome{round, std::move(end), {RendezvousFailure::Kind::unreachable, std::move(error), 0}});
-  }
-  // A failure record as another node writes it.
-  static ddprun::agent::FailureRecord failure_on(const std::string& host, int rank, int code, bool hang = false) {
-    ddprun::agent::FailureRecord f;
-    f.rank = rank;
-    f.host = host;
-    f.exit_code = code;
-    f.hang = hang;
-    return f;
-  }
-  // The first end this node wrote for `round` (what the fake store's first writer would keep).
-  RoundEnd written(int round) const {
-    for (const auto& e : rdzv.ends) {
-      if (e.round == round) return e.why;
-    }
-    FAIL("no end written for round " << round);
-    return {};
-  }
-};
-
-}  // namespace
 
 TEST_CASE("controller: a clean run goes rendezvous, running, stopping, draining, done and exits 0", "[controller]") {
   Job j(options(2, 0));
@@ -280,47 +180,6 @@ TEST_CASE("controller: a signal while a failed round ends means no next round", 
   CHECK(j.rdzv.leaves == std::vector<std::pair<int, int>>{{1, SIGTERM}});
   CHECK(j.rdzv.joins.size() == 1);
   CHECK(j.ctl->exit_code() == 128 + SIGTERM);
-}
-
-TEST_CASE("controller: a heartbeat expiring during a restart is ignored, one in the next attempt is a hang", "[controller]") {
-  auto o = options(2, 1);
-  o.worker_timeout = 1s;
-  Job j(o);
-  j.ctl->start();
-  j.ready(0, 0);
-  auto pids = j.pids();
-  j.runner.exit(pids[0], 3);
-  j.reap();
-  REQUIRE(j.ctl->phase() == Phase::stopping);
-  // Rank 1 ignores SIGTERM and stops beating: it is being stopped, it is no new cause.
-  j.group->check_heartbeats(std::chrono::steady_clock::now() + 10s);
-  CHECK(j.rdzv.ends.size() == 1);
-  j.runner.kill(pids[1], SIGKILL);
-  j.reap();
-  j.over(0, j.written(0));
-  REQUIRE(j.rdzv.joins.back() == std::pair<int, int>{1, 1});
-  j.ready(1, 1);
-  pids = j.pids();
-  j.group->check_heartbeats(std::chrono::steady_clock::now() + 10s);
-  REQUIRE(j.rdzv.ends.size() == 2);
-  auto hang = j.rdzv.ends.back().why;
-  CHECK(hang.failure->exit_code == 124);
-  CHECK(hang.failure->hang);
-  CHECK_THAT(hang.failure->reason, Catch::Contains("no heartbeat"));
-  // Every worker's stack first (the fake runner answers as eu-stack would), then SIGTERM.
-  CHECK(j.runner.signals_to(pids[0]).empty());
-  j.run_until([&] { return !j.runner.signals_to(pids[0]).empty(); });
-  CHECK(j.runner.stacks_read == 2);
-  CHECK(j.runner.signals_to(pids[0]) == std::vector<int>{SIGTERM});
-  std::ifstream stack(j.root + "/ctl/attempt_1/1/stack.txt");
-  std::string text((std::istreambuf_iterator<char>(stack)), std::istreambuf_iterator<char>());
-  CHECK_THAT(text, Catch::Contains("wait_for_peer"));
-  // Killed after its hang was reported: its death is not a second failure.
-  j.runner.kill(pids[0], SIGTERM);
-  j.runner.kill(pids[1], SIGTERM);
-  j.reap();
-  j.over(1, hang);
-  CHECK(j.ctl->exit_code() == 124);
 }
 
 TEST_CASE("controller: workers that cannot be started end the job with 1", "[controller]") {

@@ -25,6 +25,10 @@ class FakeRunner : public ProcessRunner {
   };
   std::map<pid_t, Process> started;
   std::vector<std::pair<pid_t, int>> signals;  // (process group, signal), in order
+  std::vector<std::pair<pid_t, int>> process_signals;  // (process, signal), in order
+  // Where each worker's stack is read; by default its own pid, as Python when argv[0] is python.
+  std::map<pid_t, StackTargets> targets;
+  std::vector<pid_t> stacks_of;  // the processes whose native stack was read
   int fail_start_at = -1;                      // the n-th start throws
   pid_t next_pid = 1000;
 
@@ -44,6 +48,7 @@ class FakeRunner : public ProcessRunner {
   std::string native_stack(pid_t pid, std::chrono::milliseconds) override {
     std::lock_guard<std::mutex> lk(mu_);
     ++stacks_read;
+    stacks_of.push_back(pid);
     return "PID " + std::to_string(pid) + " - process\nTID " + std::to_string(pid) +
            ":\n#0  0x00007f0000000001 __GI___clock_nanosleep - /usr/lib/x86_64-linux-gnu/libc.so.6\n"
            "#1  0x0000550000000002 wait_for_peer - /opt/train\n    /src/comm.cpp:42\n"
@@ -51,6 +56,20 @@ class FakeRunner : public ProcessRunner {
            "#3  0x0000550000000004 main - /opt/train\n    /src/train.cpp:12\n";
   }
   int stacks_read = 0;
+  std::vector<StackTargets> stack_targets(const std::vector<pid_t>& workers) override {
+    std::vector<StackTargets> out;
+    for (pid_t w : workers) {
+      if (targets.count(w)) {
+        out.push_back(targets[w]);
+      } else if (is_python_executable(started[w].argv.at(0))) {
+        out.push_back(StackTargets{{w}, -1});
+      } else {
+        out.push_back(StackTargets{{}, w});
+      }
+    }
+    return out;
+  }
+  void signal_process(pid_t pid, int sig) override { process_signals.emplace_back(pid, sig); }
 
   // What the kernel would report: the process exited with `code` / was killed by `sig`.
   void exit(pid_t pid, int code) { ended_.push_back({pid, ExitStatus{code, 0}}); }

@@ -105,12 +105,12 @@ TEST_CASE("stacks: Python's faulthandler, eu-stack and gdb are read into frames 
   CHECK(g[0].function == "ddprun_test_stuck_in_all_reduce");
   CHECK(g[0].line == 79);
   CHECK(parse_python_stack("garbage\n").empty());
+  auto gc = parse_python_stack("Current thread 0x00007f71 (most recent call first):\n  Garbage-collecting\n"
+                               "  <no Python frame>\n");
+  CHECK(describe_frames(gc) == "(garbage collection)");
   CHECK(describe_frames({}) == "(no stack)");
   std::map<int, std::vector<StackFrame>> by_rank = {{0, py}, {1, py}, {3, py}, {2, native}};
   CHECK(summarize_stacks(by_rank) ==
         "  ranks 0,1,3: stuck_in_all_reduce (stuck.py:5) <- train_step (stuck.py:8) <- <module> (stuck.py:11)\n"
         "  rank 2: ddprun_test_stuck_in_all_reduce (test_worker.cpp:79) <- ddprun_test_train_step() (test_worker.cpp:83) <- main <- ...\n");
-  CHECK(is_python_command({"/usr/bin/python3", "-u", "x.py"}));
-  CHECK(is_python_command({"/opt/bin/python3.11"}));
-  CHECK_FALSE(is_python_command({"/opt/train"}));
 }

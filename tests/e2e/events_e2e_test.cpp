@@ -76,7 +76,7 @@ TEST_CASE("event log: a hang and a signal are told apart from an exit", "[events
   SECTION("hang") {
     auto path = events_path();
     auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.5", "--stop_timeout=1",
-                         "--events_file=" + path, kWorker, "block"}))
+                         "--events_file=" + path, kWorker, "heartbeat:2:50", "block"}))
                  .finish(60s);
     CHECK(r.code == 124);
     auto ev = read_events(path);

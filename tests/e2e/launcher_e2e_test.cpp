@@ -67,6 +67,8 @@ TEST_CASE("every rank gets torchrun's environment", "[e2e]") {
     CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "2");
     CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "True");
     CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
+    CHECK(env["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+    CHECK(fs::exists(env["PYTHONPATH"].substr(0, env["PYTHONPATH"].find(':')) + "/sitecustomize.py"));  // progress hook
     CHECK(env["OMP_NUM_THREADS"] == "1");
     CHECK(env["DDPRUN_TEST_INHERITED"] == "yes");
     CHECK_THAT(env["TORCHELASTIC_ERROR_FILE"], Catch::EndsWith("/attempt_0/" + std::to_string(rank) + "/error.json"));

@@ -36,7 +36,7 @@ TEST_CASE("stacks: a C++ worker stuck in a named function - every rank's stack, 
   auto dir = fresh_dir();
   auto events = dir + "/events.jsonl";
   auto r = Launch(cmd({"--nproc_per_node=2", "--master_port=0", "--rdzv_id=hung", "--worker_timeout=0.5",
-                       "--stop_timeout=1", "--log_dir=" + dir, "--events_file=" + events, kWorker, "stuck"}))
+                       "--stop_timeout=1", "--log_dir=" + dir, "--events_file=" + events, kWorker, "heartbeat:2:50", "stuck"}))
                .finish(60s);
   CHECK(r.code == 124);
   INFO(r.err);
@@ -75,6 +75,7 @@ TEST_CASE("stacks: a Python worker stuck in a named function - its traceback, vi
                            "        time.sleep(0.05)\n"
                            "def train_step():\n"
                            "    stuck_in_all_reduce()\n"
+                           "os.utime(os.environ['DDPRUN_HEARTBEAT_FILE'])\n"
                            "if os.environ['RANK'] == '1':\n"
                            "    train_step()\n"
                            "while True:\n"
@@ -86,8 +87,8 @@ TEST_CASE("stacks: a Python worker stuck in a named function - its traceback, vi
   CHECK(r.code == 124);
   INFO(r.err);
   // Rank 1 missed its heartbeats; rank 0 was beating, in its loop: both stacks are shown.
-  CHECK_THAT(r.err, Catch::Contains("rank 1: stuck_in_all_reduce (train.py:4) <- train_step (train.py:6) <- <module> (train.py:8)"));
-  CHECK_THAT(r.err, Catch::Contains("rank 0: <module> (train.py:11)"));
+  CHECK_THAT(r.err, Catch::Contains("rank 1: stuck_in_all_reduce (train.py:4) <- train_step (train.py:6) <- <module> (train.py:9)"));
+  CHECK_THAT(r.err, Catch::Contains("rank 0: <module> (train.py:12)"));
   auto text = slurp(dir + "/py/attempt_0/1/stack.txt");
   CHECK_THAT(text, Catch::Contains("Fatal Python error: Aborted"));
   CHECK_THAT(text, Catch::Contains("in stuck_in_all_reduce"));
@@ -96,7 +97,7 @@ TEST_CASE("stacks: a Python worker stuck in a named function - its traceback, vi
 
 TEST_CASE("stacks: --stack_dump_timeout=0 stops a hung group at once, without stacks", "[stacks]") {
   auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.3", "--stop_timeout=1",
-                       "--stack_dump_timeout=0", kWorker, "stuck"}))
+                       "--stack_dump_timeout=0", kWorker, "heartbeat:2:50", "stuck"}))
                .finish(60s);
   CHECK(r.code == 124);
   CHECK_THAT(r.err, !Catch::Contains("stacks of the workers"));
@@ -111,7 +112,8 @@ TEST_CASE("stacks: a hang on one node makes every node dump its own workers' sta
                  "--nproc_per_node=1", "--worker_timeout=5", "--stop_timeout=1", kWorker, "heartbeat:1000:50"}));
   auto port = host_port(n0);
   Launch n1(cmd({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port, "--rdzv_id=hang2",
-                 conf, "--nproc_per_node=1", "--worker_timeout=0.5", "--stop_timeout=1", kWorker, "stuck"}));
+                 conf, "--nproc_per_node=1", "--worker_timeout=0.5", "--stop_timeout=1", kWorker, "heartbeat:2:50",
+                 "stuck"}));
   auto r1 = n1.finish(60s);
   auto r0 = n0.finish(60s);
   INFO(r0.err << "\n----\n" << r1.err);

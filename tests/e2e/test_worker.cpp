@@ -13,6 +13,7 @@
 //   grandchild             fork a process that blocks; print "grandchild PID"
 //   pid                    print "pid PID"
 //   heartbeat:N:MS         touch DDPRUN_HEARTBEAT_FILE N times, MS apart
+//   sleep:MS               sleep MS milliseconds (a slow start, before the first heartbeat)
 //   flood:LINES:LEN        print LINES lines of LEN characters, as fast as possible
 //   longline:LEN           print one line of LEN characters
 //   errorfile              write a PyTorch-style error JSON to TORCHELASTIC_ERROR_FILE
@@ -93,7 +94,7 @@ int main(int argc, char** argv) {
                             "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
                             "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                            "OMP_NUM_THREADS", "DDPRUN_HEARTBEAT_FILE", "DDPRUN_TEST_INHERITED"}) {
+                            "TORCHELASTIC_SIGNALS_TO_HANDLE", "PYTHONPATH", "OMP_NUM_THREADS", "DDPRUN_HEARTBEAT_FILE", "DDPRUN_TEST_INHERITED"}) {
         std::printf("%s=%s\n", k, env(k).c_str());
       }
     } else if (a.rfind("exit:", 0) == 0) {
@@ -150,6 +151,8 @@ int main(int argc, char** argv) {
         ::utimensat(AT_FDCWD, env("DDPRUN_HEARTBEAT_FILE").c_str(), nullptr, 0);
         std::this_thread::sleep_for(std::chrono::milliseconds(ms));  // the work between two beats
       }
+    } else if (a.rfind("sleep:", 0) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(after(a, 6).c_str())));
     } else if (a.rfind("flood:", 0) == 0) {
       auto rest = after(a, 6);
       auto colon = rest.find(':');

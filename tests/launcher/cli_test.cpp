@@ -104,3 +104,14 @@ TEST_CASE("help and completion list every option of the table, in both spellings
     }
   }
 }
+
+TEST_CASE("heartbeat options: the start-up bound and the progress hook", "[units]") {
+  auto d = parse({"--worker_timeout=5", "/bin/true"});
+  CHECK(d.agent.worker_timeout == std::chrono::seconds(5));
+  CHECK(d.agent.worker_start_timeout == std::chrono::seconds(1800));
+  CHECK(parse({"--worker_start_timeout=0", "/bin/true"}).agent.worker_start_timeout.count() == 0);
+  // This test binary sits in the build tree beside share/ddprun/python, as ddprun does.
+  CHECK_FALSE(d.agent.python_site_dir.empty());
+  CHECK(parse({"--no_progress_hook", "/bin/true"}).agent.python_site_dir.empty());
+  CHECK(parse({"/bin/true"}, {{"PET_NO_PROGRESS_HOOK", "1"}}).agent.python_site_dir.empty());
+}

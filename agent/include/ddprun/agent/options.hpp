@@ -46,15 +46,25 @@ struct AgentOptions {
   // The same rank failing the same way (exit code or signal, or a hang) on this many consecutive
   // attempts ends the job with kCrashLoopExitCode instead of restarting again. 0 = off.
   int max_same_failures = 0;
-  // A worker that has not touched DDPRUN_HEARTBEAT_FILE for this long is failed. 0 = off.
+  // A worker that has not touched DDPRUN_HEARTBEAT_FILE for this long since its last touch is
+  // failed. 0 = off (and so is worker_start_timeout).
   std::chrono::milliseconds worker_timeout{0};
+  // With worker_timeout on: a worker that has not touched it once this long after its start is
+  // failed (imports, model loading, NCCL set-up come before the first step). 0 = no bound.
+  std::chrono::milliseconds worker_start_timeout{std::chrono::minutes(30)};
   // Grace period between SIGTERM and SIGKILL when stopping workers.
   std::chrono::milliseconds stop_timeout{std::chrono::seconds(5)};
   // Before a hung group is stopped (or workers ignoring SIGTERM are killed), every running
   // worker's stack is collected, bounded by this. 0 = no stacks.
   std::chrono::milliseconds stack_dump_timeout{std::chrono::seconds(10)};
-  // Signals forwarded to the workers (then the job ends with 128 + signal).
+  // Signals forwarded to the workers (then the job ends with 128 + signal); also told to them
+  // as TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun 2.x does.
   std::set<int> forward_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  // ddprun's sitecustomize for Python workers, first on their PYTHONPATH (README: Hangs): it
+  // touches DDPRUN_HEARTBEAT_FILE after every optimizer step and gives PyTorch 1.x its
+  // NCCL_ASYNC_ERROR_HANDLING. Empty (--no_progress_hook, or not installed): neither; ddprun
+  // then sets NCCL_ASYNC_ERROR_HANDLING itself (which PyTorch 2.x warns about on every rank).
+  std::string python_site_dir;
 
   StreamSelection redirects;  // to files only
   StreamSelection tee;        // to files and the console

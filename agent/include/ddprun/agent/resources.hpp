@@ -1,0 +1,19 @@
+#pragma once
+// Files ddprun ships beside its program, found from where the running program is (so an
+// installed ddprun, a build tree and a relocated copy all find their own): PREFIX/bin/ddprun
+// looks in PREFIX/share/ddprun/ and PREFIX/bin/; build/launcher/ddprun in build/share/ddprun/
+// and build/launcher/.
+
+#include <string>
+
+namespace ddprun::agent {
+
+// The directory holding ddprun's sitecustomize.py for Python workers (the progress hook);
+// empty when it is not there.
+std::string python_site_dir();
+
+// The path of ddprun-stack (native stacks through libdw); empty when it is not there (ddprun
+// built without libdw, or copied without it).
+std::string stack_tool();
+
+}  // namespace ddprun::agent

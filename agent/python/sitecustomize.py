@@ -1,0 +1,121 @@
+"""ddprun's start-up module for Python workers (README: "Hangs").
+
+ddprun puts this directory first on each worker's PYTHONPATH, so Python imports this file at
+start-up as `sitecustomize`. It imports nothing heavy: a hook on the import system waits for
+PyTorch, and then
+
+1. touches DDPRUN_HEARTBEAT_FILE after every optimizer step, so --worker_timeout works on
+   unmodified scripts: through torch.optim.optimizer.register_optimizer_step_post_hook (PyTorch
+   2.0 and later); PyTorch 1.13 has no such hook, but every optimizer's step() calls
+   Optimizer._optimizer_step_code() when it is done (the profiler's entry point), which is
+   wrapped instead;
+2. under PyTorch 1.x, sets NCCL_ASYNC_ERROR_HANDLING (the only name 1.x reads) from
+   TORCH_NCCL_ASYNC_ERROR_HANDLING: ddprun sets only the 2.x name, since 2.x warns on every rank
+   about the 1.x one.
+
+Then it runs the sitecustomize it hides (the next one on sys.path), if there is one.
+`ddprun --no_progress_hook` leaves it out.
+"""
+import os
+import sys
+
+_HEARTBEAT = os.environ.get("DDPRUN_HEARTBEAT_FILE")
+
+
+def _touch(*_args):
+    try:
+        os.utime(_HEARTBEAT)
+    except OSError:
+        pass  # the file went with its attempt: nothing to tell
+
+
+def _on_torch_version(module):
+    major = str(getattr(module, "__version__", "")).split(".", 1)[0]
+    if major.isdigit() and int(major) < 2 and "NCCL_ASYNC_ERROR_HANDLING" not in os.environ:
+        value = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+        if value is not None:
+            os.environ["NCCL_ASYNC_ERROR_HANDLING"] = value
+
+
+def _on_optimizer(module):
+    if not _HEARTBEAT:
+        return
+    register = getattr(module, "register_optimizer_step_post_hook", None)
+    if register is not None:
+        register(lambda optimizer, args, kwargs: _touch())
+        return
+    optimizer = getattr(module, "Optimizer", None)
+    step_done = getattr(optimizer, "_optimizer_step_code", None)
+    if step_done is None:
+        return
+
+    def _optimizer_step_code(self):
+        step_done(self)  # still called: the profiler looks for its code object
+        _touch()
+
+    optimizer._optimizer_step_code = _optimizer_step_code
+
+
+_WATCHED = {"torch.version": _on_torch_version, "torch.optim.optimizer": _on_optimizer}
+
+
+class _Loader:
+    """The module's own loader, then `then(module)` once the module has run."""
+
+    def __init__(self, loader, then):
+        self._loader = loader
+        self._then = then
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        try:
+            self._then(module)
+        except Exception:  # a hook must never break the worker's import
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _Finder:
+    """First on sys.meta_path: finds nothing itself, wraps the loader of a watched module."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in _WATCHED:
+            return None
+        then = _WATCHED.pop(name)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is None:
+                continue
+            if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _Loader(spec.loader, then)
+            return spec
+        return None
+
+
+def _run_hidden_sitecustomize():
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    from importlib.machinery import PathFinder
+
+    spec = PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    # A module object made here: importlib.util would pull in contextlib and functools.
+    module = type(sys)("sitecustomize")
+    module.__file__, module.__spec__, module.__loader__ = spec.origin, spec, spec.loader
+    spec.loader.exec_module(module)
+
+
+sys.meta_path.insert(0, _Finder())
+_run_hidden_sitecustomize()

@@ -1,0 +1,142 @@
+// ddprun-stack PID: every thread's native stack of a running process, read from outside with
+// elfutils' libdw (ptrace), printed as `eu-stack -m -s` does, so parse_native_stack reads both:
+//   PID 4242 - process
+//   TID 4242:
+//   #0  0x00007f12a0e8a1d4 __GI___clock_nanosleep - /usr/lib/x86_64-linux-gnu/libc.so.6
+//       ./time/../sysdeps/unix/sysv/linux/clock_nanosleep.c:48:5
+// The agent runs it for a hung native worker (README: Where every rank is stuck) when it sits
+// beside ddprun; a program of its own, so that ddprun itself needs no libdw, and so that the
+// agent can bound it (killed after --stack_dump_timeout) and survive whatever it meets.
+// The main thread comes first. Exits 0 with at least one frame, 1 otherwise (the reason on stdout).
+#include <cxxabi.h>
+#include <elfutils/libdwfl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+
+namespace {
+
+constexpr int kMaxFrames = 256;  // per thread, as eu-stack
+
+char* g_debuginfo_path = nullptr;
+const Dwfl_Callbacks kCallbacks = {
+    dwfl_linux_proc_find_elf,
+    dwfl_standard_find_debuginfo,
+    nullptr,  // section_address: not needed for a live process
+    &g_debuginfo_path,
+};
+
+struct Reading {
+  Dwfl* dwfl = nullptr;
+  std::map<pid_t, std::string> threads;  // by TID: the main thread (TID == PID) sorts first below
+  std::string* current = nullptr;
+  int depth = 0;
+  int frames = 0;
+};
+
+std::string demangle(const char* name) {
+  if (!name) return "";
+  if (std::strncmp(name, "_Z", 2) != 0) return name;
+  int status = 0;
+  char* d = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  std::string out = status == 0 && d ? d : name;
+  std::free(d);
+  return out;
+}
+
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* fmt, ...) {
+  char buf[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  return buf;
+}
+
+int on_frame(Dwfl_Frame* frame, void* arg) {
+  auto& r = *static_cast<Reading*>(arg);
+  Dwarf_Addr pc = 0;
+  bool activation = false;
+  if (!dwfl_frame_pc(frame, &pc, &activation)) return DWARF_CB_ABORT;
+  // A return address points after the call: look the caller's line up one byte before it.
+  Dwarf_Addr at = activation ? pc : pc - 1;
+  Dwfl_Module* mod = dwfl_addrmodule(r.dwfl, at);
+  const char* module = mod ? dwfl_module_info(mod, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) : nullptr;
+  std::string symbol = mod ? demangle(dwfl_module_addrname(mod, at)) : "";
+  *r.current += format("#%-2d 0x%016llx %s - %s\n", r.depth, static_cast<unsigned long long>(pc), symbol.c_str(),
+                       module ? module : "??");
+  if (Dwfl_Line* line = mod ? dwfl_module_getsrc(mod, at) : nullptr) {
+    int lineno = 0, column = 0;
+    if (const char* file = dwfl_lineinfo(line, nullptr, &lineno, &column, nullptr, nullptr)) {
+      *r.current += format("    %s:%d:%d\n", file, lineno, column);
+    }
+  }
+  ++r.frames;
+  return ++r.depth < kMaxFrames ? DWARF_CB_OK : DWARF_CB_ABORT;
+}
+
+int on_thread(Dwfl_Thread* thread, void* arg) {
+  auto& r = *static_cast<Reading*>(arg);
+  pid_t tid = dwfl_thread_tid(thread);
+  r.current = &r.threads[tid];
+  *r.current = format("TID %d:\n", tid);
+  r.depth = 0;
+  // A thread that cannot be unwound further keeps what was read: not an error for the others.
+  if (dwfl_thread_getframes(thread, on_frame, &r) != 0 && r.depth == 0) {
+    *r.current += format("(no frames: %s)\n", dwfl_errmsg(-1));
+  }
+  return DWARF_CB_OK;
+}
+
+int read_stacks(pid_t pid) {
+  Reading r;
+  r.dwfl = dwfl_begin(&kCallbacks);
+  if (!r.dwfl) {
+    std::printf("ddprun-stack: libdw: %s\n", dwfl_errmsg(-1));
+    return 1;
+  }
+  int err = dwfl_linux_proc_report(r.dwfl, pid);
+  if (err != 0 || dwfl_report_end(r.dwfl, nullptr, nullptr) != 0) {
+    std::printf("ddprun-stack: cannot read the modules of pid %d: %s\n", pid,
+                err > 0 ? std::strerror(err) : dwfl_errmsg(-1));
+    dwfl_end(r.dwfl);
+    return 1;
+  }
+  err = dwfl_linux_proc_attach(r.dwfl, pid, false);
+  if (err != 0) {
+    std::printf("ddprun-stack: cannot attach to pid %d: %s (ptrace: are you allowed to trace it?)\n", pid,
+                err > 0 ? std::strerror(err) : dwfl_errmsg(-1));
+    dwfl_end(r.dwfl);
+    return 1;
+  }
+  dwfl_getthreads(r.dwfl, on_thread, &r);
+  dwfl_end(r.dwfl);  // detaches: the threads run on
+  std::string out = format("PID %d - process\n", pid);
+  if (r.threads.count(pid)) out += r.threads[pid];
+  for (const auto& [tid, text] : r.threads) {
+    if (tid != pid) out += text;
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return r.frames > 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  char* end = nullptr;
+  long pid = argc == 2 ? std::strtol(argv[1], &end, 10) : 0;
+  if (argc != 2 || pid <= 0 || *end != '\0') {
+    std::fprintf(stderr,
+                 "usage: ddprun-stack PID\nprints every thread's stack of process PID (as eu-stack -m -s), "
+                 "read with libdw through ptrace\n");
+    return 2;
+  }
+  return read_stacks(static_cast<pid_t>(pid));
+}

@@ -1,0 +1,105 @@
+// GPUs through NVML, loaded at run time (ddprun links nothing of the driver): the library is
+// opened, asked, shut down and closed again, so nothing of it stays in the launcher.
+#include <dlfcn.h>
+
+#include <cctype>
+#include <cstdio>
+
+#include "ddprun/agent/gpus.hpp"
+
+namespace ddprun::agent {
+namespace {
+
+// The part of NVML's ABI used here (nvml.h, stable since NVML 10): return codes, an opaque
+// device handle, nvmlPciInfo_t as nvmlDeviceGetPciInfo_v3 fills it.
+using nvmlReturn_t = int;
+using nvmlDevice_t = void*;
+constexpr nvmlReturn_t kNvmlSuccess = 0;
+constexpr unsigned kUuidSize = 96;  // NVML_DEVICE_UUID_V2_BUFFER_SIZE
+struct NvmlPciInfo {
+  char bus_id_legacy[16];
+  unsigned domain, bus, device, pci_device_id, pci_subsystem_id;
+  char bus_id[32];  // "00000000:18:00.0"
+};
+
+struct Nvml {
+  void* lib = nullptr;
+  nvmlReturn_t (*init)() = nullptr;
+  nvmlReturn_t (*shutdown)() = nullptr;
+  nvmlReturn_t (*count)(unsigned*) = nullptr;
+  nvmlReturn_t (*by_index)(unsigned, nvmlDevice_t*) = nullptr;
+  nvmlReturn_t (*uuid)(nvmlDevice_t, char*, unsigned) = nullptr;
+  nvmlReturn_t (*pci)(nvmlDevice_t, NvmlPciInfo*) = nullptr;
+  nvmlReturn_t (*max_mig)(nvmlDevice_t, unsigned*) = nullptr;        // optional (MIG: NVML 11+)
+  nvmlReturn_t (*mig_by_index)(nvmlDevice_t, unsigned, nvmlDevice_t*) = nullptr;
+
+  template <typename F>
+  void bind(F& fn, const char* name) {
+    fn = reinterpret_cast<F>(::dlsym(lib, name));
+  }
+  bool load(const std::string& library) {
+    lib = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return false;
+    bind(init, "nvmlInit_v2");
+    bind(shutdown, "nvmlShutdown");
+    bind(count, "nvmlDeviceGetCount_v2");
+    bind(by_index, "nvmlDeviceGetHandleByIndex_v2");
+    bind(uuid, "nvmlDeviceGetUUID");
+    bind(pci, "nvmlDeviceGetPciInfo_v3");
+    bind(max_mig, "nvmlDeviceGetMaxMigDeviceCount");
+    bind(mig_by_index, "nvmlDeviceGetMigDeviceHandleByIndex");
+    return init && shutdown && count && by_index && uuid && pci;
+  }
+  ~Nvml() {
+    if (lib) ::dlclose(lib);
+  }
+};
+
+// "00000000:18:00.0" -> "0000:18:00.0" (sysfs's spelling: 4-digit domain, lower case).
+std::string sysfs_bus_id(const char* nvml_bus_id) {
+  std::string s(nvml_bus_id);
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  auto colon = s.find(':');
+  if (colon != std::string::npos && colon > 4) s = s.substr(colon - 4);
+  return s;
+}
+
+std::vector<std::string> mig_instances(Nvml& nvml, nvmlDevice_t gpu) {
+  std::vector<std::string> out;
+  unsigned max = 0;
+  if (!nvml.max_mig || !nvml.mig_by_index || nvml.max_mig(gpu, &max) != kNvmlSuccess) return out;
+  for (unsigned i = 0; i < max; ++i) {
+    nvmlDevice_t mig = nullptr;
+    char id[kUuidSize] = {};
+    if (nvml.mig_by_index(gpu, i, &mig) == kNvmlSuccess && nvml.uuid(mig, id, sizeof(id)) == kNvmlSuccess) {
+      out.push_back(id);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<GpuDevice> gpus_from_nvml(const std::string& library) {
+  std::vector<GpuDevice> out;
+  Nvml nvml;
+  if (!nvml.load(library) || nvml.init() != kNvmlSuccess) return out;
+  unsigned n = 0;
+  if (nvml.count(&n) == kNvmlSuccess) {
+    for (unsigned i = 0; i < n; ++i) {
+      nvmlDevice_t dev = nullptr;
+      if (nvml.by_index(i, &dev) != kNvmlSuccess) continue;
+      GpuDevice g;
+      char id[kUuidSize] = {};
+      if (nvml.uuid(dev, id, sizeof(id)) == kNvmlSuccess) g.uuid = id;
+      NvmlPciInfo pci{};
+      if (nvml.pci(dev, &pci) == kNvmlSuccess) g.pci_bus_id = sysfs_bus_id(pci.bus_id);
+      g.mig_uuids = mig_instances(nvml, dev);
+      out.push_back(std::move(g));
+    }
+  }
+  nvml.shutdown();
+  return out;
+}
+
+}  // namespace ddprun::agent

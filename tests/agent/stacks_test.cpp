@@ -1,0 +1,46 @@
+// Stacks of a hung group through the JobController and the real WorkerGroup, the fake runner
+// playing the process tree: each worker's stack is read where its program really runs.
+#include "controller_job.hpp"
+
+using namespace ddprun::agent;
+using namespace ddprun::agent::testing;
+using namespace std::chrono_literals;
+
+TEST_CASE("stacks: Python below a wrapper gets SIGABRT itself - a native program below one is read", "[controller]") {
+  Job j(options(3, 0));
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  auto pids = j.pids();
+  const pid_t python = 5001, native = 5002;
+  j.runner.targets[pids[0]] = StackTargets{{python}, -1};  // sh -c 'python3 train.py; ...'
+  j.runner.targets[pids[1]] = StackTargets{{}, native};    // bash train.sh -> /opt/train
+  // pids[2]: the fake's default, a native worker read itself.
+  j.over(0, RoundEnd::of_failure(Job::failure_on("node-b", 9, 124, true)));
+  // The Python process is told, not the wrapper's whole group; a stopped one is woken for it.
+  CHECK(j.runner.process_signals == std::vector<std::pair<pid_t, int>>{{python, SIGABRT}, {python, SIGCONT}});
+  CHECK(j.runner.signals_to(pids[0]).empty());
+  j.run_until([&] { return j.runner.stacks_read == 2; });
+  std::sort(j.runner.stacks_of.begin(), j.runner.stacks_of.end());
+  CHECK(j.runner.stacks_of == std::vector<pid_t>{pids[2], native});
+  // The Python process died of its SIGABRT and its wrapper with it: the dump is complete.
+  j.runner.exit(pids[0], 128 + SIGABRT);
+  j.reap();
+  j.run_until([&] { return !j.runner.signals_to(pids[1]).empty(); });
+  CHECK(j.runner.signals_to(pids[1]) == std::vector<int>{SIGTERM});
+  std::ifstream stack(j.root + "/ctl/attempt_0/1/stack.txt");
+  std::string text((std::istreambuf_iterator<char>(stack)), std::istreambuf_iterator<char>());
+  CHECK_THAT(text, Catch::Contains("(pid 5002, started by worker pid " + std::to_string(pids[1]) + ")"));
+  CHECK_THAT(text, Catch::Contains("wait_for_peer"));
+}
+
+TEST_CASE("stacks: a worker with several Python processes below it signals each of them", "[controller]") {
+  Job j(options(1, 0));
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  auto pid = j.pids().at(0);
+  j.runner.targets[pid] = StackTargets{{7001, 7002}, -1};
+  j.over(0, RoundEnd::of_failure(Job::failure_on("node-b", 9, 124, true)));
+  CHECK(j.runner.process_signals ==
+        std::vector<std::pair<pid_t, int>>{{7001, SIGABRT}, {7001, SIGCONT}, {7002, SIGABRT}, {7002, SIGCONT}});
+  CHECK(j.runner.stacks_read == 0);
+}

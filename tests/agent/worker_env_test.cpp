@@ -1,0 +1,50 @@
+// What each worker's environment says about the progress hook, the NCCL error-handling variable
+// and the signals to handle (the controller with the fake runner, which keeps each environment).
+#include "controller_job.hpp"
+
+using namespace ddprun::agent;
+using namespace ddprun::agent::testing;
+
+namespace {
+
+std::map<std::string, std::string> first_env(AgentOptions o) {
+  Job j(std::move(o));
+  j.ctl->start();
+  j.ready(0, 0);
+  return j.runner.started.at(j.pids().at(0)).env;
+}
+
+}  // namespace
+
+TEST_CASE("worker environment: ddprun's sitecustomize first on PYTHONPATH, only the 2.x NCCL name", "[units]") {
+  auto o = options(1, 0);
+  o.python_site_dir = "/opt/ddprun/share/ddprun/python";
+  o.base_env["PYTHONPATH"] = "/home/me/lib";
+  auto env = first_env(o);
+  CHECK(env["PYTHONPATH"] == "/opt/ddprun/share/ddprun/python:/home/me/lib");
+  CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
+  CHECK_FALSE(env.count("NCCL_ASYNC_ERROR_HANDLING"));  // the module sets it for PyTorch 1.x only
+  o.base_env["PYTHONPATH"] = o.python_site_dir + ":/home/me/lib";  // a ddprun inside a worker
+  CHECK(first_env(o)["PYTHONPATH"] == "/opt/ddprun/share/ddprun/python:/home/me/lib");
+  o.base_env.erase("PYTHONPATH");
+  CHECK(first_env(o)["PYTHONPATH"] == "/opt/ddprun/share/ddprun/python");
+}
+
+TEST_CASE("worker environment: without the hook, both NCCL names and PYTHONPATH as inherited", "[units]") {
+  auto o = options(1, 0);
+  o.base_env["PYTHONPATH"] = "/home/me/lib";
+  o.base_env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0";  // the user's choice stands
+  auto env = first_env(o);
+  CHECK(env["PYTHONPATH"] == "/home/me/lib");
+  CHECK(env["NCCL_ASYNC_ERROR_HANDLING"] == "1");
+  CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0");
+}
+
+TEST_CASE("worker environment: TORCHELASTIC_SIGNALS_TO_HANDLE names the forwarded signals as torchrun 2.x does",
+          "[units]") {
+  auto o = options(1, 0);
+  CHECK(first_env(o)["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+  o.forward_signals.insert(SIGUSR2);
+  o.forward_signals.insert(SIGUSR1);
+  CHECK(first_env(o)["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2");
+}

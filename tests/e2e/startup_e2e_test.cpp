@@ -1,0 +1,55 @@
+// Start-up is not a hang: --worker_timeout counts from a worker's first heartbeat, and
+// --worker_start_timeout bounds the time before it (the built ddprun, test_worker as the worker).
+#include <catch2/catch.hpp>
+
+#include "e2e/agents.hpp"
+
+using namespace ddprun::test;
+
+TEST_CASE("start-up: a worker that sleeps 2x --worker_timeout before its first heartbeat runs to completion",
+          "[heartbeat]") {
+  auto r = Launch(cmd({"--standalone", "--nproc_per_node=2", "--worker_timeout=0.5", kWorker, "sleep:1000",
+                       "heartbeat:6:100"}))
+               .finish(30s);
+  INFO(r.err);
+  CHECK(r.code == 0);
+  CHECK(r.seconds > 1.0);
+}
+
+TEST_CASE("start-up: a worker that hangs after its first heartbeat is caught by --worker_timeout", "[heartbeat]") {
+  auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.5", "--stack_dump_timeout=0",
+                       kWorker, "sleep:1000", "heartbeat:2:50", "block"}))
+               .finish(30s);
+  INFO(r.err);
+  CHECK(r.code == 124);
+  CHECK_THAT(r.err, Catch::Contains("no heartbeat for"));
+  CHECK_THAT(r.err, Catch::Contains("(--worker_timeout=0.5)"));
+  CHECK(r.seconds < 10);
+}
+
+TEST_CASE("start-up: a worker that never beats is caught by --worker_start_timeout", "[heartbeat]") {
+  auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.3", "--worker_start_timeout=1.5",
+                       "--stack_dump_timeout=0", kWorker, "block"}))
+               .finish(30s);
+  INFO(r.err);
+  CHECK(r.code == 124);
+  CHECK_THAT(r.err, Catch::Contains("no first heartbeat within"));
+  CHECK_THAT(r.err, Catch::Contains("--worker_start_timeout=1.5"));
+  CHECK(r.seconds >= 1.5);  // not at --worker_timeout
+  CHECK(r.seconds < 10);
+}
+
+TEST_CASE("start-up: --worker_start_timeout is in the option table (help, PET_ form, checked)", "[heartbeat]") {
+  auto help = Launch(cmd({"--help"})).finish(10s);
+  CHECK_THAT(help.out, Catch::Contains("--worker_start_timeout"));
+  CHECK_THAT(help.out, Catch::Contains("(=1800)"));
+  auto pet = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.3", "--stack_dump_timeout=0",
+                         kWorker, "block"}),
+                    {{"PET_WORKER_START_TIMEOUT", "0.5"}})
+                 .finish(30s);
+  CHECK(pet.code == 124);
+  CHECK_THAT(pet.err, Catch::Contains("--worker_start_timeout=0.5"));
+  auto bad = Launch(cmd({"--worker_start_timeout=-2", kWorker})).finish(10s);
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("--worker_start_timeout must be a non-negative number of seconds"));
+}

@@ -1,0 +1,171 @@
+#!/usr/bin/python3
+"""ddprun's progress hook (agent/python/sitecustomize.py) on unmodified PyTorch scripts:
+
+1. examples/ddp_train.py (DDP over gloo, nothing about heartbeats in it) under --worker_timeout=3
+   runs to completion: the hook touches each rank's DDPRUN_HEARTBEAT_FILE after every optimizer
+   step (PyTorch 1.13 here: through Optimizer._optimizer_step_code);
+2. the same job with rank 1 stopped by SIGSTOP mid-training is caught as hung (exit 124), with
+   both ranks' stacks;
+3. --no_progress_hook leaves the heartbeat file untouched;
+4. NCCL_ASYNC_ERROR_HANDLING: PyTorch 1.13 gets it once torch is imported (ddprun itself sets only
+   TORCH_NCCL_ASYNC_ERROR_HANDLING); a PyTorch 2.x (tests/python/fake_torch2, a stand-in with
+   2.x's version, hooks and deprecation warning: only 1.13 is installed here) prints no
+   deprecation line and gets its heartbeats through register_optimizer_step_post_hook; with
+   --no_progress_hook it does print the line (the stand-in can tell).
+
+Exits 77 (skipped) when torch cannot be imported.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import torch  # noqa: F401
+except ImportError as e:  # pragma: no cover
+    print(f"SKIP: torch is not importable with {sys.executable}: {e}")
+    sys.exit(77)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DDP_SCRIPT = os.path.join(ROOT, "examples", "ddp_train.py")
+FAKE_TORCH2 = os.path.join(ROOT, "tests", "python", "fake_torch2")
+DEPRECATED = "NCCL_ASYNC_ERROR_HANDLING is deprecated"
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    print(f"ok: {what}")
+
+
+def heartbeats(log_dir):
+    """The mtime of every heartbeat file under log_dir, by rank directory."""
+    out = {}
+    for root, _, files in os.walk(log_dir):
+        if "heartbeat" in files:
+            out[os.path.basename(root)] = os.stat(os.path.join(root, "heartbeat")).st_mtime
+    return out
+
+
+def unhung_run_completes(ddprun, env, tmp):
+    logs = os.path.join(tmp, "unhung")
+    t0 = time.time()
+    # 3 s: a loaded machine has stalled a rank for over 1 s (a garbage collection between steps).
+    p = subprocess.run([ddprun, "--standalone", "--nproc_per_node=2", "--worker_timeout=3", f"--log_dir={logs}",
+                        DDP_SCRIPT, "--epochs", "150"], env=env, capture_output=True, text=True, timeout=300)
+    took = time.time() - t0
+    check(p.returncode == 0, f"an unmodified DDP script under --worker_timeout=3 exits 0 ({took:.1f} s; "
+                             f"{p.stderr[-800:]})")
+    check(took > 6, f"it ran longer than 2x the time-out ({took:.1f} s)")
+    beats = heartbeats(logs)
+    check(sorted(beats) == ["0", "1"] and all(m > t0 + 1 for m in beats.values()),
+          f"both ranks' heartbeat files were touched during training: {beats} (start {t0:.1f})")
+
+
+def wait_for_line(stream, text, deadline):
+    seen = []
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return True
+    raise AssertionError(f"'{text}' never came: {''.join(seen[-20:])}")
+
+
+def sigstop_is_caught(ddprun, env, tmp):
+    events = os.path.join(tmp, "events.jsonl")
+    p = subprocess.Popen([ddprun, "--standalone", "--nproc_per_node=2", "--worker_timeout=3", "--stop_timeout=2",
+                          f"--events_file={events}", DDP_SCRIPT, "--epochs", "100000"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(p.stdout, "epoch 2 loss", time.monotonic() + 120)
+        with open(events) as f:
+            started = [json.loads(l) for l in f if '"workers_started"' in l][0]
+        os.kill(started["pids"][1], signal.SIGSTOP)
+        t_stop = time.monotonic()
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    took = time.monotonic() - t_stop
+    check(p.returncode == 124, f"rank 1 stopped by SIGSTOP is caught as hung: exit {p.returncode} "
+                               f"({err[-1500:]})")
+    check("no heartbeat for" in err, "the summary says no heartbeat")
+    check(took < 30, f"within --worker_timeout plus the stack dump ({took:.1f} s after SIGSTOP)")
+    check("stacks of the workers on" in err and "rank 1:" in err.replace("ranks 0,1:", "rank 1:"),
+          "rank 1's stack is among the stacks")
+
+
+def hook_off_leaves_heartbeat(ddprun, env, tmp):
+    logs = os.path.join(tmp, "off")
+    t0 = time.time()
+    p = subprocess.run([ddprun, "--standalone", "--nproc_per_node=1", "--worker_timeout=1", "--no_progress_hook",
+                        "--worker_start_timeout=120", f"--log_dir={logs}", DDP_SCRIPT, "--epochs", "2"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    check(p.returncode == 0, f"--no_progress_hook: the job runs ({p.stderr[-500:]})")
+    beats = heartbeats(logs)
+    # Created at spawn; importing torch alone takes longer than a second.
+    check(beats["0"] < t0 + 1, f"--no_progress_hook: nothing touched the heartbeat file ({beats}, start {t0:.1f})")
+
+
+ENV_SCRIPT = r"""
+import os, sys
+before = os.environ.get("NCCL_ASYNC_ERROR_HANDLING", "unset")
+import torch
+after = os.environ.get("NCCL_ASYNC_ERROR_HANDLING", "unset")
+print(f"VERSION {torch.__version__.split('.')[0]} BEFORE {before} AFTER {after}", flush=True)
+if hasattr(torch, "make_nccl_process_group"):
+    torch.make_nccl_process_group()
+    hb = os.environ["DDPRUN_HEARTBEAT_FILE"]
+    t = os.stat(hb).st_mtime
+    os.utime(hb, (t - 100, t - 100))
+    torch.optim.Optimizer().step()
+    print("STEP_TOUCHED", os.stat(hb).st_mtime > t - 50, flush=True)
+"""
+
+
+def nccl_variable(ddprun, env, tmp):
+    script = os.path.join(tmp, "env.py")
+    with open(script, "w") as f:
+        f.write(ENV_SCRIPT)
+    run = lambda extra, e: subprocess.run([ddprun, "--standalone", "--nproc_per_node=2", *extra, script], env=e,
+                                          capture_output=True, text=True, timeout=120)
+    p = run([], env)
+    check(p.returncode == 0 and p.stdout.count("VERSION 1 BEFORE unset AFTER 1") == 2,
+          f"PyTorch 1.13: NCCL_ASYNC_ERROR_HANDLING=1 once torch is imported, not before ({p.stdout}{p.stderr[-300:]})")
+    p = run(["--no_progress_hook"], env)
+    check(p.stdout.count("VERSION 1 BEFORE 1 AFTER 1") == 2, f"--no_progress_hook: ddprun sets it itself ({p.stdout})")
+    env2 = dict(env, PYTHONPATH=FAKE_TORCH2)
+    p = run([], env2)
+    check(p.returncode == 0 and p.stdout.count("VERSION 2 BEFORE unset AFTER unset") == 2,
+          f"PyTorch 2.x: NCCL_ASYNC_ERROR_HANDLING stays unset ({p.stdout}{p.stderr[-300:]})")
+    check(DEPRECATED not in p.stderr, f"PyTorch 2.x: no deprecation line on any rank ({p.stderr[-500:]})")
+    check(p.stdout.count("STEP_TOUCHED True") == 2, "PyTorch 2.x: register_optimizer_step_post_hook touches the heartbeat")
+    p = run(["--no_progress_hook"], env2)
+    check(p.stderr.count(DEPRECATED) == 2, f"without the hook the 2.x stand-in warns on every rank ({p.stderr[-500:]})")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ddprun", required=True)
+    args = ap.parse_args()
+    env = dict(os.environ, PYTHON_EXEC="/usr/bin/python3")
+    env.pop("NCCL_ASYNC_ERROR_HANDLING", None)
+    env.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        nccl_variable(args.ddprun, env, tmp)
+        unhung_run_completes(args.ddprun, env, tmp)
+        hook_off_leaves_heartbeat(args.ddprun, env, tmp)
+        sigstop_is_caught(args.ddprun, env, tmp)
+    print("all progress hook checks passed")
+
+
+if __name__ == "__main__":
+    main()
