@@ -148,7 +148,8 @@ class RecordWatch : public Liveness {
 }  // namespace
 
 EtcdBackend::EtcdBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
-    : opt_(opt), endpoints_(parse_etcd_endpoints(opt.etcd_endpoints)), prefix_(opt.etcd_prefix + "/" + opt.run_id),
+    : opt_(opt), endpoints_(parse_etcd_endpoints(opt.etcd_endpoints, !opt.etcd_cacert.empty())),
+      prefix_(opt.etcd_prefix + "/" + opt.run_id),
       renewals_(std::move(renewals)) {}
 
 EtcdBackend::~EtcdBackend() {
@@ -162,6 +163,7 @@ std::unique_ptr<EtcdClient> EtcdBackend::client(std::chrono::milliseconds timeou
   EtcdOptions eo(endpoints_, std::min(timeout, std::max<std::chrono::milliseconds>(opt_.lease_ttl, 2s)));
   eo.user = opt_.etcd_user;
   eo.password = opt_.etcd_password;
+  eo.tls = {opt_.etcd_cacert, opt_.etcd_cert, opt_.etcd_key};
   return std::make_unique<EtcdClient>(eo);
 }
 
