@@ -9,7 +9,8 @@ packages=(
   build-essential cmake pkg-config
   libboost1.81-dev libboost-program-options1.81-dev
   libspdlog-dev libfmt-dev catch2 libgloo-dev nlohmann-json3-dev
-  libssl-dev                   # OpenSSL libcrypto: HMAC-SHA256 for the store handshake
+  libssl-dev                   # OpenSSL: HMAC-SHA256 for the store handshake, TLS to etcd
+  openssl                      # the command line: certificates for the etcd TLS tests
   util-linux                   # setpriv (another user), unshare (a host name per test host)
   help2man man-db dpkg-dev     # man pages from --help, man -w, dpkg-shlibdeps for the .deb
   file                         # cpack's Debian generator reads binaries with it

@@ -195,6 +195,11 @@ std::string help_text(const po::options_description& desc) {
   return os.str();
 }
 
+// A PET_ switch as the operators set it: PyTorchJob's elasticPolicy.standalone sets
+// PET_STANDALONE to the empty string, so a switch that is set and empty is on; otherwise
+// torchrun's 1/0 (and true/yes).
+bool pet_flag(const std::string& v) { return v.empty() || truthy(v); }
+
 // Each option's value: an explicit flag wins, then PET_<NAME>, then (inside a Slurm step) what
 // Slurm implies, then the default. Every value is checked by the table's parser.
 Settings resolve(const po::variables_map& vm, const std::map<std::string, std::string>& env,
@@ -207,7 +212,7 @@ Settings resolve(const po::variables_map& vm, const std::map<std::string, std::s
     auto pet = env.find(pet_name(o.name));
     std::string value;
     if (o.kind == OptionKind::flag) {
-      value = v.as<bool>() || (pet != env.end() && truthy(pet->second)) ? "1" : "0";
+      value = v.as<bool>() || (pet != env.end() && pet_flag(pet->second)) ? "1" : "0";
     } else if (!v.defaulted()) {
       value = v.as<std::string>();
     } else if (pet != env.end()) {
@@ -310,7 +315,8 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
   // Inside a Slurm step, the settings it implies stand in for defaults (not with --standalone:
   // one node, whatever Slurm says).
   auto slurm = slurm_defaults(env);
-  bool standalone = vm["standalone"].as<bool>() || truthy(get_env(env, "PET_STANDALONE", ""));
+  auto pet_standalone = env.find("PET_STANDALONE");
+  bool standalone = vm["standalone"].as<bool>() || (pet_standalone != env.end() && pet_flag(pet_standalone->second));
   if (standalone) slurm.reset();
   std::map<std::string, std::string> derived;
   Settings s = resolve(vm, env, slurm, derived);

@@ -178,7 +178,8 @@ const std::vector<OptionSpec>& option_table() {
        }},
       {"rdzv_endpoint", "", kRdzv, K::value, "", "host[:port] of the rendezvous store (c10d)",
        [](const std::string& v, Settings& s) {
-         if (!v.empty() && v.find(',') == std::string::npos) parse_endpoint(v, 0);  // etcd's lists: cli.cpp
+         // etcd's lists and URLs are checked with the backend (rdzv_flags.cpp)
+         if (!v.empty() && v.find(',') == std::string::npos && v.find("://") == std::string::npos) parse_endpoint(v, 0);
          s.rdzv_endpoint = v;
        }},
       {"rdzv_id", "", kRdzv, K::value, "none", "job id shared by all nodes (TORCHELASTIC_RUN_ID)",

@@ -18,8 +18,14 @@ std::string random_run_id() {
   return id;
 }
 
-void apply_rdzv_conf(const std::map<std::string, std::string>& conf, rounds::RendezvousOptions& z,
-                     std::string& secret_file) {
+// The --rdzv_conf values that are not settings of their own: where the job's secret is, and
+// torchrun's etcd protocol (http or https) for endpoints written without a scheme.
+struct ConfExtras {
+  std::string secret_file;
+  std::string protocol;
+};
+
+void apply_rdzv_conf(const std::map<std::string, std::string>& conf, rounds::RendezvousOptions& z, ConfExtras& x) {
   for (const auto& [k, v] : conf) {
     if (k == "join_timeout" || k == "timeout") z.join_timeout = parse_seconds("rdzv_conf " + k, v, false);
     else if (k == "last_call_timeout") z.last_call_timeout = parse_seconds("rdzv_conf " + k, v, true);
@@ -45,19 +51,42 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, rounds::Ren
     } else if (k == "password") {
       z.etcd_password = v;
     } else if (k == "cacert" || k == "cert" || k == "key") {
-      usage("--rdzv_conf " + k + ": TLS to etcd is not supported yet; reach etcd over a trusted network or a local proxy");
+      if (z.backend != rounds::BackendKind::etcd) usage("--rdzv_conf " + k + " applies to --rdzv_backend=etcd (TLS to etcd)");
+      if (v.empty()) usage("--rdzv_conf " + k + " needs a path (a PEM file, as etcdctl --" + k + ")");
+      (k == "cacert" ? z.etcd_cacert : k == "cert" ? z.etcd_cert : z.etcd_key) = v;
+    } else if (k == "protocol") {
+      if (v != "http" && v != "https") usage("--rdzv_conf protocol must be http or https (got '" + v + "')");
+      x.protocol = v;
     } else if (k == "secret_file") {
       if (v.empty()) usage("--rdzv_conf secret_file needs a path");
-      secret_file = v;
+      x.secret_file = v;
     } else {
       usage("--rdzv_conf: unknown key '" + k + "' (known: join_timeout, last_call_timeout, close_timeout, "
             "keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host, timeout, secret_file; etcd: prefix, lease_ttl, "
-            "user, password)");
+            "user, password, cacert, cert, key, protocol)");
     }
   }
 }
 
-// Where the store is and how nodes meet, from the rendezvous options together.
+// torchrun's protocol=https: the etcd endpoints written without a scheme get one.
+std::string with_scheme(const std::string& endpoints, const std::string& protocol) {
+  std::string out;
+  for (const auto& item : split(endpoints, ',')) {
+    std::string v = trim(item);
+    if (v.empty()) continue;
+    out += (out.empty() ? "" : ",") + (v.find("://") == std::string::npos ? protocol + "://" + v : v);
+  }
+  return out;
+}
+
+// A c10d or static endpoint is HOST[:PORT]: a URL is etcd's way of writing one.
+std::pair<std::string, std::uint16_t> store_endpoint(const std::string& v) {
+  if (v.find("://") != std::string::npos) {
+    usage("--rdzv_endpoint='" + v + "': http:// and https:// are for --rdzv_backend=etcd; the c10d store takes HOST[:PORT]");
+  }
+  return parse_endpoint(v.empty() ? "127.0.0.1" : v, 29400);
+}
+
 }  // namespace
 
 void place_store(const Settings& s, const std::map<std::string, std::string>& env, agent::AgentOptions& a) {
@@ -79,7 +108,7 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
     z.store_host = "127.0.0.1";
     z.store_port = 0;
   } else if (s.rdzv_backend == "c10d") {
-    std::tie(z.store_host, z.store_port) = parse_endpoint(s.rdzv_endpoint.empty() ? "127.0.0.1" : s.rdzv_endpoint, 29400);
+    std::tie(z.store_host, z.store_port) = store_endpoint(s.rdzv_endpoint);
   } else {
     z.store_host = s.master_addr;
     z.store_port = s.master_port;
@@ -101,10 +130,11 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
     // Node 0 hosts the store at --master_addr:--master_port.
     z.host_role = z.node_rank == 0 ? rounds::HostRole::always : rounds::HostRole::never;
   }
-  std::string secret_file;
-  apply_rdzv_conf(s.rdzv_conf, z, secret_file);
-  if (secret_file.empty()) secret_file = get_env(env, "DDPRUN_SECRET_FILE", "");
-  if (!secret_file.empty()) z.secret = rendezvous::auth::read_secret_file(secret_file);
+  ConfExtras x;
+  apply_rdzv_conf(s.rdzv_conf, z, x);
+  if (!x.protocol.empty()) z.etcd_endpoints = with_scheme(z.etcd_endpoints, x.protocol);
+  if (x.secret_file.empty()) x.secret_file = get_env(env, "DDPRUN_SECRET_FILE", "");
+  if (!x.secret_file.empty()) z.secret = rendezvous::auth::read_secret_file(x.secret_file);
   rounds::validate(z);
 }
 

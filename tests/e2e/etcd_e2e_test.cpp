@@ -9,10 +9,12 @@
 #include "e2e/agents.hpp"
 #include "etcd_cluster.hpp"
 #include "skip.hpp"
+#include "test_pki.hpp"
 
 using namespace ddprun::test;
 using ddprun::rounds::EtcdClient;
 using ddprun::rounds::testing::EtcdCluster;
+using ddprun::rounds::testing::TestPki;
 
 #define SKIP_WITHOUT_ETCD() SKIP_UNLESS(EtcdCluster::available(), "etcd is not installed (scripts/setup.sh installs etcd-server)")
 
@@ -179,4 +181,34 @@ TEST_CASE("etcd backend: authentication - the job's user is served, a wrong pass
   CHECK(refused.code == 1);
   CHECK_THAT(refused.err, Catch::Contains("refused ddprun"));
   CHECK_THAT(refused.err, Catch::Contains("user, password"));
+}
+
+TEST_CASE("etcd backend over TLS: agents meet through a TLS-only cluster with client certificates - a wrong CA exits 1",
+          "[etcd][tls]") {
+  SKIP_WITHOUT_ETCD();
+  SKIP_UNLESS(TestPki::available(), "openssl is not installed (scripts/setup.sh installs openssl)");
+  TestPki pki;
+  auto server = pki.server("etcd", "IP:127.0.0.1");
+  EtcdCluster cluster(3, {server.cert, server.key, pki.ca(), true});
+  auto node = pki.client("node");
+  const std::string tls = "cacert=" + pki.ca() + ",cert=" + node.cert + ",key=" + node.key;
+  const std::string conf = "lease_ttl=1,last_call_timeout=1,join_timeout=30," + tls;
+  // Endpoints as etcdctl writes them (https://); the lease keeper and the round watch use TLS too.
+  Launch a(agent(cluster, "tls1", "2", {"--nproc_per_node=1", kWorker, "heartbeat:20:50"}, conf));
+  Launch b(agent(cluster, "tls1", "2", {"--nproc_per_node=1", kWorker, "heartbeat:20:50"}, conf));
+  auto rb = b.finish(60s), ra = a.finish(60s);
+  INFO(ra.err << "\n---\n" << rb.err);
+  CHECK(ra.code == 0);
+  CHECK(rb.code == 0);
+  CHECK_THAT(ra.err + rb.err, Catch::Contains("rendezvous round 0 complete: 2 nodes"));
+  // The same job with another CA: the node says which member and what to check.
+  const std::string other = "lease_ttl=1,join_timeout=30,cacert=" + pki.ca("other") + ",cert=" + node.cert + ",key=" + node.key;
+  auto refused = Launch(agent(cluster, "tls2", "1:2", {"--nproc_per_node=1", kWorker, "env"}, other)).finish(60s);
+  CHECK(refused.code == 1);
+  CHECK_THAT(refused.err, Catch::Contains("cannot reach etcd at 127.0.0.1:" + std::to_string(cluster.client_port(0))));
+  CHECK_THAT(refused.err, Catch::Contains("is not signed by the CA in --rdzv_conf cacert"));
+  // https:// without a CA is a usage error before anything starts.
+  auto usage = Launch(agent(cluster, "tls3", "1:2", {kWorker, "env"}, "lease_ttl=1")).finish(30s);
+  CHECK(usage.code == 2);
+  CHECK_THAT(usage.err, Catch::Contains("uses TLS: give --rdzv_conf cacert=PATH"));
 }

@@ -1,6 +1,7 @@
 #pragma once
 // A real etcd cluster on loopback for tests: N members on free ports, data in a temporary
-// directory, started and SIGKILLed by the test, removed at the end.
+// directory, started and SIGKILLed by the test, removed at the end. Plain HTTP, or TLS-only
+// (client and peer URLs https://, optionally requiring client certificates).
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -11,6 +12,7 @@
 
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "etcd_client.hpp"
@@ -31,21 +33,55 @@ inline std::uint16_t free_port() {
   return ntohs(a.sin_port);
 }
 
+// True once something accepts connections on 127.0.0.1:port, false at the deadline.
+inline bool listening(std::uint16_t port, std::chrono::steady_clock::time_point deadline) {
+  for (auto backoff = std::chrono::milliseconds(10); std::chrono::steady_clock::now() < deadline;) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    ::close(fd);
+    if (ok) return true;
+    std::this_thread::sleep_for(backoff);  // retry backoff: etcd is starting
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+  }
+  return false;
+}
+
+// The members' TLS: their certificate and key (for clients and peers) and the CA they trust.
+struct EtcdServerTls {
+  std::string cert, key, ca;
+  bool client_cert_auth = false;  // clients must present a certificate signed by `ca`
+  bool enabled() const { return !cert.empty(); }
+};
+
 class EtcdCluster {
  public:
   static bool available() { return std::filesystem::exists(kEtcd); }
 
-  explicit EtcdCluster(int members = 3) {
+  // How the constructor knows the cluster is up: a write through the client (a quorum with a
+  // leader), or only the client ports accepting (a member whose certificate no client accepts).
+  enum class Ready { written, listening };
+
+  explicit EtcdCluster(int members = 3, EtcdServerTls tls = {}, Ready ready = Ready::written) : tls_(std::move(tls)) {
     char tmpl[] = "/tmp/ddprun-etcd-XXXXXX";
     dir_ = ::mkdtemp(tmpl);
     std::string initial;
     for (int i = 0; i < members; ++i) {
       clients_.push_back(free_port());
       peers_.push_back(free_port());
-      initial += (i ? "," : "") + name(i) + "=http://127.0.0.1:" + std::to_string(peers_[i]);
+      initial += (i ? "," : "") + name(i) + "=" + scheme() + "127.0.0.1:" + std::to_string(peers_[i]);
     }
     for (int i = 0; i < members; ++i) pids_.push_back(start(i, initial));
-    EtcdClient c({endpoints(), std::chrono::seconds(20)});
+    if (ready == Ready::listening) {
+      for (auto p : clients_) listening(p, std::chrono::steady_clock::now() + std::chrono::seconds(20));
+      return;
+    }
+    EtcdOptions o(endpoints(), std::chrono::seconds(20));
+    o.tls = client_tls();
+    EtcdClient c(o);
     c.put("ddprun-test/ready", "1");  // a quorum is up and has a leader
   }
   ~EtcdCluster() {
@@ -61,19 +97,32 @@ class EtcdCluster {
 
   std::vector<EtcdEndpoint> endpoints() const {
     std::vector<EtcdEndpoint> out;
-    for (auto p : clients_) out.push_back({"127.0.0.1", p});
+    for (auto p : clients_) out.push_back({"127.0.0.1", p, tls_.enabled()});
     return out;
   }
+  // "127.0.0.1:P,..." (TLS: "https://127.0.0.1:P,...").
   std::string endpoint_list() const {
     std::string out;
-    for (auto p : clients_) out += (out.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(p);
+    for (auto p : clients_) {
+      out += (out.empty() ? "" : ",") + std::string(tls_.enabled() ? "https://" : "") + "127.0.0.1:" + std::to_string(p);
+    }
     return out;
+  }
+  std::uint16_t client_port(int i) const { return clients_.at(static_cast<std::size_t>(i)); }
+  // What a client that the members accept uses: their CA, and (when they require one) their own
+  // certificate as the client's.
+  EtcdTls client_tls() const {
+    if (!tls_.enabled()) return {};
+    if (!tls_.client_cert_auth) return {tls_.ca, "", ""};
+    return {tls_.ca, tls_.cert, tls_.key};
   }
   // The member that leads, by index.
   int leader() {
     for (std::size_t i = 0; i < clients_.size(); ++i) {
       if (pids_[i] <= 0) continue;
-      EtcdClient one({{{"127.0.0.1", clients_[i]}}, std::chrono::seconds(5)});
+      EtcdOptions o({{"127.0.0.1", clients_[i], tls_.enabled()}}, std::chrono::seconds(5));
+      o.tls = client_tls();
+      EtcdClient one(o);
       auto st = one.status();
       if (st.member_id == st.leader_id) return static_cast<int>(i);
     }
@@ -87,16 +136,27 @@ class EtcdCluster {
 
  private:
   static std::string name(int i) { return "m" + std::to_string(i); }
+  std::string scheme() const { return tls_.enabled() ? "https://" : "http://"; }
+
+  std::vector<std::string> tls_args() const {
+    if (!tls_.enabled()) return {};
+    std::vector<std::string> a = {"--cert-file", tls_.cert, "--key-file", tls_.key, "--trusted-ca-file", tls_.ca,
+                                  "--peer-cert-file", tls_.cert, "--peer-key-file", tls_.key,
+                                  "--peer-trusted-ca-file", tls_.ca, "--peer-client-cert-auth"};
+    if (tls_.client_cert_auth) a.push_back("--client-cert-auth");
+    return a;
+  }
 
   pid_t start(int i, const std::string& initial) {
     std::string data = dir_ + "/" + name(i), log = dir_ + "/" + name(i) + ".log";
-    std::string client = "http://127.0.0.1:" + std::to_string(clients_[i]);
-    std::string peer = "http://127.0.0.1:" + std::to_string(peers_[i]);
+    std::string client = scheme() + "127.0.0.1:" + std::to_string(clients_[i]);
+    std::string peer = scheme() + "127.0.0.1:" + std::to_string(peers_[i]);
     std::vector<std::string> args = {kEtcd, "--name", name(i), "--data-dir", data, "--listen-client-urls", client,
                                      "--advertise-client-urls", client, "--listen-peer-urls", peer,
                                      "--initial-advertise-peer-urls", peer, "--initial-cluster", initial,
                                      "--initial-cluster-state", "new", "--heartbeat-interval", "50",
                                      "--election-timeout", "500", "--log-level", "error"};
+    for (auto& a : tls_args()) args.push_back(a);
     pid_t pid = ::fork();
     if (pid == 0) {
       int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -111,6 +171,7 @@ class EtcdCluster {
     return pid;
   }
 
+  EtcdServerTls tls_;
   std::string dir_;
   std::vector<std::uint16_t> clients_, peers_;
   std::vector<pid_t> pids_;

@@ -8,6 +8,7 @@
 #include "ddprun/rendezvous/prefix_store.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
+#include "etcd_cluster.hpp"
 #include "recorder.hpp"
 #include "store_backend.hpp"
 #include "threaded_rendezvous.hpp"
@@ -177,4 +178,27 @@ TEST_CASE("store rounds: no store at the endpoint within the join time-out says 
   REQUIRE(r.wait_failed());
   CHECK(r.failed.front().kind == RendezvousFailure::Kind::timeout);
   CHECK_THAT(r.failed.front().message, Catch::Contains("no store at 127.0.0.1:1") && Catch::Contains("--rdzv_endpoint"));
+}
+
+TEST_CASE("store backend: an endpoint name that does not resolve is waited for until the join time-out, then named",
+          "[store][names]") {
+  auto o = store_options(1, 2);
+  o.endpoint_host = "pod-0.never.invalid";  // .invalid never resolves (RFC 6761)
+  o.endpoint_port = 29400;
+  StoreBackend b(o, {});
+  CHECK_FALSE(b.holds_records());  // undecided: the name cannot say whether it is this node's
+  auto t0 = Clock::now();
+  CHECK_THROWS_WITH(b.connect(1500ms), Catch::Contains("rendezvous: pod-0.never.invalid did not resolve within 1.5 s") &&
+                                           Catch::Contains("check --rdzv_endpoint"));
+  auto took = Clock::now() - t0;
+  CHECK(took >= 1500ms);
+  CHECK(took < 3500ms);
+  // An address, or a name that resolves, is not waited for.
+  o.endpoint_host = "localhost";
+  o.endpoint_port = free_port();  // nothing listens there
+  o.host_role = HostRole::never;
+  StoreBackend local(o, {});
+  t0 = Clock::now();
+  CHECK_THROWS_WITH(local.connect(300ms), Catch::Contains("no store at localhost:" + std::to_string(o.endpoint_port)));
+  CHECK(Clock::now() - t0 < 2s);
 }

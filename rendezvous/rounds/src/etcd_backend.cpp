@@ -15,6 +15,12 @@ using namespace std::chrono_literals;
 // Markers outlive the run this long (a node started late is told the job finished).
 constexpr std::chrono::seconds kMarkerTtl{600};
 
+std::vector<std::string> hosts_of(const std::vector<EtcdEndpoint>& endpoints) {
+  std::vector<std::string> out;
+  for (const auto& e : endpoints) out.push_back(e.host);
+  return out;
+}
+
 class EtcdConnection : public Connection {
  public:
   EtcdConnection(std::unique_ptr<EtcdClient> c, std::string prefix, std::shared_ptr<EtcdBackend::Lease> lease)
@@ -127,7 +133,8 @@ struct RecordWatch {
 }  // namespace
 
 EtcdBackend::EtcdBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
-    : opt_(opt), endpoints_(parse_etcd_endpoints(opt.etcd_endpoints)), prefix_(opt.etcd_prefix + "/" + opt.run_id),
+    : opt_(opt), endpoints_(parse_etcd_endpoints(opt.etcd_endpoints, !opt.etcd_cacert.empty())),
+      names_(hosts_of(endpoints_), "--rdzv_endpoint"), prefix_(opt.etcd_prefix + "/" + opt.run_id),
       renewals_(std::move(renewals)) {}
 
 EtcdBackend::~EtcdBackend() {
@@ -141,12 +148,21 @@ std::unique_ptr<EtcdClient> EtcdBackend::client(std::chrono::milliseconds timeou
   EtcdOptions eo(endpoints_, std::min(timeout, std::max<std::chrono::milliseconds>(opt_.lease_ttl, 2s)));
   eo.user = opt_.etcd_user;
   eo.password = opt_.etcd_password;
+  eo.tls = {opt_.etcd_cacert, opt_.etcd_cert, opt_.etcd_key};
   return std::make_unique<EtcdClient>(eo);
 }
 
-std::string EtcdBackend::reach() const { return source_address_towards(endpoints_.at(0).host); }
+// The address towards the first member with a route (the others' names may not resolve yet).
+std::string EtcdBackend::reach() const {
+  for (const auto& e : endpoints_) {
+    auto a = source_address_towards(e.host);
+    if (!a.empty()) return a;
+  }
+  return "";
+}
 
 std::unique_ptr<Connection> EtcdBackend::connect(std::chrono::milliseconds timeout) {
+  names_.until(Clock::now() + timeout);
   auto c = client(timeout);
   if (lease_->id == 0) start_lease(*c);
   return std::make_unique<EtcdConnection>(std::move(c), prefix_, lease_);

@@ -14,6 +14,7 @@
 #include "bounded_thread.hpp"
 #include "ddprun/rounds/options.hpp"
 #include "etcd_client.hpp"
+#include "name_wait.hpp"
 #include "task_queue.hpp"
 
 namespace ddprun::rounds {
@@ -25,6 +26,7 @@ class EtcdBackend : public Backend {
   ~EtcdBackend() override;
 
   std::string where() const override { return "etcd at " + opt_.etcd_endpoints; }
+  // Waits (within `timeout`) for one member's name to resolve first.
   std::unique_ptr<Connection> connect(std::chrono::milliseconds timeout) override;
   void close() override;
   std::string reach() const override;
@@ -44,6 +46,7 @@ class EtcdBackend : public Backend {
 
   RendezvousOptions opt_;
   std::vector<EtcdEndpoint> endpoints_;
+  NameWait names_;
   std::string prefix_;
   std::weak_ptr<Renewals> renewals_;
   std::shared_ptr<Lease> lease_ = std::make_shared<Lease>();

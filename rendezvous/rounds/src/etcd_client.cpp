@@ -10,6 +10,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
+#include "etcd_transport.hpp"
 
 namespace ddprun::rounds {
 namespace {
@@ -17,7 +18,6 @@ namespace {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
-using tcp = asio::ip::tcp;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
@@ -118,64 +118,18 @@ struct Refused {
 
 }  // namespace
 
-std::vector<EtcdEndpoint> parse_etcd_endpoints(const std::string& list) {
-  std::vector<EtcdEndpoint> out;
-  for (const auto& item : split(list, ',')) {
-    std::string v = trim(item);
-    if (v.rfind("http://", 0) == 0) v = v.substr(7);
-    if (v.empty()) continue;
-    EtcdEndpoint e;
-    std::string port;
-    if (v[0] == '[') {
-      auto close = v.find(']');
-      if (close == std::string::npos) throw UsageError("etcd endpoint '" + item + "': missing ']'");
-      e.host = v.substr(1, close - 1);
-      if (close + 1 < v.size() && v[close + 1] == ':') port = v.substr(close + 2);
-    } else {
-      auto colon = v.rfind(':');
-      e.host = colon == std::string::npos ? v : v.substr(0, colon);
-      if (colon != std::string::npos) port = v.substr(colon + 1);
-    }
-    if (!port.empty()) {
-      auto p = parse_int(port, 1, 65535);
-      if (!p) throw UsageError("etcd endpoint '" + item + "': the port must be 1-65535");
-      e.port = static_cast<std::uint16_t>(*p);
-    }
-    if (e.host.empty()) throw UsageError("etcd endpoint '" + item + "': empty host");
-    out.push_back(e);
-  }
-  if (out.empty()) throw UsageError("no etcd endpoint given (expected HOST:PORT[,HOST:PORT...])");
-  return out;
-}
-
 struct EtcdClient::Impl {
   EtcdOptions opt;
+  std::shared_ptr<asio::ssl::context> tls;  // set when an endpoint uses TLS
   std::size_t current = 0;
   std::string token;
   asio::io_context io;
 
-  // Runs the loop until the pending operations finish or `deadline`; then they are cancelled.
-  bool run_until(beast::tcp_stream& s, Clock::time_point deadline) {
-    io.restart();
-    io.run_until(deadline);
-    if (io.stopped()) return true;
-    s.cancel();
-    io.restart();
-    io.run();
-    return false;
+  EtcdStream connect(const EtcdEndpoint& e, Clock::time_point deadline) {
+    return EtcdStream::open(io, e, tls.get(), deadline);
   }
-
-  beast::tcp_stream connect(const EtcdEndpoint& e, Clock::time_point deadline) {
-    beast::tcp_stream s(io);
-    tcp::resolver resolver(io);
-    boost::system::error_code ec;
-    auto addrs = resolver.resolve(e.host, std::to_string(e.port), ec);
-    if (ec) throw NetworkError("cannot resolve " + e.host + ": " + ec.message());
-    s.async_connect(addrs, [&](boost::system::error_code c, const tcp::endpoint&) { ec = c; });
-    if (!run_until(s, deadline)) throw TimeoutError("connecting to " + where(e) + " timed out");
-    if (ec) throw NetworkError("cannot connect to " + where(e) + ": " + ec.message());
-    return s;
-  }
+  std::vector<EtcdEvent> read_watch(EtcdStream& s, const EtcdEndpoint& e, http::request<http::string_body> req,
+                                    Clock::time_point deadline);
 
   http::request<http::string_body> request(const EtcdEndpoint& e, const std::string& path, const json& body) {
     http::request<http::string_body> req{http::verb::post, path, 11};
@@ -194,12 +148,14 @@ struct EtcdClient::Impl {
     beast::flat_buffer buf;
     http::response<http::string_body> res;
     boost::system::error_code ec;
-    http::async_write(s, req, [&](boost::system::error_code c, std::size_t) {
-      ec = c;
-      if (!c) http::async_read(s, buf, res, [&](boost::system::error_code r, std::size_t) { ec = r; });
+    s.visit([&](auto& stream) {
+      http::async_write(stream, req, [&](boost::system::error_code c, std::size_t) {
+        ec = c;
+        if (!c) http::async_read(stream, buf, res, [&](boost::system::error_code r, std::size_t) { ec = r; });
+      });
     });
-    if (!run_until(s, deadline)) throw TimeoutError("no answer from " + where(e) + " in time");
-    if (ec) throw NetworkError("talking to " + where(e) + ": " + ec.message());
+    if (!s.run(io, deadline)) throw TimeoutError("no answer from " + where(e) + " in time");
+    if (ec) throw NetworkError("talking to " + where(e) + ": " + s.explain(ec));
     auto j = json::parse(res.body(), nullptr, false);
     if (j.is_discarded()) throw NetworkError(where(e) + " answered with something other than JSON (not etcd's gateway?)");
     if (res.result() != http::status::ok || j.contains("error")) {
@@ -237,6 +193,10 @@ struct EtcdClient::Impl {
         if (r.auth) throw AuthError("etcd at " + where(e) + " refused ddprun: " + r.message + " (check --rdzv_conf user, password)");
         if (!r.transient) throw Error("etcd at " + where(e) + ": " + r.message);
         errors[current] = r.message;
+      } catch (const TimeoutError& err) {
+        // The last try of a member may run out of the call's time: what an earlier try found
+        // (a TLS failure, a refused connection) says more.
+        if (errors[current].empty()) errors[current] = err.what();
       } catch (const Error& err) {
         errors[current] = err.what();
       }
@@ -255,6 +215,8 @@ struct EtcdClient::Impl {
 
 EtcdClient::EtcdClient(EtcdOptions options) : impl_(std::make_unique<Impl>()) {
   if (options.endpoints.empty()) throw UsageError("no etcd endpoint given");
+  check_etcd_tls(options.endpoints, options.tls);
+  if (options.tls.enabled()) impl_->tls = make_tls_context(options.tls);
   impl_->opt = std::move(options);
 }
 EtcdClient::~EtcdClient() = default;
@@ -341,7 +303,7 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
   if (prefix) create["range_end"] = b64(prefix_end(key));
   const auto deadline = Clock::now() + limit;
   // A member that cannot be reached is skipped for the next one (once round).
-  std::optional<beast::tcp_stream> stream;
+  std::optional<EtcdStream> stream;
   for (std::size_t tried = 0; !stream; ++tried) {
     try {
       stream.emplace(im.connect(im.opt.endpoints[im.current], deadline));
@@ -350,10 +312,15 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
       if (tried + 1 >= im.opt.endpoints.size() || Clock::now() >= deadline) throw;
     }
   }
-  auto& s = *stream;
   const auto& e = im.opt.endpoints[im.current];
-  auto req = im.request(e, "/v3/watch", {{"create_request", create}});
-  // The answer is a stream of JSON messages (chunked): "created", then events as they happen.
+  return im.read_watch(*stream, e, im.request(e, "/v3/watch", {{"create_request", create}}), deadline);
+}
+
+// The answer to a watch is a stream of JSON messages (chunked): "created", then events as they
+// happen. Read until the first events arrive or `deadline` (then none: empty); a stream that
+// breaks ends the wait early, and the caller watches again.
+std::vector<EtcdEvent> EtcdClient::Impl::read_watch(EtcdStream& s, const EtcdEndpoint& e,
+                                                    http::request<http::string_body> req, Clock::time_point deadline) {
   http::response_parser<http::buffer_body> parser;
   parser.body_limit(boost::none);
   beast::flat_buffer buf;
@@ -361,32 +328,28 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
   std::vector<EtcdEvent> events;
   bool oversized = false;
   char chunk[16384];
-  boost::system::error_code ec;
-  std::function<void()> read_more = [&] {
+  std::function<void(boost::system::error_code, std::size_t)> on_read;
+  auto read_more = [&] {
     parser.get().body().data = chunk;
     parser.get().body().size = sizeof(chunk);
-    http::async_read_some(s, buf, parser, [&](boost::system::error_code c, std::size_t) {
-      if (c && c != http::error::need_buffer) {
-        ec = c;
-        return;
-      }
-      messages.feed(chunk, sizeof(chunk) - parser.get().body().size, events);
-      // A message never completed (a broken or hostile server) is not buffered without bound.
-      if (messages.buffered() > kMaxWatchMessage) {
-        oversized = true;
-        return;
-      }
-      if (events.empty() && !parser.is_done()) read_more();
-    });
+    s.visit([&](auto& stream) { http::async_read_some(stream, buf, parser, on_read); });
   };
-  http::async_write(s, req, [&](boost::system::error_code c, std::size_t) {
-    if (c) {
-      ec = c;
+  on_read = [&](boost::system::error_code c, std::size_t) {
+    if (c && c != http::error::need_buffer) return;
+    messages.feed(chunk, sizeof(chunk) - parser.get().body().size, events);
+    // A message never completed (a broken or hostile server) is not buffered without bound.
+    if (messages.buffered() > kMaxWatchMessage) {
+      oversized = true;
       return;
     }
-    read_more();
+    if (events.empty() && !parser.is_done()) read_more();
+  };
+  s.visit([&](auto& stream) {
+    http::async_write(stream, req, [&](boost::system::error_code c, std::size_t) {
+      if (!c) read_more();
+    });
   });
-  im.run_until(s, deadline);
+  s.run(io, deadline);
   if (oversized) {
     throw ProtocolError("etcd at " + where(e) + " sent a watch message of over " + std::to_string(kMaxWatchMessage) +
                         " bytes (not etcd's gateway?)");

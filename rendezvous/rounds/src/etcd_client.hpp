@@ -21,6 +21,14 @@ namespace ddprun::rounds {
 struct EtcdEndpoint {
   std::string host;
   std::uint16_t port = 2379;
+  bool tls = false;  // https://: the member's certificate is checked against EtcdTls::cacert
+};
+
+// TLS to etcd, with etcdctl's names (--cacert, --cert, --key): PEM files. No cacert: plain HTTP.
+struct EtcdTls {
+  std::string cacert;     // the CA that signed the members' server certificates
+  std::string cert, key;  // this node's client certificate and key (etcd --client-cert-auth); both or neither
+  bool enabled() const { return !cacert.empty(); }
 };
 
 struct EtcdOptions {
@@ -29,6 +37,7 @@ struct EtcdOptions {
   std::vector<EtcdEndpoint> endpoints;
   std::chrono::milliseconds timeout{std::chrono::seconds(5)};  // per call, all members tried
   std::string user, password;                                  // when the cluster has auth on
+  EtcdTls tls;                                                 // used by the endpoints with tls set
 };
 
 struct EtcdKv {
@@ -41,8 +50,13 @@ struct EtcdEvent {
   EtcdKv kv;
 };
 
-// "h1:2379,h2:2379,[::1]:2379" -> endpoints. Throws UsageError.
-std::vector<EtcdEndpoint> parse_etcd_endpoints(const std::string& list);
+// "h1:2379,https://h2:2379,[::1]:2379" -> endpoints, as etcdctl writes them: http:// or https://
+// choose TLS; an endpoint without a scheme uses TLS when `tls_default`. Throws UsageError.
+std::vector<EtcdEndpoint> parse_etcd_endpoints(const std::string& list, bool tls_default = false);
+
+// Throws UsageError when the endpoints' schemes and the TLS files do not fit together (https://
+// without cacert, http:// with it, cert without key) or a file cannot be loaded.
+void check_etcd_tls(const std::vector<EtcdEndpoint>& endpoints, const EtcdTls& tls);
 
 class EtcdClient {
  public:

@@ -4,6 +4,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "etcd_backend.hpp"
+#include "etcd_transport.hpp"
 #include "local_rendezvous.hpp"
 #include "store_backend.hpp"
 #include "threaded_rendezvous.hpp"
@@ -15,7 +16,11 @@ void validate(const RendezvousOptions& opt) {
     throw UsageError("rendezvous: --nnodes=" + std::to_string(opt.min_nodes) + ":" + std::to_string(opt.max_nodes) +
                      " is not MIN:MAX with 1 <= MIN <= MAX");
   }
-  if (opt.backend == BackendKind::etcd) parse_etcd_endpoints(opt.etcd_endpoints);
+  if (opt.backend == BackendKind::etcd) {
+    const EtcdTls tls{opt.etcd_cacert, opt.etcd_cert, opt.etcd_key};
+    check_etcd_tls(parse_etcd_endpoints(opt.etcd_endpoints, tls.enabled()), tls);
+    if (tls.enabled()) make_tls_context(tls);  // the files load, or the usage error names the one that does not
+  }
 }
 
 std::unique_ptr<Rendezvous> make_rendezvous(const RendezvousOptions& opt, Post post, Fence* fence) {

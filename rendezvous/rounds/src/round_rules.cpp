@@ -48,6 +48,8 @@ RoundRules::RoundRules(const RendezvousOptions& opt, Backend& backend, WorkersSt
 
 void RoundRules::connect() {
   conn_ = backend_.connect(opt_.join_timeout);
+  // The backend's name may have resolved only now (Kubernetes): the route to it is known now.
+  if (self_.info.reach.empty()) self_.info.reach = backend_.reach();
   auto& c = *conn_;
   const Key finished = run_key(Name::finished), config = run_key(Name::config);
   if (c.get(finished)) {

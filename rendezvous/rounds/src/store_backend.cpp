@@ -101,31 +101,45 @@ struct Ring {
 }  // namespace
 
 StoreBackend::StoreBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
-    : opt_(opt), renewals_(std::move(renewals)), port_(opt.endpoint_port) {
-  if (!should_host()) return;
+    : opt_(opt), renewals_(std::move(renewals)),
+      name_({opt.endpoint_host}, opt.backend == BackendKind::static_ranks ? "--master_addr" : "--rdzv_endpoint"),
+      port_(opt.endpoint_port) {
+  // A name that does not resolve yet cannot say whether it is this node's: decided on connect.
+  if (opt.host_role != HostRole::automatic || !resolve_host(opt.endpoint_host).empty()) decide_hosting();
+}
+
+void StoreBackend::decide_hosting() {
+  std::lock_guard<std::mutex> lk(decide_mu_);
+  if (decided_) return;
+  if (should_host()) host();
+  decided_ = true;
+}
+
+void StoreBackend::host() {
   rendezvous::StoreServerOptions so;
   so.host = "";  // every interface: the endpoint's address is one of them
-  so.port = opt.endpoint_port;
-  so.secret = opt.secret;  // agents prove they know the job's secret
-  so.same_user = true;     // processes of other users on this host are refused
-  so.reserved_fds = 64 + 8 * static_cast<std::size_t>(opt.nproc);
+  so.port = opt_.endpoint_port;
+  so.secret = opt_.secret;  // agents prove they know the job's secret
+  so.same_user = true;      // processes of other users on this host are refused
+  so.reserved_fds = 64 + 8 * static_cast<std::size_t>(opt_.nproc);
   try {
     server_ = std::make_unique<rendezvous::StoreServer>(so);
   } catch (const NetworkError& e) {
-    if (opt.host_role == HostRole::always) {
-      throw Error("is_host=1 but the rendezvous store cannot listen on port " + std::to_string(opt.endpoint_port) + ": " +
+    if (opt_.host_role == HostRole::always) {
+      throw Error("is_host=1 but the rendezvous store cannot listen on port " + std::to_string(opt_.endpoint_port) + ": " +
                   e.what());
     }
     // Another agent on this machine got the port first: it is the host.
-    spdlog::debug("ddprun: port {} is taken; joining as a client ({})", opt.endpoint_port, e.what());
+    spdlog::debug("ddprun: port {} is taken; joining as a client ({})", opt_.endpoint_port, e.what());
     return;
   }
   server_->start();
   port_ = server_->port();
-  spdlog::info("ddprun: hosting the rendezvous store on port {}", port_);
-  if (opt.secret.empty()) {
+  hosting_ = true;
+  spdlog::info("ddprun: hosting the rendezvous store on port {}", port_.load());
+  if (opt_.secret.empty()) {
     spdlog::warn("ddprun: the rendezvous store on port {} accepts any client that can reach it; give every node "
-                 "--rdzv_conf=secret_file=PATH (README: Security)", port_);
+                 "--rdzv_conf=secret_file=PATH (README: Security)", port_.load());
   }
 }
 
@@ -141,7 +155,7 @@ bool StoreBackend::should_host() const {
 }
 
 std::vector<HostedStore> StoreBackend::hosted() const {
-  if (!server_) return {};
+  if (!hosting_) return {};  // set once server_ is up; server_ never changes after
   return {observe_store("rendezvous", *server_)};
 }
 
@@ -153,10 +167,14 @@ std::chrono::milliseconds StoreBackend::liveness_ttl() const {
 }
 
 std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  name_.until(deadline);
+  decide_hosting();
   rendezvous::TcpStoreOptions o;
   o.host = opt_.endpoint_host;
   o.port = port_;
-  o.timeout = timeout;
+  o.timeout = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                       std::chrono::milliseconds(1));
   o.secret = opt_.secret;
   std::shared_ptr<rendezvous::TcpStore> tcp;
   try {

@@ -8,10 +8,12 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "backend.hpp"
 #include "ddprun/rounds/options.hpp"
+#include "name_wait.hpp"
 
 namespace ddprun::rendezvous {
 class StoreServer;
@@ -22,14 +24,16 @@ namespace ddprun::rounds {
 class StoreBackend : public Backend {
  public:
   // Hosts the rendezvous store when this node is its host (binding only). Throws ddprun::Error
-  // when host_role is `always` and the port cannot be bound.
+  // when host_role is `always` and the port cannot be bound. With host_role `automatic` and an
+  // endpoint name that does not resolve yet, the first connect() decides, once it resolves.
   StoreBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals);
   ~StoreBackend() override;
 
   std::string where() const override;
+  // Waits (within `timeout`) for the endpoint's name to resolve first.
   std::unique_ptr<Connection> connect(std::chrono::milliseconds timeout) override;
   std::string reach() const override;
-  bool holds_records() const override { return server_ != nullptr; }
+  bool holds_records() const override { return hosting_; }
   std::vector<HostedStore> hosted() const override;
   std::chrono::milliseconds liveness_ttl() const override;
   std::unique_ptr<Liveness> watch(const Members& m, std::weak_ptr<LivenessEvents> events) override;
@@ -40,10 +44,19 @@ class StoreBackend : public Backend {
 
  private:
   bool should_host() const;
+  void decide_hosting();
+  void host();
 
+  // Constant after construction.
   RendezvousOptions opt_;
   std::weak_ptr<Renewals> renewals_;
-  std::uint16_t port_;
+  NameWait name_;
+
+  // Written once, when this node decides whether it hosts the store (under decide_mu_); read
+  // from any thread.
+  std::mutex decide_mu_;
+  std::atomic<bool> decided_{false}, hosting_{false};
+  std::atomic<std::uint16_t> port_;
   std::unique_ptr<rendezvous::StoreServer> server_;
 };
 

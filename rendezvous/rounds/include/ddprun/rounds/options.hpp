@@ -53,12 +53,16 @@ struct RendezvousOptions {
   int keep_alive_max_attempt = 3;
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
 
-  // etcd: the cluster's members ("h1:2379,h2:2379"), the key prefix (keys under
-  // <prefix>/<run_id>/), each node's lease (a node silent this long is lost), credentials.
+  // etcd: the cluster's members ("h1:2379,h2:2379", "https://h1:2379"), the key prefix (keys
+  // under <prefix>/<run_id>/), each node's lease (a node silent this long is lost), credentials.
   std::string etcd_endpoints;
   std::string etcd_prefix = "/ddprun";
   std::chrono::seconds lease_ttl{5};
   std::string etcd_user, etcd_password;
+  // TLS, as etcdctl's --cacert, --cert, --key (PEM files). A cacert makes endpoints without a
+  // scheme TLS ones; https:// needs it. cert and key: this node's client certificate, for a
+  // cluster with --client-cert-auth. Empty: plain HTTP.
+  std::string etcd_cacert, etcd_cert, etcd_key;
 
   // The per-job secret (--rdzv_conf=secret_file=PATH or DDPRUN_SECRET_FILE): agents and the
   // rendezvous store authenticate each other with it. Empty: the store accepts any client.

@@ -1,0 +1,34 @@
+#pragma once
+// Names that do not resolve yet. On Kubernetes a pod's DNS name (a JobSet's <job>-node-0-0.<job>,
+// a PyTorchJob's <job>-worker-0) exists only once that pod has started and its headless service
+// has caught up, so a node that starts first waits for the master's or the rendezvous's name
+// instead of failing (no init container running nslookup in a loop). Bounded by the join
+// time-out; said once.
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ddprun::rounds {
+
+class NameWait {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `names`: where the backend is (any one resolving will do); `flag`: where the user set them,
+  // for the message ("--master_addr").
+  NameWait(std::vector<std::string> names, std::string flag) : names_(std::move(names)), flag_(std::move(flag)) {}
+
+  // Returns once one of the names resolves (at once for an address, or a name that resolves).
+  // Until then looks it up again with a growing pause (up to 1 s); the first wait is said at
+  // info. Throws TimeoutError at `deadline`, naming the names, the time waited and what to check.
+  void until(Clock::time_point deadline);
+
+ private:
+  const std::vector<std::string> names_;
+  const std::string flag_;
+  std::atomic<bool> said_{false};  // the wait was logged (once per backend)
+};
+
+}  // namespace ddprun::rounds
