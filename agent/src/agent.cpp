@@ -3,10 +3,13 @@
 // the loop until the controller is done. Every decision is the controller's (job_controller.hpp).
 #include "ddprun/agent/agent.hpp"
 
+#include <unistd.h>
+
 #include <boost/asio.hpp>
 #include <mutex>
 #include <spdlog/spdlog.h>
 
+#include "ddprun/agent/gpus.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/system.hpp"
 #include "event_log.hpp"
@@ -119,7 +122,12 @@ struct Agent::Impl {
 
   int run_loop(asio::io_context& io, asio::signal_set& signals, ProcessRunner& runner, Rendezvous& rdzv,
                EventLog& events, RunDir& dir, const std::string& node_name, JobMetrics* metrics) {
-    WorkerGroup group(io, runner, {opt.worker_timeout, opt.stop_timeout, opt.stack_dump_timeout, opt.worker_start_timeout});
+    WorkerGroup::Options wo{opt.worker_timeout, opt.stop_timeout, opt.stack_dump_timeout, opt.worker_start_timeout};
+    wo.gpu_holders = [](const std::vector<pid_t>& pids) {
+      // Only where the NVIDIA driver runs: NVML is loaded then, once per failed group.
+      return ::access("/proc/driver/nvidia", F_OK) == 0 ? gpu_memory_holders(pids) : std::vector<pid_t>{};
+    };
+    WorkerGroup group(io, runner, wo);
     JobController controller(opt, group, rdzv, events, dir, node_name, &fence);
     // Once a second the loop shows the job to the metrics: /healthz also proves the loop turns.
     asio::steady_timer tick(io);

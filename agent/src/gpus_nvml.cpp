@@ -2,6 +2,7 @@
 // opened, asked, shut down and closed again, so nothing of it stays in the launcher.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 
@@ -22,6 +23,14 @@ struct NvmlPciInfo {
   char bus_id[32];  // "00000000:18:00.0"
 };
 
+// nvmlProcessInfo_t as nvmlDeviceGetComputeRunningProcesses_v3 fills it.
+struct NvmlProcessInfo {
+  unsigned pid;
+  unsigned long long used_gpu_memory;
+  unsigned gpu_instance_id, compute_instance_id;
+};
+constexpr nvmlReturn_t kNvmlInsufficientSize = 7;
+
 struct Nvml {
   void* lib = nullptr;
   nvmlReturn_t (*init)() = nullptr;
@@ -32,6 +41,7 @@ struct Nvml {
   nvmlReturn_t (*pci)(nvmlDevice_t, NvmlPciInfo*) = nullptr;
   nvmlReturn_t (*max_mig)(nvmlDevice_t, unsigned*) = nullptr;        // optional (MIG: NVML 11+)
   nvmlReturn_t (*mig_by_index)(nvmlDevice_t, unsigned, nvmlDevice_t*) = nullptr;
+  nvmlReturn_t (*compute_procs)(nvmlDevice_t, unsigned*, NvmlProcessInfo*) = nullptr;  // optional (NVML 11+)
 
   template <typename F>
   void bind(F& fn, const char* name) {
@@ -48,6 +58,7 @@ struct Nvml {
     bind(pci, "nvmlDeviceGetPciInfo_v3");
     bind(max_mig, "nvmlDeviceGetMaxMigDeviceCount");
     bind(mig_by_index, "nvmlDeviceGetMigDeviceHandleByIndex");
+    bind(compute_procs, "nvmlDeviceGetComputeRunningProcesses_v3");
     return init && shutdown && count && by_index && uuid && pci;
   }
   ~Nvml() {
@@ -100,6 +111,37 @@ std::vector<GpuDevice> gpus_from_nvml(const std::string& library) {
   }
   nvml.shutdown();
   return out;
+}
+
+// The processes using a GPU (compute), over every GPU NVML lists.
+std::vector<pid_t> gpu_memory_holders(const std::vector<pid_t>& pids, const std::string& library) {
+  std::vector<pid_t> held;
+  Nvml nvml;
+  if (pids.empty() || !nvml.load(library) || !nvml.compute_procs || nvml.init() != kNvmlSuccess) return held;
+  unsigned n = 0;
+  if (nvml.count(&n) == kNvmlSuccess) {
+    for (unsigned i = 0; i < n; ++i) {
+      nvmlDevice_t dev = nullptr;
+      if (nvml.by_index(i, &dev) != kNvmlSuccess) continue;
+      std::vector<NvmlProcessInfo> procs(64);
+      unsigned count = static_cast<unsigned>(procs.size());
+      nvmlReturn_t r = nvml.compute_procs(dev, &count, procs.data());
+      if (r == kNvmlInsufficientSize && count < 65536) {
+        procs.resize(count + 16);  // it asks for room: more may have started meanwhile
+        count = static_cast<unsigned>(procs.size());
+        r = nvml.compute_procs(dev, &count, procs.data());
+      }
+      if (r != kNvmlSuccess) continue;
+      for (unsigned k = 0; k < count; ++k) {
+        auto pid = static_cast<pid_t>(procs[k].pid);
+        if (std::find(pids.begin(), pids.end(), pid) != pids.end() && std::find(held.begin(), held.end(), pid) == held.end()) {
+          held.push_back(pid);
+        }
+      }
+    }
+  }
+  nvml.shutdown();
+  return held;
 }
 
 }  // namespace ddprun::agent

@@ -64,6 +64,7 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   heartbeat_timer.cancel();
   drain_timer.cancel();
   dump_timer.cancel();
+  gpu_timer.cancel();
   ++generation;
   slots.clear();
   state = State::running;
@@ -275,7 +276,32 @@ void WorkerGroup::Impl::end() {
       s->err_pipe->close(ignored);
     }
   }
-  listener->on_group_ended();
+  announce_end(SteadyClock::now() + opt.gpu_release_timeout, false);
+}
+
+void WorkerGroup::Impl::announce_end(SteadyClock::time_point deadline, bool said) {
+  std::vector<pid_t> unclean;
+  for (const auto& s : slots) {
+    if (!s->w.status.success()) unclean.push_back(s->w.pid);
+  }
+  auto held = opt.gpu_holders && !unclean.empty() ? opt.gpu_holders(unclean) : std::vector<pid_t>{};
+  if (held.empty() || SteadyClock::now() >= deadline) {
+    if (!held.empty()) {
+      spdlog::warn("ddprun: GPU memory of {} ended worker(s) is still held after {}; going on", held.size(),
+                   duration_text(opt.gpu_release_timeout));
+    } else if (said) {
+      spdlog::info("ddprun: the ended workers' GPU memory is free");
+    }
+    return listener->on_group_ended();
+  }
+  if (!said) {
+    spdlog::info("ddprun: waiting for the GPU memory of {} ended worker(s) to be released before going on (at most {})",
+                 held.size(), duration_text(opt.gpu_release_timeout));
+  }
+  gpu_timer.expires_after(std::chrono::milliseconds(200));
+  gpu_timer.async_wait([this, deadline, gen = generation](boost::system::error_code ec) {
+    if (!ec && gen == generation) announce_end(deadline, true);
+  });
 }
 
 WorkerGroup::WorkerGroup(boost::asio::io_context& io, ProcessRunner& runner, Options options)

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,6 +90,11 @@ class WorkerGroup {
     std::chrono::milliseconds stack_dump_timeout{std::chrono::seconds(10)};  // 0: no stacks
     // Heartbeats watched: the bound on the time from spawn to the first beat (0 = none).
     std::chrono::milliseconds worker_start_timeout{std::chrono::minutes(30)};
+    // Which of these processes a GPU still holds memory for (NVML); empty where there is no
+    // GPU. A group with a worker that did not exit 0 ends (and so restarts) only once none is
+    // held, or gpu_release_timeout later, so that the next attempt finds its memory free.
+    std::function<std::vector<pid_t>(const std::vector<pid_t>&)> gpu_holders;
+    std::chrono::milliseconds gpu_release_timeout{std::chrono::seconds(30)};
   };
 
   WorkerGroup(boost::asio::io_context& io, ProcessRunner& runner, Options options);

@@ -50,7 +50,7 @@ struct WorkerGroup::Impl {
   ProcessRunner& runner;
   Listener* listener = nullptr;
   Options opt;
-  asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io};
+  asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io}, gpu_timer{io};
   std::vector<std::unique_ptr<Slot>> slots;
   int generation = 0;        // +1 per group: handlers of an earlier group check it
   // The group's life: ended before the first start; stopping once told to stop; killing once
@@ -127,6 +127,9 @@ struct WorkerGroup::Impl {
 
   // Once per group: a drain timer that fired just as the last pipe closed ends nothing twice.
   void end();
+  // Tells the listener the group ended, once the GPU memory of its workers that did not exit 0
+  // is released (bounded by gpu_release_timeout).
+  void announce_end(SteadyClock::time_point deadline, bool said);
 };
 
 }  // namespace ddprun::agent

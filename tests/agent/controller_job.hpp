@@ -48,11 +48,14 @@ struct Job {
   std::unique_ptr<WorkerGroup> group;
   std::unique_ptr<JobController> ctl;
 
-  explicit Job(AgentOptions o, Rendezvous* r = nullptr, FenceState* fence = nullptr) : opt(std::move(o)) {
+  explicit Job(AgentOptions o, Rendezvous* r = nullptr, FenceState* fence = nullptr,
+               const std::function<void(WorkerGroup::Options&)>& tweak = {})
+      : opt(std::move(o)) {
     opt.log_dir = root;
     dir = std::make_unique<RunDir>(opt);
-    group = std::make_unique<WorkerGroup>(
-        io, runner, WorkerGroup::Options{opt.worker_timeout, opt.stop_timeout, opt.stack_dump_timeout, opt.worker_start_timeout});
+    WorkerGroup::Options wo{opt.worker_timeout, opt.stop_timeout, opt.stack_dump_timeout, opt.worker_start_timeout};
+    if (tweak) tweak(wo);
+    group = std::make_unique<WorkerGroup>(io, runner, wo);
     ctl = std::make_unique<JobController>(opt, *group, r ? *r : rdzv, events, *dir, "node-a", fence);
   }
   ~Job() { std::filesystem::remove_all(root); }

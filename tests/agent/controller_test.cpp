@@ -269,3 +269,49 @@ TEST_CASE("controller: a hang on another node makes this node dump its workers' 
   CHECK(j.runner.signals_to(pids[0]) == std::vector<int>{SIGTERM});
   CHECK(std::filesystem::exists(j.root + "/ctl/attempt_0/0/stack.txt"));
 }
+
+TEST_CASE("controller: a restart waits until the failed workers' GPU memory is released - bounded", "[controller]") {
+  std::vector<std::vector<pid_t>> asked;
+  int held_for = GENERATE(0, 3, 1000);  // probes answering "still held" (1000: never released)
+  auto probe = [&](const std::vector<pid_t>& pids) {
+    asked.push_back(pids);
+    return static_cast<int>(asked.size()) <= held_for ? pids : std::vector<pid_t>{};
+  };
+  Job j(options(1, 1), nullptr, nullptr, [&](WorkerGroup::Options& o) {
+    o.gpu_holders = probe;
+    o.gpu_release_timeout = 1s;
+  });
+  j.ctl->start();
+  j.ready(0, 0);
+  auto pid = j.pids()[0];
+  auto t0 = std::chrono::steady_clock::now();
+  j.runner.exit(pid, 1);
+  j.reap();
+  j.over(0, j.written(0));  // the round's end comes back
+  j.run_until([&] { return j.rdzv.joins.size() == 2; });
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(j.rdzv.joins.size() == 2);  // the restart came, after the probes
+  CHECK(asked.front() == std::vector<pid_t>{pid});
+  if (held_for == 0) CHECK(asked.size() == 1);
+  if (held_for == 3) CHECK(asked.size() == 4);
+  if (held_for == 1000) CHECK(waited >= 1.0);  // bounded by gpu_release_timeout
+  CHECK(waited < 3.0);
+}
+
+TEST_CASE("controller: a clean end does not ask about GPU memory", "[controller]") {
+  int asked = 0;
+  Job j(options(1, 0), nullptr, nullptr, [&](WorkerGroup::Options& o) {
+    o.gpu_holders = [&](const std::vector<pid_t>& pids) {
+      ++asked;
+      return pids;
+    };
+  });
+  j.ctl->start();
+  j.ready(0, 0);
+  j.runner.exit(j.pids()[0], 0);
+  j.reap();
+  j.over(0, RoundEnd::of_success());
+  j.run_until([&] { return j.ctl->phase() == Phase::draining; });
+  CHECK(asked == 0);
+  CHECK(j.ctl->phase() == Phase::draining);
+}

@@ -6,6 +6,8 @@
 // ids; an empty value means none), and each visible GPU is known by its PCI bus id, which says
 // where it sits (its NUMA node), whatever number CUDA gives it.
 
+#include <sys/types.h>
+
 #include <string>
 #include <vector>
 
@@ -50,6 +52,10 @@ std::vector<VisibleGpu> visible_gpus(const std::vector<GpuDevice>& all, const ch
 // The GPUs this process's CUDA_VISIBLE_DEVICES leaves visible: the driver's list, NVML when the
 // driver's /proc lists nothing or a MIG id needs resolving. Never throws.
 std::vector<VisibleGpu> find_visible_gpus(const GpuSources& sources = {});
+
+// Of `pids`, those a GPU still holds memory for (NVML's compute processes, every GPU); empty
+// when none is, or where NVML cannot be loaded. Loads and unloads the library; never throws.
+std::vector<pid_t> gpu_memory_holders(const std::vector<pid_t>& pids, const std::string& library = "libnvidia-ml.so.1");
 
 // The NUMA node (OS index) of PCI device `bus_id` from sysfs; -1 when unknown.
 int pci_numa_node(const std::string& bus_id, const std::string& sys_root = "/sys");
