@@ -82,10 +82,17 @@ bool Admission::admit_peer(int fd, const sockaddr_storage& addr) {
   }
   if (same_host && ctx_.options.same_user && local) {
     std::string error;
-    auto uid = owners_.owner(*peer, *local, &error);
-    if (!uid) return refuse("cannot tell which user owns the connecting socket (" + error + ")");
-    if (*uid != my_uid_ && *uid != 0) {
-      return refuse("the connecting process belongs to uid " + std::to_string(*uid) + "; only uid " +
+    auto info = owners_.lookup(*peer, *local, &error);
+    if (!info) return refuse("cannot tell which user owns the connecting socket (" + error + ")");
+    // A client that closed before we got here cannot be told from root (a time-wait socket is
+    // reported as uid 0): its requests are never served.
+    if (!info->owner_known()) {
+      return refuse("the connecting socket was closed before the store could check its owner (it is " +
+                    info->state_name() + (info->inode == 0 ? ", held by no process" : "") +
+                    "); its requests are not served");
+    }
+    if (info->uid != my_uid_ && info->uid != 0) {
+      return refuse("the connecting process belongs to uid " + std::to_string(info->uid) + "; only uid " +
                     std::to_string(my_uid_) + " (this job's user) and root may connect");
     }
   }

@@ -2,6 +2,12 @@
 // Who may connect to the store, decided as a connection is accepted (no Asio): the connection
 // cap, the descriptors kept for the hosting process, the allowed addresses of other hosts, and
 // the user owning a local peer's socket. Refusals are counted and logged without flooding.
+//
+// The verdict comes first: admit() runs on a socket just accepted, before it joins the epoll
+// set, so not one byte of a connection is read (let alone applied) before it is admitted. The
+// owner check takes the kernel's word only for a socket a process still holds open in
+// ESTABLISHED state; anything else (a client that sent its requests and closed before we got
+// to it) is refused, since a closed socket's owner cannot be known.
 
 #include <sys/socket.h>
 #include <sys/types.h>
