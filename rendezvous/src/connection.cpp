@@ -42,6 +42,16 @@ void ServerContext::log_once(const std::string& key, const std::string& line) {
   spdlog::warn("{}", line);
 }
 
+void ServerContext::CountedLog::note(const std::string& why) {
+  ++unlogged;
+  auto now = SteadyClock::now();
+  if (now - last >= std::chrono::seconds(1)) {
+    spdlog::warn("store: {} {} connection(s): {}", what, unlogged, why);
+    unlogged = 0;
+    last = now;
+  }
+}
+
 void ServerContext::warn(const std::string& line) {
   auto now = SteadyClock::now();
   if (now - warn_window >= std::chrono::seconds(1)) {
@@ -209,26 +219,41 @@ bool Connection::authenticate(std::string_view& data) {
   if (state == ServerHandshake::State::kAccepted) {
     auth_ = Auth::kOpen;
     handshake_.reset();
+    ctx_.handshakes.remove(this);
     spdlog::debug("store: {} authenticated", peer_);
   }
   return true;
 }
 
 // Tells a client it was refused (a byte or a 4-byte marker it can recognise), logs one line,
-// and closes. Unread input is drained first so that the close is not a reset that could
-// overtake the answer.
+// and closes.
 void Connection::refuse(const std::string& answer, const std::string& why) {
+  send_refusal(answer);
+  if (closed_) return;
+  ++ctx_.refused;
+  auto host = peer_.substr(0, peer_.rfind(':'));
+  ctx_.log_once(host + "|" + why, "store: refused " + peer_ + ": " + why);
+  shutdown();
+}
+
+void Connection::evict() {
+  if (closed_ || !handshake_) return;
+  std::string answer;
+  handshake_->busy(answer);
+  send_refusal(answer);
+  ++ctx_.evicted;
+  shutdown();
+}
+
+// Sends `answer` and our FIN after it. Unread input is drained first, so that the close is not
+// a reset that could overtake the answer.
+void Connection::send_refusal(const std::string& answer) {
   out_.append(std::string_view(answer));
   flush();
   char sink[4096];
   for (int i = 0; i < 64 && fd_ >= 0 && ::recv(fd_, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
   }
-  if (closed_) return;
-  ::shutdown(fd_, SHUT_WR);
-  ++ctx_.refused;
-  auto host = peer_.substr(0, peer_.rfind(':'));
-  ctx_.log_once(host + "|" + why, "store: refused " + peer_ + ": " + why);
-  shutdown();
+  if (!closed_) ::shutdown(fd_, SHUT_WR);
 }
 
 // One sendmsg() of the front of the queue (up to 64 chunks); what it returned.
@@ -308,6 +333,7 @@ void Connection::shutdown() {
     ctx_.trim_memory = true;
   }
   ctx_.core.drop(session_);
+  ctx_.handshakes.remove(this);
   ::epoll_ctl(ctx_.epoll_fd, EPOLL_CTL_DEL, fd_, nullptr);
   ::close(fd_);
   fd_ = -1;

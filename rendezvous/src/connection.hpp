@@ -14,6 +14,7 @@
 
 #include "ddprun/rendezvous/store_server.hpp"
 #include "handshake.hpp"
+#include "handshake_queue.hpp"
 #include "output_queue.hpp"
 #include "peer_access.hpp"
 #include "request_parser.hpp"
@@ -29,10 +30,14 @@ StoreLimits store_limits(const StoreServerOptions& o);
 
 // What every connection of one server shares. Owned by the server; used on its I/O thread only.
 struct ServerContext {
-  explicit ServerContext(StoreServerOptions o) : options(std::move(o)), core(store_limits(options)) {}
+  explicit ServerContext(StoreServerOptions o)
+      : options(std::move(o)),
+        core(store_limits(options)),
+        handshakes(options.max_unauthenticated_connections, options.max_unauthenticated_per_address) {}
 
   StoreServerOptions options;
   StoreCore core;
+  HandshakeQueue handshakes;         // connections still authenticating, oldest first
   int epoll_fd = -1;
   // Every open connection. A closed one moves to `closing` until the current batch of events is
   // done, since a later event of the same batch may still point at it.
@@ -42,11 +47,22 @@ struct ServerContext {
   std::vector<char> scratch;         // one recv() at a time, shared
   std::string reply;                 // one request's reply, before it joins a connection's queue
   std::size_t refused = 0;           // connections refused since start
+  std::size_t evicted = 0;           // connections still authenticating closed to make room
   bool trim_memory = false;          // a closed connection freed much: malloc_trim after the batch
 
   // Logs `line` once per `key` (an address and a reason), for refusals a peer can repeat.
   void log_once(const std::string& key, const std::string& line);
   std::unordered_set<std::string> logged;
+  // Connections refused, or closed to make room, for want of capacity: each kind counted and
+  // logged at most once a second ("store: refused 3 connection(s): <why>").
+  struct CountedLog {
+    const char* what;
+    SteadyClock::time_point last{};
+    std::size_t unlogged = 0;
+    void note(const std::string& why);
+  };
+  CountedLog refused_log{"refused"};
+  CountedLog evicted_log{"closed"};
   // Per-connection warnings (closes, disconnects), at most kWarningsPerSecond a second, so that
   // a client repeating an abuse cannot flood the log; the number left out is logged after.
   void warn(const std::string& line);
@@ -78,6 +94,9 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
   void deliver(std::string_view bytes) override;
   // Closes with one log line giving the reason.
   void close(const std::string& reason);
+  // Closes a connection still authenticating to make room for a newer one, telling the client
+  // the store is busy (it retries). Logged by the caller, in aggregate.
+  void evict();
   // Closes without a log line (server shutdown, reset).
   void abandon() { shutdown(); }
 
@@ -89,6 +108,7 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
   // Takes handshake bytes from `data`; false when the connection was closed.
   bool authenticate(std::string_view& data);
   void refuse(const std::string& answer, const std::string& why);
+  void send_refusal(const std::string& answer);
   void flush();
   ssize_t send_queued(int flags);
   void resume();

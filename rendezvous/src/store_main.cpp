@@ -112,6 +112,12 @@ po::options_description describe(Config& c) {
        "unsent replies (WAIT wake-ups, watch events) beyond which a client is disconnected")
       ("max_connections", po::value(&o.max_connections)->default_value(o.max_connections),
        "clients connected at once; more are refused (logged at most once a second)")
+      ("max_unauthenticated_connections",
+       po::value(&o.max_unauthenticated_connections)->default_value(o.max_unauthenticated_connections),
+       "with --secret_file: connections still authenticating; a newcomer closes the oldest (told to retry)")
+      ("max_unauthenticated_per_address",
+       po::value(&o.max_unauthenticated_per_address)->default_value(o.max_unauthenticated_per_address),
+       "with --secret_file: the same, from one source address")
       ("reserved_fds", po::value(&o.reserved_fds)->default_value(o.reserved_fds),
        "descriptors kept free under the open-file limit")
       ("tcp_keepalive_s", po::value(&c.keepalive)->default_value(c.keepalive),

@@ -66,6 +66,9 @@ void check_options(const StoreServerOptions& o) {
   if (o.max_reply_bytes < o.limits.max_value_bytes + 8) fail("--max_reply_bytes must hold one value (--max_value_bytes + 8)");
   if (o.max_connections == 0) fail("--max_connections must be at least 1");
   if (o.output_high_water_bytes == 0) fail("--output_high_water_bytes must be at least 1");
+  if (o.max_unauthenticated_connections == 0 || o.max_unauthenticated_per_address == 0) {
+    fail("--max_unauthenticated_connections and --max_unauthenticated_per_address must be at least 1");
+  }
 }
 
 }  // namespace
@@ -213,6 +216,7 @@ struct StoreServer::Impl {
         continue;
       }
       if (conn->start()) {
+        if (conn->authenticating()) queue_handshake(conn.get(), peer ? peer->to_string() : std::string("?"));
         ctx.connections.emplace(conn.get(), std::move(conn));
         // Data may have arrived before the socket joined the epoll set; EPOLL_CTL_ADD reports
         // current readiness, so the first event covers it.
@@ -220,6 +224,19 @@ struct StoreServer::Impl {
     }
     wait_for_clients();
     poll_connections();  // new connections' first requests are often already there
+  }
+
+  // Enters `c` among the connections still authenticating, closing the oldest over the caps.
+  void queue_handshake(Connection* c, const std::string& address) {
+    auto evict = ctx.handshakes.add(c, address, c->accepted_at());
+    for (auto* old : evict) old->evict();
+    if (!evict.empty()) {
+      ctx.evicted_log.note(fmt::format("still authenticating, the oldest, to make room for newer ones "
+                                       "(--max_unauthenticated_connections={}, --max_unauthenticated_per_address={}); "
+                                       "they are told to try again",
+                                       ctx.options.max_unauthenticated_connections,
+                                       ctx.options.max_unauthenticated_per_address));
+    }
   }
 
   // Connections: Asio reports the epoll set readable; we harvest its events without blocking.
@@ -269,11 +286,7 @@ struct StoreServer::Impl {
     auth_timer.expires_after(std::chrono::seconds(1));
     auth_timer.async_wait([this](boost::system::error_code ec) {
       if (ec) return;
-      auto cutoff = SteadyClock::now() - ctx.options.auth_timeout;
-      std::vector<Connection*> late;
-      for (auto& [ptr, conn] : ctx.connections) {
-        if (conn->authenticating() && conn->accepted_at() < cutoff) late.push_back(ptr);
-      }
+      auto late = ctx.handshakes.older_than(SteadyClock::now() - ctx.options.auth_timeout);
       for (auto* c : late) c->close("it did not authenticate within the time allowed");
       ctx.closing.clear();
       sweep_unauthenticated();
@@ -353,6 +366,8 @@ StoreServerStats StoreServer::stats() {
       s.max_pending_output_bytes = std::max(s.max_pending_output_bytes, c->pending_output());
     }
     s.refused_connections = ctx.refused;
+    s.unauthenticated = ctx.handshakes.size();
+    s.evicted_unauthenticated = ctx.evicted;
     auto core = ctx.core.stats();
     s.keys = core.keys;
     s.store_bytes = core.store_bytes;

@@ -65,6 +65,12 @@ struct StoreServerOptions {
   std::string secret;
   // A connection that has not authenticated by then is closed.
   std::chrono::milliseconds auth_timeout{10000};
+  // Connections still authenticating (with a secret), in all and from one source address. A
+  // newcomer over either cap, or over max_connections or the descriptor reserve, makes the
+  // oldest of them close (told the store is busy, so a ddprun client retries): clients without
+  // the secret cannot crowd out those that have it.
+  std::size_t max_unauthenticated_connections = 1024;
+  std::size_t max_unauthenticated_per_address = 64;
 
   // For tests: called on the I/O thread before each request is applied; an exception it throws
   // is handled as one thrown by the request.
@@ -77,6 +83,8 @@ struct StoreServerStats {
   std::size_t pending_output_bytes = 0;  // replies queued, all connections
   std::size_t max_pending_output_bytes = 0;
   std::size_t refused_connections = 0;   // since start: cap, descriptors, access control
+  std::size_t unauthenticated = 0;       // connections still authenticating now
+  std::size_t evicted_unauthenticated = 0;  // since start: closed to make room for newer ones
   std::size_t keys = 0;
   std::size_t store_bytes = 0;
   std::size_t wait_lists = 0;            // keys somebody waits on
