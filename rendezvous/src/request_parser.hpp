@@ -27,6 +27,11 @@ struct Request {
   std::uint32_t u32 = 0;            // PING nonce, VALIDATE magic
 };
 
+// Heap bytes a request's strings hold (their capacity, with the vectors'): all of them, or its
+// keys alone. For the memory budget.
+std::size_t heap_bytes(const Request& r);
+std::size_t key_heap_bytes(const Request& r);
+
 class RequestParser {
  public:
   enum class Status { kComplete, kNeedMore, kInvalid };
@@ -48,6 +53,8 @@ class RequestParser {
   const WireLimits& limits() const { return limits_; }
   // Bytes of the current, incomplete request taken so far (0 between requests).
   std::size_t partial_bytes() const { return total_; }
+  // Heap bytes the parser holds: the request being built, on the storage of an earlier one.
+  std::size_t held_bytes() const { return held_; }
 
   // Field kinds of a request body, in wire order.
   enum class Field : std::uint8_t { kU32, kI64, kCount, kSignedCount, kKey, kValue, kExpected, kDesired };
@@ -82,6 +89,7 @@ class RequestParser {
   char ibuf_[8] = {};
   std::size_t ihave_ = 0;
   std::size_t total_ = 0;          // bytes of this request so far
+  std::size_t held_ = 0;           // heap_bytes(req_), kept up to date as it grows
 };
 
 }  // namespace ddprun::rendezvous

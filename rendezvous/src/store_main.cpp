@@ -1,6 +1,8 @@
 // ddprun-store: a standalone rendezvous store, for dedicated rendezvous hosts, tests and
 // benchmarks. Prints "listening on HOST:PORT" as its first line, serves until SIGINT/SIGTERM.
 
+#include <malloc.h>
+
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -198,6 +200,10 @@ int main(int argc, char** argv) {
     std::cout << "ddprun-store " << DDPRUN_VERSION << "\n";
     return 0;
   }
+  // Large buffers (values, queued replies) get their own mappings, returned to the system when
+  // freed: glibc would otherwise raise this threshold after the first free of one, and keep
+  // freed megabytes in its heap, out of the memory budget's sight.
+  ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   auto logger = spdlog::stderr_color_mt("ddprun-store");
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
   spdlog::set_default_logger(logger);
