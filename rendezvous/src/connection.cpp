@@ -15,7 +15,7 @@
 namespace ddprun::rendezvous {
 namespace {
 
-// A connection's turn ends after this many reads (or kRequestsPerTurn requests); then other
+// A connection's turn ends after this many reads (or about a millisecond of requests); then other
 // connections get theirs.
 constexpr int kReadsPerTurn = 16;
 
@@ -69,6 +69,7 @@ void Connection::take_turn() {
 
 void Connection::on_readable() {
   turn_requests_ = 0;
+  turn_started_ = SteadyClock::now();
   if (closed_ || paused_) return;  // a paused connection reads again when its replies drain
   if (!pending_.empty()) {
     std::string rest = std::move(pending_);

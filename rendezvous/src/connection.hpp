@@ -153,6 +153,7 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
   bool queued_ = false;      // on the backlog
   bool flush_queued_ = false;  // on ctx_.flush_later
   int turn_requests_ = 0;    // requests applied in this turn
+  SteadyClock::time_point turn_started_{};
   bool paused_ = false;      // replies over the high-water mark: not reading
   bool peer_done_ = false;   // the peer shut down its side (EPOLLRDHUP) or the socket failed
   bool trim_after_ = false;  // it held much: malloc_trim once it is reaped

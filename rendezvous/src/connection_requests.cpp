@@ -12,9 +12,11 @@
 namespace ddprun::rendezvous {
 namespace {
 
-// A connection's turn ends after this many requests (or kReadsPerTurn reads): a client
-// pipelining tiny requests would otherwise hold the loop for 16 x 64 KiB of them.
-constexpr int kRequestsPerTurn = 256;
+// A connection's turn ends after this much work on its requests (or kReadsPerTurn reads): a
+// client pipelining costly requests (WAITs on 8 KiB keys) would otherwise hold the loop for
+// 16 x 64 KiB of them. The clock is read every kRequestsPerClockCheck requests.
+constexpr auto kTurnTime = std::chrono::microseconds(1000);
+constexpr int kRequestsPerClockCheck = 16;
 // A request whose buffers hold more than this does not keep them for the next request.
 constexpr std::size_t kKeptRequestBytes = 16 * 1024;
 
@@ -35,12 +37,13 @@ void Connection::consume(std::string_view data) {
                     out_.size());
       break;
     }
-    if (turn_requests_ >= kRequestsPerTurn) {  // the rest goes first on its next turn
+    if (turn_requests_ % kRequestsPerClockCheck == kRequestsPerClockCheck - 1 &&
+        SteadyClock::now() - turn_started_ > kTurnTime) {  // the rest goes first on its next turn
       pending_.assign(data);
       queue_turn();
       break;
     }
-    auto r = parser_.parse(data, request_);
+    auto r = parser_.parse(data, request_, request_held_);
     if (r.status == RequestParser::Status::kInvalid) {
       close(r.error);
       return;
@@ -51,6 +54,7 @@ void Connection::consume(std::string_view data) {
                                             " bytes so far)"));
       break;
     }
+    request_held_ = r.request_heap;
     ++turn_requests_;
     apply();
   }
@@ -58,13 +62,14 @@ void Connection::consume(std::string_view data) {
   if (!closed_) flush();
 }
 
-// The request's values become the store's (taken, not copied) or go with it: while it is
-// applied, only its keys count as this connection's.
+// A large request's values become the store's (taken, not copied) or go with it: while it is
+// applied only its keys count as this connection's, and its buffers are freed after. A small one
+// (at most kKeptRequestBytes) keeps its buffers for the next request and stays counted as is.
 void Connection::apply() {
-  request_held_ = key_heap_bytes(request_);
-  if (!sync_charge()) {
-    close(over_budget(std::string("its ") + wire::op_name(request_.op) + " request"));
-    return;
+  bool large = request_held_ > kKeptRequestBytes;
+  if (large) {
+    request_held_ = key_heap_bytes(request_);
+    if (!sync_charge()) return close(over_budget(std::string("its ") + wire::op_name(request_.op) + " request"));
   }
   ctx_.reply.clear();
   try {
@@ -74,20 +79,18 @@ void Connection::apply() {
     }
     ctx_.core.handle(session_, request_, ctx_.reply);
   } catch (const Error& e) {
-    close(e.what());
-    return;
+    return close(e.what());
   } catch (const std::bad_alloc&) {
-    close(std::string("out of memory while applying its ") + wire::op_name(request_.op) + " request");
-    return;
+    return close(std::string("out of memory while applying its ") + wire::op_name(request_.op) + " request");
   } catch (const std::exception& e) {
-    close(std::string("internal error while applying its ") + wire::op_name(request_.op) + " request: " + e.what());
-    return;
+    return close(std::string("internal error while applying its ") + wire::op_name(request_.op) +
+                 " request: " + e.what());
   }
   if (closed_) return;  // a notification it was sent while applying did not fit
   queue_reply();
-  // A large request's buffers go now rather than wait for the next one (which reuses them).
-  if (heap_bytes(request_) > kKeptRequestBytes) request_ = Request();
-  request_held_ = heap_bytes(request_);
+  if (!large) return;  // counted with the rest of this read, at the end of consume()
+  request_ = Request();
+  request_held_ = 0;
   if (!sync_charge()) close(over_budget(std::string("the reply to its ") + wire::op_name(request_.op) + " request"));
 }
 

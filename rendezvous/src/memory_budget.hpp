@@ -31,7 +31,7 @@ constexpr std::size_t string_heap(std::size_t capacity) { return capacity <= 15 
 inline std::size_t string_heap(const std::string& s) { return string_heap(s.capacity()); }
 
 constexpr std::size_t kBuffer = 96;         // a shared buffer's control block and header
-constexpr std::size_t kKey = 128;           // a key's hash-map node and bucket
+constexpr std::size_t kKey = 160;           // a key's hash-map node (with an inline value) and bucket
 constexpr std::size_t kQueue = 1024;        // a queue's node, deque and first block
 constexpr std::size_t kQueueItem = 32;      // one item's slot in a deque
 constexpr std::size_t kWaiter = 128;        // one pending WAIT

@@ -1,9 +1,9 @@
 #pragma once
 // Replies waiting to be sent on one connection: a queue of chunks sent with writev(), so a
 // partial send only advances an offset and never moves the bytes still queued. Small replies
-// share a chunk of kSmallChunk bytes; a large one is its own chunk; a value carried by reference
-// (Message) is a chunk that points at the shared buffer, so a value queued for many clients
-// exists once.
+// share a chunk (256 bytes for a client with one reply in flight, up to kSmallChunk as replies
+// pile up); a large one is its own chunk; a value carried by reference (Message) is a chunk that
+// points at the shared buffer, so a value queued for many clients exists once.
 //
 // held_bytes() is what the queue itself allocates (its chunks and their slots), for the memory
 // budget; shared buffers are charged once, by themselves. A chunk never grows once allocated, so
@@ -11,6 +11,8 @@
 
 #include <sys/uio.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <deque>
 #include <string>
@@ -23,20 +25,24 @@ namespace ddprun::rendezvous {
 
 class OutputQueue {
  public:
+  static constexpr std::size_t kFirstChunk = 256;
   static constexpr std::size_t kSmallChunk = 4096;
   static constexpr std::size_t kChunkBytes = 64 * 1024;  // replies this large are moved, not copied
 
   void append(std::string_view bytes) {
     if (bytes.empty()) return;
-    if (!tail_has_room(bytes.size())) {
+    if (bytes.size() > tail_room()) {
       if (bytes.size() >= kSmallChunk) {
-        push(Chunk{std::string(bytes), nullptr});
+        push(Chunk{std::string(bytes), nullptr, false});
         return;
       }
-      std::string fresh = std::move(spare_);
-      spare_.clear();
-      if (fresh.capacity() < kSmallChunk) fresh.reserve(kSmallChunk);
-      push(Chunk{std::move(fresh), nullptr});
+      std::string fresh;
+      if (spare_.capacity() >= chunk_capacity(size_, bytes.size())) {
+        fresh.swap(spare_);
+      } else {
+        fresh.reserve(chunk_capacity(size_, bytes.size()));
+      }
+      push(Chunk{std::move(fresh), nullptr, true});
     }
     chunks_.back().own.append(bytes);
     size_ += bytes.size();
@@ -47,10 +53,10 @@ class OutputQueue {
       append(std::string_view(bytes));
       return;
     }
-    push(Chunk{std::move(bytes), nullptr});
+    push(Chunk{std::move(bytes), nullptr, false});
   }
   void append(const SharedBytes& value) {
-    if (value) push(Chunk{std::string(), value});
+    if (value) push(Chunk{std::string(), value, false});
   }
   void append(const Message& m) {
     m.visit([this](std::string_view b) { append(b); }, [this](const SharedBytes& v) { append(v); });
@@ -58,7 +64,7 @@ class OutputQueue {
   // How much appending `m` will add to held_bytes().
   std::size_t cost_of(const Message& m) const {
     std::size_t grow = 0;
-    std::size_t room = tail_room(), spare = spare_.capacity();
+    std::size_t room = tail_room(), spare = spare_.capacity(), queued = size_;
     m.visit(
         [&](std::string_view b) {
           if (b.size() <= room) {
@@ -67,14 +73,17 @@ class OutputQueue {
             grow += cost::kOutputChunk + cost::string_heap(b.size());
             room = 0;
           } else {
-            grow += cost::kOutputChunk + (spare >= kSmallChunk ? 0 : cost::string_heap(kSmallChunk));
-            spare = 0;
-            room = kSmallChunk - b.size();
+            std::size_t cap = chunk_capacity(queued, b.size());
+            grow += cost::kOutputChunk + (spare >= cap ? 0 : cost::string_heap(cap));
+            spare = spare >= cap ? 0 : spare;
+            room = cap - b.size();
           }
+          queued += b.size();
         },
-        [&](const SharedBytes&) {
+        [&](const SharedBytes& v) {
           grow += cost::kOutputChunk;
           room = 0;
+          queued += v->size();
         });
     return grow;
   }
@@ -109,8 +118,8 @@ class OutputQueue {
       n -= left;
       offset_ = 0;
       owned_ -= cost::string_heap(front.own);
-      if (!front.shared && front.own.capacity() == kSmallChunk && spare_.capacity() == 0) {
-        spare_ = std::move(front.own);  // keep one small chunk for the next replies
+      if (front.open && front.own.capacity() > spare_.capacity()) {
+        spare_.swap(front.own);  // keep one small chunk (the largest) for the next replies
         spare_.clear();
       }
       chunks_.pop_front();
@@ -127,14 +136,19 @@ class OutputQueue {
   struct Chunk {
     std::string own;
     SharedBytes shared;
+    bool open;  // a small chunk that takes more replies, up to its capacity
     std::string_view view() const { return shared ? shared->view() : std::string_view(own); }
   };
+  // A new small chunk: 256 bytes for a client with little pending, up to kSmallChunk as its
+  // replies pile up.
+  static std::size_t chunk_capacity(std::size_t queued, std::size_t bytes) {
+    return std::min(kSmallChunk, std::max(kFirstChunk, std::bit_ceil(2 * (queued + bytes))));
+  }
   // Bytes the last chunk can still take without growing (none after a shared or large one).
   std::size_t tail_room() const {
-    if (chunks_.empty() || chunks_.back().shared || chunks_.back().own.capacity() != kSmallChunk) return 0;
-    return kSmallChunk - chunks_.back().own.size();
+    if (chunks_.empty() || !chunks_.back().open) return 0;
+    return chunks_.back().own.capacity() - chunks_.back().own.size();
   }
-  bool tail_has_room(std::size_t n) const { return n <= tail_room(); }
   void push(Chunk c) {
     owned_ += cost::string_heap(c.own);
     size_ += c.view().size();

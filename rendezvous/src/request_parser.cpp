@@ -254,7 +254,7 @@ bool RequestParser::take_string(std::string_view& in, Field f) {
   return remaining_ == 0;
 }
 
-RequestParser::Result RequestParser::parse(std::string_view in, Request& out) {
+RequestParser::Result RequestParser::parse(std::string_view in, Request& out, std::size_t out_heap) {
   const std::size_t given = in.size();
   try {
     if (!begin_request(in)) return {Status::kNeedMore, given, {}};
@@ -267,10 +267,11 @@ RequestParser::Result RequestParser::parse(std::string_view in, Request& out) {
     req_.keys.resize(nkeys_);
     req_.values.resize(nvalues_);
     std::swap(out, req_);
-    held_ = heap_bytes(req_);  // the storage `out` had
+    std::size_t done = held_;
+    held_ = out_heap == kUnknown ? heap_bytes(req_) : out_heap;  // the storage `out` had
     in_request_ = false;
     total_ = 0;
-    return {Status::kComplete, given - in.size(), {}};
+    return {Status::kComplete, given - in.size(), {}, done};
   } catch (Invalid& e) {
     in_request_ = false;
     return {Status::kInvalid, given - in.size(), std::move(e.why)};

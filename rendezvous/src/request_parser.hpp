@@ -39,15 +39,18 @@ class RequestParser {
     Status status;
     std::size_t consumed = 0;  // bytes of `in` taken (kNeedMore: all of them)
     std::string error;         // kInvalid: why, for the log line
+    std::size_t request_heap = 0;  // kComplete: heap_bytes() of the request now in `out`
   };
 
   explicit RequestParser(WireLimits limits = {}) : limits_(limits) {}
 
   // Consumes bytes from the start of `in`. kComplete: one request is complete and swapped into
-  // `out` (whose old storage the parser reuses); the rest of `in` after `consumed` is not
-  // touched. kNeedMore: all of `in` was taken into the request being built. kInvalid: the
-  // stream is broken; the parser must not be used again.
-  Result parse(std::string_view in, Request& out);
+  // `out` (whose old storage the parser reuses: `out_heap` is its heap_bytes() when the caller
+  // knows it, else it is counted); the rest of `in` after `consumed` is not touched. kNeedMore:
+  // all of `in` was taken into the request being built. kInvalid: the stream is broken; the
+  // parser must not be used again.
+  static constexpr std::size_t kUnknown = ~std::size_t{0};
+  Result parse(std::string_view in, Request& out, std::size_t out_heap = kUnknown);
 
   wire::Dialect dialect() const { return dialect_; }
   const WireLimits& limits() const { return limits_; }

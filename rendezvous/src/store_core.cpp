@@ -26,6 +26,17 @@ std::string shown(std::string_view key) {
 // A key's node in a map (the key is copied there: its capacity is its size).
 std::size_t key_cost(std::string_view key) { return cost::kKey + cost::string_heap(key.size()); }
 std::size_t value_cost(const std::string& v) { return shared_cost(v.size(), v.capacity()); }
+bool is_small(std::size_t size) { return size < Message::kShareFrom; }
+
+// The capacity of a string of capacity `cap` once `size` bytes are assigned or appended to it
+// (libstdc++ doubles it when it must grow, or takes `size` when that is more).
+std::size_t grown_capacity(std::size_t cap, std::size_t size) { return size <= cap ? cap : std::max(size, 2 * cap); }
+
+void reply_value(Message& out, const StoredValue* v) {
+  if (!v) return wire::put_str(out.text(), {});
+  if (v->large) return out.put_value(v->large);
+  wire::put_str(out.text(), v->small);
+}
 
 }  // namespace
 
@@ -81,25 +92,40 @@ void StoreCore::check_value(std::size_t size, const char* op, std::string_view k
   }
 }
 
-void StoreCore::put(const HashedKey& k, SharedBytes value) {
+void StoreCore::put(const HashedKey& k, std::string_view small, SharedBytes large) {
   auto [e, created] = data_.try_emplace(k);
+  auto& v = e->second;
   if (created) {
     charge(key_cost(k.key));
     bytes_ += k.key.size();
   }
-  SharedBytes old = std::move(e->second);  // kept alive for the watch event
-  bytes_ = bytes_ - size_of(old) + size_of(value);
-  e->second = std::move(value);
-  if (!watchers_.empty()) notify_watchers(k, created ? wire::kKeyCreated : wire::kKeyUpdated, old, e->second);
+  StoredValue old;  // what the watch event carries: the large value kept alive, a small one copied
+  bool watched = !watchers_.empty() && watchers_.contains(k);
+  if (watched) old.small = v.small;
+  old.large = std::move(v.large);
+  bytes_ = bytes_ - (old.large ? old.large->size() : v.small.size()) + (large ? large->size() : small.size());
+  release(cost::string_heap(v.small));
+  if (large) {
+    std::string().swap(v.small);
+    v.large = std::move(large);
+  } else {
+    v.small.assign(small);
+  }
+  charge(cost::string_heap(v.small));
+  if (watched) notify_watchers(k, created ? wire::kKeyCreated : wire::kKeyUpdated, old, v);
   wake(k);
 }
 
-// Stores `value` (taken, not copied) under `k`, within the budget.
+// Stores `value` under `k` within the budget: a small one copied into the key's own string (the
+// request keeps its buffer for the next one), a large one taken as a shared buffer.
 void StoreCore::set_value(const HashedKey& k, std::string&& value, const char* op) {
   auto* e = data_.find(k);
-  std::size_t grow = value_cost(value) + (e ? 0 : key_cost(k.key));
-  require(grow, e ? freed_by_drop(e->second) : 0, op, k.key);
-  put(k, share(*budget_, std::move(value)));
+  std::size_t grow = e ? 0 : key_cost(k.key), shrink = e ? e->second.freed_by_drop() : 0;
+  std::size_t cap = e && !e->second.large ? e->second.small.capacity() : 15;
+  grow += is_small(value.size()) ? cost::string_heap(grown_capacity(cap, value.size())) : value_cost(value);
+  require(grow, shrink, op, k.key);
+  if (is_small(value.size())) return put(k, value, nullptr);
+  put(k, {}, share(*budget_, std::move(value)));
 }
 
 void StoreCore::handle(Session& session, Request& req, Message& out) {
@@ -116,7 +142,7 @@ void StoreCore::handle(Session& session, Request& req, Message& out) {
       return compare_set(req, h, out);
     case Op::kGet: {
       auto* e = data_.find(h);
-      return out.put_value(e ? e->second : nullptr);
+      return reply_value(out, e ? &e->second : nullptr);
     }
     case Op::kAdd:
       return add(req, h, out);
@@ -155,20 +181,20 @@ void StoreCore::handle(Session& session, Request& req, Message& out) {
 void StoreCore::compare_set(Request& req, const HashedKey& h, Message& out) {
   const auto& expected = req.values[0];
   auto* e = data_.find(h);
-  bool store = e ? view(e->second) == expected : expected.empty();
+  bool store = e ? e->second.view() == expected : expected.empty();
   if (store) {
     set_value(h, std::move(req.values[1]), "COMPARE_SET");
-    out.put_value(data_.find(h)->second);
+    reply_value(out, &data_.find(h)->second);
   } else if (!e) {
     wire::put_str(out.text(), expected);
   } else {
-    out.put_value(e->second);
+    reply_value(out, &e->second);
   }
 }
 
 void StoreCore::add(const Request& req, const HashedKey& h, Message& out) {
   auto* e = data_.find(h);
-  std::int64_t current = e ? parse_counter(h.key, view(e->second)) : 0;
+  std::int64_t current = e ? parse_counter(h.key, e->second.view()) : 0;
   std::int64_t next;
   if (__builtin_add_overflow(current, req.delta, &next)) {
     throw ProtocolError("ADD on key '" + shown(h.key) + "' overflows a 64-bit counter");
@@ -180,11 +206,11 @@ void StoreCore::add(const Request& req, const HashedKey& h, Message& out) {
 void StoreCore::delete_key(const HashedKey& h, Message& out) {
   auto* e = data_.find(h);
   if (e) {
-    SharedBytes old = std::move(e->second);
-    bytes_ -= h.key.size() + size_of(old);
+    StoredValue old = std::move(e->second);
+    bytes_ -= h.key.size() + old.size();
     data_.erase(h);
-    release(key_cost(h.key));
-    if (!watchers_.empty()) notify_watchers(h, wire::kKeyDeleted, old, nullptr);
+    release(key_cost(h.key) + cost::string_heap(old.small));
+    if (!watchers_.empty()) notify_watchers(h, wire::kKeyDeleted, old, StoredValue());
   }
   wire::put_i64(out.text(), e ? 1 : 0);
 }
@@ -192,25 +218,31 @@ void StoreCore::delete_key(const HashedKey& h, Message& out) {
 void StoreCore::append(Request& req, const HashedKey& h) {
   auto& more = req.values[0];
   auto* e = data_.find(h);
-  std::size_t size = (e ? size_of(e->second) : 0) + more.size();
+  std::size_t size = (e ? e->second.size() : 0) + more.size();
   check_value(size, "APPEND", h.key);
   if (!e) return set_value(h, std::move(more), "APPEND");
-  // The joined value is a new buffer of exactly `size` bytes (the old one may be shared).
-  require(shared_cost(size, std::max<std::size_t>(size, 30)), freed_by_drop(e->second), "APPEND", h.key);
+  auto& v = e->second;
+  if (is_small(size)) {  // grows the key's own string
+    require(cost::string_heap(grown_capacity(v.small.capacity(), size)), cost::string_heap(v.small), "APPEND", h.key);
+    std::string joined = v.small + more;  // (the event, if watched, needs the old value intact)
+    return put(h, joined, nullptr);
+  }
+  // A new buffer of exactly `size` bytes (the old one may be shared).
+  require(shared_cost(size, std::max<std::size_t>(size, 30)), v.freed_by_drop(), "APPEND", h.key);
   std::string joined;
   joined.reserve(size);
-  joined.append(view(e->second)).append(more);
-  put(h, share(*budget_, std::move(joined)));
+  joined.append(v.view()).append(more);
+  put(h, {}, share(*budget_, std::move(joined)));
 }
 
 void StoreCore::multi_get(const Request& req, Message& out) {
-  std::vector<const SharedBytes*> values;
+  std::vector<const StoredValue*> values;
   values.reserve(req.keys.size());
   std::size_t reply = 0, copied = 0, shared = 0;
   for (const auto& k : req.keys) {
     auto* e = data_.find(hashed(k));
     values.push_back(e ? &e->second : nullptr);
-    std::size_t n = e ? size_of(e->second) : 0;
+    std::size_t n = e ? e->second.size() : 0;
     reply += 8 + n;
     copied += 8 + (n < Message::kShareFrom ? n : 0);
     shared += n < Message::kShareFrom ? 0 : 1;
@@ -224,26 +256,35 @@ void StoreCore::multi_get(const Request& req, Message& out) {
   require(2 * copied + (shared + copied / 4096 + 2) * cost::kOutputChunk, 0, "MULTI_GET",
           req.keys.empty() ? std::string_view() : std::string_view(req.keys[0]));
   out.text().reserve(out.text().size() + copied);
-  for (const auto* v : values) out.put_value(v ? *v : nullptr);
+  for (const auto* v : values) reply_value(out, v);
 }
 
 void StoreCore::multi_set(Request& req) {
-  // Every value becomes a buffer (a key named twice: the earlier one may outlive the request in a
-  // watch event); keys new to the store get a node once; replaced values may be freed.
+  // Every value is counted as if it were kept (a key named twice: the earlier one may outlive the
+  // request in a watch event); keys new to the store get a node once; replaced values may be freed.
   std::vector<HashedKey> keys;
   keys.reserve(req.keys.size());
   std::size_t grow = 0, shrink = 0;
   std::unordered_set<std::string_view> seen;
   for (std::size_t i = 0; i < req.keys.size(); ++i) {
     keys.push_back(hashed(req.keys[i]));
-    grow += value_cost(req.values[i]);
-    if (!seen.insert(req.keys[i]).second) continue;
+    const auto& v = req.values[i];
     auto* e = data_.find(keys.back());
+    std::size_t cap = e && !e->second.large ? e->second.small.capacity() : 15;
+    grow += is_small(v.size()) ? cost::string_heap(grown_capacity(cap, v.size())) : value_cost(v);
+    if (!seen.insert(req.keys[i]).second) continue;
     grow += e ? 0 : key_cost(req.keys[i]);
-    shrink += e ? freed_by_drop(e->second) : 0;
+    shrink += e ? e->second.freed_by_drop() : 0;
   }
   require(grow, shrink, "MULTI_SET", req.keys.empty() ? std::string_view() : std::string_view(req.keys[0]));
-  for (std::size_t i = 0; i < req.keys.size(); ++i) put(keys[i], share(*budget_, std::move(req.values[i])));
+  for (std::size_t i = 0; i < req.keys.size(); ++i) {
+    auto& v = req.values[i];
+    if (is_small(v.size())) {
+      put(keys[i], v, nullptr);
+    } else {
+      put(keys[i], {}, share(*budget_, std::move(v)));
+    }
+  }
 }
 
 void StoreCore::queue_push(Request& req, const HashedKey& h) {

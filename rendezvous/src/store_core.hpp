@@ -52,6 +52,18 @@ class Peer {
 
 struct Session;
 
+// A key's value. Small ones (under Message::kShareFrom: copied into replies anyway) are the
+// store's own string, overwritten in place as the key changes (no allocation per SET); large ones
+// are shared buffers, sent by reference.
+struct StoredValue {
+  std::string small;
+  SharedBytes large;
+  std::string_view view() const { return large ? large->view() : std::string_view(small); }
+  std::size_t size() const { return large ? large->size() : small.size(); }
+  // What dropping it frees now (a shared buffer only when nothing else holds it).
+  std::size_t freed_by_drop() const { return cost::string_heap(small) + rendezvous::freed_by_drop(large); }
+};
+
 // One pending WAIT, owned by its session and listed under each key it still waits for.
 struct Waiter {
   static constexpr std::size_t kWoken = ~std::size_t{0};
@@ -124,7 +136,8 @@ class StoreCore {
 
   // Values and keys (store_core.cpp). `h` is the hashed key of the request's first key.
   bool exists(const HashedKey& k) const;
-  void put(const HashedKey& k, SharedBytes value);  // set + watchers + wake
+  // Sets `k` to `large`, or to a copy of `small` when `large` is null; then watchers, waiters.
+  void put(const HashedKey& k, std::string_view small, SharedBytes large);
   void set_value(const HashedKey& k, std::string&& value, const char* op);
   void compare_set(Request& req, const HashedKey& h, Message& out);
   void add(const Request& req, const HashedKey& h, Message& out);
@@ -148,13 +161,13 @@ class StoreCore {
   std::unique_ptr<Waiter> take_waiter(Session& session, std::size_t slot);
   void watch_key(Session& session, const HashedKey& h, Message& out);
   void unwatch(Session& session);
-  void notify_watchers(const HashedKey& k, std::uint8_t type, const SharedBytes& old_value,
-                       const SharedBytes& new_value);
+  void notify_watchers(const HashedKey& k, std::uint8_t type, const StoredValue& old_value,
+                       const StoredValue& new_value);
 
   StoreLimits limits_;
   std::unique_ptr<MemoryBudget> own_budget_;
   MemoryBudget* budget_;
-  KeyMap<SharedBytes> data_;
+  KeyMap<StoredValue> data_;
   KeyMap<std::deque<SharedBytes>> queues_;
   KeyMap<WaitList> waiters_;
   KeyMap<std::vector<Session*>> watchers_;  // 1.13 WATCH_KEY

@@ -24,7 +24,7 @@
 // epoll_ctl() to re-arm), which on loopback is a third of the server's time. Everything runs on
 // one thread; the StoreCore is not shared. connection.cpp has everything a client can trigger.
 // Every turn of the loop is bounded, so that no client holds it for more than a few ms: a
-// connection reads for 16 x 64 KiB or 256 requests, then waits on the backlog (once); output a
+// connection reads for 16 x 64 KiB or about 1 ms of requests, then waits on the backlog (once); output a
 // client did not ask for (watch events, WAIT wake-ups) is sent 4 MiB a turn; a closed
 // connection's waits are dropped 1,024 a turn before its socket closes.
 

@@ -189,15 +189,20 @@ void StoreCore::unwatch(Session& session) {
 
 // One event, built once: values by reference, so each watcher queues a few bytes of its own.
 // A watcher that cannot take it (its unsent output or the budget) is closed by deliver().
-void StoreCore::notify_watchers(const HashedKey& k, std::uint8_t type, const SharedBytes& old_value,
-                                const SharedBytes& new_value) {
+void StoreCore::notify_watchers(const HashedKey& k, std::uint8_t type, const StoredValue& old_value,
+                                const StoredValue& new_value) {
   auto* e = watchers_.find(k);
   if (!e) return;
   Message m;
   wire::put_u8(m.text(), type);
   wire::put_str(m.text(), k.key);
-  m.put_value(old_value);
-  m.put_value(new_value);
+  for (const auto* v : {&old_value, &new_value}) {
+    if (v->large) {
+      m.put_value(v->large);
+    } else {
+      wire::put_str(m.text(), v->small);
+    }
+  }
   // Copy the peers first: delivering may close a connection, which drops its watches.
   std::vector<std::shared_ptr<Peer>> peers;
   peers.reserve(e->second.size());

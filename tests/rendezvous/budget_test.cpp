@@ -6,6 +6,8 @@
 // figures.
 
 #include "abuse_helpers.hpp"
+#include "memory_budget.hpp"
+#include "output_queue.hpp"
 
 namespace {
 
@@ -192,4 +194,29 @@ TEST_CASE("budget: what clients held is given back when they leave and their key
   }
   CHECK(server.stats().memory_bytes == idle);
   CHECK(server.stats().wait_lists == 0);
+}
+
+// deliver() charges a notification before queuing it, by what OutputQueue::cost_of says.
+TEST_CASE("budget: the output queue knows what an append will cost before it is made", "[budget]") {
+  MemoryBudget budget(std::size_t{1} << 30);
+  auto big = share(budget, std::string(10000, 'b'));
+  OutputQueue q;
+  std::uint32_t seed = 12345;
+  auto next = [&](std::uint32_t n) {
+    seed = seed * 1103515245 + 12345;
+    return (seed >> 8) % n;
+  };
+  int mismatches = 0;
+  for (int i = 0; i < 20000; ++i) {
+    Message m;
+    m.text().assign(next(3) == 0 ? 1 + next(6000) : 1 + next(40), 'x');
+    if (next(4) == 0) m.put_value(big);
+    if (next(4) == 0) m.text().append(next(100), 'y');
+    auto predicted = q.cost_of(m);
+    auto before = q.held_bytes();
+    q.append(m);
+    if (q.held_bytes() - before != predicted) ++mismatches;
+    if (next(3) == 0 && !q.empty()) q.consume(std::min<std::size_t>(q.size(), 1 + next(20000)));
+  }
+  CHECK(mismatches == 0);
 }
