@@ -101,7 +101,8 @@ po::options_description describe(Config& c) {
        "keys in one CHECK, WAIT, MULTI_GET or MULTI_SET")
       ("max_reply_bytes", c.size("max_reply_bytes"), "largest reply (MULTI_GET)")
       ("max_store_bytes", c.size("max_store_bytes"),
-       "bytes held in all keys, values and queues; a write over it fails for its client only")
+       "the memory budget: keys, values, queues, waits, watches and the clients' buffers, with their "
+       "overhead; a request over it fails for its client only")
       ("max_waits_per_connection", po::value(&o.max_waits_per_connection)->default_value(o.max_waits_per_connection),
        "keys one connection may wait on at once")
       ("max_watches_per_connection",
