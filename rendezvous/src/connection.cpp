@@ -69,7 +69,7 @@ void Connection::take_turn() {
 
 void Connection::on_readable() {
   turn_requests_ = 0;
-  turn_started_ = SteadyClock::now();
+  turn_started_ = {};  // read on the 16th request: most turns are one request
   if (closed_ || paused_) return;  // a paused connection reads again when its replies drain
   if (!pending_.empty()) {
     std::string rest = std::move(pending_);
@@ -171,7 +171,7 @@ void Connection::flush() {
     return;
   }
   if (closed_) return;
-  sync_charge();
+  sync_charge();  // what is left unsent
   if (out_.size() > ctx_.options.max_pending_output_bytes) {
     close("client does not read its replies: " + std::to_string(out_.size()) +
           " bytes pending, over the limit of " + std::to_string(ctx_.options.max_pending_output_bytes) +

@@ -133,6 +133,7 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
   ssize_t send_queued(int flags);
   void resume();
   void queue_turn();
+  bool turn_over();
   void closed_by_peer();
   void shutdown();
 

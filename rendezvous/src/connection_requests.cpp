@@ -37,9 +37,8 @@ void Connection::consume(std::string_view data) {
                     out_.size());
       break;
     }
-    if (turn_requests_ % kRequestsPerClockCheck == kRequestsPerClockCheck - 1 &&
-        SteadyClock::now() - turn_started_ > kTurnTime) {  // the rest goes first on its next turn
-      pending_.assign(data);
+    if (turn_requests_ % kRequestsPerClockCheck == kRequestsPerClockCheck - 1 && turn_over()) {
+      pending_.assign(data);  // the rest goes first on its next turn
       queue_turn();
       break;
     }
@@ -58,8 +57,18 @@ void Connection::consume(std::string_view data) {
     ++turn_requests_;
     apply();
   }
-  if (!closed_ && !sync_charge()) close(over_budget("the input it sent"));
-  if (!closed_) flush();
+  if (!closed_) flush();  // also counts what it now holds (sync_charge)
+  if (!closed_ && ctx_.budget.used() > ctx_.budget.limit()) close(over_budget("the input it sent"));
+}
+
+// Whether this turn has used its time; the clock starts at the first check.
+bool Connection::turn_over() {
+  auto now = SteadyClock::now();
+  if (turn_started_ == SteadyClock::time_point{}) {
+    turn_started_ = now;
+    return false;
+  }
+  return now - turn_started_ > kTurnTime;
 }
 
 // A large request's values become the store's (taken, not copied) or go with it: while it is
