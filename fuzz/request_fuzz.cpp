@@ -1,7 +1,9 @@
 // libFuzzer target: arbitrary bytes from two clients through the authentication handshake (one
 // client), the request parser and the store's semantics under small limits, exactly as the
-// server runs them (minus sockets). Any crash, sanitizer report or growth beyond the limits is a
-// bug a remote client could trigger.
+// server runs them (minus sockets). A closed client's waits are dropped a few at a time while the
+// other goes on, as the server does. Any crash, sanitizer report, growth beyond the memory budget,
+// or memory the budget does not give back once everything is gone, is a bug a remote client could
+// trigger.
 
 #include <cstddef>
 #include <cstdint>
@@ -20,8 +22,11 @@ constexpr std::size_t kMaxReceived = 1 << 20;
 
 struct FuzzPeer final : Peer {
   std::string received;
-  void deliver(std::string_view bytes) override {
-    if (received.size() < kMaxReceived) received.append(bytes);
+  void deliver(const Message& m) override {
+    m.visit([&](std::string_view b) { take(b); }, [&](const SharedBytes& v) { take(view(v)); });
+  }
+  void take(std::string_view b) {
+    if (received.size() < kMaxReceived) received.append(b.substr(0, kMaxReceived - received.size()));
   }
 };
 
@@ -57,10 +62,12 @@ struct Client {
   RequestParser parser{small_wire()};
   Request request;
   bool closed = false;
+  bool dropped = false;
 
-  void close(StoreCore& core) {
-    closed = true;
-    core.drop(session);
+  void close() { closed = true; }
+  // A closed client's waits go two at a time, between the other client's requests.
+  void drop_some(StoreCore& core) {
+    if (closed && !dropped) dropped = core.drop_some(session, 2) == 0;
   }
 
   void feed(StoreCore& core, const std::uint8_t* data, std::size_t n) {
@@ -73,7 +80,7 @@ struct Client {
         if (in.size() > before) __builtin_trap();
         if (state == ServerHandshake::State::kRefused) {
           if (answer.empty()) __builtin_trap();  // a refusal always says so
-          close(core);
+          close();
         }
         continue;
       }
@@ -81,7 +88,7 @@ struct Client {
       auto r = parser.parse(in, request);
       if (r.consumed > before) __builtin_trap();
       if (r.status == RequestParser::Status::kInvalid) {
-        close(core);
+        close();
         break;
       }
       in.remove_prefix(r.consumed);
@@ -91,11 +98,11 @@ struct Client {
       }
       if (r.consumed == 0) __builtin_trap();
       try {
-        std::string out;
+        Message out;
         core.handle(session, request, out);
         if (out.size() > core.limits().max_reply_bytes + 64) __builtin_trap();
       } catch (const ddprun::Error&) {
-        close(core);
+        close();
       }
       if (parser.partial_bytes() > small_wire().max_request_bytes + 64) __builtin_trap();
     }
@@ -124,12 +131,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       b.feed(core, data + pb, n);
       pb += n;
     }
-    if (core.stats().store_bytes > small_store().max_store_bytes) __builtin_trap();
+    a.drop_some(core);
+    b.drop_some(core);
+    if (core.budget().used() > core.budget().limit()) __builtin_trap();
   }
   // Waits and watches die with their connection.
-  if (!a.closed) a.close(core);
-  if (!b.closed) b.close(core);
+  a.close();
+  b.close();
+  while (!a.dropped || !b.dropped) {
+    a.drop_some(core);
+    b.drop_some(core);
+  }
   auto s = core.stats();
   if (s.wait_lists != 0 || s.watch_entries != 0) __builtin_trap();
+  // Everything charged was given back: nothing is left on the budget once the keys go too.
+  core.clear();
+  if (core.budget().used() != 0) __builtin_trap();
   return 0;
 }

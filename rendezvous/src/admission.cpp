@@ -6,6 +6,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ddprun/rendezvous/auth.hpp"
+
 namespace ddprun::rendezvous {
 
 Admission::Admission(ServerContext& ctx) : ctx_(ctx), my_uid_(::getuid()) {
@@ -27,32 +29,49 @@ void Admission::set_allow(const std::optional<std::vector<std::string>>& cidrs) 
 
 void Admission::refuse_for_capacity(const std::string& why) {
   ++ctx_.refused;
-  ++cap_refusals_unlogged_;
-  auto now = std::chrono::steady_clock::now();
-  if (now - last_cap_log_ >= std::chrono::seconds(1)) {
-    spdlog::warn("store: refused {} connection(s): {}", cap_refusals_unlogged_, why);
-    cap_refusals_unlogged_ = 0;
-    last_cap_log_ = now;
-  }
+  ctx_.refused_log.note(why);
 }
 
 bool Admission::admit(int fd, const sockaddr_storage& addr, std::size_t fd_limit) {
+  if (!admit_peer(fd, addr)) return false;
   const auto& o = ctx_.options;
+  std::string full;
   if (ctx_.connections.size() >= o.max_connections) {
-    ::close(fd);
-    refuse_for_capacity(std::to_string(ctx_.connections.size()) + " clients are connected, the limit of --max_connections");
-    return false;
+    full = std::to_string(ctx_.connections.size()) + " clients are connected, the limit of --max_connections";
+  } else if (static_cast<std::size_t>(fd) + o.reserved_fds >= fd_limit) {
+    // Descriptors are allocated lowest first: this one being among the last `reserved_fds`
+    // means fewer than that are left for the process that hosts the store.
+    full = "only " + std::to_string(fd_limit - static_cast<std::size_t>(fd)) +
+           " descriptors are left under the open-file limit of " + std::to_string(fd_limit) + ", and " +
+           std::to_string(o.reserved_fds) + " are kept for the hosting process (raise ulimit -n)";
   }
-  // Descriptors are allocated lowest first: this one being among the last `reserved_fds` means
-  // fewer than that are left for the process that hosts the store.
-  if (static_cast<std::size_t>(fd) + o.reserved_fds >= fd_limit) {
-    ::close(fd);
-    refuse_for_capacity("only " + std::to_string(fd_limit - static_cast<std::size_t>(fd)) +
-                        " descriptors are left under the open-file limit of " + std::to_string(fd_limit) + ", and " +
-                        std::to_string(o.reserved_fds) + " are kept for the hosting process (raise ulimit -n)");
-    return false;
+  if (full.empty()) return true;
+  // The oldest connection still authenticating makes room: members authenticate at once, so
+  // only idle clients without the secret age there.
+  if (auto* oldest = ctx_.handshakes.oldest()) {
+    oldest->evict();
+    ctx_.evicted_log.note("still authenticating, the oldest, to make room for a newcomer: " + full);
+    return true;
   }
-  return admit_peer(fd, addr);
+  turn_away(fd);
+  refuse_for_capacity(full);
+  return false;
+}
+
+// A client turned away for capacity is told so when it speaks ddprun's handshake (a store with a
+// secret): the busy marker where the server's challenge would start, then our FIN, so that it
+// retries rather than report a refusal. PyTorch's clients retry on a plain close, and a marker
+// would read to them as a wrong PING answer: a store without a secret just closes.
+void Admission::turn_away(int fd) {
+  if (!ctx_.options.secret.empty()) {
+    std::uint32_t marker = auth::kBusyMarker;
+    ::send(fd, &marker, sizeof(marker), MSG_DONTWAIT | MSG_NOSIGNAL);
+    char sink[4096];
+    for (int i = 0; i < 4 && ::recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+    }
+    ::shutdown(fd, SHUT_WR);
+  }
+  ::close(fd);
 }
 
 // Access control; false (and the connection closed) when the peer may not connect.
@@ -82,10 +101,17 @@ bool Admission::admit_peer(int fd, const sockaddr_storage& addr) {
   }
   if (same_host && ctx_.options.same_user && local) {
     std::string error;
-    auto uid = owners_.owner(*peer, *local, &error);
-    if (!uid) return refuse("cannot tell which user owns the connecting socket (" + error + ")");
-    if (*uid != my_uid_ && *uid != 0) {
-      return refuse("the connecting process belongs to uid " + std::to_string(*uid) + "; only uid " +
+    auto info = owners_.lookup(*peer, *local, &error);
+    if (!info) return refuse("cannot tell which user owns the connecting socket (" + error + ")");
+    // A client that closed before we got here cannot be told from root (a time-wait socket is
+    // reported as uid 0): its requests are never served.
+    if (!info->owner_known()) {
+      return refuse("the connecting socket was closed before the store could check its owner (it is " +
+                    info->state_name() + (info->inode == 0 ? ", held by no process" : "") +
+                    "); its requests are not served");
+    }
+    if (info->uid != my_uid_ && info->uid != 0) {
+      return refuse("the connecting process belongs to uid " + std::to_string(info->uid) + "; only uid " +
                     std::to_string(my_uid_) + " (this job's user) and root may connect");
     }
   }

@@ -2,6 +2,12 @@
 // Who may connect to the store, decided as a connection is accepted (no Asio): the connection
 // cap, the descriptors kept for the hosting process, the allowed addresses of other hosts, and
 // the user owning a local peer's socket. Refusals are counted and logged without flooding.
+//
+// The verdict comes first: admit() runs on a socket just accepted, before it joins the epoll
+// set, so not one byte of a connection is read (let alone applied) before it is admitted. The
+// owner check takes the kernel's word only for a socket a process still holds open in
+// ESTABLISHED state; anything else (a client that sent its requests and closed before we got
+// to it) is refused, since a closed socket's owner cannot be known.
 
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -23,7 +29,8 @@ class Admission {
   // Replaces the allowed addresses of other hosts (nullopt: any). Throws UsageError.
   void set_allow(const std::optional<std::vector<std::string>>& cidrs);
   // Whether `fd`, just accepted from `addr`, may become a client; when not, it is closed and the
-  // refusal counted (and logged, at most once a second for the capacity limits).
+  // refusal counted (and logged, at most once a second for the capacity limits). At capacity,
+  // the oldest connection still authenticating is closed to make room, if there is one.
   bool admit(int fd, const sockaddr_storage& addr, std::size_t fd_limit);
   // The connection's socket options: no Nagle delay, TCP keep-alive probes when configured.
   void configure(int fd) const;
@@ -32,14 +39,13 @@ class Admission {
 
  private:
   bool admit_peer(int fd, const sockaddr_storage& addr);
+  void turn_away(int fd);
 
   ServerContext& ctx_;
   std::optional<std::vector<Cidr>> allow_;
   std::vector<IpAddress> local_addrs_;
   SocketOwnerLookup owners_;
   uid_t my_uid_;
-  std::chrono::steady_clock::time_point last_cap_log_{};
-  std::size_t cap_refusals_unlogged_ = 0;
 };
 
 }  // namespace ddprun::rendezvous

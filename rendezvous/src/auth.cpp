@@ -112,6 +112,15 @@ ServerHandshake::State ServerHandshake::refuse(std::string_view why, std::string
   return state_ = State::kRefused;
 }
 
+void ServerHandshake::busy(std::string& answer) const {
+  if (state_ == State::kProof) {
+    answer.push_back(static_cast<char>(auth::kBusy));  // in place of the verdict
+    return;
+  }
+  std::uint32_t m = auth::kBusyMarker;  // in place of the challenge
+  answer.append(reinterpret_cast<const char*>(&m), sizeof(m));
+}
+
 ServerHandshake::State ServerHandshake::feed(std::string_view& data, std::string& answer) {
   while (!data.empty() && (state_ == State::kHello || state_ == State::kProof)) {
     if (state_ == State::kHello) {

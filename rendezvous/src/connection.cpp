@@ -1,3 +1,6 @@
+// Connection: its socket. Reading in turns, sending queued output with writev(), closing (and
+// letting go of what the client held). What its requests do is in connection_requests.cpp.
+
 #include "connection.hpp"
 
 #include <sys/epoll.h>
@@ -9,63 +12,21 @@
 #include <new>
 #include <spdlog/spdlog.h>
 
-
 namespace ddprun::rendezvous {
 namespace {
 
-constexpr int kReadsPerTurn = 16;  // then other connections get their turn
-constexpr std::size_t kMaxLogged = 4096;
+// A connection's turn ends after this many reads (or about a millisecond of requests); then other
+// connections get theirs.
+constexpr int kReadsPerTurn = 16;
 
 }  // namespace
-
-StoreLimits store_limits(const StoreServerOptions& o) {
-  StoreLimits l;
-  l.max_value_bytes = o.limits.max_value_bytes;
-  l.max_reply_bytes = o.max_reply_bytes;
-  l.max_store_bytes = o.max_store_bytes;
-  l.max_waits_per_connection = o.max_waits_per_connection;
-  l.max_watches_per_connection = o.max_watches_per_connection;
-  l.max_queue_length = o.max_queue_length;
-  return l;
-}
-
-void ServerContext::log_once(const std::string& key, const std::string& line) {
-  if (logged.count(key)) return;
-  if (logged.size() >= kMaxLogged) {
-    if (logged.size() == kMaxLogged) {
-      spdlog::warn("store: {} distinct refusals logged; further ones are not", kMaxLogged);
-      logged.insert("");
-    }
-    return;
-  }
-  logged.insert(key);
-  spdlog::warn("{}", line);
-}
-
-void ServerContext::warn(const std::string& line) {
-  auto now = SteadyClock::now();
-  if (now - warn_window >= std::chrono::seconds(1)) {
-    if (warn_suppressed > 0) {
-      spdlog::warn("store: {} more warnings about client connections in the last second were not logged",
-                   warn_suppressed);
-    }
-    warn_window = now;
-    warn_count = 0;
-    warn_suppressed = 0;
-  }
-  if (warn_count < kWarningsPerSecond) {
-    ++warn_count;
-    spdlog::warn("{}", line);
-  } else {
-    ++warn_suppressed;
-  }
-}
 
 Connection::Connection(ServerContext& ctx, int fd, std::string peer)
     : ctx_(ctx),
       fd_(fd),
       peer_(std::move(peer)),
       parser_(ctx.options.limits),
+      charge_(ctx.budget),
       auth_(ctx.options.secret.empty() ? Auth::kOpen : Auth::kHello) {
   if (auth_ != Auth::kOpen) handshake_ = std::make_unique<ServerHandshake>(ctx.options.secret);
 }
@@ -84,6 +45,7 @@ bool Connection::start() {
     return false;
   }
   spdlog::debug("store: connection from {}", peer_);
+  sync_charge();
   return true;
 }
 
@@ -100,8 +62,14 @@ void Connection::on_event(std::uint32_t events) {
   }
 }
 
-void Connection::on_readable() {
+void Connection::take_turn() {
   queued_ = false;
+  on_readable();
+}
+
+void Connection::on_readable() {
+  turn_requests_ = 0;
+  turn_started_ = {};  // read on the 16th request: most turns are one request
   if (closed_ || paused_) return;  // a paused connection reads again when its replies drain
   if (!pending_.empty()) {
     std::string rest = std::move(pending_);
@@ -134,101 +102,46 @@ void Connection::on_readable() {
     // Not so for the end of the stream: once the peer has shut down, read on to see it.
     if (static_cast<std::size_t>(n) < buf.size() && !peer_done_) return;
   }
+  queue_turn();
+}
+
+// Once on the backlog at most (an event while it is there does not add it again, or a client
+// sending without pause would get one more turn every round).
+void Connection::queue_turn() {
+  if (queued_) return;
   queued_ = true;
   ctx_.backlog.push_back(this);
 }
 
-void Connection::deliver(std::string_view bytes) {
+void Connection::deliver(const Message& m) {
   if (closed_) return;
-  out_.append(bytes);
+  if (out_.size() + m.size() > ctx_.options.max_pending_output_bytes) {
+    close("client does not read its replies: " + std::to_string(out_.size()) + " bytes pending and " +
+          std::to_string(m.size()) + " more to send, over the limit of " +
+          std::to_string(ctx_.options.max_pending_output_bytes) + " (--max_pending_output_bytes)");
+    return;
+  }
+  if (!ctx_.budget.fits(out_.cost_of(m))) {
+    close(over_budget("a notification of " + std::to_string(m.size()) + " bytes, with " +
+                      std::to_string(out_.size()) + " bytes it was sent still unread,"));
+    return;
+  }
+  out_.append(m);
+  sync_charge();
+  // Sent from the event loop, a few megabytes a turn: a SET watched by 200 clients must not fill
+  // 200 socket buffers before anyone else is served.
+  if (!flush_queued_) {
+    flush_queued_ = true;
+    ctx_.flush_later.push_back(this);
+  }
+}
+
+std::size_t Connection::flush_later() {
+  flush_queued_ = false;
+  if (closed_) return 0;
+  auto before = out_.size();
   flush();
-}
-
-// Parses and applies the requests in `data`, one at a time, until the data is used up or the
-// replies queued reach the high-water mark; then the rest waits in pending_ (at most one read).
-void Connection::consume(std::string_view data) {
-  while (!data.empty() && !closed_) {
-    if (auth_ != Auth::kOpen) {
-      if (!authenticate(data)) return;
-      continue;
-    }
-    if (out_.size() >= ctx_.options.output_high_water_bytes) {
-      paused_ = true;
-      pending_.assign(data);
-      spdlog::debug("store: {} has {} bytes of replies unread; not reading from it until they drain", peer_,
-                    out_.size());
-      break;
-    }
-    auto r = parser_.parse(data, request_);
-    if (r.status == RequestParser::Status::kInvalid) {
-      close(r.error);
-      return;
-    }
-    data.remove_prefix(r.consumed);
-    if (r.status == RequestParser::Status::kNeedMore) break;
-    apply();
-  }
-  if (!closed_) flush();
-}
-
-void Connection::apply() {
-  auto& reply = ctx_.reply;
-  reply.clear();
-  try {
-    if (ctx_.options.on_request) {
-      ctx_.options.on_request(wire::op_name(request_.op),
-                              request_.keys.empty() ? std::string_view() : std::string_view(request_.keys[0]));
-    }
-    ctx_.core.handle(session_, request_, reply);
-  } catch (const Error& e) {
-    close(e.what());
-    return;
-  } catch (const std::bad_alloc&) {
-    close(std::string("out of memory while applying its ") + wire::op_name(request_.op) + " request");
-    return;
-  } catch (const std::exception& e) {
-    close(std::string("internal error while applying its ") + wire::op_name(request_.op) + " request: " + e.what());
-    return;
-  }
-  if (reply.size() >= OutputQueue::kChunkBytes) {
-    out_.append(std::move(reply));
-    reply = std::string();
-  } else {
-    out_.append(std::string_view(reply));
-  }
-}
-
-bool Connection::authenticate(std::string_view& data) {
-  std::string answer;
-  auto state = handshake_->feed(data, answer);
-  if (state == ServerHandshake::State::kRefused) {
-    refuse(answer, handshake_->why());
-    return false;
-  }
-  out_.append(std::string_view(answer));
-  if (state == ServerHandshake::State::kAccepted) {
-    auth_ = Auth::kOpen;
-    handshake_.reset();
-    spdlog::debug("store: {} authenticated", peer_);
-  }
-  return true;
-}
-
-// Tells a client it was refused (a byte or a 4-byte marker it can recognise), logs one line,
-// and closes. Unread input is drained first so that the close is not a reset that could
-// overtake the answer.
-void Connection::refuse(const std::string& answer, const std::string& why) {
-  out_.append(std::string_view(answer));
-  flush();
-  char sink[4096];
-  for (int i = 0; i < 64 && fd_ >= 0 && ::recv(fd_, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
-  }
-  if (closed_) return;
-  ::shutdown(fd_, SHUT_WR);
-  ++ctx_.refused;
-  auto host = peer_.substr(0, peer_.rfind(':'));
-  ctx_.log_once(host + "|" + why, "store: refused " + peer_ + ": " + why);
-  shutdown();
+  return before - out_.size();
 }
 
 // One sendmsg() of the front of the queue (up to 64 chunks); what it returned.
@@ -258,6 +171,7 @@ void Connection::flush() {
     return;
   }
   if (closed_) return;
+  sync_charge();  // what is left unsent
   if (out_.size() > ctx_.options.max_pending_output_bytes) {
     close("client does not read its replies: " + std::to_string(out_.size()) +
           " bytes pending, over the limit of " + std::to_string(ctx_.options.max_pending_output_bytes) +
@@ -271,15 +185,12 @@ void Connection::flush() {
 // request: deliver() may run while the core is applying someone else's SET.
 void Connection::resume() {
   paused_ = false;
-  if (!queued_) {
-    queued_ = true;
-    ctx_.backlog.push_back(this);
-  }
+  queue_turn();
 }
 
 void Connection::closed_by_peer() {
-  if (session_.active_waits > 0) {
-    ctx_.warn(fmt::format("store: {} disconnected with {} pending WAIT(s)", peer_, session_.active_waits));
+  if (!session_.waits.empty()) {
+    ctx_.warn(fmt::format("store: {} disconnected with {} pending WAIT(s)", peer_, session_.waits.size()));
   } else if (parser_.partial_bytes() > 0) {
     ctx_.warn(fmt::format("store: {} disconnected in the middle of a request ({} bytes of it received)", peer_,
                           parser_.partial_bytes()));
@@ -302,23 +213,41 @@ void Connection::shutdown() {
   if (closed_) return;
   closed_ = true;
   // A connection that held much (thousands of waits, megabytes of buffers) leaves free memory
-  // behind in malloc's arenas; the server hands it back to the system after this batch.
-  if (session_.wait_keys + session_.watches.size() >= 4096 || out_.size() + pending_.size() >= (1u << 20) ||
-      parser_.partial_bytes() >= (1u << 20)) {
-    ctx_.trim_memory = true;
-  }
-  ctx_.core.drop(session_);
+  // behind in malloc's arenas; the server hands it back to the system after the batch in which
+  // its socket closes.
+  trim_after_ = session_.wait_keys + session_.watches.size() >= 4096 || out_.size() + pending_.size() >= (1u << 20) ||
+                parser_.partial_bytes() >= (1u << 20);
+  ctx_.handshakes.remove(this);
   ::epoll_ctl(ctx_.epoll_fd, EPOLL_CTL_DEL, fd_, nullptr);
-  ::close(fd_);
-  fd_ = -1;
   out_.clear();
   std::string().swap(pending_);
   handshake_.reset();
+  // (request_ stays: this may run while it is being applied, from a notification to this same
+  // client that did not fit; it holds at most one request until the connection is destroyed.)
+  parser_ = RequestParser(ctx_.options.limits);
+  charge_.set(0);
   auto it = ctx_.connections.find(this);
   if (it != ctx_.connections.end()) {
     ctx_.closing.push_back(std::move(it->second));
     ctx_.connections.erase(it);
   }
+  // Its waits go a few thousand a turn of the loop (a client can hold a hundred thousand), and
+  // the socket closes after them: the client sees the close once the store has let go of all.
+  if (!reap(kDropsPerTurn)) ctx_.reaping.push_back(shared_from_this());
+}
+
+bool Connection::reap(std::size_t max_waits) {
+  if (fd_ < 0) return true;
+  if (ctx_.core.drop_some(session_, max_waits) > 0) return false;
+  ::close(fd_);
+  fd_ = -1;
+  ctx_.trim_memory = ctx_.trim_memory || trim_after_;
+  return true;
+}
+
+void Connection::abandon() {
+  shutdown();
+  reap(~std::size_t{0});
 }
 
 }  // namespace ddprun::rendezvous

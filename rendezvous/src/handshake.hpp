@@ -17,6 +17,8 @@ class ServerHandshake {
   // Takes handshake bytes from the front of `data` (never more than the handshake needs) and
   // appends to `answer` what must be sent back. After kRefused, `why` says why, for the log.
   State feed(std::string_view& data, std::string& answer);
+  // What to send a client turned away for capacity at this point of the handshake (auth.hpp).
+  void busy(std::string& answer) const;
   State state() const { return state_; }
   const std::string& why() const { return why_; }
 

@@ -6,6 +6,7 @@
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <unistd.h>
 
@@ -153,8 +154,18 @@ SocketOwnerLookup::~SocketOwnerLookup() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::optional<uid_t> SocketOwnerLookup::owner(const IpAddress& peer, const IpAddress& local, std::string* error) {
-  auto fail = [&](std::string why) -> std::optional<uid_t> {
+bool SocketInfo::owner_known() const { return state == TCP_ESTABLISHED && inode != 0; }
+
+std::string SocketInfo::state_name() const {
+  static const char* const kNames[] = {"?",          "ESTABLISHED", "SYN-SENT",  "SYN-RECV", "FIN-WAIT-1",
+                                       "FIN-WAIT-2", "TIME-WAIT",   "CLOSE",     "CLOSE-WAIT", "LAST-ACK",
+                                       "LISTEN",     "CLOSING"};
+  return state < sizeof(kNames) / sizeof(kNames[0]) ? kNames[state] : "state " + std::to_string(state);
+}
+
+std::optional<SocketInfo> SocketOwnerLookup::lookup(const IpAddress& peer, const IpAddress& local,
+                                                    std::string* error) {
+  auto fail = [&](std::string why) -> std::optional<SocketInfo> {
     if (error) *error = std::move(why);
     return std::nullopt;
   };
@@ -200,7 +211,7 @@ std::optional<uid_t> SocketOwnerLookup::owner(const IpAddress& peer, const IpAdd
       }
       if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY) {
         auto* d = static_cast<inet_diag_msg*>(NLMSG_DATA(h));
-        return static_cast<uid_t>(d->idiag_uid);
+        return SocketInfo{static_cast<uid_t>(d->idiag_uid), d->idiag_state, d->idiag_inode};
       }
     }
   }

@@ -42,6 +42,17 @@ std::vector<Cidr> parse_cidr_list(const std::string& text);
 // The addresses of this host's interfaces (loopback included).
 std::vector<IpAddress> local_addresses();
 
+// What the kernel says about one TCP socket.
+struct SocketInfo {
+  uid_t uid = 0;
+  std::uint8_t state = 0;   // TCP_ESTABLISHED, TCP_FIN_WAIT1, ... (netinet/tcp.h)
+  std::uint32_t inode = 0;  // 0: no process holds the socket (closed; a time-wait socket)
+  // The uid is the owner's only while a process holds an open socket: a socket its process
+  // closed is orphaned (inode 0), and a time-wait one reports uid 0, as root's would.
+  bool owner_known() const;
+  std::string state_name() const;
+};
+
 // Looks up the owner of TCP sockets through NETLINK_SOCK_DIAG. One netlink socket, reused.
 class SocketOwnerLookup {
  public:
@@ -50,10 +61,10 @@ class SocketOwnerLookup {
   SocketOwnerLookup(const SocketOwnerLookup&) = delete;
   SocketOwnerLookup& operator=(const SocketOwnerLookup&) = delete;
 
-  // The uid of the socket whose local end is `peer` and remote end is `local` (the client's
-  // end of a connection this host accepted on `local`). nullopt when the kernel does not say
-  // (sock_diag unavailable, the client already gone); `error` then says why.
-  std::optional<uid_t> owner(const IpAddress& peer, const IpAddress& local, std::string* error = nullptr);
+  // The socket whose local end is `peer` and remote end is `local` (the client's end of a
+  // connection this host accepted on `local`). nullopt when the kernel does not say (sock_diag
+  // unavailable, the client's socket already gone); `error` then says why.
+  std::optional<SocketInfo> lookup(const IpAddress& peer, const IpAddress& local, std::string* error = nullptr);
 
  private:
   int fd_ = -1;

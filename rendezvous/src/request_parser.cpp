@@ -3,6 +3,8 @@
 #include <cstring>
 #include <string>
 
+#include "memory_budget.hpp"
+
 namespace ddprun::rendezvous {
 namespace {
 
@@ -31,7 +33,23 @@ const char* field_name(F f) {
   }
 }
 
+std::size_t vector_heap(const std::vector<std::string>& v) {
+  return cost::malloc_bytes(v.capacity() * sizeof(std::string));
+}
+
 }  // namespace
+
+std::size_t key_heap_bytes(const Request& r) {
+  std::size_t n = vector_heap(r.keys);
+  for (const auto& k : r.keys) n += cost::string_heap(k);
+  return n;
+}
+
+std::size_t heap_bytes(const Request& r) {
+  std::size_t n = key_heap_bytes(r) + vector_heap(r.values);
+  for (const auto& v : r.values) n += cost::string_heap(v);
+  return n;
+}
 
 void RequestParser::start(Op op) {
   req_.op = op;
@@ -108,7 +126,11 @@ std::string& RequestParser::target(Field f) {
   // Reuse the strings of earlier requests (their buffers), adding one only when needed.
   auto& list = f == F::kKey ? req_.keys : req_.values;
   auto& n = f == F::kKey ? nkeys_ : nvalues_;
-  if (list.size() <= n) list.emplace_back();
+  if (list.size() <= n) {
+    held_ -= vector_heap(list);
+    list.emplace_back();
+    held_ += vector_heap(list);
+  }
   auto& s = list[n++];
   s.clear();
   return s;
@@ -215,6 +237,16 @@ bool RequestParser::take_string(std::string_view& in, Field f) {
   }
   auto& s = (f == F::kKey ? req_.keys[nkeys_ - 1] : req_.values[nvalues_ - 1]);
   std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(remaining_, in.size()));
+  if (s.size() + take > s.capacity()) {
+    // Grow geometrically but never past the declared length, so that a complete value holds
+    // exactly its bytes (it becomes the store's buffer as it is).
+    std::size_t want = std::min<std::uint64_t>(s.size() + remaining_, std::max(s.size() + take, 2 * s.capacity()));
+    std::string grown;
+    grown.reserve(want);
+    grown.append(s);
+    held_ += cost::string_heap(grown) - cost::string_heap(s);
+    s.swap(grown);
+  }
   s.append(in.data(), take);
   in.remove_prefix(take);
   remaining_ -= take;
@@ -222,7 +254,7 @@ bool RequestParser::take_string(std::string_view& in, Field f) {
   return remaining_ == 0;
 }
 
-RequestParser::Result RequestParser::parse(std::string_view in, Request& out) {
+RequestParser::Result RequestParser::parse(std::string_view in, Request& out, std::size_t out_heap) {
   const std::size_t given = in.size();
   try {
     if (!begin_request(in)) return {Status::kNeedMore, given, {}};
@@ -235,9 +267,11 @@ RequestParser::Result RequestParser::parse(std::string_view in, Request& out) {
     req_.keys.resize(nkeys_);
     req_.values.resize(nvalues_);
     std::swap(out, req_);
+    std::size_t done = held_;
+    held_ = out_heap == kUnknown ? heap_bytes(req_) : out_heap;  // the storage `out` had
     in_request_ = false;
     total_ = 0;
-    return {Status::kComplete, given - in.size(), {}};
+    return {Status::kComplete, given - in.size(), {}, done};
   } catch (Invalid& e) {
     in_request_ = false;
     return {Status::kInvalid, given - in.size(), std::move(e.why)};

@@ -27,6 +27,11 @@ struct Request {
   std::uint32_t u32 = 0;            // PING nonce, VALIDATE magic
 };
 
+// Heap bytes a request's strings hold (their capacity, with the vectors'): all of them, or its
+// keys alone. For the memory budget.
+std::size_t heap_bytes(const Request& r);
+std::size_t key_heap_bytes(const Request& r);
+
 class RequestParser {
  public:
   enum class Status { kComplete, kNeedMore, kInvalid };
@@ -34,20 +39,25 @@ class RequestParser {
     Status status;
     std::size_t consumed = 0;  // bytes of `in` taken (kNeedMore: all of them)
     std::string error;         // kInvalid: why, for the log line
+    std::size_t request_heap = 0;  // kComplete: heap_bytes() of the request now in `out`
   };
 
   explicit RequestParser(WireLimits limits = {}) : limits_(limits) {}
 
   // Consumes bytes from the start of `in`. kComplete: one request is complete and swapped into
-  // `out` (whose old storage the parser reuses); the rest of `in` after `consumed` is not
-  // touched. kNeedMore: all of `in` was taken into the request being built. kInvalid: the
-  // stream is broken; the parser must not be used again.
-  Result parse(std::string_view in, Request& out);
+  // `out` (whose old storage the parser reuses: `out_heap` is its heap_bytes() when the caller
+  // knows it, else it is counted); the rest of `in` after `consumed` is not touched. kNeedMore:
+  // all of `in` was taken into the request being built. kInvalid: the stream is broken; the
+  // parser must not be used again.
+  static constexpr std::size_t kUnknown = ~std::size_t{0};
+  Result parse(std::string_view in, Request& out, std::size_t out_heap = kUnknown);
 
   wire::Dialect dialect() const { return dialect_; }
   const WireLimits& limits() const { return limits_; }
   // Bytes of the current, incomplete request taken so far (0 between requests).
   std::size_t partial_bytes() const { return total_; }
+  // Heap bytes the parser holds: the request being built, on the storage of an earlier one.
+  std::size_t held_bytes() const { return held_; }
 
   // Field kinds of a request body, in wire order.
   enum class Field : std::uint8_t { kU32, kI64, kCount, kSignedCount, kKey, kValue, kExpected, kDesired };
@@ -82,6 +92,7 @@ class RequestParser {
   char ibuf_[8] = {};
   std::size_t ihave_ = 0;
   std::size_t total_ = 0;          // bytes of this request so far
+  std::size_t held_ = 0;           // heap_bytes(req_), kept up to date as it grows
 };
 
 }  // namespace ddprun::rendezvous

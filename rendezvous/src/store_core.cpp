@@ -1,376 +1,337 @@
-#include "ddprun/common/text.hpp"
 #include "store_core.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <unordered_set>
+
+#include "ddprun/common/text.hpp"
 
 namespace ddprun::rendezvous {
 namespace {
 
 using wire::Op;
 
-std::int64_t parse_counter(const std::string& key, const std::string& value) {
+std::int64_t parse_counter(std::string_view key, std::string_view value) {
   auto v = parse_int(value);
   if (!v) {
-    throw ProtocolError("ADD on key '" + key + "' whose value is not a decimal integer (" +
+    throw ProtocolError("ADD on key '" + std::string(key) + "' whose value is not a decimal integer (" +
                         std::to_string(value.size()) + " bytes)");
   }
   return *v;
 }
 
-std::string shown(const std::string& key) { return key.size() <= 64 ? key : key.substr(0, 64) + "..."; }
+std::string shown(std::string_view key) {
+  return key.size() <= 64 ? std::string(key) : std::string(key.substr(0, 64)) + "...";
+}
+
+// A key's node in a map (the key is copied there: its capacity is its size).
+std::size_t key_cost(std::string_view key) { return cost::kKey + cost::string_heap(key.size()); }
+std::size_t value_cost(const std::string& v) { return shared_cost(v.size(), v.capacity()); }
+bool is_small(std::size_t size) { return size < Message::kShareFrom; }
+
+// The capacity of a string of capacity `cap` once `size` bytes are assigned or appended to it
+// (libstdc++ doubles it when it must grow, or takes `size` when that is more).
+std::size_t grown_capacity(std::size_t cap, std::size_t size) { return size <= cap ? cap : std::max(size, 2 * cap); }
+
+void reply_value(Message& out, const StoredValue* v) {
+  if (!v) return wire::put_str(out.text(), {});
+  if (v->large) return out.put_value(v->large);
+  wire::put_str(out.text(), v->small);
+}
 
 }  // namespace
 
-bool StoreCore::exists(const std::string& key) const {
-  if (data_.count(key)) return true;
-  auto q = queues_.find(key);
-  return q != queues_.end() && !q->second.empty();
-}
-
-std::size_t StoreCore::held(const std::string& key) const {
-  auto it = data_.find(key);
-  return it == data_.end() ? 0 : key.size() + it->second.size();
-}
-
-void StoreCore::check_quota(std::size_t grow, std::size_t shrink, const char* op, const std::string& key) const {
-  if (grow <= shrink) return;
-  std::size_t after = bytes_ - shrink + grow;
-  if (after > limits_.max_store_bytes) {
-    throw LimitError(std::string(op) + " on key '" + shown(key) + "' would make the store hold " +
-                     std::to_string(after) + " bytes, over --max_store_bytes=" +
-                     std::to_string(limits_.max_store_bytes) + "; nothing was changed");
+StoreCore::StoreCore(StoreLimits limits, MemoryBudget* budget) : limits_(limits), budget_(budget) {
+  if (!budget_) {
+    own_budget_ = std::make_unique<MemoryBudget>(limits.max_store_bytes);
+    budget_ = own_budget_.get();
   }
 }
 
-void StoreCore::check_value(std::size_t size, const char* op, const std::string& key) const {
+StoreCore::~StoreCore() { clear(); }
+
+void StoreCore::clear() {
+  data_.clear();
+  queues_.clear();
+  waiters_.clear();
+  watchers_.clear();
+  release(charged_);
+  bytes_ = 0;
+}
+
+void StoreCore::charge(std::size_t n) {
+  charged_ += n;
+  budget_->charge(n);
+}
+
+void StoreCore::release(std::size_t n) {
+  charged_ -= n;
+  budget_->release(n);
+}
+
+bool StoreCore::exists(const HashedKey& k) const {
+  if (data_.contains(k)) return true;
+  const auto* q = queues_.find(k);
+  return q && !q->second.empty();
+}
+
+void StoreCore::require(std::size_t grow, std::size_t shrink, const char* op, std::string_view key) const {
+  // The last sixteenth of the budget is kept for the clients' buffers, so that a store full of
+  // data still serves reads.
+  if (budget_->fits(grow + budget_->limit() / 16, shrink)) return;
+  throw LimitError(std::string(op) + " on key '" + shown(key) + "' would make the store hold " +
+                   std::to_string(budget_->used() - std::min(shrink, budget_->used()) + grow) +
+                   " bytes, over --max_store_bytes=" + std::to_string(budget_->limit()) +
+                   "; nothing was changed (the budget counts keys, values, queues, waits, watches and the "
+                   "clients' buffers, with their overhead; its last sixteenth is kept for the clients' buffers)");
+}
+
+void StoreCore::check_value(std::size_t size, const char* op, std::string_view key) const {
   if (size > limits_.max_value_bytes) {
     throw LimitError(std::string(op) + " would make key '" + shown(key) + "' " + std::to_string(size) +
                      " bytes long, over --max_value_bytes=" + std::to_string(limits_.max_value_bytes));
   }
 }
 
-void StoreCore::put(const std::string& key, std::string value) {
-  auto it = data_.find(key);
-  if (!watchers_.empty()) {
-    bool created = it == data_.end();
-    notify_watchers(key, created ? wire::kKeyCreated : wire::kKeyUpdated,
-                    created ? std::string_view() : std::string_view(it->second), value);
-    it = data_.find(key);
+void StoreCore::put(const HashedKey& k, std::string_view small, SharedBytes large) {
+  auto [e, created] = data_.try_emplace(k);
+  auto& v = e->second;
+  if (created) {
+    charge(key_cost(k.key));
+    bytes_ += k.key.size();
   }
-  if (it == data_.end()) {
-    bytes_ += key.size() + value.size();
-    data_.emplace(key, std::move(value));
+  StoredValue old;  // what the watch event carries: the large value kept alive, a small one copied
+  bool watched = !watchers_.empty() && watchers_.contains(k);
+  if (watched) old.small = v.small;
+  old.large = std::move(v.large);
+  bytes_ = bytes_ - (old.large ? old.large->size() : v.small.size()) + (large ? large->size() : small.size());
+  release(cost::string_heap(v.small));
+  if (large) {
+    std::string().swap(v.small);
+    v.large = std::move(large);
   } else {
-    bytes_ = bytes_ - it->second.size() + value.size();
-    it->second = std::move(value);
+    v.small.assign(small);
   }
-  wake(key);
+  charge(cost::string_heap(v.small));
+  if (watched) notify_watchers(k, created ? wire::kKeyCreated : wire::kKeyUpdated, old, v);
+  wake(k);
 }
 
-void StoreCore::wake(const std::string& key) {
-  auto it = waiters_.find(key);
-  if (it == waiters_.end()) return;
-  // Move the list out first: delivering may close a connection, which must not touch this list.
-  auto list = std::move(it->second.entries);
-  waiters_.erase(it);
-  static constexpr char kStop[1] = {static_cast<char>(wire::kStopWaiting)};
-  for (auto& w : list) {
-    if (!w->active) continue;
-    --w->session->wait_keys;
-    if (--w->missing > 0) continue;
-    w->active = false;
-    --w->session->active_waits;
-    if (auto peer = w->session->peer.lock()) peer->deliver(std::string_view(kStop, 1));
-  }
+// Stores `value` under `k` within the budget: a small one copied into the key's own string (the
+// request keeps its buffer for the next one), a large one taken as a shared buffer.
+void StoreCore::set_value(const HashedKey& k, std::string&& value, const char* op) {
+  auto* e = data_.find(k);
+  std::size_t grow = e ? 0 : key_cost(k.key), shrink = e ? e->second.freed_by_drop() : 0;
+  std::size_t cap = e && !e->second.large ? e->second.small.capacity() : 15;
+  grow += is_small(value.size()) ? cost::string_heap(grown_capacity(cap, value.size())) : value_cost(value);
+  require(grow, shrink, op, k.key);
+  if (is_small(value.size())) return put(k, value, nullptr);
+  put(k, {}, share(*budget_, std::move(value)));
 }
 
-void StoreCore::notify_watchers(const std::string& key, std::uint8_t type, std::string_view old_value,
-                                std::string_view new_value) {
-  auto it = watchers_.find(key);
-  if (it == watchers_.end()) return;
-  std::string msg;
-  wire::put_u8(msg, type);
-  wire::put_str(msg, key);
-  wire::put_str(msg, old_value);
-  wire::put_str(msg, new_value);
-  // Copy the peers first: delivering may close a connection, which drops its watches.
-  std::vector<std::shared_ptr<Peer>> peers;
-  peers.reserve(it->second.size());
-  for (auto* s : it->second) {
-    if (auto p = s->peer.lock()) peers.push_back(std::move(p));
-  }
-  for (auto& p : peers) p->deliver(msg);
-}
-
-void StoreCore::add_wait(Session& session, const std::vector<std::string>& keys, std::string& out) {
-  std::vector<const std::string*> missing;
-  for (const auto& k : keys) {
-    if (!exists(k)) missing.push_back(&k);
-  }
-  // Duplicate keys in one WAIT must count once, or a single SET could never finish the wait.
-  std::sort(missing.begin(), missing.end(), [](auto* a, auto* b) { return *a < *b; });
-  missing.erase(std::unique(missing.begin(), missing.end(), [](auto* a, auto* b) { return *a == *b; }),
-                missing.end());
-  if (missing.empty()) {
-    wire::put_u8(out, wire::kStopWaiting);
-    return;
-  }
-  if (session.wait_keys + missing.size() > limits_.max_waits_per_connection) {
-    throw LimitError("WAIT on " + std::to_string(missing.size()) + " key(s) would make this connection wait on " +
-                     std::to_string(session.wait_keys + missing.size()) + " keys, over --max_waits_per_connection=" +
-                     std::to_string(limits_.max_waits_per_connection));
-  }
-  auto w = std::make_shared<Waiter>();
-  w->session = &session;
-  w->missing = missing.size();
-  w->keys.reserve(missing.size());
-  // Inactive entries are pruned once they outnumber the active ones: amortised O(1) per WAIT.
-  if (session.waits.size() >= 16 && session.waits.size() > 2 * session.active_waits) {
-    std::erase_if(session.waits, [](const auto& x) { return !x->active; });
-  }
-  session.waits.push_back(w);
-  ++session.active_waits;
-  session.wait_keys += missing.size();
-  for (const auto* k : missing) {
-    auto [it, fresh] = waiters_.try_emplace(*k);
-    auto& list = it->second;
-    if (fresh) list.generation = next_generation_++;
-    list.entries.push_back(w);
-    ++list.live;
-    w->keys.emplace_back(*k, list.generation);
-  }
-}
-
-void StoreCore::cancel_waits(Session& session) {
-  for (auto& w : session.waits) {
-    if (!w->active) continue;
-    w->active = false;
-    for (const auto& [key, generation] : w->keys) {
-      auto it = waiters_.find(key);
-      if (it == waiters_.end() || it->second.generation != generation) continue;  // set since
-      auto& list = it->second;
-      if (--list.live == 0) {
-        waiters_.erase(it);
-      } else if (list.entries.size() > 2 * list.live + 8) {
-        std::erase_if(list.entries, [](const auto& x) { return !x->active; });
-      }
-    }
-    w->keys.clear();
-    w->session = nullptr;
-  }
-  session.waits.clear();
-  session.active_waits = 0;
-  session.wait_keys = 0;
-}
-
-void StoreCore::drop(Session& session) {
-  cancel_waits(session);
-  for (const auto& key : session.watches) {
-    auto it = watchers_.find(key);
-    if (it == watchers_.end()) continue;
-    auto& list = it->second;
-    auto pos = std::find(list.begin(), list.end(), &session);
-    if (pos != list.end()) {
-      *pos = list.back();
-      list.pop_back();
-    }
-    if (list.empty()) watchers_.erase(it);
-  }
-  session.watches.clear();
-}
-
-StoreStats StoreCore::stats() const {
-  StoreStats s;
-  s.keys = data_.size();
-  s.store_bytes = bytes_;
-  s.wait_lists = waiters_.size();
-  for (const auto& [k, l] : waiters_) s.wait_entries += l.entries.size();
-  for (const auto& [k, l] : watchers_) s.watch_entries += l.size();
-  return s;
-}
-
-void StoreCore::handle(Session& session, const Request& req, std::string& out) {
+void StoreCore::handle(Session& session, Request& req, Message& out) {
+  auto& text = out.text();
+  HashedKey h = req.keys.empty() ? HashedKey{} : hashed(req.keys[0]);
   switch (req.op) {
     case Op::kValidate:  // the parser checked the magic; no reply
       return;
     case Op::kPing:
-      wire::put_u32(out, req.u32);
-      return;
-    case Op::kSet: {
-      const auto& key = req.keys[0];
-      check_quota(key.size() + req.values[0].size(), held(key), "SET", key);
-      put(key, req.values[0]);
-      return;
-    }
+      return wire::put_u32(text, req.u32);
+    case Op::kSet:
+      return set_value(h, std::move(req.values[0]), "SET");
     case Op::kCompareSet:
-      return compare_set(req, out);
+      return compare_set(req, h, out);
     case Op::kGet: {
-      auto it = data_.find(req.keys[0]);
-      wire::put_str(out, it == data_.end() ? std::string_view() : std::string_view(it->second));
-      return;
+      auto* e = data_.find(h);
+      return reply_value(out, e ? &e->second : nullptr);
     }
     case Op::kAdd:
-      return add(req, out);
+      return add(req, h, out);
     case Op::kCheck: {
-      bool ready = std::all_of(req.keys.begin(), req.keys.end(), [&](const auto& k) { return exists(k); });
-      wire::put_u8(out, ready ? wire::kReady : wire::kNotReady);
-      return;
+      bool ready = std::all_of(req.keys.begin(), req.keys.end(), [&](const auto& k) { return exists(hashed(k)); });
+      return wire::put_u8(text, ready ? wire::kReady : wire::kNotReady);
     }
     case Op::kWait:
-      add_wait(session, req.keys, out);
-      return;
+      return add_wait(session, req.keys, out);
     case Op::kGetNumKeys:
-      wire::put_i64(out, static_cast<std::int64_t>(data_.size()));
-      return;
+      return wire::put_i64(text, static_cast<std::int64_t>(data_.size()));
     case Op::kWatchKey:
-      return watch_key(session, req, out);
+      return watch_key(session, h, out);
     case Op::kDeleteKey:
-      return delete_key(req, out);
+      return delete_key(h, out);
     case Op::kAppend:
-      return append(req, out);
+      return append(req, h);
     case Op::kMultiGet:
       return multi_get(req, out);
     case Op::kMultiSet:
-      return multi_set(req, out);
+      return multi_set(req);
     case Op::kCancelWait:
       cancel_waits(session);
-      wire::put_u8(out, wire::kWaitCanceled);
-      return;
+      return wire::put_u8(text, wire::kWaitCanceled);
     case Op::kQueuePush:
-      return queue_push(req, out);
+      return queue_push(req, h);
     case Op::kQueuePop:
-      return queue_pop(req, out);
+      return queue_pop(h, out);
     case Op::kQueueLen: {
-      auto it = queues_.find(req.keys[0]);
-      wire::put_i64(out, it == queues_.end() ? 0 : static_cast<std::int64_t>(it->second.size()));
-      return;
+      auto* q = queues_.find(h);
+      return wire::put_i64(text, q ? static_cast<std::int64_t>(q->second.size()) : 0);
     }
   }
 }
 
-
-void StoreCore::compare_set(const Request& req, std::string& out) {
-  const auto& key = req.keys[0];
+void StoreCore::compare_set(Request& req, const HashedKey& h, Message& out) {
   const auto& expected = req.values[0];
-  const auto& desired = req.values[1];
-  auto it = data_.find(key);
-  bool store = it == data_.end() ? expected.empty() : it->second == expected;
+  auto* e = data_.find(h);
+  bool store = e ? e->second.view() == expected : expected.empty();
   if (store) {
-    check_quota(key.size() + desired.size(), held(key), "COMPARE_SET", key);
-    put(key, desired);
-    wire::put_str(out, desired);
+    set_value(h, std::move(req.values[1]), "COMPARE_SET");
+    reply_value(out, &data_.find(h)->second);
+  } else if (!e) {
+    wire::put_str(out.text(), expected);
   } else {
-    wire::put_str(out, it == data_.end() ? expected : it->second);
+    reply_value(out, &e->second);
   }
 }
 
-void StoreCore::add(const Request& req, std::string& out) {
-  const auto& key = req.keys[0];
-  auto it = data_.find(key);
-  std::int64_t current = it == data_.end() ? 0 : parse_counter(key, it->second);
+void StoreCore::add(const Request& req, const HashedKey& h, Message& out) {
+  auto* e = data_.find(h);
+  std::int64_t current = e ? parse_counter(h.key, e->second.view()) : 0;
   std::int64_t next;
   if (__builtin_add_overflow(current, req.delta, &next)) {
-    throw ProtocolError("ADD on key '" + shown(key) + "' overflows a 64-bit counter");
+    throw ProtocolError("ADD on key '" + shown(h.key) + "' overflows a 64-bit counter");
   }
-  auto text = std::to_string(next);
-  check_quota(key.size() + text.size(), held(key), "ADD", key);
-  put(key, std::move(text));
-  wire::put_i64(out, next);
+  set_value(h, std::to_string(next), "ADD");
+  wire::put_i64(out.text(), next);
 }
 
-void StoreCore::delete_key(const Request& req, std::string& out) {
-  const auto& key = req.keys[0];
-  auto it = data_.find(key);
-  bool found = it != data_.end();
-  if (found) {
-    if (!watchers_.empty()) notify_watchers(key, wire::kKeyDeleted, it->second, {});
-    bytes_ -= held(key);
-    data_.erase(key);
+void StoreCore::delete_key(const HashedKey& h, Message& out) {
+  auto* e = data_.find(h);
+  if (e) {
+    StoredValue old = std::move(e->second);
+    bytes_ -= h.key.size() + old.size();
+    data_.erase(h);
+    release(key_cost(h.key) + cost::string_heap(old.small));
+    if (!watchers_.empty()) notify_watchers(h, wire::kKeyDeleted, old, StoredValue());
   }
-  wire::put_i64(out, found ? 1 : 0);
+  wire::put_i64(out.text(), e ? 1 : 0);
 }
 
-void StoreCore::append(const Request& req, std::string& out) {
-  const auto& key = req.keys[0];
-  auto it = data_.find(key);
-  std::size_t old = it == data_.end() ? 0 : it->second.size();
-  check_value(old + req.values[0].size(), "APPEND", key);
-  check_quota(req.values[0].size() + (it == data_.end() ? key.size() : 0), 0, "APPEND", key);
-  put(key, it == data_.end() ? req.values[0] : it->second + req.values[0]);
+void StoreCore::append(Request& req, const HashedKey& h) {
+  auto& more = req.values[0];
+  auto* e = data_.find(h);
+  std::size_t size = (e ? e->second.size() : 0) + more.size();
+  check_value(size, "APPEND", h.key);
+  if (!e) return set_value(h, std::move(more), "APPEND");
+  auto& v = e->second;
+  if (is_small(size)) {  // grows the key's own string
+    require(cost::string_heap(grown_capacity(v.small.capacity(), size)), cost::string_heap(v.small), "APPEND", h.key);
+    std::string joined = v.small + more;  // (the event, if watched, needs the old value intact)
+    return put(h, joined, nullptr);
+  }
+  // A new buffer of exactly `size` bytes (the old one may be shared).
+  require(shared_cost(size, std::max<std::size_t>(size, 30)), v.freed_by_drop(), "APPEND", h.key);
+  std::string joined;
+  joined.reserve(size);
+  joined.append(v.view()).append(more);
+  put(h, {}, share(*budget_, std::move(joined)));
 }
 
-void StoreCore::multi_get(const Request& req, std::string& out) {
-  std::size_t reply = 0;
+void StoreCore::multi_get(const Request& req, Message& out) {
+  std::vector<const StoredValue*> values;
+  values.reserve(req.keys.size());
+  std::size_t reply = 0, copied = 0, shared = 0;
   for (const auto& k : req.keys) {
-    auto it = data_.find(k);
-    reply += 8 + (it == data_.end() ? 0 : it->second.size());
+    auto* e = data_.find(hashed(k));
+    values.push_back(e ? &e->second : nullptr);
+    std::size_t n = e ? e->second.size() : 0;
+    reply += 8 + n;
+    copied += 8 + (n < Message::kShareFrom ? n : 0);
+    shared += n < Message::kShareFrom ? 0 : 1;
   }
   if (reply > limits_.max_reply_bytes) {
     throw LimitError("MULTI_GET of " + std::to_string(req.keys.size()) + " keys would reply " +
                      std::to_string(reply) + " bytes, over --max_reply_bytes=" +
                      std::to_string(limits_.max_reply_bytes));
   }
-  out.reserve(out.size() + reply);
-  for (const auto& k : req.keys) {
-    auto it = data_.find(k);
-    wire::put_str(out, it == data_.end() ? std::string_view() : std::string_view(it->second));
-  }
+  // The copied bytes exist twice until the reply is queued: in the reply, and in the queue.
+  require(2 * copied + (shared + copied / 4096 + 2) * cost::kOutputChunk, 0, "MULTI_GET",
+          req.keys.empty() ? std::string_view() : std::string_view(req.keys[0]));
+  out.text().reserve(out.text().size() + copied);
+  for (const auto* v : values) reply_value(out, v);
 }
 
-void StoreCore::multi_set(const Request& req, std::string& out) {
-  // The exact growth, counting a key named twice once (its last value wins).
-  std::unordered_map<std::string_view, std::size_t> last;
-  for (std::size_t i = 0; i < req.keys.size(); ++i) last[req.keys[i]] = req.keys[i].size() + req.values[i].size();
+void StoreCore::multi_set(Request& req) {
+  // Every value is counted as if it were kept (a key named twice: the earlier one may outlive the
+  // request in a watch event); keys new to the store get a node once; replaced values may be freed.
+  std::vector<HashedKey> keys;
+  keys.reserve(req.keys.size());
   std::size_t grow = 0, shrink = 0;
-  for (const auto& [k, size] : last) {
-    grow += size;
-    shrink += held(std::string(k));
+  std::unordered_set<std::string_view> seen;
+  for (std::size_t i = 0; i < req.keys.size(); ++i) {
+    keys.push_back(hashed(req.keys[i]));
+    const auto& v = req.values[i];
+    auto* e = data_.find(keys.back());
+    std::size_t cap = e && !e->second.large ? e->second.small.capacity() : 15;
+    grow += is_small(v.size()) ? cost::string_heap(grown_capacity(cap, v.size())) : value_cost(v);
+    if (!seen.insert(req.keys[i]).second) continue;
+    grow += e ? 0 : key_cost(req.keys[i]);
+    shrink += e ? e->second.freed_by_drop() : 0;
   }
-  check_quota(grow, shrink, "MULTI_SET", req.keys.empty() ? std::string() : req.keys[0]);
-  for (std::size_t i = 0; i < req.keys.size(); ++i) put(req.keys[i], req.values[i]);
-}
-
-void StoreCore::queue_push(const Request& req, std::string& out) {
-  const auto& key = req.keys[0];
-  auto& q = queues_[key];
-  if (q.size() >= limits_.max_queue_length) {
-    throw LimitError("QUEUE_PUSH on '" + shown(key) + "': the queue already holds " + std::to_string(q.size()) +
-                     " items, the limit of --max_queue_length");
-  }
-  try {
-    check_quota(key.size() + req.values[0].size(), 0, "QUEUE_PUSH", key);
-  } catch (...) {
-    if (q.empty()) queues_.erase(key);
-    throw;
-  }
-  q.push_back(req.values[0]);
-  bytes_ += key.size() + req.values[0].size();
-  wake(key);
-}
-
-void StoreCore::queue_pop(const Request& req, std::string& out) {
-  const auto& key = req.keys[0];
-  auto it = queues_.find(key);
-  std::int64_t size = it == queues_.end() ? 0 : static_cast<std::int64_t>(it->second.size());
-  wire::put_i64(out, size);
-  if (size > 0) {
-    wire::put_str(out, it->second.front());
-    bytes_ -= key.size() + it->second.front().size();
-    it->second.pop_front();
-    if (it->second.empty()) queues_.erase(it);
+  require(grow, shrink, "MULTI_SET", req.keys.empty() ? std::string_view() : std::string_view(req.keys[0]));
+  for (std::size_t i = 0; i < req.keys.size(); ++i) {
+    auto& v = req.values[i];
+    if (is_small(v.size())) {
+      put(keys[i], v, nullptr);
+    } else {
+      put(keys[i], {}, share(*budget_, std::move(v)));
+    }
   }
 }
 
-void StoreCore::watch_key(Session& session, const Request& req, std::string& out) {
-  if (session.watches.size() >= limits_.max_watches_per_connection) {
-    throw LimitError("WATCH_KEY on '" + shown(req.keys[0]) + "': this connection already has " +
-                     std::to_string(session.watches.size()) + " watches, the limit of --max_watches_per_connection");
+void StoreCore::queue_push(Request& req, const HashedKey& h) {
+  auto& value = req.values[0];
+  auto* q = queues_.find(h);
+  if (q && q->second.size() >= limits_.max_queue_length) {
+    throw LimitError("QUEUE_PUSH on '" + shown(h.key) + "': the queue already holds " +
+                     std::to_string(q->second.size()) + " items, the limit of --max_queue_length");
   }
-  session.watches.push_back(req.keys[0]);
-  watchers_[req.keys[0]].push_back(&session);
-  wire::put_u8(out, wire::kKeyCallbackRegistered);
+  std::size_t queue = cost::kQueue + cost::string_heap(h.key.size());
+  require(cost::kQueueItem + value_cost(value) + (q ? 0 : queue), 0, "QUEUE_PUSH", h.key);
+  if (!q) {
+    q = queues_.try_emplace(h).first;
+    charge(queue);
+    bytes_ += h.key.size();
+  }
+  charge(cost::kQueueItem);
+  bytes_ += value.size();
+  q->second.push_back(share(*budget_, std::move(value)));
+  wake(h);
+}
+
+void StoreCore::queue_pop(const HashedKey& h, Message& out) {
+  auto* q = queues_.find(h);
+  std::int64_t size = q ? static_cast<std::int64_t>(q->second.size()) : 0;
+  wire::put_i64(out.text(), size);
+  if (size == 0) return;
+  out.put_value(q->second.front());
+  bytes_ -= size_of(q->second.front());
+  q->second.pop_front();
+  release(cost::kQueueItem);
+  if (q->second.empty()) {
+    queues_.erase(h);
+    release(cost::kQueue + cost::string_heap(h.key.size()));
+    bytes_ -= h.key.size();
+  }
+}
+
+StoreStats StoreCore::stats() const {
+  StoreStats s;
+  s.keys = data_.size();
+  s.store_bytes = bytes_;
+  s.memory_bytes = budget_->used();
+  s.wait_lists = waiters_.size();
+  waiters_.for_each([&](const auto& e) { s.wait_entries += e.second.entries.size(); });
+  watchers_.for_each([&](const auto& e) { s.watch_entries += e.second.size(); });
+  return s;
 }
 
 }  // namespace ddprun::rendezvous

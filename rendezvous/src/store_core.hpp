@@ -3,25 +3,30 @@
 // server calls it from its single I/O thread, the fuzzer and unit tests call it directly.
 // Not thread-safe by design; one thread owns a StoreCore.
 //
-// Every way a request can make the store hold more memory is capped (StoreLimits): the bytes
-// held in all keys and queues, one value (APPEND included), one reply, the keys one connection
-// waits on or watches, one queue's length. A request over a cap throws LimitError before it
-// changes anything; the server closes that client's connection and everyone else goes on.
+// Memory: everything a request makes the store hold (keys, values, queues and their items,
+// WAIT and WATCH registrations, each with its overhead) is charged to one MemoryBudget, which
+// the server shares with the connections' buffers. A request that does not fit throws
+// LimitError before it changes anything; so does a request over one of the per-request or
+// per-connection caps (StoreLimits). The server then closes that client's connection; everyone
+// else goes on. Values are shared buffers (memory_budget.hpp): replies and watch events carry
+// them by reference.
 
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "ddprun/common/error.hpp"
+#include "key_map.hpp"
+#include "memory_budget.hpp"
+#include "message.hpp"
 #include "request_parser.hpp"
 
 namespace ddprun::rendezvous {
 
-// A request over one of the StoreLimits. The message names the option that sets the cap.
+// A request over one of the StoreLimits or the memory budget. The message names the option.
 class LimitError : public ProtocolError {
  public:
   using ProtocolError::ProtocolError;
@@ -30,103 +35,144 @@ class LimitError : public ProtocolError {
 struct StoreLimits {
   std::size_t max_value_bytes = 8 * 1024 * 1024;         // a value, also as APPEND grows it
   std::size_t max_reply_bytes = 32 * 1024 * 1024;        // one reply (MULTI_GET)
-  std::size_t max_store_bytes = std::size_t{1} << 30;    // keys + values + queued items, in all
+  std::size_t max_store_bytes = std::size_t{1} << 30;    // the memory budget (when the core owns it)
   std::size_t max_waits_per_connection = 128 * 1024;     // keys one connection waits on at once
   std::size_t max_watches_per_connection = 1024;         // WATCH_KEY registrations (1.13)
   std::size_t max_queue_length = 1024 * 1024;            // items in one queue
 };
 
-// A connection that can receive replies outside request/reply order: a WAIT woken by another
-// client's SET, or a 1.13 watch notification.
+// A connection that can receive output outside request/reply order: a WAIT woken by another
+// client's SET, or a 1.13 watch event. It charges what it queues to the budget, and closes
+// itself (not the sender) when that does not fit.
 class Peer {
  public:
   virtual ~Peer() = default;
-  virtual void deliver(std::string_view bytes) = 0;
+  virtual void deliver(const Message& m) = 0;
 };
 
 struct Session;
 
-// One pending WAIT. Shared between the session that issued it and the per-key wait lists;
-// `active` turns false when it is answered, cancelled or its connection closes.
+// A key's value. Small ones (under Message::kShareFrom: copied into replies anyway) are the
+// store's own string, overwritten in place as the key changes (no allocation per SET); large ones
+// are shared buffers, sent by reference.
+struct StoredValue {
+  std::string small;
+  SharedBytes large;
+  std::string_view view() const { return large ? large->view() : std::string_view(small); }
+  std::size_t size() const { return large ? large->size() : small.size(); }
+  // What dropping it frees now (a shared buffer only when nothing else holds it).
+  std::size_t freed_by_drop() const { return cost::string_heap(small) + rendezvous::freed_by_drop(large); }
+};
+
+// One pending WAIT, owned by its session and listed under each key it still waits for.
 struct Waiter {
-  Session* session = nullptr;  // valid while active
+  static constexpr std::size_t kWoken = ~std::size_t{0};
+  struct Key {
+    const std::string* name;  // the key of its wait list (stable while the list exists)
+    std::size_t hash;
+    std::size_t index;        // its entry in that list; kWoken once the key was set
+  };
+  Session* session = nullptr;
+  std::size_t slot = 0;        // index in session->waits
   std::size_t missing = 0;     // keys still absent
-  bool active = true;
-  // The keys it waits on, each with the generation of the wait list it joined (a key's list is
-  // replaced when the key is set), so that a drop removes it only from lists it is still in.
-  std::vector<std::pair<std::string, std::uint64_t>> keys;
+  std::vector<Key> keys;
+  std::size_t charged = 0;
 };
 
 // What the core remembers about one connection.
 struct Session {
   std::weak_ptr<Peer> peer;
-  std::vector<std::shared_ptr<Waiter>> waits;  // may hold inactive entries, pruned when they dominate
-  std::size_t active_waits = 0;
-  std::size_t wait_keys = 0;                   // keys waited on by its active waits
+  std::vector<std::unique_ptr<Waiter>> waits;  // pending, in no order
+  std::size_t wait_keys = 0;                   // keys waited on by them
   std::vector<std::string> watches;            // keys it watches (1.13), one entry per registration
 };
 
 struct StoreStats {
   std::size_t keys = 0;
-  std::size_t store_bytes = 0;     // what max_store_bytes caps
+  std::size_t store_bytes = 0;     // key and value bytes of keys and queued items
+  std::size_t memory_bytes = 0;    // the whole budget in use (with the connections' buffers)
   std::size_t wait_lists = 0;      // keys somebody waits on
-  std::size_t wait_entries = 0;    // entries in those lists (live and not yet pruned)
+  std::size_t wait_entries = 0;
   std::size_t watch_entries = 0;
 };
 
 class StoreCore {
  public:
-  explicit StoreCore(StoreLimits limits = {}) : limits_(limits) {}
+  // Charges `budget` (shared with the server's connections), or one of its own of
+  // limits.max_store_bytes when null.
+  explicit StoreCore(StoreLimits limits = {}, MemoryBudget* budget = nullptr);
+  ~StoreCore();
+  StoreCore(const StoreCore&) = delete;
+  StoreCore& operator=(const StoreCore&) = delete;
 
   // Applies `req` from `session` and appends its reply (if the operation has one) to `out`.
-  // Throws ProtocolError when the request is invalid in context (ADD on a non-numeric value) and
-  // LimitError when it is over a cap; the caller then closes that connection. The state is
-  // unchanged by a failed request.
-  void handle(Session& session, const Request& req, std::string& out);
+  // Takes values out of `req` (they become the store's, uncopied). Throws ProtocolError when the
+  // request is invalid in context (ADD on a non-numeric value) and LimitError when it is over a
+  // cap or the budget; the state is then unchanged.
+  void handle(Session& session, Request& req, Message& out);
 
   // Forgets a closed connection: its pending waits and its watches.
-  void drop(Session& session);
+  void drop(Session& session) { drop_some(session, ~std::size_t{0}); }
+  // As drop(), a part at a time: up to `max_waits` of its waits (the most recent first), then,
+  // once none is left, its watches. Returns how many waits are left.
+  std::size_t drop_some(Session& session, std::size_t max_waits);
+  // Forgets every key, queue, wait and watch (every session must have been dropped).
+  void clear();
 
   std::size_t num_keys() const { return data_.size(); }
   StoreStats stats() const;
   const StoreLimits& limits() const { return limits_; }
+  MemoryBudget& budget() { return *budget_; }
 
  private:
+  struct WaitEntry {
+    Waiter* waiter;
+    std::size_t key;  // index in waiter->keys
+  };
   struct WaitList {
-    std::vector<std::shared_ptr<Waiter>> entries;
-    std::size_t live = 0;
-    std::uint64_t generation = 0;
+    std::vector<WaitEntry> entries;
+    std::size_t charged = 0;
   };
 
-  bool exists(const std::string& key) const;
-  void put(const std::string& key, std::string value);  // set + watchers + wake (quota checked by caller)
-  void wake(const std::string& key);
-  void notify_watchers(const std::string& key, std::uint8_t type, std::string_view old_value,
-                       std::string_view new_value);
-  void add_wait(Session& session, const std::vector<std::string>& keys, std::string& out);
-  // One operation each (handle() dispatches).
-  void compare_set(const Request& req, std::string& out);
-  void add(const Request& req, std::string& out);
-  void watch_key(Session& session, const Request& req, std::string& out);
-  void delete_key(const Request& req, std::string& out);
-  void append(const Request& req, std::string& out);
-  void multi_get(const Request& req, std::string& out);
-  void multi_set(const Request& req, std::string& out);
-  void queue_push(const Request& req, std::string& out);
-  void queue_pop(const Request& req, std::string& out);
+  // Values and keys (store_core.cpp). `h` is the hashed key of the request's first key.
+  bool exists(const HashedKey& k) const;
+  // Sets `k` to `large`, or to a copy of `small` when `large` is null; then watchers, waiters.
+  void put(const HashedKey& k, std::string_view small, SharedBytes large);
+  void set_value(const HashedKey& k, std::string&& value, const char* op);
+  void compare_set(Request& req, const HashedKey& h, Message& out);
+  void add(const Request& req, const HashedKey& h, Message& out);
+  void delete_key(const HashedKey& h, Message& out);
+  void append(Request& req, const HashedKey& h);
+  void multi_get(const Request& req, Message& out);
+  void multi_set(Request& req);
+  void queue_push(Request& req, const HashedKey& h);
+  void queue_pop(const HashedKey& h, Message& out);
+  // Throws LimitError unless `grow` more bytes fit once `shrink` are freed.
+  void require(std::size_t grow, std::size_t shrink, const char* op, std::string_view key) const;
+  void check_value(std::size_t size, const char* op, std::string_view key) const;
+  void charge(std::size_t n);
+  void release(std::size_t n);
+
+  // Waits and watches (store_waits.cpp).
+  void add_wait(Session& session, const std::vector<std::string>& keys, Message& out);
+  void wake(const HashedKey& k);
   void cancel_waits(Session& session);
-  // Throws LimitError unless the store can grow by `grow` bytes after freeing `shrink`.
-  void check_quota(std::size_t grow, std::size_t shrink, const char* op, const std::string& key) const;
-  void check_value(std::size_t size, const char* op, const std::string& key) const;
-  std::size_t held(const std::string& key) const;  // bytes a key's value accounts for (0 when absent)
+  void unlist(const Waiter::Key& k);
+  std::unique_ptr<Waiter> take_waiter(Session& session, std::size_t slot);
+  void watch_key(Session& session, const HashedKey& h, Message& out);
+  void unwatch(Session& session);
+  void notify_watchers(const HashedKey& k, std::uint8_t type, const StoredValue& old_value,
+                       const StoredValue& new_value);
 
   StoreLimits limits_;
-  std::unordered_map<std::string, std::string> data_;
-  std::unordered_map<std::string, std::deque<std::string>> queues_;
-  std::unordered_map<std::string, WaitList> waiters_;
-  std::unordered_map<std::string, std::vector<Session*>> watchers_;  // 1.13 WATCH_KEY
-  std::size_t bytes_ = 0;
-  std::uint64_t next_generation_ = 1;
+  std::unique_ptr<MemoryBudget> own_budget_;
+  MemoryBudget* budget_;
+  KeyMap<StoredValue> data_;
+  KeyMap<std::deque<SharedBytes>> queues_;
+  KeyMap<WaitList> waiters_;
+  KeyMap<std::vector<Session*>> watchers_;  // 1.13 WATCH_KEY
+  std::size_t bytes_ = 0;    // key and value bytes (stats)
+  std::size_t charged_ = 0;  // what the core charged to the budget, besides the shared buffers
 };
 
 }  // namespace ddprun::rendezvous

@@ -1,6 +1,8 @@
 // ddprun-store: a standalone rendezvous store, for dedicated rendezvous hosts, tests and
 // benchmarks. Prints "listening on HOST:PORT" as its first line, serves until SIGINT/SIGTERM.
 
+#include <malloc.h>
+
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -99,7 +101,8 @@ po::options_description describe(Config& c) {
        "keys in one CHECK, WAIT, MULTI_GET or MULTI_SET")
       ("max_reply_bytes", c.size("max_reply_bytes"), "largest reply (MULTI_GET)")
       ("max_store_bytes", c.size("max_store_bytes"),
-       "bytes held in all keys, values and queues; a write over it fails for its client only")
+       "the memory budget: keys, values, queues, waits, watches and the clients' buffers, with their "
+       "overhead; a request over it fails for its client only")
       ("max_waits_per_connection", po::value(&o.max_waits_per_connection)->default_value(o.max_waits_per_connection),
        "keys one connection may wait on at once")
       ("max_watches_per_connection",
@@ -112,6 +115,12 @@ po::options_description describe(Config& c) {
        "unsent replies (WAIT wake-ups, watch events) beyond which a client is disconnected")
       ("max_connections", po::value(&o.max_connections)->default_value(o.max_connections),
        "clients connected at once; more are refused (logged at most once a second)")
+      ("max_unauthenticated_connections",
+       po::value(&o.max_unauthenticated_connections)->default_value(o.max_unauthenticated_connections),
+       "with --secret_file: connections still authenticating; a newcomer closes the oldest (told to retry)")
+      ("max_unauthenticated_per_address",
+       po::value(&o.max_unauthenticated_per_address)->default_value(o.max_unauthenticated_per_address),
+       "with --secret_file: the same, from one source address")
       ("reserved_fds", po::value(&o.reserved_fds)->default_value(o.reserved_fds),
        "descriptors kept free under the open-file limit")
       ("tcp_keepalive_s", po::value(&c.keepalive)->default_value(c.keepalive),
@@ -192,6 +201,10 @@ int main(int argc, char** argv) {
     std::cout << "ddprun-store " << DDPRUN_VERSION << "\n";
     return 0;
   }
+  // Large buffers (values, queued replies) get their own mappings, returned to the system when
+  // freed: glibc would otherwise raise this threshold after the first free of one, and keep
+  // freed megabytes in its heap, out of the memory budget's sight.
+  ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   auto logger = spdlog::stderr_color_mt("ddprun-store");
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
   spdlog::set_default_logger(logger);

@@ -1,23 +1,19 @@
 #include "ddprun/rendezvous/store_server.hpp"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <boost/asio.hpp>
-#include <fcntl.h>
 #include <malloc.h>
 
-#include <climits>
 #include <spdlog/spdlog.h>
 #include <future>
 #include <thread>
 
 #include "admission.hpp"
 #include "connection.hpp"
+#include "listener.hpp"
 #include "ddprun/common/error.hpp"
 #include "socket.hpp"
 
@@ -27,6 +23,10 @@
 // third system call to every request (a speculative recv() that returns EAGAIN, or an
 // epoll_ctl() to re-arm), which on loopback is a third of the server's time. Everything runs on
 // one thread; the StoreCore is not shared. connection.cpp has everything a client can trigger.
+// Every turn of the loop is bounded, so that no client holds it for more than a few ms: a
+// connection reads for 16 x 64 KiB or about 1 ms of requests, then waits on the backlog (once); output a
+// client did not ask for (watch events, WAIT wake-ups) is sent 4 MiB a turn; a closed
+// connection's waits are dropped 1,024 a turn before its socket closes.
 
 namespace ddprun::rendezvous {
 namespace {
@@ -37,23 +37,7 @@ using asio::ip::tcp;
 constexpr std::size_t kReadChunk = 64 * 1024;  // one recv(); also what a paused connection keeps
 constexpr int kEventsPerWait = 512;
 constexpr int kAcceptsPerTurn = 512;
-
-std::size_t raise_fd_limit(bool raise) {
-  rlimit lim{};
-  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 1024;
-  if (raise && lim.rlim_cur < lim.rlim_max) {
-    auto before = lim.rlim_cur;
-    lim.rlim_cur = lim.rlim_max;
-    if (::setrlimit(RLIMIT_NOFILE, &lim) == 0) {
-      spdlog::debug("store: raised the open-file limit from {} to {}", before, lim.rlim_cur);
-    } else {
-      ::getrlimit(RLIMIT_NOFILE, &lim);
-    }
-  }
-  return lim.rlim_cur == RLIM_INFINITY ? std::size_t{1} << 30 : static_cast<std::size_t>(lim.rlim_cur);
-}
-
-std::string endpoint_string(const tcp::endpoint& ep) { return format_address(ep.address().to_string(), ep.port()); }
+constexpr std::size_t kFlushBytesPerTurn = 4 << 20;  // notifications sent per turn of the loop
 
 void check_options(const StoreServerOptions& o) {
   auto fail = [](const std::string& m) { throw UsageError("store options: " + m); };
@@ -66,6 +50,9 @@ void check_options(const StoreServerOptions& o) {
   if (o.max_reply_bytes < o.limits.max_value_bytes + 8) fail("--max_reply_bytes must hold one value (--max_value_bytes + 8)");
   if (o.max_connections == 0) fail("--max_connections must be at least 1");
   if (o.output_high_water_bytes == 0) fail("--output_high_water_bytes must be at least 1");
+  if (o.max_unauthenticated_connections == 0 || o.max_unauthenticated_per_address == 0) {
+    fail("--max_unauthenticated_connections and --max_unauthenticated_per_address must be at least 1");
+  }
 }
 
 }  // namespace
@@ -98,7 +85,10 @@ struct StoreServer::Impl {
     auto open = std::move(ctx.connections);
     ctx.connections.clear();
     for (auto& [ptr, conn] : open) conn->abandon();
+    for (auto& conn : ctx.reaping) conn->abandon();
+    ctx.reaping.clear();
     ctx.backlog.clear();
+    ctx.flush_later.clear();
     ctx.closing.clear();
   }
 
@@ -122,48 +112,9 @@ struct StoreServer::Impl {
   }
 
   void bind(const StoreServerOptions& o) {
-    std::vector<tcp::endpoint> candidates;
-    boost::system::error_code ec;
-    if (o.host.empty()) {
-      candidates.emplace_back(asio::ip::address_v6::any(), o.port);
-      candidates.emplace_back(asio::ip::address_v4::any(), o.port);
-    } else {
-      tcp::resolver resolver(io);
-      auto results = resolver.resolve(o.host, std::to_string(o.port), tcp::resolver::passive, ec);
-      if (ec) throw NetworkError("store: cannot resolve host '" + o.host + "': " + ec.message());
-      for (const auto& r : results) candidates.push_back(r.endpoint());
-    }
-    std::string errors;
-    bool in_use = false;
-    for (const auto& ep : candidates) {
-      acceptor.close(ec);
-      acceptor.open(ep.protocol(), ec);
-      if (ec) {
-        errors += "; " + endpoint_string(ep) + ": " + ec.message();
-        continue;
-      }
-      // Not inherited by workers the hosting agent spawns.
-      ::fcntl(acceptor.native_handle(), F_SETFD, FD_CLOEXEC);
-      acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-      if (ep.protocol() == tcp::v6()) acceptor.set_option(asio::ip::v6_only(!o.host.empty()), ec);
-      acceptor.bind(ep, ec);
-      // Linux caps the backlog at net.core.somaxconn: asking for INT_MAX gets the system maximum.
-      if (!ec) acceptor.listen(INT_MAX, ec);
-      if (!ec) acceptor.non_blocking(true, ec);
-      if (!ec) {
-        auto local = acceptor.local_endpoint();
-        host = local.address().to_string();
-        port = local.port();
-        return;
-      }
-      in_use = in_use || ec == asio::error::address_in_use;
-      errors += "; " + endpoint_string(ep) + ": " + ec.message();
-    }
-    std::string what = "store: cannot listen on " + format_address(o.host.empty() ? "*" : o.host, o.port) + errors;
-    if (in_use) {
-      throw AddressInUseError(what + " (another process holds that port: choose another port, or 0 for a free one)");
-    }
-    throw NetworkError(what);
+    auto bound = listen_on(acceptor, o.host, o.port);
+    host = bound.host;
+    port = bound.port;
   }
 
   // Accepting: on readiness, accept4() until the queue is empty (or a batch is done), so a
@@ -213,6 +164,7 @@ struct StoreServer::Impl {
         continue;
       }
       if (conn->start()) {
+        if (conn->authenticating()) queue_handshake(conn.get(), peer ? peer->to_string() : std::string("?"));
         ctx.connections.emplace(conn.get(), std::move(conn));
         // Data may have arrived before the socket joined the epoll set; EPOLL_CTL_ADD reports
         // current readiness, so the first event covers it.
@@ -220,6 +172,19 @@ struct StoreServer::Impl {
     }
     wait_for_clients();
     poll_connections();  // new connections' first requests are often already there
+  }
+
+  // Enters `c` among the connections still authenticating, closing the oldest over the caps.
+  void queue_handshake(Connection* c, const std::string& address) {
+    auto evict = ctx.handshakes.add(c, address, c->accepted_at());
+    for (auto* old : evict) old->evict();
+    if (!evict.empty()) {
+      ctx.evicted_log.note(fmt::format("still authenticating, the oldest, to make room for newer ones "
+                                       "(--max_unauthenticated_connections={}, --max_unauthenticated_per_address={}); "
+                                       "they are told to try again",
+                                       ctx.options.max_unauthenticated_connections,
+                                       ctx.options.max_unauthenticated_per_address));
+    }
   }
 
   // Connections: Asio reports the epoll set readable; we harvest its events without blocking.
@@ -246,22 +211,36 @@ struct StoreServer::Impl {
       for (auto* c : backlog) {
         if (!ctx.connections.count(c) || !c->queued()) continue;
         try {
-          c->on_readable();
+          c->take_turn();
         } catch (const std::exception& e) {
           c->close(std::string("internal error while serving this client: ") + e.what());
         }
       }
+    }
+    flush_notified();
+    if (!ctx.reaping.empty() && ctx.reaping.front()->reap(Connection::kDropsPerTurn)) {
+      ctx.reaping.erase(ctx.reaping.begin());
     }
     ctx.closing.clear();
     if (ctx.trim_memory) {
       ctx.trim_memory = false;
       ::malloc_trim(0);
     }
-    if (n == kEventsPerWait || !ctx.backlog.empty()) {
+    if (n == kEventsPerWait || !ctx.backlog.empty() || !ctx.flush_later.empty() || !ctx.reaping.empty()) {
       asio::post(io, [this] { poll_connections(); });  // more to do: yield, then continue
     } else {
       wait_for_events();
     }
+  }
+
+  // Sends the notifications queued this turn, up to kFlushBytesPerTurn; the rest next turn.
+  void flush_notified() {
+    std::size_t sent = 0, i = 0;
+    auto& list = ctx.flush_later;
+    for (; i < list.size() && sent < kFlushBytesPerTurn; ++i) {
+      if (ctx.connections.count(list[i])) sent += list[i]->flush_later();
+    }
+    list.erase(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(i));
   }
 
   // Closes connections that have not authenticated within auth_timeout.
@@ -269,11 +248,7 @@ struct StoreServer::Impl {
     auth_timer.expires_after(std::chrono::seconds(1));
     auth_timer.async_wait([this](boost::system::error_code ec) {
       if (ec) return;
-      auto cutoff = SteadyClock::now() - ctx.options.auth_timeout;
-      std::vector<Connection*> late;
-      for (auto& [ptr, conn] : ctx.connections) {
-        if (conn->authenticating() && conn->accepted_at() < cutoff) late.push_back(ptr);
-      }
+      auto late = ctx.handshakes.older_than(SteadyClock::now() - ctx.options.auth_timeout);
       for (auto* c : late) c->close("it did not authenticate within the time allowed");
       ctx.closing.clear();
       sweep_unauthenticated();
@@ -330,7 +305,7 @@ void StoreServer::reset() {
       if (fd < 0) break;
       ::close(fd);
     }
-    impl_->ctx.core = StoreCore(store_limits(impl_->ctx.options));
+    impl_->ctx.core.clear();
     spdlog::debug("store: reset");
   });
 }
@@ -353,9 +328,13 @@ StoreServerStats StoreServer::stats() {
       s.max_pending_output_bytes = std::max(s.max_pending_output_bytes, c->pending_output());
     }
     s.refused_connections = ctx.refused;
+    s.unauthenticated = ctx.handshakes.size();
+    s.evicted_unauthenticated = ctx.evicted;
     auto core = ctx.core.stats();
     s.keys = core.keys;
     s.store_bytes = core.store_bytes;
+    s.memory_bytes = core.memory_bytes;
+    s.memory_limit = ctx.budget.limit();
     s.wait_lists = core.wait_lists;
     s.wait_entries = core.wait_entries;
     s.watch_entries = core.watch_entries;

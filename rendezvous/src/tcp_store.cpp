@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -40,6 +41,12 @@ class KeysTimeout : public TimeoutError {
   using TimeoutError::TimeoutError;
 };
 
+// The store turned this client away for capacity (auth.hpp): worth another try.
+class BusyError : public NetworkError {
+ public:
+  using NetworkError::NetworkError;
+};
+
 std::string quote_keys(const std::vector<std::string>& keys) {
   std::string s;
   for (std::size_t i = 0; i < keys.size() && i < 8; ++i) {
@@ -70,6 +77,7 @@ struct TcpStore::Impl {
     auto until = Clock::now() + timeout;
     auto backoff = std::chrono::milliseconds(10);
     std::string last;
+    bool busy = false;
     for (;;) {
       try {
         Socket s = Socket::connect(options.host, options.port, until);
@@ -90,16 +98,27 @@ struct TcpStore::Impl {
         if (echo != nonce) throw ProtocolError("server answered PING with a wrong nonce");
         sock = std::move(s);
         return;
+      } catch (const BusyError& e) {
+        last = e.what();
+        busy = true;
       } catch (const NetworkError& e) {
         last = e.what();
+        busy = false;
       } catch (const TimeoutError& e) {
         last = e.what();
+        busy = false;
       }
-      if (Clock::now() + backoff >= until) {
-        throw TimeoutError("store: could not connect to " + address + " within " + seconds(timeout) +
-                           " (last error: " + last + "); is the store running and reachable there?");
+      // The last try comes just before the time-out, not a whole backoff earlier.
+      constexpr auto kLastTry = std::chrono::milliseconds(20);
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+      if (left <= kLastTry) {
+        throw TimeoutError("store: could not connect to " + address + " within " + seconds(timeout) + " (last error: " +
+                           last + ")" +
+                           (busy ? "; the store is reachable but was at capacity: raise its connection limits, or "
+                                   "look for clients flooding it"
+                                 : "; is the store running and reachable there?"));
       }
-      std::this_thread::sleep_for(backoff);  // retry backoff, not synchronisation
+      std::this_thread::sleep_for(std::min(backoff, left - kLastTry));  // retry backoff, not synchronisation
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
     }
   }
@@ -116,7 +135,13 @@ struct TcpStore::Impl {
     std::string challenge(auth::kChallengeBytes, '\0');
     try {
       s.send_all(hello, until);
-      s.recv_exact(challenge.data(), challenge.size(), until);
+      std::uint32_t head = 0;
+      s.recv_exact(&head, sizeof(head), until);
+      if (head == auth::kBusyMarker) throw BusyError(busy_text());
+      std::memcpy(challenge.data(), &head, sizeof(head));
+      s.recv_exact(challenge.data() + sizeof(head), challenge.size() - sizeof(head), until);
+    } catch (const BusyError&) {
+      throw;
     } catch (const NetworkError& e) {
       throw AuthError("the store at " + address + " closed the connection during authentication (" + e.what() +
                       "): it does not authenticate clients, or not with ddprun's handshake; is it this job's "
@@ -133,11 +158,20 @@ struct TcpStore::Impl {
     try {
       s.send_all(proof, until);
       s.recv_exact(&verdict, 1, until);
-    } catch (const NetworkError&) {
-      throw AuthError(refused);
+    } catch (const NetworkError& e) {
+      // A refusal is always said (auth.hpp): a close without a verdict is not one.
+      if (!server_ok) throw AuthError(refused + " (the server could not prove it knows this client's secret)");
+      throw NetworkError("the store at " + address + " closed the connection before its verdict on this client (" +
+                         e.what() + ")");
     }
     if (!server_ok) throw AuthError(refused + " (the server could not prove it knows this client's secret)");
+    if (verdict == auth::kBusy) throw BusyError(busy_text());
     if (verdict != auth::kAccepted) throw AuthError(refused);
+  }
+
+  std::string busy_text() const {
+    return "the store at " + address + " turned this client away: it is at capacity (its limit of connections, or "
+           "of connections still authenticating); trying again";
   }
 
   // Runs one request/reply exchange with the mutex held, reconnecting first if needed, and

@@ -29,7 +29,10 @@ class StoreProcess {
     int out[2];
     if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
     std::vector<std::string> argv = wrapper;
-    argv.push_back(DDPRUN_STORE_BIN);
+    // DDPRUN_TEST_STORE_BIN runs the tests against another build (an earlier one, to measure
+    // what a change fixed).
+    const char* other = std::getenv("DDPRUN_TEST_STORE_BIN");
+    argv.push_back(other && *other ? other : DDPRUN_STORE_BIN);
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());

@@ -8,11 +8,16 @@
 //                     server proof = HMAC(secret, "ddprun-store-server" | cnonce | snonce)
 //   client -> server  32-byte client proof = HMAC(secret, "ddprun-store-client" | snonce | cnonce)
 //                     (32 zero bytes when the server's proof was wrong: the client refuses it)
-//   server -> client  u8 0 (accepted: TCPStore requests follow) or 1 (refused, then closed)
+//   server -> client  u8 0 (accepted: TCPStore requests follow), 1 (refused: wrong or missing
+//                     secret, then closed) or 2 (busy: see below, then closed)
 //
 // A secured server answers a client that does not start with HELLO (a PyTorch client, a ddprun
 // client without the secret) with kRefusedMarker in place of the reply it expects, then closes:
 // a ddprun client reads it where the echo of its PING would be and reports the refusal.
+// A server turning a client away for capacity (too many connections, or it closes the oldest
+// connection still authenticating to make room) sends kBusyMarker where the server's challenge
+// would start, or kBusy in place of the verdict, then closes: the client tries again until its
+// time-out. Neither says anything about the secret.
 
 #include <cstddef>
 #include <cstdint>
@@ -28,8 +33,10 @@ inline constexpr std::size_t kProofBytes = 32;
 inline constexpr std::size_t kHelloBytes = 1 + 4 + kNonceBytes;
 inline constexpr std::size_t kChallengeBytes = 1 + kNonceBytes + kProofBytes;
 inline constexpr std::uint32_t kRefusedMarker = 0xDD5EC12E;
+inline constexpr std::uint32_t kBusyMarker = 0xDD5EB5E1;  // its first byte is not kAccepted
 inline constexpr std::uint8_t kAccepted = 0;
 inline constexpr std::uint8_t kRefused = 1;
+inline constexpr std::uint8_t kBusy = 2;
 inline constexpr std::size_t kMaxSecretBytes = 4096;
 
 std::string random_bytes(std::size_t n);

@@ -34,7 +34,11 @@ struct StoreServerOptions {
 
   // ---- memory caps; a request over one closes its connection with a log line naming the cap
   std::size_t max_reply_bytes = 32 * 1024 * 1024;       // one reply (MULTI_GET)
-  std::size_t max_store_bytes = std::size_t{1} << 30;   // keys, values and queued items, in all
+  // The memory budget: everything clients make the store hold (keys, values and queued items
+  // with their overhead, WAIT and WATCH registrations, each connection's buffers and unsent
+  // output). A request that does not fit fails for its client; a client that cannot take a
+  // notification is disconnected. The process stays under it plus a constant (README).
+  std::size_t max_store_bytes = std::size_t{1} << 30;
   std::size_t max_waits_per_connection = 128 * 1024;    // keys one connection waits on at once
   std::size_t max_watches_per_connection = 1024;        // WATCH_KEY registrations (1.13)
   std::size_t max_queue_length = 1024 * 1024;           // items in one queue
@@ -65,6 +69,12 @@ struct StoreServerOptions {
   std::string secret;
   // A connection that has not authenticated by then is closed.
   std::chrono::milliseconds auth_timeout{10000};
+  // Connections still authenticating (with a secret), in all and from one source address. A
+  // newcomer over either cap, or over max_connections or the descriptor reserve, makes the
+  // oldest of them close (told the store is busy, so a ddprun client retries): clients without
+  // the secret cannot crowd out those that have it.
+  std::size_t max_unauthenticated_connections = 1024;
+  std::size_t max_unauthenticated_per_address = 64;
 
   // For tests: called on the I/O thread before each request is applied; an exception it throws
   // is handled as one thrown by the request.
@@ -77,8 +87,12 @@ struct StoreServerStats {
   std::size_t pending_output_bytes = 0;  // replies queued, all connections
   std::size_t max_pending_output_bytes = 0;
   std::size_t refused_connections = 0;   // since start: cap, descriptors, access control
+  std::size_t unauthenticated = 0;       // connections still authenticating now
+  std::size_t evicted_unauthenticated = 0;  // since start: closed to make room for newer ones
   std::size_t keys = 0;
-  std::size_t store_bytes = 0;
+  std::size_t store_bytes = 0;           // key and value bytes stored
+  std::size_t memory_bytes = 0;          // the memory budget in use (max_store_bytes caps it)
+  std::size_t memory_limit = 0;
   std::size_t wait_lists = 0;            // keys somebody waits on
   std::size_t wait_entries = 0;
   std::size_t watch_entries = 0;

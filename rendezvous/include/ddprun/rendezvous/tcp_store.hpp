@@ -28,6 +28,8 @@ class TcpStore final : public Store {
  public:
   // Connects, retrying until options.timeout. Throws TimeoutError naming the address, and
   // AuthError (at once, no retry) when the server refuses this client's secret or lack of one.
+  // A store that turns the client away for capacity is tried again until the time-out; the
+  // TimeoutError then says the store was at capacity.
   explicit TcpStore(TcpStoreOptions options);
   ~TcpStore() override;
   TcpStore(const TcpStore&) = delete;
