@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "ddprun/rendezvous/auth.hpp"
+#include "skip.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
 #include "helpers.hpp"
@@ -62,10 +63,7 @@ std::string write_secret(const std::string& text, mode_t mode) {
 
 TEST_CASE("same_user: a process of another user on this host is refused - the job's own are served",
           "[access]") {
-  if (::geteuid() != 0) {
-    WARN("skipped: needs root to run a client as another user");
-    return;
-  }
+  SKIP_UNLESS(::geteuid() == 0, "needs root to run a client as another user");
   LogCapture logs;
   auto o = TestServer::with_loopback();
   o.same_user = true;

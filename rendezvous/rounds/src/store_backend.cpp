@@ -183,8 +183,10 @@ std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds time
     throw AuthError("the rendezvous store at " + endpoint() + " refused this node: wrong or missing secret (" + e.what() +
                     "); give every node the same --rdzv_conf=secret_file=PATH or DDPRUN_SECRET_FILE");
   } catch (const TimeoutError& e) {
+    // A store that was there but full says so (its client's message names it); else, none came.
+    if (std::string(e.what()).find("at capacity") != std::string::npos) throw TimeoutError("rendezvous: " + std::string(e.what()));
     throw TimeoutError("rendezvous: no store at " + endpoint() + " within " + duration_text(timeout) +
-                       ": is the host node's ddprun (or ddprun-store) running, and is --rdzv_endpoint right?");
+                       ": is the host node's ddprun (or ddprun-store) running, and is --rdzv_endpoint right? (" + e.what() + ")");
   }
   tcp->set_timeout(std::min(timeout, opt_.read_timeout));
   return std::make_unique<StoreConnection>(std::make_shared<rendezvous::PrefixStore>("ddprun/rdzv/" + opt_.run_id, tcp));
