@@ -13,7 +13,7 @@ const char* name(Dialect d) { return d == Dialect::kV1 ? "1.13" : "2.x"; }
 
 }  // namespace
 
-TEST_CASE("opcodes common to 1.13 and 2.x behave the same in both numberings", "[wire]") {
+TEST_CASE("SET, GET, ADD and COMPARE_SET behave the same in both numberings", "[wire]") {
   TestServer server;
   auto d = GENERATE(Dialect::kV1, Dialect::kV2);
   INFO("numbering " << name(d));
@@ -46,6 +46,19 @@ TEST_CASE("opcodes common to 1.13 and 2.x behave the same in both numberings", "
   CHECK(c.str() == "first");  // present, not equal: current value
   c.send(Frame(d, Op::kCompareSet).str("cs").str("first").str("second"));
   CHECK(c.str() == "second");  // present, equal: replaced
+
+}
+
+TEST_CASE("CHECK, WAIT, GETNUMKEYS and DELETE_KEY behave the same in both numberings", "[wire]") {
+  TestServer server;
+  auto d = GENERATE(Dialect::kV1, Dialect::kV2);
+  INFO("numbering " << name(d));
+  auto c = Raw::speaking(d, server.port());
+  c.send(Frame(d, Op::kSet).str("k").str("v1"));
+  c.send(Frame(d, Op::kAdd).str("n").i64(-2));
+  CHECK(c.i64() == -2);
+  c.send(Frame(d, Op::kCompareSet).str("cs").str("").str("first"));
+  CHECK(c.str() == "first");
 
   // CHECK
   c.send(Frame(d, Op::kCheck).keys({"k", "n"}));
@@ -116,7 +129,7 @@ TEST_CASE("1.13 WATCH_KEY registers and pushes updates", "[wire]") {
   CHECK(watcher.str().empty());
 }
 
-TEST_CASE("2.x-only opcodes", "[wire]") {
+TEST_CASE("2.x-only opcodes: PING, APPEND, MULTI_SET and MULTI_GET", "[wire]") {
   TestServer server;
   const auto d = Dialect::kV2;
   auto c = Raw::speaking(d, server.port());
@@ -138,6 +151,13 @@ TEST_CASE("2.x-only opcodes", "[wire]") {
     CHECK(c.str().empty());
     CHECK(c.str() == "v1");
   }
+}
+
+TEST_CASE("2.x-only opcodes: CANCEL_WAIT, and WAIT on repeated and several keys", "[wire]") {
+  TestServer server;
+  const auto d = Dialect::kV2;
+  auto c = Raw::speaking(d, server.port());
+
   SECTION("CANCEL_WAIT answers WAIT_CANCELED and the wait is gone") {
     c.send(Frame(d, Op::kWait).keys({"never"}));
     CHECK(c.ping_is_next());  // the WAIT is pending, not answered
