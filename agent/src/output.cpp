@@ -121,7 +121,10 @@ void StreamOutput::line(std::string_view l) {
     captured_.push_back('\n');
   }
   if (route_.keep_tail) {
-    tail_.emplace_back(l.substr(0, 1024));
+    // At most 1 KiB, cut before a character rather than inside one (records carry it as JSON).
+    std::size_t cut = std::min<std::size_t>(l.size(), 1024);
+    while (cut < l.size() && cut > 0 && (static_cast<unsigned char>(l[cut]) & 0xC0) == 0x80) --cut;
+    tail_.emplace_back(l.substr(0, cut));
     if (tail_.size() > kTailLines) tail_.pop_front();
   }
 }

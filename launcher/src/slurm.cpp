@@ -125,6 +125,10 @@ std::optional<std::map<std::string, std::string>> slurm_defaults(const std::map<
   } catch (const UsageError& e) {
     throw UsageError(std::string("inside Slurm, SLURM_JOB_NODELIST: ") + e.what() + "; give --master_addr");
   }
+  // A requeued job keeps its id and counts SLURM_RESTART_COUNT: each run gets a run id of its
+  // own, so that it does not meet what an earlier run left in an external store or etcd.
+  std::string restarts = env_or(env, "SLURM_RESTART_COUNT");
+  if (!restarts.empty() && restarts != "0") job += "-r" + restarts;
   std::string run_id;
   for (char c : job) run_id += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ? c : '_';
   return std::map<std::string, std::string>{

@@ -50,6 +50,10 @@ TEST_CASE("inside a Slurm step the multi-node settings are derived - flags and P
   CHECK(r2.agent.rdzv.node_rank == 1);
   CHECK(r2.agent.rdzv.store_host == "head");
   CHECK(r2.agent.rdzv.run_id == "4242");
+  // a requeued run (SLURM_RESTART_COUNT) gets a run id of its own
+  auto env3 = env;
+  env3["SLURM_RESTART_COUNT"] = "2";
+  CHECK(parse_command_line({"/bin/true"}, env3, host).agent.rdzv.run_id == "4242-r2");
   // c10d: the first host is the endpoint
   auto r3 = parse_command_line({"--rdzv_backend=c10d", "/bin/true"}, env, host);
   CHECK(r3.agent.rdzv.endpoint_host == "gpu07");

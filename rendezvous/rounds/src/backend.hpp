@@ -109,6 +109,11 @@ class Backend {
   virtual std::unique_ptr<Connection> connect(std::chrono::milliseconds timeout) = 0;
   // The job is over here: ends this node's session (etcd: revokes its lease). Bounded.
   virtual void close() {}
+  // How long the backend may not answer and still come back (an etcd election): until then a
+  // round's watch tries again. 0: unreachable is gone (a store whose host left).
+  virtual std::chrono::milliseconds outage_tolerance() const { return std::chrono::milliseconds(0); }
+  // What losing it usually means, for the message.
+  virtual std::string lost_hint() const { return "its node left or crashed"; }
   // The address this node reaches the backend from.
   virtual std::string reach() const = 0;
   // The store this process hosts for the round records, if any (metrics). Any thread.

@@ -3,6 +3,8 @@
 // unreachable server at exit): it must only touch state it shares by shared_ptr.
 
 #include <chrono>
+#include <cstdio>
+#include <exception>
 #include <future>
 #include <memory>
 #include <thread>
@@ -18,7 +20,12 @@ struct BoundedThread {
     auto p = std::make_shared<std::promise<void>>();
     done = p->get_future().share();
     thread = std::thread([p, f = std::move(f)]() mutable {
-      f();
+      try {
+        f();
+      } catch (const std::exception& e) {
+        // A thread's own errors are its to report; what escapes is a bug, said rather than fatal.
+        std::fprintf(stderr, "ddprun: internal error on a rendezvous thread: %s\n", e.what());
+      }
       p->set_value();
     });
   }

@@ -1,5 +1,8 @@
 #include "etcd_backend.hpp"
 
+#include <algorithm>
+#include <cstdio>
+#include <random>
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/error.hpp"
@@ -36,19 +39,24 @@ class EtcdConnection : public Connection {
     EtcdKv existing;
     return c_->create(name(k), value, lease_for(life), &existing) ? value : existing.value;
   }
-  // Read, then replace if nobody wrote in between; again otherwise.
+  // Read, then replace if nobody wrote in between; again otherwise. Each write carries a token
+  // of its own ("N token"): a transaction a member applied but answered too late, so that the
+  // client tried it again on another member, is then recognised as ours, not counted twice.
   std::int64_t add(const Key& k, std::int64_t delta) override {
     const std::string key = name(k);
+    const std::string token = token_ + "-" + std::to_string(++writes_);
     for (;;) {
       auto kv = c_->get(key);
       if (!kv) {
-        if (c_->create(key, std::to_string(delta))) return delta;
+        if (delta == 0) return 0;
+        if (c_->create(key, std::to_string(delta) + " " + token)) return delta;
         continue;
       }
-      auto now = parse_int(kv->value);
+      auto space = kv->value.find(' ');
+      auto now = parse_int(kv->value.substr(0, space));
       if (!now) throw ProtocolError("rendezvous: malformed value at key '" + key + "': not a counter");
-      if (delta == 0) return *now;
-      if (c_->replace(key, std::to_string(*now + delta), kv->mod_revision)) return *now + delta;
+      if (delta == 0 || (space != std::string::npos && kv->value.substr(space + 1) == token)) return *now;
+      if (c_->replace(key, std::to_string(*now + delta) + " " + token, kv->mod_revision)) return *now + delta;
     }
   }
   bool wait(const std::vector<Key>& keys, Clock::time_point deadline) override {
@@ -79,6 +87,15 @@ class EtcdConnection : public Connection {
   std::unique_ptr<EtcdClient> c_;
   std::string prefix_;
   std::shared_ptr<EtcdBackend::Lease> lease_;
+  std::string token_ = random_token();
+  std::uint64_t writes_ = 0;
+
+  static std::string random_token() {
+    std::random_device rd;
+    char t[17];
+    std::snprintf(t, sizeof(t), "%08x%08x", rd(), rd());
+    return t;
+  }
 };
 
 // A round's members watched for their node records vanishing (their leases expired).
@@ -96,26 +113,24 @@ struct RecordWatch {
     spdlog::warn("ddprun: round {}: node {} ({}) lost its etcd lease", m.round, g, m.hosts.at(g));
     if (auto e = events.lock()) e->peer_lost(m.round, g, std::chrono::duration<double>(ttl).count());
   }
-  // The member whose record `key` is, or -1.
-  int member_of(const std::string& key) const {
-    for (std::size_t g = 0; g < m.records.size(); ++g) {
-      if (key == full(m.records[g].text())) return static_cast<int>(g);
-    }
-    return -1;
-  }
+  // Reads the members' records (a record gone is a member lost: at once, also one that died as
+  // the round closed), then waits for the next change under them, at most a second. The state
+  // is read anew each time rather than pieced together from events: a watch from a revision
+  // etcd has compacted away is cancelled, and events could be missed that way.
   void run() {
-    // A record already gone (its node died as the round closed) is a loss at once.
-    for (std::size_t g = 0; g < m.records.size(); ++g) {
-      if (!stop.stopped() && !c->get(full(m.records[g].text()))) return lost_member(static_cast<int>(g));
-    }
     auto failing_since = Clock::now();
     bool failing = false;
     while (!stop.stopped()) {
       try {
-        for (const auto& ev : c->watch(full(m.records[0].family()), true, from, 1s)) {
-          from = std::max(from, ev.kv.mod_revision + 1);
-          if (int g = ev.deleted ? member_of(ev.kv.key) : -1; g >= 0) return lost_member(g);
+        auto present = c->get_prefix(full(m.records[0].family()));
+        from = c->revision() + 1;
+        for (std::size_t g = 0; g < m.records.size(); ++g) {
+          const std::string k = full(m.records[g].text());
+          if (std::none_of(present.begin(), present.end(), [&](const EtcdKv& kv) { return kv.key == k; })) {
+            return lost_member(static_cast<int>(g));
+          }
         }
+        c->watch(full(m.records[0].family()), true, from, 1s);
         failing = false;
       } catch (const Error& e) {
         if (!failing) failing_since = Clock::now();
@@ -164,7 +179,11 @@ std::string EtcdBackend::reach() const {
 std::unique_ptr<Connection> EtcdBackend::connect(std::chrono::milliseconds timeout) {
   names_.until(Clock::now() + timeout);
   auto c = client(timeout);
-  if (lease_->id == 0) start_lease(*c);
+  {
+    // The first connection opens the session; a stop announced meanwhile (another thread) waits.
+    std::lock_guard<std::mutex> lk(lease_mu_);
+    if (lease_->id == 0) start_lease(*c);
+  }
   return std::make_unique<EtcdConnection>(std::move(c), prefix_, lease_);
 }
 
@@ -214,8 +233,6 @@ std::unique_ptr<Liveness> EtcdBackend::watch(const Members& m, std::weak_ptr<Liv
   w->give_up = opt_.read_timeout;
   w->prefix = prefix_;
   w->events = std::move(events);
-  w->c->get_prefix(w->full(m.records.at(0).family()));
-  w->from = w->c->revision() + 1;  // events after what was read here
   return std::make_unique<LivenessThread<RecordWatch>>(w, 1500ms);
 }
 

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,10 @@ class EtcdBackend : public Backend {
   std::string reach() const override;
   bool holds_records() const override { return false; }
   std::chrono::milliseconds liveness_ttl() const override { return opt_.lease_ttl; }
+  std::chrono::milliseconds outage_tolerance() const override { return opt_.read_timeout; }
+  std::string lost_hint() const override {
+    return "no member answered for " + std::to_string(opt_.read_timeout.count() / 1000) + " s (read_timeout)";
+  }
   std::unique_ptr<Liveness> watch(const Members& m, std::weak_ptr<LivenessEvents> events) override;
 
   // This node's lease, shared with its connections and its keeper thread.
@@ -49,6 +54,7 @@ class EtcdBackend : public Backend {
   NameWait names_;
   std::string prefix_;
   std::weak_ptr<Renewals> renewals_;
+  std::mutex lease_mu_;  // the first connect opens the lease, once
   std::shared_ptr<Lease> lease_ = std::make_shared<Lease>();
   BoundedThread keeper_;
 };

@@ -26,6 +26,10 @@ inline json object(const std::string& key, const std::string& value) {
   return j;
 }
 
+// `j` as text; bytes that are not UTF-8 (a worker's output cut mid-character) become U+FFFD
+// rather than an exception.
+inline std::string text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 // Field `name` of `j` (absent or null: `fallback`): a string, a bool, or an integer within T.
 template <typename T>
 T field(const json& j, const std::string& key, const char* name, T fallback) {

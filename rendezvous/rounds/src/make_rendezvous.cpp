@@ -21,6 +21,13 @@ void validate(const RendezvousOptions& opt) {
     check_etcd_tls(parse_etcd_endpoints(opt.etcd_endpoints, tls.enabled()), tls);
     if (tls.enabled()) make_tls_context(tls);  // the files load, or the usage error names the one that does not
   }
+  if ((opt.backend == BackendKind::c10d || opt.backend == BackendKind::static_ranks) && opt.keep_alive_max_attempt < 2) {
+    // The fence stops a node's workers a quarter of the TTL before the others may count it lost:
+    // with one attempt that comes before its next keep-alive, every round.
+    throw UsageError("--rdzv_conf keep_alive_max_attempt must be at least 2 (got " +
+                     std::to_string(opt.keep_alive_max_attempt) + "): a node is counted lost after that many missed "
+                     "keep-alives, and stops its own workers a little before");
+  }
 }
 
 std::unique_ptr<Rendezvous> make_rendezvous(const RendezvousOptions& opt, Post post, Fence* fence) {

@@ -37,8 +37,7 @@ FailureRecord failure_from(const json& j, const std::string& key) {
 }  // namespace
 
 std::string node_json(const NodeInfo& n) {
-  return json{{"host", n.host}, {"addr", n.addr}, {"reach", n.reach}, {"nproc", n.nproc}, {"node_rank", n.node_rank}, {"addrs", n.addrs}}
-      .dump();
+  return text(json{{"host", n.host}, {"addr", n.addr}, {"reach", n.reach}, {"nproc", n.nproc}, {"node_rank", n.node_rank}, {"addrs", n.addrs}});
 }
 
 NodeInfo parse_node(const std::string& key, const std::string& value) {
@@ -131,7 +130,7 @@ std::string round_end_json(const RoundEnd& e) {
     case RoundEnd::Kind::success:
       break;
   }
-  return j.dump();
+  return text(j);
 }
 
 RoundEnd parse_round_end(const std::string& key, const std::string& value) {

@@ -67,9 +67,11 @@ void RoundRules::connect() {
 
 RoundRules::Joined RoundRules::join(int round, int rc) {
   auto& c = *conn_;
-  const auto deadline = Clock::now() + opt_.join_timeout;
   const Key latest = run_key(Name::round);
   for (;;) {
+    // Each round is given join_timeout from when this node arrives in it (a spare may have
+    // waited long for it).
+    const auto deadline = Clock::now() + opt_.join_timeout;
     if (rc < 0) {
       if (auto r = c.get(latest)) round = std::max(round, static_cast<int>(parse_number(c.name(latest), *r, 0, INT32_MAX)));
     }
@@ -80,10 +82,22 @@ RoundRules::Joined RoundRules::join(int round, int rc) {
       continue;
     }
     int idx = static_cast<int>(c.add(round_key(round, Name::join), 1)) - 1;
+    told_idx_ = idx;  // first: whoever reads told_ == round reads this arrival too
     told_ = round;
     c.put(round_key(round, Name::node, idx), node_json(self_.info), Lifetime::node);
     int closed = wait_closed(round, idx, deadline);
-    if (idx < closed) return read_round(round, idx, closed, rc);
+    if (idx < closed) {
+      try {
+        return read_round(round, idx, closed, rc);
+      } catch (const MemberGone& g) {
+        // A member that arrived and died before the round ran: meet again without it.
+        spdlog::warn("ddprun: round {}: node {} ({}) {}; meeting again without it", round, g.index, g.host, g.what);
+        c.put(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
+        c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(g.index, g.host, 0)));
+        ++round;
+        continue;
+      }
+    }
     told_ = kNobody;  // this node is not in the round: a stop here is nobody else's business
     ask_to_join(round, closed);
     wait_next_round(round);
@@ -170,6 +184,8 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
   }
   const Closed result = parse_closed(c.name(closed), c.get(closed).value_or("{}"));
   if (result.kind == Closed::Kind::stopped) {
+    // The stopping node closes the round first, then writes who stopped it and with what signal.
+    c.wait({round_key(round, Name::end)}, Clock::now() + std::min<Clock::duration>(opt_.read_timeout, 2s));
     throw_if_stopped(c, round);
     throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
   }
@@ -182,9 +198,9 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed, int rc
   std::vector<Key> records;
   for (int i = 0; i < closed; ++i) records.push_back(round_key(round, Name::node, i));
   if (!c.wait(records, Clock::now() + opt_.read_timeout)) {
-    throw RendezvousError(K::timeout, "rendezvous: not every node of round " + std::to_string(round) + " on " + where_ +
-                                          " described itself within " + duration_text(opt_.read_timeout) +
-                                          " (read_timeout): a node died while joining?");
+    for (int i = 0; i < closed; ++i) {
+      if (!c.get(records[i])) throw MemberGone{i, "?", "did not describe itself within " + duration_text(opt_.read_timeout)};
+    }
   }
   std::vector<NodeInfo> arrivals;
   for (const auto& k : records) arrivals.push_back(parse_node(c.name(k), c.get(k).value_or("{}")));
@@ -240,9 +256,7 @@ void RoundRules::publish_store(Joined& j) {
     workers_.release();
   }
   if (!c.wait({k}, Clock::now() + opt_.read_timeout)) {
-    throw RendezvousError(K::timeout, "rendezvous: group rank 0 (host " + info.nodes[0].host +
-                                          ") did not publish the workers' store of round " + std::to_string(info.round) +
-                                          " within " + duration_text(opt_.read_timeout));
+    throw MemberGone{0, info.nodes[0].host, "did not publish the workers' store within " + duration_text(opt_.read_timeout)};
   }
   const StoreAddress s = parse_store(c.name(k), c.get(k).value_or("{}"));
   if (s.stopped) {
@@ -275,9 +289,18 @@ void RoundRules::throw_if_stopped(Connection& c, int round) {
 }
 
 void RoundRules::announce_stop(Connection& c, int round, int signal) {
+  // Close the round as stopped, if it is not closed yet: its nodes wait for this one. A round
+  // already closed is ended only by one of its members: a node outside it (counted lost, or
+  // still on its way) must not stop a group that runs without it.
+  const std::string stop = closed_json(Closed::stopped());
+  const std::string stood = c.create(round_key(round, Name::closed), stop);
+  if (stood != stop) {
+    const Closed closed = parse_closed(c.name(round_key(round, Name::closed)), stood);
+    const int idx = told_ == round ? told_idx_.load() : -1;
+    if (closed.kind == Closed::Kind::nodes && (idx < 0 || idx >= closed.nodes)) return;
+  }
   c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_stop(signal, self_.info.host, self_.node_id)));
-  // Wake whoever waits for the round to close, or for its workers' store.
-  c.create(round_key(round, Name::closed), closed_json(Closed::stopped()));
+  // Wake whoever waits for its workers' store.
   StoreAddress stopped;
   stopped.stopped = true;
   c.create(round_key(round, Name::store), store_json(stopped));

@@ -74,6 +74,13 @@ class RoundRules {
   const std::string& where() const { return where_; }
 
  private:
+  // A member of a closed round that never came to run it (died while joining).
+  struct MemberGone {
+    int index;
+    std::string host;
+    std::string what;
+  };
+
   bool claim_rank(int round, Clock::time_point deadline);
   int wait_closed(int round, int idx, Clock::time_point deadline);
   void wait_next_round(int round);
@@ -91,6 +98,7 @@ class RoundRules {
   bool said_spare_ = false;
   static constexpr int kNobody = -2;
   std::atomic<int> told_{-1};  // the round this node arrived in; kNobody: excluded from it
+  std::atomic<int> told_idx_{-1};  // its arrival index there
 };
 
 }  // namespace ddprun::rounds

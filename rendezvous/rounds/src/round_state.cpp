@@ -9,8 +9,8 @@ using namespace json_fields;
 
 std::string closed_json(const Closed& c) {
   switch (c.kind) {
-    case Closed::Kind::nodes: return json{{"nodes", c.nodes}}.dump();
-    case Closed::Kind::stopped: return json{{"stopped", true}}.dump();
+    case Closed::Kind::nodes: return text(json{{"nodes", c.nodes}});
+    case Closed::Kind::stopped: return text(json{{"stopped", true}});
   }
   return "{}";
 }
@@ -24,8 +24,8 @@ Closed parse_closed(const std::string& key, const std::string& value) {
 }
 
 std::string store_json(const StoreAddress& s) {
-  if (s.stopped) return json{{"stopped", true}}.dump();
-  return json{{"host", s.host}, {"port", s.port}}.dump();
+  if (s.stopped) return text(json{{"stopped", true}});
+  return text(json{{"host", s.host}, {"port", s.port}});
 }
 
 StoreAddress parse_store(const std::string& key, const std::string& value) {
@@ -45,7 +45,7 @@ std::string RunConfig::describe() const {
 }
 
 std::string config_json(const RunConfig& c) {
-  return json{{"backend", to_string(c.backend)}, {"min_nodes", c.min_nodes}, {"max_nodes", c.max_nodes}}.dump();
+  return text(json{{"backend", to_string(c.backend)}, {"min_nodes", c.min_nodes}, {"max_nodes", c.max_nodes}});
 }
 
 RunConfig parse_config(const std::string& key, const std::string& value) {
@@ -66,7 +66,7 @@ RunConfig parse_config(const std::string& key, const std::string& value) {
   return c;
 }
 
-std::string claim_json(const RankClaim& c) { return json{{"node_id", c.node_id}, {"host", c.host}}.dump(); }
+std::string claim_json(const RankClaim& c) { return text(json{{"node_id", c.node_id}, {"host", c.host}}); }
 
 RankClaim parse_claim(const std::string& key, const std::string& value) {
   auto j = object(key, value);

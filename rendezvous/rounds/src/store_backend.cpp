@@ -200,7 +200,7 @@ std::unique_ptr<Liveness> StoreBackend::watch(const Members& m, std::weak_ptr<Li
   ring->ttl = liveness_ttl();
   ring->events = std::move(events);
   ring->renewals = renewals_;
-  ring->lost_message = "lost the rendezvous store at " + endpoint() + " (its node left or crashed)";
+  ring->lost_message = "lost " + where() + ": " + lost_hint();
   ring->beat();  // the first keep-alive before the round's workers start: the fence is armed
   return std::make_unique<LivenessThread<Ring>>(ring, 1s);
 }

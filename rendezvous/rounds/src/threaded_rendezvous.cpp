@@ -27,7 +27,8 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
   std::unique_ptr<Backend> backend;
   std::unique_ptr<WorkersStore> workers;
   std::unique_ptr<RoundRules> rules;
-  Listener* listener = nullptr;  // set before the first join
+  std::mutex listener_mu;
+  Listener* listener = nullptr;  // set before the first join; cleared at shutdown
 
   // Any thread.
   TaskQueue tasks;
@@ -38,12 +39,20 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
   int group_world = 1;
   std::vector<std::string> hosts;  // of the current round, by group rank
   std::unique_ptr<Liveness> liveness;
+  int liveness_round = -1;  // the round `liveness` watches
   // Watch thread only.
   std::unique_ptr<Connection> watch_conn;
 
   BoundedThread thread, watcher, announcer;
+  StopSignal retry_pause;  // the watch's pause between tries, cut short at shutdown
 
   Core(const RendezvousOptions& o, Post p, Fence* f) : opt(o), post(std::move(p)), fence(f) {}
+
+  // Posts `f` for the listener; nothing once shut down (a thread left behind may wake late).
+  void tell(std::function<void(Listener&)> f) {
+    std::lock_guard<std::mutex> lk(listener_mu);
+    if (listener) post([l = listener, f = std::move(f)] { f(*l); });
+  }
 
   void run() {
     while (auto task = tasks.next(Clock::now() + 1h)) {
@@ -54,13 +63,18 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
 
   // Posts the end of `o.round`, once; the round's liveness watch stops.
   void over(RoundOutcome o) {
-    if (!ended.claim(o.round)) return;
-    post([l = listener, o] { l->on_round_over(o); });
-    tasks.submit([this] { stop_liveness(); });
+    // After shutdown nothing is told: the listener may be gone (a thread left behind wakes late).
+    if (tasks.stopped() || !ended.claim(o.round)) return;
+    // Only this round's watch: the loop may have joined the next round already.
+    tasks.submit([this, r = o.round] {
+      if (liveness_round == r) stop_liveness();
+    });
+    tell([o](Listener& l) { l.on_round_over(o); });
   }
 
   void stop_liveness() {
     liveness.reset();
+    liveness_round = -1;
     if (fence) fence->release();
   }
 
@@ -75,39 +89,52 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
       group_world = j.info.group_world;
       hosts = j.members.hosts;
       liveness = backend->watch(j.members, weak_from_this());
-      post([l = listener, info = j.info] { l->on_round_ready(info); });
+      liveness_round = j.info.round;
+      tell([info = j.info](Listener& l) { l.on_round_ready(info); });
       watch(j.info.round);
     } catch (const std::exception& e) {
-      post([l = listener, f = RendezvousFailure::of(e)] { l->on_rendezvous_failed(f); });
+      tell([f = RendezvousFailure::of(e)](Listener& l) { l.on_rendezvous_failed(f); });
     }
   }
 
   void watch(int round) {
     watcher.join_within(1s);  // the previous round's watch returned when that round ended
-    watcher.start([self = shared_from_this(), round] {
-      try {
-        if (!self->watch_conn) self->watch_conn = self->backend->connect(self->opt.read_timeout);
-        self->over(RoundOutcome{round, self->rules->wait_end(*self->watch_conn, round), {}});
-      } catch (const ProtocolError& e) {
-        self->over(RoundOutcome{round, std::nullopt, RendezvousFailure::of(e)});
-      } catch (const std::exception& e) {
-        spdlog::debug("ddprun: watch of round {} ended: {}", round, e.what());
-        self->over(RoundOutcome{round, std::nullopt, self->lost()});
-      }
-    });
+    watcher.start([self = shared_from_this(), round] { self->watch_end(round); });
   }
 
-  RendezvousFailure lost() const {
-    return {RendezvousFailure::Kind::unreachable, "lost " + backend->where() + " (its node left or crashed)", 0};
+  // Waits for the round's end on a connection of its own. A backend that stops answering is
+  // tried again for as long as it may be away and come back (etcd electing a leader); a store
+  // whose host is gone is lost at once.
+  void watch_end(int round) {
+    std::optional<Clock::time_point> failing_since;
+    while (!tasks.stopped() && !ended.over(round)) {
+      try {
+        if (!watch_conn) watch_conn = backend->connect(opt.read_timeout);
+        return over(RoundOutcome{round, rules->wait_end(*watch_conn, round), {}});
+      } catch (const ProtocolError& e) {
+        return over(RoundOutcome{round, std::nullopt, RendezvousFailure::of(e)});
+      } catch (const std::exception& e) {
+        spdlog::debug("ddprun: watch of round {}: {}", round, e.what());
+        watch_conn.reset();
+        if (!failing_since) failing_since = Clock::now();
+        if (Clock::now() - *failing_since >= backend->outage_tolerance()) return over(RoundOutcome{round, std::nullopt, lost(e.what())});
+        retry_pause.wait_for(200ms);
+      }
+    }
+  }
+
+  RendezvousFailure lost(const std::string& why = "") const {
+    return {RendezvousFailure::Kind::unreachable, "lost " + backend->where() + ": " + backend->lost_hint() +
+                                                      (why.empty() ? "" : " (" + why + ")"), 0};
   }
 
   // A request that ends or reports on the round: a backend that does not answer ends it here.
   void guarded(int round, const char* what, const std::function<void()>& f) {
     try {
       f();
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       spdlog::error("ddprun: cannot reach {} to {} of round {}: {}", backend->where(), what, round, e.what());
-      over(RoundOutcome{round, std::nullopt, lost()});
+      over(RoundOutcome{round, std::nullopt, lost(e.what())});
     }
   }
 
@@ -142,7 +169,7 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
       } catch (const Error& e) {
         spdlog::warn("ddprun: could not tell the other nodes about {}: {}", signal_name(signal), e.what());
       }
-      self->post([l = self->listener] { l->on_finished(); });
+      self->tell([](Listener& l) { l.on_finished(); });
     });
   }
 };
@@ -160,7 +187,10 @@ ThreadedRendezvous::ThreadedRendezvous(const RendezvousOptions& opt, const Backe
 ThreadedRendezvous::~ThreadedRendezvous() { shutdown(); }
 
 Backend& ThreadedRendezvous::backend() { return *core_->backend; }
-void ThreadedRendezvous::set_listener(Listener& l) { core_->listener = &l; }
+void ThreadedRendezvous::set_listener(Listener& l) {
+  std::lock_guard<std::mutex> lk(core_->listener_mu);
+  core_->listener = &l;
+}
 
 std::string ThreadedRendezvous::describe() const {
   const auto& o = core_->opt;
@@ -194,7 +224,7 @@ void ThreadedRendezvous::finish(int round, Ack ack) {
       }
     }
     c->backend->close();
-    c->post([l = c->listener] { l->on_finished(); });
+    c->tell([](Listener& l) { l.on_finished(); });
   });
 }
 
@@ -208,11 +238,14 @@ std::vector<HostedStore> ThreadedRendezvous::hosted_stores() const {
 
 void ThreadedRendezvous::shutdown() {
   if (!core_->tasks.stop()) return;
+  core_->retry_pause.stop();
   // A joiner blocked in a wait is woken by a stop this node announced; one stuck on an
   // unreachable backend is left behind.
   core_->thread.join_within(2s);
   core_->announcer.join_within(2s);
   core_->watcher.join_within(1500ms);
+  std::lock_guard<std::mutex> lk(core_->listener_mu);
+  core_->listener = nullptr;
 }
 
 }  // namespace ddprun::rounds
