@@ -10,7 +10,9 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/agent/gpus.hpp"
+#include "containment.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/system.hpp"
 #include "event_log.hpp"
 #include "guardian.hpp"
@@ -56,10 +58,16 @@ class LoopGate {
 
 struct Agent::Impl {
   AgentOptions opt;
-  Guardian guardian;  // first: forked while the process has one thread
+  // First: set up and forked while the process has one thread.
+  std::unique_ptr<Containment> containment = Containment::set_up("");
+  Guardian guardian{containment.get()};
   GuardianFence fence{guardian};
 
-  explicit Impl(AgentOptions o) : opt(std::move(o)) { opt.rdzv.nproc = opt.nproc_per_node; }
+  explicit Impl(AgentOptions o) : opt(std::move(o)) {
+    opt.rdzv.nproc = opt.nproc_per_node;
+    opt.base_env["DDPRUN_JOB_TOKEN"] = containment->token();  // what the guardian finds them by
+    spdlog::debug("ddprun: workers are contained by {}", containment->describe());
+  }
 
   void open_events(EventLog& events, const std::string& node_name) {
     events.open(opt.events_file, node_name, opt.rdzv.run_id);
@@ -67,6 +75,7 @@ struct Agent::Impl {
                                 {"min_nodes", opt.rdzv.min_nodes},
                                 {"max_nodes", opt.rdzv.max_nodes},
                                 {"max_restarts", opt.max_restarts},
+                                {"containment", containment->describe()},
                                 {"command", opt.command}});
   }
 
@@ -100,8 +109,8 @@ struct Agent::Impl {
     LoopGate gate(io);
     asio::signal_set signals(io);
     signals.add(SIGCHLD);
-    for (int s : opt.forward_signals) signals.add(s);
-    RealProcessRunner runner(guardian);
+    for (int s : stop_signals()) signals.add(s);
+    RealProcessRunner runner(guardian, *containment);
     auto rdzv = rounds::make_rendezvous(opt.rdzv, gate.poster(), &fence);
     std::unique_ptr<JobMetrics> metrics;
     std::unique_ptr<MetricsServer> server;

@@ -11,6 +11,9 @@
 #include <cstring>
 #include <set>
 
+#include "containment.hpp"
+#include "ddprun/common/exit_status.hpp"
+
 namespace ddprun::agent {
 namespace {
 
@@ -20,22 +23,26 @@ struct Message {
   char op;  // 'w' watch, 'f' forget, 'a' arm, 'd' disarm, 'q' quit quietly
   pid_t pgid;
   std::int64_t when;  // 'a': the deadline, steady clock nanoseconds
+  std::int64_t sent;  // when the agent sent it (same clock)
 };
 
 std::int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
 
 struct Watch {
+  const Containment* containment = nullptr;
   std::set<pid_t> groups;
   bool armed = false;
   std::int64_t deadline = 0;
 
-  void kill_all() {
+  // The workers' groups, then whatever else the job runs (escaped to sessions of their own).
+  void kill_all(bool agent_gone) {
     for (pid_t g : groups) ::kill(-g, SIGKILL);
+    if (containment) containment->kill_everything(agent_gone);
   }
-  // The fence: a deadline that passed kills the groups (once).
-  void check_deadline() {
-    if (armed && now_ns() >= deadline) {
-      kill_all();
+  // The fence: a deadline that passed (by `at`) kills the groups (once).
+  void check_deadline(std::int64_t at) {
+    if (armed && at >= deadline) {
+      kill_all(false);
       armed = false;
     }
   }
@@ -46,19 +53,28 @@ struct Watch {
   }
 };
 
-[[noreturn]] void guardian_main(int fd) {
-  // Terminal signals are for the agent, which forwards them; the guardian waits for the pipe.
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) ::signal(s, SIG_IGN);
+[[noreturn]] void guardian_main(int fd, const Containment* containment) {
+  // Signals are for the agent, which forwards them or stops the job; the guardian, whom a
+  // scheduler may signal along with every process of the job, waits for the pipe.
+  for (int s : stop_signals()) ::signal(s, SIG_IGN);
+  ::signal(SIGPIPE, SIG_IGN);
   ::prctl(PR_SET_NAME, "ddprun-guard", 0, 0, 0);
   Watch w;
+  w.containment = containment;
   Message m;
   for (;;) {
     pollfd p{fd, POLLIN, 0};
     int r = ::poll(&p, 1, w.poll_timeout_ms());
-    w.check_deadline();
-    if (r == 0 || (r < 0 && errno == EINTR)) continue;
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) {
+      w.check_deadline(now_ns());  // nothing pending: no renewal is on its way
+      continue;
+    }
     ssize_t n = ::read(fd, &m, sizeof(m));
     if (n == sizeof(m)) {
+      // A renewal or release read late (the guardian was slow to run) counts when it was sent:
+      // the same rule the agent's GuardianFence applies when it sends it.
+      if (m.op == 'a' || m.op == 'd') w.check_deadline(m.sent);
       if (m.op == 'w') w.groups.insert(m.pgid);
       if (m.op == 'f') w.groups.erase(m.pgid);
       if (m.op == 'a') w.armed = true, w.deadline = m.when;
@@ -69,19 +85,19 @@ struct Watch {
     if (n < 0 && errno == EINTR) continue;
     break;  // end of file: the agent died without saying goodbye
   }
-  w.kill_all();
+  w.kill_all(true);
   ::_exit(0);
 }
 
 }  // namespace
 
-Guardian::Guardian() {
+Guardian::Guardian(const Containment* containment) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return;  // no guardian: parent-death signals still apply
   pid_t pid = ::fork();
   if (pid == 0) {
     ::close(p[1]);
-    guardian_main(p[0]);
+    guardian_main(p[0], containment);
   }
   ::close(p[0]);
   if (pid < 0) {
@@ -102,7 +118,7 @@ Guardian::~Guardian() {
 
 void Guardian::send(char op, pid_t pgid, std::int64_t when) {
   if (fd_ < 0) return;
-  Message m{op, pgid, when};
+  Message m{op, pgid, when, now_ns()};
   // A few bytes to a pipe: atomic, and the guardian reads continuously.
   while (::write(fd_, &m, sizeof(m)) < 0 && errno == EINTR) {
   }

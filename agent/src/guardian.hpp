@@ -17,10 +17,13 @@
 
 namespace ddprun::agent {
 
+class Containment;
+
 class Guardian {
  public:
-  // Forks the guardian. Call while the process has a single thread.
-  Guardian();
+  // Forks the guardian. Call while the process has a single thread. It also kills what
+  // `containment` holds when it kills the groups.
+  explicit Guardian(const Containment* containment = nullptr);
   // Tells the guardian to exit without killing anything (clean end).
   ~Guardian();
   Guardian(const Guardian&) = delete;
@@ -33,6 +36,7 @@ class Guardian {
   void disarm();
   // The descriptor children must not inherit (the agent marks it close-on-exec already).
   int fd() const { return fd_; }
+  pid_t pid() const { return pid_; }
 
  private:
   void send(char op, pid_t pgid, std::int64_t when = 0);

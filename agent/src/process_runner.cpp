@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include "ddprun/agent/spawn.hpp"
+#include "containment.hpp"
 #include "guardian.hpp"
 #include "stack_dump.hpp"
 
@@ -11,7 +12,7 @@ namespace ddprun::agent {
 
 ProcessRunner::Started RealProcessRunner::start(const std::vector<std::string>& argv,
                                                 const std::vector<std::string>& env, const CpuBinding* binding) {
-  auto p = spawn_process(argv, env, binding);
+  auto p = spawn_process(argv, env, binding, containment_.procs_fd());
   guardian_.watch(p.pid);
   return Started{p.pid, p.stdout_fd, p.stderr_fd};
 }
@@ -40,5 +41,7 @@ std::vector<StackTargets> RealProcessRunner::stack_targets(const std::vector<pid
 }
 
 void RealProcessRunner::signal_process(pid_t pid, int sig) { ::kill(pid, sig); }
+
+std::vector<std::string> RealProcessRunner::sweep() { return containment_.sweep(guardian_.pid()); }
 
 }  // namespace ddprun::agent

@@ -16,6 +16,7 @@
 
 namespace ddprun::agent {
 
+class Containment;
 class Guardian;
 
 class ProcessRunner {
@@ -48,13 +49,17 @@ class ProcessRunner {
   virtual std::vector<StackTargets> stack_targets(const std::vector<pid_t>& workers) = 0;
   // Sends `sig` to the one process `pid` (not its group).
   virtual void signal_process(pid_t pid, int sig) = 0;
+  // Every worker ended: kills what they left running; returns "PID (name)" of each.
+  virtual std::vector<std::string> sweep() { return {}; }
 };
 
 // fork + exec (spawn_process), kill(2), waitpid(2); every group it starts is reported to the
-// guardian, which kills it if the agent dies without stopping it.
+// guardian, which kills it if the agent dies without stopping it; every worker joins the job's
+// containment (containment.hpp).
 class RealProcessRunner : public ProcessRunner {
  public:
-  explicit RealProcessRunner(Guardian& guardian) : guardian_(guardian) {}
+  RealProcessRunner(Guardian& guardian, const Containment& containment)
+      : guardian_(guardian), containment_(containment) {}
   Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                 const CpuBinding* binding) override;
   void signal_group(pid_t pgid, int sig) override;
@@ -63,9 +68,11 @@ class RealProcessRunner : public ProcessRunner {
   std::string native_stack(pid_t pid, std::chrono::milliseconds limit) override;
   std::vector<StackTargets> stack_targets(const std::vector<pid_t>& workers) override;
   void signal_process(pid_t pid, int sig) override;
+  std::vector<std::string> sweep() override;
 
  private:
   Guardian& guardian_;
+  const Containment& containment_;
 };
 
 }  // namespace ddprun::agent

@@ -98,6 +98,11 @@ std::vector<pid_t> ProcessTree::subtree(pid_t root) const {
   return out;
 }
 
+pid_t ProcessTree::parent(pid_t pid) const {
+  auto it = procs_.find(pid);
+  return it == procs_.end() ? 0 : it->second.parent;
+}
+
 std::string ProcessTree::exe(pid_t pid) const {
   auto it = procs_.find(pid);
   return it == procs_.end() ? std::string() : it->second.exe;

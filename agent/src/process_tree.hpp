@@ -38,6 +38,8 @@ class ProcessTree {
 
   // `root` and every process below it, parents before children; empty when `root` is unknown.
   std::vector<pid_t> subtree(pid_t root) const;
+  // The parent of `pid` (0 when unknown).
+  pid_t parent(pid_t pid) const;
   // The executable of `pid` ("" when unknown).
   std::string exe(pid_t pid) const;
   // What to read for the worker process `root`.

@@ -52,6 +52,7 @@ struct ChildPlan {
   cpu_set_t cpus;
   unsigned long nodes[16] = {};  // set_mempolicy's mask (no libc wrapper without libnuma)
   int out = -1, err = -1;        // the pipes' write ends
+  int cgroup_procs = -1;         // the job's cgroup, joined first
   pid_t parent = -1;
   int max_fd = 1024;
 };
@@ -79,6 +80,9 @@ ChildPlan plan_child(const std::vector<std::string>& argv, const std::vector<std
 }
 
 [[noreturn]] void run_child(ChildPlan& c) {
+  if (c.cgroup_procs >= 0 && ::write(c.cgroup_procs, "0", 1) != 1) {
+    write_str(STDERR_FILENO, "ddprun: the worker could not join the job's cgroup; it runs outside it\n");
+  }
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != c.parent) ::_exit(1);  // the agent died before the line above took effect
@@ -114,8 +118,9 @@ ChildPlan plan_child(const std::vector<std::string>& argv, const std::vector<std
 }  // namespace
 
 SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                             const CpuBinding* binding) {
+                             const CpuBinding* binding, int cgroup_procs) {
   ChildPlan child = plan_child(argv, env, binding);
+  child.cgroup_procs = cgroup_procs;
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0) throw Error(std::string("pipe failed: ") + std::strerror(errno));
   if (::pipe2(err, O_CLOEXEC) != 0) {

@@ -70,6 +70,7 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   state = State::running;
   dump.reset();
   dump_started = false;
+  swept = false;
   for (auto& spec : specs) {
     auto s = std::make_unique<Slot>();
     s->w.spec = std::move(spec);
@@ -244,6 +245,7 @@ void WorkerGroup::Impl::maybe_ended() {
   for (const auto& s : slots) {
     if (s->w.running()) return;
   }
+  sweep_leftovers();
   bool drained = true;
   for (const auto& s : slots) drained = drained && s->open_pipes == 0;
   if (drained) return end();
@@ -253,6 +255,18 @@ void WorkerGroup::Impl::maybe_ended() {
   drain_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
     if (!ec && gen == generation) end();
   });
+}
+
+// Every worker ended: whatever they started and left running (a daemon, `setsid cmd &`) ends
+// with them, before the pipes they may hold are drained (README: Security).
+void WorkerGroup::Impl::sweep_leftovers() {
+  if (swept) return;
+  swept = true;
+  auto left = runner.sweep();
+  if (left.empty()) return;
+  std::string names;
+  for (const auto& l : left) names += (names.empty() ? "" : ", ") + l;
+  spdlog::warn("ddprun: killed {} process(es) the workers left behind: {}", left.size(), names);
 }
 
 void WorkerGroup::Impl::end() {

@@ -52,6 +52,7 @@ struct WorkerGroup::Impl {
   Options opt;
   asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io}, gpu_timer{io};
   std::vector<std::unique_ptr<Slot>> slots;
+  bool swept = false;        // what the workers left behind was killed (once per group)
   int generation = 0;        // +1 per group: handlers of an earlier group check it
   // The group's life: ended before the first start; stopping once told to stop; killing once
   // SIGKILL is scheduled for the workers still running after stop_timeout.
@@ -114,6 +115,7 @@ struct WorkerGroup::Impl {
   void check_dump();
 
   void finish_dump();
+  void sweep_leftovers();
 
   static bool write_stack_file(const std::string& path, const std::string& text);
 

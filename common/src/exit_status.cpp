@@ -19,7 +19,9 @@ constexpr Named kSignals[] = {
     {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"},   {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
     {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"},   {SIGTERM, "SIGTERM"}, {SIGCHLD, "SIGCHLD"},
     {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"},   {SIGTSTP, "SIGTSTP"}, {SIGXCPU, "SIGXCPU"},
-    {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},
+    {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},     {SIGVTALRM, "SIGVTALRM"}, {SIGPROF, "SIGPROF"},
+    {SIGIO, "SIGIO"},     {SIGPWR, "SIGPWR"},     {SIGSTKFLT, "SIGSTKFLT"}, {SIGURG, "SIGURG"},
+    {SIGWINCH, "SIGWINCH"}, {SIGTTIN, "SIGTTIN"}, {SIGTTOU, "SIGTTOU"},
 };
 
 }  // namespace
@@ -43,7 +45,19 @@ std::string signal_name(int signal) {
   for (const auto& s : kSignals) {
     if (s.number == signal) return s.name;
   }
+  if (signal == SIGRTMIN) return "SIGRTMIN";
+  if (signal > SIGRTMIN && signal <= SIGRTMAX) return "SIGRTMIN+" + std::to_string(signal - SIGRTMIN);
   return "signal " + std::to_string(signal);
+}
+
+std::vector<int> stop_signals() {
+  // Default action "terminate" or "core", sent from outside: not the faults a process raises on
+  // itself (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT), nor SIGPIPE and SIGXFSZ,
+  // which a failed write reports as well (EPIPE, EFBIG), nor SIGKILL.
+  std::vector<int> out = {SIGHUP,  SIGINT,    SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGTERM,
+                          SIGSTKFLT, SIGXCPU, SIGVTALRM, SIGPROF, SIGIO,   SIGPWR};
+  for (int s = SIGRTMIN; s <= SIGRTMAX; ++s) out.push_back(s);
+  return out;
 }
 
 int parse_signal(const std::string& name) {
@@ -54,6 +68,12 @@ int parse_signal(const std::string& name) {
   std::string full = name.rfind("SIG", 0) == 0 ? name : "SIG" + name;
   for (const auto& s : kSignals) {
     if (full == s.name) return s.number;
+  }
+  if (full == "SIGRTMIN") return SIGRTMIN;
+  if (full.rfind("SIGRTMIN+", 0) == 0 && full.size() > 9 && full.size() <= 11 &&
+      std::all_of(full.begin() + 9, full.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    int n = SIGRTMIN + std::stoi(full.substr(9));
+    return n <= SIGRTMAX ? n : 0;
   }
   return 0;
 }

@@ -196,9 +196,15 @@ std::string help_text(const po::options_description& desc) {
 }
 
 // A PET_ switch as the operators set it: PyTorchJob's elasticPolicy.standalone sets
-// PET_STANDALONE to the empty string, so a switch that is set and empty is on; otherwise
-// torchrun's 1/0 (and true/yes).
-bool pet_flag(const std::string& v) { return v.empty() || truthy(v); }
+// PET_STANDALONE to the empty string, so a switch that is set and empty is on; otherwise 1 or
+// true, 0 or false, and nothing else: a typo must not turn a switch silently off.
+bool pet_flag(const std::string& name, const std::string& v) {
+  std::string lower;
+  for (char c : v) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v.empty() || lower == "1" || lower == "true") return true;
+  if (lower == "0" || lower == "false") return false;
+  usage(name + "='" + v + "' is not a switch value: use 1 or true, 0 or false (or empty: on)");
+}
 
 // Each option's value: an explicit flag wins, then PET_<NAME>, then (inside a Slurm step) what
 // Slurm implies, then the default. Every value is checked by the table's parser.
@@ -212,7 +218,7 @@ Settings resolve(const po::variables_map& vm, const std::map<std::string, std::s
     auto pet = env.find(pet_name(o.name));
     std::string value;
     if (o.kind == OptionKind::flag) {
-      value = v.as<bool>() || (pet != env.end() && pet_flag(pet->second)) ? "1" : "0";
+      value = v.as<bool>() || (pet != env.end() && pet_flag(pet->first, pet->second)) ? "1" : "0";
     } else if (!v.defaulted()) {
       value = v.as<std::string>();
     } else if (pet != env.end()) {
@@ -316,7 +322,7 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
   // one node, whatever Slurm says).
   auto slurm = slurm_defaults(env);
   auto pet_standalone = env.find("PET_STANDALONE");
-  bool standalone = vm["standalone"].as<bool>() || (pet_standalone != env.end() && pet_flag(pet_standalone->second));
+  bool standalone = vm["standalone"].as<bool>() || (pet_standalone != env.end() && pet_flag(pet_standalone->first, pet_standalone->second));
   if (standalone) slurm.reset();
   std::map<std::string, std::string> derived;
   Settings s = resolve(vm, env, slurm, derived);

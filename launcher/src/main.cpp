@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(cli.log_level));
   for (const auto& note : cli.notes) spdlog::info("{}", note);
   std::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher; workers get the default back
+  std::signal(SIGXFSZ, SIG_IGN);  // a log over RLIMIT_FSIZE: EFBIG, counted as bytes lost
   try {
     ddprun::agent::Agent agent(std::move(cli.agent));
     return agent.run();

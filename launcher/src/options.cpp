@@ -1,5 +1,6 @@
 #include "options.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <csignal>
 
@@ -10,8 +11,6 @@
 
 namespace ddprun::launcher {
 namespace {
-
-const std::set<int> kAllowedSignals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
 void parse_nnodes(const std::string& v, Settings& s) {
   s.nnodes_text = v;
@@ -61,8 +60,11 @@ std::set<int> parse_signals(const std::string& v) {
     std::string name = trim(raw);
     if (name.empty()) continue;
     int s = parse_signal(name);
-    if (!s || !kAllowedSignals.count(s)) {
-      usage("--signals_to_handle: '" + name + "' is not one of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2");
+    const auto allowed = stop_signals();
+    if (!s || std::find(allowed.begin(), allowed.end(), s) == allowed.end()) {
+      usage("--signals_to_handle: '" + name + "' is not a signal that ends a process from outside "
+            "(SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU, SIGVTALRM, SIGPROF, SIGIO, "
+            "SIGPWR, SIGSTKFLT, SIGRTMIN, SIGRTMIN+N)");
     }
     out.insert(s);
   }
@@ -208,7 +210,7 @@ const std::vector<OptionSpec>& option_table() {
        "before a hung group is stopped, collect every worker's stack for at most this many seconds (0 = off)",
        [](const std::string& v, Settings& s) { s.stack_dump_timeout = parse_seconds("stack_dump_timeout", v, true); }},
       {"signals_to_handle", "", kFault, K::value, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-       "signals forwarded to the workers (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2)",
+       "signals forwarded to the workers (SIGTERM, SIGINT, SIGHUP, SIGQUIT and any of SIGUSR1, SIGUSR2, SIGALRM, ...); any other terminating signal stops the job",
        [](const std::string& v, Settings& s) { s.signals = parse_signals(v); }},
       {"shutdown_timeout", "", kFault, K::value, "",
        "torchrun 2.x's name for --stop_timeout (seconds); also TORCH_ELASTIC_SHUTDOWN_TIMEOUT",

@@ -4,6 +4,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -47,15 +48,15 @@ class FakeRunner : public ProcessRunner {
   // A hung native worker's stack as eu-stack prints it.
   std::string native_stack(pid_t pid, std::chrono::milliseconds) override {
     std::lock_guard<std::mutex> lk(mu_);
-    ++stacks_read;
     stacks_of.push_back(pid);
+    ++stacks_read;  // after: a test that waits for the count reads a complete list
     return "PID " + std::to_string(pid) + " - process\nTID " + std::to_string(pid) +
            ":\n#0  0x00007f0000000001 __GI___clock_nanosleep - /usr/lib/x86_64-linux-gnu/libc.so.6\n"
            "#1  0x0000550000000002 wait_for_peer - /opt/train\n    /src/comm.cpp:42\n"
            "#2  0x0000550000000003 all_reduce - /opt/train\n    /src/comm.cpp:80\n"
            "#3  0x0000550000000004 main - /opt/train\n    /src/train.cpp:12\n";
   }
-  int stacks_read = 0;
+  std::atomic<int> stacks_read{0};
   std::vector<StackTargets> stack_targets(const std::vector<pid_t>& workers) override {
     std::vector<StackTargets> out;
     for (pid_t w : workers) {

@@ -340,7 +340,7 @@ TEST_CASE("bad input gets one clear message and exit 2", "[e2e]") {
       {{"--rdzv_backend=c10d", "--rdzv_endpoint=host:port:x", kWorker}, "--rdzv_endpoint='host:port:x' is malformed"},
       {{"--rdzv_backend=c10d", "--rdzv_endpoint=[::1", kWorker}, "missing ']'"},
       {{"--rdzv_backend=c10d", "--rdzv_endpoint=node:99999", kWorker}, "port must be 0-65535"},
-      {{"--signals_to_handle=SIGKILL", kWorker}, "'SIGKILL' is not one of"},
+      {{"--signals_to_handle=SIGKILL", kWorker}, "'SIGKILL' is not a signal that ends a process from outside"},
       {{"--redirects=5", kWorker}, "--redirects values are 0 (none)"},
       {{"-m", "--no_python", "x"}, "-m and --no_python cannot be used together"},
       {{"--worker_timeout=-1", kWorker}, "--worker_timeout must be a non-negative number of seconds"},

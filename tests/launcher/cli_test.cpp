@@ -91,6 +91,29 @@ TEST_CASE("every option of the table reads PET_NAME and is validated by the tabl
   CHECK(parse({"/bin/true"}, {{"PET_NO_PYTHON", "1"}, {"PYTHON_EXEC", "false"}}).agent.command[0] == "/bin/true");
 }
 
+TEST_CASE("PET_ values are parsed as strictly as flags (issue 18, case 8)", "[units]") {
+  // Numbers: decimal only, whole, in range; no hex, no sign games, no spaces, no trailing junk.
+  for (const char* bad : {"0x10", "1e3", " 4", "4 ", "+4", "4.0", "010x", "-1", "99999999999"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH(parse({"/bin/true"}, {{"PET_NPROC_PER_NODE", bad}}), Catch::Contains("--nproc_per_node"));
+    CHECK_THROWS_WITH(parse({"/bin/true"}, {{"PET_MAX_RESTARTS", bad}}), Catch::Contains("--max_restarts"));
+  }
+  CHECK(parse({"/bin/true"}, {{"PET_NPROC_PER_NODE", "16"}}).agent.nproc_per_node == 16);
+  // Switches: 1/true, 0/false (any case), empty (PyTorchJob's standalone: on); nothing else.
+  for (const char* on : {"", "1", "true", "TRUE", "True"}) {
+    CHECK(parse({"/bin/true"}, {{"PET_MODULE", on}, {"PYTHON_EXEC", "/bin/sh"}}).agent.command[0] == "/bin/sh");
+  }
+  for (const char* off : {"0", "false", "FALSE"}) {
+    CHECK(parse({"/bin/true"}, {{"PET_MODULE", off}, {"PYTHON_EXEC", "/bin/sh"}}).agent.command[0] == "/bin/true");
+  }
+  for (const char* bad : {"yes", "no", "on", "2", "tru", " 1"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH(parse({"/bin/true"}, {{"PET_NO_PYTHON", bad}}),
+                      Catch::Contains("PET_NO_PYTHON='" + std::string(bad) + "' is not a switch value"));
+    CHECK_THROWS_WITH(parse({"/bin/true"}, {{"PET_STANDALONE", bad}}), Catch::Contains("PET_STANDALONE="));
+  }
+}
+
 TEST_CASE("help and completion list every option of the table, in both spellings", "[units]") {
   auto help = parse({"--help"}).text;
   auto completion = parse({"--completion", "bash"}).text;

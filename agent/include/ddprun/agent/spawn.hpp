@@ -22,8 +22,9 @@ struct SpawnedProcess {
 // default signal dispositions and an empty signal mask. If exec fails, the child writes why to
 // its stderr and exits 127. Throws ddprun::Error when fork or pipe fail.
 // `binding`: CPUs and preferred NUMA node, applied in the child before exec.
+// `cgroup_procs`: a cgroup's cgroup.procs open for writing, which the child joins first; -1: none.
 SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                             const CpuBinding* binding = nullptr);
+                             const CpuBinding* binding = nullptr, int cgroup_procs = -1);
 
 // Finds `program` the way execvp would (a name without '/' is looked up in PATH). Returns the
 // path, or an empty string when there is no such executable.

@@ -3,6 +3,7 @@
 // worker's own code, or 128 + signal number when a signal killed it).
 
 #include <string>
+#include <vector>
 
 namespace ddprun {
 
@@ -24,5 +25,9 @@ struct ExitStatus {
 std::string signal_name(int signal);
 // Parses "SIGUSR1", "USR1" or "10"; returns 0 when unknown.
 int parse_signal(const std::string& name);
+
+// The signals a supervisor handles as a request to stop (or forwards): those whose default
+// action ends a process and that come from outside it (README: Signals).
+std::vector<int> stop_signals();
 
 }  // namespace ddprun

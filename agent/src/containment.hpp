@@ -1,0 +1,70 @@
+#pragma once
+// No process outlives its job. A worker may start processes that leave its process group and
+// session (`setsid sleep 120 &`, a daemonising data server); killing process groups misses them.
+// Two modes, the first that works (README: Security):
+//   cgroup     the workers join a cgroup v2 of the agent's own, created below the agent's cgroup
+//              where this user may write (the hierarchy is delegated, or root): every process they
+//              start stays in it, whatever it does, and `cgroup.kill` ends them all at once.
+//   subreaper  else the agent is a child subreaper (PR_SET_CHILD_SUBREAPER): orphans of the
+//              workers become its children, and it kills every descendant left at a group's end.
+//              Every worker carries DDPRUN_JOB_TOKEN in its environment; after `kill -9` of the
+//              agent, the guardian kills the processes that carry it (one that clears its
+//              environment escapes this mode, not the cgroup one).
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddprun::agent {
+
+enum class ContainmentMode { cgroup, subreaper };
+
+class Containment {
+ public:
+  // Sets the job's containment up; call while the process has one thread, before the guardian
+  // forks (it inherits what it needs to act alone). `token` identifies this agent's workers.
+  static std::unique_ptr<Containment> set_up(const std::string& token);
+  ~Containment();
+  Containment(const Containment&) = delete;
+  Containment& operator=(const Containment&) = delete;
+
+  ContainmentMode mode() const { return mode_; }
+  // "cgroup /sys/fs/cgroup/…/ddprun-123" or "subreaper (no writable cgroup v2: why)".
+  std::string describe() const;
+  // The token (DDPRUN_JOB_TOKEN) every worker carries.
+  const std::string& token() const { return token_; }
+  // cgroup mode: cgroup.procs, open for writing; a child writes "0" to it before exec (joins the
+  // cgroup before it can start anything). -1 in subreaper mode.
+  int procs_fd() const { return procs_fd_; }
+
+  // Kills every process of the job still alive (none of them a worker of a running group:
+  // called when all have ended), except `spare` (the guardian, a child of the agent). Returns
+  // what it killed, "PID (name)" each.
+  std::vector<std::string> sweep(pid_t spare) const;
+
+  // For the guardian (a single-threaded process): kills every process of the job, by the cgroup
+  // or by the token; when the agent is gone, also removes the cgroup.
+  void kill_everything(bool agent_gone) const;
+
+ private:
+  Containment() = default;
+  bool try_cgroup(std::string& why);
+  std::vector<std::string> sweep_cgroup() const;
+  std::vector<std::string> sweep_descendants(pid_t spare) const;
+  void remove_cgroup() const;
+
+  ContainmentMode mode_ = ContainmentMode::subreaper;
+  std::string token_;
+  std::string cgroup_;   // the cgroup's directory (cgroup mode)
+  std::string why_not_;  // why not cgroup mode
+  int procs_fd_ = -1;
+  int kill_fd_ = -1;     // cgroup.kill (kernel 5.14+), else -1: each process is killed
+  pid_t owner_ = -1;     // the agent
+};
+
+// Reads the name (comm) of `pid`, "" if it is gone.
+std::string process_name(pid_t pid);
+
+}  // namespace ddprun::agent

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Every terminating signal handled (README: Security). Signals ddprun does not forward (SIGUSR1
+# without --signals_to_handle, SIGUSR2, SIGALRM, SIGXCPU, SIGVTALRM, SIGPWR, SIGRTMIN) stop the
+# job as SIGTERM does: the workers get SIGTERM and their grace period, the summary is printed,
+# the temporary directory is removed, ddprun exits 128 + the signal and leaves no process. A
+# signal listed in --signals_to_handle reaches the workers, who decide. Runs in private mount and
+# pid namespaces. Usage: tests/signals_test.sh DDPRUN
+set -u
+ddprun=$1
+skip() {
+  if [ "${CI:-}" = true ]; then echo "FAILED: CI=true and $1"; exit 1; fi
+  echo "SKIP: $1"
+  exit 77
+}
+if [ "${DDPRUN_IN_PRIVATE_NS:-}" != 1 ]; then
+  [ "$(id -u)" -eq 0 ] || skip "this needs root (unshare -m -p)"
+  unshare -m -p -f --mount-proc true 2>/dev/null || skip "unshare -m -p -f --mount-proc is not allowed here"
+  exec env DDPRUN_IN_PRIVATE_NS=1 unshare -m -p -f --mount-proc --propagation private bash "$0" "$@"
+fi
+exec 9<"$ddprun"
+mount -t tmpfs -o size=512m,mode=1777 tmpfs /tmp || skip "cannot mount a tmpfs on /tmp"
+mkdir -p /tmp/bin && cp "/proc/$$/fd/9" /tmp/bin/ddprun && chmod 755 /tmp/bin/ddprun
+exec 9<&-
+passed=0 failed=0
+ok() { echo "ok: $1"; passed=$((passed + 1)); }
+bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
+# Waits (at most 20 s) until both workers have set their traps (ddprun's console output is
+# block-buffered into a file, so the workers say so with files).
+wait_ready() {
+  local deadline=$((SECONDS + 20))
+  while [ "$(ls /tmp/ready | wc -l)" -lt 2 ] && [ $SECONDS -lt $deadline ]; do sleep 0.02; done
+  [ "$(ls /tmp/ready | wc -l)" -ge 2 ]
+}
+mkdir /tmp/ready
+worker='trap "echo got-TERM; exit 3" TERM; trap "echo got-USR1; exit 0" USR1; : > /tmp/ready/$RANK; while :; do sleep 0.05; done'
+
+for sig in USR1 USR2 ALRM XCPU VTALRM PWR RTMIN; do
+  num=$(kill -l "$sig")
+  tmp=$(mktemp -d /tmp/run-XXXX)
+  log=/tmp/$sig.log
+  TMPDIR=$tmp /tmp/bin/ddprun --nproc_per_node=2 --stop_timeout=10 --no_python /bin/sh -c "$worker" >"$log" 2>&1 &
+  pid=$!
+  rm -f /tmp/ready/*
+  wait_ready || { bad "SIG$sig: the workers never started: $(cat "$log")"; kill -9 $pid; continue; }
+  kill -s "$sig" $pid
+  wait $pid; rc=$?
+  left=$(pgrep -c -f "while :; do sleep" || true)
+  if [ $rc -eq $((128 + num)) ] && [ "$(grep -c 'got-TERM' "$log")" = 2 ] &&
+     grep -q "received SIG$sig; stopping the job" "$log" && grep -q "stopped by SIG$sig; workers ended" "$log" &&
+     [ -z "$(ls -A "$tmp")" ] && [ "$left" = 0 ]; then
+    ok "SIG$sig stops the job: both workers got SIGTERM, summary printed, exit $rc, temporary directory empty, $left processes left"
+  else
+    bad "SIG$sig: exit $rc (want $((128 + num))), temporary directory: '$(ls -A "$tmp")', $left left: $(cat "$log")"
+  fi
+done
+
+# Listed in --signals_to_handle: forwarded; the workers end on their own terms (here: exit 0).
+log=/tmp/forward.log
+rm -f /tmp/ready/*
+/tmp/bin/ddprun --nproc_per_node=2 --signals_to_handle=SIGTERM,SIGINT,SIGUSR1 --no_python /bin/sh -c "$worker" >"$log" 2>&1 &
+pid=$!
+if wait_ready; then
+  kill -USR1 $pid
+  wait $pid; rc=$?
+  if [ "$(grep -c 'got-USR1' "$log")" = 2 ] && ! grep -q "got-TERM" "$log" && grep -q "forwarding it to the workers" "$log"; then
+    ok "SIGUSR1 listed in --signals_to_handle reaches the workers, who end on their own (exit $rc)"
+  else
+    bad "a forwarded SIGUSR1: exit $rc: $(cat "$log")"
+  fi
+else
+  bad "the forwarding job never started: $(cat "$log")"; kill -9 $pid
+fi
+
+echo "signals: $passed passed, $failed failed"
+[ $failed -eq 0 ]
