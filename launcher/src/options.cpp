@@ -152,141 +152,187 @@ int parse_count(const std::string& flag, const std::string& v, bool allow_zero) 
   return static_cast<int>(*n);
 }
 
-const std::vector<OptionSpec>& option_table() {
-  static const std::vector<OptionSpec> table = {
-      {"nproc_per_node", "", kWorkers, K::value, "1",
-       "workers on this node: a number, 'cpu' (one per CPU), 'gpu' (one per GPU) or 'auto' (GPUs, else CPUs)",
-       [](const std::string& v, Settings& s) { s.nproc_per_node = v; }},
-      {"nnodes", "", kWorkers, K::value, "1:1", "number of nodes, N or MIN:MAX", parse_nnodes},
-      {"node_rank", "", kWorkers, K::value, "0", "rank of this node (static rendezvous)",
-       [](const std::string& v, Settings& s) { s.node_rank = parse_count("node_rank", v, true); }},
-      {"role", "", kWorkers, K::value, "default", "role name of the workers (ROLE_NAME)",
-       [](const std::string& v, Settings& s) { s.role = not_empty("role", v); }},
-      {"max_restarts", "", kWorkers, K::value, "0", "restarts of the worker group before giving up",
-       [](const std::string& v, Settings& s) { s.max_restarts = parse_count("max_restarts", v, true); }},
-      {"standalone", "", kRdzv, K::flag, "", "single node: the store on 127.0.0.1, a free port, a random run id",
-       [](const std::string& v, Settings& s) { s.standalone = truthy(v); }},
-      {"master_addr", "", kRdzv, K::value, "127.0.0.1", "address of the store (static rendezvous)",
-       [](const std::string& v, Settings& s) { s.master_addr = not_empty("master_addr", v); }},
-      {"master_port", "", kRdzv, K::value, "29500", "port of the store (static rendezvous)",
-       [](const std::string& v, Settings& s) { s.master_port = parse_port("master_port", v); }},
-      {"rdzv_backend", "", kRdzv, K::value, "static", "static, c10d (ddprun's store, hosted by an agent) or etcd (an etcd v3 cluster)",
-       [](const std::string& v, Settings& s) {
-         if (v == "etcd-v2") usage("--rdzv_backend=etcd-v2: etcd's v2 API is gone from etcd 3.6; use etcd (ddprun speaks v3)");
-         if (v != "static" && v != "c10d" && v != "etcd") {
-           usage("--rdzv_backend must be 'static', 'c10d' or 'etcd' (got '" + v + "')");
-         }
-         s.rdzv_backend = v;
-       }},
-      {"rdzv_endpoint", "", kRdzv, K::value, "", "host[:port] of the rendezvous store (c10d)",
-       [](const std::string& v, Settings& s) {
-         // etcd's lists and URLs are checked with the backend (rdzv_flags.cpp)
-         if (!v.empty() && v.find(',') == std::string::npos && v.find("://") == std::string::npos) parse_endpoint(v, 0);
-         s.rdzv_endpoint = v;
-       }},
-      {"rdzv_id", "", kRdzv, K::value, "none", "job id shared by all nodes (TORCHELASTIC_RUN_ID)",
-       [](const std::string& v, Settings& s) { s.rdzv_id = parse_run_id(v); }},
-      {"rdzv_conf", "", kRdzv, K::value, "", "key=value,... rendezvous settings",
-       [](const std::string& v, Settings& s) { s.rdzv_conf = parse_conf(v); }},
-      {"local_addr", "", kRdzv, K::value, "", "this node's address as other nodes see it",
-       [](const std::string& v, Settings& s) { s.local_addr = v; }},
-      {"worker_timeout", "", kFault, K::value, "0",
-       "seconds without a touch of DDPRUN_HEARTBEAT_FILE, once a worker has touched it, after which it counts as "
-       "hung (0 = off); Python workers touch it after every optimizer step",
-       [](const std::string& v, Settings& s) { s.worker_timeout = parse_seconds("worker_timeout", v, true); }},
-      {"worker_start_timeout", "", kFault, K::value, "1800",
-       "with --worker_timeout: seconds from a worker's start to its first heartbeat (imports, model loading and "
-       "NCCL set-up are not a hang; 0 = no bound)",
-       [](const std::string& v, Settings& s) {
-         s.worker_start_timeout = parse_seconds("worker_start_timeout", v, true);
-       }},
-      {"no_progress_hook", "", kFault, K::flag, "",
-       "do not give Python workers ddprun's sitecustomize, which touches DDPRUN_HEARTBEAT_FILE after every "
-       "optimizer step (and sets NCCL_ASYNC_ERROR_HANDLING for PyTorch 1.x only)",
-       [](const std::string& v, Settings& s) { s.no_progress_hook = truthy(v); }},
-      {"stop_timeout", "", kFault, K::value, "5", "seconds between SIGTERM and SIGKILL when stopping workers",
-       [](const std::string& v, Settings& s) { s.stop_timeout = parse_seconds("stop_timeout", v, false); }},
-      {"stack_dump_timeout", "", kFault, K::value, "10",
-       "before a hung group is stopped, collect every worker's stack for at most this many seconds (0 = off)",
-       [](const std::string& v, Settings& s) { s.stack_dump_timeout = parse_seconds("stack_dump_timeout", v, true); }},
-      {"signals_to_handle", "", kFault, K::value, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-       "signals forwarded to the workers (SIGTERM, SIGINT, SIGHUP, SIGQUIT and any of SIGUSR1, SIGUSR2, SIGALRM, ...); any other terminating signal stops the job",
-       [](const std::string& v, Settings& s) { s.signals = parse_signals(v); }},
-      {"shutdown_timeout", "", kFault, K::value, "",
-       "torchrun 2.x's name for --stop_timeout (seconds); also TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
-       [](const std::string& v, Settings& s) {
-         if (!v.empty()) s.shutdown_timeout = parse_seconds("shutdown_timeout", v, false);
-       }},
-      {"max_same_failures", "", kFault, K::value, "0",
-       "end the job with exit code 93 (a crash loop: do not requeue) when the same rank fails the same way on "
-       "this many consecutive attempts (0 = off)",
-       [](const std::string& v, Settings& s) { s.max_same_failures = parse_count("max_same_failures", v, true); }},
-      {"monitor_interval", "", kFault, K::value, "0.1",
-       "accepted for torchrun compatibility; ddprun sees worker exits as they happen",
-       [](const std::string& v, Settings&) { parse_seconds("monitor_interval", v, true); }},
-      {"module", "m", kProgram, K::flag, "", "run the program as a Python module (python -m)",
-       [](const std::string& v, Settings& s) { s.module = truthy(v); }},
-      {"no_python", "", kProgram, K::flag, "", "execute the program directly, not through Python",
-       [](const std::string& v, Settings& s) { s.no_python = truthy(v); }},
-      {"run_path", "", kProgram, K::flag, "", "accepted for compatibility: runs the script with Python like the default",
-       [](const std::string&, Settings&) {}},
-      {"start_method", "", kProgram, K::value, "spawn", "accepted for compatibility (spawn, fork, forkserver)",
-       [](const std::string&, Settings&) {}},
-      {"numa_binding", "", kWorkers, K::value, "",
-       "bind each local rank's CPUs and memory: node, socket, exclusive or core-complex (hwloc; nearest its GPU "
-       "on GPU nodes)",
-       [](const std::string& v, Settings& s) {
-         if (!v.empty() && v != "node" && v != "socket" && v != "exclusive" && v != "core-complex" && v != "core_complex") {
-           usage("--numa_binding must be node, socket, exclusive or core-complex (got '" + v + "')");
-         }
-         s.numa_binding = v;
-       }},
-      {"report_bindings", "", kWorkers, K::flag, "", "print each local rank's CPUs and NUMA node",
-       [](const std::string& v, Settings& s) { s.report_bindings = truthy(v); }},
-      {"virtual_local_rank", "", kWorkers, K::flag, "",
-       "each worker sees only its own GPU: LOCAL_RANK=0, CUDA_VISIBLE_DEVICES its device (torchrun 2.x)",
-       [](const std::string& v, Settings& s) { s.virtual_local_rank = truthy(v); }},
-      {"log_dir", "", kOutput, K::value, "", "per-rank logs: LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log",
-       [](const std::string& v, Settings& s) { s.log_dir = v; }},
-      {"redirects", "r", kOutput, K::value, "0",
-       "streams to files only: 0 none, 1 stdout, 2 stderr, 3 both; per rank as 0:1,1:2",
-       [](const std::string& v, Settings& s) { s.redirects = parse_streams("redirects", v); }},
-      {"tee", "t", kOutput, K::value, "0", "streams to files and the console, values as --redirects",
-       [](const std::string& v, Settings& s) { s.tee = parse_streams("tee", v); }},
-      {"local_ranks_filter", "", kOutput, K::value, "", "local ranks shown on the console, e.g. 0 or 0,2",
-       [](const std::string& v, Settings& s) { s.local_ranks_filter = v; }},
-      {"log_line_prefix_template", "", kOutput, K::value, "",
-       "console line prefix with ${role_name}, ${local_rank}, ${rank}; also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE "
-       "(default [${role_name}${local_rank}]:)",
-       [](const std::string& v, Settings& s) { s.log_line_prefix_template = v; }},
-      {"duplicate_stdout_filters", "", kOutput, K::value, "",
-       "copy stdout lines holding any of these comma-separated substrings (',,' is a comma) to "
-       "LOG_DIR/RUN_ID/attempt_N/filtered_stdout.log",
-       [](const std::string& v, Settings& s) { s.duplicate_stdout_filters = parse_filters(v); }},
-      {"duplicate_stderr_filters", "", kOutput, K::value, "", "as --duplicate_stdout_filters, for stderr (filtered_stderr.log)",
-       [](const std::string& v, Settings& s) { s.duplicate_stderr_filters = parse_filters(v); }},
-      {"log_level", "", kOutput, K::value, "info", "ddprun's own messages: debug, info, warn, error",
-       [](const std::string& v, Settings& s) { s.log_level = parse_log_level(v); }},
-      {"events_file", "", kOutput, K::value, "",
-       "append machine-readable events (JSON Lines) to this file; also DDPRUN_EVENTS_FILE",
-       [](const std::string& v, Settings& s) { s.events_file = v; }},
-      {"metrics_port", "", kGeneral, K::value, "",
-       "serve /metrics (Prometheus), /healthz and /readyz on this port (0: a free one, printed; empty: off)",
-       [](const std::string& v, Settings& s) {
-         if (v.empty()) return;
-         auto n = parse_int(v, 0, 65535);
-         if (!n) usage("--metrics_port must be a port number 0-65535 (got '" + v + "')");
-         s.metrics_port = static_cast<int>(*n);
-       }},
-      {"metrics_addr", "", kGeneral, K::value, "", "address the metrics server binds (empty: every interface)",
-       [](const std::string& v, Settings& s) {
-         if (!v.empty() && !is_ip_literal(v)) usage("--metrics_addr must be an IP address such as 0.0.0.0 or ::1 (got '" + v + "')");
-         s.metrics_addr = v;
-       }},
-      {"help", "h", kGeneral, K::action, "", "show this help and exit", nullptr},
-      {"version", "", kGeneral, K::action, "", "show the version and the optional parts of this build, and exit", nullptr},
-      {"completion", "", kGeneral, K::value, "", "print the completion script for SHELL (bash) and exit", nullptr},
+namespace {
+
+// How many workers, which node, how they are bound.
+std::vector<OptionSpec> worker_options() {
+  return {
+    {"nproc_per_node", "", kWorkers, K::value, "1",
+     "workers on this node: a number, 'cpu' (one per CPU), 'gpu' (one per GPU) or 'auto' (GPUs, else CPUs)",
+     [](const std::string& v, Settings& s) { s.nproc_per_node = v; }},
+    {"nnodes", "", kWorkers, K::value, "1:1", "number of nodes, N or MIN:MAX", parse_nnodes},
+    {"node_rank", "", kWorkers, K::value, "0", "rank of this node (static rendezvous)",
+     [](const std::string& v, Settings& s) { s.node_rank = parse_count("node_rank", v, true); }},
+    {"role", "", kWorkers, K::value, "default", "role name of the workers (ROLE_NAME)",
+     [](const std::string& v, Settings& s) { s.role = not_empty("role", v); }},
+    {"max_restarts", "", kWorkers, K::value, "0", "restarts of the worker group before giving up",
+     [](const std::string& v, Settings& s) { s.max_restarts = parse_count("max_restarts", v, true); }},
+    {"numa_binding", "", kWorkers, K::value, "",
+     "bind each local rank's CPUs and memory: node, socket, exclusive or core-complex (hwloc; nearest its GPU "
+     "on GPU nodes)",
+     [](const std::string& v, Settings& s) {
+       if (!v.empty() && v != "node" && v != "socket" && v != "exclusive" && v != "core-complex" && v != "core_complex") {
+         usage("--numa_binding must be node, socket, exclusive or core-complex (got '" + v + "')");
+       }
+       s.numa_binding = v;
+     }},
+    {"report_bindings", "", kWorkers, K::flag, "", "print each local rank's CPUs and NUMA node",
+     [](const std::string& v, Settings& s) { s.report_bindings = truthy(v); }},
+    {"virtual_local_rank", "", kWorkers, K::flag, "",
+     "each worker sees only its own GPU: LOCAL_RANK=0, CUDA_VISIBLE_DEVICES its device (torchrun 2.x)",
+     [](const std::string& v, Settings& s) { s.virtual_local_rank = truthy(v); }},
   };
+}
+
+// How the nodes meet.
+std::vector<OptionSpec> rendezvous_options() {
+  return {
+    {"standalone", "", kRdzv, K::flag, "", "single node: the store on 127.0.0.1, a free port, a random run id",
+     [](const std::string& v, Settings& s) { s.standalone = truthy(v); }},
+    {"master_addr", "", kRdzv, K::value, "127.0.0.1", "address of the store (static rendezvous)",
+     [](const std::string& v, Settings& s) { s.master_addr = not_empty("master_addr", v); }},
+    {"master_port", "", kRdzv, K::value, "29500", "port of the store (static rendezvous)",
+     [](const std::string& v, Settings& s) { s.master_port = parse_port("master_port", v); }},
+    {"rdzv_backend", "", kRdzv, K::value, "static", "static, c10d (ddprun's store, hosted by an agent) or etcd (an etcd v3 cluster)",
+     [](const std::string& v, Settings& s) {
+       if (v == "etcd-v2") usage("--rdzv_backend=etcd-v2: etcd's v2 API is gone from etcd 3.6; use etcd (ddprun speaks v3)");
+       if (v != "static" && v != "c10d" && v != "etcd") {
+         usage("--rdzv_backend must be 'static', 'c10d' or 'etcd' (got '" + v + "')");
+       }
+       s.rdzv_backend = v;
+     }},
+    {"rdzv_endpoint", "", kRdzv, K::value, "", "host[:port] of the rendezvous store (c10d)",
+     [](const std::string& v, Settings& s) {
+       // etcd's lists and URLs are checked with the backend (rdzv_flags.cpp)
+       if (!v.empty() && v.find(',') == std::string::npos && v.find("://") == std::string::npos) parse_endpoint(v, 0);
+       s.rdzv_endpoint = v;
+     }},
+    {"rdzv_id", "", kRdzv, K::value, "none", "job id shared by all nodes (TORCHELASTIC_RUN_ID)",
+     [](const std::string& v, Settings& s) { s.rdzv_id = parse_run_id(v); }},
+    {"rdzv_conf", "", kRdzv, K::value, "", "key=value,... rendezvous settings",
+     [](const std::string& v, Settings& s) { s.rdzv_conf = parse_conf(v); }},
+    {"local_addr", "", kRdzv, K::value, "", "this node's address as other nodes see it",
+     [](const std::string& v, Settings& s) { s.local_addr = v; }},
+  };
+}
+
+// Failures, hangs, stops.
+std::vector<OptionSpec> failure_options() {
+  return {
+    {"worker_timeout", "", kFault, K::value, "0",
+     "seconds without a touch of DDPRUN_HEARTBEAT_FILE, once a worker has touched it, after which it counts as "
+     "hung (0 = off); Python workers touch it after every optimizer step",
+     [](const std::string& v, Settings& s) { s.worker_timeout = parse_seconds("worker_timeout", v, true); }},
+    {"worker_start_timeout", "", kFault, K::value, "1800",
+     "with --worker_timeout: seconds from a worker's start to its first heartbeat (imports, model loading and "
+     "NCCL set-up are not a hang; 0 = no bound)",
+     [](const std::string& v, Settings& s) {
+       s.worker_start_timeout = parse_seconds("worker_start_timeout", v, true);
+     }},
+    {"no_progress_hook", "", kFault, K::flag, "",
+     "do not give Python workers ddprun's sitecustomize, which touches DDPRUN_HEARTBEAT_FILE after every "
+     "optimizer step (and sets NCCL_ASYNC_ERROR_HANDLING for PyTorch 1.x only)",
+     [](const std::string& v, Settings& s) { s.no_progress_hook = truthy(v); }},
+    {"stop_timeout", "", kFault, K::value, "5", "seconds between SIGTERM and SIGKILL when stopping workers",
+     [](const std::string& v, Settings& s) { s.stop_timeout = parse_seconds("stop_timeout", v, false); }},
+    {"stack_dump_timeout", "", kFault, K::value, "10",
+     "before a hung group is stopped, collect every worker's stack for at most this many seconds (0 = off)",
+     [](const std::string& v, Settings& s) { s.stack_dump_timeout = parse_seconds("stack_dump_timeout", v, true); }},
+    {"signals_to_handle", "", kFault, K::value, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+     "signals forwarded to the workers (SIGTERM, SIGINT, SIGHUP, SIGQUIT and any of SIGUSR1, SIGUSR2, SIGALRM, ...); any other terminating signal stops the job",
+     [](const std::string& v, Settings& s) { s.signals = parse_signals(v); }},
+    {"shutdown_timeout", "", kFault, K::value, "",
+     "torchrun 2.x's name for --stop_timeout (seconds); also TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+     [](const std::string& v, Settings& s) {
+       if (!v.empty()) s.shutdown_timeout = parse_seconds("shutdown_timeout", v, false);
+     }},
+    {"max_same_failures", "", kFault, K::value, "0",
+     "end the job with exit code 93 (a crash loop: do not requeue) when the same rank fails the same way on "
+     "this many consecutive attempts (0 = off)",
+     [](const std::string& v, Settings& s) { s.max_same_failures = parse_count("max_same_failures", v, true); }},
+    {"monitor_interval", "", kFault, K::value, "0.1",
+     "accepted for torchrun compatibility; ddprun sees worker exits as they happen",
+     [](const std::string& v, Settings&) { parse_seconds("monitor_interval", v, true); }},
+  };
+}
+
+// What the workers run.
+std::vector<OptionSpec> program_options() {
+  return {
+    {"module", "m", kProgram, K::flag, "", "run the program as a Python module (python -m)",
+     [](const std::string& v, Settings& s) { s.module = truthy(v); }},
+    {"no_python", "", kProgram, K::flag, "", "execute the program directly, not through Python",
+     [](const std::string& v, Settings& s) { s.no_python = truthy(v); }},
+    {"run_path", "", kProgram, K::flag, "", "accepted for compatibility: runs the script with Python like the default",
+     [](const std::string&, Settings&) {}},
+    {"start_method", "", kProgram, K::value, "spawn", "accepted for compatibility (spawn, fork, forkserver)",
+     [](const std::string&, Settings&) {}},
+  };
+}
+
+// Where output goes.
+std::vector<OptionSpec> output_options() {
+  return {
+    {"log_dir", "", kOutput, K::value, "", "per-rank logs: LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log",
+     [](const std::string& v, Settings& s) { s.log_dir = v; }},
+    {"redirects", "r", kOutput, K::value, "0",
+     "streams to files only: 0 none, 1 stdout, 2 stderr, 3 both; per rank as 0:1,1:2",
+     [](const std::string& v, Settings& s) { s.redirects = parse_streams("redirects", v); }},
+    {"tee", "t", kOutput, K::value, "0", "streams to files and the console, values as --redirects",
+     [](const std::string& v, Settings& s) { s.tee = parse_streams("tee", v); }},
+    {"local_ranks_filter", "", kOutput, K::value, "", "local ranks shown on the console, e.g. 0 or 0,2",
+     [](const std::string& v, Settings& s) { s.local_ranks_filter = v; }},
+    {"log_line_prefix_template", "", kOutput, K::value, "",
+     "console line prefix with ${role_name}, ${local_rank}, ${rank}; also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE "
+     "(default [${role_name}${local_rank}]:)",
+     [](const std::string& v, Settings& s) { s.log_line_prefix_template = v; }},
+    {"duplicate_stdout_filters", "", kOutput, K::value, "",
+     "copy stdout lines holding any of these comma-separated substrings (',,' is a comma) to "
+     "LOG_DIR/RUN_ID/attempt_N/filtered_stdout.log",
+     [](const std::string& v, Settings& s) { s.duplicate_stdout_filters = parse_filters(v); }},
+    {"duplicate_stderr_filters", "", kOutput, K::value, "", "as --duplicate_stdout_filters, for stderr (filtered_stderr.log)",
+     [](const std::string& v, Settings& s) { s.duplicate_stderr_filters = parse_filters(v); }},
+    {"log_level", "", kOutput, K::value, "info", "ddprun's own messages: debug, info, warn, error",
+     [](const std::string& v, Settings& s) { s.log_level = parse_log_level(v); }},
+    {"events_file", "", kOutput, K::value, "",
+     "append machine-readable events (JSON Lines) to this file; also DDPRUN_EVENTS_FILE",
+     [](const std::string& v, Settings& s) { s.events_file = v; }},
+  };
+}
+
+// Metrics and the actions.
+std::vector<OptionSpec> general_options() {
+  return {
+    {"metrics_port", "", kGeneral, K::value, "",
+     "serve /metrics (Prometheus), /healthz and /readyz on this port (0: a free one, printed; empty: off)",
+     [](const std::string& v, Settings& s) {
+       if (v.empty()) return;
+       auto n = parse_int(v, 0, 65535);
+       if (!n) usage("--metrics_port must be a port number 0-65535 (got '" + v + "')");
+       s.metrics_port = static_cast<int>(*n);
+     }},
+    {"metrics_addr", "", kGeneral, K::value, "", "address the metrics server binds (empty: every interface)",
+     [](const std::string& v, Settings& s) {
+       if (!v.empty() && !is_ip_literal(v)) usage("--metrics_addr must be an IP address such as 0.0.0.0 or ::1 (got '" + v + "')");
+       s.metrics_addr = v;
+     }},
+    {"help", "h", kGeneral, K::action, "", "show this help and exit", nullptr},
+    {"version", "", kGeneral, K::action, "", "show the version and the optional parts of this build, and exit", nullptr},
+    {"completion", "", kGeneral, K::value, "", "print the completion script for SHELL (bash) and exit", nullptr},
+  };
+}
+
+}  // namespace
+
+const std::vector<OptionSpec>& option_table() {
+  static const std::vector<OptionSpec> table = [] {
+    std::vector<OptionSpec> all;
+    for (auto part : {worker_options, rendezvous_options, failure_options, program_options, output_options, general_options}) {
+      auto specs = part();
+      all.insert(all.end(), specs.begin(), specs.end());
+    }
+    return all;
+  }();
   return table;
 }
 
