@@ -55,7 +55,7 @@ for who in root nobody; do
   if [ $who = nobody ]; then want=subreaper prefix=(setpriv --reuid=nobody --regid=nogroup --clear-groups); fi
   ev=/tmp/events-$who.jsonl
   # 1. Workers that leave a daemon behind and exit 0.
-  out=$("${prefix[@]}" ddprun --nproc_per_node=2 --events_file="$ev" --no_python /bin/sh -c "$escape; exit 0" 2>&1); rc=$?
+  out=$("${prefix[@]}" ddprun --standalone --nproc_per_node=2 --events_file="$ev" --no_python /bin/sh -c "$escape; exit 0" 2>&1); rc=$?
   mode=$(containment_of "$ev")
   left=$(alive leftover)
   echo "$who: containment '$mode'; exit $rc; processes left: $left"
@@ -72,7 +72,7 @@ for who in root nobody; do
   fi
 
   # 2. kill -9 of ddprun: the guardian ends the workers and what they started.
-  "${prefix[@]}" ddprun --nproc_per_node=2 --events_file="$ev.2" --no_python /bin/sh -c "$escape; exec leftover 301" \
+  "${prefix[@]}" ddprun --standalone --nproc_per_node=2 --events_file="$ev.2" --no_python /bin/sh -c "$escape; exec leftover 301" \
     >/tmp/kill9-$who.log 2>&1 &
   pid=$!
   if ! wait_alive leftover 20 4; then

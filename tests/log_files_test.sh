@@ -27,7 +27,7 @@ as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups "$@"; }
 passed=0 failed=0
 ok() { echo "ok: $1"; passed=$((passed + 1)); }
 bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
-run() { "$ddprun" --nproc_per_node=1 --rdzv_id=job7 "$@" --no_python /bin/echo --api-key=s3cret 2>&1; }
+run() { "$ddprun" --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:0 --nproc_per_node=1 --rdzv_id=job7 "$@" --no_python /bin/echo --api-key=s3cret 2>&1; }
 
 # 1. A shared log directory: the run id's directory made by another user, or a link.
 mkdir -m 1777 /tmp/shared

@@ -38,7 +38,7 @@ for sig in USR1 USR2 ALRM XCPU VTALRM PWR RTMIN; do
   num=$(kill -l "$sig")
   tmp=$(mktemp -d /tmp/run-XXXX)
   log=/tmp/$sig.log
-  TMPDIR=$tmp /tmp/bin/ddprun --nproc_per_node=2 --stop_timeout=10 --no_python /bin/sh -c "$worker" >"$log" 2>&1 &
+  TMPDIR=$tmp /tmp/bin/ddprun --standalone --nproc_per_node=2 --stop_timeout=10 --no_python /bin/sh -c "$worker" >"$log" 2>&1 &
   pid=$!
   rm -f /tmp/ready/*
   wait_ready || { bad "SIG$sig: the workers never started: $(cat "$log")"; kill -9 $pid; continue; }
@@ -57,7 +57,7 @@ done
 # Listed in --signals_to_handle: forwarded; the workers end on their own terms (here: exit 0).
 log=/tmp/forward.log
 rm -f /tmp/ready/*
-/tmp/bin/ddprun --nproc_per_node=2 --signals_to_handle=SIGTERM,SIGINT,SIGUSR1 --no_python /bin/sh -c "$worker" >"$log" 2>&1 &
+/tmp/bin/ddprun --standalone --nproc_per_node=2 --signals_to_handle=SIGTERM,SIGINT,SIGUSR1 --no_python /bin/sh -c "$worker" >"$log" 2>&1 &
 pid=$!
 if wait_ready; then
   kill -USR1 $pid

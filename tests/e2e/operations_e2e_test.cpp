@@ -158,7 +158,7 @@ TEST_CASE("torchrun 2.x flags: virtual local rank, duplicate filters, shutdown t
   }
   SECTION("--duplicate_stdout_filters copies matching lines to the attempt's filtered_stdout.log") {
     auto dir = temp_dir();
-    auto r = Launch(cmd({"--nproc_per_node=2", "--rdzv_id=dup", "--log_dir=" + dir, "--duplicate_stdout_filters=apple,or,,ange",
+    auto r = Launch(cmd({"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "--nproc_per_node=2", "--rdzv_id=dup", "--log_dir=" + dir, "--duplicate_stdout_filters=apple,or,,ange",
                          "--no_python", "sh", "-c", "echo apple pie; echo banana; echo or,ange"}))
                  .finish(20s);
     REQUIRE(r.code == 0);
