@@ -8,22 +8,8 @@
 #  3. the cgroup is removed afterwards (cgroup mode).
 # Prints the processes left and the seconds the guardian took. Usage: tests/containment_test.sh DDPRUN
 set -u
-ddprun=$1
-skip() {
-  if [ "${CI:-}" = true ]; then echo "FAILED: CI=true and $1"; exit 1; fi
-  echo "SKIP: $1"
-  exit 77
-}
-if [ "${DDPRUN_IN_PRIVATE_NS:-}" != 1 ]; then
-  [ "$(id -u)" -eq 0 ] || skip "this needs root (unshare -m -p, setpriv)"
-  unshare -m -p -f --mount-proc true 2>/dev/null || skip "unshare -m -p -f --mount-proc is not allowed here"
-  exec env DDPRUN_IN_PRIVATE_NS=1 unshare -m -p -f --mount-proc --propagation private bash "$0" "$@"
-fi
-exec 9<"$ddprun"
-mount -t tmpfs -o size=256m,mode=1777 tmpfs /tmp || skip "cannot mount a tmpfs on /tmp"
-mkdir -p /tmp/bin && cp "/proc/$$/fd/9" /tmp/bin/ddprun && cp "$(command -v sleep)" /tmp/bin/leftover
-chmod 755 /tmp/bin/ddprun /tmp/bin/leftover
-exec 9<&-
+source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
+cp "$(command -v sleep)" /tmp/bin/leftover && chmod 755 /tmp/bin/leftover
 export PATH=/tmp/bin:$PATH
 passed=0 failed=0
 ok() { echo "ok: $1"; passed=$((passed + 1)); }

@@ -6,21 +6,7 @@
 # signal listed in --signals_to_handle reaches the workers, who decide. Runs in private mount and
 # pid namespaces. Usage: tests/signals_test.sh DDPRUN
 set -u
-ddprun=$1
-skip() {
-  if [ "${CI:-}" = true ]; then echo "FAILED: CI=true and $1"; exit 1; fi
-  echo "SKIP: $1"
-  exit 77
-}
-if [ "${DDPRUN_IN_PRIVATE_NS:-}" != 1 ]; then
-  [ "$(id -u)" -eq 0 ] || skip "this needs root (unshare -m -p)"
-  unshare -m -p -f --mount-proc true 2>/dev/null || skip "unshare -m -p -f --mount-proc is not allowed here"
-  exec env DDPRUN_IN_PRIVATE_NS=1 unshare -m -p -f --mount-proc --propagation private bash "$0" "$@"
-fi
-exec 9<"$ddprun"
-mount -t tmpfs -o size=512m,mode=1777 tmpfs /tmp || skip "cannot mount a tmpfs on /tmp"
-mkdir -p /tmp/bin && cp "/proc/$$/fd/9" /tmp/bin/ddprun && chmod 755 /tmp/bin/ddprun
-exec 9<&-
+source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
 passed=0 failed=0
 ok() { echo "ok: $1"; passed=$((passed + 1)); }
 bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
