@@ -35,12 +35,21 @@ escape='setsid leftover 300 </dev/null >/dev/null 2>&1 &
   sid() { cut -d" " -f6 /proc/$1/stat; }
   while [ "$(sid $!)" = "$(sid $$)" ]; do sleep 0.01; done'
 containment_of() { sed -n 's/.*"containment":"\([^"]*\)".*/\1/p' "$1" | head -1; }
+# The cgroup mode is what ddprun must choose where root can make a cgroup below its own.
+own_cgroup=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts)$(sed -n 's/^0:://p' /proc/self/cgroup)
+if mkdir "$own_cgroup/probe-$$" 2>/dev/null; then rmdir "$own_cgroup/probe-$$"; root_mode=cgroup; else root_mode=subreaper; fi
+echo "root can write $own_cgroup: expecting mode '$root_mode' for root"
 
-for who in root nobody; do
-  want=cgroup prefix=()
-  if [ $who = nobody ]; then want=subreaper prefix=(setpriv --reuid=nobody --regid=nogroup --clear-groups); fi
-  ev=/tmp/events-$who.jsonl
-  # 1. Workers that leave a daemon behind and exit 0.
+# Waits (at most 5 s) until the cgroup $1 is gone; says whether it is.
+cgroup_gone() {
+  local deadline=$((SECONDS + 5))
+  while [ -e "$1" ] && [ $SECONDS -lt $deadline ]; do sleep 0.05; done
+  [ ! -e "$1" ]
+}
+
+# 1. Workers that leave a daemon behind and exit 0: killed when they end, and named.
+clean_end() {
+  local ev=/tmp/events-$who.jsonl out rc mode left
   out=$("${prefix[@]}" ddprun --standalone --nproc_per_node=2 --events_file="$ev" --no_python /bin/sh -c "$escape; exit 0" 2>&1); rc=$?
   mode=$(containment_of "$ev")
   left=$(alive leftover)
@@ -52,39 +61,61 @@ for who in root nobody; do
     bad "$who ($want): exit $rc, $left left, mode '$mode': $out"
   fi
   pkill -9 -x leftover
-  if [ $want = cgroup ]; then
-    cg=${mode#cgroup }
-    if [ -n "$cg" ] && [ ! -e "$cg" ]; then ok "$who: the job's cgroup $cg is removed"; else bad "$who: cgroup '$cg' left"; fi
-  fi
+}
 
-  # 2. kill -9 of ddprun: the guardian ends the workers and what they started.
-  "${prefix[@]}" ddprun --standalone --nproc_per_node=2 --events_file="$ev.2" --no_python /bin/sh -c "$escape; exec leftover 301" \
-    >/tmp/kill9-$who.log 2>&1 &
+# 2-4. ddprun killed while its workers run, by `how`: agent (kill -9 of ddprun), group (kill -9
+# of ddprun's whole process group, as `timeout -s KILL` or a scheduler does), nested (kill -9
+# of a ddprun whose workers are ddprun jobs themselves, each with a daemon).
+killed() {
+  local how=$1 ev=/tmp/events-$who-$1.jsonl log=/tmp/killed-$who-$1.log want_alive=4 worker pid cg start took
+  worker="$escape; exec leftover 301"
+  if [ "$how" = nested ]; then
+    worker="ddprun --standalone --nproc_per_node=1 --no_python /bin/sh -c '$escape; exec leftover 301'"
+  fi
+  setsid "${prefix[@]}" ddprun --standalone --nproc_per_node=2 --events_file="$ev" --no_python /bin/sh -c "$worker" >"$log" 2>&1 &
   pid=$!
-  if ! wait_alive leftover 20 4; then
-    bad "$who: 4 processes never ran ($(alive leftover)): $(cat /tmp/kill9-$who.log)"
-    kill -9 $pid; pkill -9 -x leftover; continue
+  if ! wait_alive leftover 20 $want_alive; then
+    bad "$who/$how: $want_alive processes never ran ($(alive leftover)): $(cat "$log")"
+    kill -9 $pid; pkill -9 -x leftover; return
+  fi
+  cg=$(containment_of "$ev"); cg=${cg#cgroup }
+  if [ $want = cgroup ] && ! { [[ "$cg" == /* ]] && [ -d "$cg" ] && [ -n "$(find "$cg" -name cgroup.procs -exec cat {} +)" ]; }; then
+    bad "$who/$how: the workers are not in the job's cgroup '$cg'"
   fi
   start=$(date +%s.%N)
-  kill -9 $pid
+  if [ "$how" = group ]; then kill -9 -- -$pid; else kill -9 $pid; fi
   wait $pid 2>/dev/null
   if wait_alive leftover 10 0; then
     took=$(awk "BEGIN { printf \"%.2f\", $(date +%s.%N) - $start }")
-    ok "$who ($want): after kill -9 of ddprun the guardian killed all 4 (workers and daemons) in ${took} s"
+    ok "$who ($want), kill -9 of the $how: the guardian killed all $want_alive (workers and daemons) in ${took} s"
   else
-    bad "$who ($want): after kill -9 of ddprun $(alive leftover) of 4 processes live on"
+    bad "$who ($want), kill -9 of the $how: $(alive leftover) of $want_alive processes live on"
   fi
   pkill -9 -x leftover
   if [ $want = cgroup ]; then
-    cg=$(containment_of "$ev.2"); cg=${cg#cgroup }
-    deadline=$((SECONDS + 5))
-    while [ -e "$cg" ] && [ $SECONDS -lt $deadline ]; do sleep 0.05; done
-    if [ -n "$cg" ] && [ ! -e "$cg" ]; then
-      ok "$who: the guardian removed the cgroup"
-    else
-      bad "$who: cgroup $cg left after kill -9"
-    fi
+    if cgroup_gone "$cg"; then ok "$who/$how: the cgroup is removed"; else bad "$who/$how: cgroup $cg left"; fi
   fi
+}
+
+# 5. Subreaper mode: an orphan that cleared its environment is still a descendant of the agent.
+no_environment() {
+  local out rc
+  out=$("${prefix[@]}" ddprun --standalone --nproc_per_node=1 --no_python /bin/sh -c \
+    "${escape/setsid leftover/setsid env -i /tmp/bin/leftover}; exit 0" 2>&1); rc=$?
+  if [ $rc -eq 0 ] && [ "$(alive leftover)" = 0 ] && echo "$out" | grep -q "killed 1 process(es)"; then
+    ok "$who ($want): a daemon with an empty environment is killed too"
+  else
+    bad "$who ($want): a daemon with an empty environment: exit $rc, $(alive leftover) left: $out"
+  fi
+  pkill -9 -x leftover
+}
+
+for who in root nobody; do
+  want=$root_mode prefix=()
+  if [ $who = nobody ]; then want=subreaper prefix=(setpriv --reuid=nobody --regid=nogroup --clear-groups); fi
+  clean_end
+  for how in agent group nested; do killed $how; done
+  no_environment
 done
 
 echo "containment: $passed passed, $failed failed"

@@ -65,7 +65,8 @@ struct Agent::Impl {
 
   explicit Impl(AgentOptions o) : opt(std::move(o)) {
     opt.rdzv.nproc = opt.nproc_per_node;
-    opt.base_env["DDPRUN_JOB_TOKEN"] = containment->token();  // what the guardian finds them by
+    auto& token = opt.base_env["DDPRUN_JOB_TOKEN"];  // what the guardian finds them by
+    token = job_token_list(token, containment->token());
     spdlog::debug("ddprun: workers are contained by {}", containment->describe());
   }
 

@@ -13,6 +13,8 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -60,17 +62,46 @@ std::vector<pid_t> pids_in(const std::string& procs_file) {
   return out;
 }
 
-// Whether /proc/PID/environ holds exactly `entry` ("K=V").
-bool has_entry(pid_t pid, const std::string& entry) {
+constexpr const char* kTokenVar = "DDPRUN_JOB_TOKEN=";
+
+// Whether /proc/PID/environ's DDPRUN_JOB_TOKEN lists `token` (a ddprun inside a worker appends
+// its own to the list: "outer:inner").
+bool carries_token(pid_t pid, const std::string& token) {
   std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
+  const std::string var = kTokenVar;
   std::size_t at = 0;
   while (at < env.size()) {
     auto end = env.find('\0', at);
     if (end == std::string::npos) end = env.size();
-    if (env.compare(at, end - at, entry) == 0) return true;
+    if (env.compare(at, var.size(), var) == 0) {
+      std::string list = ":" + env.substr(at + var.size(), end - at - var.size()) + ":";
+      return list.find(":" + token + ":") != std::string::npos;
+    }
     at = end + 1;
   }
   return false;
+}
+
+std::mutex helpers_mu;
+std::set<pid_t> helpers;  // the agent's own helper processes: never swept
+
+// Every cgroup at or below `dir`, parents before children.
+std::vector<std::string> cgroup_subtree(const std::string& dir) {
+  std::vector<std::string> out = {dir};
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    DIR* d = ::opendir(out[i].c_str());
+    if (!d) continue;
+    while (auto* e = ::readdir(d)) {
+      if (e->d_type == DT_DIR && e->d_name[0] != '.') out.push_back(out[i] + "/" + e->d_name);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+// Whether the cgroup `dir` or one below it holds a process ("populated 1" in cgroup.events).
+bool populated(const std::string& dir) {
+  return read_file(dir + "/cgroup.events").find("populated 1") != std::string::npos;
 }
 
 std::vector<pid_t> all_pids() {
@@ -99,6 +130,20 @@ std::string new_token() {
 
 }  // namespace
 
+void note_agent_helper(pid_t pid) {
+  std::lock_guard<std::mutex> lk(helpers_mu);
+  helpers.insert(pid);
+}
+
+void forget_agent_helper(pid_t pid) {
+  std::lock_guard<std::mutex> lk(helpers_mu);
+  helpers.erase(pid);
+}
+
+std::string job_token_list(const std::string& inherited, const std::string& token) {
+  return inherited.empty() ? token : inherited + ":" + token;
+}
+
 std::string process_name(pid_t pid) {
   std::string name = read_file("/proc/" + std::to_string(pid) + "/comm");
   while (!name.empty() && name.back() == '\n') name.pop_back();
@@ -121,7 +166,8 @@ bool Containment::try_cgroup(std::string& why) {
   if (own.empty()) return false;
   // Moving a process needs write access to cgroup.procs of the cgroup it leaves (ours).
   if (::access((own + "/cgroup.procs").c_str(), W_OK) != 0) {
-    why = own + "/cgroup.procs is not writable by this user (the hierarchy is not delegated)";
+    why = errno == EROFS ? own + " is on a read-only mount"
+                         : own + "/cgroup.procs is not writable by this user (the hierarchy is not delegated)";
     return false;
   }
   std::string dir = own + "/ddprun-" + token_;  // the pid alone repeats across pid namespaces
@@ -162,35 +208,49 @@ std::vector<std::string> Containment::sweep(pid_t spare) const {
 }
 
 std::vector<std::string> Containment::sweep_cgroup() const {
+  // The whole subtree: a ddprun inside a worker made a cgroup of its own below this one.
+  auto in_subtree = [&] {
+    std::vector<pid_t> all;
+    for (const auto& dir : cgroup_subtree(cgroup_)) {
+      auto some = pids_in(dir + "/cgroup.procs");
+      all.insert(all.end(), some.begin(), some.end());
+    }
+    return all;
+  };
   std::vector<std::string> killed;
-  const std::string procs = cgroup_ + "/cgroup.procs";
-  auto left = pids_in(procs);
+  if (!populated(cgroup_)) return killed;
+  auto left = in_subtree();
   for (pid_t p : left) killed.push_back(fmt::format("{} ({})", p, process_name(p)));
-  // Until it is empty: a process may fork while it is being killed (cgroup.kill is atomic).
-  for (int pass = 0; pass < 50 && !left.empty(); ++pass) {
-    if (kill_fd_ >= 0 && ::pwrite(kill_fd_, "1", 1, 0) == 1) {
-    } else {
+  // Until it is empty: a process may fork while it is being killed (cgroup.kill, kernel 5.14+,
+  // kills the subtree at once; without it, each process found).
+  for (int pass = 0; pass < 200 && populated(cgroup_); ++pass) {
+    if (kill_fd_ < 0 || ::pwrite(kill_fd_, "1", 1, 0) != 1) {
       for (pid_t p : left) ::kill(p, SIGKILL);
     }
     pause_ms(pass == 0 ? 1 : 10);
-    left = pids_in(procs);
+    left = in_subtree();
   }
   return killed;
 }
 
 std::vector<std::string> Containment::sweep_descendants(pid_t spare) const {
-  // Everything below the agent is the job's, except the guardian and what the agent itself
-  // runs (a stack reader): its direct children without the job's token.
-  const std::string entry = "DDPRUN_JOB_TOKEN=" + token_;
+  // Everything below the agent is the job's (orphans become the agent's children), except the
+  // guardian and the agent's own helpers (stack readers), known by their pids.
   std::vector<std::string> killed;
   for (int pass = 0; pass < 50; ++pass) {
     auto tree = ProcessTree::read();
-    auto spared = tree.subtree(spare);
+    std::set<pid_t> spared = {owner_};
+    std::vector<pid_t> roots = {spare};
+    {
+      std::lock_guard<std::mutex> lk(helpers_mu);
+      roots.insert(roots.end(), helpers.begin(), helpers.end());
+    }
+    for (pid_t r : roots) {
+      for (pid_t p : tree.subtree(r)) spared.insert(p);
+    }
     std::vector<pid_t> doomed;
     for (pid_t p : tree.subtree(owner_)) {
-      if (p == owner_ || std::find(spared.begin(), spared.end(), p) != spared.end()) continue;
-      if (tree.parent(p) == owner_ && !has_entry(p, entry)) continue;
-      doomed.push_back(p);
+      if (!spared.count(p)) doomed.push_back(p);
     }
     if (doomed.empty()) break;
     for (pid_t p : doomed) {
@@ -203,8 +263,11 @@ std::vector<std::string> Containment::sweep_descendants(pid_t spare) const {
 }
 
 void Containment::remove_cgroup() const {
-  // A killed process leaves the cgroup when it has exited; the directory goes once it is empty.
-  for (int i = 0; i < 200 && ::rmdir(cgroup_.c_str()) != 0 && errno == EBUSY; ++i) pause_ms(10);
+  // A killed process leaves the cgroup when it has exited; the directories go once the subtree
+  // is empty, the deepest first (a ddprun inside a worker left its own if it was killed).
+  for (int i = 0; i < 200 && populated(cgroup_); ++i) pause_ms(10);
+  auto dirs = cgroup_subtree(cgroup_);
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) ::rmdir(it->c_str());
 }
 
 void Containment::kill_everything(bool agent_gone) const {
@@ -213,11 +276,10 @@ void Containment::kill_everything(bool agent_gone) const {
     if (agent_gone) remove_cgroup();
     return;
   }
-  const std::string entry = "DDPRUN_JOB_TOKEN=" + token_;
   for (int pass = 0; pass < 20; ++pass) {
     bool any = false;
     for (pid_t p : all_pids()) {
-      if (p == ::getpid() || !has_entry(p, entry)) continue;
+      if (p == ::getpid() || !carries_token(p, token_)) continue;
       ::kill(p, SIGKILL);
       any = true;
     }

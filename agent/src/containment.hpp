@@ -9,7 +9,7 @@
 //              workers become its children, and it kills every descendant left at a group's end.
 //              Every worker carries DDPRUN_JOB_TOKEN in its environment; after `kill -9` of the
 //              agent, the guardian kills the processes that carry it (one that clears its
-//              environment escapes this mode, not the cgroup one).
+//              environment and is orphaned then escapes; while the agent lives, none does).
 
 #include <sys/types.h>
 
@@ -66,5 +66,13 @@ class Containment {
 
 // Reads the name (comm) of `pid`, "" if it is gone.
 std::string process_name(pid_t pid);
+
+// The agent's own helper processes (stack readers), which a sweep spares. Thread-safe.
+void note_agent_helper(pid_t pid);
+void forget_agent_helper(pid_t pid);
+
+// The DDPRUN_JOB_TOKEN value for the workers: the inherited list (a ddprun inside a worker of
+// another) with this job's token appended.
+std::string job_token_list(const std::string& inherited, const std::string& token);
 
 }  // namespace ddprun::agent

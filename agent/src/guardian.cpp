@@ -97,6 +97,9 @@ Guardian::Guardian(const Containment* containment) {
   pid_t pid = ::fork();
   if (pid == 0) {
     ::close(p[1]);
+    // A session of its own: a kill of ddprun's process group (`timeout -s KILL`, a job
+    // scheduler's) must not take the guardian with it, as that is when it is needed.
+    ::setsid();
     guardian_main(p[0], containment);
   }
   ::close(p[0]);
@@ -116,9 +119,9 @@ Guardian::~Guardian() {
   ::waitpid(pid_, &status, 0);
 }
 
-void Guardian::send(char op, pid_t pgid, std::int64_t when) {
+void Guardian::send(char op, pid_t pgid, std::int64_t when, std::int64_t sent) {
   if (fd_ < 0) return;
-  Message m{op, pgid, when, now_ns()};
+  Message m{op, pgid, when, sent ? sent : now_ns()};
   // A few bytes to a pipe: atomic, and the guardian reads continuously.
   while (::write(fd_, &m, sizeof(m)) < 0 && errno == EINTR) {
   }
@@ -126,33 +129,40 @@ void Guardian::send(char op, pid_t pgid, std::int64_t when) {
 
 void Guardian::watch(pid_t pgid) { send('w', pgid); }
 void Guardian::forget(pid_t pgid) { send('f', pgid); }
-void Guardian::arm(Clock::time_point deadline) {
-  send('a', 0, std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count());
+namespace {
+std::int64_t ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
-void Guardian::disarm() { send('d', 0); }
+}  // namespace
 
-void GuardianFence::note_lapse() {
-  if (armed_ && Clock::now() >= deadline_) lapsed_ = true;
+void Guardian::arm(Clock::time_point deadline, Clock::time_point now) { send('a', 0, ns(deadline), ns(now)); }
+void Guardian::disarm(Clock::time_point now) { send('d', 0, 0, ns(now)); }
+
+void GuardianFence::note_lapse(Clock::time_point now) {
+  if (armed_ && now >= deadline_) lapsed_ = true;
 }
 
+// One reading of the clock decides both here and in the guardian (the message carries it).
 void GuardianFence::renewed_until(Clock::time_point deadline) {
   std::lock_guard<std::mutex> lk(mu_);
-  note_lapse();
+  const auto now = Clock::now();
+  note_lapse(now);
   armed_ = true;
   deadline_ = deadline;
-  guardian_.arm(deadline);
+  guardian_.arm(deadline, now);
 }
 
 void GuardianFence::release() {
   std::lock_guard<std::mutex> lk(mu_);
-  note_lapse();
+  const auto now = Clock::now();
+  note_lapse(now);
   armed_ = false;
-  guardian_.disarm();
+  guardian_.disarm(now);
 }
 
 bool GuardianFence::lapsed() {
   std::lock_guard<std::mutex> lk(mu_);
-  note_lapse();
+  note_lapse(Clock::now());
   return lapsed_;
 }
 

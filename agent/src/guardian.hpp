@@ -32,14 +32,16 @@ class Guardian {
   void watch(pid_t pgid);    // a worker group started
   void forget(pid_t pgid);   // a worker group is gone
   // Kill the watched groups if `deadline` (steady clock) passes before the next arm or disarm.
-  void arm(std::chrono::steady_clock::time_point deadline);
-  void disarm();
+  // `now`: when the caller decided (a message read late counts then).
+  void arm(std::chrono::steady_clock::time_point deadline,
+           std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
+  void disarm(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
   // The descriptor children must not inherit (the agent marks it close-on-exec already).
   int fd() const { return fd_; }
   pid_t pid() const { return pid_; }
 
  private:
-  void send(char op, pid_t pgid, std::int64_t when = 0);
+  void send(char op, pid_t pgid, std::int64_t when = 0, std::int64_t sent = 0);
   int fd_ = -1;
   pid_t pid_ = -1;
 };
@@ -57,7 +59,7 @@ class GuardianFence : public rounds::Fence, public FenceState {
  private:
   // A deadline passed before this renewal or release: the guardian killed the groups (it acts
   // on the same rule, on the same clock, by the time it reads the message).
-  void note_lapse();
+  void note_lapse(std::chrono::steady_clock::time_point now);
 
   Guardian& guardian_;
   std::mutex mu_;

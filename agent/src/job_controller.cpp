@@ -16,8 +16,6 @@ namespace {
 
 using Kind = RoundEnd::Kind;
 
-bool terminating(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT; }
-
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -355,41 +353,6 @@ void JobController::finish(int code, Rendezvous::Ack ack) {
   exit_code_ = code;
   enter(Phase::draining);
   rdzv_.finish(round_, ack);
-}
-
-// ---- signals ----------------------------------------------------------------------------------
-
-void JobController::on_signal(int sig) {
-  if (stop_signal_ != 0 && (sig == SIGINT || sig == SIGTERM)) return second_signal(sig);
-  if (phase_ == Phase::draining || phase_ == Phase::done) return;
-  // A signal not listed in --signals_to_handle (SIGUSR1 without it, SIGALRM, SIGXCPU, ...) is
-  // a request to stop, handled as SIGTERM is: nothing ends ddprun without its grace period.
-  const bool forwarded = opt_.forward_signals.count(sig) > 0;
-  if (forwarded) {
-    spdlog::warn("ddprun: received {}; forwarding it to the workers", signal_name(sig));
-  } else {
-    spdlog::warn("ddprun: received {}; stopping the job: the workers get SIGTERM, and SIGKILL after --stop_timeout "
-                 "(list it in --signals_to_handle to forward it to them instead)",
-                 signal_name(sig));
-  }
-  if (stop_signal_ == 0) stop_signal_ = sig;
-  if (phase_ == Phase::rendezvous) return leave(round_);  // no worker runs here
-  if (!outcome_) end_round(RoundEnd::of_stop(sig, node_name_, ""), 0);
-  if (!forwarded) {
-    group_.stop(SIGTERM);
-  } else if (terminating(sig)) {
-    group_.stop(sig);
-  } else {
-    group_.forward(sig);  // e.g. SIGUSR1, a preemption notice: the workers decide when to end
-  }
-  if (phase_ == Phase::running) enter(Phase::stopping);
-  decide();
-}
-
-void JobController::second_signal(int sig) {
-  spdlog::warn("ddprun: {} again: killing the workers now", signal_name(sig));
-  group_.kill_now();
-  if (phase_ == Phase::draining) enter(Phase::done);
 }
 
 }  // namespace ddprun::agent

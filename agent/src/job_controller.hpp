@@ -101,6 +101,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   bool fenced(const Worker& w, FailureKind kind);
   void note_log_losses();
   void report_failure(FailureRecord root, const std::vector<std::string>& notes, int exits_with);
+  void say_signal(int sig, bool forwarded) const;
   void second_signal(int sig);
 
   const AgentOptions& opt_;
@@ -121,7 +122,8 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   FailureStreaks streaks_;                   // root causes, attempt after attempt
   std::vector<StreamOutput::FileLoss> log_losses_;  // log files left incomplete, for the end
   bool group_ended_ = true;
-  int stop_signal_ = 0;  // ddprun was told to stop by this signal
+  int stop_signal_ = 0;    // ddprun was told to stop by this signal
+  bool stopping_ = false;  // a signal started a stop (not only forwarded to the workers)
   int exit_code_ = 0;
   std::chrono::steady_clock::time_point attempt_started_, joined_at_;
   double rendezvous_s_ = 0, start_s_ = 0;

@@ -80,9 +80,6 @@ ChildPlan plan_child(const std::vector<std::string>& argv, const std::vector<std
 }
 
 [[noreturn]] void run_child(ChildPlan& c) {
-  if (c.cgroup_procs >= 0 && ::write(c.cgroup_procs, "0", 1) != 1) {
-    write_str(STDERR_FILENO, "ddprun: the worker could not join the job's cgroup; it runs outside it\n");
-  }
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != c.parent) ::_exit(1);  // the agent died before the line above took effect
@@ -100,6 +97,10 @@ ChildPlan plan_child(const std::vector<std::string>& argv, const std::vector<std
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::dup2(c.out, STDOUT_FILENO);
   ::dup2(c.err, STDERR_FILENO);  // dup2 clears close-on-exec on the copies
+  // The job's cgroup, before anything of the worker runs (said on the worker's own stderr).
+  if (c.cgroup_procs >= 0 && ::write(c.cgroup_procs, "0", 1) != 1) {
+    write_str(STDERR_FILENO, "ddprun: this worker could not join the job's cgroup; it runs outside it\n");
+  }
   // The worker starts with exactly 0, 1 and 2: nothing of the agent (the store's sockets, other
   // workers' pipes, log files) may leak into it, or into grandchildren that outlive it.
   if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {

@@ -1,5 +1,7 @@
 #include "stack_dump.hpp"
 
+#include "containment.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -48,6 +50,7 @@ std::string run_capture(const std::vector<std::string>& argv, std::chrono::milli
     ::close(fds[0]);
     return "cannot run " + argv[0] + ": " + std::strerror(rc);
   }
+  note_agent_helper(pid);  // not one of the job's leftovers
   std::string out;
   const auto deadline = std::chrono::steady_clock::now() + limit;
   char buf[65536];
@@ -67,6 +70,7 @@ std::string run_capture(const std::vector<std::string>& argv, std::chrono::milli
     if (out.size() < (4u << 20)) out.append(buf, static_cast<std::size_t>(got));
   }
   ::close(fds[0]);
+  forget_agent_helper(pid);
   return out;
 }
 

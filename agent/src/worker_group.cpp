@@ -265,7 +265,8 @@ void WorkerGroup::Impl::sweep_leftovers() {
   auto left = runner.sweep();
   if (left.empty()) return;
   std::string names;
-  for (const auto& l : left) names += (names.empty() ? "" : ", ") + l;
+  for (std::size_t i = 0; i < left.size() && i < 20; ++i) names += (i ? ", " : "") + left[i];
+  if (left.size() > 20) names += fmt::format(" and {} more", left.size() - 20);
   spdlog::warn("ddprun: killed {} process(es) the workers left behind: {}", left.size(), names);
 }
 

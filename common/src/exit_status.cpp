@@ -45,8 +45,12 @@ std::string signal_name(int signal) {
   for (const auto& s : kSignals) {
     if (s.number == signal) return s.name;
   }
+  // As `kill -l` names them: the lower half from SIGRTMIN, the upper from SIGRTMAX.
+  const int mid = SIGRTMIN + (SIGRTMAX - SIGRTMIN) / 2;
   if (signal == SIGRTMIN) return "SIGRTMIN";
-  if (signal > SIGRTMIN && signal <= SIGRTMAX) return "SIGRTMIN+" + std::to_string(signal - SIGRTMIN);
+  if (signal > SIGRTMIN && signal <= mid) return "SIGRTMIN+" + std::to_string(signal - SIGRTMIN);
+  if (signal == SIGRTMAX) return "SIGRTMAX";
+  if (signal > mid && signal < SIGRTMAX) return "SIGRTMAX-" + std::to_string(SIGRTMAX - signal);
   return "signal " + std::to_string(signal);
 }
 
@@ -70,11 +74,15 @@ int parse_signal(const std::string& name) {
     if (full == s.name) return s.number;
   }
   if (full == "SIGRTMIN") return SIGRTMIN;
-  if (full.rfind("SIGRTMIN+", 0) == 0 && full.size() > 9 && full.size() <= 11 &&
-      std::all_of(full.begin() + 9, full.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    int n = SIGRTMIN + std::stoi(full.substr(9));
-    return n <= SIGRTMAX ? n : 0;
-  }
+  if (full == "SIGRTMAX") return SIGRTMAX;
+  auto offset = [&](const char* prefix) {
+    const std::size_t n = std::strlen(prefix);
+    bool digits = full.size() > n && full.size() <= n + 2 && full.rfind(prefix, 0) == 0 &&
+                  std::all_of(full.begin() + n, full.end(), [](char c) { return c >= '0' && c <= '9'; });
+    return digits ? std::stoi(full.substr(n)) : -1;
+  };
+  if (int k = offset("SIGRTMIN+"); k >= 0) return SIGRTMIN + k <= SIGRTMAX ? SIGRTMIN + k : 0;
+  if (int k = offset("SIGRTMAX-"); k >= 0) return SIGRTMAX - k >= SIGRTMIN ? SIGRTMAX - k : 0;
   return 0;
 }
 

@@ -195,15 +195,15 @@ std::string help_text(const po::options_description& desc) {
   return os.str();
 }
 
-// A PET_ switch as the operators set it: PyTorchJob's elasticPolicy.standalone sets
-// PET_STANDALONE to the empty string, so a switch that is set and empty is on; otherwise 1 or
-// true, 0 or false, and nothing else: a typo must not turn a switch silently off.
+// A PET_ switch as the operators set it: 1 or true, 0 or false, and nothing else (a typo must
+// not turn a switch silently off or on). PyTorchJob's elasticPolicy.standalone sets
+// PET_STANDALONE to the empty string: that one switch is on when set and empty.
 bool pet_flag(const std::string& name, const std::string& v) {
   std::string lower;
   for (char c : v) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (v.empty() || lower == "1" || lower == "true") return true;
+  if ((v.empty() && name == "PET_STANDALONE") || lower == "1" || lower == "true") return true;
   if (lower == "0" || lower == "false") return false;
-  usage(name + "='" + v + "' is not a switch value: use 1 or true, 0 or false (or empty: on)");
+  usage(name + "='" + v + "' is not a switch value: use 1 or true, 0 or false");
 }
 
 // Each option's value: an explicit flag wins, then PET_<NAME>, then (inside a Slurm step) what

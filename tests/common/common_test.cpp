@@ -1,7 +1,12 @@
 // ddprun::common: strict parsing, the text of durations and addresses, the error codes.
 #include <catch2/catch.hpp>
 
+#include <csignal>
+
+#include <algorithm>
+
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/system.hpp"
 #include "ddprun/common/text.hpp"
 
@@ -54,4 +59,27 @@ TEST_CASE("the environment map and the host name come from this process", "[comm
   ::setenv("DDPRUN_COMMON_TEST", "a=b", 1);
   CHECK(environment_map().at("DDPRUN_COMMON_TEST") == "a=b");
   CHECK_FALSE(host_name().empty());
+}
+
+TEST_CASE("signals: names both ways, as kill -l spells them; the stop set", "[common]") {
+  for (int s : ddprun::stop_signals()) {
+    CAPTURE(s);
+    CHECK(ddprun::parse_signal(ddprun::signal_name(s)) == s);
+  }
+  CHECK(ddprun::signal_name(SIGRTMIN) == "SIGRTMIN");
+  CHECK(ddprun::signal_name(SIGRTMIN + 1) == "SIGRTMIN+1");
+  CHECK(ddprun::signal_name(SIGRTMAX) == "SIGRTMAX");
+  CHECK(ddprun::signal_name(SIGRTMAX - 1) == "SIGRTMAX-1");
+  CHECK(ddprun::parse_signal("RTMAX-2") == SIGRTMAX - 2);
+  CHECK(ddprun::parse_signal("SIGRTMIN+99") == 0);
+  CHECK(ddprun::parse_signal("SIGRTMAX-") == 0);
+  CHECK(ddprun::parse_signal("USR1") == SIGUSR1);
+  // Faults a process raises on itself, and what cannot be caught, are not in the stop set.
+  auto set = ddprun::stop_signals();
+  for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGKILL, SIGSTOP, SIGPIPE, SIGXFSZ, SIGCHLD}) {
+    CHECK(std::find(set.begin(), set.end(), s) == set.end());
+  }
+  for (int s : {SIGTERM, SIGUSR1, SIGALRM, SIGXCPU, SIGPWR, SIGRTMIN, SIGRTMAX}) {
+    CHECK(std::find(set.begin(), set.end(), s) != set.end());
+  }
 }

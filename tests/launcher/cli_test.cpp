@@ -99,19 +99,21 @@ TEST_CASE("PET_ values are parsed as strictly as flags (issue 18, case 8)", "[un
     CHECK_THROWS_WITH(parse({"/bin/true"}, {{"PET_MAX_RESTARTS", bad}}), Catch::Contains("--max_restarts"));
   }
   CHECK(parse({"/bin/true"}, {{"PET_NPROC_PER_NODE", "16"}}).agent.nproc_per_node == 16);
-  // Switches: 1/true, 0/false (any case), empty (PyTorchJob's standalone: on); nothing else.
-  for (const char* on : {"", "1", "true", "TRUE", "True"}) {
+  // Switches: 1/true, 0/false (any case); nothing else (PET_STANDALONE: empty is on).
+  for (const char* on : {"1", "true", "TRUE", "True"}) {
     CHECK(parse({"/bin/true"}, {{"PET_MODULE", on}, {"PYTHON_EXEC", "/bin/sh"}}).agent.command[0] == "/bin/sh");
   }
   for (const char* off : {"0", "false", "FALSE"}) {
     CHECK(parse({"/bin/true"}, {{"PET_MODULE", off}, {"PYTHON_EXEC", "/bin/sh"}}).agent.command[0] == "/bin/true");
   }
-  for (const char* bad : {"yes", "no", "on", "2", "tru", " 1"}) {
+  for (const char* bad : {"", "yes", "no", "on", "2", "tru", " 1"}) {
     CAPTURE(bad);
     CHECK_THROWS_WITH(parse({"/bin/true"}, {{"PET_NO_PYTHON", bad}}),
                       Catch::Contains("PET_NO_PYTHON='" + std::string(bad) + "' is not a switch value"));
-    CHECK_THROWS_WITH(parse({"/bin/true"}, {{"PET_STANDALONE", bad}}), Catch::Contains("PET_STANDALONE="));
+    if (*bad) CHECK_THROWS_WITH(parse({"/bin/true"}, {{"PET_STANDALONE", bad}}), Catch::Contains("PET_STANDALONE="));
   }
+  // PyTorchJob's standalone: set and empty is on.
+  CHECK(parse({"/bin/true"}, {{"PET_STANDALONE", ""}}).agent.rdzv.store_port == 0);
 }
 
 TEST_CASE("help and completion list every option of the table, in both spellings", "[units]") {

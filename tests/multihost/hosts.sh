@@ -34,6 +34,11 @@ hosts_down() {
   exec 2>/dev/null  # the shell's notes on the jobs killed here
   local p
   for p in "${host_pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
+  # The agents' guardians (sessions of their own) outlive them to kill what is left and remove
+  # the job's cgroup: give them a moment (at most 3 s) before everything in the hosts is killed.
+  local deadline=$((SECONDS + 3))
+  guardians() { for ((i = 1; i <= nhosts; i++)); do ip netns pids "ns-$id-h$i" 2>/dev/null; done | xargs -r ps -o comm= -p 2>/dev/null | grep -c ddprun-guard; }
+  while [ "$(guardians)" != 0 ] && [ $SECONDS -lt $deadline ]; do sleep 0.05; done
   for ((i = 1; i <= nhosts; i++)); do
     ip netns pids "ns-$id-h$i" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
     ip netns del "ns-$id-h$i" 2>/dev/null
