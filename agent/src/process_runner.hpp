@@ -50,7 +50,7 @@ class ProcessRunner {
   virtual void signal_process(pid_t pid, int sig) = 0;
 };
 
-// fork + exec (spawn_process), kill(2), waitpid(2); every group it starts is reported to the
+// clone + exec (spawn_process), kill(2), waitpid(2); every group it starts is reported to the
 // guardian, which kills it if the agent dies without stopping it.
 class RealProcessRunner : public ProcessRunner {
  public:
