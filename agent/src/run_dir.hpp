@@ -1,7 +1,7 @@
 #pragma once
 // Where a job's files go: <log_dir>/<run_id>/attempt_<round>/<local_rank>/ (logs, error file,
-// heartbeat). Without --log_dir, a fresh directory of ddprun's own under $TMPDIR (mkdtemp: 0700),
-// the only thing ddprun ever removes. Directories it creates are 0700, files 0600: logs may hold
+// heartbeat). Without --log_dir, a fresh directory of ddprun's own (mkdtemp: 0700) under $TMPDIR,
+// else /dev/shm when nothing in it is kept, else /tmp: the only thing ddprun ever removes. Directories it creates are 0700, files 0600: logs may hold
 // what workers print.
 
 #include <string>
