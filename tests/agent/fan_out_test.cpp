@@ -28,7 +28,7 @@ TEST_CASE("fan-out: too many workers for RLIMIT_NOFILE is refused, naming the li
   CHECK(fan_out_refusal(107, FanOutLimits{1024, 0}));
 }
 
-TEST_CASE("fan-out: too many workers for RLIMIT_NPROC is refused; 0 means not enforced") {
+TEST_CASE("fan-out: too many workers for RLIMIT_NPROC is refused, 0 means not enforced") {
   auto why = fan_out_refusal(1000, FanOutLimits{1 << 20, 500});
   REQUIRE(why);
   CHECK_THAT(*why, Catch::Contains("needs 1002 processes"));
