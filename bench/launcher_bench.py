@@ -17,6 +17,7 @@ taken side by side (a launcher's run over the floor's run just before it).
 
 Usage: bench/launcher_bench.py [--ddprun build/launcher/ddprun] [--floor build/bench/spawn_floor]
                                [--torchrun PATH | --no-torchrun] [--reps 21] [--restart-reps 9]
+                               [--also NAME=OTHER_DDPRUN ...]
 """
 import argparse
 import os
@@ -152,11 +153,16 @@ def main():
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--restart-reps", type=int, default=9)
     ap.add_argument("--sizes", default="1,8,64")
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=DDPRUN",
+                    help="another ddprun build in the same run, e.g. before=/tmp/ddprun-main")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     floor = Runner("floor", lambda n: [args.floor, "launch", str(n), "/bin/true"],
                    lambda: [args.floor, "restart", "8"] + RESTART_CMD)
     others = [launcher_runner("ddprun", [args.ddprun], [])]
+    for also in args.also:
+        name, _, path = also.partition("=")
+        others.append(launcher_runner(name, [path], []))
     if not args.no_torchrun:
         torchrun = args.torchrun or next((p for p in TORCHRUN_CANDIDATES if os.path.exists(p)), None)
         if not torchrun or not os.path.exists(torchrun):
