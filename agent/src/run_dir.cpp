@@ -88,16 +88,22 @@ RunDir::~RunDir() {
 }
 
 // Each level is opened below the last without following links, and checked: a private run
-// directory is what guarantees that nobody else can have put anything inside it.
-std::string RunDir::worker_dir(int round, int local_rank) const {
+// directory is what guarantees that nobody else can have put anything inside it. The run and
+// attempt directories are opened once for all the ranks.
+std::vector<std::string> RunDir::worker_dirs(int round, int count) const {
   Fd run(::open(run_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (run.get() < 0) throw Error("cannot open the run directory '" + run_dir_ + "': " + std::strerror(errno));
   check_private(run.get(), run_dir_, true);
-  const std::string attempt = "attempt_" + std::to_string(round);
-  Fd a = open_private_dir(run.get(), attempt, run_dir_ + "/" + attempt);
-  const std::string dir = run_dir_ + "/" + attempt + "/" + std::to_string(local_rank);
-  open_private_dir(a.get(), std::to_string(local_rank), dir);
-  return dir;
+  const std::string attempt = run_dir_ + "/attempt_" + std::to_string(round);
+  Fd a = open_private_dir(run.get(), "attempt_" + std::to_string(round), attempt);
+  std::vector<std::string> dirs;
+  dirs.reserve(static_cast<std::size_t>(count));
+  for (int rank = 0; rank < count; ++rank) {
+    const std::string dir = attempt + "/" + std::to_string(rank);
+    open_private_dir(a.get(), std::to_string(rank), dir);
+    dirs.push_back(dir);
+  }
+  return dirs;
 }
 
 }  // namespace ddprun::agent

@@ -5,6 +5,7 @@
 // what workers print.
 
 #include <string>
+#include <vector>
 
 namespace ddprun::agent {
 
@@ -21,8 +22,9 @@ class RunDir {
   RunDir& operator=(const RunDir&) = delete;
 
   const std::string& path() const { return run_dir_; }
-  // <run dir>/attempt_<round>/<local_rank>, created.
-  std::string worker_dir(int round, int local_rank) const;
+  // <run dir>/attempt_<round>/<local_rank> for local ranks 0 .. count-1, in order, created (the
+  // run and attempt directories opened once for all).
+  std::vector<std::string> worker_dirs(int round, int count) const;
 
  private:
   std::string run_dir_;
