@@ -41,7 +41,8 @@ void check_fan_out(int nproc) {
   FanOutLimits limits;
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) == 0) {
-    if (lim.rlim_cur < lim.rlim_max) {
+    // Raised only when the soft limit is short (workers inherit it; a hosted store raises it anyway).
+    if (value(lim.rlim_cur) < descriptors_needed(nproc) && lim.rlim_cur < lim.rlim_max) {
       rlimit raised = lim;
       raised.rlim_cur = lim.rlim_max;
       if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;

@@ -10,7 +10,7 @@
 namespace ddprun::agent {
 
 struct FanOutLimits {
-  std::uint64_t open_files = 0;  // RLIMIT_NOFILE, after raising the soft limit to the hard one
+  std::uint64_t open_files = 0;  // RLIMIT_NOFILE's soft limit (raised to the hard one when short)
   std::uint64_t processes = 0;   // RLIMIT_NPROC's soft limit; 0: not enforced (unlimited, or root)
 };
 
@@ -21,8 +21,8 @@ std::uint64_t descriptors_needed(int nproc);
 // Why `nproc` workers cannot run within `limits`, or nothing when they can.
 std::optional<std::string> fan_out_refusal(int nproc, const FanOutLimits& limits);
 
-// This process's limits (the soft open-file limit raised to the hard one first, as the store
-// does anyway); throws UsageError with fan_out_refusal's message.
+// This process's limits (the soft open-file limit raised to the hard one first when it is short,
+// as the agent's store does anyway); throws UsageError with fan_out_refusal's message.
 void check_fan_out(int nproc);
 
 }  // namespace ddprun::agent
