@@ -1,91 +1,180 @@
 #!/usr/bin/python3
-"""ddprun vs torchrun (Debian's PyTorch 1.13, ../shared/tools/torchrun_fixed.py), side by side:
+"""ddprun, torchrun (Debian's PyTorch 1.13, ../shared/tools/torchrun_fixed.py) and the floor, side
+by side in one run, as ratios to the floor:
 
-  launch+teardown   `LAUNCHER --standalone --nproc_per_node=N --no_python /bin/true`, N = 1, 8, 64
-                    (median wall time of several runs each)
-  restart latency   8 workers; rank 1 crashes in attempt 0; time from its crash to the last worker
-                    of attempt 1 starting, from timestamps the workers print (torchrun with
-                    --monitor_interval=0.1)
-  peak memory       maximum RSS of the launcher (wait4; workers are /bin/true and sleep)
+  launch+teardown   `LAUNCHER --standalone --nproc_per_node=N --no_python /bin/true`, N = 1, 8, 64;
+                    the floor is `spawn_floor launch N /bin/true` (bench/spawn_floor.c: posix_spawn
+                    N copies and wait, nothing else), timed the same way (its own exec included)
+  restart latency   8 workers; rank 1 crashes in attempt 0; from its crash to the last worker of
+                    attempt 1 started, from timestamps the workers print (bash's EPOCHREALTIME: no
+                    fork to read the clock). The floor is `spawn_floor restart 8`: the first exit,
+                    SIGKILL the other 7 and reap them, spawn 8 (torchrun: --monitor_interval=0.1)
+  peak memory       maximum RSS of the launcher (wait4)
 
-Usage: bench/launcher_bench.py [--ddprun build/launcher/ddprun] [--reps 5]
+Runs are interleaved (floor, ddprun, torchrun, floor, ddprun, ...) so that a drift of the machine's
+speed touches all alike; each figure is a median, and each ratio the median of the ratios of runs
+taken side by side (a launcher's run over the floor's run just before it).
+
+Usage: bench/launcher_bench.py [--ddprun build/launcher/ddprun] [--floor build/bench/spawn_floor]
+                               [--torchrun PATH | --no-torchrun] [--reps 21] [--restart-reps 9]
+                               [--also NAME=OTHER_DDPRUN ...]
 """
 import argparse
 import os
 import re
-import resource
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TORCHRUN = [sys.executable, os.path.join(os.path.dirname(ROOT), "shared", "tools", "torchrun_fixed.py")]
-
-
-def timed(cmd, env=None):
-    """Runs cmd; returns (wall seconds, max RSS in MiB, stdout)."""
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    out = p.stdout.read()
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.monotonic() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    return wall, ru.ru_maxrss / 1024.0, out, p.returncode
-
-
-def launch(launcher, n, reps):
-    walls, rss = [], []
-    for _ in range(reps):
-        w, m, _, rc = timed(launcher + ["--standalone", f"--nproc_per_node={n}", "--no_python", "/bin/true"])
-        if rc != 0:
-            raise SystemExit(f"{launcher[0]} failed with {rc}")
-        walls.append(w)
-        rss.append(m)
-    return statistics.median(walls), max(rss)
-
+TORCHRUN_CANDIDATES = [os.path.join(os.path.dirname(ROOT), "shared", "tools", "torchrun_fixed.py"),
+                       os.path.join(os.path.dirname(os.path.dirname(ROOT)), "shared", "tools", "torchrun_fixed.py")]
 
 RESTART_WORKER = (
-    'now() { date +%s.%N; }; '
-    'echo "start $TORCHELASTIC_RESTART_COUNT $RANK $(now)"; '
+    'echo "start $TORCHELASTIC_RESTART_COUNT $RANK $EPOCHREALTIME"; '
     'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then '
-    '  if [ "$RANK" = 1 ]; then echo "crash $(now)"; exit 1; fi; exec sleep 100; '
+    '  if [ "$RANK" = 1 ]; then echo "crash $EPOCHREALTIME"; exit 1; fi; exec sleep 100; '
     'fi'
 )
+RESTART_CMD = ["/bin/bash", "-c", RESTART_WORKER]
 
 
-def restart_latency(launcher, extra):
-    cmd = launcher + ["--standalone", "--nproc_per_node=8", "--max_restarts=1"] + extra + \
-        ["--no_python", "/bin/sh", "-c", RESTART_WORKER]
-    _, _, out, rc = timed(cmd)
-    if rc != 0:
-        raise SystemExit(f"restart run failed ({rc}):\n{out}")
-    crash = float(re.search(r"crash (\d+\.\d+)", out).group(1))
-    starts = [float(t) for t in re.findall(r"start 1 \d+ (\d+\.\d+)", out)]
-    if len(starts) != 8:
-        raise SystemExit(f"expected 8 restarted workers, saw {len(starts)}:\n{out}")
-    return max(starts) - crash
+def timed(cmd, out_path=None):
+    """Runs cmd (stdin empty, output to out_path or /dev/null); returns (wall s, max RSS MiB, rc)."""
+    out = os.open(out_path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        t0 = time.monotonic()
+        pid = os.posix_spawn(cmd[0], cmd, os.environ, file_actions=[
+            (os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)])
+        _, status, ru = os.wait4(pid, 0)
+        wall = time.monotonic() - t0
+    finally:
+        os.close(out)
+        os.close(null)
+    return wall, ru.ru_maxrss / 1024.0, os.waitstatus_to_exitcode(status)
+
+
+class Runner:
+    """One launcher (or the floor): how to start N workers, and its samples."""
+
+    def __init__(self, name, launch, restart):
+        self.name, self.launch, self.restart = name, launch, restart
+        self.walls, self.rss, self.latencies = {}, {}, []
+
+    def run_launch(self, n):
+        wall, rss, rc = timed(self.launch(n))
+        if rc != 0:
+            raise SystemExit(f"{self.name} failed with {rc}: {' '.join(self.launch(n))}")
+        self.walls.setdefault(n, []).append(wall)
+        self.rss[n] = max(self.rss.get(n, 0), rss)
+        return wall
+
+    def run_restart(self, tmp):
+        path = os.path.join(tmp, "restart.out")
+        _, _, rc = timed(self.restart(), path)
+        with open(path) as f:
+            out = f.read()
+        if rc != 0:
+            raise SystemExit(f"{self.name}: restart run failed ({rc}):\n{out}")
+        crash = float(re.search(r"crash (\d+\.\d+)", out).group(1))
+        starts = [float(t) for t in re.findall(r"start 1 \d+ (\d+\.\d+)", out)]
+        if len(starts) != 8:
+            raise SystemExit(f"{self.name}: expected 8 restarted workers, saw {len(starts)}:\n{out}")
+        latency = max(starts) - crash
+        self.latencies.append(latency)
+        return latency
+
+
+def launcher_runner(name, prefix, restart_extra):
+    def launch(n):
+        return prefix + ["--standalone", f"--nproc_per_node={n}", "--no_python", "/bin/true"]
+
+    def restart():
+        return prefix + ["--standalone", "--nproc_per_node=8", "--max_restarts=1"] + restart_extra + \
+            ["--no_python"] + RESTART_CMD
+    return Runner(name, launch, restart)
+
+
+def paired_ratio(a, b):
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def bench_launch(floor, others, sizes, reps, torch_every):
+    for n in sizes:
+        for rep in range(reps):
+            f = floor.run_launch(n)
+            for r in others:
+                if r.name == "torchrun" and rep % torch_every:
+                    continue
+                r.run_launch(n)
+                r.walls.setdefault(("pair", n), []).append(r.walls[n][-1] / f)
+        print(f"  N={n}: done", file=sys.stderr, flush=True)
+
+
+def print_launch(floor, others, sizes, reps):
+    names = [r.name for r in others]
+    print(f"Launch + teardown of N /bin/true workers (median wall time of {reps} runs; torchrun fewer)")
+    head = f"{'N':>4} | {'floor ms':>9} | " + " | ".join(f"{n + ' ms':>12} | {n + ' / floor':>16}" for n in names)
+    print(head + " | " + " | ".join(f"{n + ' MiB':>12}" for n in names))
+    for n in sizes:
+        row = f"{n:>4} | {statistics.median(floor.walls[n]) * 1000:>9.2f} | "
+        row += " | ".join(f"{statistics.median(r.walls[n]) * 1000:>12.2f} | {statistics.median(r.walls[('pair', n)]):>15.2f}x"
+                          for r in others)
+        row += " | " + " | ".join(f"{r.rss[n]:>12.1f}" for r in others)
+        print(row, flush=True)
+
+
+def bench_restart(floor, others, reps):
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(reps):
+            f = floor.run_restart(tmp)
+            for r in others:
+                if r.name == "torchrun" and rep >= 3:
+                    continue
+                r.run_restart(tmp)
+                r.walls.setdefault("restart_pair", []).append(r.latencies[-1] / f)
+    print("\nRestart latency, 8 workers: rank 1 crashes -> every worker of the next attempt started "
+          f"(median of {reps} runs; torchrun 3)")
+    row = f"floor (SIGKILL 7 + spawn 8) {statistics.median(floor.latencies) * 1000:.2f} ms"
+    for r in others:
+        row += f" | {r.name} {statistics.median(r.latencies) * 1000:.2f} ms = " \
+               f"{statistics.median(r.walls['restart_pair']):.2f}x floor"
+    print(row)
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ddprun", default=os.path.join(ROOT, "build", "launcher", "ddprun"))
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--floor", default=os.path.join(ROOT, "build", "bench", "spawn_floor"))
+    ap.add_argument("--torchrun", help="torchrun_fixed.py (default: ../shared/tools/torchrun_fixed.py)")
+    ap.add_argument("--no-torchrun", action="store_true", help="ddprun and the floor only")
+    ap.add_argument("--reps", type=int, default=21)
+    ap.add_argument("--restart-reps", type=int, default=9)
+    ap.add_argument("--sizes", default="1,8,64")
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=DDPRUN",
+                    help="another ddprun build in the same run, e.g. before=/tmp/ddprun-main")
     args = ap.parse_args()
-    ours = [args.ddprun]
-    if not os.path.exists(TORCHRUN[1]):
-        raise SystemExit(f"{TORCHRUN[1]} not found: the comparison needs torchrun")
-    print("Launch + teardown of /bin/true workers (median of %d runs)" % args.reps)
-    print(f"{'N':>4} | {'ddprun s':>9} | {'torchrun s':>10} | {'speed-up':>8} | {'ddprun MiB':>10} | {'torchrun MiB':>12}")
-    for n in (1, 8, 64):
-        a, ma = launch(ours, n, args.reps)
-        b, mb = launch(TORCHRUN, n, max(3, args.reps // 2))
-        print(f"{n:>4} | {a:>9.4f} | {b:>10.3f} | {b / a:>7.0f}x | {ma:>10.1f} | {mb:>12.1f}", flush=True)
-    print("\nRestart latency, 8 workers: rank 1 crashes -> every worker of the next attempt started")
-    lat_a = [restart_latency(ours, []) for _ in range(3)]
-    lat_b = [restart_latency(TORCHRUN, ["--monitor_interval=0.1"]) for _ in range(3)]
-    a, b = statistics.median(lat_a), statistics.median(lat_b)
-    print(f"ddprun {a * 1000:.1f} ms | torchrun {b * 1000:.1f} ms | {b / a:.1f}x faster  (median of 3)")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    floor = Runner("floor", lambda n: [args.floor, "launch", str(n), "/bin/true"],
+                   lambda: [args.floor, "restart", "8"] + RESTART_CMD)
+    others = [launcher_runner("ddprun", [args.ddprun], [])]
+    for also in args.also:
+        name, _, path = also.partition("=")
+        others.append(launcher_runner(name, [path], []))
+    if not args.no_torchrun:
+        torchrun = args.torchrun or next((p for p in TORCHRUN_CANDIDATES if os.path.exists(p)), None)
+        if not torchrun or not os.path.exists(torchrun):
+            raise SystemExit("torchrun_fixed.py not found: give --torchrun PATH, or --no-torchrun")
+        python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable  # Debian's PyTorch
+        others.append(launcher_runner("torchrun", [python, torchrun], ["--monitor_interval=0.1"]))
+    for r in [floor] + others:  # warm-up: page cache, first-run costs
+        r.run_launch(1)
+        r.walls.clear()
+    bench_launch(floor, others, sizes, args.reps, max(1, args.reps // 5))
+    print_launch(floor, others, sizes, args.reps)
+    bench_restart(floor, others, args.restart_reps)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ install(FILES ${PROJECT_BINARY_DIR}/ddprunConfig.cmake ${PROJECT_BINARY_DIR}/ddp
   DESTINATION ${DDPRUN_CMAKE_DIR} COMPONENT dev)
 
 # ---- pkg-config ---------------------------------------------------------------------------------
-set(DDPRUN_PC_PRIVATE_LIBS "-lgloo -lspdlog -lfmt -lcrypto -lpthread")
+set(DDPRUN_PC_PRIVATE_LIBS "-lgloo -lcrypto -lpthread")
 if(DDPRUN_WITH_NCCL)
   get_filename_component(_nccl_dir ${DDPRUN_NCCL_LIBRARY} DIRECTORY)
   string(APPEND DDPRUN_PC_PRIVATE_LIBS " -L${_nccl_dir} -lnccl -lcudart")

@@ -20,7 +20,6 @@ packages=(
   elfutils gdb                 # eu-stack (else gdb): stacks of hung native workers when ddprun-stack is missing
   libdw-dev                    # ddprun-stack: native stacks of hung workers without eu-stack or gdb
   libhwloc-dev                 # --numa_binding: the machine's topology
-  prometheus-cpp-dev           # --metrics_port: metrics in Prometheus' text format
   etcd-server                  # tests of the etcd client and backend (3-member clusters)
   etcd-client                  # etcdctl: turns authentication on in the auth tests
 )

@@ -20,6 +20,8 @@ fi
 # run a copy from inside the private tmpfs.
 exec 9<"$ddprun"
 mount -t tmpfs -o size=512m tmpfs /tmp || { echo "SKIP: cannot mount a tmpfs on /tmp"; exit 77; }
+# ddprun's own directory goes to /dev/shm when nothing in it is kept: a private one too.
+mount -t tmpfs -o size=64m tmpfs /dev/shm || { echo "SKIP: cannot mount a tmpfs on /dev/shm"; exit 77; }
 mkdir -p /tmp/.under-test && cp "/proc/$$/fd/9" /tmp/.under-test/ddprun && chmod 755 /tmp/.under-test/ddprun
 exec 9<&-
 ddprun=/tmp/.under-test/ddprun
@@ -27,7 +29,7 @@ passed=0 failed=0
 ok() { echo "ok: $1"; passed=$((passed + 1)); }
 bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
 mkdir -p /tmp/keep && echo precious > /tmp/keep/file && echo sentinel > /tmp/sentinel
-snapshot() { (cd /tmp && find . | sort); }
+snapshot() { (cd /tmp && find . | sort); (cd /dev/shm && find . | sed 's|^|shm:|' | sort); }
 intact() { [ "$(cat /tmp/sentinel 2>/dev/null)" = sentinel ] && [ "$(cat /tmp/keep/file 2>/dev/null)" = precious ]; }
 
 # 1. Run ids that name something else are refused before anything happens.
@@ -51,6 +53,15 @@ before=$(snapshot)
 rc=$?
 [ $rc -eq 0 ] && [ "$(snapshot)" = "$before" ] && intact && ok "a valid run id runs; its temporary directory is gone and nothing else changed" \
   || bad "exit $rc; /tmp changed: $(diff <(echo "$before") <(snapshot))"
+"$ddprun" --standalone --nproc_per_node=2 --no_python /bin/sh -c 'case "$TORCHELASTIC_ERROR_FILE" in /dev/shm/ddprun-*/attempt_0/*/error.json) exit 0;; esac; exit 1' >/dev/null 2>&1
+rc=$?
+[ $rc -eq 0 ] && [ "$(snapshot)" = "$before" ] && ok "without TMPDIR, nothing kept: the directory is in /dev/shm, and gone at the end" \
+  || bad "exit $rc (1: not in /dev/shm); changed: $(diff <(echo "$before") <(snapshot))"
+mount -o remount,ro /dev/shm
+"$ddprun" --standalone --nproc_per_node=1 --no_python /bin/sh -c 'case "$TORCHELASTIC_ERROR_FILE" in /tmp/ddprun-*) exit 0;; esac; exit 1' >/dev/null 2>&1
+rc=$?
+mount -o remount,rw /dev/shm
+[ $rc -eq 0 ] && [ "$(snapshot)" = "$before" ] && ok "/dev/shm unusable: /tmp, and gone at the end" || bad "exit $rc; changed: $(diff <(echo "$before") <(snapshot))"
 mkdir -p /tmp/mytmp && echo mine > /tmp/mytmp/own
 TMPDIR=/tmp/mytmp "$ddprun" --standalone --nproc_per_node=1 --no_python /bin/sh -c 'pwd >/dev/null; exit 0' >/dev/null 2>&1
 [ "$(ls -A /tmp/mytmp)" = own ] && [ "$(cat /tmp/mytmp/own)" = mine ] && ok "TMPDIR is used, and only ddprun's own directory in it is removed" \

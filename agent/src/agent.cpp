@@ -15,6 +15,7 @@
 #include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/system.hpp"
 #include "event_log.hpp"
+#include "fan_out.hpp"
 #include "guardian.hpp"
 #include "job_controller.hpp"
 #include "metrics.hpp"
@@ -171,7 +172,17 @@ struct Agent::Impl {
   }
 };
 
-Agent::Agent(AgentOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+namespace {
+
+// Before Impl, whose guardian is the first process forked.
+AgentOptions checked(AgentOptions options) {
+  check_fan_out(options.nproc_per_node);
+  return options;
+}
+
+}  // namespace
+
+Agent::Agent(AgentOptions options) : impl_(std::make_unique<Impl>(checked(std::move(options)))) {}
 Agent::~Agent() = default;
 int Agent::run() { return impl_->run(); }
 

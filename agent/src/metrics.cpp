@@ -5,17 +5,14 @@
 #include <atomic>
 #include <ctime>
 #include <map>
-#include <prometheus/counter.h>
-#include <prometheus/gauge.h>
-#include <prometheus/registry.h>
-#include <prometheus/text_serializer.h>
-#include <sstream>
+
+#include "metric_text.hpp"
 
 namespace ddprun::agent {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using prometheus::Gauge;
+using Labels = MetricText::Labels;
 
 constexpr Phase kPhases[] = {Phase::rendezvous, Phase::running, Phase::stopping, Phase::draining, Phase::done};
 
@@ -28,79 +25,65 @@ double file_age(const std::string& path) {
   return age < 0 ? 0 : age;
 }
 
+void declare_all(MetricText& m) {
+  m.declare("ddprun_phase", "1 for the agent's phase");
+  m.declare("ddprun_round", "rendezvous round");
+  m.declare("ddprun_restart_count", "TORCHELASTIC_RESTART_COUNT");
+  m.declare("ddprun_restarts_total", "worker group restarts seen", MetricText::Type::counter);
+  m.declare("ddprun_workers_running", "this node's workers alive");
+  m.declare("ddprun_worker_heartbeat_age_seconds", "seconds since the worker's heartbeat file changed");
+  m.declare("ddprun_worker_last_exit_code", "how the worker ended (128 + signal when killed)");
+  m.declare("ddprun_rendezvous_seconds", "the last rendezvous, joining to round ready");
+  m.declare("ddprun_workers_start_seconds", "the last group's start, round ready to every worker spawned");
+  m.declare("ddprun_store_connections", "client connections");
+  m.declare("ddprun_store_keys", "keys");
+  m.declare("ddprun_store_bytes", "bytes the store accounts");
+  m.declare("ddprun_store_loop_latency_seconds", "a request's wait for the store's I/O loop");
+  m.declare("ddprun_loop_lag_seconds", "since the agent's loop last ticked");
+  for (const char* single : {"ddprun_round", "ddprun_restart_count", "ddprun_restarts_total", "ddprun_workers_running",
+                             "ddprun_rendezvous_seconds", "ddprun_workers_start_seconds", "ddprun_loop_lag_seconds"}) {
+    m.set(single, 0);
+  }
+}
+
 }  // namespace
 
 struct JobMetrics::Impl {
   std::function<std::vector<rounds::HostedStore>()> stores;
-  prometheus::Registry registry;
-  prometheus::Family<Gauge>& phase = prometheus::BuildGauge().Name("ddprun_phase").Help("1 for the agent's phase").Register(registry);
-  Gauge& round = prometheus::BuildGauge().Name("ddprun_round").Help("rendezvous round").Register(registry).Add({});
-  Gauge& restart_count =
-      prometheus::BuildGauge().Name("ddprun_restart_count").Help("TORCHELASTIC_RESTART_COUNT").Register(registry).Add({});
-  prometheus::Counter& restarts =
-      prometheus::BuildCounter().Name("ddprun_restarts_total").Help("worker group restarts seen").Register(registry).Add({});
-  Gauge& running =
-      prometheus::BuildGauge().Name("ddprun_workers_running").Help("this node's workers alive").Register(registry).Add({});
-  prometheus::Family<Gauge>& beat_age = prometheus::BuildGauge()
-                                            .Name("ddprun_worker_heartbeat_age_seconds")
-                                            .Help("seconds since the worker's heartbeat file changed")
-                                            .Register(registry);
-  prometheus::Family<Gauge>& exit_code = prometheus::BuildGauge()
-                                             .Name("ddprun_worker_last_exit_code")
-                                             .Help("how the worker ended (128 + signal when killed)")
-                                             .Register(registry);
-  Gauge& rendezvous_s = prometheus::BuildGauge()
-                            .Name("ddprun_rendezvous_seconds")
-                            .Help("the last rendezvous, joining to round ready")
-                            .Register(registry)
-                            .Add({});
-  Gauge& start_s = prometheus::BuildGauge()
-                       .Name("ddprun_workers_start_seconds")
-                       .Help("the last group's start, round ready to every worker spawned")
-                       .Register(registry)
-                       .Add({});
-  prometheus::Family<Gauge>& store_conns =
-      prometheus::BuildGauge().Name("ddprun_store_connections").Help("client connections").Register(registry);
-  prometheus::Family<Gauge>& store_keys = prometheus::BuildGauge().Name("ddprun_store_keys").Help("keys").Register(registry);
-  prometheus::Family<Gauge>& store_bytes =
-      prometheus::BuildGauge().Name("ddprun_store_bytes").Help("bytes the store accounts").Register(registry);
-  prometheus::Family<Gauge>& store_latency = prometheus::BuildGauge()
-                                                 .Name("ddprun_store_loop_latency_seconds")
-                                                 .Help("a request's wait for the store's I/O loop")
-                                                 .Register(registry);
-  Gauge& loop_lag =
-      prometheus::BuildGauge().Name("ddprun_loop_lag_seconds").Help("since the agent's loop last ticked").Register(registry).Add({});
+  MetricText metrics;
 
   std::atomic<Clock::rep> last_tick{Clock::now().time_since_epoch().count()};
   std::atomic<bool> is_ready{false};
 
   // The current group's heartbeat files, by (rank, local_rank) labels: read at scrape time.
   std::mutex mu;
-  std::map<prometheus::Labels, std::string> beat_files;
+  std::map<Labels, std::string> beat_files;
+
+  Impl() { declare_all(metrics); }
 
   void refresh_workers(const std::vector<Worker>& workers) {
-    std::map<prometheus::Labels, std::string> files;
+    std::map<Labels, std::string> files;
     int alive = 0;
     for (const auto& w : workers) {
-      prometheus::Labels l{{"rank", std::to_string(w.spec.rank)}, {"local_rank", std::to_string(w.spec.local_rank)}};
+      Labels l{{"rank", std::to_string(w.spec.rank)}, {"local_rank", std::to_string(w.spec.local_rank)}};
       if (w.running()) ++alive;
       files[l] = w.running() ? w.spec.heartbeat_file : "";
     }
-    running.Set(alive);
+    metrics.set("ddprun_workers_running", alive);
     std::lock_guard<std::mutex> lk(mu);
     for (auto& [l, f] : beat_files) {
-      if (!files.count(l) && beat_age.Has(l)) beat_age.Remove(&beat_age.Add(l));
+      if (!files.count(l)) metrics.remove("ddprun_worker_heartbeat_age_seconds", l);
     }
     beat_files = std::move(files);
   }
 
   void refresh_stores() {
     for (const auto& h : stores ? stores() : std::vector<rounds::HostedStore>{}) {
-      prometheus::Labels l{{"store", h.role}};
-      store_conns.Add(l).Set(static_cast<double>(h.connections));
-      store_keys.Add(l).Set(static_cast<double>(h.keys));
-      store_bytes.Add(l).Set(static_cast<double>(h.bytes));
-      store_latency.Add(l).Set(h.loop_latency_s);
+      Labels l{{"store", h.role}};
+      metrics.set("ddprun_store_connections", l, static_cast<double>(h.connections));
+      metrics.set("ddprun_store_keys", l, static_cast<double>(h.keys));
+      metrics.set("ddprun_store_bytes", l, static_cast<double>(h.bytes));
+      metrics.set("ddprun_store_loop_latency_seconds", l, h.loop_latency_s);
     }
   }
 };
@@ -112,18 +95,20 @@ JobMetrics::~JobMetrics() = default;
 
 void JobMetrics::refresh(const JobController& c, const WorkerGroup& group) {
   auto& m = *impl_;
+  auto& out = m.metrics;
   m.last_tick = Clock::now().time_since_epoch().count();
-  for (Phase p : kPhases) m.phase.Add({{"phase", to_string(p)}}).Set(c.phase() == p ? 1 : 0);
-  m.round.Set(c.round());
-  m.restarts.Increment(c.restarts() - m.restarts.Value());
-  m.restart_count.Set(c.restart_count());
-  m.rendezvous_s.Set(c.last_rendezvous_seconds());
-  m.start_s.Set(c.last_start_seconds());
+  for (Phase p : kPhases) out.set("ddprun_phase", {{"phase", to_string(p)}}, c.phase() == p ? 1 : 0);
+  out.set("ddprun_round", c.round());
+  out.set("ddprun_restarts_total", c.restarts());
+  out.set("ddprun_restart_count", c.restart_count());
+  out.set("ddprun_rendezvous_seconds", c.last_rendezvous_seconds());
+  out.set("ddprun_workers_start_seconds", c.last_start_seconds());
   m.refresh_workers(group.workers());
   for (const auto& [local_rank, e] : group.last_exits()) {
-    m.exit_code.Add({{"rank", std::to_string(e.first)}, {"local_rank", std::to_string(local_rank)}}).Set(e.second);
+    out.set("ddprun_worker_last_exit_code", {{"rank", std::to_string(e.first)}, {"local_rank", std::to_string(local_rank)}},
+            e.second);
   }
-  m.is_ready = c.phase() == Phase::running && m.running.Value() > 0;
+  m.is_ready = c.phase() == Phase::running && out.get("ddprun_workers_running") > 0;
 }
 
 std::string JobMetrics::scrape() {
@@ -133,17 +118,16 @@ std::string JobMetrics::scrape() {
     for (const auto& [l, f] : m.beat_files) {
       double age = file_age(f);
       if (age >= 0) {
-        m.beat_age.Add(l).Set(age);
-      } else if (m.beat_age.Has(l)) {
-        m.beat_age.Remove(&m.beat_age.Add(l));
+        m.metrics.set("ddprun_worker_heartbeat_age_seconds", l, age);
+      } else {
+        m.metrics.remove("ddprun_worker_heartbeat_age_seconds", l);
       }
     }
   }
   m.refresh_stores();
-  m.loop_lag.Set(std::chrono::duration<double>(Clock::now().time_since_epoch() - Clock::duration(m.last_tick.load())).count());
-  std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, m.registry.Collect());
-  return out.str();
+  m.metrics.set("ddprun_loop_lag_seconds",
+                std::chrono::duration<double>(Clock::now().time_since_epoch() - Clock::duration(m.last_tick.load())).count());
+  return m.metrics.text();
 }
 
 bool JobMetrics::healthy(std::chrono::milliseconds limit) const {

@@ -53,7 +53,7 @@ class ProcessRunner {
   virtual std::vector<std::string> sweep() { return {}; }
 };
 
-// fork + exec (spawn_process), kill(2), waitpid(2); every group it starts is reported to the
+// clone + exec (spawn_process), kill(2), waitpid(2); every group it starts is reported to the
 // guardian, which kills it if the agent dies without stopping it; every worker joins the job's
 // containment (containment.hpp).
 class RealProcessRunner : public ProcessRunner {

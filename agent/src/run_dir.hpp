@@ -1,10 +1,11 @@
 #pragma once
 // Where a job's files go: <log_dir>/<run_id>/attempt_<round>/<local_rank>/ (logs, error file,
-// heartbeat). Without --log_dir, a fresh directory of ddprun's own under $TMPDIR (mkdtemp: 0700),
-// the only thing ddprun ever removes. Directories it creates are 0700, files 0600: logs may hold
+// heartbeat). Without --log_dir, a fresh directory of ddprun's own (mkdtemp: 0700) under $TMPDIR,
+// else /dev/shm when nothing in it is kept, else /tmp: the only thing ddprun ever removes. Directories it creates are 0700, files 0600: logs may hold
 // what workers print.
 
 #include <string>
+#include <vector>
 
 namespace ddprun::agent {
 
@@ -21,8 +22,9 @@ class RunDir {
   RunDir& operator=(const RunDir&) = delete;
 
   const std::string& path() const { return run_dir_; }
-  // <run dir>/attempt_<round>/<local_rank>, created.
-  std::string worker_dir(int round, int local_rank) const;
+  // <run dir>/attempt_<round>/<local_rank> for local ranks 0 .. count-1, in order, created (the
+  // run and attempt directories opened once for all).
+  std::vector<std::string> worker_dirs(int round, int count) const;
 
  private:
   std::string run_dir_;

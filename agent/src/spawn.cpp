@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -45,7 +46,9 @@ std::string find_executable(const std::string& program, const std::string& path_
 
 namespace {
 
-// Everything the child needs, prepared before fork: after it, only async-signal-safe calls.
+// Everything the child needs, prepared before the clone: the child shares the agent's memory
+// until it execs (CLONE_VM), so it only reads this, on its own stack, with async-signal-safe
+// calls, and never allocates.
 struct ChildPlan {
   std::vector<char*> argv, env;
   bool bind_cpus = false, bind_memory = false;
@@ -79,41 +82,84 @@ ChildPlan plan_child(const std::vector<std::string>& argv, const std::vector<std
   return c;
 }
 
-[[noreturn]] void run_child(ChildPlan& c) {
+// The child's steps, in order, from the clone to exec. Only system calls: no allocation, no
+// locks, nothing that writes the agent's memory (it is shared until exec).
+[[noreturn]] void run_child(const ChildPlan& c) {
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != c.parent) ::_exit(1);  // the agent died before the line above took effect
   // Where Yama restricts ptrace to ancestors, let the agent's children (eu-stack, gdb) read this
   // worker's stack when it hangs.
   ::prctl(PR_SET_PTRACER, c.parent, 0, 0, 0);
+  // From here on, what goes wrong is said on the worker's own stderr (its log, its summary).
+  ::dup2(c.out, STDOUT_FILENO);
+  ::dup2(c.err, STDERR_FILENO);  // dup2 clears close-on-exec on the copies
+  // The job's cgroup, before anything of the worker runs.
+  if (c.cgroup_procs >= 0 && ::write(c.cgroup_procs, "0", 1) != 1) {
+    write_str(STDERR_FILENO, "ddprun: this worker could not join the job's cgroup; it runs outside it\n");
+  }
   if (c.bind_cpus && ::sched_setaffinity(0, sizeof(c.cpus), &c.cpus) != 0) {
     write_str(STDERR_FILENO, "ddprun: cannot bind the worker to its CPUs (sched_setaffinity failed)\n");
     ::_exit(127);
   }
   if (c.bind_memory) ::syscall(SYS_set_mempolicy, 1 /* MPOL_PREFERRED */, c.nodes, sizeof(c.nodes) * 8);  // advisory
-  for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
+  // The child has its own copy of the dispositions (no CLONE_SIGHAND): resetting them here
+  // leaves the agent's handlers alone.
+  struct sigaction dfl{};
+  dfl.sa_handler = SIG_DFL;
+  for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  ::dup2(c.out, STDOUT_FILENO);
-  ::dup2(c.err, STDERR_FILENO);  // dup2 clears close-on-exec on the copies
-  // The job's cgroup, before anything of the worker runs (said on the worker's own stderr).
-  if (c.cgroup_procs >= 0 && ::write(c.cgroup_procs, "0", 1) != 1) {
-    write_str(STDERR_FILENO, "ddprun: this worker could not join the job's cgroup; it runs outside it\n");
-  }
   // The worker starts with exactly 0, 1 and 2: nothing of the agent (the store's sockets, other
   // workers' pipes, log files) may leak into it, or into grandchildren that outlive it.
   if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
     for (int fd = 3; fd < c.max_fd; ++fd) ::close(fd);
   }
   ::execve(c.argv[0], c.argv.data(), c.env.data());
-  int e = errno;
+  const char* why = ::strerrordesc_np(errno);  // a constant string: no locale, no allocation
   write_str(STDERR_FILENO, "ddprun: cannot execute '");
   write_str(STDERR_FILENO, c.argv[0]);
   write_str(STDERR_FILENO, "': ");
-  write_str(STDERR_FILENO, std::strerror(e));
+  write_str(STDERR_FILENO, why ? why : "unknown error");
   write_str(STDERR_FILENO, "\n");
   ::_exit(127);
+}
+
+int child_entry(void* plan) { run_child(*static_cast<const ChildPlan*>(plan)); }
+
+// The child's stack until it execs: its own mapping (the agent's thread stays suspended on its
+// own stack meanwhile, CLONE_VFORK), unmapped when the clone returns.
+class ChildStack {
+ public:
+  static constexpr std::size_t kSize = 256 * 1024;
+  ChildStack() : base_(::mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0)) {
+    if (base_ == MAP_FAILED) throw Error(std::string("cannot map a stack to start a worker: ") + std::strerror(errno));
+  }
+  ~ChildStack() { ::munmap(base_, kSize); }
+  ChildStack(const ChildStack&) = delete;
+  ChildStack& operator=(const ChildStack&) = delete;
+  void* top() const { return static_cast<char*>(base_) + kSize; }  // stacks grow down on Linux' targets
+
+ private:
+  void* base_;
+};
+
+// Starts the child: clone(CLONE_VM | CLONE_VFORK) as posix_spawn does, so starting a worker
+// costs the same whatever the agent's size (fork copied its page tables: 3 ms a worker).
+pid_t start_child(const ChildPlan& plan) {
+  ChildStack stack;
+  // Block every signal across the clone: until the child has reset its dispositions, a signal
+  // would run the agent's handler in the child (Asio's, which writes to the agent's own signal
+  // pipe and makes the agent believe it received that signal).
+  sigset_t all, saved;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_BLOCK, &all, &saved);
+  pid_t pid = ::clone(child_entry, stack.top(), CLONE_VM | CLONE_VFORK | SIGCHLD, const_cast<ChildPlan*>(&plan));
+  int e = errno;
+  ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  errno = e;
+  return pid;
 }
 
 }  // namespace
@@ -131,19 +177,17 @@ SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::ve
   }
   child.out = out[1];
   child.err = err[1];
-  // Block every signal across fork: until the child has reset its handlers, a signal would run
-  // the agent's handler in the child (Asio's, which writes to the agent's own signal pipe and
-  // makes the agent believe it received that signal).
-  sigset_t all, saved;
-  sigfillset(&all);
-  ::pthread_sigmask(SIG_BLOCK, &all, &saved);
-  pid_t pid = ::fork();
-  if (pid == 0) run_child(child);
-  ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  pid_t pid = -1;
+  try {
+    pid = start_child(child);
+  } catch (...) {
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    throw;
+  }
   if (pid < 0) {
     int e = errno;
     for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-    throw Error(std::string("fork failed: ") + std::strerror(e));
+    throw Error(std::string("cannot start a worker (clone failed): ") + std::strerror(e));
   }
   ::setpgid(pid, pid);  // also here, so the group exists before the agent signals it
   ::close(out[1]);

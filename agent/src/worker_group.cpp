@@ -109,7 +109,9 @@ void WorkerGroup::Impl::open_pipe(Slot& s, std::unique_ptr<asio::posix::stream_d
 }
 
 void WorkerGroup::Impl::read_pipe(Slot& s, asio::posix::stream_descriptor& pipe, StreamOutput& out) {
-  auto buf = std::make_shared<std::array<char, 65536>>();
+  // Default-initialised, not zeroed: with many workers, zeroing 64 KiB a pipe cost more than
+  // starting them (every page touched at once).
+  auto buf = std::shared_ptr<std::array<char, 65536>>(new std::array<char, 65536>);
   pipe.async_read_some(asio::buffer(*buf), [this, &s, &pipe, &out, buf, gen = generation](boost::system::error_code ec,
                                                                                          std::size_t n) {
     if (ec == asio::error::operation_aborted || gen != generation) return;

@@ -102,11 +102,12 @@ StreamRoute route(const AgentOptions& opt, const WorkerSpec& w, const std::strin
 
 std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const rounds::RoundInfo& round, const RunDir& dir) {
   std::vector<WorkerSpec> specs(opt.nproc_per_node);
+  const auto dirs = dir.worker_dirs(round.round, opt.nproc_per_node);
   for (int i = 0; i < opt.nproc_per_node; ++i) {
     auto& w = specs[i];
     w.local_rank = i;
     w.rank = round.rank_offset + i;
-    std::string wdir = dir.worker_dir(round.round, i);
+    const std::string& wdir = dirs[static_cast<std::size_t>(i)];
     w.dir = wdir;
     w.error_file = wdir + "/error.json";
     w.heartbeat_file = wdir + "/heartbeat";

@@ -61,7 +61,7 @@ TEST_CASE("the environment map and the host name come from this process", "[comm
   CHECK_FALSE(host_name().empty());
 }
 
-TEST_CASE("signals: names both ways, as kill -l spells them; the stop set", "[common]") {
+TEST_CASE("signals: names both ways, as kill -l spells them, and the stop set", "[common]") {
   for (int s : ddprun::stop_signals()) {
     CAPTURE(s);
     CHECK(ddprun::parse_signal(ddprun::signal_name(s)) == s);

@@ -1,6 +1,7 @@
 #pragma once
-// Starting a worker: fork + exec with its own process group, a parent-death signal, and its
-// stdout/stderr on pipes the agent reads.
+// Starting a worker: clone(CLONE_VM|CLONE_VFORK) + exec, as posix_spawn does (its cost does not
+// grow with the agent's size, as fork's does), with its own process group, a parent-death
+// signal, and its stdout/stderr on pipes the agent reads.
 
 #include <sys/types.h>
 
@@ -20,7 +21,8 @@ struct SpawnedProcess {
 // Starts `argv` (argv[0] a path) with exactly `env` ("K=V" strings). The child leads a new
 // process group, gets SIGKILL when the agent's thread that spawned it dies, and starts with
 // default signal dispositions and an empty signal mask. If exec fails, the child writes why to
-// its stderr and exits 127. Throws ddprun::Error when fork or pipe fail.
+// its stderr and exits 127 (so does a CPU binding that cannot be applied). Throws ddprun::Error
+// when clone or pipe fail. Returns once the child has exec'd (or exited).
 // `binding`: CPUs and preferred NUMA node, applied in the child before exec.
 // `cgroup_procs`: a cgroup's cgroup.procs open for writing, which the child joins first; -1: none.
 SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env,

@@ -1,0 +1,28 @@
+#pragma once
+// Bounded fan-out: --nproc_per_node checked against the process's limits before anything is
+// forked, so that a number too large for them is refused at once (exit 2, naming the limit and
+// what to do) instead of failing after thousands of workers have been started.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ddprun::agent {
+
+struct FanOutLimits {
+  std::uint64_t open_files = 0;  // RLIMIT_NOFILE's soft limit (raised to the hard one when short)
+  std::uint64_t processes = 0;   // RLIMIT_NPROC's soft limit; 0: not enforced (unlimited, or root)
+};
+
+// Descriptors the agent needs for `nproc` workers: what its store keeps for the agent (64, and 8
+// a worker: pipes, log files) plus one store connection a worker.
+std::uint64_t descriptors_needed(int nproc);
+
+// Why `nproc` workers cannot run within `limits`, or nothing when they can.
+std::optional<std::string> fan_out_refusal(int nproc, const FanOutLimits& limits);
+
+// This process's limits (the soft open-file limit raised to the hard one first when it is short,
+// as the agent's store does anyway); throws UsageError with fan_out_refusal's message.
+void check_fan_out(int nproc);
+
+}  // namespace ddprun::agent

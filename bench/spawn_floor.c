@@ -1,0 +1,90 @@
+// The floor a launcher is measured against (bench/launcher_bench.py): what starting workers costs
+// with nothing else done, in C, with posix_spawn.
+//
+//   spawn_floor launch N PROGRAM [ARG...]
+//       posix_spawn N copies of PROGRAM, wait for all of them; exit 0 when every one exited 0.
+//   spawn_floor restart N PROGRAM [ARG...]
+//       a restart with nothing else done: N copies with TORCHELASTIC_RESTART_COUNT=0 and RANK=i;
+//       when the first one exits, SIGKILL the others and wait for them, then N copies with
+//       TORCHELASTIC_RESTART_COUNT=1; wait for those. The workers print their own timestamps
+//       (the bench reads "crash" -> last "start 1" from their output, as it does for launchers).
+#define _GNU_SOURCE
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+enum { kMaxWorkers = 4096, kMaxEnv = 4096 };
+
+static pid_t spawn_one(char** argv, char** env) {
+  pid_t pid;
+  int rc = posix_spawn(&pid, argv[0], NULL, NULL, argv, env);
+  if (rc != 0) {
+    fprintf(stderr, "spawn_floor: posix_spawn %s: %s\n", argv[0], strerror(rc));
+    exit(1);
+  }
+  return pid;
+}
+
+// environ plus TORCHELASTIC_RESTART_COUNT and RANK; `slots` holds the two strings.
+static char** worker_env(int attempt, int rank, char slots[2][64]) {
+  static char* env[kMaxEnv + 3];
+  int n = 0;
+  for (char** e = environ; *e && n < kMaxEnv; ++e) {
+    if (strncmp(*e, "TORCHELASTIC_RESTART_COUNT=", 27) != 0 && strncmp(*e, "RANK=", 5) != 0) env[n++] = *e;
+  }
+  snprintf(slots[0], 64, "TORCHELASTIC_RESTART_COUNT=%d", attempt);
+  snprintf(slots[1], 64, "RANK=%d", rank);
+  env[n++] = slots[0];
+  env[n++] = slots[1];
+  env[n] = NULL;
+  return env;
+}
+
+static int wait_all(int n) {
+  int failed = 0, status;
+  for (int i = 0; i < n; ++i) {
+    if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
+  }
+  return failed;
+}
+
+static int launch(int n, char** argv) {
+  for (int i = 0; i < n; ++i) spawn_one(argv, environ);
+  return wait_all(n);
+}
+
+static int restart(int n, char** argv) {
+  static pid_t pids[kMaxWorkers];
+  char slots[2][64];
+  for (int i = 0; i < n; ++i) pids[i] = spawn_one(argv, worker_env(0, i, slots));
+  int status;
+  pid_t first = wait(&status);  // the crash
+  for (int i = 0; i < n; ++i) {
+    if (pids[i] != first) kill(pids[i], SIGKILL);
+  }
+  for (int i = 1; i < n; ++i) wait(&status);
+  for (int i = 0; i < n; ++i) spawn_one(argv, worker_env(1, i, slots));
+  return wait_all(n);
+}
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: spawn_floor launch|restart N PROGRAM [ARG...]\n");
+    return 2;
+  }
+  int n = atoi(argv[2]);
+  if (n < 1 || n > kMaxWorkers) {
+    fprintf(stderr, "spawn_floor: N must be 1..%d\n", kMaxWorkers);
+    return 2;
+  }
+  if (strcmp(argv[1], "launch") == 0) return launch(n, argv + 3);
+  if (strcmp(argv[1], "restart") == 0) return restart(n, argv + 3);
+  fprintf(stderr, "spawn_floor: unknown mode '%s'\n", argv[1]);
+  return 2;
+}

@@ -1,0 +1,144 @@
+// spawn_process: the worker's start (clone with CLONE_VM|CLONE_VFORK, then exec) gives it exactly
+// what the agent asked for, and nothing of the agent's.
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "ddprun/agent/options.hpp"
+#include "ddprun/agent/spawn.hpp"
+
+using ddprun::agent::spawn_process;
+using ddprun::agent::SpawnedProcess;
+
+namespace {
+
+struct Ran {
+  std::string out, err;
+  int status = 0;
+};
+
+std::string read_all(int fd) {
+  std::string s;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0 || (n < 0 && errno == EINTR)) {
+    if (n > 0) s.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return s;
+}
+
+// Runs the child to its end; its stdout and stderr are read whole (small outputs: the pipe's
+// buffer holds stderr while stdout is read).
+Ran run(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+        const ddprun::agent::CpuBinding* binding = nullptr) {
+  SpawnedProcess p = spawn_process(argv, env, binding);
+  Ran r;
+  r.out = read_all(p.stdout_fd);
+  r.err = read_all(p.stderr_fd);
+  REQUIRE(::waitpid(p.pid, &r.status, 0) == p.pid);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("spawn: exactly the given environment, the agent's directory, exit codes as given") {
+  auto r = run({"/bin/sh", "-c", "env | grep -v '^PWD=\\|^SHLVL=\\|^_=' | sort; pwd; echo oops >&2; exit 3"},
+               {"A=1", "B=two words"});
+  char cwd[4096];
+  REQUIRE(::getcwd(cwd, sizeof(cwd)));
+  CHECK(r.out == "A=1\nB=two words\n" + std::string(cwd) + "\n");
+  CHECK(r.err == "oops\n");
+  REQUIRE(WIFEXITED(r.status));
+  CHECK(WEXITSTATUS(r.status) == 3);
+}
+
+TEST_CASE("spawn: default signals, an empty mask and only fds 0-2, whatever the agent has") {
+  // What the child must not inherit: an ignored signal, a blocked one, an open descriptor.
+  auto old_usr1 = ::signal(SIGUSR1, SIG_IGN);
+  sigset_t usr2, saved;
+  sigemptyset(&usr2);
+  sigaddset(&usr2, SIGUSR2);
+  ::pthread_sigmask(SIG_BLOCK, &usr2, &saved);
+  int leak = ::open("/dev/null", O_RDONLY);  // not close-on-exec
+  // spawn_process returns once the child has exec'd (CLONE_VFORK): /proc shows the program's state.
+  SpawnedProcess p = spawn_process({"/bin/sleep", "30"}, {});
+  ::close(leak);
+  ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  ::signal(SIGUSR1, old_usr1);
+  std::string status = read_all(::open(("/proc/" + std::to_string(p.pid) + "/status").c_str(), O_RDONLY));
+  CHECK(status.find("SigBlk:\t0000000000000000") != std::string::npos);
+  CHECK(status.find("SigIgn:\t0000000000000000") != std::string::npos);
+  std::string fds = read_all(::open("/dev/null", O_RDONLY));
+  for (int fd = 0; fd < 64; ++fd) {
+    if (::access(("/proc/" + std::to_string(p.pid) + "/fd/" + std::to_string(fd)).c_str(), F_OK) == 0) {
+      fds += std::to_string(fd) + " ";
+    }
+  }
+  CHECK(fds == "0 1 2 ");
+  ::kill(p.pid, SIGKILL);
+  int st = 0;
+  REQUIRE(::waitpid(p.pid, &st, 0) == p.pid);
+  ::close(p.stdout_fd);
+  ::close(p.stderr_fd);
+}
+
+TEST_CASE("spawn: the child leads its own process group, known at once to the agent") {
+  SpawnedProcess p = spawn_process({"/bin/sleep", "30"}, {});
+  CHECK(::getpgid(p.pid) == p.pid);
+  CHECK(::kill(-p.pid, SIGTERM) == 0);  // the group exists as spawn_process returns
+  int status = 0;
+  REQUIRE(::waitpid(p.pid, &status, 0) == p.pid);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGTERM);
+  ::close(p.stdout_fd);
+  ::close(p.stderr_fd);
+}
+
+TEST_CASE("spawn: an exec failure is the child's exit 127 with the reason on its stderr") {
+  auto r = run({"/nonexistent/program"}, {});
+  REQUIRE(WIFEXITED(r.status));
+  CHECK(WEXITSTATUS(r.status) == 127);
+  CHECK(r.err == "ddprun: cannot execute '/nonexistent/program': No such file or directory\n");
+  auto denied = run({"/dev/null"}, {});  // not an executable file
+  CHECK(WEXITSTATUS(denied.status) == 127);
+  CHECK(denied.err == "ddprun: cannot execute '/dev/null': Permission denied\n");
+}
+
+TEST_CASE("spawn: the CPU binding is applied before exec") {
+  cpu_set_t mine;
+  REQUIRE(::sched_getaffinity(0, sizeof(mine), &mine) == 0);
+  int last = -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &mine)) last = c;
+  }
+  REQUIRE(last >= 0);
+  ddprun::agent::CpuBinding b;
+  b.cpus = {last};
+  auto r = run({"/bin/grep", "Cpus_allowed_list", "/proc/self/status"}, {}, &b);
+  CHECK(r.out == "Cpus_allowed_list:\t" + std::to_string(last) + "\n");
+  b.cpus = {CPU_SETSIZE - 1};  // a CPU this process may not use: refused, said, exit 127
+  if (!CPU_ISSET(CPU_SETSIZE - 1, &mine)) {
+    auto refused = run({"/bin/true"}, {}, &b);
+    CHECK(WEXITSTATUS(refused.status) == 127);
+    CHECK(refused.err.find("cannot bind the worker to its CPUs") != std::string::npos);
+  }
+}
+
+TEST_CASE("spawn: many workers in a row, each one reaped with its own code") {
+  std::vector<SpawnedProcess> ps;
+  for (int i = 0; i < 50; ++i) ps.push_back(spawn_process({"/bin/sh", "-c", "exit " + std::to_string(i)}, {}));
+  for (int i = 0; i < 50; ++i) {
+    int status = 0;
+    REQUIRE(::waitpid(ps[i].pid, &status, 0) == ps[i].pid);
+    CHECK(WEXITSTATUS(status) == i);
+    ::close(ps[i].stdout_fd);
+    ::close(ps[i].stderr_fd);
+  }
+}
