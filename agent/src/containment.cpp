@@ -175,9 +175,14 @@ bool Containment::try_cgroup(std::string& why) {
     why = "cannot create " + dir + ": " + std::strerror(errno);
     return false;
   }
-  procs_fd_ = ::open((dir + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
-  if (procs_fd_ < 0) {
-    why = "cannot open " + dir + "/cgroup.procs: " + std::strerror(errno);
+  target_.procs = ::open((dir + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+  target_.dir = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (target_.procs < 0 || target_.dir < 0) {
+    why = "cannot open " + dir + ": " + std::strerror(errno);
+    for (int fd : {target_.procs, target_.dir}) {
+      if (fd >= 0) ::close(fd);
+    }
+    target_ = {};
     ::rmdir(dir.c_str());
     return false;
   }
@@ -193,7 +198,7 @@ Containment::~Containment() {
     sweep_cgroup();
     remove_cgroup();
   }
-  for (int fd : {procs_fd_, kill_fd_}) {
+  for (int fd : {target_.procs, target_.dir, kill_fd_}) {
     if (fd >= 0) ::close(fd);
   }
 }

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/agent/spawn.hpp"
+
 namespace ddprun::agent {
 
 enum class ContainmentMode { cgroup, subreaper };
@@ -35,9 +37,9 @@ class Containment {
   std::string describe() const;
   // The token (DDPRUN_JOB_TOKEN) every worker carries.
   const std::string& token() const { return token_; }
-  // cgroup mode: cgroup.procs, open for writing; a child writes "0" to it before exec (joins the
-  // cgroup before it can start anything). -1 in subreaper mode.
-  int procs_fd() const { return procs_fd_; }
+  // cgroup mode: where a worker starts (the cgroup's directory, for clone3's CLONE_INTO_CGROUP,
+  // and its cgroup.procs, for a child that joins by itself before exec); nullptr in subreaper mode.
+  const CgroupTarget* cgroup_target() const { return mode_ == ContainmentMode::cgroup ? &target_ : nullptr; }
 
   // Kills every process of the job still alive (none of them a worker of a running group:
   // called when all have ended), except `spare` (the guardian, a child of the agent). Returns
@@ -59,7 +61,7 @@ class Containment {
   std::string token_;
   std::string cgroup_;   // the cgroup's directory (cgroup mode)
   std::string why_not_;  // why not cgroup mode
-  int procs_fd_ = -1;
+  CgroupTarget target_;  // the cgroup's directory and cgroup.procs
   int kill_fd_ = -1;     // cgroup.kill (kernel 5.14+), else -1: each process is killed
   pid_t owner_ = -1;     // the agent
 };

@@ -12,7 +12,7 @@ namespace ddprun::agent {
 
 ProcessRunner::Started RealProcessRunner::start(const std::vector<std::string>& argv,
                                                 const std::vector<std::string>& env, const CpuBinding* binding) {
-  auto p = spawn_process(argv, env, binding, containment_.procs_fd());
+  auto p = spawn_process(argv, env, binding, containment_.cgroup_target());
   guardian_.watch(p.pid);
   return Started{p.pid, p.stdout_fd, p.stderr_fd};
 }

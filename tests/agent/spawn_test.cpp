@@ -4,14 +4,17 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <string>
 
 #include "ddprun/agent/options.hpp"
 #include "ddprun/agent/spawn.hpp"
+#include "skip.hpp"
 
 using ddprun::agent::spawn_process;
 using ddprun::agent::SpawnedProcess;
@@ -141,4 +144,42 @@ TEST_CASE("spawn: many workers in a row, each one reaped with its own code") {
     ::close(ps[i].stdout_fd);
     ::close(ps[i].stderr_fd);
   }
+}
+
+TEST_CASE("spawn: into a cgroup, born there (clone3) or joining it itself (the fallback)") {
+  // A cgroup of this test's own below its cgroup, where it may write one (root); else skipped.
+  std::string rel, line;
+  std::ifstream cg("/proc/self/cgroup");
+  while (std::getline(cg, line)) {
+    if (line.rfind("0::", 0) == 0) rel = line.substr(3);
+  }
+  std::string mount;
+  std::ifstream mounts("/proc/mounts");
+  for (std::string dev, point, type; mounts >> dev >> point >> type && std::getline(mounts, line);) {
+    if (type == "cgroup2") mount = point;
+  }
+  const std::string dir = mount + (rel == "/" ? "" : rel) + "/ddprun-spawn-test-" + std::to_string(::getpid());
+  // How the machine's cgroups are set up, like its hardware: skipped under CI too.
+  SKIP_UNLESS_HARDWARE(!rel.empty() && !mount.empty() && ::mkdir(dir.c_str(), 0755) == 0,
+                       "no cgroup v2 this user may write here (root, or a delegated hierarchy)");
+  ddprun::agent::CgroupTarget target;
+  target.dir = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  target.procs = ::open((dir + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+  REQUIRE(target.dir >= 0);
+  REQUIRE(target.procs >= 0);
+  const std::string want = "0::" + (rel == "/" ? "" : rel) + dir.substr(dir.rfind('/')) + "\n";
+  auto in_cgroup = [&](const ddprun::agent::CgroupTarget& t) {
+    SpawnedProcess p = spawn_process({"/bin/cat", "/proc/self/cgroup"}, {}, nullptr, &t);
+    Ran r{read_all(p.stdout_fd), read_all(p.stderr_fd), 0};
+    REQUIRE(::waitpid(p.pid, &r.status, 0) == p.pid);
+    CHECK(r.err.empty());
+    return r.out.substr(r.out.rfind("0::"));
+  };
+  CHECK(in_cgroup(target) == want);  // clone3 with CLONE_INTO_CGROUP
+  ddprun::agent::CgroupTarget joins = target;
+  joins.dir = -1;
+  CHECK(in_cgroup(joins) == want);  // the child writes itself into cgroup.procs
+  ::close(target.dir);
+  ::close(target.procs);
+  CHECK(::rmdir(dir.c_str()) == 0);
 }

@@ -24,9 +24,17 @@ struct SpawnedProcess {
 // its stderr and exits 127 (so does a CPU binding that cannot be applied). Throws ddprun::Error
 // when clone or pipe fail. Returns once the child has exec'd (or exited).
 // `binding`: CPUs and preferred NUMA node, applied in the child before exec.
-// `cgroup_procs`: a cgroup's cgroup.procs open for writing, which the child joins first; -1: none.
+// The cgroup a worker starts in: `dir` open (O_DIRECTORY), for clone3's CLONE_INTO_CGROUP;
+// `procs`, its cgroup.procs open for writing, which the child writes itself into where clone3
+// cannot be used (before Linux 5.7, seccomp profiles that refuse it, other targets than x86-64).
+struct CgroupTarget {
+  int dir = -1;
+  int procs = -1;
+};
+
+// `cgroup`: the cgroup the child runs in; nullptr: the agent's.
 SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                             const CpuBinding* binding = nullptr, int cgroup_procs = -1);
+                             const CpuBinding* binding = nullptr, const CgroupTarget* cgroup = nullptr);
 
 // Finds `program` the way execvp would (a name without '/' is looked up in PATH). Returns the
 // path, or an empty string when there is no such executable.
