@@ -100,6 +100,9 @@ Guardian::Guardian(const Containment* containment) {
     // A session of its own: a kill of ddprun's process group (`timeout -s KILL`, a job
     // scheduler's) must not take the guardian with it, as that is when it is needed.
     ::setsid();
+    // Nothing of the console: a caller reading ddprun's output must not wait for the guardian.
+    int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    for (int fd = 0; fd <= 2 && null >= 0; ++fd) ::dup2(null, fd);
     guardian_main(p[0], containment);
   }
   ::close(p[0]);
