@@ -12,27 +12,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <set>
 #include <sstream>
 
 #include <fmt/format.h>
 
+#include "ddprun/common/system.hpp"
 #include "process_tree.hpp"
 
 namespace ddprun::agent {
-namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// The cgroup v2 directory of this process: the unified hierarchy's mount point (from
-// mountinfo, a mount of its root) joined with the path in /proc/self/cgroup ("0::PATH").
 std::string own_cgroup_dir(std::string& why) {
   std::istringstream cg(read_file("/proc/self/cgroup"));
   std::string line, rel;
@@ -52,6 +42,8 @@ std::string own_cgroup_dir(std::string& why) {
   }
   return why = "no cgroup v2 hierarchy is mounted", "";
 }
+
+namespace {
 
 std::vector<pid_t> pids_in(const std::string& procs_file) {
   std::vector<pid_t> out;
@@ -102,19 +94,6 @@ std::vector<std::string> cgroup_subtree(const std::string& dir) {
 // Whether the cgroup `dir` or one below it holds a process ("populated 1" in cgroup.events).
 bool populated(const std::string& dir) {
   return read_file(dir + "/cgroup.events").find("populated 1") != std::string::npos;
-}
-
-std::vector<pid_t> all_pids() {
-  std::vector<pid_t> out;
-  DIR* d = ::opendir("/proc");
-  if (!d) return out;
-  while (auto* e = ::readdir(d)) {
-    char* end = nullptr;
-    long p = std::strtol(e->d_name, &end, 10);
-    if (end && *end == '\0' && p > 0) out.push_back(static_cast<pid_t>(p));
-  }
-  ::closedir(d);
-  return out;
 }
 
 void pause_ms(long ms) {
@@ -283,7 +262,7 @@ void Containment::kill_everything(bool agent_gone) const {
   }
   for (int pass = 0; pass < 20; ++pass) {
     bool any = false;
-    for (pid_t p : all_pids()) {
+    for (pid_t p : process_ids()) {
       if (p == ::getpid() || !carries_token(p, token_)) continue;
       ::kill(p, SIGKILL);
       any = true;

@@ -66,6 +66,11 @@ class Containment {
   pid_t owner_ = -1;     // the agent
 };
 
+// The cgroup v2 directory of this process: the unified hierarchy's mount point (from mountinfo,
+// a mount of its root: /sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid machine) joined
+// with the path in /proc/self/cgroup ("0::PATH"). "" and `why` when there is none.
+std::string own_cgroup_dir(std::string& why);
+
 // Reads the name (comm) of `pid`, "" if it is gone.
 std::string process_name(pid_t pid);
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <spdlog/spdlog.h>
 
+#include "containment.hpp"
 #include "ddprun/common/error.hpp"
 #include "private_files.hpp"
 
@@ -65,13 +66,10 @@ void EventLog::emit(const std::string& event, nlohmann::json fields) {
 }
 
 std::optional<long long> cgroup_oom_kills() {
-  std::ifstream cg("/proc/self/cgroup");
-  std::string line, path;
-  while (std::getline(cg, line)) {
-    if (line.rfind("0::", 0) == 0) path = line.substr(3);
-  }
-  if (path.empty()) return std::nullopt;
-  std::ifstream ev("/sys/fs/cgroup" + path + "/memory.events");
+  std::string why;
+  const std::string dir = own_cgroup_dir(why);  // memory.events counts the workers' cgroup below it too
+  if (dir.empty()) return std::nullopt;
+  std::ifstream ev(dir + "/memory.events");
   std::string key;
   long long value = 0;
   while (ev >> key >> value) {

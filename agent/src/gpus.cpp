@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 
+#include "ddprun/common/system.hpp"
 #include "ddprun/common/text.hpp"
 
 namespace ddprun::agent {
@@ -18,11 +18,6 @@ namespace {
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 bool starts_with_ci(const std::string& s, const std::string& prefix) {
@@ -83,7 +78,7 @@ std::vector<GpuDevice> gpus_from_proc(const std::string& proc_root) {
   if (!d) return out;
   while (dirent* e = ::readdir(d)) {
     if (e->d_name[0] == '.') continue;
-    GpuDevice g = parse_gpu_information(slurp(dir + "/" + e->d_name + "/information"));
+    GpuDevice g = parse_gpu_information(read_file(dir + "/" + e->d_name + "/information"));
     if (g.pci_bus_id.empty()) g.pci_bus_id = lower(e->d_name);  // the directory is named by it
     out.push_back(std::move(g));
   }
@@ -127,7 +122,7 @@ std::vector<VisibleGpu> find_visible_gpus(const GpuSources& sources) {
 
 int pci_numa_node(const std::string& bus_id, const std::string& sys_root) {
   if (bus_id.empty()) return -1;
-  auto n = parse_int(trim(slurp(sys_root + "/bus/pci/devices/" + bus_id + "/numa_node")), -1, 1 << 20);
+  auto n = parse_int(trim(read_file(sys_root + "/bus/pci/devices/" + bus_id + "/numa_node")), -1, 1 << 20);
   return n ? static_cast<int>(*n) : -1;
 }
 

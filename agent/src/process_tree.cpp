@@ -10,6 +10,8 @@
 #include <fstream>
 #include <set>
 
+#include "ddprun/common/system.hpp"
+
 namespace ddprun::agent {
 namespace {
 
@@ -24,8 +26,7 @@ std::string base_name(std::string path) {
 
 // The parent pid from /proc/PID/stat: "PID (COMM) STATE PPID ...", COMM may hold ") ".
 pid_t parent_of(const std::string& stat_path) {
-  std::ifstream in(stat_path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = read_file(stat_path);
   auto close = text.rfind(')');
   if (close == std::string::npos) return -1;
   char state = 0;
@@ -66,20 +67,27 @@ bool is_wrapper_executable(const std::string& exe) {
   return wrappers.count(base_name(exe)) > 0;
 }
 
-ProcessTree ProcessTree::read(const std::string& proc_root) {
-  ProcessTree t;
+std::vector<pid_t> process_ids(const std::string& proc_root) {
+  std::vector<pid_t> out;
   DIR* d = ::opendir(proc_root.c_str());
-  if (!d) return t;
+  if (!d) return out;
   while (dirent* e = ::readdir(d)) {
     char* end = nullptr;
     long pid = std::strtol(e->d_name, &end, 10);
-    if (pid <= 0 || !end || *end != '\0') continue;
-    std::string dir = proc_root + "/" + e->d_name;
-    pid_t parent = parent_of(dir + "/stat");
-    if (parent < 0) continue;  // gone, or not a process
-    t.procs_[static_cast<pid_t>(pid)] = Entry{parent, exe_of(dir), {}};
+    if (pid > 0 && end && *end == '\0') out.push_back(static_cast<pid_t>(pid));
   }
   ::closedir(d);
+  return out;
+}
+
+ProcessTree ProcessTree::read(const std::string& proc_root) {
+  ProcessTree t;
+  for (pid_t pid : process_ids(proc_root)) {
+    std::string dir = proc_root + "/" + std::to_string(pid);
+    pid_t parent = parent_of(dir + "/stat");
+    if (parent < 0) continue;  // gone, or not a process
+    t.procs_[pid] = Entry{parent, exe_of(dir), {}};
+  }
   for (auto& [pid, entry] : t.procs_) {
     auto parent = t.procs_.find(entry.parent);
     if (parent != t.procs_.end()) parent->second.children.push_back(pid);

@@ -30,6 +30,9 @@ bool is_python_executable(const std::string& exe);
 // Whether an executable only starts another program: a shell, env, nice, numactl, timeout, ...
 bool is_wrapper_executable(const std::string& exe);
 
+// The pids under `proc_root` (/proc), in no order.
+std::vector<pid_t> process_ids(const std::string& proc_root = "/proc");
+
 class ProcessTree {
  public:
   // Every process under `proc_root` (/proc, or a fake tree of PID/stat files and PID/exe links

@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <fstream>
+#include <iterator>
+
 extern char** environ;
 
 namespace ddprun {
@@ -21,6 +24,11 @@ std::string host_name() {
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "?";
   buf[sizeof(buf) - 1] = '\0';
   return buf;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 }  // namespace ddprun
