@@ -60,7 +60,7 @@ class LoopGate {
 struct Agent::Impl {
   AgentOptions opt;
   // First: set up and forked while the process has one thread.
-  std::unique_ptr<Containment> containment = Containment::set_up("");
+  std::unique_ptr<Containment> containment = Containment::set_up();
   Guardian guardian{containment.get()};
   GuardianFence fence{guardian};
 

@@ -129,9 +129,9 @@ std::string process_name(pid_t pid) {
   return name;
 }
 
-std::unique_ptr<Containment> Containment::set_up(const std::string& token) {
+std::unique_ptr<Containment> Containment::set_up() {
   std::unique_ptr<Containment> c(new Containment());
-  c->token_ = token.empty() ? new_token() : token;
+  c->token_ = new_token();
   c->owner_ = ::getpid();
   // Both modes: orphans of the workers become the agent's children, so they are reaped (no
   // zombies under an init that does not reap, as in many containers) and found.
@@ -172,7 +172,6 @@ bool Containment::try_cgroup(std::string& why) {
 }
 
 Containment::~Containment() {
-  if (::getpid() != owner_) return;  // a forked copy (the guardian) owns nothing
   if (mode_ == ContainmentMode::cgroup) {
     sweep_cgroup();
     remove_cgroup();

@@ -26,8 +26,8 @@ enum class ContainmentMode { cgroup, subreaper };
 class Containment {
  public:
   // Sets the job's containment up; call while the process has one thread, before the guardian
-  // forks (it inherits what it needs to act alone). `token` identifies this agent's workers.
-  static std::unique_ptr<Containment> set_up(const std::string& token);
+  // forks (it inherits what it needs to act alone). A fresh token identifies this agent's workers.
+  static std::unique_ptr<Containment> set_up();
   ~Containment();
   Containment(const Containment&) = delete;
   Containment& operator=(const Containment&) = delete;
