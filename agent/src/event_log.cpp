@@ -66,8 +66,11 @@ void EventLog::emit(const std::string& event, nlohmann::json fields) {
 }
 
 std::optional<long long> cgroup_oom_kills() {
-  std::string why;
-  const std::string dir = own_cgroup_dir(why);  // memory.events counts the workers' cgroup below it too
+  // The agent stays in its cgroup: read once. Its memory.events counts the workers' cgroup below.
+  static const std::string dir = [] {
+    std::string why;
+    return own_cgroup_dir(why);
+  }();
   if (dir.empty()) return std::nullopt;
   std::ifstream ev(dir + "/memory.events");
   std::string key;

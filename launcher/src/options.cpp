@@ -56,11 +56,11 @@ agent::StreamSelection parse_streams(const std::string& flag, const std::string&
 
 std::set<int> parse_signals(const std::string& v) {
   std::set<int> out = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  const auto allowed = stop_signals();
   for (const auto& raw : split(v, ',')) {
     std::string name = trim(raw);
     if (name.empty()) continue;
     int s = parse_signal(name);
-    const auto allowed = stop_signals();
     if (!s || std::find(allowed.begin(), allowed.end(), s) == allowed.end()) {
       usage("--signals_to_handle: '" + name + "' is not a signal that ends a process from outside "
             "(SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU, SIGVTALRM, SIGPROF, SIGIO, "
