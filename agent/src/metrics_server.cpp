@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <boost/asio.hpp>
+#include <list>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <spdlog/spdlog.h>
@@ -25,10 +26,14 @@ constexpr std::chrono::seconds kDeadline{5};
 
 // Handlers hold a plain pointer: the server stops and joins its thread before the loop (and the
 // handlers with it) is destroyed, and the counters are declared first so that they outlive it.
+// Everything but the counters is touched on the server's thread only.
 struct MetricsServer::Impl {
+  struct Client;
   JobMetrics& metrics;
   std::atomic<int> clients{0};
   std::atomic<std::size_t> refused{0};
+  std::atomic<std::size_t> evicted{0};
+  std::list<Client*> waiting;  // clients that have not sent their request yet, oldest first
   std::thread thread;
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
@@ -43,15 +48,40 @@ struct MetricsServer::Impl {
     http::request_parser<http::empty_body> parser;
     http::response<http::string_body> res;
 
+    std::list<Client*>::iterator place;  // in server->waiting, or its end()
+    bool counted = true;                 // holds one of the kMaxClients places
+
     Client(Impl* s, tcp::socket sock) : server(s), stream(std::move(sock)) {
       parser.header_limit(static_cast<std::uint32_t>(kMaxHeader));
       parser.body_limit(0);
+      place = server->waiting.insert(server->waiting.end(), this);
     }
-    ~Client() { --server->clients; }
+    ~Client() {
+      leave_waiting();
+      if (counted) --server->clients;
+    }
+
+    void leave_waiting() {
+      if (place == server->waiting.end()) return;
+      server->waiting.erase(place);
+      place = server->waiting.end();
+    }
+
+    // Makes room for a newer client: this one has sent nothing usable yet. Its read ends with
+    // operation_aborted and it goes without an answer.
+    void evict() {
+      leave_waiting();
+      counted = false;
+      --server->clients;
+      beast::error_code ignored;
+      stream.socket().close(ignored);
+    }
 
     void start() {
       stream.expires_after(kDeadline);  // the whole exchange: a slow client is cut off
       http::async_read(stream, buf, parser, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+        self->leave_waiting();
+        if (ec == asio::error::operation_aborted && !self->counted) return;  // evicted
         if (ec) return self->answer(ec == http::error::header_limit ? http::status::request_header_fields_too_large
                                                                     : http::status::bad_request, "");
         self->route(self->parser.get());
@@ -93,16 +123,25 @@ struct MetricsServer::Impl {
   void accept() {
     acceptor.async_accept([self = this](beast::error_code ec, tcp::socket sock) {
       if (ec == asio::error::operation_aborted) return;
-      if (!ec) {
-        if (self->clients >= kMaxClients) {
-          ++self->refused;  // closed at once: a flood cannot hold the server
-        } else {
-          ++self->clients;
-          std::make_shared<Client>(self, std::move(sock))->start();
-        }
-      }
+      if (!ec) self->admit(std::move(sock));
       self->accept();
     });
+  }
+
+  // At kMaxClients, the client waiting longest for its request gives its place to the newcomer:
+  // idle connections cannot lock a prober out (a Kubernetes probe sends its request at once), they
+  // only push each other out. Only when every place is answering a request is the newcomer closed.
+  void admit(tcp::socket sock) {
+    if (clients >= kMaxClients && !waiting.empty()) {
+      waiting.front()->evict();
+      ++evicted;
+    }
+    if (clients >= kMaxClients) {
+      ++refused;
+      return;  // closed at once
+    }
+    ++clients;
+    std::make_shared<Client>(this, std::move(sock))->start();
   }
 };
 
@@ -136,5 +175,6 @@ MetricsServer::~MetricsServer() {
 
 std::uint16_t MetricsServer::port() const { return impl_->acceptor.local_endpoint().port(); }
 std::size_t MetricsServer::refused() const { return impl_->refused; }
+std::size_t MetricsServer::evicted() const { return impl_->evicted; }
 
 }  // namespace ddprun::agent

@@ -4,7 +4,9 @@
 // refused (404 for another path, 405 for another method). It runs on a thread of its own with its
 // own I/O loop, so clients never touch the agent's loop, and every client is bounded: one request
 // per connection, headers up to kMaxHeader bytes, kDeadline to send it and read the answer, at
-// most kMaxClients at once (further ones are closed at once, and counted).
+// most kMaxClients at once. A newcomer beyond that takes the place of the connection that has
+// waited longest without sending its request (so a flood of idle connections cannot lock a probe
+// out); it is closed at once only when every place is busy answering.
 
 #include <cstdint>
 #include <memory>
@@ -32,7 +34,8 @@ class MetricsServer {
   MetricsServer& operator=(const MetricsServer&) = delete;
 
   std::uint16_t port() const;
-  std::size_t refused() const;  // clients closed at once because kMaxClients were open
+  std::size_t refused() const;  // newcomers closed at once: kMaxClients were being answered
+  std::size_t evicted() const;  // idle connections closed to make room for a newcomer
 
  private:
   struct Impl;

@@ -44,6 +44,15 @@ inline std::string read_all(int fd, std::chrono::milliseconds limit = std::chron
   return out;
 }
 
+// True when the peer closes the connection, sending nothing, within `limit`; false when it sends
+// data or is still open at the end.
+inline bool closed_silently(int fd, std::chrono::milliseconds limit) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(limit.count())) <= 0) return false;
+  char c;
+  return ::recv(fd, &c, 1, 0) <= 0;
+}
+
 struct HttpReply {
   int status = 0;  // 0: no answer
   std::string body;
