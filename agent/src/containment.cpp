@@ -23,7 +23,9 @@
 
 namespace ddprun::agent {
 
-std::string own_cgroup_dir(std::string& why) {
+namespace {
+
+std::string find_own_cgroup_dir(std::string& why) {
   std::istringstream cg(read_file("/proc/self/cgroup"));
   std::string line, rel;
   while (std::getline(cg, line)) {
@@ -41,6 +43,20 @@ std::string own_cgroup_dir(std::string& why) {
     return point + (rel == "/" ? "" : rel);
   }
   return why = "no cgroup v2 hierarchy is mounted", "";
+}
+
+}  // namespace
+
+std::string own_cgroup_dir(std::string& why) {
+  // Found once (containment at start-up, OOM accounting at each group's start): the agent does
+  // not move itself, and mountinfo is long on a busy node.
+  static const auto found = [] {
+    std::string w;
+    std::string dir = find_own_cgroup_dir(w);
+    return std::make_pair(dir, w);
+  }();
+  why = found.second;
+  return found.first;
 }
 
 namespace {

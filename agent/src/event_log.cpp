@@ -6,11 +6,12 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
-#include <fstream>
+#include <sstream>
 #include <spdlog/spdlog.h>
 
 #include "containment.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/system.hpp"
 #include "private_files.hpp"
 
 namespace ddprun::agent {
@@ -66,13 +67,11 @@ void EventLog::emit(const std::string& event, nlohmann::json fields) {
 }
 
 std::optional<long long> cgroup_oom_kills() {
-  // The agent stays in its cgroup: read once. Its memory.events counts the workers' cgroup below.
-  static const std::string dir = [] {
-    std::string why;
-    return own_cgroup_dir(why);
-  }();
+  // The agent's cgroup: its memory.events counts the workers' cgroup below.
+  std::string why;
+  const std::string dir = own_cgroup_dir(why);
   if (dir.empty()) return std::nullopt;
-  std::ifstream ev(dir + "/memory.events");
+  std::istringstream ev(read_file(dir + "/memory.events"));
   std::string key;
   long long value = 0;
   while (ev >> key >> value) {

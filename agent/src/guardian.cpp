@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <set>
 
@@ -125,12 +127,31 @@ Guardian::~Guardian() {
 void Guardian::send(char op, pid_t pgid, std::int64_t when, std::int64_t sent) {
   if (fd_ < 0) return;
   Message m{op, pgid, when, sent ? sent : now_ns()};
-  // A few bytes to a pipe: atomic, and the guardian reads continuously.
-  while (::write(fd_, &m, sizeof(m)) < 0 && errno == EINTR) {
+  write_all(&m, sizeof(m));
+}
+
+// Whole messages, at most PIPE_BUF bytes a write: each write is atomic, so messages the
+// rendezvous' threads send at the same time never interleave with them; the guardian reads
+// continuously.
+void Guardian::write_all(const void* data, std::size_t size) {
+  constexpr std::size_t kChunk = PIPE_BUF / sizeof(Message) * sizeof(Message);
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd_, p, std::min(size, kChunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return;
+    p += n;
+    size -= static_cast<std::size_t>(n);
   }
 }
 
-void Guardian::watch(pid_t pgid) { send('w', pgid); }
+void Guardian::watch(const std::vector<pid_t>& pgids) {
+  if (fd_ < 0 || pgids.empty()) return;
+  std::vector<Message> ms;
+  const auto now = now_ns();
+  for (pid_t g : pgids) ms.push_back(Message{'w', g, 0, now});
+  write_all(ms.data(), ms.size() * sizeof(Message));
+}
 void Guardian::forget(pid_t pgid) { send('f', pgid); }
 namespace {
 std::int64_t ns(Clock::time_point t) {

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <vector>
 
 #include "ddprun/rounds/rendezvous.hpp"
 #include "job_controller.hpp"
@@ -29,7 +30,7 @@ class Guardian {
   Guardian(const Guardian&) = delete;
   Guardian& operator=(const Guardian&) = delete;
 
-  void watch(pid_t pgid);    // a worker group started
+  void watch(const std::vector<pid_t>& pgids);  // worker groups started (one wake-up for all)
   void forget(pid_t pgid);   // a worker group is gone
   // Kill the watched groups if `deadline` (steady clock) passes before the next arm or disarm.
   // `now`: when the caller decided (a message read late counts then).
@@ -42,6 +43,7 @@ class Guardian {
 
  private:
   void send(char op, pid_t pgid, std::int64_t when = 0, std::int64_t sent = 0);
+  void write_all(const void* data, std::size_t size);
   int fd_ = -1;
   pid_t pid_ = -1;
 };

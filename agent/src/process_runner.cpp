@@ -13,7 +13,6 @@ namespace ddprun::agent {
 ProcessRunner::Started RealProcessRunner::start(const std::vector<std::string>& argv,
                                                 const std::vector<std::string>& env, const CpuBinding* binding) {
   auto p = spawn_process(argv, env, binding, containment_.cgroup_target());
-  guardian_.watch(p.pid);
   return Started{p.pid, p.stdout_fd, p.stderr_fd};
 }
 
@@ -27,6 +26,7 @@ std::vector<ProcessRunner::Ended> RealProcessRunner::reap() {
   return out;
 }
 
+void RealProcessRunner::watch(const std::vector<pid_t>& pgids) { guardian_.watch(pgids); }
 void RealProcessRunner::forget(pid_t pgid) { guardian_.forget(pgid); }
 
 std::string RealProcessRunner::native_stack(pid_t pid, std::chrono::milliseconds limit) {

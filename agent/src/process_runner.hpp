@@ -40,6 +40,9 @@ class ProcessRunner {
   // The children that ended since the last call (never blocks). May include processes that are
   // not workers: the caller ignores them.
   virtual std::vector<Ended> reap() = 0;
+  // The groups `pgids`, just started, are to be killed if the agent dies (one message for a whole
+  // worker group: the watcher is woken once, not once a worker).
+  virtual void watch(const std::vector<pid_t>& pgids) { (void)pgids; }
   // The process group `pgid` is gone (reaped and killed): nothing needs to watch it any more.
   virtual void forget(pid_t pgid) = 0;
   // The native stack of a running process, as text, within `limit` (called off the loop).
@@ -53,9 +56,9 @@ class ProcessRunner {
   virtual std::vector<std::string> sweep() { return {}; }
 };
 
-// clone + exec (spawn_process), kill(2), waitpid(2); every group it starts is reported to the
-// guardian, which kills it if the agent dies without stopping it; every worker joins the job's
-// containment (containment.hpp).
+// clone + exec (spawn_process), kill(2), waitpid(2); the groups it is told to watch are reported
+// to the guardian, which kills them if the agent dies without stopping them; every worker is
+// born in the job's containment (containment.hpp).
 class RealProcessRunner : public ProcessRunner {
  public:
   RealProcessRunner(Guardian& guardian, const Containment& containment)
@@ -64,6 +67,7 @@ class RealProcessRunner : public ProcessRunner {
                 const CpuBinding* binding) override;
   void signal_group(pid_t pgid, int sig) override;
   std::vector<Ended> reap() override;
+  void watch(const std::vector<pid_t>& pgids) override;
   void forget(pid_t pgid) override;
   std::string native_stack(pid_t pid, std::chrono::milliseconds limit) override;
   std::vector<StackTargets> stack_targets(const std::vector<pid_t>& workers) override;

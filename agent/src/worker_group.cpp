@@ -88,6 +88,9 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
     state = any ? State::stopping : State::ended;  // the killed ones end it when reaped
     throw;
   }
+  std::vector<pid_t> pgids;
+  for (auto& s : slots) pgids.push_back(s->w.pid);
+  runner.watch(pgids);
   oom_kills_at_start = cgroup_oom_kills();
   arm_heartbeat_check();
 }

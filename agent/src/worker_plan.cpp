@@ -38,17 +38,15 @@ void prepend_path(std::map<std::string, std::string>& env, const std::string& ke
   v = v.empty() ? dir : dir + ":" + v;
 }
 
-std::vector<std::string> worker_env(const AgentOptions& opt, const rounds::RoundInfo& r, const WorkerSpec& w) {
+// What every worker of the group shares: the inherited environment with the group's variables.
+std::map<std::string, std::string> group_env(const AgentOptions& opt, const rounds::RoundInfo& r) {
   std::map<std::string, std::string> env = opt.base_env;
   auto set = [&](const std::string& k, const std::string& v) { env[k] = v; };
-  set("RANK", std::to_string(w.rank));
-  set("LOCAL_RANK", std::to_string(w.local_rank));
   set("WORLD_SIZE", std::to_string(r.world_size));
   set("LOCAL_WORLD_SIZE", std::to_string(opt.nproc_per_node));
   set("GROUP_RANK", std::to_string(r.group_rank));
   set("GROUP_WORLD_SIZE", std::to_string(r.group_world));
   set("ROLE_NAME", opt.role);
-  set("ROLE_RANK", std::to_string(w.rank));
   set("ROLE_WORLD_SIZE", std::to_string(r.world_size));
   set("MASTER_ADDR", r.store_host);
   set("MASTER_PORT", std::to_string(r.store_port));
@@ -56,8 +54,6 @@ std::vector<std::string> worker_env(const AgentOptions& opt, const rounds::Round
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(opt.max_restarts));
   set("TORCHELASTIC_RUN_ID", opt.rdzv.run_id);
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
-  set("TORCHELASTIC_ERROR_FILE", w.error_file);
-  set("DDPRUN_HEARTBEAT_FILE", w.heartbeat_file);
   set("TORCHELASTIC_SIGNALS_TO_HANDLE", signal_list(opt.forward_signals));
   env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (opt.python_site_dir.empty()) {
@@ -67,17 +63,37 @@ std::vector<std::string> worker_env(const AgentOptions& opt, const rounds::Round
   }
   env.try_emplace("PYTHONFAULTHANDLER", "1");  // a hung Python worker stopped with SIGABRT prints its stacks
   if (opt.nproc_per_node > 1) env.try_emplace("OMP_NUM_THREADS", "1");
+  return env;
+}
+
+// One worker's: the group's ("K=V", built once for all), then its own variables, which replace
+// any the group's environment has (an inherited RANK, say).
+std::vector<std::string> worker_env(const AgentOptions& opt, const std::map<std::string, std::string>& group,
+                                    const std::vector<std::string>& shared, const WorkerSpec& w) {
+  std::vector<std::pair<std::string, std::string>> own = {
+      {"RANK", std::to_string(w.rank)},
+      {"LOCAL_RANK", std::to_string(w.local_rank)},
+      {"ROLE_RANK", std::to_string(w.rank)},
+      {"TORCHELASTIC_ERROR_FILE", w.error_file},
+      {"DDPRUN_HEARTBEAT_FILE", w.heartbeat_file}};
   if (opt.virtual_local_rank) {
     // Its own GPU as device 0: the inherited list's entry for this local rank, else its index.
-    auto visible = env.find("CUDA_VISIBLE_DEVICES");
-    auto devices = visible == env.end() ? std::vector<std::string>{} : split(visible->second, ',');
-    set("CUDA_VISIBLE_DEVICES", w.local_rank < static_cast<int>(devices.size()) ? trim(devices[w.local_rank])
-                                                                                 : std::to_string(w.local_rank));
-    set("LOCAL_RANK", "0");
+    auto visible = group.find("CUDA_VISIBLE_DEVICES");
+    auto devices = visible == group.end() ? std::vector<std::string>{} : split(visible->second, ',');
+    own.emplace_back("CUDA_VISIBLE_DEVICES", w.local_rank < static_cast<int>(devices.size())
+                                                 ? trim(devices[static_cast<std::size_t>(w.local_rank)])
+                                                 : std::to_string(w.local_rank));
+    own[1].second = "0";  // LOCAL_RANK
   }
   std::vector<std::string> out;
-  out.reserve(env.size());
-  for (auto& [k, v] : env) out.push_back(k + "=" + v);
+  out.reserve(shared.size() + own.size());
+  for (const auto& kv : shared) {
+    auto eq = kv.find('=');
+    bool replaced = false;
+    for (const auto& [k, v] : own) replaced = replaced || (k.size() == eq && kv.compare(0, eq, k) == 0);
+    if (!replaced) out.push_back(kv);
+  }
+  for (auto& [k, v] : own) out.push_back(k + "=" + v);
   return out;
 }
 
@@ -103,6 +119,10 @@ StreamRoute route(const AgentOptions& opt, const WorkerSpec& w, const std::strin
 std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const rounds::RoundInfo& round, const RunDir& dir) {
   std::vector<WorkerSpec> specs(opt.nproc_per_node);
   const auto dirs = dir.worker_dirs(round.round, opt.nproc_per_node);
+  const auto group = group_env(opt, round);
+  std::vector<std::string> shared;
+  shared.reserve(group.size());
+  for (const auto& [k, v] : group) shared.push_back(k + "=" + v);
   for (int i = 0; i < opt.nproc_per_node; ++i) {
     auto& w = specs[i];
     w.local_rank = i;
@@ -112,7 +132,7 @@ std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const rounds::Roun
     w.error_file = wdir + "/error.json";
     w.heartbeat_file = wdir + "/heartbeat";
     for (const auto& a : opt.command) w.argv.push_back(replace_all(a, "${local_rank}", std::to_string(i)));
-    w.env = worker_env(opt, round, w);
+    w.env = worker_env(opt, group, shared, w);
     w.out = route(opt, w, wdir, 1);
     w.err = route(opt, w, wdir, 2);
     if (static_cast<std::size_t>(i) < opt.bindings.size()) w.binding = opt.bindings[static_cast<std::size_t>(i)];

@@ -1,9 +1,9 @@
 #include "ddprun/common/system.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <iterator>
+#include <cerrno>
 
 extern char** environ;
 
@@ -27,8 +27,20 @@ std::string host_name() {
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Plain read(2): the files read at start-up (/proc, cgroup files) are small, and a stream's
+  // buffer, locale and per-character copy cost more than the kernel's work.
+  std::string out;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[8192];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
 }
 
 }  // namespace ddprun

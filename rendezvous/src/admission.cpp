@@ -10,8 +10,13 @@
 
 namespace ddprun::rendezvous {
 
-Admission::Admission(ServerContext& ctx) : ctx_(ctx), my_uid_(::getuid()) {
-  for (const auto& a : local_addresses()) local_addrs_.push_back(a);
+Admission::Admission(ServerContext& ctx) : ctx_(ctx), my_uid_(::getuid()) {}
+
+const std::vector<IpAddress>& Admission::local_addrs() {
+  // Asked of the kernel (a netlink dump) at the first peer that needs it, not at every launch:
+  // most stores only ever see loopback clients.
+  if (!local_addrs_) local_addrs_ = local_addresses();
+  return *local_addrs_;
 }
 
 void Admission::set_allow(const std::optional<std::vector<std::string>>& cidrs) {
@@ -83,7 +88,9 @@ bool Admission::admit_peer(int fd, const sockaddr_storage& addr) {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &len);
   auto local = IpAddress::from_sockaddr(mine);
   bool same_host = peer->is_loopback() || (local && peer->same_host_as(*local));
-  for (const auto& a : local_addrs_) same_host = same_host || peer->same_host_as(a);
+  if (!same_host) {
+    for (const auto& a : local_addrs()) same_host = same_host || peer->same_host_as(a);
+  }
   auto refuse = [&](const std::string& why) {
     ++ctx_.refused;
     ctx_.log_once(peer->to_string() + "|" + why, "store: refused a connection from " + peer->to_string() + ": " + why);

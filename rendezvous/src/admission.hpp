@@ -39,11 +39,12 @@ class Admission {
 
  private:
   bool admit_peer(int fd, const sockaddr_storage& addr);
+  const std::vector<IpAddress>& local_addrs();
   void turn_away(int fd);
 
   ServerContext& ctx_;
   std::optional<std::vector<Cidr>> allow_;
-  std::vector<IpAddress> local_addrs_;
+  std::optional<std::vector<IpAddress>> local_addrs_;  // this host's addresses, once asked
   SocketOwnerLookup owners_;
   uid_t my_uid_;
 };

@@ -23,6 +23,7 @@ class FakeRunner : public ProcessRunner {
     std::vector<std::string> argv;
     std::map<std::string, std::string> env;
     std::optional<CpuBinding> binding;
+    std::size_t env_entries = 0;  // as given ("K=V" entries): more than env.size() means a key twice
   };
   std::map<pid_t, Process> started;
   std::vector<std::pair<pid_t, int>> signals;  // (process group, signal), in order
@@ -38,6 +39,7 @@ class FakeRunner : public ProcessRunner {
     if (static_cast<int>(started.size()) == fail_start_at) throw Error("fork failed: Resource temporarily unavailable");
     Process p{argv, {}, binding ? std::optional<CpuBinding>(*binding) : std::nullopt};
     for (const auto& kv : env) p.env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+    p.env_entries = env.size();
     pid_t pid = next_pid++;
     started[pid] = p;
     return Started{pid, -1, -1};

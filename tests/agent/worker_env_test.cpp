@@ -1,5 +1,7 @@
 // What each worker's environment says about the progress hook, the NCCL error-handling variable
 // and the signals to handle (the controller with the fake runner, which keeps each environment).
+#include <set>
+
 #include "controller_job.hpp"
 
 using namespace ddprun::agent;
@@ -47,4 +49,28 @@ TEST_CASE("worker environment: TORCHELASTIC_SIGNALS_TO_HANDLE names the forwarde
   o.forward_signals.insert(SIGUSR2);
   o.forward_signals.insert(SIGUSR1);
   CHECK(first_env(o)["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2");
+}
+
+TEST_CASE("worker environment: each worker's own variables replace inherited ones, each key once", "[units]") {
+  auto o = options(3, 0);
+  o.base_env["RANK"] = "99";
+  o.base_env["LOCAL_RANK"] = "7";
+  o.base_env["DDPRUN_HEARTBEAT_FILE"] = "/elsewhere";
+  o.base_env["WORLD_SIZE"] = "1000";
+  o.base_env["KEEP_ME"] = "yes";
+  Job j(std::move(o));
+  j.ctl->start();
+  j.ready(0, 0);
+  std::set<std::string> heartbeats;
+  for (pid_t pid : j.pids()) {
+    const auto& p = j.runner.started.at(pid);
+    CHECK(p.env_entries == p.env.size());
+    CHECK(p.env.at("RANK") == p.env.at("LOCAL_RANK"));
+    CHECK(p.env.at("RANK") != "99");
+    CHECK(p.env.at("WORLD_SIZE") == "3");
+    CHECK(p.env.at("KEEP_ME") == "yes");
+    heartbeats.insert(p.env.at("DDPRUN_HEARTBEAT_FILE"));
+  }
+  CHECK(heartbeats.size() == 3);
+  CHECK_FALSE(heartbeats.count("/elsewhere"));
 }
