@@ -28,6 +28,14 @@ check "ddprun-stack is installed beside ddprun and reads a process's stack" sh -
   sleep 30 & pid=\$!; '$prefix/bin/ddprun-stack' \$pid > '$work/stack.txt'; rc=\$?; kill \$pid
   [ \$rc -eq 0 ] && grep -q '^#0 ' '$work/stack.txt'"
 
+# An empty RUNPATH entry is the current directory to the loader: a library planted where ddprun
+# is started from would be loaded. Neither the build tree's programs nor the installed ones have one.
+check "no program searches the current directory for libraries (no empty RUNPATH entry)" sh -c "
+  for f in '$build/launcher/ddprun' '$build/rendezvous/ddprun-store' '$prefix/bin/ddprun' '$prefix/bin/ddprun-store'; do
+    path=\$(readelf -d \"\$f\" | sed -n 's/.*R\(UN\)\{0,1\}PATH.*\[\(.*\)\]/\2/p')
+    case \":\$path:\" in *::*) [ -n \"\$path\" ] && { echo \"\$f: RUNPATH '\$path'\"; exit 1; } ;; esac
+  done; true"
+
 # A separate project against the prefix: examples/ with find_package(ddprun).
 check "examples/ configures and builds against the prefix with find_package(ddprun)" sh -c "
   cmake -S '$src/examples' -B '$work/consumer' -DCMAKE_PREFIX_PATH='$prefix' -DCMAKE_BUILD_TYPE=Release >/dev/null &&
