@@ -5,7 +5,8 @@
 # kill reaches it). Runs in private mount and pid namespaces (unshare -m -p -f --mount-proc).
 #  1. the workers exit 0: ddprun exits 0, names what it killed, and no leftover lives on;
 #  2. kill -9 of ddprun while the workers and their leftovers run: the guardian kills them all;
-#  3. the cgroup is removed afterwards (cgroup mode).
+#  3. the cgroup is removed afterwards (cgroup mode), and so is ddprun's temporary directory in
+#     /dev/shm (the guardian removes it; a nested ddprun killed with its job leaves its own).
 # Prints the processes left and the seconds the guardian took. Usage: tests/containment_test.sh DDPRUN
 set -u
 source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
@@ -82,6 +83,8 @@ killed() {
   if [ $want = cgroup ] && ! { [[ "$cg" == /* ]] && [ -d "$cg" ] && [ -n "$(find "$cg" -name cgroup.procs -exec cat {} +)" ]; }; then
     bad "$who/$how: the workers are not in the job's cgroup '$cg'"
   fi
+  # ddprun's own temporary directory: the first made (the nested agents' come after).
+  local tmp; tmp=$(ls -dtr /dev/shm/ddprun-* 2>/dev/null | head -1)
   start=$(date +%s.%N)
   if [ "$how" = group ]; then kill -9 -- -$pid; else kill -9 $pid; fi
   wait $pid 2>/dev/null
@@ -95,6 +98,14 @@ killed() {
   if [ $want = cgroup ]; then
     if cgroup_gone "$cg"; then ok "$who/$how: the cgroup is removed"; else bad "$who/$how: cgroup $cg left"; fi
   fi
+  local deadline=$((SECONDS + 5))
+  while [ -n "$tmp" ] && [ -e "$tmp" ] && [ $SECONDS -lt $deadline ]; do sleep 0.05; done
+  if [ -n "$tmp" ] && [ ! -e "$tmp" ]; then
+    ok "$who/$how: ddprun's temporary directory $tmp is removed"
+  else
+    bad "$who/$how: ddprun's temporary directory '${tmp:-none found}' is left: $(ls -R /dev/shm | head -5)"
+  fi
+  rm -rf /dev/shm/ddprun-*  # a nested job's own
 }
 
 # 5. Subreaper mode: an orphan that cleared its environment is still a descendant of the agent.

@@ -105,6 +105,7 @@ struct Agent::Impl {
     plan_binding();
     const std::string node_name = opt.rdzv.local_addr.empty() ? host_name() : opt.rdzv.local_addr;
     RunDir dir(opt);
+    guardian.own_directory(dir.disposable());
     EventLog events;
     open_events(events, node_name);
     asio::io_context io{1};

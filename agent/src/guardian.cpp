@@ -12,8 +12,10 @@
 #include <climits>
 #include <cstring>
 #include <set>
+#include <string>
 
 #include "containment.hpp"
+#include "private_files.hpp"
 #include "ddprun/common/exit_status.hpp"
 
 namespace ddprun::agent {
@@ -22,17 +24,22 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Message {
-  char op;  // 'w' watch, 'f' forget, 'a' arm, 'd' disarm, 'q' quit quietly
+  char op;  // 'w' watch, 'f' forget, 'a' arm, 'd' disarm, 'q' quit quietly, 'p' the agent's
+            // temporary directory (its path's `when` bytes follow)
   pid_t pgid;
   std::int64_t when;  // 'a': the deadline, steady clock nanoseconds
   std::int64_t sent;  // when the agent sent it (same clock)
 };
+
+// The most one write sends: whole messages, at most PIPE_BUF bytes (atomic).
+constexpr std::size_t kChunk = PIPE_BUF / sizeof(Message) * sizeof(Message);
 
 std::int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
 
 struct Watch {
   const Containment* containment = nullptr;
   std::set<pid_t> groups;
+  std::string directory;  // the agent's temporary directory, removed when the agent is gone
   bool armed = false;
   std::int64_t deadline = 0;
 
@@ -40,6 +47,7 @@ struct Watch {
   void kill_all(bool agent_gone) {
     for (pid_t g : groups) ::kill(-g, SIGKILL);
     if (containment) containment->kill_everything(agent_gone);
+    if (agent_gone && !directory.empty()) remove_tree(AT_FDCWD, directory.c_str());
   }
   // The fence: a deadline that passed (by `at`) kills the groups (once).
   void check_deadline(std::int64_t at) {
@@ -54,6 +62,18 @@ struct Watch {
     return static_cast<int>(std::clamp<std::int64_t>(left, 0, 60'000));
   }
 };
+
+// `size` bytes that follow a message (the agent writes them with it, in one write).
+bool read_exactly(int fd, std::string& out, std::size_t size) {
+  out.assign(size, '\0');
+  for (std::size_t got = 0; got < size;) {
+    ssize_t n = ::read(fd, out.data() + got, size - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    got += static_cast<std::size_t>(n);
+  }
+  return true;
+}
 
 [[noreturn]] void guardian_main(int fd, const Containment* containment) {
   // Signals are for the agent, which forwards them or stops the job; the guardian, whom a
@@ -82,6 +102,7 @@ struct Watch {
       if (m.op == 'a') w.armed = true, w.deadline = m.when;
       if (m.op == 'd') w.armed = false;
       if (m.op == 'q') ::_exit(0);
+      if (m.op == 'p' && !read_exactly(fd, w.directory, static_cast<std::size_t>(m.when))) break;
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -134,7 +155,6 @@ void Guardian::send(char op, pid_t pgid, std::int64_t when, std::int64_t sent) {
 // rendezvous' threads send at the same time never interleave with them; the guardian reads
 // continuously.
 void Guardian::write_all(const void* data, std::size_t size) {
-  constexpr std::size_t kChunk = PIPE_BUF / sizeof(Message) * sizeof(Message);
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     ssize_t n = ::write(fd_, p, std::min(size, kChunk));
@@ -153,6 +173,13 @@ void Guardian::watch(const std::vector<pid_t>& pgids) {
   write_all(ms.data(), ms.size() * sizeof(Message));
 }
 void Guardian::forget(pid_t pgid) { send('f', pgid); }
+
+void Guardian::own_directory(const std::string& path) {
+  if (fd_ < 0 || path.empty() || sizeof(Message) + path.size() > kChunk) return;
+  Message m{'p', 0, static_cast<std::int64_t>(path.size()), now_ns()};
+  std::string buf(reinterpret_cast<const char*>(&m), sizeof(m));
+  write_all((buf + path).data(), sizeof(m) + path.size());  // one write: atomic
+}
 namespace {
 std::int64_t ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();

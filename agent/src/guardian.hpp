@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "ddprun/rounds/rendezvous.hpp"
@@ -32,6 +33,9 @@ class Guardian {
 
   void watch(const std::vector<pid_t>& pgids);  // worker groups started (one wake-up for all)
   void forget(pid_t pgid);   // a worker group is gone
+  // The agent's temporary directory: removed by the guardian, after the kills, when the agent
+  // dies without saying goodbye (a kill -9 left it in /dev/shm).
+  void own_directory(const std::string& path);
   // Kill the watched groups if `deadline` (steady clock) passes before the next arm or disarm.
   // `now`: when the caller decided (a message read late counts then).
   void arm(std::chrono::steady_clock::time_point deadline,

@@ -83,8 +83,10 @@ RunDir::RunDir(const AgentOptions& opt)
 
 RunDir::~RunDir() {
   if (temp_root_.empty() || keep_) return;
-  std::error_code ec;
-  fs::remove_all(temp_root_, ec);
+  remove_tree(AT_FDCWD, temp_root_.c_str());
+}
+
+std::string RunDir::disposable() const { return keep_ ? std::string() : temp_root_;
 }
 
 // Each level is opened below the last without following links, and checked: a private run

@@ -22,6 +22,9 @@ class RunDir {
   RunDir& operator=(const RunDir&) = delete;
 
   const std::string& path() const { return run_dir_; }
+  // The temporary directory this removes at the end, or "" (--log_dir, or logs kept): the one the
+  // guardian removes when the agent dies without removing it.
+  std::string disposable() const;
   // <run dir>/attempt_<round>/<local_rank> for local ranks 0 .. count-1, in order, created (the
   // run and attempt directories opened once for all).
   std::vector<std::string> worker_dirs(int round, int count) const;
