@@ -102,7 +102,14 @@ bool read_exactly(int fd, std::string& out, std::size_t size) {
       if (m.op == 'a') w.armed = true, w.deadline = m.when;
       if (m.op == 'd') w.armed = false;
       if (m.op == 'q') ::_exit(0);
-      if (m.op == 'p' && !read_exactly(fd, w.directory, static_cast<std::size_t>(m.when))) break;
+      if (m.op == 'p') {
+        // Whole or not at all: a part of the path must never be what is removed.
+        if (m.when <= 0 || m.when > static_cast<std::int64_t>(PIPE_BUF) ||
+            !read_exactly(fd, w.directory, static_cast<std::size_t>(m.when))) {
+          w.directory.clear();
+          break;
+        }
+      }
       continue;
     }
     if (n < 0 && errno == EINTR) continue;

@@ -81,7 +81,7 @@ struct MetricsServer::Impl {
       stream.expires_after(kDeadline);  // the whole exchange: a slow client is cut off
       http::async_read(stream, buf, parser, [self = shared_from_this()](beast::error_code ec, std::size_t) {
         self->leave_waiting();
-        if (ec == asio::error::operation_aborted && !self->counted) return;  // evicted
+        if (!self->counted) return;  // evicted: its socket is closed, whatever the read got
         if (ec) return self->answer(ec == http::error::header_limit ? http::status::request_header_fields_too_large
                                                                     : http::status::bad_request, "");
         self->route(self->parser.get());

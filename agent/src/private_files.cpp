@@ -73,14 +73,17 @@ Fd open_private_file(const std::string& path, int flags) {
   return fd;
 }
 
-// Removes `name` in the directory `parent` and everything below it, each directory opened once
-// (std::filesystem::remove_all opened each twice, with a stat and two fcntl each time: half of a
-// one-worker job's teardown). unlinkat never follows a link; a directory is opened without
-// following one either.
-void remove_tree(int parent, const char* name) {
-  if (::unlinkat(parent, name, 0) == 0 || (errno != EISDIR && errno != EPERM)) return;
+namespace {
+
+// remove_tree below the directory `parent`, on the file system `dev` only.
+void remove_below(int parent, const char* name, dev_t dev) {
   int fd = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return;
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || st.st_dev != dev) {  // a mount point: what is mounted stays
+    ::close(fd);
+    return;
+  }
   DIR* d = ::fdopendir(fd);
   if (!d) {
     ::close(fd);
@@ -90,14 +93,26 @@ void remove_tree(int parent, const char* name) {
     const char* n = e->d_name;
     if (n[0] == '.' && (n[1] == '\0' || (n[1] == '.' && n[2] == '\0'))) continue;
     if (e->d_type == DT_DIR) {
-      remove_tree(fd, n);
+      remove_below(fd, n, dev);
     } else if (::unlinkat(fd, n, 0) != 0 && (errno == EISDIR || errno == EPERM)) {
-      remove_tree(fd, n);  // a directory the file system did not type
+      remove_below(fd, n, dev);  // a directory the file system did not type
     }
   }
   ::closedir(d);
   ::unlinkat(parent, name, AT_REMOVEDIR);
 }
 
+}  // namespace
+
+// Each directory opened once (std::filesystem::remove_all opened each twice, with a stat and two
+// fcntl each time: half of a one-worker job's teardown). unlinkat never follows a link, a
+// directory is opened without following one, and nothing is removed across a mount point (a
+// worker running as root may mount something in its directory).
+void remove_tree(int parent, const char* name) {
+  if (::unlinkat(parent, name, 0) == 0 || (errno != EISDIR && errno != EPERM)) return;
+  struct stat top{};
+  if (::fstatat(parent, name, &top, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(top.st_mode)) return;
+  remove_below(parent, name, top.st_dev);
+}
 
 }  // namespace ddprun::agent

@@ -47,7 +47,7 @@ Fd open_private_file(const std::string& path, int flags);
 void check_private(int fd, const std::string& shown, bool want_dir);
 
 // Removes `name` in the directory `parent` (AT_FDCWD: a path) and everything below it, following
-// no link; errors are ignored (what cannot be removed stays).
+// no link and crossing no mount point; errors are ignored (what cannot be removed stays).
 void remove_tree(int parent, const char* name);
 
 }  // namespace ddprun::agent

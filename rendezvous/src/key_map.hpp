@@ -48,6 +48,7 @@ class KeyMap {
   }
   // Erases the entry of `k`, which must be there (`k` may name the entry's own key).
   void erase(const HashedKey& k) {
+    if (!shards_) return;
     auto& s = shard(k);
     s.erase(s.find(k));
     --size_;
