@@ -66,10 +66,10 @@ std::map<std::string, std::string> group_env(const AgentOptions& opt, const roun
   return env;
 }
 
-// One worker's: the group's ("K=V", built once for all), then its own variables, which replace
-// any the group's environment has (an inherited RANK, say).
-std::vector<std::string> worker_env(const AgentOptions& opt, const std::map<std::string, std::string>& group,
-                                    const std::vector<std::string>& shared, const WorkerSpec& w) {
+// The variables one worker sets for itself. `devices`: the inherited CUDA_VISIBLE_DEVICES, split
+// (--virtual_local_rank).
+std::vector<std::pair<std::string, std::string>> own_vars(const AgentOptions& opt, const std::vector<std::string>& devices,
+                                                          const WorkerSpec& w) {
   std::vector<std::pair<std::string, std::string>> own = {
       {"RANK", std::to_string(w.rank)},
       {"LOCAL_RANK", std::to_string(w.local_rank)},
@@ -78,23 +78,12 @@ std::vector<std::string> worker_env(const AgentOptions& opt, const std::map<std:
       {"DDPRUN_HEARTBEAT_FILE", w.heartbeat_file}};
   if (opt.virtual_local_rank) {
     // Its own GPU as device 0: the inherited list's entry for this local rank, else its index.
-    auto visible = group.find("CUDA_VISIBLE_DEVICES");
-    auto devices = visible == group.end() ? std::vector<std::string>{} : split(visible->second, ',');
     own.emplace_back("CUDA_VISIBLE_DEVICES", w.local_rank < static_cast<int>(devices.size())
                                                  ? trim(devices[static_cast<std::size_t>(w.local_rank)])
                                                  : std::to_string(w.local_rank));
     own[1].second = "0";  // LOCAL_RANK
   }
-  std::vector<std::string> out;
-  out.reserve(shared.size() + own.size());
-  for (const auto& kv : shared) {
-    auto eq = kv.find('=');
-    bool replaced = false;
-    for (const auto& [k, v] : own) replaced = replaced || (k.size() == eq && kv.compare(0, eq, k) == 0);
-    if (!replaced) out.push_back(kv);
-  }
-  for (auto& [k, v] : own) out.push_back(k + "=" + v);
-  return out;
+  return own;
 }
 
 StreamRoute route(const AgentOptions& opt, const WorkerSpec& w, const std::string& dir, int which /*1 out, 2 err*/) {
@@ -119,7 +108,13 @@ StreamRoute route(const AgentOptions& opt, const WorkerSpec& w, const std::strin
 std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const rounds::RoundInfo& round, const RunDir& dir) {
   std::vector<WorkerSpec> specs(opt.nproc_per_node);
   const auto dirs = dir.worker_dirs(round.round, opt.nproc_per_node);
-  const auto group = group_env(opt, round);
+  // The group's environment as "K=V", built once for all: without the variables each worker
+  // sets for itself (an inherited RANK, say), which each worker's own then add.
+  auto group = group_env(opt, round);
+  std::vector<std::string> devices;
+  auto visible = group.find("CUDA_VISIBLE_DEVICES");
+  if (opt.virtual_local_rank && visible != group.end()) devices = split(visible->second, ',');
+  for (const auto& kv : own_vars(opt, devices, WorkerSpec{})) group.erase(kv.first);
   std::vector<std::string> shared;
   shared.reserve(group.size());
   for (const auto& [k, v] : group) shared.push_back(k + "=" + v);
@@ -132,7 +127,8 @@ std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const rounds::Roun
     w.error_file = wdir + "/error.json";
     w.heartbeat_file = wdir + "/heartbeat";
     for (const auto& a : opt.command) w.argv.push_back(replace_all(a, "${local_rank}", std::to_string(i)));
-    w.env = worker_env(opt, group, shared, w);
+    w.env = shared;
+    for (const auto& [k, v] : own_vars(opt, devices, w)) w.env.push_back(k + "=" + v);
     w.out = route(opt, w, wdir, 1);
     w.err = route(opt, w, wdir, 2);
     if (static_cast<std::size_t>(i) < opt.bindings.size()) w.binding = opt.bindings[static_cast<std::size_t>(i)];
