@@ -1,7 +1,8 @@
 # Sourced by the tests that could kill or delete (README: Tests): runs the calling script again
 # inside private mount and pid namespaces (unshare -m -p -f --mount-proc) with its own tmpfs on
-# /tmp and on /dev/shm (where ddprun's temporary directories go: what one leaves is seen), and puts a copy of the ddprun under test in /tmp/bin (the tmpfs hides the original's
-# directory when it lives below /tmp). Skips visibly (exit 77) where that cannot be done, and
+# /tmp and on /dev/shm (where ddprun's temporary directories go: what one leaves is seen), and
+# puts a copy of the ddprun under test in /tmp/bin (the tmpfs hides the original's directory
+# when it lives below /tmp). Skips visibly (exit 77) where that cannot be done, and
 # fails instead under CI=true.
 # Usage: source private_ns.sh DDPRUN "$0" "$@"
 skip() {

@@ -139,12 +139,6 @@ std::string job_token_list(const std::string& inherited, const std::string& toke
   return inherited.empty() ? token : inherited + ":" + token;
 }
 
-std::string process_name(pid_t pid) {
-  std::string name = read_file("/proc/" + std::to_string(pid) + "/comm");
-  while (!name.empty() && name.back() == '\n') name.pop_back();
-  return name;
-}
-
 std::unique_ptr<Containment> Containment::set_up() {
   std::unique_ptr<Containment> c(new Containment());
   c->token_ = new_token();

@@ -71,9 +71,6 @@ class Containment {
 // with the path in /proc/self/cgroup ("0::PATH"). "" and `why` when there is none.
 std::string own_cgroup_dir(std::string& why);
 
-// Reads the name (comm) of `pid`, "" if it is gone.
-std::string process_name(pid_t pid);
-
 // The agent's own helper processes (stack readers), which a sweep spares. Thread-safe.
 void note_agent_helper(pid_t pid);
 void forget_agent_helper(pid_t pid);

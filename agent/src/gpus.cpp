@@ -15,11 +15,6 @@
 namespace ddprun::agent {
 namespace {
 
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 bool starts_with_ci(const std::string& s, const std::string& prefix) {
   return s.size() >= prefix.size() && lower(s.substr(0, prefix.size())) == lower(prefix);
 }

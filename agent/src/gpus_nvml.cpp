@@ -3,10 +3,10 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 
 #include "ddprun/agent/gpus.hpp"
+#include "ddprun/common/text.hpp"
 
 namespace ddprun::agent {
 namespace {
@@ -68,8 +68,7 @@ struct Nvml {
 
 // "00000000:18:00.0" -> "0000:18:00.0" (sysfs's spelling: 4-digit domain, lower case).
 std::string sysfs_bus_id(const char* nvml_bus_id) {
-  std::string s(nvml_bus_id);
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string s = lower(nvml_bus_id);
   auto colon = s.find(':');
   if (colon != std::string::npos && colon > 4) s = s.substr(colon - 4);
   return s;

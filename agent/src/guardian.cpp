@@ -34,7 +34,10 @@ struct Message {
 // The most one write sends: whole messages, at most PIPE_BUF bytes (atomic).
 constexpr std::size_t kChunk = PIPE_BUF / sizeof(Message) * sizeof(Message);
 
-std::int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+std::int64_t ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+std::int64_t now_ns() { return ns(Clock::now()); }
 
 struct Watch {
   const Containment* containment = nullptr;
@@ -185,13 +188,9 @@ void Guardian::own_directory(const std::string& path) {
   if (fd_ < 0 || path.empty() || sizeof(Message) + path.size() > kChunk) return;
   Message m{'p', 0, static_cast<std::int64_t>(path.size()), now_ns()};
   std::string buf(reinterpret_cast<const char*>(&m), sizeof(m));
-  write_all((buf + path).data(), sizeof(m) + path.size());  // one write: atomic
+  buf += path;
+  write_all(buf.data(), buf.size());  // one write: atomic
 }
-namespace {
-std::int64_t ns(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-}
-}  // namespace
 
 void Guardian::arm(Clock::time_point deadline, Clock::time_point now) { send('a', 0, ns(deadline), ns(now)); }
 void Guardian::disarm(Clock::time_point now) { send('d', 0, 0, ns(now)); }

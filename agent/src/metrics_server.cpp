@@ -32,7 +32,6 @@ struct MetricsServer::Impl {
   JobMetrics& metrics;
   std::atomic<int> clients{0};
   std::atomic<std::size_t> refused{0};
-  std::atomic<std::size_t> evicted{0};
   std::list<Client*> waiting;  // clients that have not sent their request yet, oldest first
   std::thread thread;
   asio::io_context io{1};
@@ -134,7 +133,6 @@ struct MetricsServer::Impl {
   void admit(tcp::socket sock) {
     if (clients >= kMaxClients && !waiting.empty()) {
       waiting.front()->evict();
-      ++evicted;
     }
     if (clients >= kMaxClients) {
       ++refused;
@@ -175,6 +173,5 @@ MetricsServer::~MetricsServer() {
 
 std::uint16_t MetricsServer::port() const { return impl_->acceptor.local_endpoint().port(); }
 std::size_t MetricsServer::refused() const { return impl_->refused; }
-std::size_t MetricsServer::evicted() const { return impl_->evicted; }
 
 }  // namespace ddprun::agent

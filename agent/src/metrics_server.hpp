@@ -35,7 +35,6 @@ class MetricsServer {
 
   std::uint16_t port() const;
   std::size_t refused() const;  // newcomers closed at once: kMaxClients were being answered
-  std::size_t evicted() const;  // idle connections closed to make room for a newcomer
 
  private:
   struct Impl;

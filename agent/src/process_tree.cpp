@@ -7,7 +7,6 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <set>
 
 #include "ddprun/common/system.hpp"
@@ -35,15 +34,19 @@ pid_t parent_of(const std::string& stat_path) {
   return static_cast<pid_t>(ppid);
 }
 
+// The name in /proc/PID/comm under `dir` (/proc/PID), "" when it cannot be read.
+std::string comm_of(const std::string& dir) {
+  std::string name = read_file(dir + "/comm");
+  while (!name.empty() && name.back() == '\n') name.pop_back();
+  return name;
+}
+
 // /proc/PID/exe's target; without access to it (another user's process), /proc/PID/comm.
 std::string exe_of(const std::string& dir) {
   char buf[4096];
   ssize_t n = ::readlink((dir + "/exe").c_str(), buf, sizeof(buf) - 1);
   if (n > 0) return std::string(buf, static_cast<std::size_t>(n));
-  std::ifstream in(dir + "/comm");
-  std::string comm;
-  std::getline(in, comm);
-  return comm;
+  return comm_of(dir);
 }
 
 }  // namespace
@@ -65,6 +68,10 @@ bool is_wrapper_executable(const std::string& exe) {
       "sh",   "bash",   "dash",    "zsh",     "ksh",  "mksh",  "busybox", "env",   "nice",  "ionice", "nohup",
       "time", "timeout", "numactl", "taskset", "chrt", "setsid", "stdbuf", "flock", "srun", "prlimit"};
   return wrappers.count(base_name(exe)) > 0;
+}
+
+std::string process_name(pid_t pid, const std::string& proc_root) {
+  return comm_of(proc_root + "/" + std::to_string(pid));
 }
 
 std::vector<pid_t> process_ids(const std::string& proc_root) {
@@ -104,11 +111,6 @@ std::vector<pid_t> ProcessTree::subtree(pid_t root) const {
     out.insert(out.end(), kids.begin(), kids.end());
   }
   return out;
-}
-
-pid_t ProcessTree::parent(pid_t pid) const {
-  auto it = procs_.find(pid);
-  return it == procs_.end() ? 0 : it->second.parent;
 }
 
 std::string ProcessTree::exe(pid_t pid) const {

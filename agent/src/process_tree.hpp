@@ -30,6 +30,9 @@ bool is_python_executable(const std::string& exe);
 // Whether an executable only starts another program: a shell, env, nice, numactl, timeout, ...
 bool is_wrapper_executable(const std::string& exe);
 
+// The name (comm) of `pid`, "" if it is gone.
+std::string process_name(pid_t pid, const std::string& proc_root = "/proc");
+
 // The pids under `proc_root` (/proc), in no order.
 std::vector<pid_t> process_ids(const std::string& proc_root = "/proc");
 
@@ -41,8 +44,6 @@ class ProcessTree {
 
   // `root` and every process below it, parents before children; empty when `root` is unknown.
   std::vector<pid_t> subtree(pid_t root) const;
-  // The parent of `pid` (0 when unknown).
-  pid_t parent(pid_t pid) const;
   // The executable of `pid` ("" when unknown).
   std::string exe(pid_t pid) const;
   // What to read for the worker process `root`.

@@ -86,8 +86,7 @@ RunDir::~RunDir() {
   remove_tree(AT_FDCWD, temp_root_.c_str());
 }
 
-std::string RunDir::disposable() const { return keep_ ? std::string() : temp_root_;
-}
+std::string RunDir::disposable() const { return keep_ ? std::string() : temp_root_; }
 
 // Each level is opened below the last without following links, and checked: a private run
 // directory is what guarantees that nobody else can have put anything inside it. The run and

@@ -63,4 +63,10 @@ std::string trim(std::string_view s) {
   return std::string(s);
 }
 
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
 }  // namespace ddprun

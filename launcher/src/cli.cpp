@@ -199,10 +199,9 @@ std::string help_text(const po::options_description& desc) {
 // not turn a switch silently off or on). PyTorchJob's elasticPolicy.standalone sets
 // PET_STANDALONE to the empty string: that one switch is on when set and empty.
 bool pet_flag(const std::string& name, const std::string& v) {
-  std::string lower;
-  for (char c : v) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if ((v.empty() && name == "PET_STANDALONE") || lower == "1" || lower == "true") return true;
-  if (lower == "0" || lower == "false") return false;
+  const std::string b = lower(v);
+  if ((v.empty() && name == "PET_STANDALONE") || b == "1" || b == "true") return true;
+  if (b == "0" || b == "false") return false;
   usage(name + "='" + v + "' is not a switch value: use 1 or true, 0 or false");
 }
 

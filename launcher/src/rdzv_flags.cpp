@@ -1,6 +1,5 @@
 #include "rdzv_flags.hpp"
 
-#include <cctype>
 #include <random>
 
 #include "ddprun/common/error.hpp"
@@ -34,8 +33,7 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, rounds::Ren
     else if (k == "read_timeout") z.read_timeout = parse_seconds("rdzv_conf " + k, v, false);
     else if (k == "keep_alive_max_attempt") z.keep_alive_max_attempt = parse_count("rdzv_conf keep_alive_max_attempt", v, false);
     else if (k == "is_host") {
-      std::string b = v;
-      for (auto& c : b) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      const std::string b = lower(v);
       if (b == "1" || b == "true" || b == "yes") z.host_role = rounds::HostRole::always;
       else if (b == "0" || b == "false" || b == "no") z.host_role = rounds::HostRole::never;
       else usage("--rdzv_conf is_host must be true or false (got '" + v + "')");

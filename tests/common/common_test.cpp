@@ -46,6 +46,8 @@ TEST_CASE("split keeps empty fields, trim removes white space at both ends", "[c
   CHECK(split("a,", ',') == std::vector<std::string>{"a", ""});
   CHECK(trim("  x y \t\n") == "x y");
   CHECK(trim("   ").empty());
+  CHECK(lower("PET_True-MIG-9") == "pet_true-mig-9");
+  CHECK(lower("").empty());
 }
 
 TEST_CASE("exit_code_for: usage errors 2, every other error 1", "[common]") {

@@ -29,5 +29,7 @@ std::string format_address(const std::string& host, std::uint16_t port);
 std::vector<std::string> split(std::string_view s, char sep);
 // Without leading and trailing white space.
 std::string trim(std::string_view s);
+// In lower case (ASCII).
+std::string lower(std::string_view s);
 
 }  // namespace ddprun
