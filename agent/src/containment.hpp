@@ -32,7 +32,6 @@ class Containment {
   Containment(const Containment&) = delete;
   Containment& operator=(const Containment&) = delete;
 
-  ContainmentMode mode() const { return mode_; }
   // "cgroup /sys/fs/cgroup/…/ddprun-123" or "subreaper (no writable cgroup v2: why)".
   std::string describe() const;
   // The token (DDPRUN_JOB_TOKEN) every worker carries.
