@@ -3,7 +3,8 @@
 # mount namespace with its own tmpfs on /tmp (unshare -m), so that a regression cannot damage the
 # machine running the tests. Needs root; exits 77 (skipped) where namespaces cannot be made.
 #  - run ids that could climb out of the log directory are refused (exit 2), nothing deleted;
-#  - without --log_dir ddprun works in its own directory under $TMPDIR and removes exactly it;
+#  - without --log_dir ddprun works in its own directory under $TMPDIR and removes exactly it,
+#    following no link and crossing no mount point a worker left in it;
 #  - a user's --log_dir and everything beside it stay; new directories are 0700, files 0600;
 #  - a worker starts with exactly descriptors 0, 1 and 2.
 # Usage: tests/run_dir_test.sh DDPRUN
@@ -62,6 +63,20 @@ mount -o remount,ro /dev/shm
 rc=$?
 mount -o remount,rw /dev/shm
 [ $rc -eq 0 ] && [ "$(snapshot)" = "$before" ] && ok "/dev/shm unusable: /tmp, and gone at the end" || bad "exit $rc; changed: $(diff <(echo "$before") <(snapshot))"
+# A worker leaves links to the user's files and a bind mount of them in its directory: the
+# removal follows no link and crosses no mount point (the mount stays, and what it shows).
+"$ddprun" --standalone --nproc_per_node=1 --no_python /bin/sh -c 'd=$(dirname "$TORCHELASTIC_ERROR_FILE")
+  ln -s /tmp/keep "$d/dirlink"; ln -s /tmp/keep/file "$d/filelink"; mkdir -p "$d/deep/m"; mount --bind /tmp/keep "$d/deep/m"
+  echo "$d" > /tmp/worker-dir' >/dev/null 2>&1
+rc=$?
+m="$(cat /tmp/worker-dir 2>/dev/null)/deep/m"
+if [ $rc -eq 0 ] && intact && [ -f /tmp/keep/file ] && mountpoint -q "$m" && [ "$(cat "$m/file")" = precious ]; then
+  ok "a worker's links and bind mount in its directory: nothing outside it removed, the mount kept"
+else
+  bad "links and a mount in a worker's directory: exit $rc; $(ls -la /tmp/keep); $m: $(ls -la "$m" 2>&1)"
+fi
+umount "$m" 2>/dev/null; rm -rf /dev/shm/ddprun-* /tmp/worker-dir
+
 mkdir -p /tmp/mytmp && echo mine > /tmp/mytmp/own
 TMPDIR=/tmp/mytmp "$ddprun" --standalone --nproc_per_node=1 --no_python /bin/sh -c 'pwd >/dev/null; exit 0' >/dev/null 2>&1
 [ "$(ls -A /tmp/mytmp)" = own ] && [ "$(cat /tmp/mytmp/own)" = mine ] && ok "TMPDIR is used, and only ddprun's own directory in it is removed" \
