@@ -36,6 +36,17 @@ check "no program searches the current directory for libraries (no empty RUNPATH
     case \":\$path:\" in *::*) [ -n \"\$path\" ] && { echo \"\$f: RUNPATH '\$path'\"; exit 1; } ;; esac
   done; true"
 
+# Start-up cost (README): the static build's ddprun loads libc and libm alone (hwloc when --numa_binding needs it),
+# and where the toolchain packs relative relocations (DT_RELR) its 28,000 are packed.
+relr=$(sed -n 's/^DDPRUN_LINKER_RELR:INTERNAL=//p' "$build/CMakeCache.txt")
+grep -q '^BUILD_SHARED_LIBS:BOOL=ON' "$build/CMakeCache.txt" ||  # (a shared build loads its own libraries too)
+check "ddprun starts loading only libc and libm$( [ "$relr" = 1 ] && echo ', its relocations packed (DT_RELR)')" sh -c "
+  for f in '$build/launcher/ddprun' '$prefix/bin/ddprun'; do
+    needed=\$(readelf -d \"\$f\" | sed -n 's/.*NEEDED.*\\[\\(.*\\)\\]/\\1/p' | tr '\\n' ' ')
+    case \"\$needed\" in 'libm.so.6 libc.so.6 ld-linux-x86-64.so.2 '|'libm.so.6 libc.so.6 ') ;; *) echo \"\$f loads: \$needed\"; exit 1 ;; esac
+    if [ '$relr' = 1 ] && ! readelf -d \"\$f\" | grep -q '(RELR)'; then echo \"\$f: no DT_RELR\"; exit 1; fi
+  done; true"
+
 # A separate project against the prefix: examples/ with find_package(ddprun).
 check "examples/ configures and builds against the prefix with find_package(ddprun)" sh -c "
   cmake -S '$src/examples' -B '$work/consumer' -DCMAKE_PREFIX_PATH='$prefix' -DCMAKE_BUILD_TYPE=Release >/dev/null &&
@@ -73,6 +84,11 @@ if command -v dpkg-shlibdeps >/dev/null && command -v cpack >/dev/null; then
     # ddprun links Boost, OpenSSL, spdlog and its C++ runtime in; ddprun-store still loads libstdc++.
     check "the package declares Depends computed from the binaries (libc, libstdc++; not what is linked in)" sh -c "
       d=\$(dpkg-deb -f '$deb' Depends); echo \"\$d\"; echo \"\$d\" | grep -q libc6 && echo \"\$d\" | grep -q libstdc && ! echo \"\$d\" | grep -q libspdlog"
+    # hwloc is loaded with dlopen, which dpkg-shlibdeps cannot see: the package names it itself.
+    if grep -q '^HWLOC_FOUND:INTERNAL=1' "$build/CMakeCache.txt"; then
+      check "the package depends on hwloc's library, which ddprun loads at --numa_binding" sh -c "
+        dpkg-deb -f '$deb' Depends | grep -Eq '(^|, )libhwloc[0-9]+'"
+    fi
     root=$work/root
     mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates" "$root/var/lib/dpkg/triggers"
     : > "$root/var/lib/dpkg/status"

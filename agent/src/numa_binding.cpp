@@ -7,7 +7,7 @@
 #include "ddprun/common/error.hpp"
 
 #if DDPRUN_FEATURE_HWLOC
-#include <hwloc.h>
+#include "hwloc_lazy.hpp"
 #endif
 
 namespace ddprun::agent {
@@ -48,6 +48,7 @@ struct Topology::Impl {
 namespace {
 
 std::unique_ptr<Topology::Impl> make(const char* synthetic) {
+  load_hwloc();
   auto impl = std::make_unique<Topology::Impl>();
   if (hwloc_topology_init(&impl->t) != 0) throw Error("hwloc: cannot initialise a topology");
   if (synthetic && hwloc_topology_set_synthetic(impl->t, synthetic) != 0) {
