@@ -147,16 +147,21 @@ Guardian::Guardian(const Containment* containment) {
   fd_ = p[1];
 }
 
-Guardian::~Guardian() {
-  if (fd_ < 0) return;
+void Guardian::release() {
   send('q', 0);
-  ::close(fd_);
+  std::lock_guard<std::mutex> lk(write_mu_);  // no write of another thread is left half done
+  int fd = fd_.exchange(-1);
+  if (fd >= 0) ::close(fd);
+}
+
+Guardian::~Guardian() {
+  release();
   int status;
-  ::waitpid(pid_, &status, 0);
+  if (pid_ > 0) ::waitpid(pid_, &status, 0);
 }
 
 void Guardian::send(char op, pid_t pgid, std::int64_t when, std::int64_t sent) {
-  if (fd_ < 0) return;
+  if (fd_ < 0) return;  // (a cheap early out: write_all checks again under the lock)
   Message m{op, pgid, when, sent ? sent : now_ns()};
   write_all(&m, sizeof(m));
 }
@@ -165,9 +170,14 @@ void Guardian::send(char op, pid_t pgid, std::int64_t when, std::int64_t sent) {
 // rendezvous' threads send at the same time never interleave with them; the guardian reads
 // continuously.
 void Guardian::write_all(const void* data, std::size_t size) {
+  // Under the lock: a rendezvous thread renewing while the agent releases the guardian must not
+  // write into a descriptor number that has been closed and reused.
+  std::lock_guard<std::mutex> lk(write_mu_);
+  const int fd = fd_;
+  if (fd < 0) return;
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
-    ssize_t n = ::write(fd_, p, std::min(size, kChunk));
+    ssize_t n = ::write(fd, p, std::min(size, kChunk));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return;
     p += n;

@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <string>
@@ -26,7 +27,11 @@ class Guardian {
   // Forks the guardian. Call while the process has a single thread. It also kills what
   // `containment` holds when it kills the groups.
   explicit Guardian(const Containment* containment = nullptr);
-  // Tells the guardian to exit without killing anything (clean end).
+  // Tells the guardian to exit without killing anything (clean end); later messages go nowhere.
+  // The agent says it as soon as its workers are gone, so that the guardian's exit overlaps the
+  // agent's own teardown instead of following it.
+  void release();
+  // release(), then waits for the guardian's exit.
   ~Guardian();
   Guardian(const Guardian&) = delete;
   Guardian& operator=(const Guardian&) = delete;
@@ -48,7 +53,8 @@ class Guardian {
  private:
   void send(char op, pid_t pgid, std::int64_t when = 0, std::int64_t sent = 0);
   void write_all(const void* data, std::size_t size);
-  int fd_ = -1;
+  std::atomic<int> fd_{-1};
+  std::mutex write_mu_;  // writes and release()
   pid_t pid_ = -1;
 };
 
