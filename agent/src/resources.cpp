@@ -4,7 +4,6 @@
 
 #include <climits>
 #include <filesystem>
-#include <system_error>
 
 #ifndef DDPRUN_DATA_FROM_BIN
 #define DDPRUN_DATA_FROM_BIN "../share"  // CMAKE_INSTALL_DATADIR seen from CMAKE_INSTALL_BINDIR
@@ -26,9 +25,11 @@ std::string program_dir() {
 std::string python_site_dir() {
   std::string dir = program_dir() + "/" DDPRUN_DATA_FROM_BIN "/ddprun/python";
   if (::access((dir + "/sitecustomize.py").c_str(), R_OK) != 0) return "";
-  std::error_code ec;
-  auto clean = std::filesystem::weakly_canonical(dir, ec);
-  return ec ? dir : clean.string();
+  // The program's directory is the kernel's answer (no symbolic link in it), so the ".." of
+  // DATA_FROM_BIN resolves by the text alone: no readlink of every component at every launch.
+  std::string clean = std::filesystem::path(dir).lexically_normal().string();
+  if (clean.size() > 1 && clean.back() == '/') clean.pop_back();
+  return clean;
 }
 
 std::string stack_tool() {

@@ -1,9 +1,14 @@
 #include "ddprun/common/system.hpp"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "ddprun/common/error.hpp"
 
 extern char** environ;
 
@@ -40,6 +45,24 @@ std::string read_file(const std::string& path) {
     out.append(buf, static_cast<std::size_t>(n));
   }
   ::close(fd);
+  return out;
+}
+
+std::string random_hex(std::size_t digits) {
+  std::vector<unsigned char> bytes((digits + 1) / 2);
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    ssize_t n = ::getrandom(bytes.data() + got, bytes.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(std::string("cannot draw random bytes (getrandom: ") + std::strerror(errno) + ")");
+    got += static_cast<std::size_t>(n);
+  }
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += "0123456789abcdef"[b >> 4];
+    out += "0123456789abcdef"[b & 15];
+  }
+  out.resize(digits);
   return out;
 }
 

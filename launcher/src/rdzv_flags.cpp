@@ -1,21 +1,14 @@
 #include "rdzv_flags.hpp"
 
-#include <random>
-
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/system.hpp"
 #include "ddprun/common/text.hpp"
 #include "ddprun/rendezvous/auth.hpp"
 
 namespace ddprun::launcher {
 namespace {
 
-std::string random_run_id() {
-  std::random_device rd;
-  std::uniform_int_distribution<unsigned> d(0, 15);
-  std::string id;
-  for (int i = 0; i < 12; ++i) id += "0123456789abcdef"[d(rd)];
-  return id;
-}
+std::string random_run_id() { return random_hex(12); }
 
 // The --rdzv_conf values that are not settings of their own: where the job's secret is, and
 // torchrun's etcd protocol (http or https) for endpoints written without a scheme.

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <csignal>
+#include <set>
 
 #include <algorithm>
 
@@ -61,6 +62,22 @@ TEST_CASE("the environment map and the host name come from this process", "[comm
   ::setenv("DDPRUN_COMMON_TEST", "a=b", 1);
   CHECK(environment_map().at("DDPRUN_COMMON_TEST") == "a=b");
   CHECK_FALSE(host_name().empty());
+}
+
+TEST_CASE("random_hex: as many lower-case hex digits as asked, different at each draw", "[common]") {
+  for (std::size_t n : {0u, 1u, 12u, 16u, 33u}) {
+    auto h = ddprun::random_hex(n);
+    CAPTURE(n, h);
+    CHECK(h.size() == n);
+    CHECK(h.find_first_not_of("0123456789abcdef") == std::string::npos);
+  }
+  std::set<std::string> seen;
+  for (int i = 0; i < 100; ++i) seen.insert(ddprun::random_hex(16));
+  CHECK(seen.size() == 100);  // 64 bits each: a repeat is a broken generator
+  // Every digit turns up (a generator stuck on some bits would miss some).
+  std::string all;
+  for (int i = 0; i < 50; ++i) all += ddprun::random_hex(32);
+  for (char c : std::string("0123456789abcdef")) CHECK(all.find(c) != std::string::npos);
 }
 
 TEST_CASE("signals: names both ways, as kill -l spells them, and the stop set", "[common]") {

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <random>
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/net.hpp"
+#include "ddprun/common/system.hpp"
 #include "ddprun/common/text.hpp"
 #include "task_queue.hpp"
 
@@ -90,12 +90,7 @@ class EtcdConnection : public Connection {
   std::string token_ = random_token();
   std::uint64_t writes_ = 0;
 
-  static std::string random_token() {
-    std::random_device rd;
-    char t[17];
-    std::snprintf(t, sizeof(t), "%08x%08x", rd(), rd());
-    return t;
-  }
+  static std::string random_token() { return random_hex(16); }
 };
 
 // A round's members watched for their node records vanishing (their leases expired).

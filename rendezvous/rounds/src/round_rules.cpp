@@ -2,7 +2,6 @@
 
 #include <csignal>
 #include <cstdio>
-#include <random>
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/net.hpp"
@@ -22,12 +21,7 @@ constexpr long long kMaxNodes = 1 << 20;
 // r<R+1>/rc when the job ended with round R.
 constexpr const char* kFinished = "finished";
 
-std::string random_node_id() {
-  std::random_device rd;
-  char id[17];
-  std::snprintf(id, sizeof(id), "%08x%08x", rd(), rd());
-  return id;
-}
+std::string random_node_id() { return random_hex(16); }
 
 }  // namespace
 

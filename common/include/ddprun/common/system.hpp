@@ -1,7 +1,8 @@
 #pragma once
 // What ddprun reads from the machine and its own process: the environment as a map, the host
-// name, a small file whole (/proc, /sys). One copy each.
+// name, a small file whole (/proc, /sys), random identifiers. One copy each.
 
+#include <cstddef>
 #include <map>
 #include <string>
 
@@ -16,5 +17,10 @@ std::string host_name();
 // The whole content of a small file such as /proc/PID/stat or a cgroup's cgroup.events; "" when
 // it cannot be read (a process that is gone, a file that is not there).
 std::string read_file(const std::string& path);
+
+// `digits` random hexadecimal digits from the kernel's generator (getrandom(2)), for run ids,
+// node ids and tokens that must not collide. std::random_device cost 30 us at every launch
+// (its CPU probing); this is one system call. Throws Error if the kernel gives none.
+std::string random_hex(std::size_t digits);
 
 }  // namespace ddprun
