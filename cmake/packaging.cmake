@@ -9,6 +9,9 @@ install(TARGETS ddprun ddprun-store RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} 
 if(TARGET ddprun-stack)
   install(TARGETS ddprun-stack RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
 endif()
+if(TARGET ddprun-full)
+  install(TARGETS ddprun-full RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
+endif()
 install(FILES ${PROJECT_SOURCE_DIR}/agent/python/sitecustomize.py DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python
   COMPONENT bin)
 install(TARGETS ddprun_common ddprun_rendezvous ddprun_runtime EXPORT ddprunTargets

@@ -41,11 +41,29 @@ check "no program searches the current directory for libraries (no empty RUNPATH
 relr=$(sed -n 's/^DDPRUN_LINKER_RELR:INTERNAL=//p' "$build/CMakeCache.txt")
 grep -q '^BUILD_SHARED_LIBS:BOOL=ON' "$build/CMakeCache.txt" ||  # (a shared build loads its own libraries too)
 check "ddprun starts loading only libc and libm$( [ "$relr" = 1 ] && echo ', its relocations packed (DT_RELR)')" sh -c "
-  for f in '$build/launcher/ddprun' '$prefix/bin/ddprun'; do
+  for f in '$build/launcher/ddprun' '$prefix/bin/ddprun' \$(ls '$prefix/bin/ddprun-full' 2>/dev/null); do
     needed=\$(readelf -d \"\$f\" | sed -n 's/.*NEEDED.*\\[\\(.*\\)\\]/\\1/p' | tr '\\n' ' ')
     case \"\$needed\" in 'libm.so.6 libc.so.6 ld-linux-x86-64.so.2 '|'libm.so.6 libc.so.6 ') ;; *) echo \"\$f loads: \$needed\"; exit 1 ;; esac
     if [ '$relr' = 1 ] && ! readelf -d \"\$f\" | grep -q '(RELR)'; then echo \"\$f: no DT_RELR\"; exit 1; fi
   done; true"
+
+# ddprun holds no OpenSSL and hands the jobs that need it to ddprun-full, installed beside it
+# (launcher/include/ddprun/launcher/full_program.hpp).
+if [ -x "$build/launcher/ddprun-full" ]; then
+  check "ddprun holds no OpenSSL, ddprun-full does (build tree and prefix)" sh -c "
+    for d in '$build/launcher' '$prefix/bin'; do
+      nm \"\$d/ddprun\" | grep -q ' SSL_CTX_new\$' && { echo \"\$d/ddprun has OpenSSL\"; exit 1; }
+      nm \"\$d/ddprun-full\" | grep -q ' SSL_CTX_new\$' || { echo \"\$d/ddprun-full has no OpenSSL\"; exit 1; }
+    done; true"
+  # An https:// etcd endpoint without a CA is refused by ddprun-full's own checks (exit 2).
+  check "the installed ddprun hands an etcd job to ddprun-full" sh -c "
+    '$prefix/bin/ddprun' --nnodes=2 --rdzv_backend=etcd --rdzv_endpoint=https://127.0.0.1:1 --no_python /bin/true 2> '$work/full.txt'
+    rc=\$?; cat '$work/full.txt'; [ \$rc -eq 2 ] && grep -q 'give --rdzv_conf cacert=PATH' '$work/full.txt'"
+  check "ddprun copied without ddprun-full says what is missing for an etcd job (exit 1)" sh -c "
+    mkdir -p '$work/alone' && cp '$prefix/bin/ddprun' '$work/alone/' &&
+    '$work/alone/ddprun' --nnodes=2 --rdzv_backend=etcd --rdzv_endpoint=127.0.0.1:1 --no_python /bin/true 2> '$work/alone.txt'
+    rc=\$?; cat '$work/alone.txt'; [ \$rc -eq 1 ] && grep -q 'needs ddprun-full' '$work/alone.txt'"
+fi
 
 # A separate project against the prefix: examples/ with find_package(ddprun).
 check "examples/ configures and builds against the prefix with find_package(ddprun)" sh -c "
@@ -98,8 +116,8 @@ if command -v dpkg-shlibdeps >/dev/null && command -v cpack >/dev/null; then
     check "the installed ddprun --version runs" "$root/usr/bin/ddprun" --version
     check "man -w ddprun finds the installed page" sh -c "MANPATH='$root/usr/share/man' man -w ddprun | grep -q '$root/usr/share/man/man1/ddprun.1'"
     check "the CMake package is in the scratch root" test -f "$root/usr/lib/cmake/ddprun/ddprunConfig.cmake"
-    check "the package holds the progress hook and ddprun-stack" \
-      test -f "$root/usr/share/ddprun/python/sitecustomize.py" -a -x "$root/usr/bin/ddprun-stack"
+    check "the package holds the progress hook, ddprun-stack and ddprun-full" \
+      test -f "$root/usr/share/ddprun/python/sitecustomize.py" -a -x "$root/usr/bin/ddprun-stack" -a -x "$root/usr/bin/ddprun-full"
     check "apt can resolve the packages' Depends on this machine (apt-get install --simulate)" \
       apt-get install --simulate -q "$deb" "$dev"
   fi

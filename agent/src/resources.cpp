@@ -37,4 +37,9 @@ std::string stack_tool() {
   return ::access(path.c_str(), X_OK) == 0 ? path : "";
 }
 
+std::string full_program() {
+  std::string path = program_dir() + "/ddprun-full";
+  return ::access(path.c_str(), X_OK) == 0 ? path : "";
+}
+
 }  // namespace ddprun::agent

@@ -6,7 +6,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <vector>
 
 #include "ddprun/common/error.hpp"
 
@@ -48,17 +47,22 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
-std::string random_hex(std::size_t digits) {
-  std::vector<unsigned char> bytes((digits + 1) / 2);
+std::string random_bytes(std::size_t n) {
+  std::string bytes(n, '\0');
   std::size_t got = 0;
-  while (got < bytes.size()) {
-    ssize_t n = ::getrandom(bytes.data() + got, bytes.size() - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw Error(std::string("cannot draw random bytes (getrandom: ") + std::strerror(errno) + ")");
-    got += static_cast<std::size_t>(n);
+  while (got < n) {
+    ssize_t r = ::getrandom(bytes.data() + got, n - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) throw Error(std::string("cannot draw random bytes (getrandom: ") + std::strerror(errno) + ")");
+    got += static_cast<std::size_t>(r);
   }
+  return bytes;
+}
+
+std::string random_hex(std::size_t digits) {
   std::string out;
-  for (unsigned char b : bytes) {
+  for (char c : random_bytes((digits + 1) / 2)) {
+    auto b = static_cast<unsigned char>(c);
     out += "0123456789abcdef"[b >> 4];
     out += "0123456789abcdef"[b & 15];
   }

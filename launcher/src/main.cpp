@@ -1,6 +1,7 @@
 // ddprun: torchrun's command line over ddprun's agent. Thin: parse, run, map errors to exit codes
 // (2 for usage errors, 1 for failures to run, otherwise the job's own code).
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -10,10 +11,16 @@
 
 #include "ddprun/agent/agent.hpp"
 #include "ddprun/launcher/cli.hpp"
+#include "ddprun/launcher/full_program.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/system.hpp"
 
 int main(int argc, char** argv) {
+#if DDPRUN_FULL_PROGRAM
+  // ddprun hands some jobs to this program by exec (full_program.hpp): it keeps ddprun's name,
+  // for ps -C, pgrep -x, pkill and the tools that find the agent by it.
+  ::prctl(PR_SET_NAME, "ddprun", 0, 0, 0);
+#endif
   const auto env = ddprun::environment_map();
   ddprun::launcher::CliResult cli;
   try {
@@ -27,6 +34,12 @@ int main(int argc, char** argv) {
     std::fputs(cli.text.c_str(), stdout);
     return 0;
   }
+#if DDPRUN_WITHOUT_OPENSSL
+  if (auto use = ddprun::launcher::openssl_use(cli.agent)) {
+    ddprun::launcher::exec_full_program(argv, *use);  // returns only when it could not
+    return 1;
+  }
+#endif
   auto logger = spdlog::stderr_logger_st("ddprun");
   logger->set_pattern("%v");
   spdlog::set_default_logger(logger);

@@ -1,10 +1,6 @@
 #include "ddprun/rendezvous/auth.hpp"
 
 #include <fcntl.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,45 +9,12 @@
 #include <cstring>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/system.hpp"
 #include "handshake.hpp"
 
 namespace ddprun::rendezvous::auth {
-namespace {
 
-std::string hmac(std::string_view secret, std::string_view label, std::string_view a, std::string_view b) {
-  std::string msg;
-  msg.reserve(label.size() + a.size() + b.size());
-  msg.append(label).append(a).append(b);
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-            reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &len)) {
-    throw Error("HMAC-SHA256 failed (OpenSSL)");
-  }
-  return std::string(reinterpret_cast<char*>(out), len);
-}
-
-}  // namespace
-
-std::string random_bytes(std::size_t n) {
-  std::string s(n, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(s.data()), static_cast<int>(n)) != 1) {
-    throw Error("cannot draw random bytes (OpenSSL RAND_bytes failed)");
-  }
-  return s;
-}
-
-std::string server_proof(std::string_view secret, std::string_view cnonce, std::string_view snonce) {
-  return hmac(secret, "ddprun-store-server", cnonce, snonce);
-}
-
-std::string client_proof(std::string_view secret, std::string_view snonce, std::string_view cnonce) {
-  return hmac(secret, "ddprun-store-client", snonce, cnonce);
-}
-
-bool equal(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
-}
+std::string random_bytes(std::size_t n) { return ddprun::random_bytes(n); }
 
 std::string read_secret_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);

@@ -3,8 +3,7 @@
 #include "ddprun/rounds/rendezvous.hpp"
 
 #include "ddprun/common/error.hpp"
-#include "etcd_backend.hpp"
-#include "etcd_transport.hpp"
+#include "etcd_factory.hpp"
 #include "local_rendezvous.hpp"
 #include "store_backend.hpp"
 #include "threaded_rendezvous.hpp"
@@ -16,11 +15,7 @@ void validate(const RendezvousOptions& opt) {
     throw UsageError("rendezvous: --nnodes=" + std::to_string(opt.min_nodes) + ":" + std::to_string(opt.max_nodes) +
                      " is not MIN:MAX with 1 <= MIN <= MAX");
   }
-  if (opt.backend == BackendKind::etcd) {
-    const EtcdTls tls{opt.etcd_cacert, opt.etcd_cert, opt.etcd_key};
-    check_etcd_tls(parse_etcd_endpoints(opt.etcd_endpoints, tls.enabled()), tls);
-    if (tls.enabled()) make_tls_context(tls);  // the files load, or the usage error names the one that does not
-  }
+  if (opt.backend == BackendKind::etcd) validate_etcd(opt);
   if ((opt.backend == BackendKind::c10d || opt.backend == BackendKind::static_ranks) && opt.keep_alive_max_attempt < 2) {
     // The fence stops a node's workers a quarter of the TTL before the others may count it lost:
     // with one attempt that comes before its next keep-alive, every round.
@@ -37,7 +32,7 @@ std::unique_ptr<Rendezvous> make_rendezvous(const RendezvousOptions& opt, Post p
       return std::make_unique<LocalRendezvous>(opt, std::move(post));
     case BackendKind::etcd:
       return std::make_unique<ThreadedRendezvous>(
-          opt, [&](std::weak_ptr<Renewals> r) { return std::make_unique<EtcdBackend>(opt, std::move(r)); },
+          opt, [&](std::weak_ptr<Renewals> r) { return make_etcd_backend(opt, std::move(r)); },
           std::move(post), fence);
     case BackendKind::static_ranks:
     case BackendKind::c10d:

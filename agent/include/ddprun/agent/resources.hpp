@@ -16,4 +16,8 @@ std::string python_site_dir();
 // built without libdw, or copied without it).
 std::string stack_tool();
 
+// The path of ddprun-full, the build of ddprun with OpenSSL that the `ddprun` program hands jobs
+// needing it to (launcher/full_program.hpp); empty when it is not there.
+std::string full_program();
+
 }  // namespace ddprun::agent

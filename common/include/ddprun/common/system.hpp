@@ -18,9 +18,13 @@ std::string host_name();
 // it cannot be read (a process that is gone, a file that is not there).
 std::string read_file(const std::string& path);
 
-// `digits` random hexadecimal digits from the kernel's generator (getrandom(2)), for run ids,
-// node ids and tokens that must not collide. std::random_device cost 30 us at every launch
-// (its CPU probing); this is one system call. Throws Error if the kernel gives none.
+// `n` random bytes from the kernel's generator (getrandom(2), the source OpenSSL's RAND_bytes
+// seeds from): nonces, and the digits below. Throws Error if the kernel gives none.
+std::string random_bytes(std::size_t n);
+
+// `digits` random hexadecimal digits (random_bytes), for run ids, node ids and tokens that must
+// not collide. std::random_device cost 30 us at every launch (its CPU probing); this is one
+// system call.
 std::string random_hex(std::size_t digits);
 
 }  // namespace ddprun
