@@ -79,6 +79,7 @@ void Connection::on_readable() {
   }
   for (int turn = 0; turn < kReadsPerTurn; ++turn) {
     auto& buf = ctx_.scratch;
+    if (buf.empty()) buf.resize(ServerContext::kScratchBytes);
     ssize_t n = ::recv(fd_, buf.data(), buf.size(), 0);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;

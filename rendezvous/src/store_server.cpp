@@ -34,7 +34,6 @@ namespace {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-constexpr std::size_t kReadChunk = 64 * 1024;  // one recv(); also what a paused connection keeps
 constexpr int kEventsPerWait = 512;
 constexpr int kAcceptsPerTurn = 512;
 constexpr std::size_t kFlushBytesPerTurn = 4 << 20;  // notifications sent per turn of the loop
@@ -59,7 +58,6 @@ void check_options(const StoreServerOptions& o) {
 
 struct StoreServer::Impl {
   explicit Impl(StoreServerOptions o) : ctx(std::move(o)) {
-    ctx.scratch.resize(kReadChunk);
     ctx.epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
     if (ctx.epoll_fd < 0) throw NetworkError(std::string("store: epoll_create1 failed: ") + std::strerror(errno));
     epoll_desc.assign(ctx.epoll_fd);

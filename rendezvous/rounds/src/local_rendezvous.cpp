@@ -24,7 +24,9 @@ LocalRendezvous::LocalRendezvous(const RendezvousOptions& opt, Post post)
                 ": the address is already in use (another job?). Use --standalone to pick a free port, "
                 "or another --master_port.");
   }
-  store_->start();
+  // Listening from here on; served from the first join, once the workers have been started
+  // (below): its thread's start is not on the way to them. A worker connecting first waits in
+  // the listen queue.
 }
 
 LocalRendezvous::~LocalRendezvous() { shutdown(); }
@@ -43,6 +45,7 @@ void LocalRendezvous::join(int round, int restart_count) {
   me.node_rank = 0;
   info.nodes = {me};
   post_([l = listener_, info] { l->on_round_ready(info); });
+  post_([s = store_.get()] { s->start(); });  // after on_round_ready has started the workers (once)
 }
 
 void LocalRendezvous::over(int round, RoundEnd why) {
