@@ -91,9 +91,11 @@ set(CPACK_DEBIAN_BIN_PACKAGE_NAME ddprun)
 set(CPACK_DEBIAN_BIN_PACKAGE_SECTION utils)
 set(CPACK_DEBIAN_BIN_PACKAGE_SHLIBDEPS ON)  # Depends computed by dpkg-shlibdeps
 if(DDPRUN_HWLOC_SONAME)
-  # Loaded with dlopen (--numa_binding), so dpkg-shlibdeps does not see it: libhwloc.so.15 -> libhwloc15.
+  # Loaded with dlopen when --numa_binding needs it (without it that option says what to install),
+  # so dpkg-shlibdeps does not see it: recommended, as Debian does for such libraries
+  # (libhwloc.so.15 -> libhwloc15).
   string(REGEX REPLACE "^lib(.*)\\.so\\.([0-9]+)$" "lib\\1\\2" _hwloc_package ${DDPRUN_HWLOC_SONAME})
-  set(CPACK_DEBIAN_BIN_PACKAGE_DEPENDS ${_hwloc_package})
+  set(CPACK_DEBIAN_BIN_PACKAGE_RECOMMENDS ${_hwloc_package})
 endif()
 set(CPACK_DEBIAN_BIN_DESCRIPTION "native launcher for data-parallel training
  ddprun starts one training worker per GPU or CPU slot with torchrun's flags and environment,

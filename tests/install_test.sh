@@ -52,8 +52,7 @@ check "ddprun starts loading only libc and libm$( [ "$relr" = 1 ] && echo ', its
 if [ -x "$build/launcher/ddprun-full" ]; then
   check "ddprun holds no OpenSSL, ddprun-full does (build tree and prefix)" sh -c "
     for d in '$build/launcher' '$prefix/bin'; do
-      nm \"\$d/ddprun\" | grep -q ' SSL_CTX_new\$' && { echo \"\$d/ddprun has OpenSSL\"; exit 1; }
-      nm \"\$d/ddprun-full\" | grep -q ' SSL_CTX_new\$' || { echo \"\$d/ddprun-full has no OpenSSL\"; exit 1; }
+      '$src/tests/no_openssl_test.sh' \"\$d/ddprun\" \"\$d/ddprun-full\" || exit 1
     done; true"
   # An https:// etcd endpoint without a CA is refused by ddprun-full's own checks (exit 2).
   check "the installed ddprun hands an etcd job to ddprun-full" sh -c "
@@ -63,6 +62,10 @@ if [ -x "$build/launcher/ddprun-full" ]; then
     mkdir -p '$work/alone' && cp '$prefix/bin/ddprun' '$work/alone/' &&
     '$work/alone/ddprun' --nnodes=2 --rdzv_backend=etcd --rdzv_endpoint=127.0.0.1:1 --no_python /bin/true 2> '$work/alone.txt'
     rc=\$?; cat '$work/alone.txt'; [ \$rc -eq 1 ] && grep -q 'needs ddprun-full' '$work/alone.txt'"
+  check "a ddprun-full that is ddprun again is refused, not exec'd in a loop (exit 1)" sh -c "
+    mkdir -p '$work/twice' && cp '$prefix/bin/ddprun' '$work/twice/ddprun' && cp '$prefix/bin/ddprun' '$work/twice/ddprun-full' &&
+    timeout 10 '$work/twice/ddprun' --nnodes=2 --rdzv_backend=etcd --rdzv_endpoint=127.0.0.1:1 --no_python /bin/true 2> '$work/twice.txt'
+    rc=\$?; cat '$work/twice.txt'; [ \$rc -eq 1 ] && grep -q 'is not ddprun built with OpenSSL' '$work/twice.txt'"
 fi
 
 # A separate project against the prefix: examples/ with find_package(ddprun).
@@ -104,8 +107,8 @@ if command -v dpkg-shlibdeps >/dev/null && command -v cpack >/dev/null; then
       d=\$(dpkg-deb -f '$deb' Depends); echo \"\$d\"; echo \"\$d\" | grep -q libc6 && echo \"\$d\" | grep -q libstdc && ! echo \"\$d\" | grep -q libspdlog"
     # hwloc is loaded with dlopen, which dpkg-shlibdeps cannot see: the package names it itself.
     if grep -q '^HWLOC_FOUND:INTERNAL=1' "$build/CMakeCache.txt"; then
-      check "the package depends on hwloc's library, which ddprun loads at --numa_binding" sh -c "
-        dpkg-deb -f '$deb' Depends | grep -Eq '(^|, )libhwloc[0-9]+'"
+      check "the package recommends hwloc's library, which ddprun loads at --numa_binding" sh -c "
+        dpkg-deb -f '$deb' Recommends | grep -Eq '(^|, )libhwloc[0-9]+'"
     fi
     root=$work/root
     mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates" "$root/var/lib/dpkg/triggers"

@@ -64,7 +64,9 @@ struct Agent::Impl {
   Guardian guardian{containment.get()};
   GuardianFence fence{guardian};
 
-  // The job's cgroup is removed while the released guardian exits; then it is reaped (~Guardian).
+  // The guardian outlives the whole teardown: the run directory (removed in run()) and the job's
+  // cgroup (here) are gone before it is told to quit (~Guardian), so an agent killed at any
+  // point leaves nothing behind.
   ~Impl() { containment.reset(); }
 
   explicit Impl(AgentOptions o) : opt(std::move(o)) {
@@ -126,11 +128,6 @@ struct Agent::Impl {
           MetricsServerOptions{opt.metrics.addr, static_cast<std::uint16_t>(opt.metrics.port)}, *metrics);
     }
     int code = run_loop(io, signals, runner, *rdzv, events, dir, node_name, metrics.get());
-    // Every worker has been reaped: the guardian exits while the agent tears down (its exit, a
-    // forked copy of the agent's memory, took 0.12 ms after the teardown). Killed from here on,
-    // the agent leaves its temporary directory; what a worker left running is still the
-    // containment's (~Containment), as before.
-    guardian.release();
     server.reset();  // before the rendezvous whose stores it reads
     rdzv->shutdown();
     gate.close();

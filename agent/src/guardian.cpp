@@ -148,10 +148,14 @@ Guardian::Guardian(const Containment* containment) {
 }
 
 void Guardian::release() {
-  send('q', 0);
-  std::lock_guard<std::mutex> lk(write_mu_);  // no write of another thread is left half done
-  int fd = fd_.exchange(-1);
-  if (fd >= 0) ::close(fd);
+  // The goodbye, and the end of writes, in one locked step: a renewal from a rendezvous thread
+  // comes before it or goes nowhere (never into a pipe whose reader has gone: SIGPIPE).
+  std::lock_guard<std::mutex> lk(write_mu_);
+  const int fd = fd_.exchange(-1);
+  if (fd < 0) return;
+  Message m{'q', 0, 0, now_ns()};
+  write_locked(fd, &m, sizeof(m));
+  ::close(fd);
 }
 
 Guardian::~Guardian() {
@@ -174,7 +178,10 @@ void Guardian::write_all(const void* data, std::size_t size) {
   // write into a descriptor number that has been closed and reused.
   std::lock_guard<std::mutex> lk(write_mu_);
   const int fd = fd_;
-  if (fd < 0) return;
+  if (fd >= 0) write_locked(fd, data, size);
+}
+
+void Guardian::write_locked(int fd, const void* data, std::size_t size) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     ssize_t n = ::write(fd, p, std::min(size, kChunk));

@@ -28,8 +28,6 @@ class Guardian {
   // `containment` holds when it kills the groups.
   explicit Guardian(const Containment* containment = nullptr);
   // Tells the guardian to exit without killing anything (clean end); later messages go nowhere.
-  // The agent says it as soon as its workers are gone, so that the guardian's exit overlaps the
-  // agent's own teardown instead of following it.
   void release();
   // release(), then waits for the guardian's exit.
   ~Guardian();
@@ -53,6 +51,7 @@ class Guardian {
  private:
   void send(char op, pid_t pgid, std::int64_t when = 0, std::int64_t sent = 0);
   void write_all(const void* data, std::size_t size);
+  static void write_locked(int fd, const void* data, std::size_t size);  // with write_mu_ held
   std::atomic<int> fd_{-1};
   std::mutex write_mu_;  // writes and release()
   pid_t pid_ = -1;

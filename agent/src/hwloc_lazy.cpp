@@ -7,7 +7,7 @@
 
 #include "ddprun/common/error.hpp"
 
-// The library's file name, as the build found it (agent/CMakeLists.txt).
+// The library's file name, as the build found it (agent/CMakeLists.txt), and its path there.
 #ifndef DDPRUN_HWLOC_SONAME
 #define DDPRUN_HWLOC_SONAME "libhwloc.so.15"
 #endif
@@ -32,6 +32,9 @@ struct Hwloc {
 Hwloc open_hwloc() {
   Hwloc h;
   void* lib = ::dlopen(DDPRUN_HWLOC_SONAME, RTLD_NOW | RTLD_LOCAL);
+#ifdef DDPRUN_HWLOC_PATH
+  if (!lib) lib = ::dlopen(DDPRUN_HWLOC_PATH, RTLD_NOW | RTLD_LOCAL);  // built against one outside the search path
+#endif
   if (!lib) {
     const char* why = ::dlerror();
     h.error = std::string("cannot load ") + DDPRUN_HWLOC_SONAME + " (" + (why ? why : "unknown error") +

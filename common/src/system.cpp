@@ -47,12 +47,37 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
+namespace {
+
+// Where a seccomp profile refuses getrandom (ENOSYS, EPERM): the same generator's device.
+void urandom(char* out, std::size_t n) {
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(std::string("cannot draw random bytes (getrandom refused, /dev/urandom: ") + std::strerror(errno) + ")");
+  std::size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::read(fd, out + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      ::close(fd);
+      throw Error("cannot draw random bytes (reading /dev/urandom failed)");
+    }
+    got += static_cast<std::size_t>(r);
+  }
+  ::close(fd);
+}
+
+}  // namespace
+
 std::string random_bytes(std::size_t n) {
   std::string bytes(n, '\0');
   std::size_t got = 0;
   while (got < n) {
     ssize_t r = ::getrandom(bytes.data() + got, n - got, 0);
     if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == ENOSYS || errno == EPERM)) {
+      urandom(bytes.data() + got, n - got);
+      break;
+    }
     if (r <= 0) throw Error(std::string("cannot draw random bytes (getrandom: ") + std::strerror(errno) + ")");
     got += static_cast<std::size_t>(r);
   }

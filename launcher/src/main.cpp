@@ -1,7 +1,6 @@
 // ddprun: torchrun's command line over ddprun's agent. Thin: parse, run, map errors to exit codes
 // (2 for usage errors, 1 for failures to run, otherwise the job's own code).
 
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -16,10 +15,10 @@
 #include "ddprun/common/system.hpp"
 
 int main(int argc, char** argv) {
+  // ddprun hands some jobs to ddprun-full by exec (full_program.hpp), which keeps ddprun's name.
+  [[maybe_unused]] const bool handed_off = ddprun::launcher::take_handoff_mark();
 #if DDPRUN_FULL_PROGRAM
-  // ddprun hands some jobs to this program by exec (full_program.hpp): it keeps ddprun's name,
-  // for ps -C, pgrep -x, pkill and the tools that find the agent by it.
-  ::prctl(PR_SET_NAME, "ddprun", 0, 0, 0);
+  if (handed_off) ddprun::launcher::keep_launcher_name(argv[0]);
 #endif
   const auto env = ddprun::environment_map();
   ddprun::launcher::CliResult cli;
@@ -36,6 +35,11 @@ int main(int argc, char** argv) {
   }
 #if DDPRUN_WITHOUT_OPENSSL
   if (auto use = ddprun::launcher::openssl_use(cli.agent)) {
+    if (handed_off) {  // (not an endless loop of execs)
+      std::fprintf(stderr, "ddprun: error: this job uses %s, and the ddprun-full beside ddprun is not ddprun "
+                           "built with OpenSSL: install ddprun whole again\n", use->c_str());
+      return 1;
+    }
     ddprun::launcher::exec_full_program(argv, *use);  // returns only when it could not
     return 1;
   }

@@ -9,6 +9,7 @@
 
 #include <spdlog/spdlog.h>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "admission.hpp"
@@ -76,6 +77,9 @@ struct StoreServer::Impl {
   std::string host;
   std::uint16_t port = 0;
   std::thread thread;
+  // start() against on_io_thread() on another thread (a metrics scrape): until the thread runs,
+  // work is done inline, and the thread does not start while such work is under way.
+  std::mutex start_mu;
   bool waiting_for_events = false;
   bool fd_limit_logged = false;
 
@@ -93,9 +97,12 @@ struct StoreServer::Impl {
   // Runs `f` on the I/O thread and waits for it (inline when the loop is not running).
   template <typename F>
   void on_io_thread(F&& f) {
-    if (!thread.joinable() || io.stopped()) {
-      f();
-      return;
+    {
+      std::lock_guard<std::mutex> lk(start_mu);
+      if (!thread.joinable() || io.stopped()) {
+        f();
+        return;
+      }
     }
     std::promise<void> done;
     asio::post(io, [&] {
@@ -272,6 +279,7 @@ StoreServer::~StoreServer() {
 }
 
 void StoreServer::start() {
+  std::lock_guard<std::mutex> lk(impl_->start_mu);
   if (impl_->thread.joinable()) return;
   impl_->thread = std::thread([this] { run(); });
 }

@@ -16,8 +16,17 @@ namespace ddprun::launcher {
 // Why this job needs OpenSSL ("the etcd rendezvous", "a store secret"); nullopt when it does not.
 std::optional<std::string> openssl_use(const agent::AgentOptions& options);
 
-// Runs ddprun-full with `argv` in place of this program; returns only when it cannot, after
-// saying why on stderr (what is missing, what to do).
+// Runs ddprun-full with `argv` in place of this program, marked as handed over (below); returns
+// only when it cannot, after saying why on stderr (what is missing, what to do).
 void exec_full_program(char** argv, const std::string& use);
+
+// First thing in main(): whether ddprun handed this process its job, by the mark
+// exec_full_program() leaves in the environment, which is removed here (workers never see it).
+// A `ddprun` that finds it was handed a job it cannot run: "ddprun-full" is not the full build.
+bool take_handoff_mark();
+
+// The process name ddprun was started under (argv[0]'s last part: `ddprun`, or the name of a
+// link to it), for ps -C, pgrep -x and pkill, which would otherwise see "ddprun-full".
+void keep_launcher_name(const char* argv0);
 
 }  // namespace ddprun::launcher
