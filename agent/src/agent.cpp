@@ -3,6 +3,7 @@
 // the loop until the controller is done. Every decision is the controller's (job_controller.hpp).
 #include "ddprun/agent/agent.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <boost/asio.hpp>
@@ -54,6 +55,18 @@ class LoopGate {
   };
   std::shared_ptr<State> state_;
 };
+
+// The rendezvous' WhenReadable on this loop: a copy of the descriptor, watched once.
+rounds::WhenReadable when_readable(asio::io_context& io) {
+  return [&io](int fd, std::function<void()> f) {
+    int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) return f();  // (no descriptor to spare: at once, as without the wait)
+    auto d = std::make_shared<asio::posix::stream_descriptor>(io, copy);
+    d->async_wait(asio::posix::stream_descriptor::wait_read, [d, f = std::move(f)](boost::system::error_code ec) {
+      if (!ec) f();
+    });
+  };
+}
 
 }  // namespace
 
@@ -119,7 +132,7 @@ struct Agent::Impl {
     signals.add(SIGCHLD);
     for (int s : stop_signals()) signals.add(s);
     RealProcessRunner runner(guardian, *containment);
-    auto rdzv = rounds::make_rendezvous(opt.rdzv, gate.poster(), &fence);
+    auto rdzv = rounds::make_rendezvous(opt.rdzv, gate.poster(), &fence, when_readable(io));
     std::unique_ptr<JobMetrics> metrics;
     std::unique_ptr<MetricsServer> server;
     if (opt.metrics.port >= 0) {

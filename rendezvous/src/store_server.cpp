@@ -278,6 +278,8 @@ StoreServer::~StoreServer() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
+int StoreServer::listen_fd() const { return impl_->acceptor.native_handle(); }
+
 void StoreServer::start() {
   std::lock_guard<std::mutex> lk(impl_->start_mu);
   if (impl_->thread.joinable()) return;

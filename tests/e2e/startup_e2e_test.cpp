@@ -53,3 +53,20 @@ TEST_CASE("start-up: --worker_start_timeout is in the option table (help, PET_ f
   CHECK(bad.code == 2);
   CHECK_THAT(bad.err, Catch::Contains("--worker_start_timeout must be a non-negative number of seconds"));
 }
+
+// The agent's own start-up (README: Start-up cost): a single node's store is listening from the
+// start but starts its thread at its first client, so a launch whose workers never use it (not
+// PyTorch) neither starts nor stops one. The worker counts its agent's threads.
+TEST_CASE("start-up: the workers' store starts its thread at its first client, and serves it", "[e2e]") {
+  const std::string count = "ls /proc/$PPID/task | wc -l";
+  auto none = Launch(cmd({"--standalone", "--nproc_per_node=1", "/bin/sh", "-c", count})).finish(30s);
+  INFO(none.out << none.err);
+  REQUIRE(none.code == 0);
+  CHECK_THAT(none.out, Catch::Contains("[default0]:1\n"));  // the agent alone: no store thread
+  auto used = Launch(cmd({"--standalone", "--nproc_per_node=1", "/bin/sh", "-c",
+                          "\"$0\" store_set:k >/dev/null && " + count, kWorker}))
+                  .finish(30s);
+  INFO(used.out << used.err);
+  REQUIRE(used.code == 0);  // the client's SET was served
+  CHECK_THAT(used.out, Catch::Contains("[default0]:2\n"));  // and the store's thread runs
+}

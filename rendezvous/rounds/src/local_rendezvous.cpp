@@ -7,9 +7,10 @@
 
 namespace ddprun::rounds {
 
-LocalRendezvous::LocalRendezvous(const RendezvousOptions& opt, Post post)
+LocalRendezvous::LocalRendezvous(const RendezvousOptions& opt, Post post, WhenReadable when_readable)
     : host_(opt.store_host), nproc_(opt.nproc),
-      node_name_(opt.local_addr.empty() ? host_name() : opt.local_addr), post_(std::move(post)) {
+      node_name_(opt.local_addr.empty() ? host_name() : opt.local_addr), post_(std::move(post)),
+      when_readable_(std::move(when_readable)) {
   rendezvous::StoreServerOptions so;
   so.host = opt.store_host;
   so.port = opt.store_port;
@@ -24,9 +25,9 @@ LocalRendezvous::LocalRendezvous(const RendezvousOptions& opt, Post post)
                 ": the address is already in use (another job?). Use --standalone to pick a free port, "
                 "or another --master_port.");
   }
-  // Listening from here on; served from the first join, once the workers have been started
-  // (below): its thread's start is not on the way to them. A worker connecting first waits in
-  // the listen queue.
+  // Listening from here on; its thread starts when the first client connects (join()): a
+  // launch whose workers never use the store (not PyTorch) neither starts nor stops one. A
+  // client waits in the listen queue meanwhile.
 }
 
 LocalRendezvous::~LocalRendezvous() { shutdown(); }
@@ -45,7 +46,14 @@ void LocalRendezvous::join(int round, int restart_count) {
   me.node_rank = 0;
   info.nodes = {me};
   post_([l = listener_, info] { l->on_round_ready(info); });
-  post_([s = store_.get()] { s->start(); });  // after on_round_ready has started the workers (once)
+  if (serving_) return;
+  serving_ = true;
+  auto* s = store_.get();  // (the waits below end with the agent's loop, before the store goes)
+  if (when_readable_) {
+    when_readable_(s->listen_fd(), [s] { s->start(); });
+  } else {
+    post_([s] { s->start(); });  // after on_round_ready has started the workers
+  }
 }
 
 void LocalRendezvous::over(int round, RoundEnd why) {

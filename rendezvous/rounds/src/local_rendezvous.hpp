@@ -17,7 +17,7 @@ class LocalRendezvous : public Rendezvous {
  public:
   // Binds the workers' store at opt.store_host:opt.store_port. Throws ddprun::Error (the
   // address is in use: what to do).
-  LocalRendezvous(const RendezvousOptions& opt, Post post);
+  LocalRendezvous(const RendezvousOptions& opt, Post post, WhenReadable when_readable = {});
   ~LocalRendezvous() override;
 
   void set_listener(Listener& l) override { listener_ = &l; }
@@ -38,6 +38,8 @@ class LocalRendezvous : public Rendezvous {
   int nproc_;
   std::string node_name_;
   Post post_;
+  WhenReadable when_readable_;
+  bool serving_ = false;  // the store's start is arranged
   Listener* listener_ = nullptr;
   std::set<int> ended_;  // rounds whose end was posted
 };

@@ -25,11 +25,12 @@ void validate(const RendezvousOptions& opt) {
   }
 }
 
-std::unique_ptr<Rendezvous> make_rendezvous(const RendezvousOptions& opt, Post post, Fence* fence) {
+std::unique_ptr<Rendezvous> make_rendezvous(const RendezvousOptions& opt, Post post, Fence* fence,
+                                            WhenReadable when_readable) {
   validate(opt);
   switch (opt.backend) {
     case BackendKind::single_node:
-      return std::make_unique<LocalRendezvous>(opt, std::move(post));
+      return std::make_unique<LocalRendezvous>(opt, std::move(post), std::move(when_readable));
     case BackendKind::etcd:
       return std::make_unique<ThreadedRendezvous>(
           opt, [&](std::weak_ptr<Renewals> r) { return make_etcd_backend(opt, std::move(r)); },

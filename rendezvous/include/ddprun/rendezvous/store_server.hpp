@@ -109,8 +109,11 @@ class StoreServer {
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
 
-  // Serves on a background thread until stop().
+  // Serves on a background thread until stop(). Before, connections wait in the listen queue
+  // (and stats(), reset() are done on the caller's thread).
   void start();
+  // The listening socket (to learn, with a reactor of one's own, that a client is waiting).
+  int listen_fd() const;
   // Serves on the calling thread until stop() (from another thread or a signal handler thread).
   void run();
   // Thread-safe; idempotent.

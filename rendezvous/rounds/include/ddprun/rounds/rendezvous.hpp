@@ -73,6 +73,10 @@ struct HostedStore {
 // Runs a function on the agent's loop thread.
 using Post = std::function<void(std::function<void()>)>;
 
+// Runs `f` on the agent's loop thread once descriptor `fd` is readable (once; `fd` stays the
+// caller's). What a single node's store waits on before it starts its thread.
+using WhenReadable = std::function<void(int fd, std::function<void()> f)>;
+
 // Self-fencing: told, from whatever thread renews this node's liveness, until when the other
 // nodes cannot count this node lost. Whoever implements it stops this node's workers when that
 // deadline passes without a renewal, so that no worker of a node counted lost runs beside the
@@ -123,8 +127,11 @@ class Rendezvous {
 };
 
 // The rendezvous `opt.backend` names. `fence` (may be null) is told of every liveness renewal;
-// it must outlive the rendezvous. Throws ddprun::Error when the node cannot take part (the
-// store's address is in use, a malformed endpoint list).
-std::unique_ptr<Rendezvous> make_rendezvous(const RendezvousOptions& opt, Post post, Fence* fence);
+// it must outlive the rendezvous. With `when_readable`, a single node's store starts its thread
+// when its first client connects (most launches of a non-PyTorch program have none), else when
+// its first round has started the workers. Throws ddprun::Error when the node cannot take part
+// (the store's address is in use, a malformed endpoint list).
+std::unique_ptr<Rendezvous> make_rendezvous(const RendezvousOptions& opt, Post post, Fence* fence,
+                                            WhenReadable when_readable = {});
 
 }  // namespace ddprun::rounds
