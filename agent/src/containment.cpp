@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -117,11 +116,7 @@ void pause_ms(long ms) {
   ::nanosleep(&ts, nullptr);
 }
 
-std::string new_token() {
-  unsigned long long r = 0;
-  if (::getrandom(&r, sizeof(r), 0) != static_cast<ssize_t>(sizeof(r))) r = static_cast<unsigned long long>(::time(nullptr));
-  return fmt::format("{}-{:016x}", ::getpid(), r);
-}
+std::string new_token() { return fmt::format("{}-{}", ::getpid(), random_hex(16)); }
 
 }  // namespace
 
