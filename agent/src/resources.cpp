@@ -20,6 +20,12 @@ std::string program_dir() {
   return exe.substr(0, exe.rfind('/'));
 }
 
+// The program `name` beside this one, if it is there and executable; else "".
+std::string beside_program(const char* name) {
+  std::string path = program_dir() + "/" + name;
+  return ::access(path.c_str(), X_OK) == 0 ? path : "";
+}
+
 }  // namespace
 
 std::string python_site_dir() {
@@ -32,14 +38,8 @@ std::string python_site_dir() {
   return clean;
 }
 
-std::string stack_tool() {
-  std::string path = program_dir() + "/ddprun-stack";
-  return ::access(path.c_str(), X_OK) == 0 ? path : "";
-}
+std::string stack_tool() { return beside_program("ddprun-stack"); }
 
-std::string full_program() {
-  std::string path = program_dir() + "/ddprun-full";
-  return ::access(path.c_str(), X_OK) == 0 ? path : "";
-}
+std::string full_program() { return beside_program("ddprun-full"); }
 
 }  // namespace ddprun::agent
