@@ -17,6 +17,7 @@
 #include "containment.hpp"
 #include "private_files.hpp"
 #include "ddprun/common/exit_status.hpp"
+#include "ddprun/common/system.hpp"
 
 namespace ddprun::agent {
 namespace {
@@ -66,18 +67,6 @@ struct Watch {
   }
 };
 
-// `size` bytes that follow a message (the agent writes them with it, in one write).
-bool read_exactly(int fd, std::string& out, std::size_t size) {
-  out.assign(size, '\0');
-  for (std::size_t got = 0; got < size;) {
-    ssize_t n = ::read(fd, out.data() + got, size - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    got += static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
 [[noreturn]] void guardian_main(int fd, const Containment* containment) {
   // Signals are for the agent, which forwards them or stops the job; the guardian, whom a
   // scheduler may signal along with every process of the job, waits for the pipe.
@@ -106,9 +95,11 @@ bool read_exactly(int fd, std::string& out, std::size_t size) {
       if (m.op == 'd') w.armed = false;
       if (m.op == 'q') ::_exit(0);
       if (m.op == 'p') {
-        // Whole or not at all: a part of the path must never be what is removed.
-        if (m.when <= 0 || m.when > static_cast<std::int64_t>(PIPE_BUF) ||
-            !read_exactly(fd, w.directory, static_cast<std::size_t>(m.when))) {
+        // The path's bytes follow the message (written with it, in one write). Whole or not at
+        // all: a part of the path must never be what is removed.
+        const bool fits = m.when > 0 && m.when <= static_cast<std::int64_t>(PIPE_BUF);
+        if (fits) w.directory.assign(static_cast<std::size_t>(m.when), '\0');
+        if (!fits || !read_exactly(fd, w.directory.data(), w.directory.size())) {
           w.directory.clear();
           break;
         }

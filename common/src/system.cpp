@@ -47,23 +47,25 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
+bool read_exactly(int fd, char* out, std::size_t n) {
+  for (std::size_t got = 0; got < n;) {
+    ssize_t r = ::read(fd, out + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    got += static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
 namespace {
 
 // Where a seccomp profile refuses getrandom (ENOSYS, EPERM): the same generator's device.
 void urandom(char* out, std::size_t n) {
   int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(std::string("cannot draw random bytes (getrandom refused, /dev/urandom: ") + std::strerror(errno) + ")");
-  std::size_t got = 0;
-  while (got < n) {
-    ssize_t r = ::read(fd, out + got, n - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      ::close(fd);
-      throw Error("cannot draw random bytes (reading /dev/urandom failed)");
-    }
-    got += static_cast<std::size_t>(r);
-  }
+  const bool ok = read_exactly(fd, out, n);
   ::close(fd);
+  if (!ok) throw Error("cannot draw random bytes (reading /dev/urandom failed)");
 }
 
 }  // namespace

@@ -18,6 +18,10 @@ std::string host_name();
 // it cannot be read (a process that is gone, a file that is not there).
 std::string read_file(const std::string& path);
 
+// Reads exactly `n` bytes from `fd` into `out` (short reads and EINTR retried); false at end of
+// file or on an error first.
+bool read_exactly(int fd, char* out, std::size_t n);
+
 // `n` random bytes from the kernel's generator (getrandom(2), the source OpenSSL's RAND_bytes
 // seeds from): nonces, and the digits below. Throws Error if the kernel gives none.
 std::string random_bytes(std::size_t n);
