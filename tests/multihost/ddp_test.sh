@@ -4,6 +4,8 @@
 #   static          --master_addr=h1, node ranks 0 and 1
 #   c10d            the rendezvous store hosted by h1's agent (--rdzv_endpoint=h1:PORT)
 #   c10d-external   a ddprun-store of its own on h3; no agent hosts it (is_host=0)
+#   c10d-secret     c10d, the agents proving a per-job secret to h1's store (secret_file=): each
+#                   ddprun hands the job to ddprun-full, which has the OpenSSL the proof needs
 #   etcd            a 3-member etcd cluster, one member on each of h1, h2, h3
 # Checks: both agents exit 0, every rank of both hosts ends with the same parameters, equal to
 # one process training alone. Then node loss: kill -9 of h2's agent mid-training; its workers
@@ -31,6 +33,8 @@ flags() {
       "--rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=4" ;;
     c10d) echo "--nnodes=1:2 --rdzv_backend=c10d --rdzv_endpoint=h1:$port --rdzv_id=$run" \
       "--rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=5" ;;
+    c10d-secret) echo "--nnodes=1:2 --rdzv_backend=c10d --rdzv_endpoint=h1:$port --rdzv_id=$run" \
+      "--rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=5,secret_file=$out/secret" ;;
     c10d-external) echo "--nnodes=1:2 --rdzv_backend=c10d --rdzv_endpoint=h3:$port --rdzv_id=$run" \
       "--rdzv_conf=is_host=0,keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=5" ;;
     etcd) echo "--nnodes=1:2 --rdzv_backend=etcd --rdzv_endpoint=h1:2379,h2:2379,h3:2379 --rdzv_id=$run" \
@@ -48,6 +52,8 @@ start_agent() {  # NAME HOST STEPS RUN_ID
 
 service_up() {
   case $backend in
+    c10d-secret)
+      (umask 077 && head -c 32 /dev/urandom | base64 > "$out/secret") ;;
     c10d-external)
       start 3 store "$store" --host "" --port "$port" --allow "$net.0/24"
       wait_line "$out/store.out" listening 20 || { echo "FAILED: ddprun-store did not start"; cat "$out"/store.*; exit 1; } ;;
