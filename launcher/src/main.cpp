@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
   if (auto use = ddprun::launcher::openssl_use(cli.agent)) {
     if (handed_off) {  // (not an endless loop of execs)
       std::fprintf(stderr, "ddprun: error: this job uses %s, and the ddprun-full beside ddprun is not ddprun "
-                           "built with OpenSSL: install ddprun whole again\n", use->c_str());
+                           "built with OpenSSL: install ddprun whole again (or, if you set DDPRUN_HANDED_OFF "
+                           "yourself, unset it)\n", use->c_str());
       return 1;
     }
     ddprun::launcher::exec_full_program(argv, *use);  // returns only when it could not

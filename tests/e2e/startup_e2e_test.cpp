@@ -70,3 +70,14 @@ TEST_CASE("start-up: the workers' store starts its thread at its first client, a
   REQUIRE(used.code == 0);  // the client's SET was served
   CHECK_THAT(used.out, Catch::Contains("[default0]:2\n"));  // and the store's thread runs
 }
+
+// ddprun marks a job it hands to ddprun-full (launcher/full_program.hpp) in the environment; the
+// mark is taken off first thing, so a worker never sees it, even one a user set by hand.
+TEST_CASE("start-up: the hand-off mark never reaches a worker", "[e2e]") {
+  auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "/bin/sh", "-c", "echo mark=${DDPRUN_HANDED_OFF-none}"}),
+                  {{"DDPRUN_HANDED_OFF", "1"}})
+               .finish(30s);
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("[default0]:mark=none"));
+}
