@@ -11,17 +11,25 @@ by side in one run, as ratios to the floor:
                     SIGKILL the other 7 and reap them, spawn 8 (torchrun: --monitor_interval=0.1)
   peak memory       maximum RSS of the launcher (wait4)
 
+Each program timed (ddprun, the --also builds, spawn_floor) is first copied into a temporary
+folder, as `install` copies it (with ddprun-full and share/ddprun/python where they are beside it):
+a file the linker has just written is mapped from smaller page-cache pages, and each exec of it
+takes more page faults (ddprun: about 10% more time at N=1 here) than the same file installed,
+copied or read from disk after a reboot. --as-linked times the files where they are.
+
 Runs are interleaved (floor, ddprun, torchrun, floor, ddprun, ...) so that a drift of the machine's
 speed touches all alike; each figure is a median, and each ratio the median of the ratios of runs
 taken side by side (a launcher's run over the floor's run just before it).
 
 Usage: bench/launcher_bench.py [--ddprun build/launcher/ddprun] [--floor build/bench/spawn_floor]
-                               [--torchrun PATH | --no-torchrun] [--reps 21] [--restart-reps 9]
-                               [--also NAME=OTHER_DDPRUN ...]
+                               [--torchrun PATH [--python PYTHON] | --no-torchrun] [--reps 21]
+                               [--restart-reps 9] [--sizes 1,8,64] [--also NAME=OTHER_DDPRUN ...]
+  On a machine with PyTorch 2.x: --torchrun "$(command -v torchrun)" --python "$(command -v python3)"
 """
 import argparse
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -97,6 +105,20 @@ def launcher_runner(name, prefix, restart_extra):
     return Runner(name, launch, restart)
 
 
+def as_installed(program, into):
+    """Copies program (and ddprun-full, ../share/ddprun/python beside it) into the folder `into`,
+    as `install` does; returns the copy's path."""
+    here = os.path.dirname(os.path.abspath(program))
+    os.makedirs(os.path.join(into, "bin"))
+    for name in [os.path.basename(program), "ddprun-full"]:
+        if os.path.exists(os.path.join(here, name)):
+            shutil.copy2(os.path.join(here, name), os.path.join(into, "bin", name))
+    data = os.path.join(os.path.dirname(here), "share", "ddprun")
+    if os.path.isdir(data):
+        shutil.copytree(data, os.path.join(into, "share", "ddprun"))
+    return os.path.join(into, "bin", os.path.basename(program))
+
+
 def paired_ratio(a, b):
     return statistics.median(x / y for x, y in zip(a, b))
 
@@ -150,12 +172,26 @@ def main():
     ap.add_argument("--floor", default=os.path.join(ROOT, "build", "bench", "spawn_floor"))
     ap.add_argument("--torchrun", help="torchrun_fixed.py (default: ../shared/tools/torchrun_fixed.py)")
     ap.add_argument("--no-torchrun", action="store_true", help="ddprun and the floor only")
+    ap.add_argument("--python", help="the Python that runs --torchrun (default: /usr/bin/python3, Debian's "
+                    "PyTorch, where it exists; else this one)")
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--restart-reps", type=int, default=9)
     ap.add_argument("--sizes", default="1,8,64")
+    ap.add_argument("--as-linked", action="store_true",
+                    help="time the programs where they are, not copies as installed")
     ap.add_argument("--also", action="append", default=[], metavar="NAME=DDPRUN",
                     help="another ddprun build in the same run, e.g. before=/tmp/ddprun-main")
     args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="launcher-bench-") as tmp:
+        if not args.as_linked:
+            args.floor = as_installed(args.floor, os.path.join(tmp, "floor"))
+            args.ddprun = as_installed(args.ddprun, os.path.join(tmp, "ddprun"))
+            args.also = [f"{name}={as_installed(path, os.path.join(tmp, 'also-' + name))}"
+                         for name, _, path in (a.partition("=") for a in args.also)]
+        run(args)
+
+
+def run(args):
     sizes = [int(s) for s in args.sizes.split(",")]
     floor = Runner("floor", lambda n: [args.floor, "launch", str(n), "/bin/true"],
                    lambda: [args.floor, "restart", "8"] + RESTART_CMD)
@@ -167,7 +203,7 @@ def main():
         torchrun = args.torchrun or next((p for p in TORCHRUN_CANDIDATES if os.path.exists(p)), None)
         if not torchrun or not os.path.exists(torchrun):
             raise SystemExit("torchrun_fixed.py not found: give --torchrun PATH, or --no-torchrun")
-        python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable  # Debian's PyTorch
+        python = args.python or ("/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
         others.append(launcher_runner("torchrun", [python, torchrun], ["--monitor_interval=0.1"]))
     for r in [floor] + others:  # warm-up: page cache, first-run costs
         r.run_launch(1)

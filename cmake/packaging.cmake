@@ -86,6 +86,10 @@ set(CPACK_GENERATOR DEB)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
 set(CPACK_COMPONENTS_ALL bin dev)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+# Stripped programs and libraries, as Debian ships them (ddprun: 4 MB, not 100 MB): CPack moves
+# their debug information to ddprun-dbgsym and libddprun-dev-dbgsym (.ddeb), where gdb and
+# debuginfod find it by build id, as for Debian's own -dbgsym packages.
+set(CPACK_DEBIAN_DEBUGINFO_PACKAGE ON)
 set(CPACK_DEBIAN_PACKAGE_SECTION devel)
 set(CPACK_DEBIAN_BIN_PACKAGE_NAME ddprun)
 set(CPACK_DEBIAN_BIN_PACKAGE_SECTION utils)

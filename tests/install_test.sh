@@ -121,6 +121,12 @@ if command -v dpkg-shlibdeps >/dev/null && command -v cpack >/dev/null; then
     check "the CMake package is in the scratch root" test -f "$root/usr/lib/cmake/ddprun/ddprunConfig.cmake"
     check "the package holds the progress hook, ddprun-stack and ddprun-full" \
       test -f "$root/usr/share/ddprun/python/sitecustomize.py" -a -x "$root/usr/bin/ddprun-stack" -a -x "$root/usr/bin/ddprun-full"
+    # Stripped, as Debian ships programs; the debug information in ddprun-dbgsym, under the build id.
+    check "the packaged ddprun is stripped; ddprun-dbgsym holds its debug information by build id" sh -c "
+      ! readelf -S '$root/usr/bin/ddprun' | grep -q -e '[.]debug_info' -e '[.]symtab' &&
+      id=\$(readelf -n '$root/usr/bin/ddprun' | sed -n 's/.*Build ID: *//p') && test -n \"\$id\" &&
+      dbg=\$(ls '$work'/pkg/ddprun-dbgsym_*.ddeb) && dpkg-deb -c \"\$dbg\" |
+        grep -q \"usr/lib/debug/.build-id/\$(echo \$id | cut -c1-2)/\$(echo \$id | cut -c3-).debug\""
     check "apt can resolve the packages' Depends on this machine (apt-get install --simulate)" \
       apt-get install --simulate -q "$deb" "$dev"
   fi
