@@ -60,7 +60,29 @@ struct ChildPlan {
   int cgroup_procs = -1;         // the job's cgroup, joined by the child (when clone3 could not)
   pid_t parent = -1;
   int max_fd = 1024;
+  // Set when the kernel has reset every handled signal (clone3's CLONE_CLEAR_SIGHAND): the
+  // child then resets only the ignored ones, `ignored`, instead of all 64.
+  bool handlers_cleared = false;
+  sigset_t ignored;
 };
+
+// The signals the agent ignores (SIG_IGN), which a worker must not inherit: SIGPIPE and SIGXFSZ
+// (main), and whatever ddprun's own parent ignored (nohup: SIGHUP). Read once, at the first
+// spawn: the agent sets no disposition to SIG_IGN after start-up.
+const sigset_t& ignored_signals() {
+  static const sigset_t set = [] {
+    sigset_t s;
+    sigemptyset(&s);
+    for (int sig = 1; sig < NSIG; ++sig) {
+      struct sigaction now{};
+      if (::sigaction(sig, nullptr, &now) == 0 && !(now.sa_flags & SA_SIGINFO) && now.sa_handler == SIG_IGN) {
+        sigaddset(&s, sig);
+      }
+    }
+    return s;
+  }();
+  return set;
+}
 
 ChildPlan plan_child(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                      const CpuBinding* binding) {
@@ -80,7 +102,9 @@ ChildPlan plan_child(const std::vector<std::string>& argv, const std::vector<std
     if (c.bind_memory) c.nodes[n / 64] |= 1UL << (n % 64);
   }
   c.parent = ::getpid();
-  c.max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 1 << 20));
+  static const int max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 1 << 20));
+  c.max_fd = max_fd;
+  c.ignored = ignored_signals();
   return c;
 }
 
@@ -106,10 +130,13 @@ ChildPlan plan_child(const std::vector<std::string>& argv, const std::vector<std
   }
   if (c.bind_memory) ::syscall(SYS_set_mempolicy, 1 /* MPOL_PREFERRED */, c.nodes, sizeof(c.nodes) * 8);  // advisory
   // The child has its own copy of the dispositions (no CLONE_SIGHAND): resetting them here
-  // leaves the agent's handlers alone.
+  // leaves the agent's handlers alone. Every one goes back to SIG_DFL before signals are
+  // unblocked below; where clone3 has already reset the handled ones, only the ignored remain.
   struct sigaction dfl{};
   dfl.sa_handler = SIG_DFL;
-  for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
+  for (int s = 1; s < NSIG; ++s) {
+    if (!c.handlers_cleared || sigismember(&c.ignored, s) == 1) ::sigaction(s, &dfl, nullptr);
+  }
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -130,17 +157,18 @@ ChildPlan plan_child(const std::vector<std::string>& argv, const std::vector<std
 
 int child_entry(void* plan) { run_child(*static_cast<const ChildPlan*>(plan)); }
 
-// clone3(CLONE_VM | CLONE_VFORK | CLONE_INTO_CGROUP) on the stack [stack_top - size, stack_top):
+// clone3(CLONE_VM | CLONE_VFORK | CLONE_INTO_CGROUP | CLONE_CLEAR_SIGHAND) on the stack
+// [stack_top - size, stack_top) (both flags: Linux 5.7):
 // the child calls fn(arg), which never returns. glibc (2.36) has no wrapper that runs a function
 // on a new stack with clone3, so the child's first instructions are written here, as glibc's
 // clone() does for clone. Returns -1 with errno (ENOSYS: no clone3, or a seccomp profile that
 // refuses it) when no child was made; the caller then falls back to clone.
 pid_t clone_into_cgroup(int (*fn)(void*), void* arg, void* stack_top, std::size_t size, int cgroup_dir) {
-#if defined(__x86_64__) && defined(SYS_clone3) && defined(CLONE_INTO_CGROUP)
+#if defined(__x86_64__) && defined(SYS_clone3) && defined(CLONE_INTO_CGROUP) && defined(CLONE_CLEAR_SIGHAND)
   static std::atomic<bool> unavailable{false};
   if (unavailable.load(std::memory_order_relaxed)) return errno = ENOSYS, -1;
   clone_args args{};
-  args.flags = CLONE_VM | CLONE_VFORK | CLONE_INTO_CGROUP;
+  args.flags = CLONE_VM | CLONE_VFORK | CLONE_INTO_CGROUP | CLONE_CLEAR_SIGHAND;
   args.exit_signal = SIGCHLD;
   args.stack = reinterpret_cast<std::uint64_t>(static_cast<char*>(stack_top) - size);
   args.stack_size = size;
@@ -173,7 +201,9 @@ pid_t clone_into_cgroup(int (*fn)(void*), void* arg, void* stack_top, std::size_
 }
 
 // The child's stack until it execs: its own mapping (the agent's thread stays suspended on its
-// own stack meanwhile, CLONE_VFORK), unmapped when the clone returns.
+// own stack meanwhile, CLONE_VFORK), one per spawning thread, kept for its next child: a
+// mapping per worker cost an mmap, a munmap (a TLB shoot-down once the agent has threads) and
+// the faults of its first pages.
 class ChildStack {
  public:
   static constexpr std::size_t kSize = 256 * 1024;
@@ -195,7 +225,7 @@ class ChildStack {
 // RCU grace period (1-9 ms measured here for the first worker of a cgroup), one born there does
 // not.
 pid_t start_child(ChildPlan& plan, int cgroup_dir) {
-  ChildStack stack;
+  thread_local ChildStack stack;
   // Block every signal across the clone: until the child has reset its dispositions, a signal
   // would run the agent's handler in the child (Asio's, which writes to the agent's own signal
   // pipe and makes the agent believe it received that signal).
@@ -206,8 +236,12 @@ pid_t start_child(ChildPlan& plan, int cgroup_dir) {
   const int procs = plan.cgroup_procs;
   if (cgroup_dir >= 0) {
     plan.cgroup_procs = -1;  // born in the cgroup: nothing to join
+    plan.handlers_cleared = true;
     pid = clone_into_cgroup(child_entry, &plan, stack.top(), ChildStack::kSize, cgroup_dir);
-    if (pid < 0) plan.cgroup_procs = procs;  // no child was made: the fallback below joins
+    if (pid < 0) {  // no child was made: the fallback below joins, and resets every signal
+      plan.cgroup_procs = procs;
+      plan.handlers_cleared = false;
+    }
   }
   if (pid < 0) pid = ::clone(child_entry, stack.top(), CLONE_VM | CLONE_VFORK | SIGCHLD, &plan);
   int e = errno;
@@ -243,7 +277,8 @@ SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::ve
     for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
     throw Error(std::string("cannot start a worker (clone failed): ") + std::strerror(e));
   }
-  ::setpgid(pid, pid);  // also here, so the group exists before the agent signals it
+  // No setpgid(pid, pid) here as after fork: with CLONE_VFORK the agent resumes only once the
+  // child has made its group (its first step) and exec'd (or exited).
   ::close(out[1]);
   ::close(err[1]);
   return {pid, out[0], err[0]};

@@ -163,8 +163,9 @@ void WorkerGroup::Impl::reap() {
 
 FailureKind WorkerGroup::Impl::kind_of(const Worker& w) const {
   if (w.status.signal == 0) return FailureKind::exit;
+  if (w.status.signal != SIGKILL) return FailureKind::signal;  // the OOM killer sends SIGKILL only
   auto now = cgroup_oom_kills();
-  if (w.status.signal == SIGKILL && now && oom_kills_at_start && *now > *oom_kills_at_start) return FailureKind::oom;
+  if (now && oom_kills_at_start && *now > *oom_kills_at_start) return FailureKind::oom;
   return FailureKind::signal;
 }
 

@@ -21,6 +21,11 @@ using ddprun::agent::SpawnedProcess;
 
 namespace {
 
+// As under `nohup ddprun`: a signal ignored since before the first spawn, which no worker may
+// inherit (spawn_process reads the ignored set at its first call, then resets only those where
+// clone3 has reset the handled ones).
+const bool hup_ignored_at_start = (::signal(SIGHUP, SIG_IGN), true);
+
 struct Ran {
   std::string out, err;
   int status = 0;
@@ -175,10 +180,20 @@ TEST_CASE("spawn: into a cgroup, born there (clone3) or joining it itself (the f
     CHECK(r.err.empty());
     return r.out.substr(r.out.rfind("0::"));
   };
-  CHECK(in_cgroup(target) == want);  // clone3 with CLONE_INTO_CGROUP
+  // The ignored signals of the agent, as default in the worker, on both paths.
+  auto ignored_in_child = [&](const ddprun::agent::CgroupTarget& t) {
+    SpawnedProcess p = spawn_process({"/bin/grep", "SigIgn", "/proc/self/status"}, {}, nullptr, &t);
+    Ran r{read_all(p.stdout_fd), read_all(p.stderr_fd), 0};
+    REQUIRE(::waitpid(p.pid, &r.status, 0) == p.pid);
+    return r.out;
+  };
+  REQUIRE(hup_ignored_at_start);
+  CHECK(in_cgroup(target) == want);  // clone3 with CLONE_INTO_CGROUP (and CLONE_CLEAR_SIGHAND)
+  CHECK(ignored_in_child(target) == "SigIgn:\t0000000000000000\n");
   ddprun::agent::CgroupTarget joins = target;
   joins.dir = -1;
   CHECK(in_cgroup(joins) == want);  // the child writes itself into cgroup.procs
+  CHECK(ignored_in_child(joins) == "SigIgn:\t0000000000000000\n");
   ::close(target.dir);
   ::close(target.procs);
   CHECK(::rmdir(dir.c_str()) == 0);
