@@ -6,7 +6,9 @@
 #  1. the workers exit 0: ddprun exits 0, names what it killed, and no leftover lives on;
 #  2. kill -9 of ddprun while the workers and their leftovers run: the guardian kills them all;
 #  3. the cgroup is removed afterwards (cgroup mode), and so is ddprun's temporary directory in
-#     /dev/shm (the guardian removes it; a nested ddprun killed with its job leaves its own).
+#     /dev/shm (the guardian removes it; a nested ddprun killed with its job leaves its own);
+#  4. a failed group's daemons are killed before the restart, and the next attempt's workers run
+#     (killing the cgroup with cgroup.kill there made Linux 6.14+ kill each worker born in it).
 # Prints the processes left and the seconds the guardian took. Usage: tests/containment_test.sh DDPRUN
 set -u
 source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
@@ -108,6 +110,23 @@ killed() {
   rm -rf /dev/shm/ddprun-*  # a nested job's own
 }
 
+# 6. A group that fails and leaves daemons: they are killed before the restart, in the same
+# cgroup, and the next attempt's workers run to their end.
+restart_after_leftovers() {
+  local out rc ran
+  out=$("${prefix[@]}" ddprun --standalone --nproc_per_node=2 --max_restarts=1 --no_python /bin/sh -c \
+    "if [ \"\$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then $escape; exit 3; fi; echo \"attempt 1, rank \$RANK ran\"" 2>&1); rc=$?
+  ran=$(echo "$out" | grep -c "attempt 1, rank [01] ran")
+  # Rank 1 may be stopped before its daemon runs, and the helpers of its wait loop are killed too.
+  if [ $rc -eq 0 ] && [ "$ran" = 2 ] && [ "$(alive leftover)" = 0 ] &&
+     echo "$out" | grep -Eq "killed [0-9]+ process\(es\) the workers left behind: "; then
+    ok "$who ($want): a failed group's daemons are killed, and the restarted workers run"
+  else
+    bad "$who ($want): restart after daemons were killed: exit $rc, $ran of 2 ran, $(alive leftover) left: $out"
+  fi
+  pkill -9 -x leftover
+}
+
 # 5. Subreaper mode: an orphan that cleared its environment is still a descendant of the agent.
 no_environment() {
   local out rc
@@ -127,6 +146,7 @@ for who in root nobody; do
   clean_end
   for how in agent group nested; do killed $how; done
   no_environment
+  restart_after_leftovers
 done
 
 echo "containment: $passed passed, $failed failed"

@@ -178,7 +178,7 @@ bool Containment::try_cgroup(std::string& why) {
 
 Containment::~Containment() {
   if (mode_ == ContainmentMode::cgroup) {
-    sweep_cgroup();
+    sweep_cgroup(true);
     remove_cgroup();
   }
   for (int fd : {target_.procs, target_.dir, kill_fd_}) {
@@ -192,10 +192,10 @@ std::string Containment::describe() const {
 }
 
 std::vector<std::string> Containment::sweep(pid_t spare) const {
-  return mode_ == ContainmentMode::cgroup ? sweep_cgroup() : sweep_descendants(spare);
+  return mode_ == ContainmentMode::cgroup ? sweep_cgroup(false) : sweep_descendants(spare);
 }
 
-std::vector<std::string> Containment::sweep_cgroup() const {
+std::vector<std::string> Containment::sweep_cgroup(bool final) const {
   // The whole subtree: a ddprun inside a worker made a cgroup of its own below this one.
   auto in_subtree = [&] {
     std::vector<pid_t> all;
@@ -209,10 +209,15 @@ std::vector<std::string> Containment::sweep_cgroup() const {
   if (!populated(cgroup_)) return killed;
   auto left = in_subtree();
   for (pid_t p : left) killed.push_back(fmt::format("{} ({})", p, process_name(p)));
-  // Until it is empty: a process may fork while it is being killed (cgroup.kill, kernel 5.14+,
-  // kills the subtree at once; without it, each process found).
+  // Until it is empty: a process may fork while it is being killed. cgroup.kill (kernel 5.14+)
+  // kills the subtree at once, but only where no worker is started in this cgroup afterwards:
+  // on Linux 6.18 (seen here; the kill_seq counter of the kernel's fix for forks racing
+  // cgroup.kill), a child that clone3 starts with CLONE_INTO_CGROUP in a cgroup that was ever
+  // killed is killed at birth, so every worker of the next attempt died. Between attempts,
+  // each process found is killed instead.
+  const bool whole = final && kill_fd_ >= 0;
   for (int pass = 0; pass < 200 && populated(cgroup_); ++pass) {
-    if (kill_fd_ < 0 || ::pwrite(kill_fd_, "1", 1, 0) != 1) {
+    if (!whole || ::pwrite(kill_fd_, "1", 1, 0) != 1) {
       for (pid_t p : left) ::kill(p, SIGKILL);
     }
     pause_ms(pass == 0 ? 1 : 10);
@@ -260,7 +265,7 @@ void Containment::remove_cgroup() const {
 
 void Containment::kill_everything(bool agent_gone) const {
   if (mode_ == ContainmentMode::cgroup) {
-    sweep_cgroup();
+    sweep_cgroup(agent_gone);  // a fence (the agent alive) may be followed by a next attempt
     if (agent_gone) remove_cgroup();
     return;
   }

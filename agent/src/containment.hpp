@@ -52,7 +52,8 @@ class Containment {
  private:
   Containment() = default;
   bool try_cgroup(std::string& why);
-  std::vector<std::string> sweep_cgroup() const;
+  // final: no worker starts in the cgroup afterwards (cgroup.kill may be used).
+  std::vector<std::string> sweep_cgroup(bool final) const;
   std::vector<std::string> sweep_descendants(pid_t spare) const;
   void remove_cgroup() const;
 
@@ -61,7 +62,7 @@ class Containment {
   std::string cgroup_;   // the cgroup's directory (cgroup mode)
   std::string why_not_;  // why not cgroup mode
   CgroupTarget target_;  // the cgroup's directory and cgroup.procs
-  int kill_fd_ = -1;     // cgroup.kill (kernel 5.14+), else -1: each process is killed
+  int kill_fd_ = -1;     // cgroup.kill (kernel 5.14+; only at the end), else -1: each process is killed
   pid_t owner_ = -1;     // the agent
 };
 
