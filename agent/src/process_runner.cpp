@@ -3,12 +3,54 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <atomic>
+#include <mutex>
+
 #include "ddprun/agent/spawn.hpp"
 #include "containment.hpp"
 #include "guardian.hpp"
+#include "spawn_pool.hpp"
 #include "stack_dump.hpp"
 
 namespace ddprun::agent {
+
+std::string ProcessRunner::start_all(const std::vector<Request>& requests, std::vector<Started>& started) {
+  started.assign(requests.size(), Started{});
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    try {
+      started[i] = start(*requests[i].argv, *requests[i].env, requests[i].binding);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
+  return {};
+}
+
+RealProcessRunner::RealProcessRunner(Guardian& guardian, const Containment& containment)
+    : guardian_(guardian), containment_(containment) {}
+RealProcessRunner::~RealProcessRunner() = default;
+
+std::string RealProcessRunner::start_all(const std::vector<Request>& requests, std::vector<Started>& started) {
+  const unsigned threads = spawn_threads(requests.size());
+  if (threads <= 1) return ProcessRunner::start_all(requests, started);
+  if (!pool_) pool_ = std::make_unique<SpawnPool>();
+  pool_->ensure(threads - 1);
+  started.assign(requests.size(), Started{});
+  std::mutex mu;
+  std::string failure;
+  std::atomic<bool> failed{false};
+  pool_->run(requests.size(), [&](std::size_t i) {
+    if (failed.load(std::memory_order_relaxed)) return;  // after a failure, nothing more starts
+    try {
+      started[i] = start(*requests[i].argv, *requests[i].env, requests[i].binding);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lk(mu);
+      if (failure.empty()) failure = e.what();
+      failed = true;
+    }
+  });
+  return failure;
+}
 
 ProcessRunner::Started RealProcessRunner::start(const std::vector<std::string>& argv,
                                                 const std::vector<std::string>& env, const CpuBinding* binding) {

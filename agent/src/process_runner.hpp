@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,7 @@ namespace ddprun::agent {
 
 class Containment;
 class Guardian;
+class SpawnPool;
 
 class ProcessRunner {
  public:
@@ -31,10 +33,20 @@ class ProcessRunner {
     ExitStatus status;
   };
 
+  struct Request {
+    const std::vector<std::string>* argv;
+    const std::vector<std::string>* env;
+    const CpuBinding* binding;
+  };
+
   virtual ~ProcessRunner() = default;
   // Starts `argv` with exactly `env` ("K=V"). Throws ddprun::Error.
   virtual Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                         const CpuBinding* binding) = 0;
+  // Starts every request, as start() each; `started` gets one entry a request, in order (pid -1:
+  // not started). Returns the first failure's message, empty when all started. This one starts
+  // them in order and stops at the first failure; the real runner may start them in parallel.
+  virtual std::string start_all(const std::vector<Request>& requests, std::vector<Started>& started);
   // Sends `sig` to the process group `pgid`.
   virtual void signal_group(pid_t pgid, int sig) = 0;
   // The children that ended since the last call (never blocks). May include processes that are
@@ -61,10 +73,11 @@ class ProcessRunner {
 // born in the job's containment (containment.hpp).
 class RealProcessRunner : public ProcessRunner {
  public:
-  RealProcessRunner(Guardian& guardian, const Containment& containment)
-      : guardian_(guardian), containment_(containment) {}
+  RealProcessRunner(Guardian& guardian, const Containment& containment);
+  ~RealProcessRunner() override;
   Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                 const CpuBinding* binding) override;
+  std::string start_all(const std::vector<Request>& requests, std::vector<Started>& started) override;
   void signal_group(pid_t pgid, int sig) override;
   std::vector<Ended> reap() override;
   void watch(const std::vector<pid_t>& pgids) override;
@@ -77,6 +90,7 @@ class RealProcessRunner : public ProcessRunner {
  private:
   Guardian& guardian_;
   const Containment& containment_;
+  std::unique_ptr<SpawnPool> pool_;  // threads that start workers beside the loop's, made at need
 };
 
 }  // namespace ddprun::agent

@@ -78,7 +78,7 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   }
   try {
     for (auto& s : slots) prepare(*s);
-    for (auto& s : slots) spawn(*s);
+    spawn_all();
   } catch (...) {
     bool any = false;
     for (auto& s : slots) {
@@ -95,8 +95,23 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   arm_heartbeat_check();
 }
 
-void WorkerGroup::Impl::spawn(Slot& s) {
-  auto p = runner.start(s.w.spec.argv, s.w.spec.env, s.w.spec.binding ? &*s.w.spec.binding : nullptr);
+// Every slot's worker, started together (in parallel where the runner can); the ones that
+// started are the group's even when another could not (the caller kills them then).
+void WorkerGroup::Impl::spawn_all() {
+  std::vector<ProcessRunner::Request> requests;
+  for (const auto& s : slots) {
+    const auto& spec = s->w.spec;
+    requests.push_back({&spec.argv, &spec.env, spec.binding ? &*spec.binding : nullptr});
+  }
+  std::vector<ProcessRunner::Started> started;
+  std::string failure = runner.start_all(requests, started);
+  for (std::size_t i = 0; i < slots.size() && i < started.size(); ++i) {
+    if (started[i].pid > 0) adopt(*slots[i], started[i]);
+  }
+  if (!failure.empty()) throw Error(failure);
+}
+
+void WorkerGroup::Impl::adopt(Slot& s, const ProcessRunner::Started& p) {
   s.w.pid = p.pid;
   s.w.life = Life::running;
   s.w.started_wall = std::chrono::system_clock::now();

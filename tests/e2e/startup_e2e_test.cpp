@@ -1,6 +1,7 @@
 // Start-up is not a hang: --worker_timeout counts from a worker's first heartbeat, and
 // --worker_start_timeout bounds the time before it (the built ddprun, test_worker as the worker).
 #include <catch2/catch.hpp>
+#include <regex>
 
 #include "e2e/agents.hpp"
 
@@ -80,4 +81,27 @@ TEST_CASE("start-up: the hand-off mark never reaches a worker", "[e2e]") {
   INFO(r.out << r.err);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("[default0]:mark=none"));
+}
+
+// On a machine of many cores a group is started from several threads (agent/src/spawn_pool.hpp);
+// DDPRUN_SPAWN_THREADS=4 asks for that here. Every rank starts once per attempt with its own
+// environment; the threads outlive their workers' start (a worker's PR_SET_PDEATHSIG fires when
+// the thread that started it ends: these sleep first, so an early end would kill them), and the
+// restart starts the new group from the same threads.
+TEST_CASE("start-up: a group started from 4 threads: every rank once, alive past its start, and a restart", "[e2e]") {
+  const std::string script =
+      "sleep 0.3; echo \"a=$TORCHELASTIC_RESTART_COUNT r=$RANK w=$WORLD_SIZE t=$(ls /proc/$PPID/task | wc -l)\"; "
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then exit 3; fi";
+  auto r = Launch(cmd({"--standalone", "--nproc_per_node=32", "--max_restarts=1", "/bin/sh", "-c", script}),
+                  {{"DDPRUN_SPAWN_THREADS", "4"}})
+               .finish(60s);
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  for (int rank = 0; rank < 32; ++rank) {
+    // The agent's threads: its loop's, the 3 that start workers beside it, and at times the
+    // console writer's (no store thread: the workers never use the store).
+    INFO("rank " << rank);
+    CHECK(std::regex_search(r.out, std::regex("a=1 r=" + std::to_string(rank) + " w=32 t=[45]\n")));
+  }
+  CHECK(std::regex_search(r.out, std::regex("a=0 r=1 w=32 t=[45]\n")));
 }
