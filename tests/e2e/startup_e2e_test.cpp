@@ -1,6 +1,10 @@
 // Start-up is not a hang: --worker_timeout counts from a worker's first heartbeat, and
 // --worker_start_timeout bounds the time before it (the built ddprun, test_worker as the worker).
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
 #include <regex>
 
 #include "e2e/agents.hpp"
@@ -104,4 +108,28 @@ TEST_CASE("start-up: a group started from 4 threads: every rank once, alive past
     CHECK(std::regex_search(r.out, std::regex("a=1 r=" + std::to_string(rank) + " w=32 t=[45]\n")));
   }
   CHECK(std::regex_search(r.out, std::regex("a=0 r=1 w=32 t=[45]\n")));
+}
+
+// The agent sizes its descriptor table for the job before it has a second thread (agent.cpp,
+// reserve_descriptors): a table grown later, in a process of several threads, waits for an RCU
+// grace period each time (20-30 ms on 16 CPUs). 8 workers use fewer than 64 descriptors, so the
+// larger table the worker sees was made on purpose; one worker's job keeps the table every
+// process starts with (64).
+TEST_CASE("start-up: the agent's descriptor table is sized for the job before any thread", "[e2e]") {
+  // Descriptors above 63 inherited from whatever started this test would size the table already.
+  std::vector<int> high;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = std::atoi(e.path().filename().c_str());
+    if (fd >= 64) high.push_back(fd);
+  }
+  for (int fd : high) ::close(fd);
+  auto r = Launch(cmd({"--standalone", "--nproc_per_node=8", "/bin/sh", "-c",
+                       "[ \"$RANK\" = 0 ] && grep FDSize /proc/$PPID/status; true"}))
+               .finish(30s);
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  CHECK(std::regex_search(r.out, std::regex("\\[default0\\]:FDSize:\\s+128\\n")));  // 3 * 8 + 48 = 72 slots
+  auto one = Launch(cmd({"--standalone", "--nproc_per_node=1", "/bin/sh", "-c", "grep FDSize /proc/$PPID/status"}))
+                 .finish(30s);
+  CHECK(std::regex_search(one.out, std::regex("\\[default0\\]:FDSize:\\s+64\\n")));
 }
