@@ -88,7 +88,7 @@ unsigned spawn_threads(std::size_t n) {
   cpu_set_t cpus;
   std::size_t ncpu = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   if (ncpu < 2 || n < 8) return 1;
-  return static_cast<unsigned>(std::clamp<std::size_t>(std::min(ncpu / 4, n / 8), 2, 8));
+  return static_cast<unsigned>(std::clamp<std::size_t>(std::min(ncpu / 4, n / 4), 2, 8));
 }
 
 }  // namespace ddprun::agent
