@@ -13,7 +13,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
-#include <sstream>
+#include "ddprun/common/text.hpp"
 
 #include <fmt/format.h>
 
@@ -24,22 +24,21 @@ namespace ddprun::agent {
 
 namespace {
 
+// (Parsed by hand, as the other files read at start-up: a C++ stream here made the agent set
+// up the C++ locales at every start.)
 std::string find_own_cgroup_dir(std::string& why) {
-  std::istringstream cg(read_file("/proc/self/cgroup"));
-  std::string line, rel;
-  while (std::getline(cg, line)) {
+  std::string rel;
+  for (const auto& line : split(read_file("/proc/self/cgroup"), '\n')) {
     if (line.rfind("0::", 0) == 0) rel = line.substr(3);
   }
   if (rel.empty()) return why = "this process is in no cgroup v2", "";
-  std::istringstream mi(read_file("/proc/self/mountinfo"));
-  while (std::getline(mi, line)) {
+  for (const auto& line : split(read_file("/proc/self/mountinfo"), '\n')) {
     auto dash = line.find(" - cgroup2 ");
     if (dash == std::string::npos) continue;
-    std::istringstream f(line.substr(0, dash));
-    std::string id, parent, dev, root, point;
-    f >> id >> parent >> dev >> root >> point;
-    if (root != "/") continue;
-    return point + (rel == "/" ? "" : rel);
+    // ID PARENT MAJOR:MINOR ROOT MOUNT_POINT ...
+    auto f = split(line.substr(0, dash), ' ');
+    if (f.size() < 5 || f[3] != "/") continue;
+    return f[4] + (rel == "/" ? "" : rel);
   }
   return why = "no cgroup v2 hierarchy is mounted", "";
 }
@@ -62,9 +61,8 @@ namespace {
 
 std::vector<pid_t> pids_in(const std::string& procs_file) {
   std::vector<pid_t> out;
-  std::istringstream in(read_file(procs_file));
-  for (long p; in >> p;) {
-    if (p > 0) out.push_back(static_cast<pid_t>(p));
+  for (const auto& line : split(read_file(procs_file), '\n')) {
+    if (auto p = parse_int(trim(line), 1, 1 << 30)) out.push_back(static_cast<pid_t>(*p));
   }
   return out;
 }

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
-#include <sstream>
+#include "ddprun/common/text.hpp"
 #include <spdlog/spdlog.h>
 
 #include "containment.hpp"
@@ -71,11 +71,8 @@ std::optional<long long> cgroup_oom_kills() {
   std::string why;
   const std::string dir = own_cgroup_dir(why);
   if (dir.empty()) return std::nullopt;
-  std::istringstream ev(read_file(dir + "/memory.events"));
-  std::string key;
-  long long value = 0;
-  while (ev >> key >> value) {
-    if (key == "oom_kill") return value;
+  for (const auto& line : split(read_file(dir + "/memory.events"), '\n')) {  // "KEY VALUE" lines
+    if (line.rfind("oom_kill ", 0) == 0) return parse_int(trim(line.substr(9)));
   }
   return std::nullopt;
 }

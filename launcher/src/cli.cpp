@@ -2,10 +2,7 @@
 
 #include <unistd.h>
 
-#include <boost/program_options.hpp>
-#include <list>
 #include <random>
-#include <sstream>
 #include <sys/stat.h>
 
 #include "ddprun/agent/resources.hpp"
@@ -14,71 +11,13 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
 #include "ddprun/rendezvous/auth.hpp"
+#include "arguments.hpp"
 #include "options.hpp"
 #include "rdzv_flags.hpp"
 #include "slurm.hpp"
 
 namespace ddprun::launcher {
 namespace {
-
-namespace po = boost::program_options;
-
-// The option descriptions, generated from the table: value options take a string (parsed by the
-// table's parser once the flag, PET_ and Slurm precedence is applied), flags are switches.
-po::options_description describe_options() {
-  po::options_description all("ddprun options");
-  std::list<std::pair<std::string, po::options_description>> groups;  // in the table's order
-  for (const auto& o : option_table()) {
-    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == o.group; });
-    if (g == groups.end()) {
-      groups.emplace_back(std::piecewise_construct, std::forward_as_tuple(o.group), std::forward_as_tuple(o.group));
-      g = std::prev(groups.end());
-    }
-    std::string names = std::string(o.name) + (*o.short_name ? std::string(",") + o.short_name : "");
-    if (o.kind == OptionKind::flag) {
-      g->second.add_options()(names.c_str(), po::bool_switch(), o.help);
-    } else if (o.kind == OptionKind::action) {
-      g->second.add_options()(names.c_str(), o.help);
-    } else if (o.parse == nullptr) {
-      g->second.add_options()(names.c_str(), po::value<std::string>(), o.help);
-    } else {
-      g->second.add_options()(names.c_str(), po::value<std::string>()->default_value(o.default_value), o.help);
-    }
-  }
-  for (auto& [name, g] : groups) all.add(g);
-  return all;
-}
-
-// Splits the arguments at the training program: everything before is ddprun's, the program and
-// everything after belong to the worker (like argparse's REMAINDER).
-void split_args(const std::vector<std::string>& args, const po::options_description& desc,
-                std::vector<std::string>& ours, std::vector<std::string>& program) {
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string a = normalize_option(args[i]);
-    if (a == "--") {
-      program.assign(args.begin() + static_cast<long>(i) + 1, args.end());
-      return;
-    }
-    if (a.size() < 2 || a[0] != '-') {
-      program.assign(args.begin() + static_cast<long>(i), args.end());
-      return;
-    }
-    bool long_opt = a.rfind("--", 0) == 0;
-    std::string name = long_opt ? a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2)
-                                : a.substr(0, 2);  // Program_options names short options "-m"
-    const po::option_description* d = desc.find_nothrow(name, false, false, false);
-    if (!d) {
-      usage("unknown option '" + args[i] + "'");
-    }
-    ours.push_back(a);
-    bool takes_value = d->semantic()->max_tokens() > 0;
-    bool inline_value = long_opt ? a.find('=') != std::string::npos : a.size() > 2;
-    if (takes_value && !inline_value) {
-      if (i + 1 >= args.size()) usage("option '" + args[i] + "' needs a value");
-      ours.push_back(args[++i]);
-    }
-  }
-}
 
 // The worker command: python for .py scripts and -m, the program itself otherwise.
 std::vector<std::string> resolve_command(const std::vector<std::string>& program, bool module, bool no_python,
@@ -131,21 +70,18 @@ std::string version_string() {
 // A bash completion script generated from the option table itself, so it offers exactly the
 // options ddprun accepts (both spellings), and files once the training program has started.
 std::string bash_completion() {
-  auto desc = describe_options();
-  std::string all, all_dashed, with_value;
-  for (const auto& o : desc.options()) {
-    std::string name = o->long_name();
-    if (name.empty() || name == "completion") continue;
+  std::string all, all_dashed, with_value, shorts;
+  for (const auto& o : option_table()) {
+    std::string name = o.name;
+    if (name == "completion") continue;
     std::string dashed = name;
     for (auto& c : dashed) c = c == '_' ? '-' : c;
     all += " --" + name;
     all_dashed += " --" + dashed;
-    if (o->semantic()->max_tokens() > 0) with_value += "|--" + name + (dashed != name ? "|--" + dashed : "");
-  }
-  std::string shorts;
-  for (const auto& o : desc.options()) {
-    auto f = o->canonical_display_name(po::command_line_style::allow_dash_for_short);
-    if (f.size() == 2 && f[0] == '-' && o->semantic()->max_tokens() > 0) shorts += "|" + f;
+    if (o.kind == OptionKind::value) {
+      with_value += "|--" + name + (dashed != name ? "|--" + dashed : "");
+      if (*o.short_name) shorts += "|-" + std::string(o.short_name);
+    }
   }
   std::string takes = with_value.substr(1) + shorts;
   return "# bash completion for ddprun (generated by: ddprun --completion bash)\n"
@@ -183,16 +119,14 @@ std::string bash_completion() {
 
 namespace {
 
-std::string help_text(const po::options_description& desc) {
-  std::ostringstream os;
-  os << "Usage: ddprun [options] TRAINING_SCRIPT [ARGS...]\n"
-        "Launches one worker per local rank with torchrun's environment, e.g.\n"
-        "  ddprun --standalone --nproc_per_node=4 train.py --epochs 3\n"
-        "  ddprun --nproc_per_node=8 ./train\n"
-        "Every option also reads PET_<NAME> from the environment (e.g. PET_NPROC_PER_NODE=4);\n"
-        "both spellings work (--nproc_per_node, --nproc-per-node).\n\n"
-     << desc;
-  return os.str();
+std::string help_text() {
+  return "Usage: ddprun [options] TRAINING_SCRIPT [ARGS...]\n"
+         "Launches one worker per local rank with torchrun's environment, e.g.\n"
+         "  ddprun --standalone --nproc_per_node=4 train.py --epochs 3\n"
+         "  ddprun --nproc_per_node=8 ./train\n"
+         "Every option also reads PET_<NAME> from the environment (e.g. PET_NPROC_PER_NODE=4);\n"
+         "both spellings work (--nproc_per_node, --nproc-per-node).\n\n" +
+         options_help();
 }
 
 // A PET_ switch as the operators set it: 1 or true, 0 or false, and nothing else (a typo must
@@ -207,19 +141,19 @@ bool pet_flag(const std::string& name, const std::string& v) {
 
 // Each option's value: an explicit flag wins, then PET_<NAME>, then (inside a Slurm step) what
 // Slurm implies, then the default. Every value is checked by the table's parser.
-Settings resolve(const po::variables_map& vm, const std::map<std::string, std::string>& env,
+Settings resolve(const ParsedArgs& given, const std::map<std::string, std::string>& env,
                  const std::optional<std::map<std::string, std::string>>& slurm,
                  std::map<std::string, std::string>& derived) {
   Settings s;
   for (const auto& o : option_table()) {
     if (o.kind == OptionKind::action || o.parse == nullptr) continue;
-    const auto& v = vm[o.name];
     auto pet = env.find(pet_name(o.name));
+    auto explicit_value = given.values.find(o.name);
     std::string value;
     if (o.kind == OptionKind::flag) {
-      value = v.as<bool>() || (pet != env.end() && pet_flag(pet->first, pet->second)) ? "1" : "0";
-    } else if (!v.defaulted()) {
-      value = v.as<std::string>();
+      value = given.flags.count(o.name) || (pet != env.end() && pet_flag(pet->first, pet->second)) ? "1" : "0";
+    } else if (explicit_value != given.values.end()) {
+      value = explicit_value->second;
     } else if (pet != env.end()) {
       value = pet->second;
     } else if (slurm && slurm->count(o.name)) {
@@ -293,25 +227,16 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
 
 CliResult parse_command_line(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
                              const HostInfo& host) {
-  auto desc = describe_options();
-  std::vector<std::string> ours, program;
-  split_args(args, desc, ours, program);
-  po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(ours).options(desc).style(po::command_line_style::unix_style).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    usage(e.what());
-  }
+  ParsedArgs given = parse_arguments(args);
   CliResult r;
-  if (vm.count("help") || vm.count("version") || vm.count("completion")) {
+  if (given.flags.count("help") || given.flags.count("version") || given.values.count("completion")) {
     r.exit_now = true;
-    if (vm.count("help")) {
-      r.text = help_text(desc);
-    } else if (vm.count("version")) {
+    if (given.flags.count("help")) {
+      r.text = help_text();
+    } else if (given.flags.count("version")) {
       r.text = version_string() + "\n";
     } else {
-      const auto& shell = vm["completion"].as<std::string>();
+      const auto& shell = given.values.at("completion");
       if (shell != "bash") usage("--completion: only bash is supported (got '" + shell + "')");
       r.text = bash_completion();
     }
@@ -321,10 +246,10 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
   // one node, whatever Slurm says).
   auto slurm = slurm_defaults(env);
   auto pet_standalone = env.find("PET_STANDALONE");
-  bool standalone = vm["standalone"].as<bool>() || (pet_standalone != env.end() && pet_flag(pet_standalone->first, pet_standalone->second));
+  bool standalone = given.flags.count("standalone") > 0 || (pet_standalone != env.end() && pet_flag(pet_standalone->first, pet_standalone->second));
   if (standalone) slurm.reset();
   std::map<std::string, std::string> derived;
-  Settings s = resolve(vm, env, slurm, derived);
+  Settings s = resolve(given, env, slurm, derived);
   r.log_level = s.log_level;
   to_agent_options(s, env, host, r.agent);
   if (!derived.empty()) {
@@ -337,7 +262,7 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
     r.notes.push_back("ddprun: no progress hook for Python workers (share/ddprun/python/sitecustomize.py is not "
                       "installed beside ddprun): they must touch DDPRUN_HEARTBEAT_FILE themselves");
   }
-  r.agent.command = resolve_command(program, s.module, s.no_python, env);
+  r.agent.command = resolve_command(given.program, s.module, s.no_python, env);
   r.agent.base_env = env;
   if (!s.log_line_prefix_template.empty()) {
     r.agent.line_prefix_template = s.log_line_prefix_template;

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/text.hpp"
 #include "ddprun/launcher/cli.hpp"
 #include "options.hpp"
 #include <set>
@@ -139,4 +140,40 @@ TEST_CASE("heartbeat options: the start-up bound and the progress hook", "[units
   CHECK_FALSE(d.agent.python_site_dir.empty());
   CHECK(parse({"--no_progress_hook", "/bin/true"}).agent.python_site_dir.empty());
   CHECK(parse({"/bin/true"}, {{"PET_NO_PROGRESS_HOOK", "1"}}).agent.python_site_dir.empty());
+}
+
+// The command line is read against the option table (launcher/src/arguments.cpp), with the
+// errors Boost.Program_options gave before it was dropped.
+TEST_CASE("options: both spellings, values inline or next, short options, and the errors", "[units]") {
+  CHECK(parse({"--nproc-per-node", "4", "/bin/true"}).agent.nproc_per_node == 4);
+  CHECK(parse({"--max-restarts=3", "/bin/true"}).agent.max_restarts == 3);
+  CHECK(parse({"-r3", "/bin/true"}).agent.redirects.any());
+  CHECK(parse({"-r", "3", "/bin/true"}).agent.redirects.any());
+  CHECK(parse({"--", "/bin/true", "--max_restarts=9"}).agent.command.back() == "--max_restarts=9");
+  CHECK(parse({"-m", "pkg", "-m"}, {{"PYTHON_EXEC", "sh"}}).agent.command.back() == "-m");  // the program's
+  CHECK_THROWS_WITH(parse({"--max_restarts=1", "--max_restarts", "2", "/bin/true"}),
+                    Catch::Contains("option '--max_restarts' cannot be specified more than once"));
+  CHECK_THROWS_WITH(parse({"--standalone", "--standalone", "/bin/true"}),
+                    Catch::Contains("option '--standalone' cannot be specified more than once"));
+  CHECK_THROWS_WITH(parse({"--standalone=1", "/bin/true"}),
+                    Catch::Contains("option '--standalone' does not take any arguments"));
+  CHECK_THROWS_WITH(parse({"-mx"}), Catch::Contains("unrecognised option '-mx'"));
+  CHECK_THROWS_WITH(parse({"--nproc", "2", "/bin/true"}), Catch::Contains("unknown option '--nproc'"));  // no prefixes
+  CHECK_THROWS_WITH(parse({"-x", "/bin/true"}), Catch::Contains("unknown option '-x'"));
+  CHECK_THROWS_WITH(parse({"--max_restarts"}), Catch::Contains("option '--max_restarts' needs a value"));
+}
+
+TEST_CASE("options: --help lists every option of the table, its value and default, in columns", "[units]") {
+  auto r = parse({"--help"});
+  REQUIRE(r.exit_now);
+  for (const auto& o : launcher::option_table()) {
+    CHECK_THAT(r.text, Catch::Contains(std::string("--") + o.name));
+  }
+  CHECK_THAT(r.text, Catch::Contains("\n  --nproc_per_node arg (=1)             workers on this node"));
+  CHECK_THAT(r.text, Catch::Contains("\n  -m [ --module ]                       run the program as a Python module"));
+  CHECK_THAT(r.text, Catch::Contains("\nWorker group:\n"));
+  for (const auto& line : split(r.text.substr(r.text.find("ddprun options:")), '\n')) {
+    INFO(line);
+    CHECK((line.size() <= 80 || line.find(' ', 42) == std::string::npos));  // a single long word may overflow
+  }
 }
