@@ -3,7 +3,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <linux/magic.h>  // CGROUP2_SUPER_MAGIC
 #include <sys/prctl.h>
+#include <sys/statfs.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,6 +34,17 @@ std::string find_own_cgroup_dir(std::string& why) {
     if (line.rfind("0::", 0) == 0) rel = line.substr(3);
   }
   if (rel.empty()) return why = "this process is in no cgroup v2", "";
+  // Where systemd and container runtimes mount the hierarchy (a cgroup v2 file system there, and
+  // this process's cgroup in it): no mountinfo to read, which the kernel writes out mount by
+  // mount (a tenth of a millisecond here, more on a node with many mounts).
+  for (const char* point : {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}) {
+    struct statfs fs{};
+    struct stat st{};
+    const std::string dir = point + (rel == "/" ? std::string() : rel);
+    if (::statfs(point, &fs) == 0 && fs.f_type == CGROUP2_SUPER_MAGIC && ::stat((dir + "/cgroup.procs").c_str(), &st) == 0) {
+      return dir;
+    }
+  }
   for (const auto& line : split(read_file("/proc/self/mountinfo"), '\n')) {
     auto dash = line.find(" - cgroup2 ");
     if (dash == std::string::npos) continue;

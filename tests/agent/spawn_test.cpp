@@ -10,10 +10,12 @@
 
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "ddprun/agent/options.hpp"
 #include "ddprun/agent/spawn.hpp"
+#include "containment.hpp"
 #include "skip.hpp"
 
 using ddprun::agent::spawn_process;
@@ -197,4 +199,30 @@ TEST_CASE("spawn: into a cgroup, born there (clone3) or joining it itself (the f
   ::close(target.dir);
   ::close(target.procs);
   CHECK(::rmdir(dir.c_str()) == 0);
+}
+
+// own_cgroup_dir takes the usual mount points first (statfs says cgroup2, and this process's
+// cgroup is there) instead of reading mountinfo: the same directory as the mountinfo reading it
+// replaced, done here in the test (a cgroup2 mount of the hierarchy's root, joined with
+// /proc/self/cgroup's path).
+TEST_CASE("containment: the agent's cgroup directory is the one mountinfo gives") {
+  std::string rel, line, point;
+  std::ifstream cg("/proc/self/cgroup");
+  while (std::getline(cg, line)) {
+    if (line.rfind("0::", 0) == 0) rel = line.substr(3);
+  }
+  std::ifstream mi("/proc/self/mountinfo");
+  while (point.empty() && std::getline(mi, line)) {
+    auto dash = line.find(" - cgroup2 ");
+    if (dash == std::string::npos) continue;
+    std::istringstream f(line.substr(0, dash));
+    std::string id, parent, dev, root, mount;
+    f >> id >> parent >> dev >> root >> mount;
+    if (root == "/") point = mount;
+  }
+  std::string why;
+  const std::string dir = ddprun::agent::own_cgroup_dir(why);
+  SKIP_UNLESS_HARDWARE(!rel.empty() && !point.empty(), "no cgroup v2 hierarchy here");
+  CHECK(dir == point + (rel == "/" ? "" : rel));
+  CHECK(why.empty());
 }
