@@ -75,7 +75,10 @@ Fd open_private_file(const std::string& path, int flags) {
 
 namespace {
 
-// remove_tree below the directory `parent`, on the file system `dev` only.
+// remove_tree below the directory `parent`, on the file system `dev` only. The entries are read
+// with getdents64 into a buffer on the stack (fdopendir added two fcntl, a stat and a 32 KiB
+// allocation per directory); a directory found not empty at the end (an entry skipped while
+// others went) is read again, at most twice.
 void remove_below(int parent, const char* name, dev_t dev) {
   int fd = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return;
@@ -84,22 +87,27 @@ void remove_below(int parent, const char* name, dev_t dev) {
     ::close(fd);
     return;
   }
-  DIR* d = ::fdopendir(fd);
-  if (!d) {
-    ::close(fd);
-    return;
-  }
-  while (auto* e = ::readdir(d)) {
-    const char* n = e->d_name;
-    if (n[0] == '.' && (n[1] == '\0' || (n[1] == '.' && n[2] == '\0'))) continue;
-    if (e->d_type == DT_DIR) {
-      remove_below(fd, n, dev);
-    } else if (::unlinkat(fd, n, 0) != 0 && (errno == EISDIR || errno == EPERM)) {
-      remove_below(fd, n, dev);  // a directory the file system did not type
+  alignas(8) char buf[4096];
+  for (int pass = 0; pass < 3; ++pass) {
+    if (pass > 0 && ::lseek(fd, 0, SEEK_SET) != 0) break;
+    for (;;) {
+      ssize_t n = ::getdents64(fd, buf, sizeof(buf));
+      if (n <= 0) break;
+      for (ssize_t off = 0; off < n;) {
+        auto* e = reinterpret_cast<struct dirent64*>(buf + off);
+        off += e->d_reclen;
+        const char* entry = e->d_name;
+        if (entry[0] == '.' && (entry[1] == '\0' || (entry[1] == '.' && entry[2] == '\0'))) continue;
+        if (e->d_type == DT_DIR) {
+          remove_below(fd, entry, dev);
+        } else if (::unlinkat(fd, entry, 0) != 0 && (errno == EISDIR || errno == EPERM)) {
+          remove_below(fd, entry, dev);  // a directory the file system did not type
+        }
+      }
     }
+    if (::unlinkat(parent, name, AT_REMOVEDIR) == 0 || errno != ENOTEMPTY) break;
   }
-  ::closedir(d);
-  ::unlinkat(parent, name, AT_REMOVEDIR);
+  ::close(fd);
 }
 
 }  // namespace
