@@ -267,6 +267,8 @@ std::vector<std::string> Containment::sweep_descendants(pid_t spare) const {
 }
 
 void Containment::remove_cgroup() const {
+  // The common case first: empty, and no cgroup below it (rmdir refuses anything else: EBUSY).
+  if (::rmdir(cgroup_.c_str()) == 0) return;
   // A killed process leaves the cgroup when it has exited; the directories go once the subtree
   // is empty, the deepest first (a ddprun inside a worker left its own if it was killed).
   for (int i = 0; i < 200 && populated(cgroup_); ++i) pause_ms(10);
