@@ -140,6 +140,26 @@ no_environment() {
   pkill -9 -x leftover
 }
 
+# 7. A cgroup namespace whose root is a cgroup below the hierarchy's (a container's, with the
+# host's hierarchy mounted: "0::/" in /proc/self/cgroup, but the mount's root is "/.."): the agent
+# must not take the mount point for its own cgroup (the hierarchy's root, the host's) and make its
+# job's cgroup there.
+namespaced_cgroup() {
+  local parent=$own_cgroup/ns-$$ ev=/tmp/events-ns.jsonl mode made
+  mkdir "$parent" || { bad "cannot make $parent"; return; }
+  sh -c "echo \$\$ > '$parent/cgroup.procs' && exec unshare --cgroup ddprun --standalone --nproc_per_node=1 \
+    --events_file='$ev' --no_python /bin/true" >/dev/null 2>&1
+  mode=$(containment_of "$ev")
+  made=$(find "$own_cgroup" -maxdepth 1 -name 'ddprun-*' | wc -l)
+  if [[ $mode == subreaper* ]] && [ "$made" = 0 ]; then
+    ok "root: in a cgroup namespace below the hierarchy's root, no cgroup is made at the mount point ($mode)"
+  else
+    bad "root in a cgroup namespace: containment '$mode', $made ddprun cgroup(s) at $own_cgroup"
+  fi
+  rmdir "$parent" 2>/dev/null
+}
+if [ "$root_mode" = cgroup ] && command -v unshare >/dev/null; then namespaced_cgroup; fi
+
 for who in root nobody; do
   want=$root_mode prefix=()
   if [ $who = nobody ]; then want=subreaper prefix=(setpriv --reuid=nobody --regid=nogroup --clear-groups); fi

@@ -35,14 +35,17 @@ std::string find_own_cgroup_dir(std::string& why) {
   }
   if (rel.empty()) return why = "this process is in no cgroup v2", "";
   // Where systemd and container runtimes mount the hierarchy (a cgroup v2 file system there, and
-  // this process's cgroup in it): no mountinfo to read, which the kernel writes out mount by
-  // mount (a tenth of a millisecond here, more on a node with many mounts).
+  // this process listed in that cgroup's cgroup.procs): no mountinfo to read, which the kernel
+  // writes out mount by mount (a tenth of a millisecond here, more on a node with many mounts).
+  // The listing is the proof: a host's hierarchy mounted into a container with a cgroup
+  // namespace of its own has the same path ("/") for another cgroup, the host's root.
+  const std::string self = std::to_string(::getpid());
   for (const char* point : {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}) {
     struct statfs fs{};
-    struct stat st{};
+    if (::statfs(point, &fs) != 0 || fs.f_type != CGROUP2_SUPER_MAGIC) continue;
     const std::string dir = point + (rel == "/" ? std::string() : rel);
-    if (::statfs(point, &fs) == 0 && fs.f_type == CGROUP2_SUPER_MAGIC && ::stat((dir + "/cgroup.procs").c_str(), &st) == 0) {
-      return dir;
+    for (const auto& pid : split(read_file(dir + "/cgroup.procs"), '\n')) {
+      if (pid == self) return dir;
     }
   }
   for (const auto& line : split(read_file("/proc/self/mountinfo"), '\n')) {

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <memory>
+#include <new>
 #include <cstdio>
 #include <cstring>
 
@@ -76,9 +78,10 @@ Fd open_private_file(const std::string& path, int flags) {
 namespace {
 
 // remove_tree below the directory `parent`, on the file system `dev` only. The entries are read
-// with getdents64 into a buffer on the stack (fdopendir added two fcntl, a stat and a 32 KiB
-// allocation per directory); a directory found not empty at the end (an entry skipped while
-// others went) is read again, at most twice.
+// with getdents64 (fdopendir added two fcntl, a stat and a 32 KiB allocation per directory),
+// into a buffer on the heap: one on the stack would overflow it in a tree a few thousand levels
+// deep, which a worker can make. A directory found not empty at the end (an entry skipped
+// while others went) is read again, at most twice.
 void remove_below(int parent, const char* name, dev_t dev) {
   int fd = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return;
@@ -87,14 +90,19 @@ void remove_below(int parent, const char* name, dev_t dev) {
     ::close(fd);
     return;
   }
-  alignas(8) char buf[4096];
+  constexpr std::size_t kBuf = 4096;
+  std::unique_ptr<char[]> buf(new (std::nothrow) char[kBuf]);
+  if (!buf) {
+    ::close(fd);
+    return;
+  }
   for (int pass = 0; pass < 3; ++pass) {
     if (pass > 0 && ::lseek(fd, 0, SEEK_SET) != 0) break;
     for (;;) {
-      ssize_t n = ::getdents64(fd, buf, sizeof(buf));
+      ssize_t n = ::getdents64(fd, buf.get(), kBuf);
       if (n <= 0) break;
       for (ssize_t off = 0; off < n;) {
-        auto* e = reinterpret_cast<struct dirent64*>(buf + off);
+        auto* e = reinterpret_cast<struct dirent64*>(buf.get() + off);
         off += e->d_reclen;
         const char* entry = e->d_name;
         if (entry[0] == '.' && (entry[1] == '\0' || (entry[1] == '.' && entry[2] == '\0'))) continue;

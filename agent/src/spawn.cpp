@@ -102,8 +102,7 @@ ChildPlan plan_child(const std::vector<std::string>& argv, const std::vector<std
     if (c.bind_memory) c.nodes[n / 64] |= 1UL << (n % 64);
   }
   c.parent = ::getpid();
-  static const int max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 1 << 20));
-  c.max_fd = max_fd;
+  c.max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 1 << 20));  // the limit now
   c.ignored = ignored_signals();
   return c;
 }

@@ -105,23 +105,41 @@ void WorkerGroup::Impl::spawn_all() {
   }
   std::vector<ProcessRunner::Started> started;
   std::string failure = runner.start_all(requests, started);
+  // First what cannot fail: every worker that started is the group's (the caller kills them all
+  // if anything below throws); then their pipes, the descriptors not yet taken closed on failure.
+  const auto now = std::chrono::system_clock::now();
   for (std::size_t i = 0; i < slots.size() && i < started.size(); ++i) {
-    if (started[i].pid > 0) adopt(*slots[i], started[i]);
+    if (started[i].pid <= 0) continue;
+    slots[i]->w.pid = started[i].pid;
+    slots[i]->w.life = Life::running;
+    slots[i]->w.started_wall = now;
+  }
+  try {
+    for (std::size_t i = 0; i < slots.size() && i < started.size(); ++i) {
+      if (started[i].pid <= 0) continue;
+      Slot& s = *slots[i];
+      open_pipe(s, s.out_pipe, std::exchange(started[i].stdout_fd, -1), *s.out);
+      open_pipe(s, s.err_pipe, std::exchange(started[i].stderr_fd, -1), *s.err);
+    }
+  } catch (...) {
+    for (const auto& p : started) {
+      for (int fd : {p.stdout_fd, p.stderr_fd}) {
+        if (fd >= 0) ::close(fd);
+      }
+    }
+    throw;
   }
   if (!failure.empty()) throw Error(failure);
 }
 
-void WorkerGroup::Impl::adopt(Slot& s, const ProcessRunner::Started& p) {
-  s.w.pid = p.pid;
-  s.w.life = Life::running;
-  s.w.started_wall = std::chrono::system_clock::now();
-  open_pipe(s, s.out_pipe, p.stdout_fd, *s.out);
-  open_pipe(s, s.err_pipe, p.stderr_fd, *s.err);
-}
-
 void WorkerGroup::Impl::open_pipe(Slot& s, std::unique_ptr<asio::posix::stream_descriptor>& pipe, int fd, StreamOutput& out) {
   if (fd < 0) return;
-  pipe = std::make_unique<asio::posix::stream_descriptor>(io, fd);
+  try {
+    pipe = std::make_unique<asio::posix::stream_descriptor>(io, fd);
+  } catch (...) {
+    ::close(fd);  // not the descriptor's yet
+    throw;
+  }
   ++s.open_pipes;
   read_pipe(s, *pipe, out);
 }

@@ -84,7 +84,6 @@ struct WorkerGroup::Impl {
   void start(std::vector<WorkerSpec> specs);
 
   void spawn_all();
-  void adopt(Slot& s, const ProcessRunner::Started& p);
 
   void open_pipe(Slot& s, std::unique_ptr<asio::posix::stream_descriptor>& pipe, int fd, StreamOutput& out);
 

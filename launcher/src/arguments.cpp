@@ -53,6 +53,28 @@ std::vector<std::string> wrap(const std::string& text, std::size_t width) {
   return lines;
 }
 
+// Short options, as argparse and getopt read them: switches may share a word (-mt3: -m, then -t 3);
+// a value option takes the rest of the word, or the next argument. Returns the last index used.
+std::size_t short_options(const std::vector<std::string>& args, std::size_t i, ParsedArgs& out) {
+  const std::string& a = args[i];
+  for (std::size_t k = 1; k < a.size(); ++k) {
+    const OptionSpec* o = find_short(a[k]);
+    if (!o) usage(k == 1 ? "unknown option '" + a + "'" : "unrecognised option '" + a + "'");
+    if (!takes_value(*o)) {
+      record(out, *o, nullptr);
+      continue;
+    }
+    std::string value = a.substr(k + 1);
+    if (value.empty()) {
+      if (i + 1 >= args.size()) usage("option '" + a + "' needs a value");
+      value = args[++i];
+    }
+    record(out, *o, &value);
+    break;
+  }
+  return i;
+}
+
 }  // namespace
 
 ParsedArgs parse_arguments(const std::vector<std::string>& args) {
@@ -67,21 +89,21 @@ ParsedArgs parse_arguments(const std::vector<std::string>& args) {
       out.program.assign(args.begin() + static_cast<long>(i), args.end());
       break;
     }
-    const bool long_opt = a.rfind("--", 0) == 0;
-    const auto eq = long_opt ? a.find('=') : std::string::npos;
-    const OptionSpec* o = long_opt ? find_long(a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2))
-                                   : find_short(a[1]);
+    if (a.rfind("--", 0) != 0) {
+      i = short_options(args, i, out);
+      continue;
+    }
+    const auto eq = a.find('=');
+    const OptionSpec* o = find_long(a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2));
     if (!o) usage("unknown option '" + args[i] + "'");
-    std::string value;
-    const bool inline_value = long_opt ? eq != std::string::npos : a.size() > 2;
     if (!takes_value(*o)) {
-      if (inline_value && long_opt) usage("option '--" + std::string(o->name) + "' does not take any arguments");
-      if (inline_value) usage("unrecognised option '" + args[i] + "'");
+      if (eq != std::string::npos) usage("option '--" + std::string(o->name) + "' does not take any arguments");
       record(out, *o, nullptr);
       continue;
     }
-    if (inline_value) {
-      value = long_opt ? a.substr(eq + 1) : a.substr(2);
+    std::string value;
+    if (eq != std::string::npos) {
+      value = a.substr(eq + 1);
     } else {
       if (i + 1 >= args.size()) usage("option '" + args[i] + "' needs a value");
       value = args[++i];

@@ -158,6 +158,10 @@ TEST_CASE("options: both spellings, values inline or next, short options, and th
   CHECK_THROWS_WITH(parse({"--standalone=1", "/bin/true"}),
                     Catch::Contains("option '--standalone' does not take any arguments"));
   CHECK_THROWS_WITH(parse({"-mx"}), Catch::Contains("unrecognised option '-mx'"));
+  auto sticky = parse({"-mr3", "pkg"}, {{"PYTHON_EXEC", "sh"}});  // -m, then -r 3 (as argparse)
+  CHECK(sticky.agent.redirects.any());
+  CHECK(sticky.agent.command == std::vector<std::string>{"/usr/bin/sh", "-u", "-m", "pkg"});
+  CHECK_THROWS_WITH(parse({"-mm", "pkg"}), Catch::Contains("option '--module' cannot be specified more than once"));
   CHECK_THROWS_WITH(parse({"--nproc", "2", "/bin/true"}), Catch::Contains("unknown option '--nproc'"));  // no prefixes
   CHECK_THROWS_WITH(parse({"-x", "/bin/true"}), Catch::Contains("unknown option '-x'"));
   CHECK_THROWS_WITH(parse({"--max_restarts"}), Catch::Contains("option '--max_restarts' needs a value"));
