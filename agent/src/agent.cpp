@@ -78,17 +78,20 @@ rounds::WhenReadable when_readable(asio::io_context& io) {
 // crossed 64 and 128), and where a store thread or a metrics thread also makes the agent
 // several threads. Each worker takes two pipes and a store connection; the rest, 48 (about 20
 // at the start).
-bool reserve_descriptors(int workers) {
+void reserve_descriptors(int workers) {
   rlimit lim{};
-  if (workers <= 0 || ::getrlimit(RLIMIT_NOFILE, &lim) != 0) return false;
+  if (workers <= 0 || ::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
   long want = 3L * workers + 48;
   if (lim.rlim_cur != RLIM_INFINITY) want = std::min<long>(want, static_cast<long>(lim.rlim_cur) - 1);
-  if (want < 64) return false;  // within the table every process starts with
+  if (want < 64) return;  // within the table every process starts with
   for (int fd : {STDERR_FILENO, STDOUT_FILENO, STDIN_FILENO}) {
     int high = ::fcntl(fd, F_DUPFD_CLOEXEC, static_cast<int>(want));
-    if (high >= 0) return ::close(high) == 0;
+    if (high >= 0) {
+      ::close(high);
+      return;
+    }
   }
-  return false;  // no standard descriptor open: the table grows as it must
+  // No standard descriptor open: the table grows as it must.
 }
 
 }  // namespace
@@ -96,7 +99,6 @@ bool reserve_descriptors(int workers) {
 struct Agent::Impl {
   AgentOptions opt;
   // First: set up and forked while the process has one thread.
-  bool descriptors_reserved = reserve_descriptors(opt.nproc_per_node);
   std::unique_ptr<Containment> containment = Containment::set_up();
   Guardian guardian{containment.get()};
   GuardianFence fence{guardian};
@@ -107,6 +109,7 @@ struct Agent::Impl {
   ~Impl() { containment.reset(); }
 
   explicit Impl(AgentOptions o) : opt(std::move(o)) {
+    reserve_descriptors(opt.nproc_per_node);  // still one thread: the store's and others come in run()
     opt.rdzv.nproc = opt.nproc_per_node;
     auto& token = opt.base_env["DDPRUN_JOB_TOKEN"];  // what the guardian finds them by
     token = job_token_list(token, containment->token());

@@ -26,6 +26,14 @@ namespace ddprun::agent {
 
 namespace {
 
+std::vector<pid_t> pids_in(const std::string& procs_file) {
+  std::vector<pid_t> out;
+  for (const auto& line : split(read_file(procs_file), '\n')) {
+    if (auto p = parse_int(trim(line), 1, 1 << 30)) out.push_back(static_cast<pid_t>(*p));
+  }
+  return out;
+}
+
 // (Parsed by hand, as the other files read at start-up: a C++ stream here made the agent set
 // up the C++ locales at every start.)
 std::string find_own_cgroup_dir(std::string& why) {
@@ -34,19 +42,18 @@ std::string find_own_cgroup_dir(std::string& why) {
     if (line.rfind("0::", 0) == 0) rel = line.substr(3);
   }
   if (rel.empty()) return why = "this process is in no cgroup v2", "";
+  if (rel == "/") rel.clear();  // joined to a mount point below
   // Where systemd and container runtimes mount the hierarchy (a cgroup v2 file system there, and
   // this process listed in that cgroup's cgroup.procs): no mountinfo to read, which the kernel
   // writes out mount by mount (a tenth of a millisecond here, more on a node with many mounts).
   // The listing is the proof: a host's hierarchy mounted into a container with a cgroup
   // namespace of its own has the same path ("/") for another cgroup, the host's root.
-  const std::string self = std::to_string(::getpid());
   for (const char* point : {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}) {
     struct statfs fs{};
     if (::statfs(point, &fs) != 0 || fs.f_type != CGROUP2_SUPER_MAGIC) continue;
-    const std::string dir = point + (rel == "/" ? std::string() : rel);
-    for (const auto& pid : split(read_file(dir + "/cgroup.procs"), '\n')) {
-      if (pid == self) return dir;
-    }
+    const std::string dir = point + rel;
+    const auto pids = pids_in(dir + "/cgroup.procs");
+    if (std::find(pids.begin(), pids.end(), ::getpid()) != pids.end()) return dir;
   }
   for (const auto& line : split(read_file("/proc/self/mountinfo"), '\n')) {
     auto dash = line.find(" - cgroup2 ");
@@ -54,7 +61,7 @@ std::string find_own_cgroup_dir(std::string& why) {
     // ID PARENT MAJOR:MINOR ROOT MOUNT_POINT ...
     auto f = split(line.substr(0, dash), ' ');
     if (f.size() < 5 || f[3] != "/") continue;
-    return f[4] + (rel == "/" ? "" : rel);
+    return f[4] + rel;
   }
   return why = "no cgroup v2 hierarchy is mounted", "";
 }
@@ -74,14 +81,6 @@ std::string own_cgroup_dir(std::string& why) {
 }
 
 namespace {
-
-std::vector<pid_t> pids_in(const std::string& procs_file) {
-  std::vector<pid_t> out;
-  for (const auto& line : split(read_file(procs_file), '\n')) {
-    if (auto p = parse_int(trim(line), 1, 1 << 30)) out.push_back(static_cast<pid_t>(*p));
-  }
-  return out;
-}
 
 constexpr const char* kTokenVar = "DDPRUN_JOB_TOKEN=";
 

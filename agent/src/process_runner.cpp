@@ -15,15 +15,28 @@
 namespace ddprun::agent {
 
 std::string ProcessRunner::start_all(const std::vector<Request>& requests, std::vector<Started>& started) {
+  return start_each(requests, started, [](std::size_t n, const std::function<void(std::size_t)>& one) {
+    for (std::size_t i = 0; i < n; ++i) one(i);
+  });
+}
+
+std::string ProcessRunner::start_each(const std::vector<Request>& requests, std::vector<Started>& started,
+                                      const std::function<void(std::size_t, const std::function<void(std::size_t)>&)>& run) {
   started.assign(requests.size(), Started{});
-  for (std::size_t i = 0; i < requests.size(); ++i) {
+  std::mutex mu;
+  std::string failure;
+  std::atomic<bool> failed{false};
+  run(requests.size(), [&](std::size_t i) {
+    if (failed.load(std::memory_order_relaxed)) return;  // after a failure, nothing more starts
     try {
       started[i] = start(*requests[i].argv, *requests[i].env, requests[i].binding);
     } catch (const std::exception& e) {
-      return e.what();
+      std::lock_guard<std::mutex> lk(mu);
+      if (failure.empty()) failure = e.what();
+      failed = true;
     }
-  }
-  return {};
+  });
+  return failure;
 }
 
 RealProcessRunner::RealProcessRunner(Guardian& guardian, const Containment& containment)
@@ -35,21 +48,9 @@ std::string RealProcessRunner::start_all(const std::vector<Request>& requests, s
   if (threads <= 1) return ProcessRunner::start_all(requests, started);
   if (!pool_) pool_ = std::make_unique<SpawnPool>();
   pool_->ensure(threads - 1);
-  started.assign(requests.size(), Started{});
-  std::mutex mu;
-  std::string failure;
-  std::atomic<bool> failed{false};
-  pool_->run(requests.size(), [&](std::size_t i) {
-    if (failed.load(std::memory_order_relaxed)) return;  // after a failure, nothing more starts
-    try {
-      started[i] = start(*requests[i].argv, *requests[i].env, requests[i].binding);
-    } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lk(mu);
-      if (failure.empty()) failure = e.what();
-      failed = true;
-    }
+  return start_each(requests, started, [&](std::size_t n, const std::function<void(std::size_t)>& one) {
+    pool_->run(n, one);
   });
-  return failure;
 }
 
 ProcessRunner::Started RealProcessRunner::start(const std::vector<std::string>& argv,

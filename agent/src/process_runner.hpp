@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -66,6 +67,12 @@ class ProcessRunner {
   virtual void signal_process(pid_t pid, int sig) = 0;
   // Every worker ended: kills what they left running; returns "PID (name)" of each.
   virtual std::vector<std::string> sweep() { return {}; }
+
+ protected:
+  // start() for each request, the calls made by `run(n, one)` (one(i) for i < n, in any order
+  // or at once): what start_all returns, the first failure kept and nothing started after it.
+  std::string start_each(const std::vector<Request>& requests, std::vector<Started>& started,
+                         const std::function<void(std::size_t, const std::function<void(std::size_t)>&)>& run);
 };
 
 // clone + exec (spawn_process), kill(2), waitpid(2); the groups it is told to watch are reported
