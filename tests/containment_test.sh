@@ -50,13 +50,24 @@ cgroup_gone() {
   [ ! -e "$1" ]
 }
 
-# 1. Workers that leave a daemon behind and exit 0: killed when they end, and named.
+# 1. Workers that leave a daemon behind and exit 0: killed when they end, and named. The
+# guardian ends the job (the cgroup, the temporary directory) while the agent finishes: all of it
+# is done when ddprun returns, the guardian gone too, with no wait here.
 clean_end() {
   local ev=/tmp/events-$who.jsonl out rc mode left
+  rm -rf /dev/shm/ddprun-*
   out=$("${prefix[@]}" ddprun --standalone --nproc_per_node=2 --events_file="$ev" --no_python /bin/sh -c "$escape; exit 0" 2>&1); rc=$?
+  local guards shm cg
+  guards=$(alive ddprun-guard) shm=$(ls -d /dev/shm/ddprun-* 2>/dev/null)
   mode=$(containment_of "$ev")
+  cg=${mode#cgroup }
   left=$(alive leftover)
   echo "$who: containment '$mode'; exit $rc; processes left: $left"
+  if [ "$guards" = 0 ] && [ -z "$shm" ] && { [ $want != cgroup ] || [ ! -e "$cg" ]; }; then
+    ok "$who ($want): when ddprun returns, its guardian, temporary directory and cgroup are gone"
+  else
+    bad "$who ($want): when ddprun returned: $guards guardian(s), directory '$shm', cgroup '$cg'"
+  fi
   if [ $rc -eq 0 ] && [ "$left" = 0 ] && [[ "$mode" == "$want"* ]] &&
      echo "$out" | grep -q "killed 2 process(es) the workers left behind: "; then
     ok "$who ($want): the daemons the workers left are killed when they end, and named"

@@ -103,9 +103,10 @@ struct Agent::Impl {
   Guardian guardian{containment.get()};
   GuardianFence fence{guardian};
 
-  // The guardian outlives the whole teardown: the run directory (removed in run()) and the job's
-  // cgroup (here) are gone before it is told to quit (~Guardian), so an agent killed at any
-  // point leaves nothing behind.
+  // The guardian outlives the whole teardown: the run directory and the job's cgroup are gone
+  // before it exits (it removes them itself after finish(), else the agent does, in run() and
+  // here, before ~Guardian tells it to quit), so an agent killed at any point leaves nothing
+  // behind.
   ~Impl() { containment.reset(); }
 
   explicit Impl(AgentOptions o) : opt(std::move(o)) {
@@ -150,7 +151,7 @@ struct Agent::Impl {
     plan_binding();
     const std::string node_name = opt.rdzv.local_addr.empty() ? host_name() : opt.rdzv.local_addr;
     RunDir dir(opt);
-    guardian.own_directory(dir.disposable());
+    const bool guardian_owns_dir = guardian.own_directory(dir.disposable());
     EventLog events;
     open_events(events, node_name);
     asio::io_context io{1};
@@ -168,6 +169,13 @@ struct Agent::Impl {
           MetricsServerOptions{opt.metrics.addr, static_cast<std::uint16_t>(opt.metrics.port)}, *metrics);
     }
     int code = run_loop(io, signals, runner, *rdzv, events, dir, node_name, metrics.get());
+    // Every worker is gone: the guardian removes the cgroup and the directory (and exits) while
+    // the agent stops its store and writes its last words; ~Guardian waits for it. Its exit is
+    // a tenth of a millisecond here, that each launch waited for at its very end.
+    if (guardian.finish()) {
+      containment->ended_elsewhere();
+      if (guardian_owns_dir) dir.removed_elsewhere();
+    }
     server.reset();  // before the rendezvous whose stores it reads
     rdzv->shutdown();
     gate.close();

@@ -190,10 +190,7 @@ bool Containment::try_cgroup(std::string& why) {
 }
 
 Containment::~Containment() {
-  if (mode_ == ContainmentMode::cgroup) {
-    sweep_cgroup(true);
-    remove_cgroup();
-  }
+  if (!ended_elsewhere_) end_job();
   for (int fd : {target_.procs, target_.dir, kill_fd_}) {
     if (fd >= 0) ::close(fd);
   }
@@ -278,10 +275,16 @@ void Containment::remove_cgroup() const {
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) ::rmdir(it->c_str());
 }
 
+void Containment::end_job() const {
+  if (mode_ != ContainmentMode::cgroup) return;
+  sweep_cgroup(true);
+  remove_cgroup();
+}
+
 void Containment::kill_everything(bool agent_gone) const {
   if (mode_ == ContainmentMode::cgroup) {
-    sweep_cgroup(agent_gone);  // a fence (the agent alive) may be followed by a next attempt
-    if (agent_gone) remove_cgroup();
+    if (agent_gone) return end_job();
+    sweep_cgroup(false);  // a fence (the agent alive) may be followed by a next attempt
     return;
   }
   for (int pass = 0; pass < 20; ++pass) {
