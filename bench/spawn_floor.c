@@ -4,10 +4,11 @@
 //   spawn_floor launch N PROGRAM [ARG...]
 //       posix_spawn N copies of PROGRAM, wait for all of them; exit 0 when every one exited 0.
 //   spawn_floor restart N PROGRAM [ARG...]
-//       a restart with nothing else done: N copies with TORCHELASTIC_RESTART_COUNT=0 and RANK=i;
-//       when the first one exits, SIGKILL the others and wait for them, then N copies with
-//       TORCHELASTIC_RESTART_COUNT=1; wait for those. The workers print their own timestamps
-//       (the bench reads "crash" -> last "start 1" from their output, as it does for launchers).
+//       restarts with nothing else done: N copies with TORCHELASTIC_RESTART_COUNT=0 and RANK=i;
+//       when the first one exits, and it failed, SIGKILL the others and wait for them, then N
+//       copies with TORCHELASTIC_RESTART_COUNT=1, and so on until an attempt's first exit is a
+//       success; then wait for the rest. The workers print their own timestamps (the bench reads
+//       "crash A" -> last "start A+1" from their output, as it does for launchers).
 #define _GNU_SOURCE
 #include <signal.h>
 #include <spawn.h>
@@ -62,15 +63,16 @@ static int launch(int n, char** argv) {
 static int restart(int n, char** argv) {
   static pid_t pids[kMaxWorkers];
   char slots[2][64];
-  for (int i = 0; i < n; ++i) pids[i] = spawn_one(argv, worker_env(0, i, slots));
-  int status;
-  pid_t first = wait(&status);  // the crash
-  for (int i = 0; i < n; ++i) {
-    if (pids[i] != first) kill(pids[i], SIGKILL);
+  for (int attempt = 0;; ++attempt) {
+    for (int i = 0; i < n; ++i) pids[i] = spawn_one(argv, worker_env(attempt, i, slots));
+    int status;
+    pid_t first = wait(&status);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return wait_all(n - 1);
+    for (int i = 0; i < n; ++i) {  // a crash
+      if (pids[i] != first) kill(pids[i], SIGKILL);
+    }
+    for (int i = 1; i < n; ++i) wait(&status);
   }
-  for (int i = 1; i < n; ++i) wait(&status);
-  for (int i = 0; i < n; ++i) spawn_one(argv, worker_env(1, i, slots));
-  return wait_all(n);
 }
 
 int main(int argc, char** argv) {

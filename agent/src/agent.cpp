@@ -188,10 +188,13 @@ struct Agent::Impl {
   int run_loop(asio::io_context& io, asio::signal_set& signals, ProcessRunner& runner, Rendezvous& rdzv,
                EventLog& events, RunDir& dir, const std::string& node_name, JobMetrics* metrics) {
     WorkerGroup::Options wo{opt.worker_timeout, opt.stop_timeout, opt.stack_dump_timeout, opt.worker_start_timeout};
-    wo.gpu_holders = [](const std::vector<pid_t>& pids) {
-      // Only where the NVIDIA driver runs: NVML is loaded then, once per failed group.
-      return ::access("/proc/driver/nvidia", F_OK) == 0 ? gpu_memory_holders(pids) : std::vector<pid_t>{};
-    };
+    // Only where the NVIDIA driver runs: NVML is loaded then, at the first failed group, and
+    // kept to the job's end.
+    if (::access("/proc/driver/nvidia", F_OK) == 0) {
+      wo.gpu_holders = [holders = std::make_shared<GpuMemoryHolders>()](const std::vector<pid_t>& pids) {
+        return (*holders)(pids);
+      };
+    }
     WorkerGroup group(io, runner, wo);
     JobController controller(opt, group, rdzv, events, dir, node_name, &fence);
     // Once a second the loop shows the job to the metrics: /healthz also proves the loop turns.

@@ -1,5 +1,6 @@
-// GPUs through NVML, loaded at run time (ddprun links nothing of the driver): the library is
-// opened, asked, shut down and closed again, so nothing of it stays in the launcher.
+// GPUs through NVML, loaded at run time (ddprun links nothing of the driver): for the GPUs' list
+// the library is opened, asked, shut down and closed again; for the GPU memory a failed group's
+// workers still hold, it stays open from the job's first failure to its end.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -112,35 +113,68 @@ std::vector<GpuDevice> gpus_from_nvml(const std::string& library) {
   return out;
 }
 
-// The processes using a GPU (compute), over every GPU NVML lists.
-std::vector<pid_t> gpu_memory_holders(const std::vector<pid_t>& pids, const std::string& library) {
-  std::vector<pid_t> held;
+// NVML started, and its GPUs' handles (they stay valid until nvmlShutdown).
+struct GpuMemoryHolders::Session {
   Nvml nvml;
-  if (pids.empty() || !nvml.load(library) || !nvml.compute_procs || nvml.init() != kNvmlSuccess) return held;
-  unsigned n = 0;
-  if (nvml.count(&n) == kNvmlSuccess) {
-    for (unsigned i = 0; i < n; ++i) {
-      nvmlDevice_t dev = nullptr;
-      if (nvml.by_index(i, &dev) != kNvmlSuccess) continue;
-      std::vector<NvmlProcessInfo> procs(64);
-      unsigned count = static_cast<unsigned>(procs.size());
-      nvmlReturn_t r = nvml.compute_procs(dev, &count, procs.data());
-      if (r == kNvmlInsufficientSize && count < 65536) {
-        procs.resize(count + 16);  // it asks for room: more may have started meanwhile
-        count = static_cast<unsigned>(procs.size());
-        r = nvml.compute_procs(dev, &count, procs.data());
+  bool started = false;
+  std::vector<nvmlDevice_t> gpus;
+
+  bool open(const std::string& library) {
+    if (!nvml.load(library) || !nvml.compute_procs || nvml.init() != kNvmlSuccess) return false;
+    started = true;
+    unsigned n = 0;
+    if (nvml.count(&n) == kNvmlSuccess) {
+      for (unsigned i = 0; i < n; ++i) {
+        nvmlDevice_t dev = nullptr;
+        if (nvml.by_index(i, &dev) == kNvmlSuccess) gpus.push_back(dev);
       }
-      if (r != kNvmlSuccess) continue;
-      for (unsigned k = 0; k < count; ++k) {
-        auto pid = static_cast<pid_t>(procs[k].pid);
-        if (std::find(pids.begin(), pids.end(), pid) != pids.end() && std::find(held.begin(), held.end(), pid) == held.end()) {
-          held.push_back(pid);
-        }
+    }
+    return true;
+  }
+  ~Session() {
+    if (started) nvml.shutdown();  // before ~Nvml unloads the library
+  }
+
+  // The processes using GPU `dev` (compute).
+  std::vector<NvmlProcessInfo> compute_processes(nvmlDevice_t dev) {
+    std::vector<NvmlProcessInfo> procs(64);
+    unsigned count = static_cast<unsigned>(procs.size());
+    nvmlReturn_t r = nvml.compute_procs(dev, &count, procs.data());
+    if (r == kNvmlInsufficientSize && count < 65536) {
+      procs.resize(count + 16);  // it asks for room: more may have started meanwhile
+      count = static_cast<unsigned>(procs.size());
+      r = nvml.compute_procs(dev, &count, procs.data());
+    }
+    procs.resize(r == kNvmlSuccess ? count : 0);
+    return procs;
+  }
+};
+
+GpuMemoryHolders::GpuMemoryHolders(std::string library) : library_(std::move(library)) {}
+GpuMemoryHolders::~GpuMemoryHolders() = default;
+
+std::vector<pid_t> GpuMemoryHolders::operator()(const std::vector<pid_t>& pids) {
+  std::vector<pid_t> held;
+  if (pids.empty()) return held;
+  if (!tried_) {
+    tried_ = true;
+    auto s = std::make_unique<Session>();
+    if (s->open(library_)) session_ = std::move(s);
+  }
+  if (!session_) return held;
+  for (nvmlDevice_t dev : session_->gpus) {
+    for (const auto& p : session_->compute_processes(dev)) {
+      auto pid = static_cast<pid_t>(p.pid);
+      if (std::find(pids.begin(), pids.end(), pid) != pids.end() && std::find(held.begin(), held.end(), pid) == held.end()) {
+        held.push_back(pid);
       }
     }
   }
-  nvml.shutdown();
   return held;
+}
+
+std::vector<pid_t> gpu_memory_holders(const std::vector<pid_t>& pids, const std::string& library) {
+  return GpuMemoryHolders(library)(pids);
 }
 
 }  // namespace ddprun::agent

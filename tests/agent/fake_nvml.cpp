@@ -1,8 +1,11 @@
 // A stand-in for libnvidia-ml.so.1 (gpus_test.cpp): two GPUs in NVML's order, the second with
-// MIG instances in slots 0 and 2, through the entry points ddprun's gpus_nvml.cpp loads. It
+// MIG instances in slots 0 and 2, through the entry points ddprun's gpus_nvml.cpp loads. The
+// compute processes of GPU i are the pids in $FAKE_NVML_PIDS_<i> (commas between), read at each
+// call; fake_nvml_inits() counts nvmlInit_v2 calls. It
 // follows ddprun's own declaration of the ABI; the real library is checked on a GPU machine
 // (scripts/gpu_check_startup.sh).
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace {
@@ -26,6 +29,7 @@ Device g_devices[] = {
     {"MIG-44444444-aaaa-bbbb-cccc-000000000000", "", 1},
 };
 bool g_initialised = false;
+int g_inits = 0;  // nvmlInit_v2 calls (fake_nvml_inits)
 
 int copy(char* out, unsigned size, const char* text) {
   if (std::strlen(text) + 1 > size) return 7;  // NVML_ERROR_INSUFFICIENT_SIZE
@@ -38,8 +42,10 @@ int copy(char* out, unsigned size, const char* text) {
 extern "C" {
 int nvmlInit_v2() {
   g_initialised = true;
+  ++g_inits;
   return 0;
 }
+int fake_nvml_inits() { return g_inits; }
 int nvmlShutdown() {
   g_initialised = false;
   return 0;
@@ -67,5 +73,29 @@ int nvmlDeviceGetMigDeviceHandleByIndex(void* dev, unsigned i, void** mig) {
   if (static_cast<Device*>(dev) != &g_devices[1] || i == 1 || i > 2) return 6;  // NVML_ERROR_NOT_FOUND
   *mig = &g_devices[i == 0 ? 2 : 3];
   return 0;
+}
+struct ProcessInfo {
+  unsigned pid;
+  unsigned long long used_gpu_memory;
+  unsigned gpu_instance_id, compute_instance_id;
+};
+int nvmlDeviceGetComputeRunningProcesses_v3(void* dev, unsigned* count, ProcessInfo* out) {
+  if (!g_initialised) return 1;
+  const int index = static_cast<Device*>(dev) == &g_devices[0] ? 0 : 1;
+  char name[32];
+  std::snprintf(name, sizeof(name), "FAKE_NVML_PIDS_%d", index);
+  const char* list = std::getenv(name);
+  unsigned n = 0;
+  for (const char* p = list; p && *p;) {
+    char* end = nullptr;
+    long pid = std::strtol(p, &end, 10);
+    if (end == p) break;
+    if (n < *count) out[n] = ProcessInfo{static_cast<unsigned>(pid), 1ull << 20, 0, 0};
+    ++n;
+    p = *end == ',' ? end + 1 : end;
+  }
+  const bool fits = n <= *count;
+  *count = n;
+  return fits ? 0 : 7;  // NVML_ERROR_INSUFFICIENT_SIZE
 }
 }

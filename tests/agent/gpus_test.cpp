@@ -1,6 +1,9 @@
 // GPUs without CUDA: the driver's /proc entries (a fake tree), NVML (a fake library), CUDA's
-// rules for CUDA_VISIBLE_DEVICES, and each visible GPU's NUMA node by its PCI bus id (a fake
-// sysfs on a synthetic hwloc topology).
+// rules for CUDA_VISIBLE_DEVICES, the GPU memory a failed group still holds (NVML kept for the
+// job), and each visible GPU's NUMA node by its PCI bus id (a fake sysfs on a synthetic hwloc
+// topology).
+#include <dlfcn.h>
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -100,6 +103,31 @@ TEST_CASE("gpus: NVML loaded at run time (a fake library), PCI bus ids as sysfs 
   CHECK(gpus[1].mig_uuids ==
         std::vector<std::string>{"MIG-33333333-aaaa-bbbb-cccc-000000000000", "MIG-44444444-aaaa-bbbb-cccc-000000000000"});
   CHECK(gpus_from_nvml("/nonexistent/libnvidia-ml.so.1").empty());
+}
+
+TEST_CASE("gpus: the GPU memory holders among pids, with NVML started once for the job", "[gpus]") {
+  ::setenv("FAKE_NVML_PIDS_0", "101,202", 1);
+  ::setenv("FAKE_NVML_PIDS_1", "202,303", 1);
+  void* lib = ::dlopen(FAKE_NVML_LIB, RTLD_NOW | RTLD_LOCAL);  // the same copy the probe loads
+  REQUIRE(lib);
+  auto inits = reinterpret_cast<int (*)()>(::dlsym(lib, "fake_nvml_inits"));
+  REQUIRE(inits);
+  const int before = inits();
+  {
+    GpuMemoryHolders holders(FAKE_NVML_LIB);
+    CHECK(holders({}).empty());  // nothing asked: NVML not started
+    CHECK(inits() == before);
+    CHECK(holders({202, 303, 404}) == std::vector<pid_t>{202, 303});
+    ::setenv("FAKE_NVML_PIDS_0", "", 1);
+    ::setenv("FAKE_NVML_PIDS_1", "", 1);
+    CHECK(holders({202, 303}).empty());  // released: asked again on the same session
+    CHECK(inits() == before + 1);
+  }
+  CHECK(gpu_memory_holders({5}, FAKE_NVML_LIB).empty());  // the one-shot form: its own session
+  CHECK(inits() == before + 2);
+  GpuMemoryHolders missing("/nonexistent/libnvidia-ml.so.1");
+  CHECK(missing({1}).empty());
+  ::dlclose(lib);
 }
 
 TEST_CASE("gpus: the driver's list first, NVML without it or for MIG ids", "[gpus]") {

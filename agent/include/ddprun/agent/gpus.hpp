@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,26 @@ std::vector<VisibleGpu> find_visible_gpus(const GpuSources& sources = {});
 // Of `pids`, those a GPU still holds memory for (NVML's compute processes, every GPU); empty
 // when none is, or where NVML cannot be loaded. Loads and unloads the library; never throws.
 std::vector<pid_t> gpu_memory_holders(const std::vector<pid_t>& pids, const std::string& library = "libnvidia-ml.so.1");
+
+// gpu_memory_holders with NVML opened at the first question and kept open until destroyed: a
+// job asks at the end of each failed group, and NVML's own start (loading the library and
+// attaching to the driver: 8-12 ms on an H200) is paid once per job, not at every restart.
+// For one thread at a time (the agent's loop); never throws.
+class GpuMemoryHolders {
+ public:
+  explicit GpuMemoryHolders(std::string library = "libnvidia-ml.so.1");
+  ~GpuMemoryHolders();  // shuts NVML down and unloads it, where it was opened
+  GpuMemoryHolders(const GpuMemoryHolders&) = delete;
+  GpuMemoryHolders& operator=(const GpuMemoryHolders&) = delete;
+  // As gpu_memory_holders; where NVML cannot be loaded or started, empty (and not tried again).
+  std::vector<pid_t> operator()(const std::vector<pid_t>& pids);
+
+ private:
+  struct Session;
+  std::string library_;
+  std::unique_ptr<Session> session_;
+  bool tried_ = false;
+};
 
 // The NUMA node (OS index) of PCI device `bus_id` from sysfs; -1 when unknown.
 int pci_numa_node(const std::string& bus_id, const std::string& sys_root = "/sys");
