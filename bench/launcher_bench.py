@@ -42,23 +42,28 @@ TORCHRUN_CANDIDATES = [os.path.join(os.path.dirname(ROOT), "shared", "tools", "t
 RESTARTS = 2  # rank 1 crashes in attempts 0 and 1: a first restart, and a second
 RESTART_WORKER = (
     'echo "start $TORCHELASTIC_RESTART_COUNT $RANK $EPOCHREALTIME"; '
+    ': > "$BENCH_DIR/started.$TORCHELASTIC_RESTART_COUNT.$RANK"; '
     f'if [ "$TORCHELASTIC_RESTART_COUNT" -lt {RESTARTS} ]; then '
-    # (rank 1 first waits for the others to start: a crash before one printed its start would
-    # leave that attempt without it)
-    '  if [ "$RANK" = 1 ]; then sleep 0.2; echo "crash $TORCHELASTIC_RESTART_COUNT $EPOCHREALTIME"; exit 1; fi; '
+    # (rank 1 first waits, at most 10 s, until the 8 have started: a crash before one printed its
+    # start would leave that attempt without it)
+    '  if [ "$RANK" = 1 ]; then '
+    '    for i in $(seq 1000); do s=("$BENCH_DIR/started.$TORCHELASTIC_RESTART_COUNT".*); '
+    '      [ ${#s[@]} -ge 8 ] && break; sleep 0.01; done; '
+    '    echo "crash $TORCHELASTIC_RESTART_COUNT $EPOCHREALTIME"; exit 1; '
+    '  fi; '
     '  exec sleep 100; '
     'fi'
 )
 RESTART_CMD = ["/bin/bash", "-c", RESTART_WORKER]
 
 
-def timed(cmd, out_path=None):
+def timed(cmd, out_path=None, env=None):
     """Runs cmd (stdin empty, output to out_path or /dev/null); returns (wall s, max RSS MiB, rc)."""
     out = os.open(out_path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     null = os.open(os.devnull, os.O_RDONLY)
     try:
         t0 = time.monotonic()
-        pid = os.posix_spawn(cmd[0], cmd, os.environ, file_actions=[
+        pid = os.posix_spawn(cmd[0], cmd, env or os.environ, file_actions=[
             (os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)])
         _, status, ru = os.wait4(pid, 0)
         wall = time.monotonic() - t0
@@ -85,14 +90,18 @@ class Runner:
 
     def run_restart(self, tmp):
         path = os.path.join(tmp, "restart.out")
-        _, _, rc = timed(self.restart(), path)
+        env = dict(os.environ, BENCH_DIR=tempfile.mkdtemp(dir=tmp))
+        _, _, rc = timed(self.restart(), path, env)
         with open(path) as f:
             out = f.read()
         if rc != 0:
             raise SystemExit(f"{self.name}: restart run failed ({rc}):\n{out}")
         latencies = []
         for attempt in range(RESTARTS):
-            crash = float(re.search(rf"crash {attempt} (\d+\.\d+)", out).group(1))
+            crash = re.search(rf"crash {attempt} (\d+\.\d+)", out)
+            if not crash:
+                raise SystemExit(f"{self.name}: no crash in attempt {attempt}:\n{out}")
+            crash = float(crash.group(1))
             starts = [float(t) for t in re.findall(rf"start {attempt + 1} \d+ (\d+\.\d+)", out)]
             if len(starts) != 8:
                 raise SystemExit(f"{self.name}: expected 8 workers in attempt {attempt + 1}, saw {len(starts)}:\n{out}")

@@ -156,12 +156,15 @@ no_environment() {
 # must not take the mount point for its own cgroup (the hierarchy's root, the host's) and make its
 # job's cgroup there.
 namespaced_cgroup() {
-  local parent=$own_cgroup/ns-$$ ev=/tmp/events-ns.jsonl mode made
+  local parent=$own_cgroup/ns-$$ ev=/tmp/events-ns.jsonl mode made pid
   mkdir "$parent" || { bad "cannot make $parent"; return; }
-  sh -c "echo \$\$ > '$parent/cgroup.procs' && exec unshare --cgroup ddprun --standalone --nproc_per_node=1 \
-    --events_file='$ev' --no_python /bin/true" >/dev/null 2>&1
+  # (the agent's pid names its cgroup, ddprun-PID-...: other jobs, of tests running beside this
+  # one, make theirs at the same mount point)
+  sh -c "echo \$\$ > /tmp/ns-agent.pid; echo \$\$ > '$parent/cgroup.procs' && exec unshare --cgroup ddprun \
+    --standalone --nproc_per_node=1 --events_file='$ev' --no_python /bin/true" >/dev/null 2>&1
   mode=$(containment_of "$ev")
-  made=$(find "$own_cgroup" -maxdepth 1 -name 'ddprun-*' | wc -l)
+  pid=$(cat /tmp/ns-agent.pid)
+  made=$(find "$own_cgroup" -maxdepth 1 -name "ddprun-$pid-*" | wc -l)
   if [[ $mode == subreaper* ]] && [ "$made" = 0 ]; then
     ok "root: in a cgroup namespace below the hierarchy's root, no cgroup is made at the mount point ($mode)"
   else

@@ -169,19 +169,22 @@ struct Agent::Impl {
           MetricsServerOptions{opt.metrics.addr, static_cast<std::uint16_t>(opt.metrics.port)}, *metrics);
     }
     int code = run_loop(io, signals, runner, *rdzv, events, dir, node_name, metrics.get());
-    // Every worker is gone: the guardian removes the cgroup and the directory (and exits) while
-    // the agent stops its store and writes its last words; ~Guardian waits for it. Its exit is
-    // a tenth of a millisecond here, that each launch waited for at its very end.
-    if (guardian.finish()) {
-      containment->ended_elsewhere();
-      if (guardian_owns_dir) dir.removed_elsewhere();
-    }
+    // Every worker is gone: the guardian removes the cgroup and the directory, and exits, while
+    // the agent stops its store and writes its last words (its exit, a tenth of a millisecond
+    // here, was the last thing each launch waited for).
+    const bool handed_over = guardian.finish();
     server.reset();  // before the rendezvous whose stores it reads
     rdzv->shutdown();
     gate.close();
     flush_console(opt.redirects.any() || opt.tee.any());
     events.emit("job_finished", {{"exit_code", code},
                                  {"duration_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count()}});
+    // Done by the guardian (it exited 0), or else by the destructors here: a guardian killed or
+    // failing on the way leaves neither the cgroup nor the directory behind.
+    if (handed_over && guardian.wait()) {
+      containment->ended_elsewhere();
+      if (guardian_owns_dir) dir.removed_elsewhere();
+    }
     return code;
   }
 

@@ -275,15 +275,19 @@ void Containment::remove_cgroup() const {
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) ::rmdir(it->c_str());
 }
 
-void Containment::end_job() const {
-  if (mode_ != ContainmentMode::cgroup) return;
+bool Containment::end_job() const {
+  if (mode_ != ContainmentMode::cgroup) return true;
   sweep_cgroup(true);
   remove_cgroup();
+  return ::access(cgroup_.c_str(), F_OK) != 0;
 }
 
 void Containment::kill_everything(bool agent_gone) const {
   if (mode_ == ContainmentMode::cgroup) {
-    if (agent_gone) return end_job();
+    if (agent_gone) {
+      end_job();
+      return;
+    }
     sweep_cgroup(false);  // a fence (the agent alive) may be followed by a next attempt
     return;
   }

@@ -50,8 +50,8 @@ class Containment {
   void kill_everything(bool agent_gone) const;
   // The job's end, once every worker is gone (cgroup mode: the last sweep, then the cgroup is
   // removed; nothing in subreaper mode). The destructor does it, unless ended_elsewhere() said
-  // that another process (the guardian) does.
-  void end_job() const;
+  // that another process (the guardian) did. Whether the cgroup is gone.
+  bool end_job() const;
   void ended_elsewhere() { ended_elsewhere_ = true; }
 
  private:

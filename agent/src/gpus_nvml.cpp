@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <spdlog/spdlog.h>
 
 #include "ddprun/agent/gpus.hpp"
 #include "ddprun/common/text.hpp"
@@ -31,6 +32,7 @@ struct NvmlProcessInfo {
   unsigned gpu_instance_id, compute_instance_id;
 };
 constexpr nvmlReturn_t kNvmlInsufficientSize = 7;
+constexpr nvmlReturn_t kNvmlNotSupported = 3;
 
 struct Nvml {
   void* lib = nullptr;
@@ -113,31 +115,34 @@ std::vector<GpuDevice> gpus_from_nvml(const std::string& library) {
   return out;
 }
 
-// NVML started, and its GPUs' handles (they stay valid until nvmlShutdown).
+// NVML started, and its GPUs' handles (valid until nvmlShutdown, or until a GPU is lost or reset:
+// an error then, and the session is opened again).
 struct GpuMemoryHolders::Session {
   Nvml nvml;
   bool started = false;
   std::vector<nvmlDevice_t> gpus;
 
-  bool open(const std::string& library) {
-    if (!nvml.load(library) || !nvml.compute_procs || nvml.init() != kNvmlSuccess) return false;
+  enum class Opened { yes, no_library, failed };
+  Opened open(const std::string& library) {
+    if (!nvml.load(library) || !nvml.compute_procs) return Opened::no_library;
+    if (nvml.init() != kNvmlSuccess) return Opened::failed;
     started = true;
     unsigned n = 0;
-    if (nvml.count(&n) == kNvmlSuccess) {
-      for (unsigned i = 0; i < n; ++i) {
-        nvmlDevice_t dev = nullptr;
-        if (nvml.by_index(i, &dev) == kNvmlSuccess) gpus.push_back(dev);
-      }
+    if (nvml.count(&n) != kNvmlSuccess) return Opened::failed;
+    for (unsigned i = 0; i < n; ++i) {
+      nvmlDevice_t dev = nullptr;
+      if (nvml.by_index(i, &dev) != kNvmlSuccess) return Opened::failed;
+      gpus.push_back(dev);
     }
-    return true;
+    return gpus.empty() ? Opened::failed : Opened::yes;
   }
   ~Session() {
     if (started) nvml.shutdown();  // before ~Nvml unloads the library
   }
 
-  // The processes using GPU `dev` (compute).
-  std::vector<NvmlProcessInfo> compute_processes(nvmlDevice_t dev) {
-    std::vector<NvmlProcessInfo> procs(64);
+  // The processes using GPU `dev` (compute); false when NVML could not say.
+  bool compute_processes(nvmlDevice_t dev, std::vector<NvmlProcessInfo>& procs) {
+    procs.resize(64);
     unsigned count = static_cast<unsigned>(procs.size());
     nvmlReturn_t r = nvml.compute_procs(dev, &count, procs.data());
     if (r == kNvmlInsufficientSize && count < 65536) {
@@ -146,7 +151,23 @@ struct GpuMemoryHolders::Session {
       r = nvml.compute_procs(dev, &count, procs.data());
     }
     procs.resize(r == kNvmlSuccess ? count : 0);
-    return procs;
+    return r == kNvmlSuccess || r == kNvmlNotSupported;
+  }
+
+  // Of `pids`, those a GPU lists; false when a GPU could not say.
+  bool holders(const std::vector<pid_t>& pids, std::vector<pid_t>& held) {
+    bool answered = true;
+    std::vector<NvmlProcessInfo> procs;
+    for (nvmlDevice_t dev : gpus) {
+      answered = compute_processes(dev, procs) && answered;
+      for (const auto& p : procs) {
+        auto pid = static_cast<pid_t>(p.pid);
+        if (std::find(pids.begin(), pids.end(), pid) != pids.end() && std::find(held.begin(), held.end(), pid) == held.end()) {
+          held.push_back(pid);
+        }
+      }
+    }
+    return answered;
   }
 };
 
@@ -155,20 +176,21 @@ GpuMemoryHolders::~GpuMemoryHolders() = default;
 
 std::vector<pid_t> GpuMemoryHolders::operator()(const std::vector<pid_t>& pids) {
   std::vector<pid_t> held;
-  if (pids.empty()) return held;
-  if (!tried_) {
-    tried_ = true;
-    auto s = std::make_unique<Session>();
-    if (s->open(library_)) session_ = std::move(s);
-  }
-  if (!session_) return held;
-  for (nvmlDevice_t dev : session_->gpus) {
-    for (const auto& p : session_->compute_processes(dev)) {
-      auto pid = static_cast<pid_t>(p.pid);
-      if (std::find(pids.begin(), pids.end(), pid) != pids.end() && std::find(held.begin(), held.end(), pid) == held.end()) {
-        held.push_back(pid);
-      }
+  if (pids.empty() || no_library_) return held;
+  // A session that cannot answer (a GPU lost or reset since it opened: stale handles) is opened
+  // again, once; one that failed to open is tried again at the next question.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!session_) {
+      auto s = std::make_unique<Session>();
+      auto opened = s->open(library_);
+      no_library_ = opened == Session::Opened::no_library;
+      if (opened != Session::Opened::yes) return held;
+      session_ = std::move(s);
     }
+    held.clear();
+    if (session_->holders(pids, held)) return held;
+    spdlog::debug("ddprun: NVML could not list a GPU's processes; starting it again");
+    session_.reset();
   }
   return held;
 }

@@ -54,9 +54,14 @@ struct Watch {
     if (agent_gone && !directory.empty()) remove_tree(AT_FDCWD, directory.c_str());
   }
   // The job's end, handed over by the agent (every worker gone): what its teardown would do.
-  void end_job() {
-    if (containment) containment->end_job();
-    if (!directory.empty()) remove_tree(AT_FDCWD, directory.c_str());
+  // Whether all of it is gone (the exit status tells the agent, which otherwise does it itself).
+  bool end_job() {
+    bool done = !containment || containment->end_job();
+    if (!directory.empty()) {
+      remove_tree(AT_FDCWD, directory.c_str());
+      done = done && ::access(directory.c_str(), F_OK) != 0;
+    }
+    return done;
   }
   // The fence: a deadline that passed (by `at`) kills the groups (once).
   void check_deadline(std::int64_t at) {
@@ -99,7 +104,7 @@ struct Watch {
       if (m.op == 'a') w.armed = true, w.deadline = m.when;
       if (m.op == 'd') w.armed = false;
       if (m.op == 'q') ::_exit(0);
-      if (m.op == 'e') w.end_job(), ::_exit(0);
+      if (m.op == 'e') ::_exit(w.end_job() ? 0 : 1);
       if (m.op == 'p') {
         // The path's bytes follow the message (written with it, in one write). Whole or not at
         // all: a part of the path must never be what is removed.
@@ -160,10 +165,19 @@ bool Guardian::say_last(char op) {
   return told;
 }
 
+bool Guardian::wait() {
+  if (pid_ <= 0) return false;
+  int status = 0;
+  pid_t r;
+  while ((r = ::waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
+  }
+  pid_ = -1;
+  return r > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 Guardian::~Guardian() {
   release();
-  int status;
-  if (pid_ > 0) ::waitpid(pid_, &status, 0);
+  wait();
 }
 
 void Guardian::send(char op, pid_t pgid, std::int64_t when, std::int64_t sent) {

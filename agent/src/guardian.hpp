@@ -34,7 +34,10 @@ class Guardian {
   // the agent stops its store and writes its last words; later messages go nowhere. False when
   // there is no guardian to tell: the caller ends the job itself.
   bool finish();
-  // release(), then waits for the guardian's exit (and so for what finish() asked).
+  // Waits for the guardian's exit: true when it exited 0, which after finish() means it ended
+  // the job (the cgroup and the directory are gone); else the caller ends the job itself.
+  bool wait();
+  // release(), then wait().
   ~Guardian();
   Guardian(const Guardian&) = delete;
   Guardian& operator=(const Guardian&) = delete;

@@ -1,7 +1,8 @@
 // A stand-in for libnvidia-ml.so.1 (gpus_test.cpp): two GPUs in NVML's order, the second with
 // MIG instances in slots 0 and 2, through the entry points ddprun's gpus_nvml.cpp loads. The
 // compute processes of GPU i are the pids in $FAKE_NVML_PIDS_<i> (commas between), read at each
-// call; fake_nvml_inits() counts nvmlInit_v2 calls. It
+// call; fake_nvml_inits() counts nvmlInit_v2 calls; $FAKE_NVML_INIT_FAILS makes nvmlInit_v2
+// fail, $FAKE_NVML_GPU_LOST the process lists. It
 // follows ddprun's own declaration of the ABI; the real library is checked on a GPU machine
 // (scripts/gpu_check_startup.sh).
 #include <cstdio>
@@ -41,8 +42,9 @@ int copy(char* out, unsigned size, const char* text) {
 
 extern "C" {
 int nvmlInit_v2() {
-  g_initialised = true;
   ++g_inits;
+  if (std::getenv("FAKE_NVML_INIT_FAILS")) return 9;  // NVML_ERROR_DRIVER_NOT_LOADED
+  g_initialised = true;
   return 0;
 }
 int fake_nvml_inits() { return g_inits; }
@@ -81,6 +83,7 @@ struct ProcessInfo {
 };
 int nvmlDeviceGetComputeRunningProcesses_v3(void* dev, unsigned* count, ProcessInfo* out) {
   if (!g_initialised) return 1;
+  if (std::getenv("FAKE_NVML_GPU_LOST")) return 15;  // NVML_ERROR_GPU_IS_LOST
   const int index = static_cast<Device*>(dev) == &g_devices[0] ? 0 : 1;
   char name[32];
   std::snprintf(name, sizeof(name), "FAKE_NVML_PIDS_%d", index);

@@ -130,6 +130,32 @@ TEST_CASE("gpus: the GPU memory holders among pids, with NVML started once for t
   ::dlclose(lib);
 }
 
+TEST_CASE("gpus: NVML that did not start is started again, and a lost GPU's session opened again", "[gpus]") {
+  ::setenv("FAKE_NVML_PIDS_0", "7", 1);
+  ::unsetenv("FAKE_NVML_PIDS_1");
+  void* lib = ::dlopen(FAKE_NVML_LIB, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(lib);
+  auto inits = reinterpret_cast<int (*)()>(::dlsym(lib, "fake_nvml_inits"));
+  REQUIRE(inits);
+  GpuMemoryHolders holders(FAKE_NVML_LIB);
+  ::setenv("FAKE_NVML_INIT_FAILS", "1", 1);
+  int n = inits();
+  CHECK(holders({7}).empty());
+  CHECK(inits() == n + 1);
+  ::unsetenv("FAKE_NVML_INIT_FAILS");
+  CHECK(holders({7}) == std::vector<pid_t>{7});  // started at this question
+  CHECK(inits() == n + 2);
+  ::setenv("FAKE_NVML_GPU_LOST", "1", 1);
+  n = inits();
+  CHECK(holders({7}).empty());  // could not say, even after starting again (once)
+  CHECK(inits() == n + 1);
+  ::unsetenv("FAKE_NVML_GPU_LOST");
+  CHECK(holders({7}) == std::vector<pid_t>{7});
+  CHECK(inits() == n + 2);
+  ::unsetenv("FAKE_NVML_PIDS_0");
+  ::dlclose(lib);
+}
+
 TEST_CASE("gpus: the driver's list first, NVML without it or for MIG ids", "[gpus]") {
   FakeRoot f;
   f.gpu("0000:18:00.0", "GPU-aaaa1111-0000-0000-0000-000000000000");

@@ -1,7 +1,8 @@
 // The guardian (a forked process) and the job's end: after finish() it removes the directory it
-// was given and exits, and ~Guardian returns only when it has; a guardian released (release(),
-// the ordinary goodbye) leaves the directory to the agent; one whose agent side closes without
-// a goodbye (the agent died) removes the directory too.
+// was given and exits 0, and wait() (or ~Guardian) returns only when it has; one killed before
+// it did says so (wait() is false: the agent ends the job itself); a guardian released
+// (release(), the ordinary goodbye) leaves the directory to the agent; one whose agent side
+// closes without a goodbye (the agent died) removes the directory too.
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -51,6 +52,30 @@ TEST_CASE("guardian: finish() hands the job's end over - the directory is remove
   }
   CHECK_FALSE(exists(dir));
   CHECK(gone(pid));
+}
+
+TEST_CASE("guardian: finish() then wait() - true once the guardian has ended the job") {
+  const std::string dir = make_tree();
+  Guardian g;
+  REQUIRE(g.own_directory(dir));
+  REQUIRE(g.finish());
+  CHECK(g.wait());
+  CHECK_FALSE(exists(dir));
+  CHECK_FALSE(g.wait());  // once
+}
+
+TEST_CASE("guardian: one killed before it ended the job - wait() is false, the directory is there") {
+  const std::string dir = make_tree();
+  {
+    Guardian g;
+    REQUIRE(g.own_directory(dir));
+    REQUIRE(::kill(g.pid(), SIGSTOP) == 0);  // it reads nothing more
+    REQUIRE(g.finish());                     // the message waits in the pipe
+    REQUIRE(::kill(g.pid(), SIGKILL) == 0);
+    CHECK_FALSE(g.wait());
+  }
+  CHECK(exists(dir + "/attempt_0/heartbeat"));
+  ddprun::agent::remove_tree(AT_FDCWD, dir.c_str());
 }
 
 TEST_CASE("guardian: release() leaves the directory to the agent") {

@@ -68,14 +68,16 @@ class GpuMemoryHolders {
   ~GpuMemoryHolders();  // shuts NVML down and unloads it, where it was opened
   GpuMemoryHolders(const GpuMemoryHolders&) = delete;
   GpuMemoryHolders& operator=(const GpuMemoryHolders&) = delete;
-  // As gpu_memory_holders; where NVML cannot be loaded or started, empty (and not tried again).
+  // As gpu_memory_holders. Where the library cannot be loaded, empty (and not loaded again);
+  // where NVML does not start, empty, and started again at the next question; a session that
+  // cannot list a GPU's processes (a GPU lost or reset since) is started again once.
   std::vector<pid_t> operator()(const std::vector<pid_t>& pids);
 
  private:
   struct Session;
   std::string library_;
   std::unique_ptr<Session> session_;
-  bool tried_ = false;
+  bool no_library_ = false;
 };
 
 // The NUMA node (OS index) of PCI device `bus_id` from sysfs; -1 when unknown.
