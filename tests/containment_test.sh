@@ -50,9 +50,8 @@ cgroup_gone() {
   [ ! -e "$1" ]
 }
 
-# 1. Workers that leave a daemon behind and exit 0: killed when they end, and named. The
-# guardian ends the job (the cgroup, the temporary directory) while the agent finishes: all of it
-# is done when ddprun returns, the guardian gone too, with no wait here.
+# 1. Workers that leave a daemon behind and exit 0: killed when they end, and named. The cgroup,
+# the temporary directory and the guardian are gone when ddprun returns, with no wait here.
 clean_end() {
   local ev=/tmp/events-$who.jsonl out rc mode left
   rm -rf /dev/shm/ddprun-*

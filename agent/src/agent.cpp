@@ -103,10 +103,9 @@ struct Agent::Impl {
   Guardian guardian{containment.get()};
   GuardianFence fence{guardian};
 
-  // The guardian outlives the whole teardown: the run directory and the job's cgroup are gone
-  // before it exits (it removes them itself after finish(), else the agent does, in run() and
-  // here, before ~Guardian tells it to quit), so an agent killed at any point leaves nothing
-  // behind.
+  // The guardian outlives the whole teardown: the run directory (removed in run()) and the job's
+  // cgroup (here) are gone before it is told to quit (~Guardian), so an agent killed at any
+  // point leaves nothing behind.
   ~Impl() { containment.reset(); }
 
   explicit Impl(AgentOptions o) : opt(std::move(o)) {
@@ -151,7 +150,7 @@ struct Agent::Impl {
     plan_binding();
     const std::string node_name = opt.rdzv.local_addr.empty() ? host_name() : opt.rdzv.local_addr;
     RunDir dir(opt);
-    const bool guardian_owns_dir = guardian.own_directory(dir.disposable());
+    guardian.own_directory(dir.disposable());
     EventLog events;
     open_events(events, node_name);
     asio::io_context io{1};
@@ -169,22 +168,12 @@ struct Agent::Impl {
           MetricsServerOptions{opt.metrics.addr, static_cast<std::uint16_t>(opt.metrics.port)}, *metrics);
     }
     int code = run_loop(io, signals, runner, *rdzv, events, dir, node_name, metrics.get());
-    // Every worker is gone: the guardian removes the cgroup and the directory, and exits, while
-    // the agent stops its store and writes its last words (its exit, a tenth of a millisecond
-    // here, was the last thing each launch waited for).
-    const bool handed_over = guardian.finish();
     server.reset();  // before the rendezvous whose stores it reads
     rdzv->shutdown();
     gate.close();
     flush_console(opt.redirects.any() || opt.tee.any());
     events.emit("job_finished", {{"exit_code", code},
                                  {"duration_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count()}});
-    // Done by the guardian (it exited 0), or else by the destructors here: a guardian killed or
-    // failing on the way leaves neither the cgroup nor the directory behind.
-    if (handed_over && guardian.wait()) {
-      containment->ended_elsewhere();
-      if (guardian_owns_dir) dir.removed_elsewhere();
-    }
     return code;
   }
 

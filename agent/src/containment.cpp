@@ -190,7 +190,10 @@ bool Containment::try_cgroup(std::string& why) {
 }
 
 Containment::~Containment() {
-  if (!ended_elsewhere_) end_job();
+  if (mode_ == ContainmentMode::cgroup) {
+    sweep_cgroup(true);
+    remove_cgroup();
+  }
   for (int fd : {target_.procs, target_.dir, kill_fd_}) {
     if (fd >= 0) ::close(fd);
   }
@@ -275,20 +278,10 @@ void Containment::remove_cgroup() const {
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) ::rmdir(it->c_str());
 }
 
-bool Containment::end_job() const {
-  if (mode_ != ContainmentMode::cgroup) return true;
-  sweep_cgroup(true);
-  remove_cgroup();
-  return ::access(cgroup_.c_str(), F_OK) != 0;
-}
-
 void Containment::kill_everything(bool agent_gone) const {
   if (mode_ == ContainmentMode::cgroup) {
-    if (agent_gone) {
-      end_job();
-      return;
-    }
-    sweep_cgroup(false);  // a fence (the agent alive) may be followed by a next attempt
+    sweep_cgroup(agent_gone);  // a fence (the agent alive) may be followed by a next attempt
+    if (agent_gone) remove_cgroup();
     return;
   }
   for (int pass = 0; pass < 20; ++pass) {

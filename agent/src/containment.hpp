@@ -48,11 +48,6 @@ class Containment {
   // For the guardian (a single-threaded process): kills every process of the job, by the cgroup
   // or by the token; when the agent is gone, also removes the cgroup.
   void kill_everything(bool agent_gone) const;
-  // The job's end, once every worker is gone (cgroup mode: the last sweep, then the cgroup is
-  // removed; nothing in subreaper mode). The destructor does it, unless ended_elsewhere() said
-  // that another process (the guardian) did. Whether the cgroup is gone.
-  bool end_job() const;
-  void ended_elsewhere() { ended_elsewhere_ = true; }
 
  private:
   Containment() = default;
@@ -69,7 +64,6 @@ class Containment {
   CgroupTarget target_;  // the cgroup's directory and cgroup.procs
   int kill_fd_ = -1;     // cgroup.kill (kernel 5.14+; only at the end), else -1: each process is killed
   pid_t owner_ = -1;     // the agent
-  bool ended_elsewhere_ = false;
 };
 
 // The cgroup v2 directory of this process: the unified hierarchy's mount point (from mountinfo,

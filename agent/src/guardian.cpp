@@ -25,8 +25,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Message {
-  char op;  // 'w' watch, 'f' forget, 'a' arm, 'd' disarm, 'q' quit quietly, 'e' end the job
-            // and quit, 'p' the agent's temporary directory (its path's `when` bytes follow)
+  char op;  // 'w' watch, 'f' forget, 'a' arm, 'd' disarm, 'q' quit quietly, 'p' the agent's
+            // temporary directory (its path's `when` bytes follow)
   pid_t pgid;
   std::int64_t when;  // 'a': the deadline, steady clock nanoseconds
   std::int64_t sent;  // when the agent sent it (same clock)
@@ -52,16 +52,6 @@ struct Watch {
     for (pid_t g : groups) ::kill(-g, SIGKILL);
     if (containment) containment->kill_everything(agent_gone);
     if (agent_gone && !directory.empty()) remove_tree(AT_FDCWD, directory.c_str());
-  }
-  // The job's end, handed over by the agent (every worker gone): what its teardown would do.
-  // Whether all of it is gone (the exit status tells the agent, which otherwise does it itself).
-  bool end_job() {
-    bool done = !containment || containment->end_job();
-    if (!directory.empty()) {
-      remove_tree(AT_FDCWD, directory.c_str());
-      done = done && ::access(directory.c_str(), F_OK) != 0;
-    }
-    return done;
   }
   // The fence: a deadline that passed (by `at`) kills the groups (once).
   void check_deadline(std::int64_t at) {
@@ -104,7 +94,6 @@ struct Watch {
       if (m.op == 'a') w.armed = true, w.deadline = m.when;
       if (m.op == 'd') w.armed = false;
       if (m.op == 'q') ::_exit(0);
-      if (m.op == 'e') ::_exit(w.end_job() ? 0 : 1);
       if (m.op == 'p') {
         // The path's bytes follow the message (written with it, in one write). Whole or not at
         // all: a part of the path must never be what is removed.
@@ -149,35 +138,21 @@ Guardian::Guardian(const Containment* containment) {
   fd_ = p[1];
 }
 
-void Guardian::release() { say_last('q'); }
-
-bool Guardian::finish() { return say_last('e'); }
-
-bool Guardian::say_last(char op) {
+void Guardian::release() {
   // The goodbye, and the end of writes, in one locked step: a renewal from a rendezvous thread
   // comes before it or goes nowhere (never into a pipe whose reader has gone: SIGPIPE).
   std::lock_guard<std::mutex> lk(write_mu_);
   const int fd = fd_.exchange(-1);
-  if (fd < 0) return false;
-  Message m{op, 0, 0, now_ns()};
-  const bool told = write_locked(fd, &m, sizeof(m));
+  if (fd < 0) return;
+  Message m{'q', 0, 0, now_ns()};
+  write_locked(fd, &m, sizeof(m));
   ::close(fd);
-  return told;
-}
-
-bool Guardian::wait() {
-  if (pid_ <= 0) return false;
-  int status = 0;
-  pid_t r;
-  while ((r = ::waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
-  }
-  pid_ = -1;
-  return r > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 Guardian::~Guardian() {
   release();
-  wait();
+  int status;
+  if (pid_ > 0) ::waitpid(pid_, &status, 0);
 }
 
 void Guardian::send(char op, pid_t pgid, std::int64_t when, std::int64_t sent) {
@@ -189,24 +164,23 @@ void Guardian::send(char op, pid_t pgid, std::int64_t when, std::int64_t sent) {
 // Whole messages, at most PIPE_BUF bytes a write: each write is atomic, so messages the
 // rendezvous' threads send at the same time never interleave with them; the guardian reads
 // continuously.
-bool Guardian::write_all(const void* data, std::size_t size) {
+void Guardian::write_all(const void* data, std::size_t size) {
   // Under the lock: a rendezvous thread renewing while the agent releases the guardian must not
   // write into a descriptor number that has been closed and reused.
   std::lock_guard<std::mutex> lk(write_mu_);
   const int fd = fd_;
-  return fd >= 0 && write_locked(fd, data, size);
+  if (fd >= 0) write_locked(fd, data, size);
 }
 
-bool Guardian::write_locked(int fd, const void* data, std::size_t size) {
+void Guardian::write_locked(int fd, const void* data, std::size_t size) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     ssize_t n = ::write(fd, p, std::min(size, kChunk));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return false;
+    if (n < 0) return;
     p += n;
     size -= static_cast<std::size_t>(n);
   }
-  return true;
 }
 
 void Guardian::watch(const std::vector<pid_t>& pgids) {
@@ -218,12 +192,12 @@ void Guardian::watch(const std::vector<pid_t>& pgids) {
 }
 void Guardian::forget(pid_t pgid) { send('f', pgid); }
 
-bool Guardian::own_directory(const std::string& path) {
-  if (fd_ < 0 || path.empty() || sizeof(Message) + path.size() > kChunk) return false;
+void Guardian::own_directory(const std::string& path) {
+  if (fd_ < 0 || path.empty() || sizeof(Message) + path.size() > kChunk) return;
   Message m{'p', 0, static_cast<std::int64_t>(path.size()), now_ns()};
   std::string buf(reinterpret_cast<const char*>(&m), sizeof(m));
   buf += path;
-  return write_all(buf.data(), buf.size());  // one write: atomic
+  write_all(buf.data(), buf.size());  // one write: atomic
 }
 
 void Guardian::arm(Clock::time_point deadline, Clock::time_point now) { send('a', 0, ns(deadline), ns(now)); }

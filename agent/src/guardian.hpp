@@ -29,15 +29,7 @@ class Guardian {
   explicit Guardian(const Containment* containment = nullptr);
   // Tells the guardian to exit without killing anything (clean end); later messages go nowhere.
   void release();
-  // The job is over, every worker gone: the guardian ends it as the agent would (the
-  // containment's end_job(), then the directory of own_directory() is removed) and exits, while
-  // the agent stops its store and writes its last words; later messages go nowhere. False when
-  // there is no guardian to tell: the caller ends the job itself.
-  bool finish();
-  // Waits for the guardian's exit: true when it exited 0, which after finish() means it ended
-  // the job (the cgroup and the directory are gone); else the caller ends the job itself.
-  bool wait();
-  // release(), then wait().
+  // release(), then waits for the guardian's exit.
   ~Guardian();
   Guardian(const Guardian&) = delete;
   Guardian& operator=(const Guardian&) = delete;
@@ -45,9 +37,8 @@ class Guardian {
   void watch(const std::vector<pid_t>& pgids);  // worker groups started (one wake-up for all)
   void forget(pid_t pgid);   // a worker group is gone
   // The agent's temporary directory: removed by the guardian, after the kills, when the agent
-  // dies without saying goodbye (a kill -9 left it in /dev/shm), and at finish(). False when the
-  // guardian was not told (none, or a path longer than a pipe's atomic write).
-  bool own_directory(const std::string& path);
+  // dies without saying goodbye (a kill -9 left it in /dev/shm).
+  void own_directory(const std::string& path);
   // Kill the watched groups if `deadline` (steady clock) passes before the next arm or disarm.
   // `now`: when the caller decided (a message read late counts then).
   void arm(std::chrono::steady_clock::time_point deadline,
@@ -59,9 +50,8 @@ class Guardian {
 
  private:
   void send(char op, pid_t pgid, std::int64_t when = 0, std::int64_t sent = 0);
-  bool say_last(char op);  // 'q' or 'e': the last message, after which fd_ is closed
-  bool write_all(const void* data, std::size_t size);  // false: not (all) written
-  static bool write_locked(int fd, const void* data, std::size_t size);  // with write_mu_ held
+  void write_all(const void* data, std::size_t size);
+  static void write_locked(int fd, const void* data, std::size_t size);  // with write_mu_ held
   std::atomic<int> fd_{-1};
   std::mutex write_mu_;  // writes and release()
   pid_t pid_ = -1;

@@ -82,7 +82,7 @@ RunDir::RunDir(const AgentOptions& opt)
 }
 
 RunDir::~RunDir() {
-  if (temp_root_.empty() || keep_ || removed_elsewhere_) return;
+  if (temp_root_.empty() || keep_) return;
   remove_tree(AT_FDCWD, temp_root_.c_str());
 }
 

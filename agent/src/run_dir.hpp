@@ -25,8 +25,6 @@ class RunDir {
   // The temporary directory this removes at the end, or "" (--log_dir, or logs kept): the one the
   // guardian removes when the agent dies without removing it.
   std::string disposable() const;
-  // Another process (the guardian) removes the temporary directory: the destructor leaves it.
-  void removed_elsewhere() { removed_elsewhere_ = true; }
   // <run dir>/attempt_<round>/<local_rank> for local ranks 0 .. count-1, in order, created (the
   // run and attempt directories opened once for all).
   std::vector<std::string> worker_dirs(int round, int count) const;
@@ -35,7 +33,6 @@ class RunDir {
   std::string run_dir_;
   std::string temp_root_;  // the temporary directory ddprun created, or empty
   bool keep_ = false;
-  bool removed_elsewhere_ = false;
 };
 
 // Creates `dir` and its missing parents, each new one 0700 (existing ones are left as they are).
