@@ -28,7 +28,6 @@
 #include "output.hpp"
 #include "process_runner.hpp"
 #include "run_dir.hpp"
-#include "signal_watch.hpp"
 #include "worker_group.hpp"
 
 namespace ddprun::agent {
@@ -156,10 +155,9 @@ struct Agent::Impl {
     open_events(events, node_name);
     asio::io_context io{1};
     LoopGate gate(io);
-    // Before any thread starts: they inherit the block, so every signal reaches the watch.
-    auto handled = stop_signals();
-    handled.push_back(SIGCHLD);
-    SignalWatch signals(io, handled);
+    asio::signal_set signals(io);
+    signals.add(SIGCHLD);
+    for (int s : stop_signals()) signals.add(s);
     RealProcessRunner runner(guardian, *containment);
     auto rdzv = rounds::make_rendezvous(opt.rdzv, gate.poster(), &fence, when_readable(io));
     std::unique_ptr<JobMetrics> metrics;
@@ -179,7 +177,7 @@ struct Agent::Impl {
     return code;
   }
 
-  int run_loop(asio::io_context& io, SignalWatch& signals, ProcessRunner& runner, Rendezvous& rdzv,
+  int run_loop(asio::io_context& io, asio::signal_set& signals, ProcessRunner& runner, Rendezvous& rdzv,
                EventLog& events, RunDir& dir, const std::string& node_name, JobMetrics* metrics) {
     WorkerGroup::Options wo{opt.worker_timeout, opt.stop_timeout, opt.stack_dump_timeout, opt.worker_start_timeout};
     // Only where the NVIDIA driver runs: NVML is loaded then, at the first failed group, and
@@ -200,20 +198,24 @@ struct Agent::Impl {
         if (!ec) refresh();
       });
     };
-    signals.start([&](int sig) {
-      if (sig == SIGCHLD) {
-        group.reap();
-      } else {
-        controller.on_signal(sig);
-      }
-    });
+    std::function<void()> wait_signals = [&] {
+      signals.async_wait([&](boost::system::error_code ec, int sig) {
+        if (ec) return;
+        if (sig == SIGCHLD) {
+          group.reap();
+        } else {
+          controller.on_signal(sig);
+        }
+        wait_signals();
+      });
+    };
+    wait_signals();
     if (opt.nproc_per_node > 1 && !opt.base_env.count("OMP_NUM_THREADS")) {
       spdlog::info("ddprun: OMP_NUM_THREADS=1 for each worker (set it to override)");
     }
     controller.start();
     if (metrics) refresh();
     while (controller.phase() != Phase::done) io.run_one();
-    signals.stop();  // (the group and the controller it calls end with this scope)
     if (metrics) metrics->refresh(controller, group);
     return controller.exit_code();
   }
