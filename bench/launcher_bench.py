@@ -17,9 +17,11 @@ a file the linker has just written is mapped from smaller page-cache pages, and 
 takes more page faults (ddprun: about 10% more time at N=1 here) than the same file installed,
 copied or read from disk after a reboot. --as-linked times the files where they are.
 
-Runs are interleaved (floor, ddprun, torchrun, floor, ddprun, ...) so that a drift of the machine's
-speed touches all alike; each figure is a median, and each ratio the median of the ratios of runs
-taken side by side (a launcher's run over the floor's run just before it).
+Runs are interleaved (floor, ddprun, torchrun, floor, torchrun, ddprun, ...: the launchers' order
+reversed every other time, as the second of two runs of the same code is 1.5-3% faster here) so
+that a drift of the machine's speed touches all alike; each figure is a median, and each ratio
+the median of the ratios of runs taken side by side (a launcher's run over the floor's run of the
+same round).
 
 Usage: bench/launcher_bench.py [--ddprun build/launcher/ddprun] [--floor build/bench/spawn_floor]
                                [--torchrun PATH [--python PYTHON] | --no-torchrun] [--reps 21]
@@ -142,7 +144,10 @@ def bench_launch(floor, others, sizes, reps, torch_every):
     for n in sizes:
         for rep in range(reps):
             f = floor.run_launch(n)
-            for r in others:
+            # The launchers in turn, the order reversed every other run: here the second of two
+            # runs of the same code is 1.5-3% faster (it just ran), which a fixed order gives to
+            # the same column every time.
+            for r in (others if rep % 2 == 0 else others[::-1]):
                 if r.name == "torchrun" and rep % torch_every:
                     continue
                 r.run_launch(n)
@@ -167,7 +172,7 @@ def bench_restart(floor, others, reps):
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(reps):
             f = floor.run_restart(tmp)
-            for r in others:
+            for r in (others if rep % 2 == 0 else others[::-1]):
                 if r.name == "torchrun" and rep >= 3:
                     continue
                 for k, latency in enumerate(r.run_restart(tmp)):
