@@ -30,26 +30,28 @@ void SpawnPool::ensure(unsigned threads) {
     seen = generation_;
   }
   try {
-    while (threads_.size() < threads) threads_.emplace_back([this, seen] {
-      unsigned gen = seen;
-      for (;;) {
-        {
-          std::unique_lock<std::mutex> lk(mu_);
-          start_cv_.wait(lk, [&] { return quit_ || generation_ != gen; });
-          if (quit_) return;
-          gen = generation_;
-        }
-        take_work();
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          ++finished_;
-        }
-        done_cv_.notify_one();
-      }
-    });
+    while (threads_.size() < threads) threads_.emplace_back([this, seen] { serve(seen); });
   } catch (...) {  // fewer threads than asked: the batch runs on those there are
   }
   ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+}
+
+void SpawnPool::serve(unsigned seen) {
+  unsigned gen = seen;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      start_cv_.wait(lk, [&] { return quit_ || generation_ != gen; });
+      if (quit_) return;
+      gen = generation_;
+    }
+    take_work();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++finished_;
+    }
+    done_cv_.notify_one();
+  }
 }
 
 void SpawnPool::take_work() {

@@ -32,7 +32,8 @@ class SpawnPool {
   void run(std::size_t n, const std::function<void(std::size_t)>& fn);
 
  private:
-  void serve();
+  // A pool thread: each batch after generation `seen`, until the pool goes.
+  void serve(unsigned seen);
   void take_work();
 
   std::vector<std::thread> threads_;
