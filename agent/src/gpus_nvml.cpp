@@ -195,8 +195,4 @@ std::vector<pid_t> GpuMemoryHolders::operator()(const std::vector<pid_t>& pids) 
   return held;
 }
 
-std::vector<pid_t> gpu_memory_holders(const std::vector<pid_t>& pids, const std::string& library) {
-  return GpuMemoryHolders(library)(pids);
-}
-
 }  // namespace ddprun::agent

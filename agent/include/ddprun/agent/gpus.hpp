@@ -54,21 +54,18 @@ std::vector<VisibleGpu> visible_gpus(const std::vector<GpuDevice>& all, const ch
 // driver's /proc lists nothing or a MIG id needs resolving. Never throws.
 std::vector<VisibleGpu> find_visible_gpus(const GpuSources& sources = {});
 
-// Of `pids`, those a GPU still holds memory for (NVML's compute processes, every GPU); empty
-// when none is, or where NVML cannot be loaded. Loads and unloads the library; never throws.
-std::vector<pid_t> gpu_memory_holders(const std::vector<pid_t>& pids, const std::string& library = "libnvidia-ml.so.1");
-
-// gpu_memory_holders with NVML opened at the first question and kept open until destroyed: a
-// job asks at the end of each failed group, and NVML's own start (loading the library and
-// attaching to the driver: 8-12 ms on an H200) is paid once per job, not at every restart.
-// For one thread at a time (the agent's loop); never throws.
+// Of the pids asked about, those a GPU still holds memory for (NVML's compute processes, every
+// GPU); empty when none is, or where NVML cannot be loaded. NVML is opened at the first question
+// and kept open until this is destroyed: a job asks at the end of each failed group, and NVML's
+// own start (loading the library and attaching to the driver: 8-12 ms on an H200) is paid once
+// per job, not at every restart. For one thread at a time (the agent's loop); never throws.
 class GpuMemoryHolders {
  public:
   explicit GpuMemoryHolders(std::string library = "libnvidia-ml.so.1");
   ~GpuMemoryHolders();  // shuts NVML down and unloads it, where it was opened
   GpuMemoryHolders(const GpuMemoryHolders&) = delete;
   GpuMemoryHolders& operator=(const GpuMemoryHolders&) = delete;
-  // As gpu_memory_holders. Where the library cannot be loaded, empty (and not loaded again);
+  // Where the library cannot be loaded, empty (and not loaded again);
   // where NVML does not start, empty, and started again at the next question; a session that
   // cannot list a GPU's processes (a GPU lost or reset since) is started again once.
   std::vector<pid_t> operator()(const std::vector<pid_t>& pids);
