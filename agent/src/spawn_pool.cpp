@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/common/text.hpp"
 
 namespace ddprun::agent {
 
@@ -84,8 +87,11 @@ void SpawnPool::run(std::size_t n, const std::function<void(std::size_t)>& fn) {
 
 unsigned spawn_threads(std::size_t n) {
   if (const char* set = std::getenv("DDPRUN_SPAWN_THREADS")) {
-    int k = std::atoi(set);
-    if (k >= 1 && k <= 64) return static_cast<unsigned>(k);
+    if (auto k = parse_int(set, 1, 64)) return static_cast<unsigned>(*k);
+    static std::once_flag said;  // (asked at every group's start)
+    std::call_once(said, [&] {
+      spdlog::warn("ddprun: DDPRUN_SPAWN_THREADS='{}' is not a number of threads from 1 to 64: ignored", set);
+    });
   }
   cpu_set_t cpus;
   std::size_t ncpu = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;

@@ -74,8 +74,11 @@ TEST_CASE("spawn pool: how many threads start a group") {
   CHECK(spawn_threads(1024) <= 8);
   ::setenv("DDPRUN_SPAWN_THREADS", "4", 1);
   CHECK(spawn_threads(2) == 4);
-  ::setenv("DDPRUN_SPAWN_THREADS", "0", 1);  // out of range: ignored
-  CHECK(spawn_threads(8) == want8);
-  CHECK(spawn_threads(2) == 1);
+  for (const char* bad : {"0", "65", "4abc", "abc", "", " 4"}) {  // out of range or not a number: ignored
+    INFO("DDPRUN_SPAWN_THREADS='" << bad << "'");
+    ::setenv("DDPRUN_SPAWN_THREADS", bad, 1);
+    CHECK(spawn_threads(8) == want8);
+    CHECK(spawn_threads(2) == 1);
+  }
   ::unsetenv("DDPRUN_SPAWN_THREADS");
 }
