@@ -4,7 +4,8 @@
 # child subreaper. Each worker starts `setsid leftover &` (a session of its own: no process group
 # kill reaches it). Runs in private mount and pid namespaces (unshare -m -p -f --mount-proc).
 #  1. the workers exit 0: ddprun exits 0, names what it killed, and no leftover lives on;
-#  2. kill -9 of ddprun while the workers and their leftovers run: the guardian kills them all;
+#  2. kill -9 of ddprun while the workers and their leftovers run: the guardian kills them all,
+#     in both its forms (the sentinel, in the agent's memory, and the guardian process);
 #  3. the cgroup is removed afterwards (cgroup mode), and so is ddprun's temporary directory in
 #     /dev/shm (the guardian removes it; a nested ddprun killed with its job leaves its own);
 #  4. a failed group's daemons are killed before the restart, and the next attempt's workers run
@@ -63,9 +64,9 @@ clean_end() {
   left=$(alive leftover)
   echo "$who: containment '$mode'; exit $rc; processes left: $left"
   if [ "$guards" = 0 ] && [ -z "$shm" ] && { [ $want != cgroup ] || [ ! -e "$cg" ]; }; then
-    ok "$who ($want): when ddprun returns, its guardian, temporary directory and cgroup are gone"
+    ok "$who ($want, $form): when ddprun returns, its guardian, temporary directory and cgroup are gone"
   else
-    bad "$who ($want): when ddprun returned: $guards guardian(s), directory '$shm', cgroup '$cg'"
+    bad "$who ($want, $form): when ddprun returned: $guards guardian(s), directory '$shm', cgroup '$cg'"
   fi
   if [ $rc -eq 0 ] && [ "$left" = 0 ] && [[ "$mode" == "$want"* ]] &&
      echo "$out" | grep -q "killed 2 process(es) the workers left behind: "; then
@@ -80,7 +81,7 @@ clean_end() {
 # of ddprun's whole process group, as `timeout -s KILL` or a scheduler does), nested (kill -9
 # of a ddprun whose workers are ddprun jobs themselves, each with a daemon).
 killed() {
-  local how=$1 ev=/tmp/events-$who-$1.jsonl log=/tmp/killed-$who-$1.log want_alive=4 worker pid cg start took
+  local how=$1 ev=/tmp/events-$who-$1-$form.jsonl log=/tmp/killed-$who-$1-$form.log want_alive=4 worker pid cg start took
   worker="$escape; exec leftover 301"
   if [ "$how" = nested ]; then
     worker="ddprun --standalone --nproc_per_node=1 --no_python /bin/sh -c '$escape; exec leftover 301'"
@@ -88,12 +89,12 @@ killed() {
   setsid "${prefix[@]}" ddprun --standalone --nproc_per_node=2 --events_file="$ev" --no_python /bin/sh -c "$worker" >"$log" 2>&1 &
   pid=$!
   if ! wait_alive leftover 20 $want_alive; then
-    bad "$who/$how: $want_alive processes never ran ($(alive leftover)): $(cat "$log")"
+    bad "$who/$how/$form: $want_alive processes never ran ($(alive leftover)): $(cat "$log")"
     kill -9 $pid; pkill -9 -x leftover; return
   fi
   cg=$(containment_of "$ev"); cg=${cg#cgroup }
   if [ $want = cgroup ] && ! { [[ "$cg" == /* ]] && [ -d "$cg" ] && [ -n "$(find "$cg" -name cgroup.procs -exec cat {} +)" ]; }; then
-    bad "$who/$how: the workers are not in the job's cgroup '$cg'"
+    bad "$who/$how/$form: the workers are not in the job's cgroup '$cg'"
   fi
   # ddprun's own temporary directory: the first made (the nested agents' come after).
   local tmp; tmp=$(ls -dtr /dev/shm/ddprun-* 2>/dev/null | head -1)
@@ -102,20 +103,20 @@ killed() {
   wait $pid 2>/dev/null
   if wait_alive leftover 10 0; then
     took=$(awk "BEGIN { printf \"%.2f\", $(date +%s.%N) - $start }")
-    ok "$who ($want), kill -9 of the $how: the guardian killed all $want_alive (workers and daemons) in ${took} s"
+    ok "$who ($want, $form), kill -9 of the $how: the guardian killed all $want_alive (workers and daemons) in ${took} s"
   else
-    bad "$who ($want), kill -9 of the $how: $(alive leftover) of $want_alive processes live on"
+    bad "$who ($want, $form), kill -9 of the $how: $(alive leftover) of $want_alive processes live on"
   fi
   pkill -9 -x leftover
   if [ $want = cgroup ]; then
-    if cgroup_gone "$cg"; then ok "$who/$how: the cgroup is removed"; else bad "$who/$how: cgroup $cg left"; fi
+    if cgroup_gone "$cg"; then ok "$who/$how/$form: the cgroup is removed"; else bad "$who/$how/$form: cgroup $cg left"; fi
   fi
   local deadline=$((SECONDS + 5))
   while [ -n "$tmp" ] && [ -e "$tmp" ] && [ $SECONDS -lt $deadline ]; do sleep 0.05; done
   if [ -n "$tmp" ] && [ ! -e "$tmp" ]; then
-    ok "$who/$how: ddprun's temporary directory $tmp is removed"
+    ok "$who/$how/$form: ddprun's temporary directory $tmp is removed"
   else
-    bad "$who/$how: ddprun's temporary directory '${tmp:-none found}' is left: $(ls -R /dev/shm | head -5)"
+    bad "$who/$how/$form: ddprun's temporary directory '${tmp:-none found}' is left: $(ls -R /dev/shm | head -5)"
   fi
   rm -rf /dev/shm/ddprun-*  # a nested job's own
 }
@@ -176,8 +177,14 @@ if [ "$root_mode" = cgroup ] && command -v unshare >/dev/null; then namespaced_c
 for who in root nobody; do
   want=$root_mode prefix=()
   if [ $who = nobody ]; then want=subreaper prefix=(setpriv --reuid=nobody --regid=nogroup --clear-groups); fi
-  clean_end
-  for how in agent group nested; do killed $how; done
+  # Both forms of the guardian (README: Security): the sentinel, which becomes the guardian
+  # process only when the agent is gone, and the guardian process from the start.
+  for form in sentinel process; do
+    if [ $form = sentinel ]; then export DDPRUN_GUARDIAN_SENTINEL_MS=never; else export DDPRUN_GUARDIAN_SENTINEL_MS=0; fi
+    clean_end
+    for how in agent group nested; do killed $how; done
+  done
+  unset DDPRUN_GUARDIAN_SENTINEL_MS
   no_environment
   restart_after_leftovers
 done

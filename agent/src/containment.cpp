@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -190,13 +191,36 @@ bool Containment::try_cgroup(std::string& why) {
 }
 
 Containment::~Containment() {
-  if (mode_ == ContainmentMode::cgroup) {
+  if (mode_ == ContainmentMode::cgroup && !restored_) {
     sweep_cgroup(true);
     remove_cgroup();
   }
   for (int fd : {target_.procs, target_.dir, kill_fd_}) {
     if (fd >= 0) ::close(fd);
   }
+}
+
+std::string Containment::handover() const {
+  // One field a line: mode, cgroup, token, owner, cgroup.kill's descriptor (none holds a newline:
+  // the cgroup's name is ddprun-TOKEN below the agent's own, which /proc/self/cgroup lists a line).
+  return fmt::format("{}\n{}\n{}\n{}\n{}", mode_ == ContainmentMode::cgroup ? "cgroup" : "subreaper", cgroup_,
+                     token_, owner_, kill_fd_);
+}
+
+std::unique_ptr<Containment> Containment::restore(const std::string& text) {
+  const auto f = split(text, '\n');
+  if (f.size() != 5 || (f[0] != "cgroup" && f[0] != "subreaper")) return nullptr;
+  auto owner = parse_int(f[3], 1, INT32_MAX);
+  auto kill_fd = parse_int(f[4], -1, INT32_MAX);
+  if (!owner || !kill_fd || f[2].empty() || (f[0] == "cgroup" && f[1].empty())) return nullptr;
+  std::unique_ptr<Containment> c(new Containment());
+  c->mode_ = f[0] == "cgroup" ? ContainmentMode::cgroup : ContainmentMode::subreaper;
+  c->cgroup_ = f[1];
+  c->token_ = f[2];
+  c->owner_ = static_cast<pid_t>(*owner);
+  c->kill_fd_ = static_cast<int>(*kill_fd);
+  c->restored_ = true;
+  return c;
 }
 
 std::string Containment::describe() const {

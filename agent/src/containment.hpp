@@ -49,6 +49,15 @@ class Containment {
   // or by the token; when the agent is gone, also removes the cgroup.
   void kill_everything(bool agent_gone) const;
 
+  // What the guardian process (a program of its own, by exec: guardian_sentinel.hpp) needs to
+  // act for this containment, as text, and the Containment it makes of that text again (nullptr
+  // for text that is not one). A restored Containment acts (kill_everything) but, destroyed,
+  // leaves the cgroup alone: the agent's is the one that removes it at a clean end.
+  std::string handover() const;
+  static std::unique_ptr<Containment> restore(const std::string& text);
+  // cgroup.kill, opened at set-up (-1 if none): kept open across the guardian's exec.
+  int kill_fd() const { return kill_fd_; }
+
  private:
   Containment() = default;
   bool try_cgroup(std::string& why);
@@ -64,6 +73,7 @@ class Containment {
   CgroupTarget target_;  // the cgroup's directory and cgroup.procs
   int kill_fd_ = -1;     // cgroup.kill (kernel 5.14+; only at the end), else -1: each process is killed
   pid_t owner_ = -1;     // the agent
+  bool restored_ = false;  // a guardian's copy: nothing to undo at its end
 };
 
 // The cgroup v2 directory of this process: the unified hierarchy's mount point (from mountinfo,

@@ -1,134 +1,58 @@
 #include "guardian.hpp"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
-#include <climits>
-#include <cstring>
-#include <set>
+#include <cerrno>
+#include <cstdlib>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
 #include "containment.hpp"
-#include "private_files.hpp"
+#include "guardian_protocol.hpp"
 #include "ddprun/common/exit_status.hpp"
-#include "ddprun/common/system.hpp"
 
 namespace ddprun::agent {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Message {
-  char op;  // 'w' watch, 'f' forget, 'a' arm, 'd' disarm, 'q' quit quietly, 'p' the agent's
-            // temporary directory (its path's `when` bytes follow)
-  pid_t pgid;
-  std::int64_t when;  // 'a': the deadline, steady clock nanoseconds
-  std::int64_t sent;  // when the agent sent it (same clock)
-};
-
-// The most one write sends: whole messages, at most PIPE_BUF bytes (atomic).
-constexpr std::size_t kChunk = PIPE_BUF / sizeof(Message) * sizeof(Message);
+using namespace guardian_protocol;
 
 std::int64_t ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 std::int64_t now_ns() { return ns(Clock::now()); }
 
-struct Watch {
-  const Containment* containment = nullptr;
-  std::set<pid_t> groups;
-  std::string directory;  // the agent's temporary directory, removed when the agent is gone
-  bool armed = false;
-  std::int64_t deadline = 0;
-
-  // The workers' groups, then whatever else the job runs (escaped to sessions of their own).
-  void kill_all(bool agent_gone) {
-    for (pid_t g : groups) ::kill(-g, SIGKILL);
-    if (containment) containment->kill_everything(agent_gone);
-    if (agent_gone && !directory.empty()) remove_tree(AT_FDCWD, directory.c_str());
-  }
-  // The fence: a deadline that passed (by `at`) kills the groups (once).
-  void check_deadline(std::int64_t at) {
-    if (armed && at >= deadline) {
-      kill_all(false);
-      armed = false;
-    }
-  }
-  int poll_timeout_ms() const {
-    if (!armed) return -1;
-    auto left = (deadline - now_ns()) / 1'000'000 + 1;
-    return static_cast<int>(std::clamp<std::int64_t>(left, 0, 60'000));
-  }
-};
-
-[[noreturn]] void guardian_main(int fd, const Containment* containment) {
-  // Signals are for the agent, which forwards them or stops the job; the guardian, whom a
-  // scheduler may signal along with every process of the job, waits for the pipe.
-  for (int s : stop_signals()) ::signal(s, SIG_IGN);
-  ::signal(SIGPIPE, SIG_IGN);
-  ::prctl(PR_SET_NAME, "ddprun-guard", 0, 0, 0);
-  Watch w;
-  w.containment = containment;
-  Message m;
-  for (;;) {
-    pollfd p{fd, POLLIN, 0};
-    int r = ::poll(&p, 1, w.poll_timeout_ms());
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) {
-      w.check_deadline(now_ns());  // nothing pending: no renewal is on its way
-      continue;
-    }
-    ssize_t n = ::read(fd, &m, sizeof(m));
-    if (n == sizeof(m)) {
-      // A renewal or release read late (the guardian was slow to run) counts when it was sent:
-      // the same rule the agent's GuardianFence applies when it sends it.
-      if (m.op == 'a' || m.op == 'd') w.check_deadline(m.sent);
-      if (m.op == 'w') w.groups.insert(m.pgid);
-      if (m.op == 'f') w.groups.erase(m.pgid);
-      if (m.op == 'a') w.armed = true, w.deadline = m.when;
-      if (m.op == 'd') w.armed = false;
-      if (m.op == 'q') ::_exit(0);
-      if (m.op == 'p') {
-        // The path's bytes follow the message (written with it, in one write). Whole or not at
-        // all: a part of the path must never be what is removed.
-        const bool fits = m.when > 0 && m.when <= static_cast<std::int64_t>(PIPE_BUF);
-        if (fits) w.directory.assign(static_cast<std::size_t>(m.when), '\0');
-        if (!fits || !read_exactly(fd, w.directory.data(), w.directory.size())) {
-          w.directory.clear();
-          break;
-        }
-      }
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    break;  // end of file: the agent died without saying goodbye
-  }
-  w.kill_all(true);
-  ::_exit(0);
-}
-
 }  // namespace
 
+void link_guardian_process();  // guardian_process.cpp
+
 Guardian::Guardian(const Containment* containment) {
+  link_guardian_process();
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return;  // no guardian: parent-death signals still apply
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(p[1]);
-    // A session of its own: a kill of ddprun's process group (`timeout -s KILL`, a job
-    // scheduler's) must not take the guardian with it, as that is when it is needed.
-    ::setsid();
-    // Nothing of the console: a caller reading ddprun's output must not wait for the guardian.
-    int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    for (int fd = 0; fd <= 2 && null >= 0; ++fd) ::dup2(null, fd);
-    guardian_main(p[0], containment);
+  SentinelPlan plan;
+  plan.read_fd = p[0];
+  plan.write_fd = p[1];
+  if (containment) {
+    plan.kill_fd = containment->kill_fd();
+    plan.containment = containment->handover();
   }
+  plan.ignored_signals = stop_signals();
+  plan.ignored_signals.push_back(SIGPIPE);
+  const char* setting = ::getenv("DDPRUN_GUARDIAN_SENTINEL_MS");
+  const auto sentinel_time = sentinel_time_ns(setting);
+  if (!sentinel_time) {
+    spdlog::warn("ddprun: DDPRUN_GUARDIAN_SENTINEL_MS='{}' is not a number of milliseconds from 0 to 86400000 "
+                 "or 'never': ignored (the guardian is a sentinel for the job's first second)", setting);
+  }
+  plan.promote_after_ns = sentinel_time.value_or(1'000'000'000);
+  const pid_t pid = sentinel_.start(plan);
   ::close(p[0]);
   if (pid < 0) {
     ::close(p[1]);
@@ -152,7 +76,9 @@ void Guardian::release() {
 Guardian::~Guardian() {
   release();
   int status;
-  if (pid_ > 0) ::waitpid(pid_, &status, 0);
+  // Until it is gone: the sentinel runs in this process's memory, which ~Sentinel returns.
+  while (pid_ > 0 && ::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
 }
 
 void Guardian::send(char op, pid_t pgid, std::int64_t when, std::int64_t sent) {

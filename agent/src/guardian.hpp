@@ -1,7 +1,8 @@
 #pragma once
-// The guardian: a small process forked before anything else. It kills the workers' process
-// groups (grandchildren included) when the agent dies without saying goodbye (SIGKILL, the OOM
-// killer: the pipe's end of file, which the kernel delivers however the agent dies), and when
+// The guardian: a small process started before anything else (a sentinel in the agent's memory
+// for the job's first second, then a process of its own: guardian_sentinel.hpp). It kills the
+// workers' process groups (grandchildren included) when the agent dies without saying goodbye
+// (SIGKILL, a crash: the pipe's end of file, which the kernel delivers however the agent dies), and when
 // this node's liveness lapses (self-fencing): the agent tells it, at every renewal, until when
 // the other nodes cannot count this node lost; if that time passes first, because the agent is
 // stopped or cut off, the guardian kills the groups itself. It runs on while the agent is
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "ddprun/rounds/rendezvous.hpp"
+#include "guardian_sentinel.hpp"
 #include "job_controller.hpp"
 
 namespace ddprun::agent {
@@ -24,7 +26,7 @@ class Containment;
 
 class Guardian {
  public:
-  // Forks the guardian. Call while the process has a single thread. It also kills what
+  // Starts the guardian. Call while the process has a single thread. It also kills what
   // `containment` holds when it kills the groups.
   explicit Guardian(const Containment* containment = nullptr);
   // Tells the guardian to exit without killing anything (clean end); later messages go nowhere.
@@ -54,6 +56,7 @@ class Guardian {
   static void write_locked(int fd, const void* data, std::size_t size);  // with write_mu_ held
   std::atomic<int> fd_{-1};
   std::mutex write_mu_;  // writes and release()
+  Sentinel sentinel_;    // its memory, while it may be the sentinel
   pid_t pid_ = -1;
 };
 

@@ -1,8 +1,12 @@
-// The guardian (a forked process) and the agent's temporary directory: a guardian released
-// (release(), the ordinary goodbye) leaves the directory to the agent and is gone when
-// ~Guardian returns; one whose agent side closes without a goodbye (the agent died) removes it.
+// The guardian and the agent's temporary directory: a guardian released (release(), the
+// ordinary goodbye) leaves the directory to the agent and is gone when ~Guardian returns; one
+// whose agent side closes without a goodbye (the agent died) removes it. Its two forms: the
+// sentinel (in the agent's memory) kills the watched groups itself when the fence lapses, and
+// hands what it knows to the guardian process it becomes (an exec of this test program, which the
+// agent library recognises before main).
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -10,10 +14,14 @@
 
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <chrono>
+#include <functional>
 #include <string>
 
+#include "containment.hpp"
 #include "guardian.hpp"
 #include "private_files.hpp"
+#include "ddprun/common/system.hpp"
 
 using ddprun::agent::Guardian;
 
@@ -35,6 +43,52 @@ bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0;
 
 // Whether the process `pid` is gone (not even a zombie of ours).
 bool gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+// Waits (at most 5 s) until `f` holds; whether it does.
+bool eventually(const std::function<bool()>& f) {
+  for (int i = 0; i < 500; ++i) {
+    if (f()) return true;
+    ::usleep(10'000);
+  }
+  return f();
+}
+
+// Whether `pid` is the guardian process (the sentinel's exec: its command line names the hand-over).
+bool guardian_process(pid_t pid) {
+  return ddprun::read_file("/proc/" + std::to_string(pid) + "/cmdline").find("--ddprun-guardian-handover=") !=
+         std::string::npos;
+}
+
+// A worker's stand-in: a child in a process group of its own, waiting for a signal.
+pid_t start_group() {
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    for (;;) ::pause();
+  }
+  ::setpgid(pid, pid);
+  return pid;
+}
+
+// Whether the child `pid` was SIGKILLed (reaped here).
+bool killed(pid_t pid) {
+  int status = 0;
+  return ::waitpid(pid, &status, WNOHANG) == pid && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+}
+
+// Whether `pid` has ended (gone, or a zombie not ours to reap).
+bool ended(pid_t pid) {
+  const std::string stat = ddprun::read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  return stat.empty() || (close != std::string::npos && stat.compare(close + 2, 1, "Z") == 0);
+}
+
+// DDPRUN_GUARDIAN_SENTINEL_MS for one test.
+struct SentinelTime {
+  explicit SentinelTime(const char* value) { ::setenv("DDPRUN_GUARDIAN_SENTINEL_MS", value, 1); }
+  ~SentinelTime() { ::unsetenv("DDPRUN_GUARDIAN_SENTINEL_MS"); }
+};
 
 }  // namespace
 
@@ -68,4 +122,101 @@ TEST_CASE("guardian: an agent gone without a goodbye - the guardian removes the 
   REQUIRE(WEXITSTATUS(status) == 0);
   for (int i = 0; i < 500 && exists(dir); ++i) ::usleep(10'000);  // bounded: 5 s
   CHECK_FALSE(exists(dir));
+}
+
+TEST_CASE("guardian: the sentinel kills the watched group when the fence lapses, and the guardian process it becomes quits when released") {
+  SentinelTime never("never");  // (it becomes the guardian process only to act)
+  const pid_t worker = start_group();
+  pid_t pid = -1;
+  {
+    Guardian g;
+    pid = g.pid();
+    REQUIRE(pid > 0);
+    CHECK_FALSE(guardian_process(pid));
+    g.watch({worker});
+    const auto now = std::chrono::steady_clock::now();
+    g.arm(now + std::chrono::milliseconds(100), now);
+    CHECK(eventually([&] { return killed(worker); }));
+    CHECK(eventually([&] { return guardian_process(pid); }));
+    g.release();
+  }
+  CHECK(gone(pid));
+}
+
+TEST_CASE("guardian: what the sentinel knew (the groups, the directory) is the guardian process's, which acts on it when the agent dies") {
+  SentinelTime soon("300");
+  const std::string dir = make_tree();
+  int report[2];
+  REQUIRE(::pipe(report) == 0);
+  pid_t agent = ::fork();
+  REQUIRE(agent >= 0);
+  if (agent == 0) {
+    const pid_t worker = start_group();  // (this child's: the test reads its pid from the pipe)
+    Guardian g;
+    g.own_directory(dir);
+    g.watch({worker});
+    (void)!::write(report[1], &worker, sizeof(worker));
+    // Until the sentinel has become the guardian process (at 300 ms), then gone without a goodbye.
+    _exit(g.pid() > 0 && eventually([&] { return guardian_process(g.pid()); }) ? 0 : 1);
+  }
+  ::close(report[1]);
+  pid_t worker = -1;
+  REQUIRE(::read(report[0], &worker, sizeof(worker)) == static_cast<ssize_t>(sizeof(worker)));
+  ::close(report[0]);
+  int status = 0;
+  REQUIRE(::waitpid(agent, &status, 0) == agent);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);  // it was the guardian process when the agent died
+  CHECK(eventually([&] { return ended(worker); }));
+  CHECK(eventually([&] { return !exists(dir); }));
+  if (exists(dir)) ddprun::agent::remove_tree(AT_FDCWD, dir.c_str());
+}
+
+TEST_CASE("guardian: the guardian's flag without its state is refused (exit 2), not taken for the program's own arguments") {
+  for (const char* arg : {"--ddprun-guardian-handover=abc", "--ddprun-guardian-handover=0", "--ddprun-guardian-handover=999999"}) {
+    INFO(arg);
+    char* argv[] = {const_cast<char*>("guardian_test"), const_cast<char*>(arg), nullptr};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    pid_t pid = -1;
+    REQUIRE(::posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv, environ) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 2);
+  }
+}
+
+TEST_CASE("containment: handover() is what restore() makes the same containment of; other text makes none") {
+  auto c = ddprun::agent::Containment::set_up();
+  auto copy = ddprun::agent::Containment::restore(c->handover());
+  REQUIRE(copy);
+  CHECK(copy->describe() == c->describe());
+  CHECK(copy->token() == c->token());
+  CHECK(copy->kill_fd() == c->kill_fd());
+  copy.reset();  // a restored containment's end leaves the cgroup to the agent's
+  const std::string d = c->describe();
+  if (d.rfind("cgroup ", 0) == 0) CHECK(exists(d.substr(7)));
+  for (const char* bad : {"", "cgroup", "cgroup\n/x\ntok\n12", "jail\n/x\ntok\n12\n-1",
+                          "cgroup\n\ntok\n12\n-1", "subreaper\n\n\n12\n-1", "subreaper\n\ntok\n0\n-1",
+                          "subreaper\n\ntok\n12\nx"}) {
+    INFO(bad);
+    CHECK_FALSE(ddprun::agent::Containment::restore(bad));
+  }
+  CHECK(ddprun::agent::Containment::restore("subreaper\n\ntok\n12\n-1"));
+}
+
+TEST_CASE("guardian: DDPRUN_GUARDIAN_SENTINEL_MS is milliseconds from 0 to a day, or never; anything else is refused") {
+  using ddprun::agent::sentinel_time_ns;
+  CHECK(sentinel_time_ns(nullptr) == 1'000'000'000);
+  CHECK(sentinel_time_ns("0") == 0);
+  CHECK(sentinel_time_ns("250") == 250'000'000);
+  CHECK(sentinel_time_ns("86400000") == 86'400'000'000'000);
+  CHECK(sentinel_time_ns("never") == -1);
+  for (const char* bad : {"", "-1", "86400001", "1s", "abc", " 5", "Never"}) {
+    INFO(bad);
+    CHECK_FALSE(sentinel_time_ns(bad));
+  }
 }
