@@ -5,7 +5,7 @@
 # kill reaches it). Runs in private mount and pid namespaces (unshare -m -p -f --mount-proc).
 #  1. the workers exit 0: ddprun exits 0, names what it killed, and no leftover lives on;
 #  2. kill -9 of ddprun while the workers and their leftovers run: the guardian kills them all,
-#     in both its forms (the sentinel, in the agent's memory, and the guardian process);
+#     in each of its forms (the sentinel, in the agent's memory; the guardian process; a fork);
 #  3. the cgroup is removed afterwards (cgroup mode), and so is ddprun's temporary directory in
 #     /dev/shm (the guardian removes it; a nested ddprun killed with its job leaves its own);
 #  4. a failed group's daemons are killed before the restart, and the next attempt's workers run
@@ -174,17 +174,32 @@ namespaced_cgroup() {
 }
 if [ "$root_mode" = cgroup ] && command -v unshare >/dev/null; then namespaced_cgroup; fi
 
+# `ddprun` through its loader, for the loader form.
+loader=$(readelf -l /tmp/bin/ddprun 2>/dev/null | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
+mkdir -p /tmp/bin-loader && chmod 755 /tmp/bin-loader
+printf '#!/bin/sh\nexec %s /tmp/bin/ddprun "$@"\n' "$loader" >/tmp/bin-loader/ddprun && chmod 755 /tmp/bin-loader/ddprun
+
 for who in root nobody; do
   want=$root_mode prefix=()
   if [ $who = nobody ]; then want=subreaper prefix=(setpriv --reuid=nobody --regid=nogroup --clear-groups); fi
-  # Both forms of the guardian (README: Security): the sentinel, which becomes the guardian
-  # process only when the agent is gone, and the guardian process from the start.
-  for form in sentinel process; do
-    if [ $form = sentinel ]; then export DDPRUN_GUARDIAN_SENTINEL_MS=never; else export DDPRUN_GUARDIAN_SENTINEL_MS=0; fi
+  # Each form of the guardian (README: Security): the sentinel, which becomes the guardian
+  # process only when the agent is gone, the guardian process from the start, and a fork.
+  # And ddprun run by its loader by hand (`ld.so ddprun`: /proc/self/exe is the loader, which
+  # the sentinel must not exec to become the guardian process): a fork, whatever the setting.
+  for form in sentinel process fork loader; do
+    case $form in
+      sentinel) export DDPRUN_GUARDIAN_SENTINEL_MS=never ;;
+      process) export DDPRUN_GUARDIAN_SENTINEL_MS=0 ;;
+      fork) export DDPRUN_GUARDIAN_SENTINEL_MS=fork ;;
+      loader)
+        [ -n "$loader" ] || { bad "no loader named in $(command -v ddprun)'s program headers"; continue; }
+        export DDPRUN_GUARDIAN_SENTINEL_MS=0 PATH=/tmp/bin-loader:$PATH ;;
+    esac
     clean_end
     for how in agent group nested; do killed $how; done
   done
   unset DDPRUN_GUARDIAN_SENTINEL_MS
+  PATH=${PATH#/tmp/bin-loader:}
   no_environment
   restart_after_leftovers
 done

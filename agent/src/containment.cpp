@@ -195,6 +195,7 @@ Containment::~Containment() {
     sweep_cgroup(true);
     remove_cgroup();
   }
+  if (restored_) return;  // (its kill_fd_ is a number it was given, not a descriptor it opened)
   for (int fd : {target_.procs, target_.dir, kill_fd_}) {
     if (fd >= 0) ::close(fd);
   }

@@ -52,7 +52,8 @@ class Containment {
   // What the guardian process (a program of its own, by exec: guardian_sentinel.hpp) needs to
   // act for this containment, as text, and the Containment it makes of that text again (nullptr
   // for text that is not one). A restored Containment acts (kill_everything) but, destroyed,
-  // leaves the cgroup alone: the agent's is the one that removes it at a clean end.
+  // leaves the cgroup and the descriptor it was given alone: the agent's is the one that removes
+  // the cgroup at a clean end.
   std::string handover() const;
   static std::unique_ptr<Containment> restore(const std::string& text);
   // cgroup.kill, opened at set-up (-1 if none): kept open across the guardian's exec.

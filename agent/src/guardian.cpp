@@ -1,6 +1,7 @@
 #include "guardian.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,8 +14,8 @@
 #include <spdlog/spdlog.h>
 
 #include "containment.hpp"
+#include "guardian_process.hpp"
 #include "guardian_protocol.hpp"
-#include "ddprun/common/exit_status.hpp"
 
 namespace ddprun::agent {
 namespace {
@@ -30,29 +31,40 @@ std::int64_t now_ns() { return ns(Clock::now()); }
 
 }  // namespace
 
-void link_guardian_process();  // guardian_process.cpp
-
-Guardian::Guardian(const Containment* containment) {
+Guardian::Guardian(const Containment* containment, const std::string& program) {
   link_guardian_process();
+  const char* setting = ::getenv("DDPRUN_GUARDIAN_SENTINEL_MS");
+  auto form = guardian_form(setting);
+  if (!form) {
+    spdlog::warn("ddprun: DDPRUN_GUARDIAN_SENTINEL_MS='{}' is not a number of milliseconds from 0 to 86400000, "
+                 "'never' or 'fork': ignored (the guardian is a sentinel for the job's first second)", setting);
+    form = GuardianForm{};
+  }
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return;  // no guardian: parent-death signals still apply
-  SentinelPlan plan;
-  plan.read_fd = p[0];
-  plan.write_fd = p[1];
-  if (containment) {
-    plan.kill_fd = containment->kill_fd();
-    plan.containment = containment->handover();
+  // Born with every signal blocked: a signal sent to all of a job's processes at its birth must
+  // not end it before it ignores them. The agent's own mask is back at once.
+  sigset_t all;
+  sigset_t before;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &before);
+  pid_t pid = -1;
+  if (!form->fork && sentinel_supported()) {
+    SentinelPlan plan;
+    plan.read_fd = p[0];
+    plan.write_fd = p[1];
+    if (containment) {
+      plan.kill_fd = containment->kill_fd();
+      plan.containment = containment->handover();
+    }
+    plan.promote_after_ns = form->promote_after_ns;
+    if (!program.empty()) plan.program = program;
+    pid = sentinel_.start(plan);
+  } else if ((pid = ::fork()) == 0) {
+    ::close(p[1]);
+    guardian_forked(p[0], containment);
   }
-  plan.ignored_signals = stop_signals();
-  plan.ignored_signals.push_back(SIGPIPE);
-  const char* setting = ::getenv("DDPRUN_GUARDIAN_SENTINEL_MS");
-  const auto sentinel_time = sentinel_time_ns(setting);
-  if (!sentinel_time) {
-    spdlog::warn("ddprun: DDPRUN_GUARDIAN_SENTINEL_MS='{}' is not a number of milliseconds from 0 to 86400000 "
-                 "or 'never': ignored (the guardian is a sentinel for the job's first second)", setting);
-  }
-  plan.promote_after_ns = sentinel_time.value_or(1'000'000'000);
-  const pid_t pid = sentinel_.start(plan);
+  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
   ::close(p[0]);
   if (pid < 0) {
     ::close(p[1]);

@@ -1,12 +1,12 @@
 #pragma once
 // The guardian: a small process started before anything else (a sentinel in the agent's memory
-// for the job's first second, then a process of its own: guardian_sentinel.hpp). It kills the
-// workers' process groups (grandchildren included) when the agent dies without saying goodbye
-// (SIGKILL, a crash: the pipe's end of file, which the kernel delivers however the agent dies), and when
-// this node's liveness lapses (self-fencing): the agent tells it, at every renewal, until when
-// the other nodes cannot count this node lost; if that time passes first, because the agent is
-// stopped or cut off, the guardian kills the groups itself. It runs on while the agent is
-// SIGSTOPped, which is the point.
+// for the job's first second, then a process of its own; or a fork: guardian_sentinel.hpp). It
+// kills the workers' process groups (grandchildren included) when the agent dies without saying
+// goodbye (SIGKILL, a crash: the pipe's end of file, which the kernel delivers however the agent
+// dies), and when this node's liveness lapses (self-fencing): the agent tells it, at every
+// renewal, until when the other nodes cannot count this node lost; if that time passes first,
+// because the agent is stopped or cut off, the guardian kills the groups itself. It runs on while
+// the agent is SIGSTOPped, which is the point.
 
 #include <sys/types.h>
 
@@ -27,8 +27,9 @@ class Containment;
 class Guardian {
  public:
   // Starts the guardian. Call while the process has a single thread. It also kills what
-  // `containment` holds when it kills the groups.
-  explicit Guardian(const Containment* containment = nullptr);
+  // `containment` holds when it kills the groups. `program`: what the sentinel execs to become
+  // the guardian process ("": /proc/self/exe; tests name one that cannot run).
+  explicit Guardian(const Containment* containment = nullptr, const std::string& program = "");
   // Tells the guardian to exit without killing anything (clean end); later messages go nowhere.
   void release();
   // release(), then waits for the guardian's exit.

@@ -1,7 +1,5 @@
-// The guardian's second form: a process of its own, which the sentinel becomes by exec of the
-// running program (guardian_sentinel.hpp). Any program the agent runs in (ddprun, ddprun-full,
-// a test) is recognised as a guardian before its main, by the constructor at the end of this file:
-// argv[1] names the memfd that holds the sentinel's state.
+#include "guardian_process.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -36,7 +34,8 @@ std::int64_t now_ns() {
 }
 
 struct Watch {
-  std::unique_ptr<Containment> containment;
+  const Containment* containment = nullptr;
+  std::unique_ptr<Containment> restored;  // the exec'd guardian's, which `containment` points to
   std::set<pid_t> groups;
   std::string directory;  // the agent's temporary directory, removed when the agent is gone
   bool armed = false;
@@ -102,7 +101,16 @@ struct Watch {
   ::_exit(0);
 }
 
-// The sentinel's state, from the memfd (closed here); false if it is not whole.
+// The temporary directory the agent named: the one it made (an absolute path, whole, whose last
+// part is ddprun-XXXXXX: run_dir.cpp), never anything else.
+bool plausible_directory(const std::string& d) {
+  if (d.empty()) return true;
+  const auto last = d.rfind('/');
+  return d[0] == '/' && d.find('\0') == std::string::npos && d.find("/../") == std::string::npos &&
+         last != std::string::npos && d.compare(last + 1, 7, "ddprun-") == 0;
+}
+
+// The sentinel's state, from the memfd (closed here); false if it is not whole and sound.
 bool take_over(int memfd, int& pipe_fd, Pending& pending, Watch& w) {
   struct stat st {};
   if (::fstat(memfd, &st) != 0 || st.st_size < static_cast<off_t>(sizeof(Handover)) || st.st_size > (64 << 20)) return false;
@@ -113,21 +121,26 @@ bool take_over(int memfd, int& pipe_fd, Pending& pending, Watch& w) {
   if (!read) return false;
   std::memcpy(&h, bytes.data(), sizeof(h));
   const std::size_t groups_bytes = static_cast<std::size_t>(std::max(h.groups, 0)) * sizeof(pid_t);
-  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.groups < 0 ||
-      sizeof(h) + groups_bytes + h.directory_bytes + h.containment_bytes != bytes.size()) {
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.groups < 0 || h.pending < kNothing ||
+      h.pending > kAgentGone || sizeof(h) + groups_bytes + h.directory_bytes + h.containment_bytes != bytes.size()) {
     return false;
   }
+  struct stat pipe_st {};
+  if (::fstat(h.pipe_fd, &pipe_st) != 0 || !S_ISFIFO(pipe_st.st_mode)) return false;
   const char* at = bytes.data() + sizeof(h);
   for (std::int32_t i = 0; i < h.groups; ++i, at += sizeof(pid_t)) {
     pid_t g;
     std::memcpy(&g, at, sizeof(g));
+    if (g <= 1) return false;  // (kill(-1) or kill(0) would reach far more than a group)
     w.groups.insert(g);
   }
   w.directory.assign(at, h.directory_bytes);
   at += h.directory_bytes;
+  if (!plausible_directory(w.directory)) return false;
   if (h.containment_bytes > 0) {
-    w.containment = Containment::restore(std::string(at, h.containment_bytes));
-    if (!w.containment) return false;
+    w.restored = Containment::restore(std::string(at, h.containment_bytes));
+    if (!w.restored) return false;
+    w.containment = w.restored.get();
   }
   w.armed = h.armed != 0;
   w.deadline = h.deadline;
@@ -136,10 +149,18 @@ bool take_over(int memfd, int& pipe_fd, Pending& pending, Watch& w) {
   return true;
 }
 
-[[noreturn]] void guardian_process(const char* memfd_text) {
+void ignore_signals() {
+  // Born with all blocked (the mask survives the sentinel's exec): signals are the agent's.
   for (int s : stop_signals()) ::signal(s, SIG_IGN);
   ::signal(SIGPIPE, SIG_IGN);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::prctl(PR_SET_NAME, "ddprun-guard", 0, 0, 0);
+}
+
+[[noreturn]] void guardian_process(const char* memfd_text) {
+  ignore_signals();
   int pipe_fd = -1;
   Pending pending = kNothing;
   Watch w;
@@ -148,7 +169,7 @@ bool take_over(int memfd, int& pipe_fd, Pending& pending, Watch& w) {
     std::fprintf(stderr, "ddprun: %s is for the guardian ddprun starts itself, with its state\n", kGuardianFlag);
     ::_exit(2);
   }
-  for (int fd : {pipe_fd, w.containment ? w.containment->kill_fd() : -1}) {
+  for (int fd : {pipe_fd, w.containment != nullptr ? w.containment->kill_fd() : -1}) {
     if (fd >= 0) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
   if (pending == kAgentGone) {
@@ -159,8 +180,8 @@ bool take_over(int memfd, int& pipe_fd, Pending& pending, Watch& w) {
   guard(pipe_fd, w);
 }
 
-// Before main (and before the program's other constructors, whatever the link order: it reads
-// nothing they set up).
+// Before main. Whether the program's other constructors ran before it or not (the link order
+// decides) does not matter: it needs nothing they set up.
 __attribute__((constructor)) void guardian_entry(int argc, char** argv, char** /*envp*/) {
   const std::size_t n = sizeof(kGuardianFlag) - 1;
   if (argc >= 2 && argv[1] != nullptr && std::strncmp(argv[1], kGuardianFlag, n) == 0) guardian_process(argv[1] + n);
@@ -168,8 +189,19 @@ __attribute__((constructor)) void guardian_entry(int argc, char** argv, char** /
 
 }  // namespace
 
-// Referenced by the agent side (guardian.cpp), so that a static link keeps this file, and its
-// constructor, in every program that starts a guardian.
 void link_guardian_process() {}
+
+[[noreturn]] void guardian_forked(int fd, const Containment* containment) {
+  // A session of its own: a kill of ddprun's process group (`timeout -s KILL`, a job
+  // scheduler's) must not take the guardian with it, as that is when it is needed.
+  ::setsid();
+  // Nothing of the console: a caller reading ddprun's output must not wait for the guardian.
+  int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  for (int f = 0; f <= 2 && null >= 0; ++f) ::dup2(null, f);
+  ignore_signals();
+  Watch w;
+  w.containment = containment;
+  guard(fd, w);
+}
 
 }  // namespace ddprun::agent

@@ -5,10 +5,12 @@
 // hands what it knows to the guardian process it becomes (an exec of this test program, which the
 // agent library recognises before main).
 #include <fcntl.h>
+#include <linux/kcmp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,11 +18,14 @@
 #include <cerrno>
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "containment.hpp"
 #include "guardian.hpp"
 #include "private_files.hpp"
+#include "skip.hpp"
+#include "guardian_sentinel.hpp"
 #include "ddprun/common/system.hpp"
 
 using ddprun::agent::Guardian;
@@ -65,6 +70,7 @@ pid_t start_group() {
   REQUIRE(pid >= 0);
   if (pid == 0) {
     ::setpgid(0, 0);
+    ::alarm(60);  // (a test gone wrong leaves it a minute at most)
     for (;;) ::pause();
   }
   ::setpgid(pid, pid);
@@ -84,9 +90,19 @@ bool ended(pid_t pid) {
   return stat.empty() || (close != std::string::npos && stat.compare(close + 2, 1, "Z") == 0);
 }
 
+// Whether the processes `a` and `b` share their memory (kcmp(2)); nullopt where the kernel cannot say.
+std::optional<bool> same_memory(pid_t a, pid_t b) {
+  long r = ::syscall(SYS_kcmp, a, b, KCMP_VM, 0, 0);
+  if (r < 0) return std::nullopt;
+  return r == 0;
+}
+
 // DDPRUN_GUARDIAN_SENTINEL_MS for one test.
 struct SentinelTime {
-  explicit SentinelTime(const char* value) { ::setenv("DDPRUN_GUARDIAN_SENTINEL_MS", value, 1); }
+  explicit SentinelTime(const char* value) {
+    ::signal(SIGPIPE, SIG_IGN);  // as ddprun's main: a guardian gone must fail a check, not kill the test
+    ::setenv("DDPRUN_GUARDIAN_SENTINEL_MS", value, 1);
+  }
   ~SentinelTime() { ::unsetenv("DDPRUN_GUARDIAN_SENTINEL_MS"); }
 };
 
@@ -124,7 +140,7 @@ TEST_CASE("guardian: an agent gone without a goodbye - the guardian removes the 
   CHECK_FALSE(exists(dir));
 }
 
-TEST_CASE("guardian: the sentinel kills the watched group when the fence lapses, and the guardian process it becomes quits when released") {
+TEST_CASE("guardian: the sentinel kills the watched group when the fence lapses, and the guardian process it becomes quits when released - neither dies of a stop signal") {
   SentinelTime never("never");  // (it becomes the guardian process only to act)
   const pid_t worker = start_group();
   pid_t pid = -1;
@@ -133,17 +149,24 @@ TEST_CASE("guardian: the sentinel kills the watched group when the fence lapses,
     pid = g.pid();
     REQUIRE(pid > 0);
     CHECK_FALSE(guardian_process(pid));
+    // A scheduler signals every process of a job: the signals are the agent's, not the guardian's.
+    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) ::kill(pid, sig);
+    ::usleep(50'000);
+    CHECK_FALSE(ended(pid));
     g.watch({worker});
     const auto now = std::chrono::steady_clock::now();
     g.arm(now + std::chrono::milliseconds(100), now);
     CHECK(eventually([&] { return killed(worker); }));
     CHECK(eventually([&] { return guardian_process(pid); }));
+    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) ::kill(pid, sig);
+    ::usleep(50'000);
+    CHECK_FALSE(ended(pid));
     g.release();
   }
   CHECK(gone(pid));
 }
 
-TEST_CASE("guardian: what the sentinel knew (the groups, the directory) is the guardian process's, which acts on it when the agent dies") {
+TEST_CASE("guardian: what the sentinel knew (the groups and the directory) is the guardian process's to act on when the agent dies") {
   SentinelTime soon("300");
   const std::string dir = make_tree();
   int report[2];
@@ -172,7 +195,7 @@ TEST_CASE("guardian: what the sentinel knew (the groups, the directory) is the g
   if (exists(dir)) ddprun::agent::remove_tree(AT_FDCWD, dir.c_str());
 }
 
-TEST_CASE("guardian: the guardian's flag without its state is refused (exit 2), not taken for the program's own arguments") {
+TEST_CASE("guardian: the guardian's flag without its state is refused (exit 2) and not taken for the program's own arguments") {
   for (const char* arg : {"--ddprun-guardian-handover=abc", "--ddprun-guardian-handover=0", "--ddprun-guardian-handover=999999"}) {
     INFO(arg);
     char* argv[] = {const_cast<char*>("guardian_test"), const_cast<char*>(arg), nullptr};
@@ -189,7 +212,7 @@ TEST_CASE("guardian: the guardian's flag without its state is refused (exit 2), 
   }
 }
 
-TEST_CASE("containment: handover() is what restore() makes the same containment of; other text makes none") {
+TEST_CASE("containment: handover() is what restore() makes the same containment of - other text makes none") {
   auto c = ddprun::agent::Containment::set_up();
   auto copy = ddprun::agent::Containment::restore(c->handover());
   REQUIRE(copy);
@@ -208,15 +231,103 @@ TEST_CASE("containment: handover() is what restore() makes the same containment 
   CHECK(ddprun::agent::Containment::restore("subreaper\n\ntok\n12\n-1"));
 }
 
-TEST_CASE("guardian: DDPRUN_GUARDIAN_SENTINEL_MS is milliseconds from 0 to a day, or never; anything else is refused") {
-  using ddprun::agent::sentinel_time_ns;
-  CHECK(sentinel_time_ns(nullptr) == 1'000'000'000);
-  CHECK(sentinel_time_ns("0") == 0);
-  CHECK(sentinel_time_ns("250") == 250'000'000);
-  CHECK(sentinel_time_ns("86400000") == 86'400'000'000'000);
-  CHECK(sentinel_time_ns("never") == -1);
-  for (const char* bad : {"", "-1", "86400001", "1s", "abc", " 5", "Never"}) {
+TEST_CASE("guardian: DDPRUN_GUARDIAN_SENTINEL_MS is milliseconds from 0 to a day or never or fork - anything else is refused") {
+  using ddprun::agent::guardian_form;
+  CHECK(guardian_form(nullptr)->promote_after_ns == 1'000'000'000);
+  CHECK_FALSE(guardian_form(nullptr)->fork);
+  CHECK(guardian_form("0")->promote_after_ns == 0);
+  CHECK(guardian_form("250")->promote_after_ns == 250'000'000);
+  CHECK(guardian_form("86400000")->promote_after_ns == 86'400'000'000'000);
+  CHECK(guardian_form("never")->promote_after_ns == -1);
+  CHECK(guardian_form("fork")->fork);
+  for (const char* bad : {"", "-1", "86400001", "1s", "abc", " 5", "Never", "forked"}) {
     INFO(bad);
-    CHECK_FALSE(sentinel_time_ns(bad));
+    CHECK_FALSE(guardian_form(bad));
+  }
+}
+
+// The sentinel alone: a program to become the guardian process that cannot run, so whatever is
+// done is the sentinel's own doing.
+TEST_CASE("guardian: the sentinel itself kills the watched groups when the fence lapses (a renewal sent late counts) and forgets what it is told to") {
+  SKIP_UNLESS_HARDWARE(ddprun::agent::sentinel_supported(), "no sentinel on this machine (Linux before 5.16, or not x86-64 or arm64)");
+  SentinelTime never("never");
+  const pid_t forgotten = start_group();
+  const pid_t twice = start_group();
+  const pid_t watched = start_group();
+  pid_t pid = -1;
+  {
+    Guardian g(nullptr, "/nonexistent/ddprun");
+    pid = g.pid();
+    REQUIRE(pid > 0);
+    if (auto shared = same_memory(::getpid(), pid)) CHECK(*shared);  // the sentinel: this memory
+    g.watch({forgotten, twice});
+    g.watch({twice});  // (watched twice: a set; one forget is enough)
+    g.forget(forgotten);
+    g.forget(twice);
+    g.watch({watched});
+    const auto now = std::chrono::steady_clock::now();
+    g.arm(now + std::chrono::hours(1), now);
+    g.arm(now + std::chrono::hours(2), now + std::chrono::hours(1));  // sent after the deadline
+    CHECK(eventually([&] { return killed(watched); }));
+    ::usleep(100'000);
+    CHECK_FALSE(killed(forgotten));
+    CHECK_FALSE(killed(twice));
+    CHECK_FALSE(guardian_process(pid));  // (it could not become one)
+    CHECK_FALSE(ended(pid));
+    g.release();
+  }
+  CHECK(gone(pid));
+  for (pid_t p : {forgotten, twice}) {
+    ::kill(p, SIGKILL);
+    ::waitpid(p, nullptr, 0);
+  }
+}
+
+TEST_CASE("guardian: an agent gone while the sentinel cannot become the guardian process - the groups still die, and the sentinel ends") {
+  SKIP_UNLESS_HARDWARE(ddprun::agent::sentinel_supported(), "no sentinel on this machine (Linux before 5.16, or not x86-64 or arm64)");
+  SentinelTime never("never");
+  int report[2];
+  REQUIRE(::pipe(report) == 0);
+  pid_t agent = ::fork();
+  REQUIRE(agent >= 0);
+  if (agent == 0) {
+    const pid_t worker = start_group();
+    Guardian g(nullptr, "/nonexistent/ddprun");
+    g.watch({worker});
+    const pid_t both[2] = {worker, g.pid()};
+    (void)!::write(report[1], both, sizeof(both));
+    _exit(0);  // no goodbye
+  }
+  ::close(report[1]);
+  pid_t both[2] = {-1, -1};
+  REQUIRE(::read(report[0], both, sizeof(both)) == static_cast<ssize_t>(sizeof(both)));
+  ::close(report[0]);
+  REQUIRE(::waitpid(agent, nullptr, 0) == agent);
+  CHECK(eventually([&] { return ended(both[0]); }));
+  CHECK(eventually([&] { return ended(both[1]); }));  // after a second of tries
+}
+
+TEST_CASE("guardian: DDPRUN_GUARDIAN_SENTINEL_MS=fork - a fork of the agent that kills the groups on a lapse and removes the directory when the agent dies") {
+  SentinelTime fork_form("fork");
+  const pid_t worker = start_group();
+  const std::string dir = make_tree();
+  pid_t agent = ::fork();
+  REQUIRE(agent >= 0);
+  if (agent == 0) {
+    Guardian g;
+    if (auto shared = same_memory(::getpid(), g.pid()); shared && *shared) _exit(3);
+    g.own_directory(dir);
+    _exit(g.pid() > 0 ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(agent, &status, 0) == agent);
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(eventually([&] { return !exists(dir); }));
+  {
+    Guardian g;
+    g.watch({worker});
+    const auto now = std::chrono::steady_clock::now();
+    g.arm(now + std::chrono::milliseconds(50), now);
+    CHECK(eventually([&] { return killed(worker); }));
   }
 }
