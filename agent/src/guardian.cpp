@@ -115,6 +115,14 @@ void Guardian::write_locked(int fd, const void* data, std::size_t size) {
   while (size > 0) {
     ssize_t n = ::write(fd, p, std::min(size, kChunk));
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EPIPE) {
+      // Gone before its goodbye (killed, or a guardian process that could not start): said once.
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) {
+        spdlog::warn("ddprun: the guardian is gone: a kill -9 of ddprun would now leave the workers' daemons, "
+                     "cgroup and temporary directory behind (the workers themselves still get their parent-death signal)");
+      }
+    }
     if (n < 0) return;
     p += n;
     size -= static_cast<std::size_t>(n);

@@ -101,13 +101,13 @@ struct Watch {
   ::_exit(0);
 }
 
-// The temporary directory the agent named: the one it made (an absolute path, whole, whose last
-// part is ddprun-XXXXXX: run_dir.cpp), never anything else.
+// The temporary directory the agent named: the one it made ($TMPDIR/ddprun-XXXXXX: run_dir.cpp,
+// relative where TMPDIR is; the guardian has the agent's working directory), never anything
+// else: whole (no NUL) and named ddprun-*.
 bool plausible_directory(const std::string& d) {
-  if (d.empty()) return true;
   const auto last = d.rfind('/');
-  return d[0] == '/' && d.find('\0') == std::string::npos && d.find("/../") == std::string::npos &&
-         last != std::string::npos && d.compare(last + 1, 7, "ddprun-") == 0;
+  const std::string name = last == std::string::npos ? d : d.substr(last + 1);
+  return d.find('\0') == std::string::npos && name.rfind("ddprun-", 0) == 0;
 }
 
 // The sentinel's state, from the memfd (closed here); false if it is not whole and sound.
@@ -136,7 +136,7 @@ bool take_over(int memfd, int& pipe_fd, Pending& pending, Watch& w) {
   }
   w.directory.assign(at, h.directory_bytes);
   at += h.directory_bytes;
-  if (!plausible_directory(w.directory)) return false;
+  if (!w.directory.empty() && !plausible_directory(w.directory)) w.directory.clear();  // (guard on, remove nothing)
   if (h.containment_bytes > 0) {
     w.restored = Containment::restore(std::string(at, h.containment_bytes));
     if (!w.restored) return false;
@@ -152,7 +152,7 @@ bool take_over(int memfd, int& pipe_fd, Pending& pending, Watch& w) {
 void ignore_signals() {
   // Born with all blocked (the mask survives the sentinel's exec): signals are the agent's.
   for (int s : stop_signals()) ::signal(s, SIG_IGN);
-  ::signal(SIGPIPE, SIG_IGN);
+  for (int s : {SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU}) ::signal(s, SIG_IGN);  // (nor stopped by a terminal's)
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -141,6 +141,7 @@ TEST_CASE("guardian: an agent gone without a goodbye - the guardian removes the 
 }
 
 TEST_CASE("guardian: the sentinel kills the watched group when the fence lapses, and the guardian process it becomes quits when released - neither dies of a stop signal") {
+  SKIP_UNLESS_HARDWARE(ddprun::agent::sentinel_supported(), "no sentinel on this machine (Linux before 5.16, or not x86-64 or arm64)");
   SentinelTime never("never");  // (it becomes the guardian process only to act)
   const pid_t worker = start_group();
   pid_t pid = -1;
@@ -167,6 +168,7 @@ TEST_CASE("guardian: the sentinel kills the watched group when the fence lapses,
 }
 
 TEST_CASE("guardian: what the sentinel knew (the groups and the directory) is the guardian process's to act on when the agent dies") {
+  SKIP_UNLESS_HARDWARE(ddprun::agent::sentinel_supported(), "no sentinel on this machine (Linux before 5.16, or not x86-64 or arm64)");
   SentinelTime soon("300");
   const std::string dir = make_tree();
   int report[2];
