@@ -138,6 +138,23 @@ restart_after_leftovers() {
   pkill -9 -x leftover
 }
 
+# 8. ddprun started with its standard descriptors closed (`<&- >&- 2>&-`, as some daemons and
+# schedulers start programs): the guardian's pipe must not take descriptor 0-2, which the
+# guardian points at /dev/null (its end of file then read as the agent's death: the guardian
+# quit at once and removed the job's directory under its running workers).
+closed_descriptors() {
+  local rc
+  rm -f /tmp/closed-ok
+  "${prefix[@]}" ddprun --standalone --nproc_per_node=1 --no_python /bin/sh -c \
+    'sleep 0.5; pgrep -x ddprun-guard >/dev/null && [ -d "$(dirname "$TORCHELASTIC_ERROR_FILE")" ] && touch /tmp/closed-ok' \
+    <&- >&- 2>&-; rc=$?
+  if [ $rc -eq 0 ] && [ -e /tmp/closed-ok ]; then
+    ok "$who ($want): started with descriptors 0-2 closed, the guardian and the job's directory last the job"
+  else
+    bad "$who ($want): started with descriptors 0-2 closed: exit $rc, guardian or directory gone during the job"
+  fi
+}
+
 # 5. Subreaper mode: an orphan that cleared its environment is still a descendant of the agent.
 no_environment() {
   local out rc
@@ -202,6 +219,7 @@ for who in root nobody; do
   PATH=${PATH#/tmp/bin-loader:}
   no_environment
   restart_after_leftovers
+  closed_descriptors
 done
 
 echo "containment: $passed passed, $failed failed"

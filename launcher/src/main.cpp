@@ -1,8 +1,10 @@
 // ddprun: torchrun's command line over ddprun's agent. Thin: parse, run, map errors to exit codes
 // (2 for usage errors, 1 for failures to run, otherwise the job's own code).
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -14,7 +16,23 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/system.hpp"
 
+namespace {
+
+// Descriptors 0-2 open, on /dev/null where they were closed (`ddprun ... <&- >&-`, as some
+// daemons start programs): a descriptor the agent opens must not take their numbers, which its
+// guardian points at /dev/null (a pipe there read as the agent's death) and its workers inherit.
+void open_standard_descriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int null = ::open("/dev/null", O_RDWR);  // the lowest number free: this one
+    if (null > 2) ::close(null);
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  open_standard_descriptors();
   // ddprun hands some jobs to ddprun-full by exec (full_program.hpp), which keeps ddprun's name.
   [[maybe_unused]] const bool handed_off = ddprun::launcher::take_handoff_mark();
 #if DDPRUN_FULL_PROGRAM
