@@ -191,11 +191,11 @@ bool Containment::try_cgroup(std::string& why) {
 }
 
 Containment::~Containment() {
-  if (mode_ == ContainmentMode::cgroup && !restored_) {
+  if (restored_) return;  // (a guardian's copy: the cgroup is the agent's, kill_fd_ a number it was given)
+  if (mode_ == ContainmentMode::cgroup) {
     sweep_cgroup(true);
     remove_cgroup();
   }
-  if (restored_) return;  // (its kill_fd_ is a number it was given, not a descriptor it opened)
   for (int fd : {target_.procs, target_.dir, kill_fd_}) {
     if (fd >= 0) ::close(fd);
   }

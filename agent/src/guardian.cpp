@@ -24,10 +24,6 @@ using Clock = std::chrono::steady_clock;
 
 using namespace guardian_protocol;
 
-std::int64_t ns(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-}
-std::int64_t now_ns() { return ns(Clock::now()); }
 
 }  // namespace
 
@@ -80,7 +76,7 @@ void Guardian::release() {
   std::lock_guard<std::mutex> lk(write_mu_);
   const int fd = fd_.exchange(-1);
   if (fd < 0) return;
-  Message m{'q', 0, 0, now_ns()};
+  Message m{'q', 0, 0, steady_ns()};
   write_locked(fd, &m, sizeof(m));
   ::close(fd);
 }
@@ -95,7 +91,7 @@ Guardian::~Guardian() {
 
 void Guardian::send(char op, pid_t pgid, std::int64_t when, std::int64_t sent) {
   if (fd_ < 0) return;  // (a cheap early out: write_all checks again under the lock)
-  Message m{op, pgid, when, sent ? sent : now_ns()};
+  Message m{op, pgid, when, sent ? sent : steady_ns()};
   write_all(&m, sizeof(m));
 }
 
@@ -132,7 +128,7 @@ void Guardian::write_locked(int fd, const void* data, std::size_t size) {
 void Guardian::watch(const std::vector<pid_t>& pgids) {
   if (fd_ < 0 || pgids.empty()) return;
   std::vector<Message> ms;
-  const auto now = now_ns();
+  const auto now = steady_ns();
   for (pid_t g : pgids) ms.push_back(Message{'w', g, 0, now});
   write_all(ms.data(), ms.size() * sizeof(Message));
 }
@@ -140,14 +136,16 @@ void Guardian::forget(pid_t pgid) { send('f', pgid); }
 
 void Guardian::own_directory(const std::string& path) {
   if (fd_ < 0 || path.empty() || sizeof(Message) + path.size() > kChunk) return;
-  Message m{'p', 0, static_cast<std::int64_t>(path.size()), now_ns()};
+  Message m{'p', 0, static_cast<std::int64_t>(path.size()), steady_ns()};
   std::string buf(reinterpret_cast<const char*>(&m), sizeof(m));
   buf += path;
   write_all(buf.data(), buf.size());  // one write: atomic
 }
 
-void Guardian::arm(Clock::time_point deadline, Clock::time_point now) { send('a', 0, ns(deadline), ns(now)); }
-void Guardian::disarm(Clock::time_point now) { send('d', 0, 0, ns(now)); }
+void Guardian::arm(Clock::time_point deadline, Clock::time_point now) {
+  send('a', 0, steady_ns(deadline), steady_ns(now));
+}
+void Guardian::disarm(Clock::time_point now) { send('d', 0, 0, steady_ns(now)); }
 
 void GuardianFence::note_lapse(Clock::time_point now) {
   if (armed_ && now >= deadline_) lapsed_ = true;

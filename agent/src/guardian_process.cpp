@@ -27,11 +27,6 @@ namespace ddprun::agent {
 namespace {
 
 using namespace guardian_protocol;
-using Clock = std::chrono::steady_clock;
-
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-}
 
 struct Watch {
   const Containment* containment = nullptr;
@@ -56,7 +51,7 @@ struct Watch {
   }
   int poll_timeout_ms() const {
     if (!armed) return -1;
-    auto left = (deadline - now_ns()) / 1'000'000 + 1;
+    auto left = (deadline - steady_ns()) / 1'000'000 + 1;
     return static_cast<int>(std::clamp<std::int64_t>(left, 0, 60'000));
   }
 };
@@ -69,7 +64,7 @@ struct Watch {
     int r = ::poll(&p, 1, w.poll_timeout_ms());
     if (r < 0 && errno == EINTR) continue;
     if (r == 0) {
-      w.check_deadline(now_ns());  // nothing pending: no renewal is on its way
+      w.check_deadline(steady_ns());  // nothing pending: no renewal is on its way
       continue;
     }
     ssize_t n = ::read(fd, &m, sizeof(m));

@@ -3,12 +3,19 @@
 // the sentinel, hands over to its second, the guardian process, when it becomes one by exec
 // (guardian_sentinel.hpp).
 
+#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <sys/types.h>
 
 namespace ddprun::agent::guardian_protocol {
+
+// The messages' clock: steady_clock (CLOCK_MONOTONIC, which the sentinel reads itself), in
+// nanoseconds.
+inline std::int64_t steady_ns(std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now()) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
 
 struct Message {
   char op;  // 'w' watch, 'f' forget, 'a' arm, 'd' disarm, 'q' quit quietly, 'p' the agent's

@@ -10,6 +10,7 @@
 
 #include <cstring>
 
+#include "guardian_protocol.hpp"
 #include "sentinel_state.hpp"
 #include "ddprun/common/text.hpp"
 
@@ -19,13 +20,6 @@ namespace ddprun::agent {
 namespace {
 
 constexpr std::size_t kStackBytes = 64 * 1024;
-constexpr std::int64_t kSecond = 1'000'000'000;
-
-std::int64_t monotonic_ns() {
-  timespec t{};
-  ::clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<std::int64_t>(t.tv_sec) * kSecond + t.tv_nsec;
-}
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -100,7 +94,7 @@ pid_t Sentinel::start(const SentinelPlan& plan) {
   s->fd = plan.read_fd;
   s->write_fd = plan.write_fd;
   s->kill_fd = plan.kill_fd;
-  s->promote_at = plan.promote_after_ns < 0 ? -1 : monotonic_ns() + plan.promote_after_ns;
+  s->promote_at = plan.promote_after_ns < 0 ? -1 : guardian_protocol::steady_ns() + plan.promote_after_ns;
   auto** envp = reinterpret_cast<char**>(stack_top + sizeof(sentinel::State));
   char* text = reinterpret_cast<char*>(envp + env_count + 1);
   auto copy = [&text](const char* from, std::size_t n) {

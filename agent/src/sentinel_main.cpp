@@ -72,21 +72,12 @@ void pause_ns(std::int64_t ns) {
   sys(SYS_nanosleep, arg(&t), 0);
 }
 
-bool read_all(int fd, char* p, std::size_t n) {
-  while (n > 0) {
-    long r = sys(SYS_read, fd, arg(p), static_cast<long>(n));
-    if (r == -EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<std::size_t>(r);
-  }
-  return true;
-}
-
-bool write_all(int fd, const void* data, std::size_t n) {
+// All `n` bytes through read(2) or write(2) (`call`: SYS_read or SYS_write), short transfers and
+// EINTR retried; false at end of file or on an error first.
+bool whole(long call, int fd, const void* data, std::size_t n) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    long r = sys(SYS_write, fd, arg(p), static_cast<long>(n));
+    long r = sys(call, fd, arg(p), static_cast<long>(n));
     if (r == -EINTR) continue;
     if (r <= 0) return false;
     p += r;
@@ -94,6 +85,8 @@ bool write_all(int fd, const void* data, std::size_t n) {
   }
   return true;
 }
+bool read_all(int fd, char* p, std::size_t n) { return whole(SYS_read, fd, p, n); }
+bool write_all(int fd, const void* data, std::size_t n) { return whole(SYS_write, fd, data, n); }
 
 // "--ddprun-guardian-handover=FD".
 void format_handover_arg(State& s, long fd) {
