@@ -17,11 +17,14 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "containment.hpp"
+#include "guardian_protocol.hpp"
 #include "guardian.hpp"
 #include "private_files.hpp"
 #include "skip.hpp"
@@ -212,6 +215,97 @@ TEST_CASE("guardian: the guardian's flag without its state is refused (exit 2) a
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 2);
   }
+}
+
+namespace {
+
+// A hand-over as the sentinel writes it (guardian_protocol.hpp): the header, the groups, the
+// directory; no containment.
+std::string handover_bytes(int pipe_fd, std::int32_t pending, const std::vector<pid_t>& groups, const std::string& dir,
+                           const char* magic = ddprun::agent::guardian_protocol::kMagic) {
+  ddprun::agent::guardian_protocol::Handover h{};
+  std::memcpy(h.magic, magic, sizeof(h.magic));
+  h.pipe_fd = pipe_fd;
+  h.pending = pending;
+  h.groups = static_cast<std::int32_t>(groups.size());
+  h.directory_bytes = static_cast<std::uint32_t>(dir.size());
+  std::string out(reinterpret_cast<const char*>(&h), sizeof(h));
+  out.append(reinterpret_cast<const char*>(groups.data()), groups.size() * sizeof(pid_t));
+  return out + dir;
+}
+
+// This test program started as the guardian process with `bytes` in a memfd (the pipe it names
+// is inherited); its exit code (-1 if it ran 5 s).
+int run_guardian_process(const std::string& bytes) {
+  const int memfd = static_cast<int>(::syscall(SYS_memfd_create, "handover-test", 0));
+  REQUIRE(memfd >= 0);
+  REQUIRE(::write(memfd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+  REQUIRE(::lseek(memfd, 0, SEEK_SET) == 0);
+  const std::string arg = std::string(ddprun::agent::guardian_protocol::kGuardianFlag) + std::to_string(memfd);
+  char* argv[] = {const_cast<char*>("guardian_test"), const_cast<char*>(arg.c_str()), nullptr};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  REQUIRE(::posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv, environ) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(memfd);
+  int status = 0;
+  const bool exited = eventually([&] { return ::waitpid(pid, &status, WNOHANG) == pid; });
+  if (!exited) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+TEST_CASE("guardian: a hand-over that is not whole and sound is refused (exit 2) without a kill - a directory not named ddprun-* is left alone") {
+  using namespace ddprun::agent::guardian_protocol;
+  int p[2];
+  REQUIRE(::pipe(p) == 0);  // (not close-on-exec: the guardian process's pipe)
+  const pid_t worker = start_group();
+  const std::string dir = make_tree();  // /tmp/ddprun-guardian-test-XXXXXX
+  char other[] = "/tmp/guardian-victim-XXXXXX";
+  REQUIRE(::mkdtemp(other) != nullptr);
+  const auto good = handover_bytes(p[0], kAgentGone, {worker}, dir);
+  SECTION("refused: nothing killed, nothing removed") {
+    const char bad_magic[8] = {'n', 'o', 't', 'g', 'u', 'a', 'r', 'd'};
+    const std::vector<std::pair<const char*, std::string>> bad = {
+        {"a wrong magic", handover_bytes(p[0], kAgentGone, {worker}, dir, bad_magic)},
+        {"group 1 (kill(-1) would reach every process)", handover_bytes(p[0], kAgentGone, {1}, dir)},
+        {"group 0", handover_bytes(p[0], kAgentGone, {0}, dir)},
+        {"a pipe that is not one (a regular descriptor: stdout's /dev/null)", handover_bytes(2, kAgentGone, {worker}, dir)},
+        {"an act out of range", handover_bytes(p[0], 7, {worker}, dir)},
+        {"cut short", good.substr(0, good.size() - 3)},
+        {"too long", good + "xyz"},
+        {"shorter than its header", good.substr(0, 10)},
+    };
+    for (const auto& [what, bytes] : bad) {
+      INFO(what);
+      CHECK(run_guardian_process(bytes) == 2);
+      CHECK_FALSE(killed(worker));
+      CHECK(exists(dir));
+    }
+  }
+  SECTION("whole: the agent gone, the group killed and the directory removed") {
+    CHECK(run_guardian_process(good) == 0);
+    CHECK(eventually([&] { return killed(worker); }));
+    CHECK_FALSE(exists(dir));
+  }
+  SECTION("a directory not named ddprun-*: the group killed, the directory left alone") {
+    CHECK(run_guardian_process(handover_bytes(p[0], kAgentGone, {worker}, other)) == 0);
+    CHECK(eventually([&] { return killed(worker); }));
+    CHECK(exists(other));
+  }
+  ::kill(worker, SIGKILL);
+  ::waitpid(worker, nullptr, 0);
+  if (exists(dir)) ddprun::agent::remove_tree(AT_FDCWD, dir.c_str());
+  ::rmdir(other);
+  ::close(p[0]);
+  ::close(p[1]);
 }
 
 TEST_CASE("containment: handover() is what restore() makes the same containment of - other text makes none") {
