@@ -1,7 +1,7 @@
 // runtime_bench cost: the host time one collective costs the calling thread, one rank, small
 // tensors (the issue of a native trainer with a tiny model: per-step overhead, not bandwidth).
 //
-//   fake  the nccl backend on the fake NCCL/CUDA (runtime/testing): no GPU needed; the fake
+//   fake  the nccl backend on the fake NCCL/CUDA (tests/fakes): no GPU needed; the fake
 //         answers as NCCL 2.28 does for the kind of communicator the backend creates
 //   nccl  the real NCCL on GPU 0 (one rank)
 //   gloo  for comparison

@@ -4,12 +4,12 @@
 # console could not take are dropped and counted), and with --tee the log files are complete.
 # Usage: tests/console_test.sh DDPRUN
 set -u
+source "$(dirname "$0")/lib.sh"
 ddprun=$1
 work=$(mktemp -d)
 reader=
 cleanup() { [ -n "$reader" ] && kill "$reader" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
-passed=0 failed=0
 run_stuck() {  # run ddprun with stdout into a FIFO held open by a process that never reads it
   rm -f "$work/fifo"; mkfifo "$work/fifo"
   sleep 60 < "$work/fifo" & reader=$!
@@ -22,16 +22,15 @@ run_stuck() {  # run ddprun with stdout into a FIFO held open by a process that 
 flood='yes "a line of output from a worker, long enough to fill pipes quickly" | head -n 200000; exit 3'
 run_stuck --standalone --nproc_per_node=2 --no_python /bin/sh -c "$flood"
 if [ $rc -eq 3 ] && [ $secs -lt 15000 ] && grep -q "line(s) dropped from the console, which did not keep up" "$work/err"; then
-  echo "ok: stuck console: ddprun exits 3 in ${secs} ms and reports the dropped lines"; passed=$((passed + 1))
+  ok "stuck console: ddprun exits 3 in ${secs} ms and reports the dropped lines"
 else
-  echo "FAILED: stuck console: exit $rc after ${secs} ms"; tail -5 "$work/err"; failed=$((failed + 1))
+  bad "stuck console: exit $rc after ${secs} ms"; tail -5 "$work/err"
 fi
 run_stuck --standalone --nproc_per_node=1 --log_dir "$work/logs" --tee 1 --no_python /bin/sh -c "$flood"
 lines=$(cat "$work"/logs/*/attempt_0/*/stdout.log 2>/dev/null | wc -l)
 if [ $rc -eq 3 ] && [ "$lines" -eq 200000 ] && grep -q "the log files are complete" "$work/err"; then
-  echo "ok: stuck console with --tee: exit 3 in ${secs} ms, log files complete ($lines lines)"; passed=$((passed + 1))
+  ok "stuck console with --tee: exit 3 in ${secs} ms, log files complete ($lines lines)"
 else
-  echo "FAILED: stuck console with --tee: exit $rc, $lines lines in the logs"; tail -5 "$work/err"; failed=$((failed + 1))
+  bad "stuck console with --tee: exit $rc, $lines lines in the logs"; tail -5 "$work/err"
 fi
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -5,19 +5,17 @@
 # kill reaches it). Runs in private mount and pid namespaces (unshare -m -p -f --mount-proc).
 #  1. the workers exit 0: ddprun exits 0, names what it killed, and no leftover lives on;
 #  2. kill -9 of ddprun while the workers and their leftovers run: the guardian kills them all,
-#     in each of its forms (the sentinel, in the agent's memory; the guardian process; a fork);
+#     ddprun run as it is and through its loader (`ld.so ddprun`);
 #  3. the cgroup is removed afterwards (cgroup mode), and so is ddprun's temporary directory in
 #     /dev/shm (the guardian removes it; a nested ddprun killed with its job leaves its own);
 #  4. a failed group's daemons are killed before the restart, and the next attempt's workers run
 #     (killing the cgroup with cgroup.kill there made Linux 6.14+ kill each worker born in it).
 # Prints the processes left and the seconds the guardian took. Usage: tests/containment_test.sh DDPRUN
 set -u
+source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
 cp "$(command -v sleep)" /tmp/bin/leftover && chmod 755 /tmp/bin/leftover
 export PATH=/tmp/bin:$PATH
-passed=0 failed=0
-ok() { echo "ok: $1"; passed=$((passed + 1)); }
-bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
 
 # Live (not zombie) processes named $1.
 alive() {
@@ -199,28 +197,20 @@ printf '#!/bin/sh\nexec %s /tmp/bin/ddprun "$@"\n' "$loader" >/tmp/bin-loader/dd
 for who in root nobody; do
   want=$root_mode prefix=()
   if [ $who = nobody ]; then want=subreaper prefix=(setpriv --reuid=nobody --regid=nogroup --clear-groups); fi
-  # Each form of the guardian (README: Security): the sentinel, which becomes the guardian
-  # process only when the agent is gone, the guardian process from the start, and a fork.
-  # And ddprun run by its loader by hand (`ld.so ddprun`: /proc/self/exe is the loader, which
-  # the sentinel must not exec to become the guardian process): a fork, whatever the setting.
-  for form in sentinel process fork loader; do
-    case $form in
-      sentinel) export DDPRUN_GUARDIAN_SENTINEL_MS=never ;;
-      process) export DDPRUN_GUARDIAN_SENTINEL_MS=0 ;;
-      fork) export DDPRUN_GUARDIAN_SENTINEL_MS=fork ;;
-      loader)
-        [ -n "$loader" ] || { bad "no loader named in $(command -v ddprun)'s program headers"; continue; }
-        export DDPRUN_GUARDIAN_SENTINEL_MS=0 PATH=/tmp/bin-loader:$PATH ;;
-    esac
+  # ddprun as it is, and run by its loader by hand (`ld.so ddprun`: /proc/self/exe is the
+  # loader, which then starts the guardian by running ddprun again).
+  for form in direct loader; do
+    if [ $form = loader ]; then
+      [ -n "$loader" ] || { bad "no loader named in $(command -v ddprun)'s program headers"; continue; }
+      PATH=/tmp/bin-loader:$PATH
+    fi
     clean_end
     for how in agent group nested; do killed $how; done
+    PATH=${PATH#/tmp/bin-loader:}
   done
-  unset DDPRUN_GUARDIAN_SENTINEL_MS
-  PATH=${PATH#/tmp/bin-loader:}
   no_environment
   restart_after_leftovers
   closed_descriptors
 done
 
-echo "containment: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+finish

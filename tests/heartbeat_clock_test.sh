@@ -6,15 +6,15 @@
 # hangs must be found hung after --worker_timeout (ddprun exits 124, the heartbeat code).
 # Usage: tests/heartbeat_clock_test.sh DDPRUN
 set -u
+source "$(dirname "$0")/lib.sh"
 ddprun=$1
-passed=0 failed=0
 past='for i in $(seq 25); do touch -d "2000-01-0$((i % 2 + 1))" "$DDPRUN_HEARTBEAT_FILE"; sleep 0.1; done; exit 0'
 out=$(timeout 60 "$ddprun" --standalone --nproc_per_node=2 --worker_timeout=1 --no_python /bin/sh -c "$past" 2>&1)
 rc=$?
 if [ $rc -eq 0 ]; then
-  echo "ok: heartbeats with mtimes in the past keep a healthy worker alive (2.5 s, timeout 1 s)"; passed=$((passed + 1))
+  ok "heartbeats with mtimes in the past keep a healthy worker alive (2.5 s, timeout 1 s)"
 else
-  echo "FAILED: healthy worker with past mtimes: exit $rc"; echo "$out" | tail -5; failed=$((failed + 1))
+  bad "healthy worker with past mtimes: exit $rc"; echo "$out" | tail -5
 fi
 future='touch -d "2099-01-01" "$DDPRUN_HEARTBEAT_FILE"; exec sleep 30'
 t0=$(date +%s)
@@ -22,9 +22,8 @@ out=$(timeout 60 "$ddprun" --standalone --nproc_per_node=1 --worker_timeout=1 --
 rc=$?
 secs=$(( $(date +%s) - t0 ))
 if [ $rc -eq 124 ] && [ $secs -lt 10 ] && echo "$out" | grep -q "no heartbeat for"; then
-  echo "ok: a hang after an mtime in the future is found after the time-out (${secs} s, exit 124)"; passed=$((passed + 1))
+  ok "a hang after an mtime in the future is found after the time-out (${secs} s, exit 124)"
 else
-  echo "FAILED: hang after a future mtime: exit $rc after ${secs} s"; echo "$out" | tail -5; failed=$((failed + 1))
+  bad "hang after a future mtime: exit $rc after ${secs} s"; echo "$out" | tail -5
 fi
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

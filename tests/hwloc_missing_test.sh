@@ -5,7 +5,7 @@
 # Usage: hwloc_missing_test.sh DDPRUN
 set -u
 ddprun=$1
-skip() { if [ "${CI:-}" = true ]; then echo "FAILED: CI=true and $1"; exit 1; fi; echo "SKIP: $1"; exit 77; }
+source "$(dirname "$0")/lib.sh"
 [ "$(id -u)" -eq 0 ] || skip "this needs root (unshare -m, mount --bind)"
 "$ddprun" --version | grep -q 'hwloc on' || skip "this ddprun was built without hwloc"
 lib=$(ldconfig -p | awk '/libhwloc\.so\.[0-9]+ / {print $NF; exit}')  # the versioned name ddprun loads
@@ -21,17 +21,16 @@ unshare -m --propagation private bash -c "
   '$ddprun' --standalone --nproc_per_node=1 --no_python /bin/true > '$out/plain.out' 2> '$out/plain.err'
   echo \$? > '$out/plain.rc'"
 [ $? -ne 90 ] || skip "cannot bind-mount over $real"
-fail=0
 rc=$(cat "$out/bind.rc")
 if [ "$rc" = 1 ] && grep -q "cannot load libhwloc" "$out/bind.err" && grep -q "apt-get install libhwloc" "$out/bind.err"; then
-  echo "ok: --numa_binding without $real: exit 1, says what to install"
+  ok "--numa_binding without $real: exit 1, says what to install"
 else
-  echo "FAILED: --numa_binding without hwloc's library: exit $rc"; cat "$out/bind.err"; fail=1
+  bad "--numa_binding without hwloc's library: exit $rc"; cat "$out/bind.err"
 fi
 rc=$(cat "$out/plain.rc")
 if [ "$rc" = 0 ]; then
-  echo "ok: a launch without --numa_binding runs without hwloc's library (exit 0)"
+  ok "a launch without --numa_binding runs without hwloc's library (exit 0)"
 else
-  echo "FAILED: a launch without --numa_binding, hwloc's library hidden: exit $rc"; cat "$out/plain.err"; fail=1
+  bad "a launch without --numa_binding, hwloc's library hidden: exit $rc"; cat "$out/plain.err"
 fi
-exit $fail
+finish

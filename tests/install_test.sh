@@ -10,9 +10,6 @@ build=$1
 src=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-passed=0 failed=0
-ok() { echo "ok: $1"; passed=$((passed + 1)); }
-bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
 check() { local what=$1; shift; if "$@" >"$work/last.log" 2>&1; then ok "$what"; else bad "$what"; tail -30 "$work/last.log"; fi; }
 
 prefix=$work/prefix
@@ -133,5 +130,4 @@ if command -v dpkg-shlibdeps >/dev/null && command -v cpack >/dev/null; then
 else
   bad "dpkg-shlibdeps (dpkg-dev) or cpack missing: no Debian packages"
 fi
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

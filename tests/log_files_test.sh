@@ -9,24 +9,20 @@
 #     and ddprun says which log files lack how many bytes (and writes log_write_failed events).
 # Usage: tests/log_files_test.sh DDPRUN
 set -u
+source "$(dirname "$0")/lib.sh"
 ddprun=$1
 if [ "${DDPRUN_IN_PRIVATE_NS:-}" != 1 ]; then
   if [ "$(id -u)" -ne 0 ] || ! unshare -m --propagation private true 2>/dev/null; then
-    if [ "${CI:-}" = true ]; then echo "FAILED: CI=true and this needs root and unshare -m"; exit 1; fi
-    echo "SKIP: needs root and unshare -m"
-    exit 77
+    skip "needs root and unshare -m"
   fi
   exec env DDPRUN_IN_PRIVATE_NS=1 unshare -m --propagation private bash "$0" "$@"
 fi
 exec 9<"$ddprun"
-mount -t tmpfs -o size=512m,mode=1777 tmpfs /tmp || { echo "SKIP: cannot mount a tmpfs on /tmp"; exit 77; }
+mount -t tmpfs -o size=512m,mode=1777 tmpfs /tmp || skip "cannot mount a tmpfs on /tmp"
 mkdir -p /tmp/.under-test && cp "/proc/$$/fd/9" /tmp/.under-test/ddprun && chmod 755 /tmp/.under-test/ddprun
 exec 9<&-
 ddprun=/tmp/.under-test/ddprun
 as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups "$@"; }
-passed=0 failed=0
-ok() { echo "ok: $1"; passed=$((passed + 1)); }
-bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
 run() { "$ddprun" --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:0 --nproc_per_node=1 --rdzv_id=job7 "$@" --no_python /bin/echo --api-key=s3cret 2>&1; }
 
 # 1. A shared log directory: the run id's directory made by another user, or a link.
@@ -87,5 +83,4 @@ if [ $rc -eq 0 ] && [ "$lines" -eq 40000 ] && [ "$lost" -ge 2 ] && grep -q "is i
 else
   bad "a full disk (exit $rc): $(cat /tmp/err)"
 fi
-echo "$passed passed, $failed failed"
-[ $failed -eq 0 ]
+finish

@@ -6,11 +6,11 @@
 set -u
 core=$1 full=$2
 pattern=' [A-Za-z] (SSL_|EVP_|HMAC|RAND_|OPENSSL_|CRYPTO_|ERR_|BIO_|X509_|PEM_|ASN1_|ossl_)'
-command -v nm >/dev/null || { echo "skip: no nm (binutils)"; [ "${CI:-}" = true ] && exit 1; exit 77; }
-fail=0
+source "$(dirname "$0")/lib.sh"
+need nm
 found=$(nm "$core" 2>&1 | grep -E "$pattern" | head -5)
 nm "$core" >/dev/null 2>&1 && [ "$(nm "$core" | wc -l)" -gt 1000 ] || { echo "FAILED: nm cannot read $core's symbols"; exit 1; }
-if [ -n "$found" ]; then echo "FAILED: $core holds OpenSSL:"; echo "$found"; fail=1; else echo "ok: $core holds no OpenSSL symbol"; fi
+if [ -n "$found" ]; then bad "$core holds OpenSSL:"; echo "$found"; else ok "$core holds no OpenSSL symbol"; fi
 n=$(nm "$full" | grep -cE "$pattern")
-if [ "$n" -gt 100 ]; then echo "ok: $(basename "$full") holds OpenSSL ($n symbols)"; else echo "FAILED: $full holds $n OpenSSL symbols"; fail=1; fi
-exit $fail
+if [ "$n" -gt 100 ]; then ok "$(basename "$full") holds OpenSSL ($n symbols)"; else bad "$full holds $n OpenSSL symbols"; fi
+finish

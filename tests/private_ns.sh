@@ -5,11 +5,7 @@
 # when it lives below /tmp). Skips visibly (exit 77) where that cannot be done, and
 # fails instead under CI=true.
 # Usage: source private_ns.sh DDPRUN "$0" "$@"
-skip() {
-  if [ "${CI:-}" = true ]; then echo "FAILED: CI=true and $1"; exit 1; fi
-  echo "SKIP: $1"
-  exit 77
-}
+# (skip: tests/lib.sh, sourced first)
 if [ "${DDPRUN_IN_PRIVATE_NS:-}" != 1 ]; then
   [ "$(id -u)" -eq 0 ] || skip "this needs root (unshare -m -p, setpriv)"
   unshare -m -p -f --mount-proc true 2>/dev/null || skip "unshare -m -p -f --mount-proc is not allowed here"

@@ -9,26 +9,23 @@
 #  - a worker starts with exactly descriptors 0, 1 and 2.
 # Usage: tests/run_dir_test.sh DDPRUN
 set -u
+source "$(dirname "$0")/lib.sh"
 ddprun=$1
 if [ "${DDPRUN_IN_PRIVATE_NS:-}" != 1 ]; then
   if [ "$(id -u)" -ne 0 ] || ! unshare -m --propagation private true 2>/dev/null; then
-    echo "SKIP: needs root and unshare -m"
-    exit 77
+    skip "needs root and unshare -m"
   fi
   exec env DDPRUN_IN_PRIVATE_NS=1 unshare -m --propagation private bash "$0" "$@"
 fi
 # The binary may live under /tmp itself (a checkout in /tmp): keep it open across the mount and
 # run a copy from inside the private tmpfs.
 exec 9<"$ddprun"
-mount -t tmpfs -o size=512m tmpfs /tmp || { echo "SKIP: cannot mount a tmpfs on /tmp"; exit 77; }
+mount -t tmpfs -o size=512m tmpfs /tmp || skip "cannot mount a tmpfs on /tmp"
 # ddprun's own directory goes to /dev/shm when nothing in it is kept: a private one too.
-mount -t tmpfs -o size=64m tmpfs /dev/shm || { echo "SKIP: cannot mount a tmpfs on /dev/shm"; exit 77; }
+mount -t tmpfs -o size=64m tmpfs /dev/shm || skip "cannot mount a tmpfs on /dev/shm"
 mkdir -p /tmp/.under-test && cp "/proc/$$/fd/9" /tmp/.under-test/ddprun && chmod 755 /tmp/.under-test/ddprun
 exec 9<&-
 ddprun=/tmp/.under-test/ddprun
-passed=0 failed=0
-ok() { echo "ok: $1"; passed=$((passed + 1)); }
-bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
 mkdir -p /tmp/keep && echo precious > /tmp/keep/file && echo sentinel > /tmp/sentinel
 snapshot() { (cd /tmp && find . | sort); (cd /dev/shm && find . | sed 's|^|shm:|' | sort); }
 intact() { [ "$(cat /tmp/sentinel 2>/dev/null)" = sentinel ] && [ "$(cat /tmp/keep/file 2>/dev/null)" = precious ]; }
@@ -117,5 +114,4 @@ else
   bad "worker descriptors: $fds"
 fi
 intact && ok "the sentinel files survived everything" || bad "sentinel files damaged"
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

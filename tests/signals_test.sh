@@ -6,10 +6,8 @@
 # signal listed in --signals_to_handle reaches the workers, who decide. Runs in private mount and
 # pid namespaces. Usage: tests/signals_test.sh DDPRUN
 set -u
+source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
-passed=0 failed=0
-ok() { echo "ok: $1"; passed=$((passed + 1)); }
-bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
 # Waits (at most 20 s) until both workers have set their traps (ddprun's console output is
 # block-buffered into a file, so the workers say so with files).
 wait_ready() {
@@ -84,5 +82,4 @@ else
   bad "the pre-emption job never started: $(cat "$log")"; kill -9 $pid
 fi
 
-echo "signals: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+finish

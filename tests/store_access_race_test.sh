@@ -13,11 +13,7 @@
 set -u
 store=$1
 abuser=$2
-skip() {
-  echo "SKIP: $1"
-  if [ "${CI:-}" = true ]; then echo "FAILED: CI=true: this test must run"; exit 1; fi
-  exit 77
-}
+source "$(dirname "$0")/lib.sh"
 if [ "${DDPRUN_IN_PRIVATE_NS:-}" != 1 ]; then
   [ "$(id -u)" -eq 0 ] || skip "needs root (to run a client as another user)"
   command -v setpriv >/dev/null || skip "needs setpriv (util-linux)"

@@ -14,21 +14,21 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/agent/gpus.hpp"
-#include "containment.hpp"
+#include "containment/containment.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/system.hpp"
-#include "event_log.hpp"
-#include "fan_out.hpp"
-#include "guardian.hpp"
-#include "job_controller.hpp"
-#include "metrics.hpp"
-#include "metrics_server.hpp"
-#include "numa_binding.hpp"
-#include "output.hpp"
-#include "process_runner.hpp"
-#include "run_dir.hpp"
-#include "worker_group.hpp"
+#include "observe/event_log.hpp"
+#include "workers/fan_out.hpp"
+#include "containment/guardian.hpp"
+#include "control/job_controller.hpp"
+#include "metrics/metrics.hpp"
+#include "metrics/metrics_server.hpp"
+#include "host/numa_binding.hpp"
+#include "workers/output.hpp"
+#include "workers/process_runner.hpp"
+#include "containment/run_dir.hpp"
+#include "workers/worker_group.hpp"
 
 namespace ddprun::agent {
 namespace {
@@ -98,8 +98,10 @@ void reserve_descriptors(int workers) {
 
 struct Agent::Impl {
   AgentOptions opt;
-  // First: set up and forked while the process has one thread.
-  std::unique_ptr<Containment> containment = Containment::set_up();
+  // First, while the process has one thread: the containment's names, the guardian told them,
+  // and only then the cgroup made (establish() in the constructor), so that nothing is ever made
+  // that the guardian does not know of.
+  std::unique_ptr<Containment> containment = Containment::plan();
   Guardian guardian{containment.get()};
   GuardianFence fence{guardian};
 
@@ -109,6 +111,7 @@ struct Agent::Impl {
   ~Impl() { containment.reset(); }
 
   explicit Impl(AgentOptions o) : opt(std::move(o)) {
+    containment->establish();
     reserve_descriptors(opt.nproc_per_node);  // still one thread: the store's and others come in run()
     opt.rdzv.nproc = opt.nproc_per_node;
     auto& token = opt.base_env["DDPRUN_JOB_TOKEN"];  // what the guardian finds them by
@@ -149,8 +152,7 @@ struct Agent::Impl {
     const auto job_start = std::chrono::steady_clock::now();
     plan_binding();
     const std::string node_name = opt.rdzv.local_addr.empty() ? host_name() : opt.rdzv.local_addr;
-    RunDir dir(opt);
-    guardian.own_directory(dir.disposable());
+    RunDir dir(opt, [this](const std::string& temp) { guardian.own_directory(temp); });
     EventLog events;
     open_events(events, node_name);
     asio::io_context io{1};

@@ -2,26 +2,25 @@
 
 #include <algorithm>
 
+#include <boost/program_options.hpp>
+
 #include "options.hpp"
 
 namespace ddprun::launcher {
 namespace {
 
-const OptionSpec* find_long(const std::string& name) {
-  for (const auto& o : option_table()) {
-    if (name == o.name) return &o;
-  }
-  return nullptr;
-}
-
-const OptionSpec* find_short(char c) {
-  for (const auto& o : option_table()) {
-    if (o.short_name[0] == c && o.short_name[1] == '\0') return &o;
-  }
-  return nullptr;
-}
+namespace po = boost::program_options;
 
 bool takes_value(const OptionSpec& o) { return o.kind == OptionKind::value; }
+
+// The table's option named `name` ("--max_restarts", "max_restarts" or "r"), or nullptr.
+const OptionSpec* find_option(std::string name) {
+  name.erase(0, name.find_first_not_of('-'));
+  for (const auto& o : option_table()) {
+    if (name == o.name || (name.size() == 1 && name == o.short_name)) return &o;
+  }
+  return nullptr;
+}
 
 void record(ParsedArgs& out, const OptionSpec& o, const std::string* value) {
   const std::string name = o.name;
@@ -32,6 +31,96 @@ void record(ParsedArgs& out, const OptionSpec& o, const std::string* value) {
     out.flags.insert(name);
   }
 }
+
+// The table as Boost.Program_options reads it: every option with its short name; a value
+// option takes one string (checked by the table's parser later), a switch none.
+const po::options_description& description() {
+  static const po::options_description desc = [] {
+    po::options_description d;
+    for (const auto& o : option_table()) {
+      const std::string names = *o.short_name ? std::string(o.name) + "," + o.short_name : std::string(o.name);
+      if (takes_value(o)) {
+        d.add_options()(names.c_str(), po::value<std::string>());
+      } else {
+        d.add_options()(names.c_str(), "");
+      }
+    }
+    return d;
+  }();
+  return desc;
+}
+
+// torchrun's spellings and argparse's reading, as styles: --name=value and --name value, -r3 and
+// -r 3, switches sharing a word (-mr3: -m, then -r 3); no abbreviations.
+constexpr int kStyle = po::command_line_style::allow_long | po::command_line_style::long_allow_adjacent |
+                       po::command_line_style::long_allow_next | po::command_line_style::allow_short |
+                       po::command_line_style::allow_dash_for_short | po::command_line_style::short_allow_adjacent |
+                       po::command_line_style::short_allow_next | po::command_line_style::allow_sticky;
+
+// Runs before Boost's own readers on each word where an option may stand: --name-with-hyphens
+// read as --name_with_hyphens; the first word that is not an option (or the words after --) is
+// the training program, which takes every word left. `last`: the last option word as the user wrote it.
+std::vector<po::option> program_and_spellings(std::vector<std::string>& args, std::string& last) {
+  const std::string& a = args.front();
+  if (a != "--" && a.size() >= 2 && a[0] == '-') {
+    last = a;
+    args.front() = normalize_option(a);
+    return {};  // (changed in place: Boost's readers take it)
+  }
+  std::vector<po::option> program;
+  for (auto it = args.begin() + (a == "--" ? 1 : 0); it != args.end(); ++it) {
+    po::option word;
+    word.value = {*it};
+    word.original_tokens = {*it};
+    program.push_back(word);
+  }
+  args.clear();
+  return program;
+}
+
+// Boost's errors in the words ddprun has always used.
+[[noreturn]] void explain(const po::error& e, const std::string& word) {
+  if (dynamic_cast<const po::unknown_option*>(&e)) {
+    const bool later_in_group = word.size() > 2 && word[0] == '-' && word[1] != '-';
+    const bool first_known = later_in_group && word[1] != static_cast<const po::unknown_option&>(e).get_option_name().back();
+    usage((first_known ? "unrecognised option '" : "unknown option '") + word + "'");
+  }
+  if (auto* syntax = dynamic_cast<const po::invalid_command_line_syntax*>(&e)) {
+    std::string name = syntax->get_option_name();
+    if (auto* o = find_option(name)) name = std::string("--") + o->name;
+    if (syntax->kind() == po::invalid_syntax::extra_parameter) usage("option '" + name + "' does not take any arguments");
+    if (syntax->kind() == po::invalid_syntax::missing_parameter) usage("option '" + name + "' needs a value");
+  }
+  usage(e.what());
+}
+
+}  // namespace
+
+ParsedArgs parse_arguments(const std::vector<std::string>& args) {
+  ParsedArgs out;
+  std::string word;
+  po::parsed_options parsed(nullptr);
+  try {
+    parsed = po::command_line_parser(args)
+                 .options(description())
+                 .style(kStyle)
+                 .extra_style_parser([&word](std::vector<std::string>& rest) { return program_and_spellings(rest, word); })
+                 .run();
+  } catch (const po::error& e) {
+    explain(e, word);
+  }
+  for (const auto& o : parsed.options) {
+    if (o.string_key.empty()) {
+      out.program.push_back(o.value.front());
+      continue;
+    }
+    const OptionSpec& spec = *find_option(o.string_key);
+    record(out, spec, takes_value(spec) ? &o.value.front() : nullptr);
+  }
+  return out;
+}
+
+namespace {
 
 // Words of `text` in lines of at most `width` characters.
 std::vector<std::string> wrap(const std::string& text, std::size_t width) {
@@ -53,65 +142,7 @@ std::vector<std::string> wrap(const std::string& text, std::size_t width) {
   return lines;
 }
 
-// Short options, as argparse and getopt read them: switches may share a word (-mt3: -m, then -t 3);
-// a value option takes the rest of the word, or the next argument. Returns the last index used.
-std::size_t short_options(const std::vector<std::string>& args, std::size_t i, ParsedArgs& out) {
-  const std::string& a = args[i];
-  for (std::size_t k = 1; k < a.size(); ++k) {
-    const OptionSpec* o = find_short(a[k]);
-    if (!o) usage(k == 1 ? "unknown option '" + a + "'" : "unrecognised option '" + a + "'");
-    if (!takes_value(*o)) {
-      record(out, *o, nullptr);
-      continue;
-    }
-    std::string value = a.substr(k + 1);
-    if (value.empty()) {
-      if (i + 1 >= args.size()) usage("option '" + a + "' needs a value");
-      value = args[++i];
-    }
-    record(out, *o, &value);
-    break;
-  }
-  return i;
-}
-
 }  // namespace
-
-ParsedArgs parse_arguments(const std::vector<std::string>& args) {
-  ParsedArgs out;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string a = normalize_option(args[i]);
-    if (a == "--") {
-      out.program.assign(args.begin() + static_cast<long>(i) + 1, args.end());
-      break;
-    }
-    if (a.size() < 2 || a[0] != '-') {
-      out.program.assign(args.begin() + static_cast<long>(i), args.end());
-      break;
-    }
-    if (a.rfind("--", 0) != 0) {
-      i = short_options(args, i, out);
-      continue;
-    }
-    const auto eq = a.find('=');
-    const OptionSpec* o = find_long(a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2));
-    if (!o) usage("unknown option '" + args[i] + "'");
-    if (!takes_value(*o)) {
-      if (eq != std::string::npos) usage("option '--" + std::string(o->name) + "' does not take any arguments");
-      record(out, *o, nullptr);
-      continue;
-    }
-    std::string value;
-    if (eq != std::string::npos) {
-      value = a.substr(eq + 1);
-    } else {
-      if (i + 1 >= args.size()) usage("option '" + args[i] + "' needs a value");
-      value = args[++i];
-    }
-    record(out, *o, &value);
-  }
-  return out;
-}
 
 std::string options_help() {
   constexpr std::size_t kColumn = 40, kWidth = 39;

@@ -1,9 +1,9 @@
 #pragma once
 // ddprun's own command line, read against the option table (options.hpp): torchrun's spellings
 // (--name=value, --name value, -r3, -r 3, --name-with-hyphens), the training program from the first
-// argument that is not an option (or after --), and the --help text. No option parser library:
-// Boost.Program_options cost a quarter of a millisecond at every start (its static
-// initialisation sets up the C++ streams and locales), a tenth of a one-worker launch.
+// argument that is not an option (or after --), and the --help text. Read by Boost.Program_options,
+// as ddprun-store's command line is; the table is the one description of both the parser and
+// --help, the man page, the bash completion and the PET_ variables.
 
 #include <map>
 #include <set>

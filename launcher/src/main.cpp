@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/agent/agent.hpp"
+#include "ddprun/agent/guardian_main.hpp"
 #include "ddprun/launcher/cli.hpp"
 #include "ddprun/launcher/full_program.hpp"
 #include "ddprun/common/error.hpp"
@@ -32,6 +33,8 @@ void open_standard_descriptors() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The agent's guardian is this program started again (guardian_main.hpp).
+  if (ddprun::agent::is_guardian_start(argc, argv)) ddprun::agent::guardian_main(argc, argv);
   open_standard_descriptors();
   // ddprun hands some jobs to ddprun-full by exec (full_program.hpp), which keeps ddprun's name.
   [[maybe_unused]] const bool handed_off = ddprun::launcher::take_handoff_mark();

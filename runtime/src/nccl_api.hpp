@@ -2,7 +2,7 @@
 // The NCCL and CUDA calls the nccl backend makes, behind a thin interface (private). The
 // backend's logic (nccl_group.cpp, nccl_core.cpp: enqueue, the watchdog, time-outs, aborts,
 // teardown, the broken-group rule, subgroups, compression) is written against it and compiled in
-// every build, so unit tests drive it with a fake (runtime/testing) on machines without a GPU;
+// every build, so unit tests drive it with a fake (tests/fakes) on machines without a GPU;
 // nccl_api_cuda.cpp is the real implementation, built with CUDA and NCCL.
 //
 // Handles are opaque pointers (ncclComm_t, cudaStream_t, cudaEvent_t). Every call reports a

@@ -10,11 +10,11 @@
 #include <filesystem>
 #include <fstream>
 
-#include "event_log.hpp"
+#include "observe/event_log.hpp"
 #include "fakes.hpp"
-#include "job_controller.hpp"
-#include "run_dir.hpp"
-#include "worker_group.hpp"
+#include "control/job_controller.hpp"
+#include "containment/run_dir.hpp"
+#include "workers/worker_group.hpp"
 
 namespace ddprun::agent::testing {
 

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "ddprun/common/error.hpp"
-#include "process_runner.hpp"
+#include "workers/process_runner.hpp"
 #include "ddprun/rounds/rendezvous.hpp"
-#include "job_controller.hpp"
+#include "control/job_controller.hpp"
 
 namespace ddprun::agent::testing {
 

@@ -1,7 +1,7 @@
 // Bounded fan-out: how many workers the process's limits allow, decided before anything starts.
 #include <catch2/catch.hpp>
 
-#include "fan_out.hpp"
+#include "workers/fan_out.hpp"
 
 using ddprun::agent::descriptors_needed;
 using ddprun::agent::fan_out_refusal;

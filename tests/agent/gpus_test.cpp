@@ -11,7 +11,7 @@
 
 #include "ddprun/agent/gpus.hpp"
 #include "ddprun/build_info.hpp"
-#include "numa_binding.hpp"
+#include "host/numa_binding.hpp"
 #include "skip.hpp"
 
 using namespace ddprun::agent;

@@ -1,16 +1,13 @@
-// The guardian and the agent's temporary directory: a guardian released (release(), the
-// ordinary goodbye) leaves the directory to the agent and is gone when ~Guardian returns; one
-// whose agent side closes without a goodbye (the agent died) removes it. Its two forms: the
-// sentinel (in the agent's memory) kills the watched groups itself when the fence lapses, and
-// hands what it knows to the guardian process it becomes (an exec of this test program, which the
-// agent library recognises before main).
+// The guardian: a process of its own (this project's ddprun started again with a flag). Released
+// (the ordinary goodbye), it leaves the directory to the agent and is gone when ~Guardian returns;
+// when the agent's side closes without a goodbye (the agent died), it kills the watched groups and
+// removes the directory; when the fence lapses it kills the groups; a start that is not whole and
+// sound is refused and touches nothing.
 #include <fcntl.h>
-#include <linux/kcmp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,21 +16,20 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "containment.hpp"
-#include "guardian_protocol.hpp"
-#include "guardian.hpp"
-#include "private_files.hpp"
-#include "skip.hpp"
-#include "guardian_sentinel.hpp"
+#include "containment/containment.hpp"
+#include "containment/guardian.hpp"
+#include "containment/guardian_protocol.hpp"
+#include "containment/private_files.hpp"
 #include "ddprun/common/system.hpp"
 
 using ddprun::agent::Guardian;
 
 namespace {
+
+const std::string kProgram = DDPRUN_PROGRAM;  // the guardian is this program started again
 
 // A directory with a file and a subdirectory in it, as the agent's temporary one.
 std::string make_tree() {
@@ -59,12 +55,6 @@ bool eventually(const std::function<bool()>& f) {
     ::usleep(10'000);
   }
   return f();
-}
-
-// Whether `pid` is the guardian process (the sentinel's exec: its command line names the hand-over).
-bool guardian_process(pid_t pid) {
-  return ddprun::read_file("/proc/" + std::to_string(pid) + "/cmdline").find("--ddprun-guardian-handover=") !=
-         std::string::npos;
 }
 
 // A worker's stand-in: a child in a process group of its own, waiting for a signal.
@@ -93,163 +83,23 @@ bool ended(pid_t pid) {
   return stat.empty() || (close != std::string::npos && stat.compare(close + 2, 1, "Z") == 0);
 }
 
-// Whether the processes `a` and `b` share their memory (kcmp(2)); nullopt where the kernel cannot say.
-std::optional<bool> same_memory(pid_t a, pid_t b) {
-  long r = ::syscall(SYS_kcmp, a, b, KCMP_VM, 0, 0);
-  if (r < 0) return std::nullopt;
-  return r == 0;
-}
 
-// DDPRUN_GUARDIAN_SENTINEL_MS for one test.
-struct SentinelTime {
-  explicit SentinelTime(const char* value) {
-    ::signal(SIGPIPE, SIG_IGN);  // as ddprun's main: a guardian gone must fail a check, not kill the test
-    ::setenv("DDPRUN_GUARDIAN_SENTINEL_MS", value, 1);
-  }
-  ~SentinelTime() { ::unsetenv("DDPRUN_GUARDIAN_SENTINEL_MS"); }
-};
-
-}  // namespace
-
-TEST_CASE("guardian: release() leaves the directory to the agent, and the guardian is gone after ~Guardian") {
-  const std::string dir = make_tree();
-  pid_t pid = -1;
-  {
-    Guardian g;
-    pid = g.pid();
-    REQUIRE(pid > 0);
-    g.own_directory(dir);
-    g.release();
-  }
-  CHECK(gone(pid));
-  CHECK(exists(dir + "/attempt_0/heartbeat"));
-  ddprun::agent::remove_tree(AT_FDCWD, dir.c_str());
-}
-
-TEST_CASE("guardian: an agent gone without a goodbye - the guardian removes the directory") {
-  const std::string dir = make_tree();
-  pid_t agent = ::fork();
-  REQUIRE(agent >= 0);
-  if (agent == 0) {
-    Guardian g;  // the guardian is this child's child
-    g.own_directory(dir);
-    _exit(g.pid() > 0 ? 0 : 1);  // no release(): the pipe's end of file
-  }
-  int status = 0;
-  REQUIRE(::waitpid(agent, &status, 0) == agent);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
-  for (int i = 0; i < 500 && exists(dir); ++i) ::usleep(10'000);  // bounded: 5 s
-  CHECK_FALSE(exists(dir));
-}
-
-TEST_CASE("guardian: the sentinel kills the watched group when the fence lapses, and the guardian process it becomes quits when released - neither dies of a stop signal") {
-  SKIP_UNLESS_HARDWARE(ddprun::agent::sentinel_supported(), "no sentinel on this machine (Linux before 5.16, or not x86-64 or arm64)");
-  SentinelTime never("never");  // (it becomes the guardian process only to act)
-  const pid_t worker = start_group();
-  pid_t pid = -1;
-  {
-    Guardian g;
-    pid = g.pid();
-    REQUIRE(pid > 0);
-    CHECK_FALSE(guardian_process(pid));
-    // A scheduler signals every process of a job: the signals are the agent's, not the guardian's.
-    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) ::kill(pid, sig);
-    ::usleep(50'000);
-    CHECK_FALSE(ended(pid));
-    g.watch({worker});
-    const auto now = std::chrono::steady_clock::now();
-    g.arm(now + std::chrono::milliseconds(100), now);
-    CHECK(eventually([&] { return killed(worker); }));
-    CHECK(eventually([&] { return guardian_process(pid); }));
-    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) ::kill(pid, sig);
-    ::usleep(50'000);
-    CHECK_FALSE(ended(pid));
-    g.release();
-  }
-  CHECK(gone(pid));
-}
-
-TEST_CASE("guardian: what the sentinel knew (the groups and the directory) is the guardian process's to act on when the agent dies") {
-  SKIP_UNLESS_HARDWARE(ddprun::agent::sentinel_supported(), "no sentinel on this machine (Linux before 5.16, or not x86-64 or arm64)");
-  SentinelTime soon("300");
-  const std::string dir = make_tree();
-  int report[2];
-  REQUIRE(::pipe(report) == 0);
-  pid_t agent = ::fork();
-  REQUIRE(agent >= 0);
-  if (agent == 0) {
-    const pid_t worker = start_group();  // (this child's: the test reads its pid from the pipe)
-    Guardian g;
-    g.own_directory(dir);
-    g.watch({worker});
-    (void)!::write(report[1], &worker, sizeof(worker));
-    // Until the sentinel has become the guardian process (at 300 ms), then gone without a goodbye.
-    _exit(g.pid() > 0 && eventually([&] { return guardian_process(g.pid()); }) ? 0 : 1);
-  }
-  ::close(report[1]);
-  pid_t worker = -1;
-  REQUIRE(::read(report[0], &worker, sizeof(worker)) == static_cast<ssize_t>(sizeof(worker)));
-  ::close(report[0]);
-  int status = 0;
-  REQUIRE(::waitpid(agent, &status, 0) == agent);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);  // it was the guardian process when the agent died
-  CHECK(eventually([&] { return ended(worker); }));
-  CHECK(eventually([&] { return !exists(dir); }));
-  if (exists(dir)) ddprun::agent::remove_tree(AT_FDCWD, dir.c_str());
-}
-
-TEST_CASE("guardian: the guardian's flag without its state is refused (exit 2) and not taken for the program's own arguments") {
-  for (const char* arg : {"--ddprun-guardian-handover=abc", "--ddprun-guardian-handover=0", "--ddprun-guardian-handover=999999"}) {
-    INFO(arg);
-    char* argv[] = {const_cast<char*>("guardian_test"), const_cast<char*>(arg), nullptr};
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-    pid_t pid = -1;
-    REQUIRE(::posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv, environ) == 0);
-    posix_spawn_file_actions_destroy(&fa);
-    int status = 0;
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 2);
-  }
-}
-
-namespace {
-
-// A hand-over as the sentinel writes it (guardian_protocol.hpp): the header, the groups, the
-// directory; no containment.
-std::string handover_bytes(int pipe_fd, std::int32_t pending, const std::vector<pid_t>& groups, const std::string& dir,
-                           const char* magic = ddprun::agent::guardian_protocol::kMagic) {
-  ddprun::agent::guardian_protocol::Handover h{};
-  std::memcpy(h.magic, magic, sizeof(h.magic));
-  h.pipe_fd = pipe_fd;
-  h.pending = pending;
-  h.groups = static_cast<std::int32_t>(groups.size());
-  h.directory_bytes = static_cast<std::uint32_t>(dir.size());
-  std::string out(reinterpret_cast<const char*>(&h), sizeof(h));
-  out.append(reinterpret_cast<const char*>(groups.data()), groups.size() * sizeof(pid_t));
-  return out + dir;
-}
-
-// This test program started as the guardian process with `bytes` in a memfd (the pipe it names
-// is inherited); its exit code (-1 if it ran 5 s).
-int run_guardian_process(const std::string& bytes) {
-  const int memfd = static_cast<int>(::syscall(SYS_memfd_create, "handover-test", 0));
-  REQUIRE(memfd >= 0);
-  REQUIRE(::write(memfd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
-  REQUIRE(::lseek(memfd, 0, SEEK_SET) == 0);
-  const std::string arg = std::string(ddprun::agent::guardian_protocol::kGuardianFlag) + std::to_string(memfd);
-  char* argv[] = {const_cast<char*>("guardian_test"), const_cast<char*>(arg.c_str()), nullptr};
+// This project's ddprun started as a guardian with `args` after the flag and `pipe_fd` as its
+// descriptor 3 (-1: none); its exit code (-1 if it ran 5 s).
+int run_guardian(const std::vector<std::string>& args, int pipe_fd) {
+  std::vector<std::string> words = {"ddprun-guard", ddprun::agent::guardian_protocol::kGuardianFlag};
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  if (pipe_fd >= 0) posix_spawn_file_actions_adddup2(&fa, pipe_fd, 3);
+  else posix_spawn_file_actions_addopen(&fa, 3, "/dev/null", O_RDONLY, 0);
   pid_t pid = -1;
-  REQUIRE(::posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv, environ) == 0);
+  REQUIRE(::posix_spawn(&pid, kProgram.c_str(), &fa, nullptr, argv.data(), environ) == 0);
   posix_spawn_file_actions_destroy(&fa);
-  ::close(memfd);
   int status = 0;
   const bool exited = eventually([&] { return ::waitpid(pid, &status, WNOHANG) == pid; });
   if (!exited) {
@@ -260,170 +110,157 @@ int run_guardian_process(const std::string& bytes) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-}  // namespace
-
-TEST_CASE("guardian: a hand-over that is not whole and sound is refused (exit 2) without a kill - a directory not named ddprun-* is left alone") {
-  using namespace ddprun::agent::guardian_protocol;
-  int p[2];
-  REQUIRE(::pipe(p) == 0);  // (not close-on-exec: the guardian process's pipe)
-  const pid_t worker = start_group();
-  const std::string dir = make_tree();  // /tmp/ddprun-guardian-test-XXXXXX
-  char other[] = "/tmp/guardian-victim-XXXXXX";
-  REQUIRE(::mkdtemp(other) != nullptr);
-  const auto good = handover_bytes(p[0], kAgentGone, {worker}, dir);
-  SECTION("refused: nothing killed, nothing removed") {
-    const char bad_magic[8] = {'n', 'o', 't', 'g', 'u', 'a', 'r', 'd'};
-    const std::vector<std::pair<const char*, std::string>> bad = {
-        {"a wrong magic", handover_bytes(p[0], kAgentGone, {worker}, dir, bad_magic)},
-        {"group 1 (kill(-1) would reach every process)", handover_bytes(p[0], kAgentGone, {1}, dir)},
-        {"group 0", handover_bytes(p[0], kAgentGone, {0}, dir)},
-        {"a pipe that is not one (a regular descriptor: stdout's /dev/null)", handover_bytes(2, kAgentGone, {worker}, dir)},
-        {"an act out of range", handover_bytes(p[0], 7, {worker}, dir)},
-        {"cut short", good.substr(0, good.size() - 3)},
-        {"too long", good + "xyz"},
-        {"shorter than its header", good.substr(0, 10)},
-    };
-    for (const auto& [what, bytes] : bad) {
-      INFO(what);
-      CHECK(run_guardian_process(bytes) == 2);
-      CHECK_FALSE(killed(worker));
-      CHECK(exists(dir));
-    }
-  }
-  SECTION("whole: the agent gone, the group killed and the directory removed") {
-    CHECK(run_guardian_process(good) == 0);
-    CHECK(eventually([&] { return killed(worker); }));
-    CHECK_FALSE(exists(dir));
-  }
-  SECTION("a directory not named ddprun-*: the group killed, the directory left alone") {
-    CHECK(run_guardian_process(handover_bytes(p[0], kAgentGone, {worker}, other)) == 0);
-    CHECK(eventually([&] { return killed(worker); }));
-    CHECK(exists(other));
-  }
-  ::kill(worker, SIGKILL);
-  ::waitpid(worker, nullptr, 0);
-  if (exists(dir)) ddprun::agent::remove_tree(AT_FDCWD, dir.c_str());
-  ::rmdir(other);
-  ::close(p[0]);
-  ::close(p[1]);
-}
-
-TEST_CASE("containment: handover() is what restore() makes the same containment of - other text makes none") {
-  auto c = ddprun::agent::Containment::set_up();
-  auto copy = ddprun::agent::Containment::restore(c->handover());
-  REQUIRE(copy);
-  CHECK(copy->describe() == c->describe());
-  CHECK(copy->token() == c->token());
-  CHECK(copy->kill_fd() == c->kill_fd());
-  copy.reset();  // a restored containment's end leaves the cgroup to the agent's
-  const std::string d = c->describe();
-  if (d.rfind("cgroup ", 0) == 0) CHECK(exists(d.substr(7)));
-  for (const char* bad : {"", "cgroup", "cgroup\n/x\ntok\n12", "jail\n/x\ntok\n12\n-1",
-                          "cgroup\n\ntok\n12\n-1", "subreaper\n\n\n12\n-1", "subreaper\n\ntok\n0\n-1",
-                          "subreaper\n\ntok\n12\nx"}) {
-    INFO(bad);
-    CHECK_FALSE(ddprun::agent::Containment::restore(bad));
-  }
-  CHECK(ddprun::agent::Containment::restore("subreaper\n\ntok\n12\n-1"));
-}
-
-TEST_CASE("guardian: DDPRUN_GUARDIAN_SENTINEL_MS is milliseconds from 0 to a day or never or fork - anything else is refused") {
-  using ddprun::agent::guardian_form;
-  CHECK(guardian_form(nullptr)->promote_after_ns == 1'000'000'000);
-  CHECK_FALSE(guardian_form(nullptr)->fork);
-  CHECK(guardian_form("0")->promote_after_ns == 0);
-  CHECK(guardian_form("250")->promote_after_ns == 250'000'000);
-  CHECK(guardian_form("86400000")->promote_after_ns == 86'400'000'000'000);
-  CHECK(guardian_form("never")->promote_after_ns == -1);
-  CHECK(guardian_form("fork")->fork);
-  for (const char* bad : {"", "-1", "86400001", "1s", "abc", " 5", "Never", "forked"}) {
-    INFO(bad);
-    CHECK_FALSE(guardian_form(bad));
-  }
-}
-
-// The sentinel alone: a program to become the guardian process that cannot run, so whatever is
-// done is the sentinel's own doing.
-TEST_CASE("guardian: the sentinel itself kills the watched groups when the fence lapses (a renewal sent late counts) and forgets what it is told to") {
-  SKIP_UNLESS_HARDWARE(ddprun::agent::sentinel_supported(), "no sentinel on this machine (Linux before 5.16, or not x86-64 or arm64)");
-  SentinelTime never("never");
-  const pid_t forgotten = start_group();
-  const pid_t twice = start_group();
-  const pid_t watched = start_group();
-  pid_t pid = -1;
-  {
-    Guardian g(nullptr, "/nonexistent/ddprun");
-    pid = g.pid();
-    REQUIRE(pid > 0);
-    if (auto shared = same_memory(::getpid(), pid)) CHECK(*shared);  // the sentinel: this memory
-    g.watch({forgotten, twice});
-    g.watch({twice});  // (watched twice: a set; one forget is enough)
-    g.forget(forgotten);
-    g.forget(twice);
-    g.watch({watched});
-    const auto now = std::chrono::steady_clock::now();
-    g.arm(now + std::chrono::hours(1), now);
-    g.arm(now + std::chrono::hours(2), now + std::chrono::hours(1));  // sent after the deadline
-    CHECK(eventually([&] { return killed(watched); }));
-    ::usleep(100'000);
-    CHECK_FALSE(killed(forgotten));
-    CHECK_FALSE(killed(twice));
-    CHECK_FALSE(guardian_process(pid));  // (it could not become one)
-    CHECK_FALSE(ended(pid));
-    g.release();
-  }
-  CHECK(gone(pid));
-  for (pid_t p : {forgotten, twice}) {
-    ::kill(p, SIGKILL);
-    ::waitpid(p, nullptr, 0);
-  }
-}
-
-TEST_CASE("guardian: an agent gone while the sentinel cannot become the guardian process - the groups still die, and the sentinel ends") {
-  SKIP_UNLESS_HARDWARE(ddprun::agent::sentinel_supported(), "no sentinel on this machine (Linux before 5.16, or not x86-64 or arm64)");
-  SentinelTime never("never");
+// In a child playing the agent: a guardian watching a new group and owning `dir`, then the child
+// exits without a goodbye. Returns the group's pid.
+pid_t agent_dies(const std::string& dir) {
   int report[2];
   REQUIRE(::pipe(report) == 0);
   pid_t agent = ::fork();
   REQUIRE(agent >= 0);
   if (agent == 0) {
-    const pid_t worker = start_group();
-    Guardian g(nullptr, "/nonexistent/ddprun");
+    const pid_t worker = start_group();  // (this child's: the test reads its pid from the pipe)
+    Guardian g{nullptr, kProgram};
+    g.own_directory(dir);
     g.watch({worker});
-    const pid_t both[2] = {worker, g.pid()};
-    (void)!::write(report[1], both, sizeof(both));
-    _exit(0);  // no goodbye
+    (void)!::write(report[1], &worker, sizeof(worker));
+    _exit(g.pid() > 0 ? 0 : 1);  // no release(): the pipe's end of file
   }
   ::close(report[1]);
-  pid_t both[2] = {-1, -1};
-  REQUIRE(::read(report[0], both, sizeof(both)) == static_cast<ssize_t>(sizeof(both)));
+  pid_t worker = -1;
+  REQUIRE(::read(report[0], &worker, sizeof(worker)) == static_cast<ssize_t>(sizeof(worker)));
   ::close(report[0]);
-  REQUIRE(::waitpid(agent, nullptr, 0) == agent);
-  CHECK(eventually([&] { return ended(both[0]); }));
-  CHECK(eventually([&] { return ended(both[1]); }));  // after a second of tries
-}
-
-TEST_CASE("guardian: DDPRUN_GUARDIAN_SENTINEL_MS=fork - a fork of the agent that kills the groups on a lapse and removes the directory when the agent dies") {
-  SentinelTime fork_form("fork");
-  const pid_t worker = start_group();
-  const std::string dir = make_tree();
-  pid_t agent = ::fork();
-  REQUIRE(agent >= 0);
-  if (agent == 0) {
-    Guardian g;
-    if (auto shared = same_memory(::getpid(), g.pid()); shared && *shared) _exit(3);
-    g.own_directory(dir);
-    _exit(g.pid() > 0 ? 0 : 1);
-  }
   int status = 0;
   REQUIRE(::waitpid(agent, &status, 0) == agent);
-  CHECK(WEXITSTATUS(status) == 0);
-  CHECK(eventually([&] { return !exists(dir); }));
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  return worker;
+}
+
+}  // namespace
+
+TEST_CASE("guardian: release() leaves the directory to the agent, and the guardian is gone after ~Guardian") {
+  ::signal(SIGPIPE, SIG_IGN);  // as ddprun's main: a guardian gone must fail a check, not kill the test
+  const std::string dir = make_tree();
+  pid_t pid = -1;
   {
-    Guardian g;
-    g.watch({worker});
-    const auto now = std::chrono::steady_clock::now();
-    g.arm(now + std::chrono::milliseconds(50), now);
-    CHECK(eventually([&] { return killed(worker); }));
+    Guardian g{nullptr, kProgram};
+    pid = g.pid();
+    REQUIRE(pid > 0);
+    CHECK(ddprun::read_file("/proc/" + std::to_string(pid) + "/cmdline").find("--ddprun-guardian") != std::string::npos);
+    g.own_directory(dir);
+    g.release();
   }
+  CHECK(gone(pid));
+  CHECK(exists(dir + "/attempt_0/heartbeat"));
+  ddprun::agent::remove_tree(AT_FDCWD, dir.c_str());
+}
+
+TEST_CASE("guardian: an agent gone without a goodbye - the watched group killed, the directory removed") {
+  const std::string dir = make_tree();
+  const pid_t worker = agent_dies(dir);
+  CHECK(eventually([&] { return ended(worker); }));
+  CHECK(eventually([&] { return !exists(dir); }));
+  if (exists(dir)) ddprun::agent::remove_tree(AT_FDCWD, dir.c_str());
+}
+
+TEST_CASE("guardian: an agent gone - a directory not named ddprun-* is left alone") {
+  char other[] = "/tmp/guardian-victim-XXXXXX";
+  REQUIRE(::mkdtemp(other) != nullptr);
+  const pid_t worker = agent_dies(other);
+  CHECK(eventually([&] { return ended(worker); }));
+  CHECK(exists(other));
+  ::rmdir(other);
+}
+
+TEST_CASE("guardian: the fence's lapse kills the watched group (a renewal sent late counts); a forgotten group is spared; stop signals do not end it") {
+  ::signal(SIGPIPE, SIG_IGN);
+  const pid_t worker = start_group();
+  const pid_t spared = start_group();
+  pid_t pid = -1;
+  {
+    Guardian g{nullptr, kProgram};
+    pid = g.pid();
+    REQUIRE(pid > 0);
+    // A scheduler signals every process of a job: the signals are the agent's, not the guardian's.
+    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGTSTP}) ::kill(pid, sig);
+    g.watch({worker, spared});
+    g.forget(spared);
+    const auto now = std::chrono::steady_clock::now();
+    g.arm(now + std::chrono::milliseconds(100), now);
+    CHECK(eventually([&] { return killed(worker); }));
+    CHECK_FALSE(ended(pid));
+    // A renewal sent after the deadline it renews had passed (read in time or not): the groups die.
+    const pid_t late = start_group();
+    g.watch({late});
+    const auto then = std::chrono::steady_clock::now();
+    g.arm(then + std::chrono::milliseconds(50), then);
+    g.arm(then + std::chrono::seconds(60), then + std::chrono::milliseconds(100));
+    CHECK(eventually([&] { return killed(late); }));
+    g.release();
+  }
+  CHECK(gone(pid));
+  CHECK_FALSE(killed(spared));
+  ::kill(spared, SIGKILL);
+  ::waitpid(spared, nullptr, 0);
+}
+
+TEST_CASE("guardian: a start that is not whole and sound is refused (exit 2) and touches nothing") {
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  const pid_t worker = start_group();
+  const std::string dir = make_tree();
+  const std::vector<std::pair<const char*, std::vector<std::string>>> bad = {
+      {"no words", {}},
+      {"a word short", {"-", ""}},
+      {"a word too many", {"-", "", "0", "x"}},
+      {"a token that is not one", {"../../etc", "", "0"}},
+      {"a cgroup not named after the token", {"12-ab", "/sys/fs/cgroup/user.slice", "0"}},
+      {"an owner that is not a pid", {"12-ab", "", "abc"}},
+  };
+  for (const auto& [what, args] : bad) {
+    INFO(what);
+    CHECK(run_guardian(args, p[0]) == 2);
+  }
+  INFO("descriptor 3 not a pipe");
+  CHECK(run_guardian({"-", "", "0"}, -1) == 2);
+  CHECK_FALSE(killed(worker));
+  CHECK(exists(dir));
+  ::close(p[1]);  // a sound start whose agent is gone at once: it exits 0, and had nothing to kill
+  CHECK(run_guardian({"-", "", "0"}, p[0]) == 0);
+  ::close(p[0]);
+  CHECK_FALSE(killed(worker));
+  ::kill(worker, SIGKILL);
+  ::waitpid(worker, nullptr, 0);
+  ddprun::agent::remove_tree(AT_FDCWD, dir.c_str());
+}
+
+TEST_CASE("guardian: a program that cannot run - no guardian, said, and the agent's side works on") {
+  Guardian g{nullptr, "/nonexistent/ddprun"};
+  CHECK(g.pid() < 0);
+  CHECK(g.fd() < 0);
+  g.watch({12345});
+  g.release();
+}
+
+TEST_CASE("containment: the guardian's copy kills by token and leaves a cgroup that was never made alone") {
+  auto c = ddprun::agent::Containment::plan();
+  const auto args = c->guardian_args();
+  REQUIRE(args.size() == 3);
+  CHECK(args[0] == c->token());
+  CHECK(args[2] == std::to_string(::getpid()));
+  // A process carrying the token, in a session of its own: found and killed by the copy.
+  const std::string env = "DDPRUN_JOB_TOKEN=other:" + c->token();
+  pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::setsid();
+    char* argv[] = {const_cast<char*>("sleep"), const_cast<char*>("60"), nullptr};
+    char* envp[] = {const_cast<char*>(env.c_str()), nullptr};
+    ::execve("/bin/sleep", argv, envp);
+    _exit(127);
+  }
+  REQUIRE(eventually([&] { return ddprun::read_file("/proc/" + std::to_string(child) + "/environ").find(c->token()) != std::string::npos; }));
+  auto copy = ddprun::agent::Containment::for_guardian(c->token(), "/nonexistent/ddprun-" + c->token(), ::getpid());
+  copy->kill_everything(true);
+  CHECK(eventually([&] { return killed(child); }));
 }

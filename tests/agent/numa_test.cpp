@@ -5,7 +5,7 @@
 
 #include "ddprun/build_info.hpp"
 #include "ddprun/common/error.hpp"
-#include "numa_binding.hpp"
+#include "host/numa_binding.hpp"
 
 using namespace ddprun::agent;
 

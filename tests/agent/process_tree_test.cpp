@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "ddprun/agent/spawn.hpp"
-#include "process_tree.hpp"
+#include "containment/process_tree.hpp"
 
 using namespace ddprun::agent;
 namespace fs = std::filesystem;

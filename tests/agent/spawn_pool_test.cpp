@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "spawn_pool.hpp"
+#include "workers/spawn_pool.hpp"
 
 using ddprun::agent::SpawnPool;
 using ddprun::agent::spawn_threads;

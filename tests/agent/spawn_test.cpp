@@ -15,7 +15,7 @@
 
 #include "ddprun/agent/options.hpp"
 #include "ddprun/agent/spawn.hpp"
-#include "containment.hpp"
+#include "containment/containment.hpp"
 #include "skip.hpp"
 
 using ddprun::agent::spawn_process;

@@ -6,9 +6,9 @@
 
 #include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/error.hpp"
-#include "failure_report.hpp"
-#include "output.hpp"
-#include "stack_dump.hpp"
+#include "observe/failure_report.hpp"
+#include "workers/output.hpp"
+#include "observe/stack_dump.hpp"
 
 using namespace ddprun;
 using namespace ddprun::agent;

@@ -21,14 +21,8 @@ out=$(mktemp -d /tmp/ddprun-multihost-XXXXXX)
 declare -a host_pids=()
 nhosts=0
 
-skip_or_fail() {
-  if [ "${CI:-}" = true ] || [ "${CI:-}" = 1 ]; then
-    echo "FAILED: CI=true and $1"
-    exit 1
-  fi
-  echo "SKIP: $1"
-  exit 77
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+skip_or_fail() { skip "$1"; }
 
 hosts_down() {
   exec 2>/dev/null  # the shell's notes on the jobs killed here

@@ -14,14 +14,16 @@ import os
 import re
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import skip  # noqa: E402
 import tempfile
 import time
 
 try:
     import torch  # noqa: F401
 except ImportError as e:  # pragma: no cover
-    print(f"SKIP: torch is not importable with {sys.executable}: {e}")
-    sys.exit(77)
+    skip(f"torch is not importable with {sys.executable}: {e}")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TORCHRUN = os.path.join(os.path.dirname(ROOT), "shared", "tools", "torchrun_fixed.py")
@@ -50,9 +52,6 @@ def ddp_same_as_torchrun(ddprun, env):
     ours = results(p.stdout)
     check(sorted(ours) == [0, 1], f"both ranks reported under ddprun: {ours}")
     check(len(set(ours.values())) == 1, "ranks agree under ddprun")
-    if not os.path.exists(TORCHRUN):
-        print(f"SKIP part: {TORCHRUN} not found, no torchrun comparison")
-        return
     p, t_theirs = run([sys.executable, TORCHRUN, "--standalone", "--nproc_per_node=2", script, "--epochs", "2"], env)
     check(p.returncode == 0, f"torchrun ran the DDP script (exit {p.returncode}; {p.stderr[-500:]})")
     theirs = results(p.stdout)
@@ -141,9 +140,6 @@ def free_port():
 
 def two_etcd_agents_same_as_one(ddprun, env, tmp):
     """The same DDP job across 2 agents meeting through etcd (--rdzv_backend=etcd)."""
-    if not os.path.exists("/usr/bin/etcd"):
-        print("skipped: etcd is not installed (scripts/setup.sh installs etcd-server)")
-        return
     script = os.path.join(ROOT, "examples", "ddp_train.py")
     p, _ = run([ddprun, "--standalone", "--nproc_per_node=4", script, "--epochs", "2"], env)
     single = results(p.stdout)
@@ -173,6 +169,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
     args = ap.parse_args()
+    if not os.path.exists(TORCHRUN):
+        skip(f"{TORCHRUN} not found (the shared folder beside the checkout): no torchrun to compare with")
+    if not os.path.exists("/usr/bin/etcd"):
+        skip("etcd is not installed (scripts/setup.sh installs etcd-server)")
     env = dict(os.environ, PYTHON_EXEC="/usr/bin/python3")
     with tempfile.TemporaryDirectory() as tmp:
         ddp_same_as_torchrun(args.ddprun, env)

@@ -21,14 +21,16 @@ import os
 import signal
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import skip  # noqa: E402
 import tempfile
 import time
 
 try:
     import torch  # noqa: F401
 except ImportError as e:  # pragma: no cover
-    print(f"SKIP: torch is not importable with {sys.executable}: {e}")
-    sys.exit(77)
+    skip(f"torch is not importable with {sys.executable}: {e}")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DDP_SCRIPT = os.path.join(ROOT, "examples", "ddp_train.py")

@@ -3,14 +3,17 @@
 counts, ranks, epochs, shuffle and drop_last. Exits 77 when torch cannot be imported."""
 import argparse
 import subprocess
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import skip  # noqa: E402
 
 try:
     import torch
     from torch.utils.data.distributed import DistributedSampler
 except ImportError as e:  # pragma: no cover
-    print(f"SKIP: torch is not importable: {e}")
-    sys.exit(77)
+    skip(f"torch is not importable: {e}")
 
 
 def main():

@@ -12,14 +12,16 @@ import datetime
 import os
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import skip  # noqa: E402
 import threading
 
 try:
     import torch
     import torch.distributed as dist
 except ImportError as e:  # pragma: no cover
-    print(f"SKIP: torch is not importable with {sys.executable}: {e}")
-    sys.exit(77)
+    skip(f"torch is not importable with {sys.executable}: {e}")
 
 
 def start_store(binary, *extra):

@@ -1,5 +1,5 @@
 #pragma once
-// nccl process groups on the fake NCCL/CUDA (runtime/testing/fake_nccl.hpp): N ranks as
+// nccl process groups on the fake NCCL/CUDA (tests/fakes/fake_nccl.hpp): N ranks as
 // threads, each with its own fake Api and State, meeting through one Fabric and one store.
 
 #include <exception>

@@ -1,4 +1,4 @@
-// The nccl backend's failure guarantees on the fake NCCL/CUDA (runtime/testing), so they run in
+// The nccl backend's failure guarantees on the fake NCCL/CUDA (tests/fakes), so they run in
 // CI on machines without a GPU: a peer dying during the last bucket, a time-out, an
 // asynchronous NCCL error, a call stuck inside NCCL, an error while enqueueing, failures at
 // creation and teardown, and a second wait() after each. The real-device tests are gpu_tests.

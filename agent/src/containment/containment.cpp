@@ -1,4 +1,4 @@
-#include "containment.hpp"
+#include "containment/containment.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 
 #include "ddprun/common/system.hpp"
-#include "process_tree.hpp"
+#include "containment/process_tree.hpp"
 
 namespace ddprun::agent {
 
@@ -148,27 +148,37 @@ std::string job_token_list(const std::string& inherited, const std::string& toke
   return inherited.empty() ? token : inherited + ":" + token;
 }
 
-std::unique_ptr<Containment> Containment::set_up() {
+std::unique_ptr<Containment> Containment::plan() {
   std::unique_ptr<Containment> c(new Containment());
   c->token_ = new_token();
   c->owner_ = ::getpid();
-  // Both modes: orphans of the workers become the agent's children, so they are reaped (no
-  // zombies under an init that does not reap, as in many containers) and found.
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-  if (!c->try_cgroup(c->why_not_)) c->mode_ = ContainmentMode::subreaper;
+  const std::string own = own_cgroup_dir(c->why_not_);
+  if (own.empty()) return c;
+  // Moving a process needs write access to cgroup.procs of the cgroup it leaves (ours).
+  if (::access((own + "/cgroup.procs").c_str(), W_OK) != 0) {
+    c->why_not_ = errno == EROFS ? own + " is on a read-only mount"
+                                 : own + "/cgroup.procs is not writable by this user (the hierarchy is not delegated)";
+    return c;
+  }
+  c->planned_ = own + "/ddprun-" + c->token_;  // the pid alone repeats across pid namespaces
   return c;
 }
 
+std::unique_ptr<Containment> Containment::set_up() {
+  auto c = plan();
+  c->establish();
+  return c;
+}
+
+void Containment::establish() {
+  // Both modes: orphans of the workers become the agent's children, so they are reaped (no
+  // zombies under an init that does not reap, as in many containers) and found.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+  mode_ = !planned_.empty() && try_cgroup(why_not_) ? ContainmentMode::cgroup : ContainmentMode::subreaper;
+}
+
 bool Containment::try_cgroup(std::string& why) {
-  const std::string own = own_cgroup_dir(why);
-  if (own.empty()) return false;
-  // Moving a process needs write access to cgroup.procs of the cgroup it leaves (ours).
-  if (::access((own + "/cgroup.procs").c_str(), W_OK) != 0) {
-    why = errno == EROFS ? own + " is on a read-only mount"
-                         : own + "/cgroup.procs is not writable by this user (the hierarchy is not delegated)";
-    return false;
-  }
-  std::string dir = own + "/ddprun-" + token_;  // the pid alone repeats across pid namespaces
+  const std::string& dir = planned_;
   if (::mkdir(dir.c_str(), 0755) != 0 && !(errno == EEXIST && ::rmdir(dir.c_str()) == 0 && ::mkdir(dir.c_str(), 0755) == 0)) {
     why = "cannot create " + dir + ": " + std::strerror(errno);
     return false;
@@ -186,12 +196,11 @@ bool Containment::try_cgroup(std::string& why) {
   }
   kill_fd_ = ::open((dir + "/cgroup.kill").c_str(), O_WRONLY | O_CLOEXEC);  // kernel 5.14+
   cgroup_ = dir;
-  mode_ = ContainmentMode::cgroup;
   return true;
 }
 
 Containment::~Containment() {
-  if (restored_) return;  // (a guardian's copy: the cgroup is the agent's, kill_fd_ a number it was given)
+  if (restored_) return;  // (a guardian's copy: the cgroup is the agent's)
   if (mode_ == ContainmentMode::cgroup) {
     sweep_cgroup(true);
     remove_cgroup();
@@ -201,25 +210,15 @@ Containment::~Containment() {
   }
 }
 
-std::string Containment::handover() const {
-  // One field a line: mode, cgroup, token, owner, cgroup.kill's descriptor (none holds a newline:
-  // the cgroup's name is ddprun-TOKEN below the agent's own, which /proc/self/cgroup lists a line).
-  return fmt::format("{}\n{}\n{}\n{}\n{}", mode_ == ContainmentMode::cgroup ? "cgroup" : "subreaper", cgroup_,
-                     token_, owner_, kill_fd_);
+std::vector<std::string> Containment::guardian_args() const {
+  return {token_, planned_, std::to_string(owner_)};
 }
 
-std::unique_ptr<Containment> Containment::restore(const std::string& text) {
-  const auto f = split(text, '\n');
-  if (f.size() != 5 || (f[0] != "cgroup" && f[0] != "subreaper")) return nullptr;
-  auto owner = parse_int(f[3], 1, INT32_MAX);
-  auto kill_fd = parse_int(f[4], -1, INT32_MAX);
-  if (!owner || !kill_fd || f[2].empty() || (f[0] == "cgroup" && f[1].empty())) return nullptr;
+std::unique_ptr<Containment> Containment::for_guardian(const std::string& token, const std::string& cgroup, pid_t owner) {
   std::unique_ptr<Containment> c(new Containment());
-  c->mode_ = f[0] == "cgroup" ? ContainmentMode::cgroup : ContainmentMode::subreaper;
-  c->cgroup_ = f[1];
-  c->token_ = f[2];
-  c->owner_ = static_cast<pid_t>(*owner);
-  c->kill_fd_ = static_cast<int>(*kill_fd);
+  c->token_ = token;
+  c->cgroup_ = cgroup;
+  c->owner_ = owner;
   c->restored_ = true;
   return c;
 }
@@ -304,11 +303,19 @@ void Containment::remove_cgroup() const {
 }
 
 void Containment::kill_everything(bool agent_gone) const {
-  if (mode_ == ContainmentMode::cgroup) {
+  // The guardian's copy does not know which mode the agent chose: the cgroup if it was made,
+  // and the token in any case (in cgroup mode it then finds nothing left).
+  struct stat st {};
+  const bool cgroup = !restored_ ? mode_ == ContainmentMode::cgroup : !cgroup_.empty() && ::stat(cgroup_.c_str(), &st) == 0;
+  if (cgroup) {
     sweep_cgroup(agent_gone);  // a fence (the agent alive) may be followed by a next attempt
     if (agent_gone) remove_cgroup();
-    return;
+    if (!restored_) return;
   }
+  kill_by_token();
+}
+
+void Containment::kill_by_token() const {
   for (int pass = 0; pass < 20; ++pass) {
     bool any = false;
     for (pid_t p : process_ids()) {

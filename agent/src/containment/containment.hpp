@@ -25,8 +25,14 @@ enum class ContainmentMode { cgroup, subreaper };
 
 class Containment {
  public:
-  // Sets the job's containment up; call while the process has one thread, before the guardian
-  // forks (it inherits what it needs to act alone). A fresh token identifies this agent's workers.
+  // Plans the job's containment: a fresh token identifies this agent's workers, and the cgroup it
+  // will make (where this user may) is named after it. Nothing is made yet: the guardian learns
+  // the names first (guardian_args), so that a kill -9 at any moment leaves nothing.
+  static std::unique_ptr<Containment> plan();
+  // Makes what plan() named: the cgroup, else subreaper mode. Call while the process has one
+  // thread.
+  void establish();
+  // plan(), then establish().
   static std::unique_ptr<Containment> set_up();
   ~Containment();
   Containment(const Containment&) = delete;
@@ -49,19 +55,17 @@ class Containment {
   // or by the token; when the agent is gone, also removes the cgroup.
   void kill_everything(bool agent_gone) const;
 
-  // What the guardian process (a program of its own, by exec: guardian_sentinel.hpp) needs to
-  // act for this containment, as text, and the Containment it makes of that text again (nullptr
-  // for text that is not one). A restored Containment acts (kill_everything) but, destroyed,
-  // leaves the cgroup and the descriptor it was given alone: the agent's is the one that removes
-  // the cgroup at a clean end.
-  std::string handover() const;
-  static std::unique_ptr<Containment> restore(const std::string& text);
-  // cgroup.kill, opened at set-up (-1 if none): kept open across the guardian's exec.
-  int kill_fd() const { return kill_fd_; }
+  // What the guardian is started with: the token, the planned cgroup ("" if none) and the
+  // agent's pid; and the guardian's copy made of them. The copy acts (kill_everything) on the
+  // cgroup if it exists and on the token in any case, and, destroyed, leaves all alone: the
+  // agent's Containment removes the cgroup at a clean end.
+  std::vector<std::string> guardian_args() const;
+  static std::unique_ptr<Containment> for_guardian(const std::string& token, const std::string& cgroup, pid_t owner);
 
  private:
   Containment() = default;
   bool try_cgroup(std::string& why);
+  void kill_by_token() const;
   // final: no worker starts in the cgroup afterwards (cgroup.kill may be used).
   std::vector<std::string> sweep_cgroup(bool final) const;
   std::vector<std::string> sweep_descendants(pid_t spare) const;
@@ -75,6 +79,7 @@ class Containment {
   int kill_fd_ = -1;     // cgroup.kill (kernel 5.14+; only at the end), else -1: each process is killed
   pid_t owner_ = -1;     // the agent
   bool restored_ = false;  // a guardian's copy: nothing to undo at its end
+  std::string planned_;    // plan(): the cgroup to make, or "" (why_not_ says why)
 };
 
 // The cgroup v2 directory of this process: the unified hierarchy's mount point (from mountinfo,

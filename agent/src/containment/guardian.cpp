@@ -1,70 +1,93 @@
-#include "guardian.hpp"
+#include "containment/guardian.hpp"
 
 #include <fcntl.h>
-#include <pthread.h>
+#include <spawn.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
-#include "containment.hpp"
-#include "guardian_process.hpp"
-#include "guardian_protocol.hpp"
+#include "containment/containment.hpp"
+#include "containment/guardian_protocol.hpp"
+#include "ddprun/agent/guardian_main.hpp"
 
 namespace ddprun::agent {
-namespace {
 
 using Clock = std::chrono::steady_clock;
-
 using namespace guardian_protocol;
 
+namespace {
+
+// What starts the guardian: this program again. Run by hand through its loader (`ld.so ./ddprun`)
+// /proc/self/exe is the loader, which then runs this program (argv[0]) again.
+std::vector<std::string> guardian_command(const std::string& program) {
+  if (!program.empty()) return {program};
+  char self[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  const std::string exe(self, n > 0 ? static_cast<std::size_t>(n) : 0);
+  const std::string base = exe.substr(exe.rfind('/') + 1);
+  char real[PATH_MAX];
+  if ((base.rfind("ld-", 0) == 0 || base.rfind("ld.so", 0) == 0) && ::realpath(program_invocation_name, real)) {
+    return {"/proc/self/exe", real};
+  }
+  return {"/proc/self/exe"};
+}
+
+void say_no_guardian(const char* why) {
+  spdlog::warn("ddprun: no guardian ({}): a kill -9 of ddprun would leave the workers' daemons, cgroup and temporary "
+               "directory behind (the workers themselves still get their parent-death signal)", why);
+}
 
 }  // namespace
 
 Guardian::Guardian(const Containment* containment, const std::string& program) {
-  link_guardian_process();
-  const char* setting = ::getenv("DDPRUN_GUARDIAN_SENTINEL_MS");
-  auto form = guardian_form(setting);
-  if (!form) {
-    spdlog::warn("ddprun: DDPRUN_GUARDIAN_SENTINEL_MS='{}' is not a number of milliseconds from 0 to 86400000, "
-                 "'never' or 'fork': ignored (the guardian is a sentinel for the job's first second)", setting);
-    form = GuardianForm{};
-  }
   int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return;  // no guardian: parent-death signals still apply
-  // Born with every signal blocked: a signal sent to all of a job's processes at its birth must
-  // not end it before it ignores them. The agent's own mask is back at once.
+  if (::pipe2(p, O_CLOEXEC) != 0) return say_no_guardian(std::strerror(errno));
+  // Its own session (a kill of ddprun's process group, `timeout -s KILL`, must not take it
+  // along: that is when it is needed), /dev/null for the console (a caller reading ddprun's
+  // output must not wait for it), the pipe as descriptor 3 and nothing else of the agent's.
+  // Born with every signal blocked and at their defaults: a signal sent to all of a job's
+  // processes at its birth must not end it before it ignores them (guardian_main).
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  ::posix_spawn_file_actions_init(&fa);
+  ::posix_spawn_file_actions_adddup2(&fa, p[0], kPipeFd);
+  ::posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDWR, 0);
+  ::posix_spawn_file_actions_adddup2(&fa, STDIN_FILENO, STDOUT_FILENO);
+  ::posix_spawn_file_actions_adddup2(&fa, STDIN_FILENO, STDERR_FILENO);
+  ::posix_spawnattr_init(&attr);
   sigset_t all;
-  sigset_t before;
   sigfillset(&all);
-  ::pthread_sigmask(SIG_SETMASK, &all, &before);
+  ::posix_spawnattr_setsigmask(&attr, &all);
+  ::posix_spawnattr_setsigdefault(&attr, &all);
+  ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  const auto args = containment ? containment->guardian_args() : std::vector<std::string>{"-", "", "0"};
+  const auto command = guardian_command(program);
+  std::vector<std::string> words = {"ddprun-guard"};
+  words.insert(words.end(), command.begin() + 1, command.end());  // (the loader's program)
+  words.push_back(kGuardianFlag);
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  char* envp[] = {nullptr};
   pid_t pid = -1;
-  if (!form->fork && sentinel_supported()) {
-    SentinelPlan plan;
-    plan.read_fd = p[0];
-    plan.write_fd = p[1];
-    if (containment) {
-      plan.kill_fd = containment->kill_fd();
-      plan.containment = containment->handover();
-    }
-    plan.promote_after_ns = form->promote_after_ns;
-    if (!program.empty()) plan.program = program;
-    pid = sentinel_.start(plan);
-  } else if ((pid = ::fork()) == 0) {
-    ::close(p[1]);
-    guardian_forked(p[0], containment);
-  }
-  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  const int e = ::posix_spawn(&pid, command[0].c_str(), &fa, &attr, argv.data(), envp);
+  ::posix_spawn_file_actions_destroy(&fa);
+  ::posix_spawnattr_destroy(&attr);
   ::close(p[0]);
-  if (pid < 0) {
+  if (e != 0) {
     ::close(p[1]);
-    return;
+    return say_no_guardian(std::strerror(e));
   }
   pid_ = pid;
   fd_ = p[1];
@@ -84,7 +107,6 @@ void Guardian::release() {
 Guardian::~Guardian() {
   release();
   int status;
-  // Until it is gone: the sentinel runs in this process's memory, which ~Sentinel returns.
   while (pid_ > 0 && ::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
 }

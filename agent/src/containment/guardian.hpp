@@ -1,24 +1,25 @@
 #pragma once
-// The guardian: a small process started before anything else (a sentinel in the agent's memory
-// for the job's first second, then a process of its own; or a fork: guardian_sentinel.hpp). It
-// kills the workers' process groups (grandchildren included) when the agent dies without saying
-// goodbye (SIGKILL, a crash: the pipe's end of file, which the kernel delivers however the agent
-// dies), and when this node's liveness lapses (self-fencing): the agent tells it, at every
-// renewal, until when the other nodes cannot count this node lost; if that time passes first,
-// because the agent is stopped or cut off, the guardian kills the groups itself. It runs on while
-// the agent is SIGSTOPped, which is the point.
+// The guardian: a small process of its own (the running program started again with a flag,
+// guardian_main.hpp), started before the job makes anything. It kills the workers' process
+// groups and everything else the job runs (containment.hpp) when the agent dies without saying
+// goodbye (SIGKILL, a crash, an OOM kill: the pipe's end of file, which the kernel delivers
+// however the agent dies), and when this node's liveness lapses (self-fencing): the agent tells
+// it, at every renewal, until when the other nodes cannot count this node lost; if that time
+// passes first, because the agent is stopped or cut off, the guardian kills the groups itself.
+// It runs on while the agent is SIGSTOPped, which is the point. When the agent is gone it also
+// removes the job's cgroup and temporary directory, whose names it learns before they exist.
 
 #include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "ddprun/rounds/rendezvous.hpp"
-#include "guardian_sentinel.hpp"
-#include "job_controller.hpp"
+#include "containment/fence_state.hpp"
 
 namespace ddprun::agent {
 
@@ -26,9 +27,10 @@ class Containment;
 
 class Guardian {
  public:
-  // Starts the guardian. Call while the process has a single thread. It also kills what
-  // `containment` holds when it kills the groups. `program`: what the sentinel execs to become
-  // the guardian process ("": /proc/self/exe; tests name one that cannot run).
+  // Starts the guardian process (posix_spawn: clone(CLONE_VM|CLONE_VFORK) and exec) for the job
+  // `containment` plans (its token and cgroup), before it makes them. `program`: what to run
+  // ("": /proc/self/exe). Without a guardian (no pipe, or the start failed) the workers still
+  // get their parent-death signal; that is said once.
   explicit Guardian(const Containment* containment = nullptr, const std::string& program = "");
   // Tells the guardian to exit without killing anything (clean end); later messages go nowhere.
   void release();
@@ -37,17 +39,17 @@ class Guardian {
   Guardian(const Guardian&) = delete;
   Guardian& operator=(const Guardian&) = delete;
 
-  void watch(const std::vector<pid_t>& pgids);  // worker groups started (one wake-up for all)
-  void forget(pid_t pgid);   // a worker group is gone
-  // The agent's temporary directory: removed by the guardian, after the kills, when the agent
-  // dies without saying goodbye (a kill -9 left it in /dev/shm).
+  void watch(const std::vector<pid_t>& pgids);  // worker groups started (one write for all)
+  void forget(pid_t pgid);                      // a worker group is gone
+  // The agent's temporary directory, told before it is made: removed by the guardian when the
+  // agent dies without saying goodbye (a kill -9 left it in /dev/shm).
   void own_directory(const std::string& path);
   // Kill the watched groups if `deadline` (steady clock) passes before the next arm or disarm.
   // `now`: when the caller decided (a message read late counts then).
   void arm(std::chrono::steady_clock::time_point deadline,
            std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
   void disarm(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
-  // The descriptor children must not inherit (the agent marks it close-on-exec already).
+  // The pipe's write end (close-on-exec), -1 without a guardian.
   int fd() const { return fd_; }
   pid_t pid() const { return pid_; }
 
@@ -57,7 +59,6 @@ class Guardian {
   static void write_locked(int fd, const void* data, std::size_t size);  // with write_mu_ held
   std::atomic<int> fd_{-1};
   std::mutex write_mu_;  // writes and release()
-  Sentinel sentinel_;    // its memory, while it may be the sentinel
   pid_t pid_ = -1;
 };
 

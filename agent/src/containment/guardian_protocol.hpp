@@ -1,7 +1,6 @@
 #pragma once
-// What the agent tells its guardian (messages on a pipe), and what the guardian's first form,
-// the sentinel, hands over to its second, the guardian process, when it becomes one by exec
-// (guardian_sentinel.hpp).
+// What the agent tells its guardian: fixed-size messages on a pipe (the guardian's descriptor 3),
+// and how the guardian process is started (guardian.hpp).
 
 #include <chrono>
 #include <climits>
@@ -11,8 +10,7 @@
 
 namespace ddprun::agent::guardian_protocol {
 
-// The messages' clock: steady_clock (CLOCK_MONOTONIC, which the sentinel reads itself), in
-// nanoseconds.
+// The messages' clock: steady_clock (CLOCK_MONOTONIC), in nanoseconds.
 inline std::int64_t steady_ns(std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now()) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
@@ -28,28 +26,10 @@ struct Message {
 // The most one write sends: whole messages, at most PIPE_BUF bytes (atomic).
 constexpr std::size_t kChunk = PIPE_BUF / sizeof(Message) * sizeof(Message);
 
-// What the guardian process is to do first, before it reads the pipe on.
-enum Pending : std::int32_t {
-  kNothing = 0,
-  kLapsed = 1,     // the fence's deadline passed: the job's processes killed (the groups are already)
-  kAgentGone = 2,  // the pipe's end of file: kill everything, remove the cgroup and the directory
-};
-
-// The hand-over: this header, then `groups` pids, the directory's bytes and the containment's
-// text (Containment::handover()), in a memfd whose number the guardian process gets in argv[1].
-struct Handover {
-  char magic[8];  // kMagic
-  std::int32_t pipe_fd;
-  std::int32_t pending;
-  std::int32_t armed;
-  std::int32_t groups;
-  std::int64_t deadline;
-  std::uint32_t directory_bytes;
-  std::uint32_t containment_bytes;
-};
-inline constexpr char kMagic[8] = {'d', 'd', 'p', 'g', 'u', 'a', 'r', '1'};
-
-// argv[1] of the guardian process: this, then the memfd's number.
-inline constexpr char kGuardianFlag[] = "--ddprun-guardian-handover=";
+// The guardian process: the running program (/proc/self/exe) started as
+//   ddprun-guard --ddprun-guardian TOKEN CGROUP OWNER
+// with the pipe's read end as descriptor 3 (guardian_main.hpp).
+inline constexpr int kPipeFd = 3;
+inline constexpr char kGuardianFlag[] = "--ddprun-guardian";
 
 }  // namespace ddprun::agent::guardian_protocol

@@ -1,4 +1,4 @@
-#include "private_files.hpp"
+#include "containment/private_files.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

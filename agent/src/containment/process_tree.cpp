@@ -1,4 +1,4 @@
-#include "process_tree.hpp"
+#include "containment/process_tree.hpp"
 
 #include <dirent.h>
 #include <unistd.h>

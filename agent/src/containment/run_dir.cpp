@@ -1,4 +1,4 @@
-#include "run_dir.hpp"
+#include "containment/run_dir.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,8 @@
 
 #include "ddprun/agent/options.hpp"
 #include "ddprun/common/error.hpp"
-#include "private_files.hpp"
+#include "ddprun/common/system.hpp"
+#include "containment/private_files.hpp"
 
 namespace ddprun::agent {
 
@@ -41,7 +42,7 @@ namespace {
 // Where ddprun's own temporary directory goes: $TMPDIR when set; else, when nothing in it
 // outlives the job, /dev/shm (a tmpfs: a worker's directory and files cost microseconds there,
 // against 0.1-0.3 ms each on a journalled disk, removal included); else /tmp.
-std::string make_temp_root(const AgentOptions& opt, bool keep) {
+std::string make_temp_root(const AgentOptions& opt, bool keep, const std::function<void(const std::string&)>& announce) {
   auto t = opt.base_env.find("TMPDIR");
   const bool chosen = t != opt.base_env.end() && !t->second.empty();
   std::vector<std::string> candidates;
@@ -51,11 +52,17 @@ std::string make_temp_root(const AgentOptions& opt, bool keep) {
     if (!keep) candidates.push_back("/dev/shm");
     candidates.push_back("/tmp");
   }
+  // As mkdtemp (a random name, made 0700 only if it did not exist), but named before it is made:
+  // the guardian then knows what to remove whenever the agent is killed.
   int e = 0;
   for (const auto& dir : candidates) {
-    std::string tmpl = dir + "/ddprun-XXXXXX";
-    if (::mkdtemp(tmpl.data())) return tmpl;
-    e = errno;
+    for (int attempt = 0; attempt < 16; ++attempt) {
+      std::string path = dir + "/ddprun-" + random_hex(12);
+      if (announce && !keep) announce(path);
+      if (::mkdir(path.c_str(), 0700) == 0) return path;
+      e = errno;
+      if (e != EEXIST) break;
+    }
   }
   throw Error("cannot create a temporary directory in '" + candidates.back() + "': " + std::strerror(e) +
               " (set TMPDIR, or give --log_dir)");
@@ -63,11 +70,11 @@ std::string make_temp_root(const AgentOptions& opt, bool keep) {
 
 }  // namespace
 
-RunDir::RunDir(const AgentOptions& opt)
+RunDir::RunDir(const AgentOptions& opt, const std::function<void(const std::string&)>& announce)
     : keep_(opt.redirects.any() || opt.tee.any() || !opt.duplicate_stdout_filters.empty() ||
             !opt.duplicate_stderr_filters.empty()) {
   std::string base = opt.log_dir;
-  if (base.empty()) base = temp_root_ = make_temp_root(opt, keep_);
+  if (base.empty()) base = temp_root_ = make_temp_root(opt, keep_, announce);
   run_dir_ = base + "/" + opt.rdzv.run_id;
   try {
     make_private_dirs(base);  // the base is the user's choice (or ddprun's own temporary one)

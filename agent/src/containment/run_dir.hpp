@@ -1,9 +1,10 @@
 #pragma once
 // Where a job's files go: <log_dir>/<run_id>/attempt_<round>/<local_rank>/ (logs, error file,
-// heartbeat). Without --log_dir, a fresh directory of ddprun's own (mkdtemp: 0700) under $TMPDIR,
+// heartbeat). Without --log_dir, a fresh directory of ddprun's own (ddprun-RANDOM, 0700) under $TMPDIR,
 // else /dev/shm when nothing in it is kept, else /tmp: the only thing ddprun ever removes. Directories it creates are 0700, files 0600: logs may hold
 // what workers print.
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,8 +14,9 @@ struct AgentOptions;
 
 class RunDir {
  public:
-  // Creates the run directory. Throws ddprun::Error with what to do.
-  explicit RunDir(const AgentOptions& opt);
+  // Creates the run directory. Throws ddprun::Error with what to do. `announce`: told the name
+  // of the temporary directory this will remove, before it is made (the guardian's).
+  explicit RunDir(const AgentOptions& opt, const std::function<void(const std::string&)>& announce = {});
   // Removes the temporary directory ddprun created, and nothing else: never --log_dir, never a
   // parent. Kept when logs were asked for (--redirects, --tee) so they can be read.
   ~RunDir();

@@ -1,4 +1,4 @@
-#include "job_controller.hpp"
+#include "control/job_controller.hpp"
 
 #include <csignal>
 #include <cstring>
@@ -6,10 +6,10 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/error.hpp"
-#include "event_log.hpp"
-#include "output.hpp"
-#include "run_dir.hpp"
-#include "worker_plan.hpp"
+#include "observe/event_log.hpp"
+#include "workers/output.hpp"
+#include "containment/run_dir.hpp"
+#include "workers/worker_plan.hpp"
 
 namespace ddprun::agent {
 namespace {

@@ -33,9 +33,10 @@
 
 #include "ddprun/agent/options.hpp"
 #include "ddprun/rounds/rendezvous.hpp"
-#include "failure_report.hpp"
-#include "failure_streaks.hpp"
-#include "worker_group.hpp"
+#include "containment/fence_state.hpp"
+#include "observe/failure_report.hpp"
+#include "observe/failure_streaks.hpp"
+#include "workers/worker_group.hpp"
 
 namespace ddprun::agent {
 
@@ -46,16 +47,6 @@ using rounds::RendezvousFailure;
 using rounds::RoundEnd;
 using rounds::RoundInfo;
 using rounds::RoundOutcome;
-
-// Whether this node's liveness lapsed, so that its guardian stopped its workers (README:
-// Self-fencing).
-class FenceState {
- public:
-  virtual ~FenceState() = default;
-  // A lapse since reset(): workers SIGKILLed since were fenced, not failed.
-  virtual bool lapsed() = 0;
-  virtual void reset() = 0;  // a new group starts
-};
 
 enum class Phase { rendezvous, running, stopping, draining, done };
 const char* to_string(Phase p);

@@ -5,7 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/exit_status.hpp"
-#include "job_controller.hpp"
+#include "control/job_controller.hpp"
 
 namespace ddprun::agent {
 namespace {

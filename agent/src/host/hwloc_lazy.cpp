@@ -1,4 +1,4 @@
-#include "hwloc_lazy.hpp"
+#include "host/hwloc_lazy.hpp"
 
 #include <dlfcn.h>
 

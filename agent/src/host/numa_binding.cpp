@@ -1,4 +1,4 @@
-#include "numa_binding.hpp"
+#include "host/numa_binding.hpp"
 
 #include <algorithm>
 #include <map>
@@ -7,7 +7,7 @@
 #include "ddprun/common/error.hpp"
 
 #if DDPRUN_FEATURE_HWLOC
-#include "hwloc_lazy.hpp"
+#include "host/hwloc_lazy.hpp"
 #endif
 
 namespace ddprun::agent {

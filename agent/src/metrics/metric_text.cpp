@@ -1,4 +1,4 @@
-#include "metric_text.hpp"
+#include "metrics/metric_text.hpp"
 
 #include <charconv>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "metrics.hpp"
+#include "metrics/metrics.hpp"
 
 #include <sys/stat.h>
 
@@ -6,7 +6,7 @@
 #include <ctime>
 #include <map>
 
-#include "metric_text.hpp"
+#include "metrics/metric_text.hpp"
 
 namespace ddprun::agent {
 namespace {

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "ddprun/rounds/rendezvous.hpp"
-#include "job_controller.hpp"
-#include "worker_group.hpp"
+#include "control/job_controller.hpp"
+#include "workers/worker_group.hpp"
 
 namespace ddprun::agent {
 

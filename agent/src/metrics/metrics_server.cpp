@@ -1,4 +1,4 @@
-#include "metrics_server.hpp"
+#include "metrics/metrics_server.hpp"
 
 #include <atomic>
 #include <boost/asio.hpp>
@@ -10,7 +10,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
-#include "metrics.hpp"
+#include "metrics/metrics.hpp"
 
 namespace ddprun::agent {
 namespace {

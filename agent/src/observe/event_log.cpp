@@ -1,4 +1,4 @@
-#include "event_log.hpp"
+#include "observe/event_log.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -9,10 +9,10 @@
 #include "ddprun/common/text.hpp"
 #include <spdlog/spdlog.h>
 
-#include "containment.hpp"
+#include "containment/containment.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/system.hpp"
-#include "private_files.hpp"
+#include "containment/private_files.hpp"
 
 namespace ddprun::agent {
 namespace {

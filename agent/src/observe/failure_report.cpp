@@ -1,4 +1,4 @@
-#include "failure_report.hpp"
+#include "observe/failure_report.hpp"
 
 #include "ddprun/common/system.hpp"
 

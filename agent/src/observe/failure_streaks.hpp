@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "failure_report.hpp"
+#include "observe/failure_report.hpp"
 
 namespace ddprun::agent {
 

@@ -1,6 +1,6 @@
-#include "stack_dump.hpp"
+#include "observe/stack_dump.hpp"
 
-#include "containment.hpp"
+#include "containment/containment.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

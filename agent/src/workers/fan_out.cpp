@@ -1,4 +1,4 @@
-#include "fan_out.hpp"
+#include "workers/fan_out.hpp"
 
 #include <sys/resource.h>
 #include <unistd.h>

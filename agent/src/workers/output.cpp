@@ -1,4 +1,4 @@
-#include "output.hpp"
+#include "workers/output.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "process_runner.hpp"
+#include "workers/process_runner.hpp"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -7,10 +7,10 @@
 #include <mutex>
 
 #include "ddprun/agent/spawn.hpp"
-#include "containment.hpp"
-#include "guardian.hpp"
-#include "spawn_pool.hpp"
-#include "stack_dump.hpp"
+#include "containment/containment.hpp"
+#include "containment/guardian.hpp"
+#include "workers/spawn_pool.hpp"
+#include "observe/stack_dump.hpp"
 
 namespace ddprun::agent {
 

@@ -14,7 +14,7 @@
 
 #include "ddprun/agent/options.hpp"
 #include "ddprun/common/exit_status.hpp"
-#include "process_tree.hpp"
+#include "containment/process_tree.hpp"
 
 namespace ddprun::agent {
 

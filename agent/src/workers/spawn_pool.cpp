@@ -1,4 +1,4 @@
-#include "spawn_pool.hpp"
+#include "workers/spawn_pool.hpp"
 
 #include <pthread.h>
 #include <sched.h>

@@ -1,4 +1,4 @@
-#include "worker_group_impl.hpp"
+#include "workers/worker_group_impl.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -18,8 +18,8 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
-#include "event_log.hpp"
-#include "process_runner.hpp"
+#include "observe/event_log.hpp"
+#include "workers/process_runner.hpp"
 
 namespace ddprun::agent {
 namespace {

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "ddprun/common/exit_status.hpp"
-#include "output.hpp"
-#include "stack_dump.hpp"
+#include "workers/output.hpp"
+#include "observe/stack_dump.hpp"
 #include <map>
 #include <optional>
 

@@ -2,7 +2,7 @@
 // WorkerGroup's state, shared by worker_group.cpp (workers, pipes, reaping, stopping, heartbeats)
 // and worker_group_stacks.cpp (collecting stacks). Private to the agent: Asio is included here.
 
-#include "worker_group.hpp"
+#include "workers/worker_group.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -22,8 +22,8 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
-#include "event_log.hpp"
-#include "process_runner.hpp"
+#include "observe/event_log.hpp"
+#include "workers/process_runner.hpp"
 
 namespace ddprun::agent {
 

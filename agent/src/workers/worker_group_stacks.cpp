@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "ddprun/common/text.hpp"
-#include "process_runner.hpp"
-#include "worker_group_impl.hpp"
+#include "workers/process_runner.hpp"
+#include "workers/worker_group_impl.hpp"
 
 namespace ddprun::agent {
 

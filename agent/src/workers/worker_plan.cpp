@@ -1,4 +1,4 @@
-#include "worker_plan.hpp"
+#include "workers/worker_plan.hpp"
 
 #include <unistd.h>
 

@@ -6,8 +6,8 @@
 
 #include "ddprun/agent/options.hpp"
 #include "ddprun/rounds/rendezvous.hpp"
-#include "run_dir.hpp"
-#include "worker_group.hpp"
+#include "containment/run_dir.hpp"
+#include "workers/worker_group.hpp"
 
 namespace ddprun::agent {
 

@@ -1,5 +1,5 @@
 #pragma once
-// The fake's device and network (private to runtime/testing): streams, events, communicators.
+// The fake's device and network (private to tests/fakes): streams, events, communicators.
 // One mutex guards all of it; every change of state runs the streams as far as they can go
 // (pump) and wakes every blocked call.
 
