@@ -51,7 +51,10 @@ void say_no_guardian(const char* why) {
 
 Guardian::Guardian(const Containment* containment, const std::string& program) {
   int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return say_no_guardian(std::strerror(errno));
+  if (::pipe2(p, O_CLOEXEC) != 0) {
+    say_no_guardian(std::strerror(errno));
+    return;
+  }
   // Its own session (a kill of ddprun's process group, `timeout -s KILL`, must not take it
   // along: that is when it is needed), /dev/null for the console (a caller reading ddprun's
   // output must not wait for it), the pipe as descriptor 3 and nothing else of the agent's.
@@ -87,7 +90,8 @@ Guardian::Guardian(const Containment* containment, const std::string& program) {
   ::close(p[0]);
   if (e != 0) {
     ::close(p[1]);
-    return say_no_guardian(std::strerror(e));
+    say_no_guardian(std::strerror(e));
+    return;
   }
   pid_ = pid;
   fd_ = p[1];
