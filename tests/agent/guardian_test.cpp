@@ -176,7 +176,7 @@ TEST_CASE("guardian: an agent gone - a directory not named ddprun-* is left alon
   ::rmdir(other);
 }
 
-TEST_CASE("guardian: the fence's lapse kills the watched group (a renewal sent late counts); a forgotten group is spared; stop signals do not end it") {
+TEST_CASE("guardian: the fence's lapse kills the watched group, a renewal sent late too, but not a forgotten group, and stop signals do not end it") {
   ::signal(SIGPIPE, SIG_IGN);
   const pid_t worker = start_group();
   const pid_t spared = start_group();
