@@ -153,6 +153,16 @@ std::string compare_through_store(rendezvous::Store& store, const Fingerprint& m
   }
 }
 
+std::string mismatch_message(const char* what, const Fingerprint& fp, int rank, int size,
+                             const std::string& timed_out_after, const std::string& diff) {
+  return std::string("gloo: ") + what + " #" + std::to_string(fp.seq) + " on rank " + std::to_string(rank) + " of " +
+         std::to_string(size) + (timed_out_after.empty() ? "" : " timed out after " + timed_out_after) +
+         ": the ranks called different collectives: " + diff +
+         ". Every rank must call the same collectives in the same order, with the same count, type, reduction and "
+         "root" +
+         (timed_out_after.empty() ? "" : " (DDPRUN_DISTRIBUTED_DEBUG=detail finds this before the time-out)");
+}
+
 bool distributed_debug_from_env() {
   const char* v = std::getenv("DDPRUN_DISTRIBUTED_DEBUG");
   if (!v) return false;

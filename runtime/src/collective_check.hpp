@@ -55,6 +55,12 @@ std::uint32_t check_tag(std::uint64_t seq);
 // the ranks and how they differ, e.g. "rank 0 called all_reduce(count 8, ...); rank 1 called ...".
 std::string mismatch_text(const std::vector<Fingerprint>& by_rank);
 
+// The error text of a mismatch: "gloo: all_reduce #3 on rank 0 of 2[ timed out after 2 s]: the
+// ranks called different collectives: DIFF. Every rank must ..." (`timed_out_after` empty: found
+// before the call, by the debug mode).
+std::string mismatch_message(const char* what, const Fingerprint& fp, int rank, int size,
+                             const std::string& timed_out_after, const std::string& diff);
+
 // After a time-out: publishes this rank's fingerprint under the group's store and reads the
 // other ranks' for at most `grace`. A message (mismatch_text) when a peer called something else;
 // empty when they all match or some did not answer (stalled, dead, or elsewhere). Never throws.

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <thread>
 
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +35,8 @@ namespace {
 // Gloo's slot prefixes end at 0x08 (types.h); ours for the ring reduce-scatter.
 constexpr std::uint8_t kReduceScatterSlotPrefix = 0x0D;
 constexpr std::size_t kSegmentBytes = 1 << 20;
+// How long a rank whose peer closed its connections waits before failing (fail()).
+constexpr std::chrono::milliseconds kPeerExitGrace{500};
 
 class GlooProcessGroup final : public ProcessGroup {
   using Op = std::function<void(std::chrono::milliseconds, std::uint32_t)>;
@@ -318,15 +321,14 @@ class GlooProcessGroup final : public ProcessGroup {
     }
     auto diff = mismatch_text(by_rank);
     if (diff.empty()) return;
-    throw CollectiveMismatchError(std::string("gloo: ") + what + " #" + std::to_string(fp.seq) + " on rank " +
-                                  std::to_string(rank_) + " of " + std::to_string(size_) +
-                                  ": the ranks called different collectives: " + diff + mismatch_hint(false));
+    throw CollectiveMismatchError(mismatch_message(what, fp, rank_, size_, "", diff));
   }
 
-  static std::string mismatch_hint(bool timed_out) {
-    return std::string(". Every rank must call the same collectives in the same order, with the same count, type, "
-                       "reduction and root") +
-           (timed_out ? " (DDPRUN_DISTRIBUTED_DEBUG=detail finds this before the time-out)" : "");
+  static bool peer_left(const std::string& msg) {
+    for (const char* m : {"closed by peer", "reset by peer", "Socket closed", "Broken pipe"}) {
+      if (msg.find(m) != std::string::npos) return true;
+    }
+    return false;
   }
 
   // Breaks the group and throws the error of `what`: TimeoutError or NetworkError, or
@@ -337,12 +339,13 @@ class GlooProcessGroup final : public ProcessGroup {
     if (timed_out) {
       // The store is thread-safe (TcpStore serialises calls).
       auto diff = compare_through_store(*store_, fp, rank_, size_, std::min(t, std::chrono::milliseconds(2000)));
-      if (!diff.empty()) {
-        throw CollectiveMismatchError(std::string("gloo: ") + what + " #" + std::to_string(fp.seq) + " on rank " +
-                                      std::to_string(rank_) + " of " + std::to_string(size_) + " timed out after " +
-                                      seconds_text(t) + ": the ranks called different collectives: " + diff +
-                                      mismatch_hint(true));
-      }
+      if (!diff.empty()) throw CollectiveMismatchError(mismatch_message(what, fp, rank_, size_, seconds_text(t), diff));
+    }
+    if (!timed_out && peer_left(msg)) {
+      // A peer closed its connections: it is exiting, most likely with an error of its own.
+      // Wait a moment before failing here, so that the launcher sees that rank exit first and
+      // names it the root cause, not this rank that only noticed.
+      std::this_thread::sleep_for(std::min(t, kPeerExitGrace));
     }
     std::string text = std::string("gloo: ") + what + " on rank " + std::to_string(rank_) + " of " +
                        std::to_string(size_) + (timed_out ? " timed out after " + seconds_text(t) : " failed") +

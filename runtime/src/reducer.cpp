@@ -150,6 +150,7 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> group, std::vector<ParameterSpec>
     }
   }
   // Collectives, on every rank: the same parameters, then rank 0's values everywhere.
+  if (options.broadcast_parameters) require_parameter_data(params);
   agree_on_parameters(*group, params);
   if (options.broadcast_parameters) broadcast_parameters(*group, params);
   impl_->user_gradients = static_cast<char*>(gradients);

@@ -79,7 +79,7 @@ void agree_on_parameters(ProcessGroup& group, const std::vector<ParameterSpec>& 
                    "; every rank must register the same parameters, in the same order");
 }
 
-void broadcast_parameters(ProcessGroup& group, const std::vector<ParameterSpec>& params) {
+void require_parameter_data(const std::vector<ParameterSpec>& params) {
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (!params[i].data) {
       throw UsageError("Reducer: parameter " + std::to_string(i) +
@@ -88,6 +88,10 @@ void broadcast_parameters(ProcessGroup& group, const std::vector<ParameterSpec>&
                        "if the program makes the replicas identical itself");
     }
   }
+}
+
+void broadcast_parameters(ProcessGroup& group, const std::vector<ParameterSpec>& params) {
+  require_parameter_data(params);
   for (const auto& p : params) group.broadcast(p.data, p.count, p.type, 0);
 }
 

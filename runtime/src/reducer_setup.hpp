@@ -14,8 +14,10 @@ namespace ddprun::runtime {
 // sizes would meet in one all-reduce.
 void agree_on_parameters(ProcessGroup& group, const std::vector<ParameterSpec>& params);
 
-// Broadcasts every parameter's data from rank 0. Throws UsageError (before any collective)
-// when a parameter has no data.
+// Throws UsageError when a parameter has no data (local: call it before any collective).
+void require_parameter_data(const std::vector<ParameterSpec>& params);
+
+// Broadcasts every parameter's data from rank 0 (require_parameter_data first).
 void broadcast_parameters(ProcessGroup& group, const std::vector<ParameterSpec>& params);
 
 }  // namespace ddprun::runtime
