@@ -4,10 +4,11 @@
 # DDPRUN_DISTRIBUTED_DEBUG=detail), a Reducer whose parameters differ, a trainer that never
 # broadcasts its parameters, a missing finalize(), an exception on one rank, a rank stuck outside
 # any collective; and a world of one without the launcher.
-# Usage: tests/runtime_mistakes_test.sh DDPRUN MISTAKES_WORKER
+# Usage: tests/runtime_mistakes_test.sh DDPRUN MISTAKES_WORKER TRAIN_MLP
 source "$(dirname "$0")/lib.sh"
 ddprun=$1
 worker=$2
+train=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -38,6 +39,14 @@ MW_TIMEOUT_MS=60000 DDPRUN_DISTRIBUTED_DEBUG=detail run count_debug 2 -- count_m
 check "count mismatch with DDPRUN_DISTRIBUTED_DEBUG=detail: the same error at once, not after the 60 s time-out" count_debug '
   grep -qF "rank 0 called all_reduce(count 8, float32, sum); rank 1 called all_reduce(count 4, float32, sum)" $out &&
   below 15'
+
+# No false alarm: a Reducer with many buckets on three lanes, checked before every collective,
+# trains exactly as without the checks.
+secs=-
+plain=$(timeout 120 "$ddprun" --standalone --nproc_per_node=4 --log_level warn "$train" --steps 100 --bucket_cap_mb 0.004 2>&1 | grep -m1 -o 'checksum=.*')
+checked=$(DDPRUN_DISTRIBUTED_DEBUG=detail timeout 120 "$ddprun" --standalone --nproc_per_node=4 --log_level warn "$train" --steps 100 --bucket_cap_mb 0.004 2>&1 | grep -m1 -o 'checksum=.*')
+if [ -n "$plain" ] && [ "$plain" = "$checked" ]; then ok "train_mlp under DDPRUN_DISTRIBUTED_DEBUG=detail: no mismatch reported, same $plain"
+else bad "train_mlp under DDPRUN_DISTRIBUTED_DEBUG=detail: '$checked' vs '$plain'"; fi
 
 # Types of different sizes: Gloo's own thread used to abort the process (SIGABRT, exit 134).
 MW_TIMEOUT_MS=2000 run dtype 2 -- dtype_mismatch

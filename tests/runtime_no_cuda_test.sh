@@ -11,9 +11,11 @@ needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' 
 cuda_re='lib(cuda|cudart|nccl|nvidia|cublas)'
 
 n=$(needed "$trainer")
-if echo "$n" | grep -Eq "$cuda_re"; then bad "the trainer's NEEDED names a CUDA or NCCL library: $n"; else ok "the trainer's NEEDED: $n"; fi
+if ! echo "$n" | grep -q 'libc.so'; then bad "cannot read the trainer's NEEDED entries: '$n'"
+elif echo "$n" | grep -Eq "$cuda_re"; then bad "the trainer's NEEDED names a CUDA or NCCL library: $n"; else ok "the trainer's NEEDED: $n"; fi
 l=$(ldd "$trainer" | awk '{print $1}' | tr '\n' ' ')
-if echo "$l" | grep -Eq "$cuda_re"; then bad "the trainer loads CUDA or NCCL (ldd): $l"; else ok "nothing the trainer loads is CUDA or NCCL (ldd)"; fi
+if ! echo "$l" | grep -q 'libc.so'; then bad "ldd cannot read the trainer: '$l'"
+elif echo "$l" | grep -Eq "$cuda_re"; then bad "the trainer loads CUDA or NCCL (ldd): $l"; else ok "nothing the trainer loads is CUDA or NCCL (ldd)"; fi
 # The check means something: this build has the backend, and its plugin is what links them.
 p=$(needed "$plugin")
 if echo "$p" | grep -q 'libnccl' && echo "$p" | grep -q 'libcudart'; then ok "the nccl plugin links them: $p"; else bad "the nccl plugin's NEEDED lacks NCCL or CUDA: $p"; fi

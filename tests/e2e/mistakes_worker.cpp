@@ -9,11 +9,13 @@
 //   raise            rank 1 throws after one all-reduce; the others all-reduce again
 //   stuck_outside    rank 0 stops calling collectives (loops in stuck_outside_collectives),
 //                    the others all-reduce
-//   cost             microseconds per all_reduce (1 float, 1 Mi floats), for the debug mode's cost
+//   cost             microseconds per all_reduce (1 float, 1 Mi floats; median and 10th percentile),
+//                    for the debug mode's cost
 // The time-out of collectives: MW_TIMEOUT_MS (default 3000).
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -126,13 +128,29 @@ int cost() {
   auto pg = init_process_group("gloo", options());
   for (std::size_t count : {std::size_t{1}, std::size_t{1} << 20}) {
     std::vector<float> x(count, 1.0f);
-    const int n = count == 1 ? 2000 : 50;
+    const int n = count == 1 ? 2000 : 100;
     for (int i = 0; i < 10; ++i) pg->all_reduce(x.data(), count, DataType::kFloat32, ReduceOp::kSum);
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < n; ++i) pg->all_reduce(x.data(), count, DataType::kFloat32, ReduceOp::kSum);
-    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
-    if (pg->rank() == 0) std::printf("COST count=%zu us_per_all_reduce=%.1f\n", count, us);
+    std::vector<double> us;
+    for (int i = 0; i < n; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      pg->all_reduce(x.data(), count, DataType::kFloat32, ReduceOp::kSum);
+      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(us.begin(), us.end());
+    if (pg->rank() == 0) {
+      std::printf("COST count=%zu median_us=%.1f p10_us=%.1f\n", count, us[us.size() / 2], us[us.size() / 10]);
+    }
   }
+  // For comparison: the debug mode's own exchange is an all_gather of 24 bytes per rank.
+  std::vector<char> in(24), out(24 * static_cast<std::size_t>(pg->size()));
+  std::vector<double> us;
+  for (int i = 0; i < 2000; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    pg->all_gather(in.data(), out.data(), 6, DataType::kFloat32);  // 24 bytes
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(us.begin(), us.end());
+  if (pg->rank() == 0) std::printf("COST all_gather_24B median_us=%.1f p10_us=%.1f\n", us[us.size() / 2], us[us.size() / 10]);
   return 0;
 }
 

@@ -1,8 +1,10 @@
 #pragma once
 // Bucketed gradient all-reduce: what PyTorch's DDP Reducer does, for native trainers.
 //
-// Parameters are registered once. Their gradients live in buckets the Reducer owns (memory of
-// the process group's kind: host for gloo, device for nccl); the trainer writes or accumulates
+// Parameters are registered once; at construction the ranks check that they registered the same
+// ones and rank 0's values are broadcast to every rank (ReducerOptions::broadcast_parameters).
+// Their gradients live in buckets the Reducer owns (memory of the process group's kind: host for
+// gloo, device for nccl), or in one array the program owns; the trainer writes or accumulates
 // each gradient at grad(i) and calls mark_ready(i) when backward has produced it. A bucket whose
 // gradients are all ready is reduced at once, asynchronously, while backward goes on; finalize()
 // waits for the rest and leaves every gradient averaged across ranks.
