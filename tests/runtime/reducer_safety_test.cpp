@@ -15,7 +15,7 @@ namespace {
 std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}); }
 }  // namespace
 
-TEST_CASE("the Reducer broadcasts rank 0's parameters at construction; none without data unless told", "[reducer]") {
+TEST_CASE("the Reducer broadcasts rank 0's parameters at construction, and none without data unless told", "[reducer]") {
   test::Ranks ranks;
   ranks.run(3, [](int r, ProcessGroup& pg) {
     std::vector<float> w(300, static_cast<float>(r + 1)), b(7, static_cast<float>(10 * r));
