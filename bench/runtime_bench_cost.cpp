@@ -79,6 +79,7 @@ double per_collective_us(ProcessGroup& pg, void* buf, std::size_t count, int ite
 double per_step_us(const std::shared_ptr<ProcessGroup>& pg, int iters) {
   ReducerOptions o;
   o.first_bucket_bytes = 64;  // two buckets: the bias, then the weights
+  o.broadcast_parameters = false;
   Reducer red(pg, {{256}, {1}}, o);
   auto step = [&] {
     red.mark_ready(1);

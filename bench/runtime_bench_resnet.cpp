@@ -119,6 +119,7 @@ int resnet50(const std::shared_ptr<ProcessGroup>& pg, const Args& args) {
   s.flat = std::make_unique<Buffer>(*pg, s.total);
   ReducerOptions ropt;
   if (args.bucket_cap_mb > 0) ropt.bucket_cap_bytes = static_cast<std::size_t>(args.bucket_cap_mb * 1024 * 1024);
+  ropt.broadcast_parameters = false;  // gradients only: the values are not trained
   s.red = std::make_unique<Reducer>(pg, s.params, ropt);
   auto flat_sync = [&] { pg->all_reduce(s.flat->data(), s.total, DataType::kFloat32, ReduceOp::kAvg); };
   auto flat_async = [&] { pg->all_reduce_async(s.flat->data(), s.total, DataType::kFloat32, ReduceOp::kAvg)->wait(); };

@@ -18,6 +18,10 @@ install(TARGETS ddprun_common ddprun_rendezvous ddprun_runtime EXPORT ddprunTarg
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT bin
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+if(DDPRUN_WITH_NCCL)
+  # Loaded by ddprun::runtime from the installed library directory (runtime/src/nccl_loader.cpp).
+  install(TARGETS ddprun_runtime_nccl LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT bin)
+endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/common/include/ ${PROJECT_SOURCE_DIR}/rendezvous/include/ ${PROJECT_SOURCE_DIR}/runtime/include/
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
 
@@ -32,10 +36,13 @@ install(FILES ${PROJECT_BINARY_DIR}/ddprunConfig.cmake ${PROJECT_BINARY_DIR}/ddp
   DESTINATION ${DDPRUN_CMAKE_DIR} COMPONENT dev)
 
 # ---- pkg-config ---------------------------------------------------------------------------------
-set(DDPRUN_PC_PRIVATE_LIBS "-lgloo -lcrypto -lpthread")
+# No CUDA or NCCL here even with the nccl backend: ddprun::runtime loads its NCCL plugin (the
+# one part that links them) at run time, so programs on gloo run where CUDA is not installed.
+set(DDPRUN_PC_PRIVATE_LIBS "-lgloo -lcrypto -lpthread -ldl")
 if(DDPRUN_WITH_NCCL)
-  get_filename_component(_nccl_dir ${DDPRUN_NCCL_LIBRARY} DIRECTORY)
-  string(APPEND DDPRUN_PC_PRIVATE_LIBS " -L${_nccl_dir} -lnccl -lcudart")
+  set(DDPRUN_PC_NCCL_PLUGIN "\${libdir}/${DDPRUN_NCCL_PLUGIN_NAME}")
+else()
+  set(DDPRUN_PC_NCCL_PLUGIN "")
 endif()
 # Relocatable: the prefix is found from the .pc file's own place (cmake --install --prefix X).
 file(RELATIVE_PATH _pc_up /${CMAKE_INSTALL_LIBDIR}/pkgconfig /)

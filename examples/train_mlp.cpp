@@ -180,10 +180,16 @@ struct Trainer {
 
   Trainer(const Args& a, const DistEnv& env, std::shared_ptr<ProcessGroup> group)
       : args(a), rank(env.rank), world(env.world_size), batch(a.global_batch / env.world_size), pg(std::move(group)),
-        reducer(pg, kShapes, reducer_options(a)), sampler(kDataset, world, rank, /*shuffle=*/true, /*seed=*/0),
+        reducer(pg, with_data(kShapes, params), reducer_options(a)), sampler(kDataset, world, rank, /*shuffle=*/true, /*seed=*/0),
         steps_per_epoch(sampler.num_samples() / static_cast<std::size_t>(batch)),
         x(static_cast<std::size_t>(batch) * kIn), y(batch), h1(batch * kHidden), h2(batch * kHidden), out(batch),
         d_out(batch), d_h2(batch * kHidden), d_h1(batch * kHidden) {}
+
+  // The Reducer copies rank 0's initial values to every rank at construction (ParameterSpec::data).
+  static std::vector<ParameterSpec> with_data(std::vector<ParameterSpec> specs, std::vector<std::vector<float>>& p) {
+    for (std::size_t k = 0; k < specs.size(); ++k) specs[k].data = p[k].data();
+    return specs;
+  }
 
   static ReducerOptions reducer_options(const Args& a) {
     ReducerOptions ropt;
@@ -305,6 +311,9 @@ int train(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // ddprun reads workers' output through pipes, where C stdio is block-buffered: without this,
+  // progress lines would appear only at exit (or every 4 KiB).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   Args args = parse(argc, argv);
   try {
     return train(args);

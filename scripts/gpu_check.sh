@@ -21,6 +21,8 @@ nccl=$(find /opt /usr/local /usr/lib -name libnccl.so.2 2>/dev/null | head -n 1)
 [[ -n $nccl ]] || { echo "gpu_check: libnccl.so.2 not found under /opt, /usr/local, /usr/lib" >&2; exit 2; }
 nccl_dir=$(dirname "$nccl")
 export LD_LIBRARY_PATH=$pack/lib:$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# The nccl backend is a plugin ddprun::runtime loads at run time (gpu_package.sh packs it).
+export DDPRUN_NCCL_BACKEND=$(ls "$pack"/lib/libddprun_runtime_nccl-*.so | head -n 1)
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 [[ $gpus -ge 1 ]] || gpus=1
 logs=$(mktemp -d /tmp/ddprun-gpu-check.XXXXXX)

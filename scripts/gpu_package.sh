@@ -27,10 +27,15 @@ for p in "${programs[@]}"; do
   strip -o "$out/bin/$(basename "$p")" "$build/$p"
 done
 
+# The nccl backend's plugin (the one part of ddprun that links CUDA and NCCL), loaded at run time
+# through DDPRUN_NCCL_BACKEND (gpu_check.sh sets it).
+plugin=$(ls "$build"/runtime/libddprun_runtime_nccl-*.so | head -n 1)
+cp "$plugin" "$out/lib/"
+
 # The libraries ldd resolves, less what every Linux has and what the GPU machine brings.
 skip='^(linux-vdso|ld-linux|libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|libcuda|libnvidia|libnccl)\.'
-for p in "${programs[@]}"; do
-  ldd "$build/$p" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'
+for p in "${programs[@]/#/$build/}" "$plugin"; do
+  ldd "$p" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'
 done | sort -u | while read -r name path; do
   if [[ $name =~ $skip ]]; then continue; fi
   cp -L "$path" "$out/lib/$name"

@@ -44,8 +44,25 @@ bool yes_no(const std::string& key, const std::string& value) {
 
 DistEnv DistEnv::from_map(const std::map<std::string, std::string>& env) {
   DistEnv e;
+  bool any = false;
+  for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+    auto it = env.find(k);
+    any = any || (it != env.end() && !it->second.empty());
+  }
+  if (!any) {
+    e.standalone = true;
+    e.run_id = "none";
+    return e;
+  }
+  // RANK first: a program started by hand with a wrong or missing RANK hears about RANK.
+  const std::string rank_text = required(env, "RANK");
+  const auto rank = integer("RANK", rank_text, 0, (1 << 24) - 1);
   e.world_size = static_cast<int>(integer("WORLD_SIZE", required(env, "WORLD_SIZE"), 1, 1 << 24));
-  e.rank = static_cast<int>(integer("RANK", required(env, "RANK"), 0, e.world_size - 1));
+  if (rank >= e.world_size) {
+    throw UsageError("RANK=" + rank_text + " is out of range (0.." + std::to_string(e.world_size - 1) +
+                     ", since WORLD_SIZE=" + std::to_string(e.world_size) + ")" + kHint);
+  }
+  e.rank = static_cast<int>(rank);
   e.local_world_size = static_cast<int>(integer("LOCAL_WORLD_SIZE", required(env, "LOCAL_WORLD_SIZE"), 1, e.world_size));
   e.local_rank = static_cast<int>(integer("LOCAL_RANK", required(env, "LOCAL_RANK"), 0, e.local_world_size - 1));
   e.master_addr = required(env, "MASTER_ADDR");

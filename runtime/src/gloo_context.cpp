@@ -66,4 +66,11 @@ std::shared_ptr<gloo::rendezvous::Context> connect_gloo(std::shared_ptr<rendezvo
   }
 }
 
+bool gloo_peer_left(const std::string& message) {
+  for (const char* m : {"closed by peer", "reset by peer", "Socket closed", "Broken pipe"}) {
+    if (message.find(m) != std::string::npos) return true;
+  }
+  return false;
+}
+
 }  // namespace ddprun::runtime

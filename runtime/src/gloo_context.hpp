@@ -22,4 +22,7 @@ std::shared_ptr<gloo::rendezvous::Context> connect_gloo(std::shared_ptr<rendezvo
                                                         const ProcessGroupOptions& options,
                                                         const std::string& store_host);
 
+// Whether Gloo's error message says a peer closed its connections (it is exiting).
+bool gloo_peer_left(const std::string& message);
+
 }  // namespace ddprun::runtime

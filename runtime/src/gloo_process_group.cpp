@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <exception>
 #include <mutex>
+#include <thread>
 
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "collective_check.hpp"
 #include "comm_thread.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/prefix_store.hpp"
@@ -32,6 +35,8 @@ namespace {
 // Gloo's slot prefixes end at 0x08 (types.h); ours for the ring reduce-scatter.
 constexpr std::uint8_t kReduceScatterSlotPrefix = 0x0D;
 constexpr std::size_t kSegmentBytes = 1 << 20;
+// How long a rank whose peer closed its connections waits before failing (fail()).
+constexpr std::chrono::milliseconds kPeerExitGrace{500};
 
 class GlooProcessGroup final : public ProcessGroup {
   using Op = std::function<void(std::chrono::milliseconds, std::uint32_t)>;
@@ -47,11 +52,14 @@ class GlooProcessGroup final : public ProcessGroup {
 
   // Ranks leave together: a rank that closed its sockets while a peer still had messages on
   // the way (or unread notifications) would make that peer's last collective fail with a reset
-  // connection. Bounded, and skipped when the group already failed.
+  // connection. Bounded, and skipped when the group already failed or an exception is on its
+  // way (the group destroyed while the stack unwinds, or in a handler): the error reaches the
+  // program's catch, and the launcher sees this rank fail, at once, not after the barrier.
   ~GlooProcessGroup() override {
-    if (size_ == 1) return;
+    if (size_ == 1 || std::uncaught_exceptions() > 0 || std::current_exception()) return;
     try {
-      run("barrier at destruction", std::min(opt_.timeout, std::chrono::milliseconds(30000)),
+      run("barrier at destruction", Fingerprint::of(CollectiveKind::kBarrier),
+          std::min(opt_.timeout, std::chrono::milliseconds(30000)),
           [this](std::chrono::milliseconds t, std::uint32_t tag) {
             if (broken_) return;
             gloo::BarrierOptions o(context_);
@@ -84,11 +92,13 @@ class GlooProcessGroup final : public ProcessGroup {
 
   std::shared_ptr<Work> all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op,
                                          std::chrono::milliseconds timeout) override {
-    return submit("all_reduce", timeout, all_reduce_op(data, count, type, op));
+    return submit("all_reduce", Fingerprint::of(CollectiveKind::kAllReduce, count, type, op), timeout,
+                  all_reduce_op(data, count, type, op));
   }
   void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op,
                   std::chrono::milliseconds timeout) override {
-    run("all_reduce", timeout, all_reduce_op(data, count, type, op));
+    run("all_reduce", Fingerprint::of(CollectiveKind::kAllReduce, count, type, op), timeout,
+        all_reduce_op(data, count, type, op));
   }
 
   Op all_reduce_op(void* data, std::size_t count, DataType type, ReduceOp op) {
@@ -121,7 +131,7 @@ class GlooProcessGroup final : public ProcessGroup {
 
   void broadcast(void* data, std::size_t count, DataType type, int root, std::chrono::milliseconds timeout) override {
     if (root < 0 || root >= size_) throw UsageError("broadcast: root " + std::to_string(root) + " is not a rank of a group of " + std::to_string(size_));
-    run("broadcast", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
+    run("broadcast", Fingerprint::of(CollectiveKind::kBroadcast, count, type, ReduceOp::kSum, root), timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
       if (count == 0 || size_ == 1) return;
       gloo::BroadcastOptions o(context_);
       o.setOutput(static_cast<char*>(data), count * element_size(type));
@@ -133,7 +143,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   void all_gather(const void* in, void* out, std::size_t count, DataType type, std::chrono::milliseconds timeout) override {
-    run("all_gather", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
+    run("all_gather", Fingerprint::of(CollectiveKind::kAllGather, count, type), timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
       std::size_t bytes = count * element_size(type);
       if (bytes == 0) return;
       if (size_ == 1) {
@@ -158,7 +168,7 @@ class GlooProcessGroup final : public ProcessGroup {
   // the time-out.
   void reduce_scatter(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
                       std::chrono::milliseconds timeout) override {
-    run("reduce_scatter", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
+    run("reduce_scatter", Fingerprint::of(CollectiveKind::kReduceScatter, count, type, op), timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
       const std::size_t esize = element_size(type);
       const std::size_t block = count * esize;
       const auto n = static_cast<std::size_t>(size_);
@@ -212,7 +222,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   void barrier(std::chrono::milliseconds timeout) override {
-    run("barrier", timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
+    run("barrier", Fingerprint::of(CollectiveKind::kBarrier), timeout, [=, this](std::chrono::milliseconds t, std::uint32_t tag) {
       if (size_ == 1) return;
       gloo::BarrierOptions o(context_);
       o.setTag(tag);
@@ -245,36 +255,43 @@ class GlooProcessGroup final : public ProcessGroup {
   // of calls, so every rank makes the same choice. Synchronous operations first wait for every
   // other lane, then run on lane 0 behind what is queued there: they start after everything
   // issued before them has finished.
-  std::shared_ptr<Work> submit(const char* what, std::chrono::milliseconds timeout, Op op) {
+  std::shared_ptr<Work> submit(const char* what, Fingerprint fp, std::chrono::milliseconds timeout, Op op) {
     auto& lane = *lanes_[next_lane_];
     next_lane_ = (next_lane_ + 1) % lanes_.size();
-    return lane.submit(wrap(what, timeout, std::move(op)));
+    return lane.submit(wrap(what, fp, timeout, std::move(op)));
   }
   // The same, synchronously (inline when nothing is queued).
-  void run(const char* what, std::chrono::milliseconds timeout, Op op) {
+  void run(const char* what, Fingerprint fp, std::chrono::milliseconds timeout, Op op) {
     for (std::size_t i = 1; i < lanes_.size(); ++i) lanes_[i]->drain();
     next_lane_ = 0;
-    lanes_[0]->run(wrap(what, timeout, std::move(op)));
+    lanes_[0]->run(wrap(what, fp, timeout, std::move(op)));
   }
 
-  std::function<void()> wrap(const char* what, std::chrono::milliseconds timeout, Op op) {
+  // The call's Gloo tag carries a hash of its fingerprint (collective_check.hpp): ranks that
+  // call different collectives never exchange bytes, so Gloo's device thread never sees a
+  // message of the wrong size (it would abort the process).
+  std::function<void()> wrap(const char* what, Fingerprint fp, std::chrono::milliseconds timeout, Op op) {
     auto t = timeout.count() < 0 ? opt_.timeout : timeout;
-    std::uint32_t tag = next_tag_++;
-    return [this, what, t, tag, op = std::move(op)] {
+    fp.seq = next_seq_++;
+    return [this, what, t, fp, op = std::move(op)] {
       if (broken_) {
         throw NetworkError(std::string("gloo: ") + what + " on rank " + std::to_string(rank_) +
                            ": the process group failed earlier (" + broken_cause() + ")");
       }
       const auto started = std::chrono::steady_clock::now();
       try {
-        op(t, tag);
+        if (opt_.check_collectives && size_ > 1) check_same_call(what, fp, t);
+        op(t, collective_tag(fp));
         heartbeat();
+      } catch (const CollectiveMismatchError& e) {
+        mark_broken(e.what());
+        throw;
       } catch (const ddprun::Error& e) {
         if (dynamic_cast<const TimeoutError*>(&e) == nullptr) {
           mark_broken(e.what());
           throw;
         }
-        fail(what, t, true, e.what());
+        fail(what, fp, t, true, e.what());
       } catch (const std::exception& e) {
         // gloo::Exception and its IoException, but also what derives from std::exception alone
         // (gloo::EnforceNotMet, std::bad_alloc): the group is broken either way, since the pairs
@@ -282,14 +299,55 @@ class GlooProcessGroup final : public ProcessGroup {
         // every I/O failure): an operation that failed once its deadline had passed timed out.
         // (Gloo's own waits round the time left down to milliseconds: a margin.)
         auto margin = std::max(std::chrono::milliseconds(10), t / 20);
-        fail(what, t, std::chrono::steady_clock::now() - started + margin >= t, e.what());
+        fail(what, fp, t, std::chrono::steady_clock::now() - started + margin >= t, e.what());
       }
     };
   }
 
-  // Breaks the group and throws the error of `what`: TimeoutError or NetworkError.
-  [[noreturn]] void fail(const char* what, std::chrono::milliseconds t, bool timed_out, const std::string& msg) {
+  // DDPRUN_DISTRIBUTED_DEBUG=detail: before the call, one all-reduce of 48 bytes under a tag of
+  // its own (the max of each fingerprint word and of its complement: max == min on every rank's);
+  // only on a mismatch are the fingerprints gathered, to name the ranks.
+  void check_same_call(const char* what, const Fingerprint& fp, std::chrono::milliseconds t) {
+    const std::string mine = fp.bytes();
+    std::uint64_t v[6];
+    std::memcpy(v, mine.data(), 24);
+    for (int k = 0; k < 3; ++k) v[3 + k] = ~v[k];
+    gloo::AllreduceOptions o(context_);
+    o.setInput(v, 6);
+    o.setOutput(v, 6);
+    o.setReduceFunction(reduce_function(DataType::kInt64, ReduceOp::kMax));
+    o.setTag(check_tag(fp.seq));
+    o.setTimeout(t);
+    gloo::allreduce(o);
+    if (v[0] == ~v[3] && v[1] == ~v[4] && v[2] == ~v[5]) return;
+    std::vector<char> all(mine.size() * static_cast<std::size_t>(size_));
+    gloo::AllgatherOptions g(context_);
+    g.setInput(const_cast<char*>(mine.data()), mine.size());
+    g.setOutput(all.data(), all.size());
+    g.setTag(check_tag(fp.seq));
+    g.setTimeout(t);
+    gloo::allgather(g);
+    std::vector<Fingerprint> by_rank;
+    for (int r = 0; r < size_; ++r) by_rank.push_back(*Fingerprint::from_bytes(std::string(&all[r * 24], 24)));
+    throw CollectiveMismatchError(mismatch_message(what, fp, rank_, size_, "", mismatch_text(by_rank)));
+  }
+
+  // Breaks the group and throws the error of `what`: TimeoutError or NetworkError, or
+  // CollectiveMismatchError when the ranks that also timed out were in another collective.
+  [[noreturn]] void fail(const char* what, const Fingerprint& fp, std::chrono::milliseconds t, bool timed_out,
+                         const std::string& msg) {
     mark_broken(msg);
+    if (timed_out) {
+      // The store is thread-safe (TcpStore serialises calls).
+      auto diff = compare_through_store(*store_, fp, rank_, size_, std::min(t, std::chrono::milliseconds(2000)));
+      if (!diff.empty()) throw CollectiveMismatchError(mismatch_message(what, fp, rank_, size_, seconds_text(t), diff));
+    }
+    if (!timed_out && gloo_peer_left(msg)) {
+      // A peer closed its connections: it is exiting, most likely with an error of its own.
+      // Wait a moment before failing here, so that the launcher sees that rank exit first and
+      // names it the root cause, not this rank that only noticed.
+      std::this_thread::sleep_for(std::min(t, kPeerExitGrace));
+    }
     std::string text = std::string("gloo: ") + what + " on rank " + std::to_string(rank_) + " of " +
                        std::to_string(size_) + (timed_out ? " timed out after " + seconds_text(t) : " failed") +
                        " (a peer may have died or stalled): " + msg;
@@ -314,7 +372,7 @@ class GlooProcessGroup final : public ProcessGroup {
   int splits_ = 0;                            // caller's thread only
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::vector<char> scratch_[3];
-  std::uint32_t next_tag_ = 1;
+  std::uint64_t next_seq_ = 1;
   void mark_broken(const std::string& why) {
     std::lock_guard<std::mutex> lock(broken_mu_);
     if (!broken_) broken_message_ = why;  // the first cause

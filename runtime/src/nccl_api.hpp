@@ -86,8 +86,12 @@ class Api {
                                 Handle stream) = 0;
 };
 
-// The real NCCL and CUDA (nccl_api_cuda.cpp); nullptr in a build without them.
+// The real NCCL and CUDA: nccl_api_cuda.cpp, in the plugin libddprun_runtime_nccl-VERSION.so
+// that nccl_loader.cpp loads on first use (builds with NCCL only). Throws UsageError saying
+// where it looked when the plugin (or the CUDA and NCCL it needs) cannot be loaded.
 std::shared_ptr<Api> make_cuda_api();
+// Whether the plugin loads here.
+bool plugin_loadable();
 
 // The unique id exchange through the store: rank 0 creates the id and publishes it under
 // kNcclUniqueIdKey; every other rank waits for it and checks its size.

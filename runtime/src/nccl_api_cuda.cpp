@@ -1,16 +1,16 @@
-// nccl::Api on the real NCCL and CUDA runtime. Built only when CUDA and NCCL are found; every
-// decision (time-outs, aborts, the broken-group rule) is in nccl_core.cpp and nccl_group.cpp.
+// nccl::Api on the real NCCL and CUDA runtime: the plugin libddprun-runtime-nccl.so, which
+// ddprun::runtime loads at run time (nccl_loader.cpp) when a program asks for the nccl backend,
+// so that programs on the gloo backend need no CUDA or NCCL library. Built only when CUDA and
+// NCCL are found; every decision (time-outs, aborts, the broken-group rule) is in nccl_core.cpp
+// and nccl_group.cpp.
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <cstring>
 
-#include "ddprun/rendezvous/store.hpp"
 #include "nccl_api.hpp"
 #include "nccl_cast.hpp"
-#include "nccl_group.hpp"
-#include "nccl_unique_id.hpp"
 
 namespace ddprun::runtime {
 namespace nccl {
@@ -155,20 +155,11 @@ class CudaApi final : public Api {
 
 }  // namespace
 
-std::shared_ptr<Api> make_cuda_api() { return std::make_shared<CudaApi>(); }
-
 }  // namespace nccl
-
-std::string exchange_nccl_unique_id(rendezvous::Store& store, int rank) {
-  auto api = nccl::make_cuda_api();
-  return nccl::exchange_unique_id(*api, store, rank);
-}
-
-std::shared_ptr<ProcessGroup> make_nccl_process_group(std::shared_ptr<rendezvous::Store> store, int rank, int size,
-                                                      const ProcessGroupOptions& options, int local_rank,
-                                                      int local_size) {
-  return nccl::make_process_group(nccl::make_cuda_api(), std::move(store), rank, size, options,
-                                  nccl::Placement{local_rank, local_size});
-}
-
 }  // namespace ddprun::runtime
+
+// The plugin's one entry point (nccl_loader.cpp finds it with dlsym): a new Api on the real
+// CUDA and NCCL, owned by the caller. Only this library links libnccl and libcudart.
+extern "C" __attribute__((visibility("default"))) ddprun::runtime::nccl::Api* ddprun_runtime_nccl_api_v1() {
+  return new ddprun::runtime::nccl::CudaApi();  // (this file's anonymous namespace)
+}

@@ -2,20 +2,26 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <mutex>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/prefix_store.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
 #include "ddprun/runtime/env.hpp"
+#include "collective_check.hpp"
 #include "group_keys.hpp"
+#include "local_store.hpp"
+#ifdef DDPRUN_WITH_NCCL
+#include "nccl_api.hpp"
+#endif
 #include "process_groups.hpp"
 
 namespace ddprun::runtime {
 
 bool nccl_available() {
 #ifdef DDPRUN_WITH_NCCL
-  return true;
+  return nccl::plugin_loadable();
 #else
   return false;
 #endif
@@ -41,8 +47,10 @@ struct Local {
 };
 
 std::shared_ptr<ProcessGroup> create(const std::string& backend, const std::shared_ptr<rendezvous::Store>& store,
-                                     int rank, int size, const ProcessGroupOptions& options,
+                                     int rank, int size, const ProcessGroupOptions& given,
                                      const std::string& store_host, Local local) {
+  ProcessGroupOptions options = given;
+  options.check_collectives = options.check_collectives || distributed_debug_from_env();
   if (size < 1 || rank < 0 || rank >= size) {
     throw UsageError("process group: rank " + std::to_string(rank) + " is not within a group of " + std::to_string(size));
   }
@@ -87,6 +95,12 @@ std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, con
 
 std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, const DistEnv& env,
                                                  const ProcessGroupOptions& options) {
+  if (env.standalone) {
+    // No launcher: a world of one, said once, on a store in this process.
+    std::fprintf(stderr, "ddprun: no launcher variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) are set: running as a "
+                         "world of one (rank 0 of 1); start the program with ddprun for more ranks\n");
+    return create(backend, make_local_store(), 0, 1, options, "127.0.0.1", Local{0, 1});
+  }
   rendezvous::TcpStoreOptions so;
   so.host = env.master_addr;
   so.port = env.master_port;

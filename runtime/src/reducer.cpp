@@ -7,6 +7,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/runtime/heartbeat.hpp"
 #include "device_compression.hpp"
+#include "reducer_setup.hpp"
 
 namespace ddprun::runtime {
 
@@ -38,6 +39,8 @@ struct Reducer::Impl {
   std::size_t next_launch = 0;
   // Compression done by the group on its own memory (nccl), or nullptr: on the host (gloo).
   DeviceCompression* device_compression = nullptr;
+  // The program's gradient memory (llm.c style), or nullptr: buckets the Reducer allocates.
+  char* user_gradients = nullptr;
 
   void assign_buckets() {
     // Reverse registration order: the order backward produces gradients (last layer first).
@@ -60,13 +63,28 @@ struct Reducer::Impl {
       cur.info.bytes = (cur.info.bytes + 63) / 64 * 64;
     }
     close();
+    if (user_gradients) place_in_user_memory();
     where.resize(params.size());
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       auto& bk = buckets[b];
-      bk.storage = group->allocate(bk.info.bytes);
+      if (!user_gradients) bk.storage = group->allocate(bk.info.bytes);
       bk.count = bk.info.bytes / element_size(bk.info.type);
       bk.pending = bk.info.params.size();
       for (std::size_t j = 0; j < bk.info.params.size(); ++j) where[bk.info.params[j]] = {b, bk.offsets[j]};
+    }
+  }
+
+  // Buckets over the program's gradient array: parameters lie back to back in registration
+  // order, so a bucket (a run of consecutive parameters) is one contiguous range of it.
+  void place_in_user_memory() {
+    std::vector<std::size_t> start(params.size() + 1, 0);
+    for (std::size_t k = 0; k < params.size(); ++k) start[k + 1] = start[k] + params[k].count * element_size(params[k].type);
+    for (auto& bk : buckets) {
+      std::size_t first = *std::min_element(bk.info.params.begin(), bk.info.params.end());
+      std::size_t last = *std::max_element(bk.info.params.begin(), bk.info.params.end());
+      bk.storage = user_gradients + start[first];
+      bk.info.bytes = start[last + 1] - start[first];
+      for (std::size_t j = 0; j < bk.info.params.size(); ++j) bk.offsets[j] = start[bk.info.params[j]] - start[first];
     }
   }
 
@@ -112,6 +130,10 @@ struct Reducer::Impl {
 };
 
 Reducer::Reducer(std::shared_ptr<ProcessGroup> group, std::vector<ParameterSpec> params, ReducerOptions options)
+    : Reducer(std::move(group), std::move(params), nullptr, options) {}
+
+Reducer::Reducer(std::shared_ptr<ProcessGroup> group, std::vector<ParameterSpec> params, void* gradients,
+                 ReducerOptions options)
     : impl_(std::make_unique<Impl>()) {
   if (!group) throw UsageError("Reducer: no process group");
   if (params.empty()) throw UsageError("Reducer: no parameters registered");
@@ -127,6 +149,11 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> group, std::vector<ParameterSpec>
       throw UsageError(std::string("Reducer: compression is not available with the ") + group->backend() + " backend");
     }
   }
+  // Collectives, on every rank: the same parameters, then rank 0's values everywhere.
+  if (options.broadcast_parameters) require_parameter_data(params);
+  agree_on_parameters(*group, params);
+  if (options.broadcast_parameters) broadcast_parameters(*group, params);
+  impl_->user_gradients = static_cast<char*>(gradients);
   impl_->group = std::move(group);
   impl_->opt = options;
   impl_->params = std::move(params);
@@ -147,7 +174,7 @@ Reducer::~Reducer() {
       } catch (...) {
       }
     }
-    impl_->group->deallocate(b.storage);
+    if (!impl_->user_gradients) impl_->group->deallocate(b.storage);
     if (b.device_wire) impl_->group->deallocate(b.device_wire);
   }
 }
@@ -159,6 +186,13 @@ void* Reducer::grad(std::size_t i) {
 }
 
 void Reducer::zero_grad() {
+  for (const auto& b : impl_->buckets) {
+    if (b.work) {
+      throw UsageError("Reducer: zero_grad() while the last iteration's gradients are still being reduced: call "
+                       "finalize() after the last mark_ready() and before the optimizer uses the gradients (they are "
+                       "averaged across ranks only then)");
+    }
+  }
   // Bucket memory may be device memory: the group zeroes it (nccl: a memset on its stream,
   // after the compute stream's work and before the next backward's).
   for (auto& b : impl_->buckets) impl_->group->zero(b.storage, b.info.bytes);
@@ -167,7 +201,16 @@ void Reducer::zero_grad() {
 void Reducer::mark_ready(std::size_t i) {
   if (i >= impl_->params.size()) throw UsageError("Reducer: no parameter " + std::to_string(i));
   if (!sync_) return;
-  if (impl_->ready[i]) throw UsageError("Reducer: parameter " + std::to_string(i) + " marked ready twice in one iteration");
+  if (impl_->ready[i]) {
+    bool all = std::all_of(impl_->ready.begin(), impl_->ready.end(), [](bool r) { return r; });
+    if (all) {
+      throw UsageError("Reducer: parameter " + std::to_string(i) +
+                       " marked ready again, but the last iteration was never finalized: call finalize() after the "
+                       "last mark_ready() and before the optimizer uses the gradients (they are averaged across "
+                       "ranks only then)");
+    }
+    throw UsageError("Reducer: parameter " + std::to_string(i) + " marked ready twice in one iteration");
+  }
   impl_->ready[i] = true;
   auto& b = impl_->buckets[impl_->where[i].first];
   if (--b.pending == 0) impl_->launch_ready();

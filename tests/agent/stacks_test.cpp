@@ -44,3 +44,27 @@ TEST_CASE("stacks: a worker with several Python processes below it signals each 
         std::vector<std::pair<pid_t, int>>{{7001, SIGABRT}, {7001, SIGCONT}, {7002, SIGABRT}, {7002, SIGCONT}});
   CHECK(j.runner.stacks_read == 0);
 }
+
+TEST_CASE("stacks: the rank outside any collective is the one to blame, while others wait in one", "[stacks]") {
+  std::vector<StackFrame> waiting = {{"std::__basic_future<void>::_M_get_result() const", "", 0},
+                                     {"ddprun::runtime::FutureWork::wait()", "comm_thread.hpp", 22},
+                                     {"ddprun::runtime::Reducer::Impl::wait_all()", "reducer.cpp", 250},
+                                     {"main", "train.cpp", 90}};
+  std::vector<StackFrame> in_gloo = {{"gloo::transport::tcp::UnboundBuffer::waitRecv(int*, std::chrono::duration<long, std::ratio<1l, 1000l> >)", "", 0},
+                                     {"main", "train.cpp", 80}};
+  std::vector<StackFrame> python = {{"wait", "distributed_c10d.py", 4000}, {"<module>", "train.py", 9}};
+  std::vector<StackFrame> loading = {{"load_batch", "data.cpp", 17}, {"main", "train.cpp", 70}};
+  CHECK(in_collective(waiting));
+  CHECK(in_collective(in_gloo));
+  CHECK(in_collective(python));
+  CHECK_FALSE(in_collective(loading));
+  auto blamed = rank_outside_collectives({{0, waiting}, {1, in_gloo}, {2, loading}, {3, python}});
+  REQUIRE(blamed);
+  CHECK(blamed->rank == 2);
+  CHECK(blamed->where == "load_batch (data.cpp:17) <- main (train.cpp:70)");
+  CHECK(blamed->waiting == std::vector<int>{0, 1, 3});
+  // Nobody to blame: all inside (a network stall), all outside, or unread stacks only.
+  CHECK_FALSE(rank_outside_collectives({{0, waiting}, {1, in_gloo}}));
+  CHECK_FALSE(rank_outside_collectives({{0, loading}, {1, loading}}));
+  CHECK_FALSE(rank_outside_collectives({{0, waiting}, {1, {}}}));
+}

@@ -187,10 +187,28 @@ TEST_CASE("the environment contract: clear errors naming the variable", "[env]")
   };
   CHECK_THROWS_WITH(DistEnv::from_map(bad("RANK", "")), Catch::Contains("environment variable RANK is not set"));
   CHECK_THROWS_WITH(DistEnv::from_map(bad("RANK", "x1")), Catch::Contains("RANK=x1 is not an integer"));
-  CHECK_THROWS_WITH(DistEnv::from_map(bad("RANK", "4")), Catch::Contains("RANK=4 is out of range (0..3)"));
+  CHECK_THROWS_WITH(DistEnv::from_map(bad("RANK", "4")), Catch::Contains("RANK=4 is out of range (0..3, since WORLD_SIZE=4)"));
   CHECK_THROWS_WITH(DistEnv::from_map(bad("MASTER_PORT", "70000")), Catch::Contains("MASTER_PORT=70000 is out of range"));
   CHECK_THROWS_WITH(DistEnv::from_map(bad("MASTER_ADDR", "")), Catch::Contains("MASTER_ADDR is not set"));
   CHECK_THROWS_AS(runtime::create_process_group("mpi", nullptr, 0, 1), ddprun::UsageError);
+  // Only RANK set, and wrong: the error is about RANK, not about the WORLD_SIZE that is missing.
+  CHECK_THROWS_WITH(DistEnv::from_map({{"RANK", "abc"}}), Catch::Contains("RANK=abc is not an integer"));
+  CHECK_THROWS_WITH(DistEnv::from_map({{"RANK", "1"}}), Catch::Contains("environment variable WORLD_SIZE is not set"));
+}
+
+TEST_CASE("no launcher variable at all: a world of one", "[env]") {
+  auto e = DistEnv::from_map({{"PATH", "/usr/bin"}, {"TORCHELASTIC_RESTART_COUNT", "0"}});
+  CHECK(e.standalone);
+  CHECK(e.rank == 0);
+  CHECK(e.world_size == 1);
+  CHECK(e.local_world_size == 1);
+  auto pg = init_process_group("gloo", e);
+  CHECK(pg->size() == 1);
+  float x = 3;
+  pg->all_reduce(&x, 1, DataType::kFloat32, ReduceOp::kAvg);
+  CHECK(x == 3);
+  // One launcher variable set: the others are required.
+  CHECK_THROWS_WITH(DistEnv::from_map({{"MASTER_PORT", "29500"}}), Catch::Contains("environment variable RANK is not set"));
 }
 
 TEST_CASE("16-bit float conversions round to nearest even", "[types]") {

@@ -161,6 +161,7 @@ TEST_CASE("compression on nccl: float32 buckets travel as 16 bits, cast on the g
       auto shared = std::shared_ptr<ProcessGroup>(&g, [](ProcessGroup*) {});
       ReducerOptions opt;
       opt.compression = c;
+      opt.broadcast_parameters = false;
       Reducer red(shared, {{n}}, opt);
       std::vector<std::vector<float>> grads(2, std::vector<float>(n));
       for (int k = 0; k < 2; ++k) {

@@ -30,6 +30,7 @@ std::unique_ptr<Reducer> three_buckets(std::shared_ptr<ProcessGroup> g) {
   ReducerOptions o;
   o.first_bucket_bytes = 1024;
   o.bucket_cap_bytes = 1024;
+  o.broadcast_parameters = false;
   return std::make_unique<Reducer>(std::move(g), std::vector<ParameterSpec>{{256}, {256}, {256}}, o);
 }
 

@@ -101,7 +101,7 @@ TEST_CASE("fake nccl threads: the group's device is set on every thread that doe
   std::string errors;
   std::thread user([&] {  // a thread that never set a device: CUDA puts it on device 0
     errors = message_of([&] {
-      Reducer red(g, {{256}, {1}});
+      Reducer red(g, {{256}, {1}}, ReducerOptions{.broadcast_parameters = false});
       red.zero_grad();
       std::vector<float> host(256, 1.0f);
       g->copy_to_device(red.grad(0), host.data(), host.size() * sizeof(float));

@@ -39,6 +39,7 @@ TEST_CASE("Reducer equals a flat all-reduce for many bucket caps and ready order
     ReducerOptions opt;
     opt.bucket_cap_bytes = std::size_t{1} << (10 + rng() % 14);  // 1 KiB .. 8 MiB
     opt.first_bucket_bytes = std::min(opt.bucket_cap_bytes, std::size_t{1} << (10 + rng() % 10));
+    opt.broadcast_parameters = false;  // (values are not what this test checks)
     unsigned seed = rng();
     INFO("trial " << trial << ": " << size << " ranks, " << nparams << " params, cap " << opt.bucket_cap_bytes);
     ranks.run(size, [&](int r, ProcessGroup& pg) {
@@ -86,7 +87,7 @@ TEST_CASE("buckets: reverse registration order, 1 MiB first, then up to the cap"
     auto shared = std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {});
     // 40 parameters of 256 KiB (65536 floats) each.
     std::vector<ParameterSpec> params(40, ParameterSpec{65536, DataType::kFloat32});
-    Reducer red(shared, params);
+    Reducer red(shared, params, ReducerOptions{.broadcast_parameters = false});
     auto b = red.buckets();
     RANK_CHECK(b.size() == 2);
     RANK_CHECK((b[0].params == std::vector<std::size_t>{39, 38, 37, 36}));  // 1 MiB
@@ -96,10 +97,12 @@ TEST_CASE("buckets: reverse registration order, 1 MiB first, then up to the cap"
     ReducerOptions small;
     small.bucket_cap_bytes = 512 * 1024;
     small.first_bucket_bytes = 256 * 1024;
+    small.broadcast_parameters = false;
     Reducer red2(shared, params, small);
     RANK_CHECK(red2.buckets().size() == 1 + 39 / 2 + 1);
     // dtypes are never mixed in one bucket
-    Reducer mixed(shared, {{10, DataType::kFloat32}, {10, DataType::kFloat64}, {10, DataType::kFloat32}});
+    Reducer mixed(shared, {{10, DataType::kFloat32}, {10, DataType::kFloat64}, {10, DataType::kFloat32}},
+                  ReducerOptions{.broadcast_parameters = false});
     RANK_CHECK(mixed.buckets().size() == 3);
   });
 }
@@ -112,7 +115,8 @@ TEST_CASE("no_sync accumulates micro-batches and reduces them once", "[reducer]"
     ReducerOptions opt;
     opt.first_bucket_bytes = 4096;
     opt.bucket_cap_bytes = 8192;
-    Reducer red(shared, params, opt);
+    opt.broadcast_parameters = false;  // (values are not what these tests check)
+      Reducer red(shared, params, opt);
     red.zero_grad();
     auto accumulate = [&](int micro) {
       for (std::size_t k = 0; k < params.size(); ++k) {
@@ -153,7 +157,8 @@ TEST_CASE("unused parameters contribute zeros with find_unused_parameters, else 
     opt.find_unused_parameters = true;
     opt.first_bucket_bytes = 400;
     opt.bucket_cap_bytes = 400;  // one parameter per bucket
-    Reducer red(shared, params, opt);
+    opt.broadcast_parameters = false;  // (values are not what these tests check)
+      Reducer red(shared, params, opt);
     red.zero_grad();
     // Rank 0 uses parameters 0 and 1; rank 1 uses only 2 (different control flow per rank).
     std::vector<std::size_t> used = r == 0 ? std::vector<std::size_t>{0, 1} : std::vector<std::size_t>{2};
@@ -168,7 +173,7 @@ TEST_CASE("unused parameters contribute zeros with find_unused_parameters, else 
   });
   ranks.run(1, [](int, ProcessGroup& pg) {
     auto shared = std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {});
-    Reducer red(shared, {{10}, {10}});
+    Reducer red(shared, {{10}, {10}}, ReducerOptions{.broadcast_parameters = false});
     red.mark_ready(1);
     RANK_CHECK_THROWS_WITH(red.finalize(), "parameter(s) 0 received no gradient");
     red.mark_ready(0);
@@ -184,6 +189,7 @@ TEST_CASE("compressed buckets stay within the format's error bound", "[reducer]"
       auto shared = std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {});
       ReducerOptions opt;
       opt.compression = c;
+      opt.broadcast_parameters = false;
       Reducer red(shared, {{100000}}, opt);
       std::mt19937 g(42 + static_cast<unsigned>(r));
       // Each stream has its own distribution: they cache values, so sharing one would mix them.

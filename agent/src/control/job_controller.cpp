@@ -1,5 +1,6 @@
 #include "control/job_controller.hpp"
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -56,6 +57,7 @@ void JobController::join(int round, int restart_count) {
   outcome_.reset();
   root_cause_.reset();
   failures_.clear();
+  stuck_.reset();
   joined_at_ = std::chrono::steady_clock::now();
   enter(Phase::rendezvous);
   rdzv_.join(round, restart_count);
@@ -252,6 +254,7 @@ void JobController::on_stacks_dumped(const std::map<int, std::vector<StackFrame>
                                                (files.size() > 1 ? " and the other ranks' stack.txt)" : ")");
   write_to_console("ddprun: stacks of the workers on " + node_name_ + ", innermost first" + where + ":\n" +
                    summarize_stacks(by_rank));
+  stuck_ = rank_outside_collectives(by_rank);
   if (events_.enabled()) {
     nlohmann::json stacks = nlohmann::json::object();
     for (const auto& [rank, frames] : by_rank) stacks[std::to_string(rank)] = describe_frames(frames);
@@ -291,7 +294,35 @@ void JobController::leave(int round) {
   enter(Phase::draining);
 }
 
-void JobController::decide_failure(const FailureRecord& root) {
+// A hang whose first lapsed heartbeat was a rank waiting in a collective, while another rank of
+// this node was outside any (its stack says so): that one is the root cause, and the waiting
+// rank a consequence. The blamed rank's own record (it was stopped) becomes the root.
+FailureRecord JobController::blame_stuck_rank(const FailureRecord& root) {
+  if (!root.hang || !stuck_ || !root_cause_ || root_cause_->pid != root.pid || root.host != node_name_) return root;
+  std::string waiting;
+  for (int r : stuck_->waiting) waiting += (waiting.empty() ? "" : ",") + std::to_string(r);
+  const std::string why = "hung outside any collective (" + stuck_->where + ") while rank" +
+                          (stuck_->waiting.size() == 1 ? " " : "s ") + waiting + " waited in one for it";
+  if (stuck_->rank == root.rank) {  // its own heartbeat lapsed first: say why
+    FailureRecord same = root;
+    same.reason = why + "; " + root.reason;
+    root_cause_->reason = same.reason;
+    return same;
+  }
+  auto it = std::find_if(failures_.begin(), failures_.end(), [&](const FailureRecord& f) { return f.rank == stuck_->rank; });
+  if (it == failures_.end()) return root;
+  FailureRecord blamed = *it;
+  failures_.erase(it);
+  blamed.reason = why + "; rank " + std::to_string(root.rank) + ": " + root.reason;
+  blamed.hang = true;
+  blamed.exit_code = root.exit_code;
+  root_cause_ = blamed;
+  failures_.push_back(root);
+  return blamed;
+}
+
+void JobController::decide_failure(const FailureRecord& given) {
+  const FailureRecord root = blame_stuck_rank(given);
   streaks_.record(root);
   std::vector<std::string> notes;
   if (streaks_.host_streak() > 1) {

@@ -87,6 +87,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   void log_outcome(const RoundOutcome& o);
   void decide();
   void decide_failure(const FailureRecord& root);
+  FailureRecord blame_stuck_rank(const FailureRecord& root);
   void leave(int round);
   void finish(int code, Rendezvous::Ack ack);
   bool fenced(const Worker& w, FailureKind kind);
@@ -110,6 +111,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   std::optional<RoundOutcome> outcome_;      // how the current round ended, once known
   std::optional<FailureRecord> root_cause_;  // this node's first failure in the round
   std::vector<FailureRecord> failures_;      // this node's other failures
+  std::optional<StuckRank> stuck_;           // from the stacks of a hang: the rank outside collectives
   FailureStreaks streaks_;                   // root causes, attempt after attempt
   std::vector<StreamOutput::FileLoss> log_losses_;  // log files left incomplete, for the end
   bool group_ended_ = true;

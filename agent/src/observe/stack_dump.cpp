@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <regex>
@@ -201,6 +202,39 @@ std::string summarize_stacks(const std::map<int, std::vector<StackFrame>>& by_ra
     out += std::string("  ") + (ranks.size() == 1 ? "rank " : "ranks ") + list + ": " + text + "\n";
   }
   return out;
+}
+
+bool in_collective(const std::vector<StackFrame>& frames) {
+  static const char* const kMarks[] = {"all_reduce", "allreduce", "broadcast", "all_gather", "allgather",
+                                       "reduce_scatter", "reducescatter", "barrier", "Work::wait", "Work::synchronize",
+                                       "Reducer::finalize", "wait_all", "gloo::", "nccl"};
+  for (const auto& f : frames) {
+    if (f.file == "distributed_c10d.py") return true;
+    std::string lower = f.function;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    for (const char* m : kMarks) {
+      std::string mark = m;
+      std::transform(mark.begin(), mark.end(), mark.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (lower.find(mark) != std::string::npos) return true;
+    }
+  }
+  return false;
+}
+
+std::optional<StuckRank> rank_outside_collectives(const std::map<int, std::vector<StackFrame>>& by_rank) {
+  std::vector<int> outside, inside;
+  std::string where;
+  for (const auto& [rank, frames] : by_rank) {
+    bool unread = frames.empty() || (frames.size() == 1 && frames[0].function == "?");
+    if (unread) continue;  // no stack: it says nothing either way
+    if (in_collective(frames)) {
+      inside.push_back(rank);
+    } else if (outside.push_back(rank), outside.size() == 1) {
+      where = describe_frames(frames);
+    }
+  }
+  if (outside.empty() || inside.empty()) return std::nullopt;
+  return StuckRank{outside.front(), where, inside};
 }
 
 }  // namespace ddprun::agent

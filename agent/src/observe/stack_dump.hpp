@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,21 @@ std::vector<StackFrame> parse_native_stack(const std::string& text);
 
 // "stuck_in_all_reduce (x.py:5) <- main (x.py:9) <- <module> (x.py:12)": at most `depth` frames.
 std::string describe_frames(const std::vector<StackFrame>& frames, std::size_t depth = 3);
+
+// Whether a stack waits inside a collective: a frame of a collective call (all_reduce,
+// broadcast, all_gather, reduce_scatter, barrier, a Work's wait, the Reducer's finalize), of
+// Gloo or of NCCL, or of torch.distributed.
+bool in_collective(const std::vector<StackFrame>& frames);
+
+// The rank to blame for a hang: the lowest rank whose stack is outside any collective while
+// other ranks wait inside one (they wait for it). nullopt when every read stack is inside, or
+// every one outside, or none was read.
+struct StuckRank {
+  int rank = -1;
+  std::string where;          // its stack, describe_frames
+  std::vector<int> waiting;   // the ranks inside a collective
+};
+std::optional<StuckRank> rank_outside_collectives(const std::map<int, std::vector<StackFrame>>& by_rank);
 
 // One line per distinct stack, ranks grouped: "  ranks 0,1: a (f.py:1) <- b (f.py:2)".
 std::string summarize_stacks(const std::map<int, std::vector<StackFrame>>& by_rank);

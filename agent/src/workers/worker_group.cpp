@@ -187,7 +187,9 @@ void WorkerGroup::Impl::reap() {
     spdlog::debug("ddprun: worker {} (pid {}) ended: {}", w.spec.rank, w.pid, w.status.describe());
     check_dump();
     if (w.status.success() || w.standing == Standing::reported) continue;
-    std::string reason = w.stopped_by_agent() ? w.status.describe() + " (stopped by ddprun)" : w.status.describe();
+    // Only a death by ddprun's signal is ddprun's doing: an exit code is the worker's own.
+    bool stopped = w.stopped_by_agent() && w.status.signal != 0;
+    std::string reason = stopped ? w.status.describe() + " (stopped by ddprun)" : w.status.describe();
     listener->on_worker_failed(w, reason, w.status.shell_code(), kind_of(w));
     w.raise(Standing::reported);
   }

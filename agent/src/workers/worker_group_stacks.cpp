@@ -26,8 +26,8 @@ bool WorkerGroup::Impl::start_dump(std::function<void()> then) {
   auto targets = runner.stack_targets(pids);
   for (std::size_t i = 0; i < running.size() && i < targets.size(); ++i) {
     Slot& s = *running[i];
-    s.w.raise(Standing::stopped);
     if (!targets[i].python.empty()) {
+      s.w.raise(Standing::stopped);  // faulthandler's SIGABRT ends it: ddprun stopped it
       dump_python(s, targets[i].python);
     } else {
       dump_native(s, targets[i].native);

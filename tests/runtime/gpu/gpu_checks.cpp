@@ -104,7 +104,7 @@ std::string half_types(const Group& pg) {
 
 std::string reducer(const Group& pg) {
   const int n = pg->size(), r = pg->rank();
-  Reducer red(pg, {{1000}, {300000}, {7}});
+  Reducer red(pg, {{1000}, {300000}, {7}}, ReducerOptions{.broadcast_parameters = false});
   for (std::size_t k = 0; k < 3; ++k) {
     std::vector<float> g(k == 0 ? 1000 : k == 1 ? 300000 : 7, static_cast<float>(r));
     pg->copy_to_device(red.grad(k), g.data(), g.size() * sizeof(float));
@@ -129,7 +129,7 @@ std::string streams(const Group& pg) {
   const std::size_t count = 4096;
   std::string bad;
   {
-    Reducer red(pg, {{count}});
+    Reducer red(pg, {{count}}, ReducerOptions{.broadcast_parameters = false});
     DeviceBuffer out(*pg, nullptr, count * sizeof(float));
     auto* grad = red.grad_as<float>(0);
     slow_fill(grad, count, static_cast<float>(r + 1), 2000, compute);
@@ -175,6 +175,7 @@ std::string compression(const Group& pg) {
   for (auto c : {Compression::kFloat16, Compression::kBFloat16}) {
     ReducerOptions o;
     o.compression = c;
+    o.broadcast_parameters = false;
     Reducer red(pg, {{count}}, o);
     auto value = [](int k, std::size_t i) { return 1e-2f * std::sin(0.001f * static_cast<float>(i) * (k + 1)); };
     std::vector<float> g(count);

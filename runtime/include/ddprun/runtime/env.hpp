@@ -21,10 +21,15 @@ struct DistEnv {
   // DDPRUN_NCCL_SHARE_DEVICES: 1/true/yes/on let more ranks than GPUs share this machine's
   // devices (ProcessGroupOptions::share_devices); 0/false/no/off or unset: they may not.
   bool share_devices = false;
+  // No launcher variable (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+  // MASTER_PORT) was set at all: a world of one (rank 0 of 1), which init_process_group runs
+  // on a store in the process, with a one-line notice on stderr.
+  bool standalone = false;
 
-  // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required) and
-  // the optional variables. Throws ddprun::UsageError naming the variable that is missing or
-  // malformed, e.g. "RANK=abc is not an integer (set by ddprun or torchrun)".
+  // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required
+  // once any of them is set; none at all is a world of one, see standalone) and the optional
+  // variables. Throws ddprun::UsageError naming the variable that is missing or malformed, e.g.
+  // "RANK=abc is not an integer (set by ddprun or torchrun)".
   static DistEnv from_environment();
   // The same, from a map (tests).
   static DistEnv from_map(const std::map<std::string, std::string>& env);

@@ -41,6 +41,13 @@ class CudaError : public ddprun::Error {
   using Error::Error;
 };
 
+// The ranks called different collectives (kind, count, element type, reduction or root) at the
+// same point: a bug of the program, not of the network. The message names the ranks and calls.
+class CollectiveMismatchError : public ddprun::UsageError {
+ public:
+  using UsageError::UsageError;
+};
+
 // A pending asynchronous collective.
 class Work {
  public:
@@ -72,6 +79,12 @@ struct ProcessGroupOptions {
   // refuses two ranks of one communicator on one GPU unless each process has its own
   // NCCL_HOSTID. Also turned on by DDPRUN_NCCL_SHARE_DEVICES=1 (init_process_group).
   bool share_devices = false;
+  // gloo: before each collective, the ranks exchange what they are about to call (kind, count,
+  // element type, reduction, root, sequence number) and a mismatch throws CollectiveMismatchError
+  // at once, naming the ranks and the calls. Off by default (it costs one small all-gather per
+  // collective); also turned on by DDPRUN_DISTRIBUTED_DEBUG=detail. Without it, a mismatch is
+  // found when the collective times out, and named the same way.
+  bool check_collectives = false;
 };
 
 class ProcessGroup {
@@ -144,7 +157,8 @@ class ProcessGroup {
 std::shared_ptr<ProcessGroup> create_process_group(const std::string& backend, std::shared_ptr<rendezvous::Store> store,
                                                    int rank, int size, const ProcessGroupOptions& options = {});
 
-// Whether this build has the NCCL backend.
+// Whether the NCCL backend can be used here: this build has it, and its plugin (the one part of
+// ddprun that links CUDA and NCCL, loaded on first use) loads with the CUDA and NCCL installed.
 bool nccl_available();
 
 // One call for a worker started by ddprun (or torchrun): reads the environment, connects to the

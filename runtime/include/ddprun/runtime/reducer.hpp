@@ -1,8 +1,10 @@
 #pragma once
 // Bucketed gradient all-reduce: what PyTorch's DDP Reducer does, for native trainers.
 //
-// Parameters are registered once. Their gradients live in buckets the Reducer owns (memory of
-// the process group's kind: host for gloo, device for nccl); the trainer writes or accumulates
+// Parameters are registered once; at construction the ranks check that they registered the same
+// ones and rank 0's values are broadcast to every rank (ReducerOptions::broadcast_parameters).
+// Their gradients live in buckets the Reducer owns (memory of the process group's kind: host for
+// gloo, device for nccl), or in one array the program owns; the trainer writes or accumulates
 // each gradient at grad(i) and calls mark_ready(i) when backward has produced it. A bucket whose
 // gradients are all ready is reduced at once, asynchronously, while backward goes on; finalize()
 // waits for the rest and leaves every gradient averaged across ranks.
@@ -19,6 +21,9 @@ namespace ddprun::runtime {
 struct ParameterSpec {
   std::size_t count = 0;                 // elements
   DataType type = DataType::kFloat32;
+  // The parameter's values (memory of the group's kind): the Reducer broadcasts rank 0's to
+  // every rank at construction, as PyTorch's DDP does (ReducerOptions::broadcast_parameters).
+  void* data = nullptr;
 };
 
 enum class Compression : std::uint8_t {
@@ -41,12 +46,24 @@ struct ReducerOptions {
   // Compression of float32 buckets on the wire: gloo casts on the host; nccl in a kernel on the
   // group's stream, dividing by the group size first (DDP's fp16/bf16_compress_hook).
   Compression compression = Compression::kNone;
+  // At construction, copy rank 0's parameter values (ParameterSpec::data) to every rank, so
+  // replicas start identical. On by default: a parameter without data is then a UsageError.
+  // Turn it off only when the program broadcasts (or loads) identical values itself.
+  bool broadcast_parameters = true;
 };
 
 class Reducer {
  public:
-  // Throws ddprun::UsageError for an empty or invalid parameter list.
+  // Construction is a collective of the group: every rank checks that all registered the same
+  // parameters (a UsageError naming the difference otherwise), then rank 0's values are
+  // broadcast (ReducerOptions::broadcast_parameters). Throws ddprun::UsageError for an empty or
+  // invalid parameter list.
   Reducer(std::shared_ptr<ProcessGroup> group, std::vector<ParameterSpec> params, ReducerOptions options = {});
+  // The same, reducing in place in gradient memory the program owns (llm.c style): `gradients`
+  // holds every parameter's gradient back to back, in registration order, without padding
+  // (memory of the group's kind, valid for the Reducer's life). grad(i) then points into it.
+  Reducer(std::shared_ptr<ProcessGroup> group, std::vector<ParameterSpec> params, void* gradients,
+          ReducerOptions options = {});
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -56,11 +73,14 @@ class Reducer {
   template <typename T>
   T* grad_as(std::size_t i) { return static_cast<T*>(grad(i)); }
   // Sets every gradient to zero (between optimizer steps; gradients accumulate otherwise).
-  // nccl: on the group's stream, between the compute stream's earlier and later work.
+  // nccl: on the group's stream, between the compute stream's earlier and later work. Throws
+  // UsageError naming finalize() while an iteration's reductions are under way.
   void zero_grad();
 
   // Parameter i's gradient is final for this iteration. May start the reduction of its bucket
-  // (and of later-ready buckets waiting for it). Throws UsageError if i was already marked.
+  // (and of later-ready buckets waiting for it). Throws UsageError if i was already marked, and
+  // one naming finalize() when the last iteration was never finalized (its gradients were not
+  // averaged).
   void mark_ready(std::size_t i);
   // Waits until every bucket is reduced: each gradient then holds the average over ranks (nccl:
   // in stream order: what the trainer queues on its compute stream afterwards sees the
