@@ -4,14 +4,20 @@
 include(CMakePackageConfigHelpers)
 
 # ---- programs, libraries, headers ------------------------------------------------------------
-install(TARGETS ddprun ddprun-store RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
-# Beside ddprun, where it finds them (agent/include/ddprun/agent/resources.hpp).
-if(TARGET ddprun-stack)
-  install(TARGETS ddprun-stack RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
-endif()
-if(TARGET ddprun-full)
-  install(TARGETS ddprun-full RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
-endif()
+# The programs, listed once: installed into bin/ (ddprun-stack and ddprun-full beside ddprun,
+# where it finds them: agent/include/ddprun/agent/resources.hpp), and built by the target
+# ddprun_programs (with the completion and man pages: all that the component bin installs).
+# scripts/build_wheel.sh builds that target and puts every program the install puts in bin/
+# into the wheel: a new program goes in this list and nowhere else.
+set(DDPRUN_PROGRAMS ddprun ddprun-store)
+foreach(_program ddprun-stack ddprun-full)
+  if(TARGET ${_program})
+    list(APPEND DDPRUN_PROGRAMS ${_program})
+  endif()
+endforeach()
+install(TARGETS ${DDPRUN_PROGRAMS} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
+add_custom_target(ddprun_programs)
+add_dependencies(ddprun_programs ${DDPRUN_PROGRAMS})
 install(FILES ${PROJECT_SOURCE_DIR}/agent/python/sitecustomize.py DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python
   COMPONENT bin)
 install(TARGETS ddprun_common ddprun_rendezvous ddprun_runtime EXPORT ddprunTargets
@@ -57,6 +63,7 @@ add_custom_command(OUTPUT ${_completion}
   COMMAND sh -c "'$<TARGET_FILE:ddprun>' --completion bash > '${_completion}'"
   DEPENDS ddprun VERBATIM COMMENT "bash completion for ddprun")
 add_custom_target(ddprun_completion ALL DEPENDS ${_completion})
+add_dependencies(ddprun_programs ddprun_completion)
 install(FILES ${_completion} DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions COMPONENT bin)
 
 # ---- man pages, from --help (help2man) ----------------------------------------------------------
@@ -77,6 +84,7 @@ if(DDPRUN_HELP2MAN)
     list(APPEND _man_pages ${_man}/${prog}.1)
   endforeach()
   add_custom_target(ddprun_man ALL DEPENDS ${_man_pages})
+  add_dependencies(ddprun_programs ddprun_man)
   install(FILES ${_man_pages} DESTINATION ${CMAKE_INSTALL_MANDIR}/man1 COMPONENT bin)
 else()
   message(STATUS "ddprun: help2man not found, man pages are not built (apt-get install help2man)")

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Sets everything up (scripts/setup.sh), then runs the main job: ddprun launches train_mlp, a
-# data-parallel MLP trained on CPU with ddprun's runtime (gloo, bucketed gradient all-reduce),
-# on NUM_WORKERS workers. Rank 1 crashes at step 125 of the first attempt; ddprun restarts the
+# Installs what a build needs and builds only what this job runs (scripts/setup.sh ddprun
+# train_mlp; the tests are scripts/test.sh's), then runs the main job: ddprun launches
+# train_mlp, a data-parallel MLP trained on CPU with ddprun's runtime (gloo, bucketed gradient
+# all-reduce), on NUM_WORKERS workers. Rank 1 crashes at step 125 of the first attempt; ddprun restarts the
 # group and it resumes from its last checkpoint, ending with the same parameters as a run that
 # never crashed.
 # Usage: scripts/run_main_job.sh [NUM_WORKERS]   (default 4)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/setup.sh"
+"$root/scripts/setup.sh" ddprun train_mlp  # what this job runs; scripts/test.sh builds the rest
 build=${DDPRUN_BUILD_DIR:-$root/build}
 n=${1:-4}
 work=$(mktemp -d)

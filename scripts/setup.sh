@@ -1,29 +1,41 @@
 #!/usr/bin/env bash
 # Installs what ddprun needs (Debian packages; skips those already installed), then configures
 # and builds it in ./build. Safe to run again: it only does what is missing.
-# Usage: scripts/setup.sh            (as root, or with sudo available)
+# Usage: scripts/setup.sh              every package and every target (scripts/test.sh)
+#        scripts/setup.sh TARGET...    only the packages a build needs, and only these targets
+#                                      and what they depend on (scripts/run_main_job.sh)
+# As root, or with sudo available.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+targets=("$@")
 
-packages=(
+# What configuring and building any target needs (the build's features included: hwloc for
+# --numa_binding, libdw for ddprun-stack), so that a build of a few targets is the same build
+# that the test command later completes.
+build_packages=(
   build-essential cmake pkg-config
   libboost1.81-dev libboost-program-options1.81-dev
   libspdlog-dev libfmt-dev catch2 libgloo-dev nlohmann-json3-dev
   libssl-dev                   # OpenSSL: HMAC-SHA256 for the store handshake, TLS to etcd
+  libdw-dev                    # ddprun-stack: native stacks of hung workers without eu-stack or gdb
+  libhwloc-dev                 # --numa_binding: the machine's topology
+)
+# What the tests, the benchmarks and the packages (man pages, .deb, wheel) need besides.
+test_packages=(
   openssl                      # the command line: certificates for the etcd TLS tests
   util-linux                   # setpriv (another user), unshare (a host name per test host)
   help2man man-db dpkg-dev     # man pages from --help, man -w, dpkg-shlibdeps for the .deb
   file                         # cpack's Debian generator reads binaries with it
   python3-torch                # PyTorch 1.13: compatibility tests, benchmarks, example jobs
+  python3-venv python3-setuptools python3-wheel python3-build  # the wheel (scripts/build_wheel.sh) and its test
   clang libclang-rt-14-dev     # libFuzzer for the protocol fuzzer
   iproute2 procps
   elfutils gdb                 # eu-stack (else gdb): stacks of hung native workers when ddprun-stack is missing
-  libdw-dev                    # ddprun-stack: native stacks of hung workers without eu-stack or gdb
-  libhwloc-dev                 # --numa_binding: the machine's topology
   etcd-server                  # tests of the etcd client and backend (3-member clusters)
   etcd-client                  # etcdctl: turns authentication on in the auth tests
 )
-
+packages=("${build_packages[@]}")
+((${#targets[@]})) || packages+=("${test_packages[@]}")
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -46,5 +58,10 @@ fi
 
 build=${DDPRUN_BUILD_DIR:-$root/build}
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build" -j"${DDPRUN_JOBS:-2}"
-echo "setup: built in $build"
+if ((${#targets[@]})); then
+  cmake --build "$build" -j"${DDPRUN_JOBS:-2}" --target "${targets[@]}"
+  echo "setup: built ${targets[*]} in $build"
+else
+  cmake --build "$build" -j"${DDPRUN_JOBS:-2}"
+  echo "setup: built in $build"
+fi
