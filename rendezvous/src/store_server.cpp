@@ -16,6 +16,7 @@
 #include "connection.hpp"
 #include "listener.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/thread.hpp"
 #include "socket.hpp"
 
 // Design. Asio owns the event loop: the listening socket, the stop signal, timers. Client
@@ -283,7 +284,7 @@ int StoreServer::listen_fd() const { return impl_->acceptor.native_handle(); }
 void StoreServer::start() {
   std::lock_guard<std::mutex> lk(impl_->start_mu);
   if (impl_->thread.joinable()) return;
-  impl_->thread = std::thread([this] { run(); });
+  impl_->thread = start_thread("the store's thread", [this] { run(); });
 }
 
 void StoreServer::run() {
