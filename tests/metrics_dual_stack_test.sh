@@ -32,8 +32,9 @@ else
   v6=$(curl -s --max-time 5 -g "http://[::1]:$port/healthz")
   [ "$v4" = ok ] && ok "bindv6only=1: /healthz answers over 127.0.0.1" || bad "bindv6only=1: 127.0.0.1 got '$v4'"
   [ "$v6" = ok ] && ok "bindv6only=1: /healthz answers over ::1" || bad "bindv6only=1: ::1 got '$v6'"
-  get_len=$(curl -s --max-time 5 "http://127.0.0.1:$port/metrics" | wc -c)
-  exec 3<>"/dev/tcp/127.0.0.1/$port"
+  # HEAD over ::1, which answered before dual-stack too: this checks HEAD alone.
+  get_len=$(curl -s --max-time 5 -g "http://[::1]:$port/metrics" | wc -c)
+  exec 3<>"/dev/tcp/::1/$port"
   printf 'HEAD /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n' >&3
   timeout 5 cat <&3 >"$tmp/head"
   exec 3<&-

@@ -5,9 +5,11 @@
 #     `nobody` made logs a link to root's /tmp/victim: refused (the kernel's protected_symlinks
 #     rule, kept whatever fs.protected_symlinks says), nothing written there; root's own link
 #     there is followed;
-#  2. RLIMIT_NPROC counts threads: as another user with a limit just under what 4 workers and the
+#  2. RLIMIT_NPROC counts threads: as another user with a limit under what 4 workers and the
 #     agent's threads need, exit 2 naming the limit (it used to pass the check, then fail with
-#     "clone failed" or a bare "Resource temporarily unavailable"); with room, the job runs.
+#     "clone failed" and a bare "Resource temporarily unavailable"); with just enough for the
+#     check, what the workers' own children push over it is named with the limit; with room,
+#     the job runs.
 # Usage: tests/planted_link_nproc_test.sh DDPRUN
 set -u
 source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
@@ -38,16 +40,28 @@ rc=$?
 # machine-wide, and other tests may run as nobody meanwhile).
 uid=64999
 limit=8
-prlimit --nproc=$limit:$limit setpriv --reuid=$uid --regid=$uid --clear-groups \
-  /tmp/bin/ddprun --standalone --nproc_per_node=4 --no_python /bin/true >/tmp/nproc.log 2>&1
+busy=(--standalone --nproc_per_node=4 --metrics_port=0 --no_python /bin/sh -c 'echo hi; sleep 0.5')
+prlimit --nproc=$limit:$limit setpriv --reuid=$uid --regid=$uid --clear-groups /tmp/bin/ddprun "${busy[@]}" \
+  >/tmp/nproc.log 2>&1
 rc=$?
 if [ $rc -eq 2 ] && grep -q "RLIMIT_NPROC (ulimit -u), which counts threads, is $limit" /tmp/nproc.log; then
-  ok "RLIMIT_NPROC=$limit and 4 workers: exit 2 before anything starts, naming the limit: $(cat /tmp/nproc.log)"
+  ok "RLIMIT_NPROC=$limit, 4 workers and --metrics_port: exit 2 before anything starts, naming the limit: $(cat /tmp/nproc.log)"
 else
   bad "RLIMIT_NPROC=$limit, 4 workers: exit $rc: $(cat /tmp/nproc.log)"
 fi
+# Just enough for the check, but each worker's shell starts a `sleep` of its own: whatever the
+# kernel refuses is named, with the limit (not a bare "Resource temporarily unavailable").
 need_n=$(sed -n 's/.*needs \([0-9]*\) processes and threads.*/\1/p' /tmp/nproc.log)
-room=$(( ${need_n:-9} + 2 ))
+prlimit --nproc=${need_n:-10}:${need_n:-10} setpriv --reuid=$uid --regid=$uid --clear-groups /tmp/bin/ddprun "${busy[@]}" \
+  >/tmp/short.log 2>&1
+rc=$?
+refused=$(grep -c "Resource temporarily unavailable" /tmp/short.log)
+named=$(grep -c "Resource temporarily unavailable (the kernel refused a new thread or process: raise RLIMIT_NPROC" /tmp/short.log)
+[ "$refused" -gt 0 ] && [ "$refused" = "$named" ] && grep -q "cannot start " /tmp/short.log &&
+  ok "RLIMIT_NPROC=${need_n:-10}, the workers' own children over it: each refusal names what and the limit (exit $rc)" ||
+  bad "RLIMIT_NPROC=${need_n:-10}: $refused refusals, $named of them named (exit $rc): $(grep -v '^\[' /tmp/short.log)"
+need_n=$(sed -n 's/.*needs \([0-9]*\) processes and threads.*/\1/p' /tmp/nproc.log)
+room=$(( ${need_n:-10} + 2 ))
 prlimit --nproc=$room:$room setpriv --reuid=$uid --regid=$uid --clear-groups \
   /tmp/bin/ddprun --standalone --nproc_per_node=4 --metrics_port=0 --no_python /bin/sh -c 'echo worker $RANK' \
   >/tmp/room.log 2>&1
