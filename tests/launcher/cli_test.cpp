@@ -207,9 +207,9 @@ TEST_CASE("host names over 253 characters or with a label over 63 are usage erro
 
 TEST_CASE("--nnodes=1 with --rdzv_backend=etcd or c10d uses that backend, as torchrun does", "[units]") {
   auto etcd = parse({"--nnodes=1", "--rdzv_backend=etcd", "--rdzv_endpoint=https://127.0.0.1:2379",
-                     "--rdzv_conf=cacert=/etc/ca.pem", "/bin/true"});
+                     "--rdzv_conf=cacert=/etc/passwd", "/bin/true"});  // (read later, as PEM)
   CHECK(etcd.agent.rdzv.backend == rounds::BackendKind::etcd);
-  CHECK(etcd.agent.rdzv.etcd_cacert == "/etc/ca.pem");
+  CHECK(etcd.agent.rdzv.etcd_cacert == "/etc/passwd");
   auto c10d = parse({"--nnodes=1", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "/bin/true"});
   CHECK(c10d.agent.rdzv.backend == rounds::BackendKind::c10d);
   CHECK(parse({"--nnodes=1", "/bin/true"}).agent.rdzv.backend == rounds::BackendKind::single_node);
