@@ -118,7 +118,9 @@ void StoreBackend::decide_hosting() {
     const bool fixed = opt_.backend == BackendKind::static_ranks;
     throw UsageError(std::string(fixed ? "--master_port=0" : "--rdzv_endpoint=" + format_address(opt_.endpoint_host, 0)) +
                      " names no port, and this node does not host the store (" +
-                     (fixed ? "--node_rank is not 0" : opt_.endpoint_host + " is not one of its addresses") +
+                     (fixed                                  ? "--node_rank is not 0"
+                      : opt_.host_role == HostRole::never ? "--rdzv_conf is_host=0"
+                                                          : opt_.endpoint_host + " is not one of its addresses") +
                      "): give the port the host listens on");
   }
   decided_ = true;
