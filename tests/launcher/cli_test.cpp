@@ -206,10 +206,11 @@ TEST_CASE("host names over 253 characters or with a label over 63 are usage erro
 }
 
 TEST_CASE("--nnodes=1 with --rdzv_backend=etcd or c10d uses that backend, as torchrun does", "[units]") {
-  auto etcd = parse({"--nnodes=1", "--rdzv_backend=etcd", "--rdzv_endpoint=https://127.0.0.1:2379",
-                     "--rdzv_conf=cacert=/etc/passwd", "/bin/true"});  // (read later, as PEM)
+  // (TLS settings with one node: tests/e2e/inputs_e2e_test.cpp, which has a CA to give.)
+  auto etcd = parse({"--nnodes=1", "--rdzv_backend=etcd", "--rdzv_endpoint=127.0.0.1:2379",
+                     "--rdzv_conf=lease_ttl=2", "/bin/true"});
   CHECK(etcd.agent.rdzv.backend == rounds::BackendKind::etcd);
-  CHECK(etcd.agent.rdzv.etcd_cacert == "/etc/passwd");
+  CHECK(etcd.agent.rdzv.lease_ttl == std::chrono::seconds(2));
   auto c10d = parse({"--nnodes=1", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "/bin/true"});
   CHECK(c10d.agent.rdzv.backend == rounds::BackendKind::c10d);
   CHECK(parse({"--nnodes=1", "/bin/true"}).agent.rdzv.backend == rounds::BackendKind::single_node);
