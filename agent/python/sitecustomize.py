@@ -15,11 +15,17 @@ PyTorch, and then
 
 Then it runs the sitecustomize it hides (the next one on sys.path), if there is one.
 `ddprun --no_progress_hook` leaves it out.
+
+One per process: a second copy of this file on sys.path (a ddprun of another install run inside
+a worker, or this directory reached through a symbolic link) is recognised by _MARKER and by
+its real path, and skipped; the user's own sitecustomize runs exactly once.
 """
 import os
 import sys
 
 _HEARTBEAT = os.environ.get("DDPRUN_HEARTBEAT_FILE")
+_MARKER = "ddprun-progress-hook-1"  # found in the first 4 KiB of every copy of this file
+_STATE = "_ddprun_progress_hook"  # on sys: the real paths of the hook directories seen so far
 
 
 def _touch(*_args):
@@ -103,13 +109,31 @@ class _Finder:
         return None
 
 
-def _run_hidden_sitecustomize():
-    here = os.path.dirname(os.path.abspath(__file__))
-    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+def _is_hook(path):
+    try:
+        with open(path, "rb") as f:
+            return _MARKER.encode() in f.read(4096)
+    except OSError:
+        return False
+
+
+def _hidden_sitecustomize(hook_dirs):
+    """The spec of the first sitecustomize on sys.path that is no copy of this hook, or None."""
     from importlib.machinery import PathFinder
 
-    spec = PathFinder.find_spec("sitecustomize", rest)
-    if spec is None or spec.loader is None:
+    while True:
+        rest = [p for p in sys.path if os.path.realpath(p or os.curdir) not in hook_dirs]
+        spec = PathFinder.find_spec("sitecustomize", rest)
+        if spec is None or spec.loader is None or not spec.origin:
+            return None
+        if not _is_hook(spec.origin):
+            return spec
+        hook_dirs.add(os.path.realpath(os.path.dirname(spec.origin)))
+
+
+def _run_hidden_sitecustomize(hook_dirs):
+    spec = _hidden_sitecustomize(hook_dirs)
+    if spec is None:
         return
     # A module object made here: importlib.util would pull in contextlib and functools.
     module = type(sys)("sitecustomize")
@@ -117,5 +141,16 @@ def _run_hidden_sitecustomize():
     spec.loader.exec_module(module)
 
 
-sys.meta_path.insert(0, _Finder())
-_run_hidden_sitecustomize()
+def _install():
+    here = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+    seen = getattr(sys, _STATE, None)
+    if seen is not None:  # another copy is installed, and runs the user's sitecustomize
+        seen.add(here)
+        return
+    seen = {here}
+    setattr(sys, _STATE, seen)
+    sys.meta_path.insert(0, _Finder())
+    _run_hidden_sitecustomize(seen)
+
+
+_install()

@@ -227,7 +227,8 @@ namespace {
 
 // Before Impl, whose guardian is the first process forked.
 AgentOptions checked(AgentOptions options) {
-  check_fan_out(options.nproc_per_node);
+  check_fan_out(options.nproc_per_node, agent_tasks(options.nproc_per_node, options.metrics.port >= 0,
+                                                    options.rdzv.backend != rounds::BackendKind::single_node));
   return options;
 }
 

@@ -54,6 +54,23 @@ bool is_ip_literal(const std::string& address) {
   return ::inet_pton(AF_INET, address.c_str(), buf) == 1 || ::inet_pton(AF_INET6, address.c_str(), buf) == 1;
 }
 
+std::string host_name_problem(const std::string& host) {
+  if (is_ip_literal(host)) return "";
+  std::string name = host;
+  if (!name.empty() && name.back() == '.') name.pop_back();  // the root's dot: not counted
+  if (name.empty()) return "the host name is empty";
+  if (name.size() > 253) return "the host name has " + std::to_string(name.size()) + " characters, over DNS's 253";
+  std::size_t start = 0;
+  for (;;) {
+    std::size_t dot = name.find('.', start);
+    std::size_t len = (dot == std::string::npos ? name.size() : dot) - start;
+    if (len == 0) return "the host name has an empty label (two dots, or a dot first)";
+    if (len > 63) return "a label of the host name has " + std::to_string(len) + " characters, over DNS's 63";
+    if (dot == std::string::npos) return "";
+    start = dot + 1;
+  }
+}
+
 bool is_loopback(const std::string& address) {
   return address.rfind("127.", 0) == 0 || address == "::1" || address.rfind("::ffff:127.", 0) == 0;
 }

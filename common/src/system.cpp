@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/thread.hpp"
 
 extern char** environ;
 
@@ -96,5 +97,20 @@ std::string random_hex(std::size_t digits) {
   out.resize(digits);
   return out;
 }
+
+}  // namespace ddprun
+
+namespace ddprun {
+
+std::string task_refused(const std::string& what, int err) {
+  std::string s = "cannot start " + what + ": " + std::strerror(err);
+  if (err == EAGAIN) {
+    s += " (the kernel refused a new thread or process: raise RLIMIT_NPROC, ulimit -u or LimitNPROC=, which counts "
+         "every thread of this user; or the cgroup's pids.max, or kernel.threads-max)";
+  }
+  return s;
+}
+
+void throw_task_refused(const std::string& what, int err) { throw Error(task_refused(what, err)); }
 
 }  // namespace ddprun

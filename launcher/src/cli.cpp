@@ -189,7 +189,6 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
   a.role = s.role;
   a.worker_timeout = s.worker_timeout;
   a.worker_start_timeout = s.worker_start_timeout;
-  if (!s.no_progress_hook) a.python_site_dir = agent::python_site_dir();
   a.stop_timeout = s.stop_timeout;
   // torchrun 2.x's spelling (or its environment variable) wins over --stop_timeout.
   if (s.shutdown_timeout) {
@@ -258,11 +257,19 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
     r.notes.push_back("ddprun: inside Slurm job " + get_env(env, "SLURM_JOB_ID", get_env(env, "SLURM_JOBID", "?")) +
                       ":" + said + " (from SLURM_*; explicit flags and PET_ variables win)");
   }
-  if (!s.no_progress_hook && r.agent.python_site_dir.empty() && s.worker_timeout.count() > 0) {
+  std::string hook_refused;
+  if (!s.no_progress_hook) r.agent.python_site_dir = agent::python_site_dir(&hook_refused);
+  if (!hook_refused.empty()) {
+    r.notes.push_back("ddprun: warning: not giving Python workers the progress hook beside ddprun: " + hook_refused +
+                      ", so another user could have planted or changed it (install ddprun where only root or you "
+                      "can write)");
+  } else if (!s.no_progress_hook && r.agent.python_site_dir.empty() && s.worker_timeout.count() > 0) {
     r.notes.push_back("ddprun: no progress hook for Python workers (share/ddprun/python/sitecustomize.py is not "
                       "installed beside ddprun): they must touch DDPRUN_HEARTBEAT_FILE themselves");
   }
   r.agent.command = resolve_command(given.program, s.module, s.no_python, env);
+  const std::string& script = given.program.front();  // (resolve_command refused an empty one)
+  r.agent.hook_sees_torch = s.module || (!s.no_python && script.size() > 3 && script.substr(script.size() - 3) == ".py");
   r.agent.base_env = env;
   if (!s.log_line_prefix_template.empty()) {
     r.agent.line_prefix_template = s.log_line_prefix_template;

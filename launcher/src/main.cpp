@@ -15,9 +15,31 @@
 #include "ddprun/launcher/cli.hpp"
 #include "ddprun/launcher/full_program.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/system.hpp"
 
 namespace {
+
+// What a parent left in the signal state, undone before anything else (README: Security). The
+// mask survives exec: a parent that blocked SIGCHLD left the workers' deaths unseen (zombies, a
+// job that never ended), one that blocked SIGTERM or SIGINT left ddprun deaf to them. A signal
+// ddprun acts on that the parent set to SIG_IGN goes back to SIG_DFL until the agent's loop
+// installs its handler (a non-interactive shell's `ddprun &` ignores SIGINT and SIGQUIT). The
+// workers get an empty mask and default dispositions of their own (spawn.cpp).
+void reset_inherited_signals() {
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  auto restore = [](int sig) {
+    struct sigaction now{};
+    if (::sigaction(sig, nullptr, &now) != 0 || (now.sa_flags & SA_SIGINFO) || now.sa_handler != SIG_IGN) return;
+    struct sigaction dfl{};
+    dfl.sa_handler = SIG_DFL;
+    ::sigaction(sig, &dfl, nullptr);
+  };
+  restore(SIGCHLD);
+  for (int sig : ddprun::stop_signals()) restore(sig);
+}
 
 // Descriptors 0-2 open, on /dev/null where they were closed (`ddprun ... <&- >&-`, as some
 // daemons start programs): a descriptor the agent opens must not take their numbers, which its
@@ -33,8 +55,10 @@ void open_standard_descriptors() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // The agent's guardian is this program started again (guardian_main.hpp).
+  // The agent's guardian is this program started again (guardian_main.hpp): it sets its own
+  // signals up.
   if (ddprun::agent::is_guardian_start(argc, argv)) ddprun::agent::guardian_main(argc, argv);
+  reset_inherited_signals();
   open_standard_descriptors();
   // ddprun hands some jobs to ddprun-full by exec (full_program.hpp), which keeps ddprun's name.
   [[maybe_unused]] const bool handed_off = ddprun::launcher::take_handoff_mark();

@@ -106,6 +106,15 @@ std::string not_empty(const char* flag, const std::string& v) {
   return v;
 }
 
+// A value as a message quotes it: a 100,000-character one is cut to its first 60.
+std::string shorten(const std::string& v) { return v.size() <= 64 ? v : v.substr(0, 60) + "..."; }
+
+// A host name or an address, refused before it goes to the resolver when DNS could not hold it.
+std::string host_name(const char* flag, const std::string& v) {
+  if (auto why = host_name_problem(v); !why.empty()) usage(std::string("--") + flag + "='" + shorten(v) + "': " + why);
+  return v;
+}
+
 // torchrun's comma-separated list: ",," is a literal comma; empty items are dropped.
 std::vector<std::string> parse_filters(const std::string& v) {
   std::vector<std::string> out;
@@ -190,7 +199,7 @@ std::vector<OptionSpec> rendezvous_options() {
     {"standalone", "", kRdzv, K::flag, "", "single node: the store on 127.0.0.1, a free port, a random run id",
      [](const std::string& v, Settings& s) { s.standalone = truthy(v); }},
     {"master_addr", "", kRdzv, K::value, "127.0.0.1", "address of the store (static rendezvous)",
-     [](const std::string& v, Settings& s) { s.master_addr = not_empty("master_addr", v); }},
+     [](const std::string& v, Settings& s) { s.master_addr = host_name("master_addr", v); }},
     {"master_port", "", kRdzv, K::value, "29500", "port of the store (static rendezvous)",
      [](const std::string& v, Settings& s) { s.master_port = parse_port("master_port", v); }},
     {"rdzv_backend", "", kRdzv, K::value, "static", "static, c10d (ddprun's store, hosted by an agent) or etcd (an etcd v3 cluster)",
@@ -212,7 +221,7 @@ std::vector<OptionSpec> rendezvous_options() {
     {"rdzv_conf", "", kRdzv, K::value, "", "key=value,... rendezvous settings",
      [](const std::string& v, Settings& s) { s.rdzv_conf = parse_conf(v); }},
     {"local_addr", "", kRdzv, K::value, "", "this node's address as other nodes see it",
-     [](const std::string& v, Settings& s) { s.local_addr = v; }},
+     [](const std::string& v, Settings& s) { s.local_addr = v.empty() ? v : host_name("local_addr", v); }},
   };
 }
 
@@ -362,7 +371,7 @@ bool truthy(const std::string& v) { return v == "1" || v == "true" || v == "True
 // "host", "host:port", "[v6]:port", "[v6]".
 std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& v, std::uint16_t default_port) {
   auto bad = [&](const std::string& why) {
-    usage("--rdzv_endpoint='" + v + "' is malformed: " + why + " (expected HOST[:PORT], e.g. node0:29400 or [::1]:29400)");
+    usage("--rdzv_endpoint='" + shorten(v) + "' is malformed: " + why + " (expected HOST[:PORT], e.g. node0:29400 or [::1]:29400)");
   };
   if (v.empty()) bad("empty");
   std::string host, port;
@@ -387,6 +396,7 @@ std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& v, std::
   for (char c : host) {
     if (std::isspace(static_cast<unsigned char>(c)) || c == '/' || c == ',') bad("invalid character in host");
   }
+  if (auto why = host_name_problem(host); !why.empty()) bad(why);
   if (!has_port) return {host, default_port};
   auto n = parse_int(port, 0, 65535);
   if (!n) bad("port must be 0-65535");

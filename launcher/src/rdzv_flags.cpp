@@ -14,6 +14,7 @@ std::string random_run_id() { return random_hex(12); }
 // torchrun's etcd protocol (http or https) for endpoints written without a scheme.
 struct ConfExtras {
   std::string secret_file;
+  std::string password_file;
   std::string protocol;
 };
 
@@ -40,7 +41,11 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, rounds::Ren
     } else if (k == "user") {
       z.etcd_user = v;
     } else if (k == "password") {
-      z.etcd_password = v;
+      z.etcd_password = v;  // seen by every local user in ps: password_file or DDPRUN_ETCD_PASSWORD instead
+    } else if (k == "password_file") {
+      if (z.backend != rounds::BackendKind::etcd) usage("--rdzv_conf password_file applies to --rdzv_backend=etcd");
+      if (v.empty()) usage("--rdzv_conf password_file needs a path");
+      x.password_file = v;
     } else if (k == "cacert" || k == "cert" || k == "key") {
       if (z.backend != rounds::BackendKind::etcd) usage("--rdzv_conf " + k + " applies to --rdzv_backend=etcd (TLS to etcd)");
       if (v.empty()) usage("--rdzv_conf " + k + " needs a path (a PEM file, as etcdctl --" + k + ")");
@@ -54,8 +59,25 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, rounds::Ren
     } else {
       usage("--rdzv_conf: unknown key '" + k + "' (known: join_timeout, last_call_timeout, close_timeout, "
             "keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host, timeout, secret_file; etcd: prefix, lease_ttl, "
-            "user, password, cacert, cert, key, protocol)");
+            "user, password, password_file, cacert, cert, key, protocol)");
     }
+  }
+}
+
+// etcd's password from a file of mode 0600 (password_file=) or DDPRUN_ETCD_PASSWORD: both keep it
+// out of the command line, which ps shows to every local user. Only one source may give it.
+void etcd_password(const ConfExtras& x, const std::map<std::string, std::string>& env, rounds::RendezvousOptions& z) {
+  const auto from_env = env.find("DDPRUN_ETCD_PASSWORD");
+  const int sources = !z.etcd_password.empty() + !x.password_file.empty() + (from_env != env.end());
+  if (sources > 1) {
+    usage("the etcd password is given more than once (--rdzv_conf password=, password_file=, DDPRUN_ETCD_PASSWORD): keep one "
+          "(password_file or DDPRUN_ETCD_PASSWORD: ps shows the command line to every local user)");
+  }
+  if (!x.password_file.empty()) {
+    z.etcd_password = rendezvous::auth::read_private_file(x.password_file, "the etcd password file",
+                                                          "printf %s PASSWORD > FILE; chmod 600 FILE");
+  } else if (from_env != env.end() && z.backend == rounds::BackendKind::etcd) {
+    z.etcd_password = from_env->second;
   }
 }
 
@@ -104,9 +126,15 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
     z.store_host = s.master_addr;
     z.store_port = s.master_port;
   }
-  if (s.max_nodes == 1) {
+  // One node meets nobody: the static rendezvous (and --standalone) is skipped. A c10d or etcd
+  // backend asked for by name is used, as torchrun does: etcd checks the run id's exclusivity and
+  // its TLS even for one node.
+  if (s.max_nodes == 1 && (s.standalone || s.rdzv_backend == "static")) {
     if (z.node_rank != 0) usage("--node_rank=" + std::to_string(z.node_rank) + " needs --nnodes > " + std::to_string(z.node_rank));
-    if (!s.rdzv_conf.empty() && s.rdzv_backend != "c10d") usage("--rdzv_conf applies to --rdzv_backend=c10d");
+    if (!s.rdzv_conf.empty() && !s.standalone) {
+      usage("--rdzv_conf applies to --rdzv_backend=c10d or etcd (this one-node job uses the static rendezvous, which has "
+            "no settings)");
+    }
     z.backend = BackendKind::single_node;
     return;
   }
@@ -126,6 +154,7 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
   if (!x.protocol.empty()) z.etcd_endpoints = with_scheme(z.etcd_endpoints, x.protocol);
   if (x.secret_file.empty()) x.secret_file = get_env(env, "DDPRUN_SECRET_FILE", "");
   if (!x.secret_file.empty()) z.secret = rendezvous::auth::read_secret_file(x.secret_file);
+  etcd_password(x, env, z);
   rounds::validate(z);
 }
 

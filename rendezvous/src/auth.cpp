@@ -16,23 +16,22 @@ namespace ddprun::rendezvous::auth {
 
 std::string random_bytes(std::size_t n) { return ddprun::random_bytes(n); }
 
-std::string read_secret_file(const std::string& path) {
+std::string read_private_file(const std::string& path, const std::string& what, const std::string& create) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) {
-    throw UsageError("cannot open the secret file '" + path + "': " + std::strerror(errno) +
-                     " (create it with: head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE)");
+    throw UsageError("cannot open " + what + " '" + path + "': " + std::strerror(errno) + " (create it with: " + create + ")");
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw UsageError("the secret file '" + path + "' is not a regular file");
+    throw UsageError(what + " '" + path + "' is not a regular file");
   }
   if (st.st_mode & 077) {
     ::close(fd);
     char mode[8];
     std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    throw UsageError("the secret file '" + path + "' is accessible by other users (mode " + mode +
-                     "): run chmod 600 '" + path + "' (and use a new secret if others may have read it)");
+    throw UsageError(what + " '" + path + "' is accessible by other users (mode " + mode +
+                     "): run chmod 600 '" + path + "' (and change it if others may have read it)");
   }
   std::string s(kMaxSecretBytes + 1, '\0');
   std::size_t have = 0;
@@ -42,7 +41,7 @@ std::string read_secret_file(const std::string& path) {
     if (n < 0) {
       int err = errno;
       ::close(fd);
-      throw UsageError("cannot read the secret file '" + path + "': " + std::strerror(err));
+      throw UsageError("cannot read " + what + " '" + path + "': " + std::strerror(err));
     }
     if (n == 0) break;
     have += static_cast<std::size_t>(n);
@@ -51,12 +50,16 @@ std::string read_secret_file(const std::string& path) {
   ::close(fd);
   s.resize(have);
   if (s.size() > kMaxSecretBytes) {
-    throw UsageError("the secret file '" + path + "' holds more than " + std::to_string(kMaxSecretBytes) +
-                     " bytes; a secret of 32 random bytes is enough");
+    throw UsageError(what + " '" + path + "' holds more than " + std::to_string(kMaxSecretBytes) +
+                     " bytes");
   }
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-  if (s.empty()) throw UsageError("the secret file '" + path + "' is empty");
+  if (s.empty()) throw UsageError(what + " '" + path + "' is empty");
   return s;
+}
+
+std::string read_secret_file(const std::string& path) {
+  return read_private_file(path, "the secret file", "head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE");
 }
 
 }  // namespace ddprun::rendezvous::auth

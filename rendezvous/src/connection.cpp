@@ -137,29 +137,49 @@ void Connection::deliver(const Message& m) {
   }
 }
 
-std::size_t Connection::flush_later() {
+std::size_t Connection::flush_later(std::size_t max_bytes) {
   flush_queued_ = false;
   if (closed_) return 0;
   auto before = out_.size();
-  flush();
+  if (flush(max_bytes) && !closed_ && !out_.empty()) {
+    flush_queued_ = true;
+    ctx_.flush_later.push_back(this);
+  }
   return before - out_.size();
 }
 
-// One sendmsg() of the front of the queue (up to 64 chunks); what it returned.
-ssize_t Connection::send_queued(int flags) {
+// One sendmsg() of the front of the queue (up to 64 chunks, at most `max_bytes`); what it returned.
+ssize_t Connection::send_queued(int flags, std::size_t max_bytes) {
   iovec iov[64];
   msghdr msg{};
   msg.msg_iov = iov;
   msg.msg_iovlen = static_cast<std::size_t>(out_.gather(iov, 64));
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < msg.msg_iovlen; ++i) {
+    if (total + iov[i].iov_len >= max_bytes) {
+      iov[i].iov_len = max_bytes - total;
+      msg.msg_iovlen = i + 1;
+      break;
+    }
+    total += iov[i].iov_len;
+  }
   return ::sendmsg(fd_, &msg, MSG_NOSIGNAL | flags);
 }
 
-// Sends what is queued without blocking; the rest waits for the next EPOLLOUT edge.
-void Connection::flush() {
+// Sends what is queued without blocking, at most `max_bytes`; the rest waits for the next
+// EPOLLOUT edge, or (at the cap) for the caller to come back.
+bool Connection::flush(std::size_t max_bytes) {
+  std::size_t sent = 0;
+  bool capped = false;
   while (!out_.empty() && !closed_) {
-    ssize_t n = send_queued(0);
+    if (sent >= max_bytes) {
+      capped = true;
+      break;
+    }
+    ssize_t n = send_queued(0, max_bytes - sent);
     if (n > 0) {
       out_.consume(static_cast<std::size_t>(n));
+      sent += static_cast<std::size_t>(n);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -169,17 +189,18 @@ void Connection::flush() {
     } else {
       close(std::string("write failed: ") + std::strerror(errno));
     }
-    return;
+    return false;
   }
-  if (closed_) return;
+  if (closed_) return false;
   sync_charge();  // what is left unsent
   if (out_.size() > ctx_.options.max_pending_output_bytes) {
     close("client does not read its replies: " + std::to_string(out_.size()) +
           " bytes pending, over the limit of " + std::to_string(ctx_.options.max_pending_output_bytes) +
           " (--max_pending_output_bytes)");
-    return;
+    return false;
   }
   if (paused_ && out_.size() <= ctx_.options.output_high_water_bytes / 2) resume();
+  return capped;
 }
 
 // Reading resumes from the event loop (the backlog), never from inside another client's

@@ -106,7 +106,9 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
   // ctx.flush_later, to be sent from the event loop.
   void deliver(const Message& m) override;
   // Sends what deliver() queued (the loop calls it); returns the bytes the socket took.
-  std::size_t flush_later();
+  // Sends at most `max_bytes`; what is left once the socket still took them all goes back on
+  // ctx.flush_later for the next turn (no EPOLLOUT edge would come for it).
+  std::size_t flush_later(std::size_t max_bytes);
   // Closes with one log line giving the reason.
   void close(const std::string& reason);
   // Closes a connection still authenticating to make room for a newer one, telling the client
@@ -132,8 +134,9 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
   bool authenticate(std::string_view& data);
   void refuse(const std::string& answer, const std::string& why);
   void send_refusal(const std::string& answer);
-  void flush();
-  ssize_t send_queued(int flags);
+  // Sends what is queued, at most `max_bytes`, without blocking; true when it stopped at that cap.
+  bool flush(std::size_t max_bytes = ~std::size_t{0});
+  ssize_t send_queued(int flags, std::size_t max_bytes = ~std::size_t{0});
   void resume();
   void queue_turn();
   bool turn_over();

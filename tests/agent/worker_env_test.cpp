@@ -21,6 +21,7 @@ std::map<std::string, std::string> first_env(AgentOptions o) {
 TEST_CASE("worker environment: ddprun's sitecustomize first on PYTHONPATH, only the 2.x NCCL name", "[units]") {
   auto o = options(1, 0);
   o.python_site_dir = "/opt/ddprun/share/ddprun/python";
+  o.hook_sees_torch = true;
   o.base_env["PYTHONPATH"] = "/home/me/lib";
   auto env = first_env(o);
   CHECK(env["PYTHONPATH"] == "/opt/ddprun/share/ddprun/python:/home/me/lib");
@@ -35,11 +36,26 @@ TEST_CASE("worker environment: ddprun's sitecustomize first on PYTHONPATH, only 
 TEST_CASE("worker environment: without the hook, both NCCL names and PYTHONPATH as inherited", "[units]") {
   auto o = options(1, 0);
   o.base_env["PYTHONPATH"] = "/home/me/lib";
-  o.base_env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0";  // the user's choice stands
   auto env = first_env(o);
   CHECK(env["PYTHONPATH"] == "/home/me/lib");
   CHECK(env["NCCL_ASYNC_ERROR_HANDLING"] == "1");
+  CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
+  o.base_env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0";  // the user's choice stands, and no other name is added
+  env = first_env(o);
+  CHECK_FALSE(env.count("NCCL_ASYNC_ERROR_HANDLING"));
   CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0");
+}
+
+// Issue 33: a --no_python worker (or python -E/-I behind it) never runs the hook, and PyTorch
+// 1.13 reads only the old name: without knowing torch's version, ddprun sets both.
+TEST_CASE("worker environment: the hook present but not reaching the worker (--no_python) - both NCCL names", "[units]") {
+  auto o = options(1, 0);
+  o.python_site_dir = "/opt/ddprun/share/ddprun/python";
+  o.hook_sees_torch = false;
+  auto env = first_env(o);
+  CHECK(env["NCCL_ASYNC_ERROR_HANDLING"] == "1");
+  CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
+  CHECK(env["PYTHONPATH"] == "/opt/ddprun/share/ddprun/python");  // a wrapper's own Python still gets the hook
 }
 
 TEST_CASE("worker environment: TORCHELASTIC_SIGNALS_TO_HANDLE names the forwarded signals as torchrun 2.x does",

@@ -10,6 +10,9 @@
 #include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/system.hpp"
 #include "ddprun/common/text.hpp"
+#include "ddprun/common/thread.hpp"
+
+#include <cerrno>
 
 using namespace ddprun;
 using namespace std::chrono_literals;
@@ -101,4 +104,12 @@ TEST_CASE("signals: names both ways, as kill -l spells them, and the stop set", 
   for (int s : {SIGTERM, SIGUSR1, SIGALRM, SIGXCPU, SIGPWR, SIGRTMIN, SIGRTMAX}) {
     CHECK(std::find(set.begin(), set.end(), s) != set.end());
   }
+}
+
+// Issue 33: "Resource temporarily unavailable" alone named neither what failed nor the limit.
+TEST_CASE("a thread the kernel refuses is named, with the limit to raise", "[common]") {
+  auto m = ddprun::task_refused("the metrics server's thread", EAGAIN);
+  CHECK_THAT(m, Catch::Contains("cannot start the metrics server's thread: Resource temporarily unavailable"));
+  CHECK_THAT(m, Catch::Contains("RLIMIT_NPROC") && Catch::Contains("ulimit -u") && Catch::Contains("every thread"));
+  CHECK_THAT(ddprun::task_refused("x", ENOMEM), !Catch::Contains("RLIMIT_NPROC"));
 }

@@ -6,6 +6,9 @@
 #include "ddprun/launcher/cli.hpp"
 #include "options.hpp"
 #include <set>
+#include <sys/stat.h>
+#include <filesystem>
+#include <fstream>
 
 using namespace ddprun;
 
@@ -180,4 +183,65 @@ TEST_CASE("options: --help lists every option of the table, its value and defaul
     INFO(line);
     CHECK((line.size() <= 80 || line.find(' ', 42) == std::string::npos));  // a single long word may overflow
   }
+}
+
+// Issue 33: names DNS cannot hold go no further than the command line.
+TEST_CASE("host names over 253 characters or with a label over 63 are usage errors", "[units]") {
+  const std::string huge(100000, 'a');
+  CHECK_THROWS_AS(parse({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=" + huge + ":29400", "/bin/true"}),
+                  ddprun::UsageError);
+  CHECK_THROWS_WITH(parse({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=" + huge + ":29400", "/bin/true"}),
+                    Catch::Contains("100000 characters, over DNS's 253"));
+  CHECK_THROWS_WITH(parse({"--nnodes=2", "--master_addr=" + std::string(64, 'b') + ".example", "/bin/true"}),
+                    Catch::Contains("64 characters, over DNS's 63"));
+  CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=a..b", "/bin/true"}), Catch::Contains("empty label"));
+  // At the limits, and addresses, pass.
+  std::string longest;
+  for (int i = 0; i < 4; ++i) longest += std::string(i < 3 ? 63 : 61, 'c') + (i < 3 ? "." : "");
+  REQUIRE(longest.size() == 253);
+  CHECK(parse({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=" + longest + ":1", "/bin/true"})
+            .agent.rdzv.endpoint_host == longest);
+  CHECK(parse({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=[fd00::1]:29400", "/bin/true"})
+            .agent.rdzv.endpoint_host == "fd00::1");
+}
+
+TEST_CASE("--nnodes=1 with --rdzv_backend=etcd or c10d uses that backend, as torchrun does", "[units]") {
+  // (TLS settings with one node: tests/e2e/inputs_e2e_test.cpp, which has a CA to give.)
+  auto etcd = parse({"--nnodes=1", "--rdzv_backend=etcd", "--rdzv_endpoint=127.0.0.1:2379",
+                     "--rdzv_conf=lease_ttl=2", "/bin/true"});
+  CHECK(etcd.agent.rdzv.backend == rounds::BackendKind::etcd);
+  CHECK(etcd.agent.rdzv.lease_ttl == std::chrono::seconds(2));
+  auto c10d = parse({"--nnodes=1", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "/bin/true"});
+  CHECK(c10d.agent.rdzv.backend == rounds::BackendKind::c10d);
+  CHECK(parse({"--nnodes=1", "/bin/true"}).agent.rdzv.backend == rounds::BackendKind::single_node);
+  // The static one-node job has no settings; the message names it, not c10d.
+  CHECK_THROWS_WITH(parse({"--nnodes=1", "--rdzv_conf=join_timeout=5", "/bin/true"}),
+                    Catch::Contains("c10d or etcd") && Catch::Contains("static rendezvous"));
+}
+
+TEST_CASE("the etcd password from a private file or DDPRUN_ETCD_PASSWORD, not only the command line", "[units]") {
+  char dir[] = "/tmp/ddprun-pw-XXXXXX";
+  REQUIRE(::mkdtemp(dir));
+  const std::string file = std::string(dir) + "/pw";
+  {
+    std::ofstream(file) << "s3cret\n";
+  }
+  ::chmod(file.c_str(), 0600);
+  const std::vector<std::string> etcd = {"--nnodes=2", "--rdzv_backend=etcd", "--rdzv_endpoint=127.0.0.1:2379"};
+  auto with = [&](const std::string& conf) {
+    auto a = etcd;
+    a.push_back("--rdzv_conf=user=root," + conf);
+    a.push_back("/bin/true");
+    return a;
+  };
+  CHECK(parse(with("password_file=" + file)).agent.rdzv.etcd_password == "s3cret");
+  auto args = etcd;
+  args.push_back("/bin/true");
+  CHECK(parse(args, {{"DDPRUN_ETCD_PASSWORD", "fromenv"}}).agent.rdzv.etcd_password == "fromenv");
+  CHECK_THROWS_WITH(parse(with("password=x,password_file=" + file)), Catch::Contains("given more than once"));
+  ::chmod(file.c_str(), 0644);
+  CHECK_THROWS_WITH(parse(with("password_file=" + file)),
+                    Catch::Contains("the etcd password file") && Catch::Contains("mode 0644") && Catch::Contains("chmod 600"));
+  CHECK_THROWS_WITH(parse(with("password_file=" + std::string(dir) + "/none")), Catch::Contains("cannot open the etcd password file"));
+  std::filesystem::remove_all(dir);
 }

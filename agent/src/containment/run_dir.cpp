@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <spdlog/spdlog.h>
 #include <vector>
 
@@ -15,27 +14,11 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/system.hpp"
 #include "containment/private_files.hpp"
+#include "containment/safe_path.hpp"
 
 namespace ddprun::agent {
 
-namespace fs = std::filesystem;
-
-void make_private_dirs(const std::string& dir) {
-  std::vector<fs::path> created;
-  fs::path p = dir;
-  std::error_code ec;
-  while (!p.empty() && !fs::exists(p, ec)) {
-    created.push_back(p);
-    p = p.parent_path();
-  }
-  for (auto it = created.rbegin(); it != created.rend(); ++it) {
-    if (::mkdir(it->c_str(), 0700) != 0 && errno != EEXIST) {
-      throw Error("cannot create log directory '" + it->string() + "': " + std::strerror(errno) +
-                  " (choose another --log_dir)");
-    }
-  }
-  if (!fs::is_directory(dir, ec)) throw Error("cannot use '" + dir + "' as a log directory: not a directory");
-}
+void make_private_dirs(const std::string& dir) { open_dir_refusing_planted_links(dir); }
 
 namespace {
 
@@ -77,9 +60,9 @@ RunDir::RunDir(const AgentOptions& opt, const std::function<void(const std::stri
   if (base.empty()) base = temp_root_ = make_temp_root(opt, keep_, announce);
   run_dir_ = base + "/" + opt.rdzv.run_id;
   try {
-    make_private_dirs(base);  // the base is the user's choice (or ddprun's own temporary one)
-    Fd base_fd(::open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (base_fd.get() < 0) throw Error("cannot open the log directory '" + base + "': " + std::strerror(errno));
+    // The base is the user's choice (or ddprun's own temporary one): made where missing, and
+    // reached through no other user's link planted in a shared directory.
+    Fd base_fd = open_dir_refusing_planted_links(base);
     open_private_dir(base_fd.get(), opt.rdzv.run_id, run_dir_);
   } catch (...) {
     if (!temp_root_.empty()) ::rmdir(temp_root_.c_str());

@@ -37,7 +37,8 @@ class RunDir {
   bool keep_ = false;
 };
 
-// Creates `dir` and its missing parents, each new one 0700 (existing ones are left as they are).
+// Creates `dir` and its missing parents, each new one 0700 (existing ones are left as they are),
+// refusing another user's link planted in a shared sticky directory on the way (safe_path.hpp).
 void make_private_dirs(const std::string& dir);
 
 }  // namespace ddprun::agent

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <list>
+#include <optional>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <spdlog/spdlog.h>
@@ -10,6 +11,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
+#include "ddprun/common/thread.hpp"
 #include "metrics/metrics.hpp"
 
 namespace ddprun::agent {
@@ -36,6 +38,7 @@ struct MetricsServer::Impl {
   std::thread thread;
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
+  std::optional<tcp::acceptor> acceptor_v4;  // only where the kernel refused a dual-stack socket
 
   explicit Impl(JobMetrics& m) : metrics(m) {}
 
@@ -46,6 +49,7 @@ struct MetricsServer::Impl {
     beast::flat_buffer buf;
     http::request_parser<http::empty_body> parser;
     http::response<http::string_body> res;
+    bool head = false;  // HEAD: the headers of the GET answer only
 
     std::list<Client*>::iterator place;  // in server->waiting, or its end()
     bool counted = true;                 // holds one of the kMaxClients places
@@ -89,6 +93,7 @@ struct MetricsServer::Impl {
 
     void route(const http::request<http::empty_body>& req) {
       const auto target = req.target();
+      head = req.method() == http::verb::head;
       if (req.method() != http::verb::get && req.method() != http::verb::head) {
         return answer(http::status::method_not_allowed, "only GET\n");
       }
@@ -112,6 +117,7 @@ struct MetricsServer::Impl {
       res.keep_alive(false);
       res.body() = std::move(body);
       res.prepare_payload();
+      if (head) res.body().clear();  // the length of what GET would send, and no body
       http::async_write(stream, res, [self = shared_from_this()](beast::error_code, std::size_t) {
         beast::error_code ignored;
         self->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
@@ -119,11 +125,11 @@ struct MetricsServer::Impl {
     }
   };
 
-  void accept() {
-    acceptor.async_accept([self = this](beast::error_code ec, tcp::socket sock) {
+  void accept(tcp::acceptor& on) {
+    on.async_accept([self = this, &on](beast::error_code ec, tcp::socket sock) {
       if (ec == asio::error::operation_aborted) return;
       if (!ec) self->admit(std::move(sock));
-      self->accept();
+      self->accept(on);
     });
   }
 
@@ -143,26 +149,53 @@ struct MetricsServer::Impl {
   }
 };
 
-MetricsServer::MetricsServer(MetricsServerOptions o, JobMetrics& metrics) : impl_(std::make_unique<Impl>(metrics)) {
-  auto& a = impl_->acceptor;
+namespace {
+
+// Opens, binds and listens `a` on `ep`; `dual` clears IPV6_V6ONLY first (an error if the kernel
+// refuses). Returns the first error.
+beast::error_code listen_on(tcp::acceptor& a, const tcp::endpoint& ep, bool dual) {
   beast::error_code ec;
-  auto addr = o.addr.empty() ? asio::ip::address(asio::ip::address_v6::any()) : asio::ip::make_address(o.addr, ec);
-  if (ec) throw UsageError("--metrics_addr '" + o.addr + "' is not an IP address");
-  tcp::endpoint ep(addr, o.port);
   a.open(ep.protocol(), ec);
-  if (ec && o.addr.empty()) {  // no IPv6 here: every IPv4 interface
-    ep = tcp::endpoint(asio::ip::address_v4::any(), o.port);
-    a.open(ep.protocol(), ec);
-  }
+  if (!ec && ep.address().is_v6()) a.set_option(asio::ip::v6_only(!dual), ec);
   if (!ec) a.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) a.bind(ep, ec);
   if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
+    beast::error_code ignored;
+    a.close(ignored);
+  }
+  return ec;
+}
+
+}  // namespace
+
+// Every interface (no --metrics_addr): one socket on [::] with IPV6_V6ONLY cleared, so IPv4
+// clients (a Kubernetes probe of 127.0.0.1) reach it whatever net.ipv6.bindv6only says; where the
+// kernel refuses dual-stack, [::] for IPv6 and 0.0.0.0 on the same port for IPv4; without IPv6,
+// 0.0.0.0 alone.
+MetricsServer::MetricsServer(MetricsServerOptions o, JobMetrics& metrics) : impl_(std::make_unique<Impl>(metrics)) {
+  auto& a = impl_->acceptor;
+  beast::error_code ec;
+  if (o.addr.empty()) {
+    ec = listen_on(a, tcp::endpoint(asio::ip::address_v6::any(), o.port), true);
+    if (ec) {
+      ec = listen_on(a, tcp::endpoint(asio::ip::address_v6::any(), o.port), false);
+      const std::uint16_t bound = ec ? o.port : a.local_endpoint().port();
+      auto& v4 = ec ? a : impl_->acceptor_v4.emplace(impl_->io);
+      ec = listen_on(v4, tcp::endpoint(asio::ip::address_v4::any(), bound), false);  // IPv4 is required
+    }
+  } else {
+    auto addr = asio::ip::make_address(o.addr, ec);
+    if (ec) throw UsageError("--metrics_addr '" + o.addr + "' is not an IP address");
+    ec = listen_on(a, tcp::endpoint(addr, o.port), false);
+  }
+  if (ec) {
     throw Error("cannot serve metrics on " + format_address(o.addr.empty() ? "*" : o.addr, o.port) + ": " + ec.message() +
                 " (choose another --metrics_port, or 0 for a free one)");
   }
-  impl_->accept();
-  impl_->thread = std::thread([im = impl_.get()] { im->io.run(); });
+  impl_->accept(a);
+  if (impl_->acceptor_v4) impl_->accept(*impl_->acceptor_v4);
+  impl_->thread = start_thread("the metrics server's thread", [im = impl_.get()] { im->io.run(); });
   spdlog::info("ddprun: metrics on port {} (/metrics, /healthz, /readyz)", port());
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "ddprun/common/error.hpp"
+#include "spawn_pool.hpp"
 
 namespace ddprun::agent {
 namespace {
@@ -20,7 +21,14 @@ std::uint64_t descriptors_needed(int nproc) {
   return kAgentDescriptors + kDescriptorsPerWorker * static_cast<std::uint64_t>(nproc < 0 ? 0 : nproc);
 }
 
-std::optional<std::string> fan_out_refusal(int nproc, const FanOutLimits& limits) {
+std::uint64_t agent_tasks(int nproc, bool metrics, bool rendezvous) {
+  std::uint64_t n = 5 + (spawn_threads(static_cast<std::size_t>(nproc < 0 ? 0 : nproc)) - 1);
+  if (metrics) n += 1;
+  if (rendezvous) n += 4;
+  return n;
+}
+
+std::optional<std::string> fan_out_refusal(int nproc, const FanOutLimits& limits, std::uint64_t agent_tasks) {
   const std::string n = "--nproc_per_node=" + std::to_string(nproc);
   const std::uint64_t fds = descriptors_needed(nproc);
   if (fds > limits.open_files) {
@@ -28,16 +36,20 @@ std::optional<std::string> fan_out_refusal(int nproc, const FanOutLimits& limits
            std::to_string(limits.open_files) + ": raise it (ulimit -n " + std::to_string(fds) +
            ", or LimitNOFILE= in a systemd unit) or start fewer workers";
   }
-  // The agent and its guardian count too; the user's other processes are not known here.
-  const std::uint64_t procs = static_cast<std::uint64_t>(nproc) + 2;
+  // The kernel counts every thread of the user against RLIMIT_NPROC: the agent's threads and its
+  // guardian count too; the user's other processes, and the workers' own threads, are not known here.
+  const std::uint64_t procs = static_cast<std::uint64_t>(nproc) + agent_tasks;
   if (limits.processes != 0 && procs > limits.processes) {
-    return n + " needs " + std::to_string(procs) + " processes (the workers, the agent and its guardian) but " +
-           "RLIMIT_NPROC (ulimit -u) is " + std::to_string(limits.processes) + ": raise it (ulimit -u) or start fewer workers";
+    return n + " needs " + std::to_string(procs) + " processes and threads (the workers, then " +
+           std::to_string(agent_tasks) + " of the agent: its threads and its guardian) but RLIMIT_NPROC (ulimit -u), " +
+           "which counts threads, is " + std::to_string(limits.processes) +
+           ": raise it (ulimit -u, LimitNPROC= in a systemd unit) well above that, since the workers' own threads count " +
+           "too, or start fewer workers";
   }
   return std::nullopt;
 }
 
-void check_fan_out(int nproc) {
+void check_fan_out(int nproc, std::uint64_t agent_tasks) {
   FanOutLimits limits;
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) == 0) {
@@ -55,7 +67,7 @@ void check_fan_out(int nproc) {
   if (::geteuid() != 0 && ::getrlimit(RLIMIT_NPROC, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
     limits.processes = value(lim.rlim_cur);
   }
-  if (auto why = fan_out_refusal(nproc, limits)) throw UsageError(*why);
+  if (auto why = fan_out_refusal(nproc, limits, agent_tasks)) throw UsageError(*why);
 }
 
 }  // namespace ddprun::agent

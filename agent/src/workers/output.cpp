@@ -14,6 +14,8 @@
 #include <cstring>
 #include <spdlog/spdlog.h>
 
+#include "ddprun/common/thread.hpp"
+
 namespace ddprun::agent {
 
 std::size_t write_fully(int fd, std::string_view data) {
@@ -191,8 +193,8 @@ void Console::write(std::string_view line) {
     if (s_->written == progress && s_->bytes + line.size() > kCapacity) s_->stalled = true;
   }
   if (!s_->started) {
+    start_thread("a console writer thread", [s = s_] { s->run(); }).detach();
     s_->started = true;
-    std::thread([s = s_] { s->run(); }).detach();
   }
   s_->queue.emplace_back(line);
   s_->bytes += line.size();

@@ -17,6 +17,7 @@
 
 #include "ddprun/agent/options.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/thread.hpp"
 
 namespace ddprun::agent {
 namespace {
@@ -274,7 +275,7 @@ SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::ve
   if (pid < 0) {
     int e = errno;
     for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-    throw Error(std::string("cannot start a worker (clone failed): ") + std::strerror(e));
+    throw Error(task_refused("a worker (clone failed)", e));
   }
   // No setpgid(pid, pid) here as after fork: with CLONE_VFORK the agent resumes only once the
   // child has made its group (its first step) and exec'd (or exited).

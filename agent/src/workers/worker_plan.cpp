@@ -55,12 +55,13 @@ std::map<std::string, std::string> group_env(const AgentOptions& opt, const roun
   set("TORCHELASTIC_RUN_ID", opt.rdzv.run_id);
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
   set("TORCHELASTIC_SIGNALS_TO_HANDLE", signal_list(opt.forward_signals));
+  // PyTorch 2.x reads TORCH_NCCL_ASYNC_ERROR_HANDLING and warns on every rank about the 1.x
+  // name, NCCL_ASYNC_ERROR_HANDLING, which is all 1.x reads: the old name only where the hook
+  // cannot set it for 1.x alone, and never over a choice of the user's.
+  const bool user_chose = env.count("NCCL_ASYNC_ERROR_HANDLING") || env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING");
   env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
-  if (opt.python_site_dir.empty()) {
-    env.try_emplace("NCCL_ASYNC_ERROR_HANDLING", "1");  // the name PyTorch 1.x reads (2.x warns about it)
-  } else {
-    prepend_path(env, "PYTHONPATH", opt.python_site_dir);  // its sitecustomize sets it for 1.x only
-  }
+  if (!user_chose && !(opt.hook_sees_torch && !opt.python_site_dir.empty())) env["NCCL_ASYNC_ERROR_HANDLING"] = "1";
+  if (!opt.python_site_dir.empty()) prepend_path(env, "PYTHONPATH", opt.python_site_dir);
   env.try_emplace("PYTHONFAULTHANDLER", "1");  // a hung Python worker stopped with SIGABRT prints its stacks
   if (opt.nproc_per_node > 1) env.try_emplace("OMP_NUM_THREADS", "1");
   return env;

@@ -9,6 +9,8 @@
 #include <memory>
 #include <thread>
 
+#include "ddprun/common/thread.hpp"
+
 namespace ddprun::rounds {
 
 struct BoundedThread {
@@ -19,7 +21,7 @@ struct BoundedThread {
   void start(F f) {
     auto p = std::make_shared<std::promise<void>>();
     done = p->get_future().share();
-    thread = std::thread([p, f = std::move(f)]() mutable {
+    thread = start_thread("a rendezvous thread", [p, f = std::move(f)]() mutable {
       try {
         f();
       } catch (const std::exception& e) {

@@ -1,6 +1,7 @@
 // etcd's members as the user wrote them (--rdzv_endpoint, etcdctl's --endpoints), and whether
 // the TLS settings fit them.
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/net.hpp"
 #include "ddprun/common/text.hpp"
 #include "etcd_client.hpp"
 
@@ -56,6 +57,9 @@ std::vector<EtcdEndpoint> parse_etcd_endpoints(const std::string& list, bool tls
     }
     if (e.host.empty() || e.host.find('/') != std::string::npos) {
       throw UsageError("etcd endpoint '" + item + "': expected [http://|https://]HOST[:PORT]");
+    }
+    if (auto why = host_name_problem(e.host); !why.empty()) {
+      throw UsageError("etcd endpoint '" + (item.size() > 64 ? item.substr(0, 60) + "..." : item) + "': " + why);
     }
     out.push_back(e);
   }

@@ -111,7 +111,18 @@ StoreBackend::StoreBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals>
 void StoreBackend::decide_hosting() {
   std::lock_guard<std::mutex> lk(decide_mu_);
   if (decided_) return;
-  if (should_host()) host();
+  if (should_host()) {
+    host();
+  } else if (port_ == 0) {
+    // Only the host may bind a free port: no other node could learn which one it got.
+    const bool fixed = opt_.backend == BackendKind::static_ranks;
+    throw UsageError(std::string(fixed ? "--master_port=0" : "--rdzv_endpoint=" + format_address(opt_.endpoint_host, 0)) +
+                     " names no port, and this node does not host the store (" +
+                     (fixed                                  ? "--node_rank is not 0"
+                      : opt_.host_role == HostRole::never ? "--rdzv_conf is_host=0"
+                                                          : opt_.endpoint_host + " is not one of its addresses") +
+                     "): give the port the host listens on");
+  }
   decided_ = true;
 }
 

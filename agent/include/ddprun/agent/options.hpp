@@ -65,6 +65,11 @@ struct AgentOptions {
   // NCCL_ASYNC_ERROR_HANDLING. Empty (--no_progress_hook, or not installed): neither; ddprun
   // then sets NCCL_ASYNC_ERROR_HANDLING itself (which PyTorch 2.x warns about on every rank).
   std::string python_site_dir;
+  // True when ddprun starts the workers' Python itself (a .py script, -m) with the hook above:
+  // the hook then sees torch's version, and sets NCCL_ASYNC_ERROR_HANDLING for PyTorch 1.x only.
+  // Otherwise (--no_python, a program that is not a .py script, no hook) torch's version is
+  // unknown, and ddprun sets both names, as torchrun 1.13 did, unless the user set either.
+  bool hook_sees_torch = false;
 
   StreamSelection redirects;  // to files only
   StreamSelection tee;        // to files and the console

@@ -9,8 +9,12 @@
 namespace ddprun::agent {
 
 // The directory holding ddprun's sitecustomize.py for Python workers (the progress hook);
-// empty when it is not there.
-std::string python_site_dir();
+// empty when it is not there, or when someone other than root and this user could have put it
+// there or changed it (README: Security): every directory from / down to it, and the file, must
+// belong to root or this user and be writable by nobody else (a sticky directory such as /tmp
+// may be on the way when the entry in it is root's or this user's). Then `refused`, when given,
+// says why it was not used.
+std::string python_site_dir(std::string* refused = nullptr);
 
 // The path of ddprun-stack (native stacks through libdw); empty when it is not there (ddprun
 // built without libdw, or copied without it).

@@ -17,6 +17,11 @@ std::vector<std::string> local_addresses();
 std::vector<std::string> resolve_host(const std::string& host);
 
 bool is_ip_literal(const std::string& address);
+
+// Why `host` cannot be a DNS name, or "" when it can (or is an IP literal): over 253 characters,
+// a label over 63, or an empty label (RFC 1035 2.3.4). Checked before a name goes to the
+// resolver, which would otherwise be asked again and again until a join timeout.
+std::string host_name_problem(const std::string& host);
 // 127.0.0.0/8, ::1, and IPv4-mapped loopback.
 bool is_loopback(const std::string& address);
 

@@ -50,4 +50,8 @@ bool equal(std::string_view a, std::string_view b);
 // secret. Throws UsageError saying what is wrong and what to do.
 std::string read_secret_file(const std::string& path);
 
+// The same checks for another private file: `what` names it in the messages ("the etcd password
+// file"), `create` says how to make one ("printf %s PASSWORD > FILE; chmod 600 FILE").
+std::string read_private_file(const std::string& path, const std::string& what, const std::string& create);
+
 }  // namespace ddprun::rendezvous::auth
