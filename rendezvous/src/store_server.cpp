@@ -27,7 +27,7 @@
 // one thread; the StoreCore is not shared. connection.cpp has everything a client can trigger.
 // Every turn of the loop is bounded, so that no client holds it for more than a few ms: a
 // connection reads for 16 x 64 KiB or about 1 ms of requests, then waits on the backlog (once); output a
-// client did not ask for (watch events, WAIT wake-ups) is sent 4 MiB a turn; a closed
+// client did not ask for (watch events, WAIT wake-ups) is sent 1 MiB a turn; a closed
 // connection's waits are dropped 1,024 a turn before its socket closes.
 
 namespace ddprun::rendezvous {
@@ -39,7 +39,7 @@ using asio::ip::tcp;
 constexpr int kEventsPerWait = 512;
 constexpr int kAcceptsPerTurn = 512;
 // Notifications sent per turn of the loop, in all. A SET of 8 MiB watched by 200 clients that
-// never read fills 200 sockets (a few MiB each); 4 MiB a turn, and whole connections past it,
+// never read fills 200 sockets (a few MiB each); 1 MiB a turn, and whole connections past it,
 // made turns of 20-130 ms on a loaded machine, and other clients' PINGs waited 0.14-1.8 s.
 constexpr std::size_t kFlushBytesPerTurn = 1 << 20;
 

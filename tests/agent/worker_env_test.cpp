@@ -44,6 +44,11 @@ TEST_CASE("worker environment: without the hook, both NCCL names and PYTHONPATH 
   env = first_env(o);
   CHECK_FALSE(env.count("NCCL_ASYNC_ERROR_HANDLING"));
   CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0");
+  o.base_env.erase("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  o.base_env["NCCL_ASYNC_ERROR_HANDLING"] = "0";  // the old name alone: 2.x must not read a 1 of ours first
+  env = first_env(o);
+  CHECK(env["NCCL_ASYNC_ERROR_HANDLING"] == "0");
+  CHECK_FALSE(env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING"));
 }
 
 // Issue 33: a --no_python worker (or python -E/-I behind it) never runs the hook, and PyTorch

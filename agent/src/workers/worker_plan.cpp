@@ -59,7 +59,7 @@ std::map<std::string, std::string> group_env(const AgentOptions& opt, const roun
   // name, NCCL_ASYNC_ERROR_HANDLING, which is all 1.x reads: the old name only where the hook
   // cannot set it for 1.x alone, and never over a choice of the user's.
   const bool user_chose = env.count("NCCL_ASYNC_ERROR_HANDLING") || env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING");
-  env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (!user_chose) env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
   if (!user_chose && !(opt.hook_sees_torch && !opt.python_site_dir.empty())) env["NCCL_ASYNC_ERROR_HANDLING"] = "1";
   if (!opt.python_site_dir.empty()) prepend_path(env, "PYTHONPATH", opt.python_site_dir);
   env.try_emplace("PYTHONFAULTHANDLER", "1");  // a hung Python worker stopped with SIGABRT prints its stacks

@@ -81,7 +81,7 @@ struct ProcessGroupOptions {
   bool share_devices = false;
   // gloo: before each collective, the ranks exchange what they are about to call (kind, count,
   // element type, reduction, root, sequence number) and a mismatch throws CollectiveMismatchError
-  // at once, naming the ranks and the calls. Off by default (it costs one small all-gather per
+  // at once, naming the ranks and the calls. Off by default (it costs one 48-byte all-reduce per
   // collective); also turned on by DDPRUN_DISTRIBUTED_DEBUG=detail. Without it, a mismatch is
   // found when the collective times out, and named the same way.
   bool check_collectives = false;
