@@ -20,7 +20,20 @@
 
 namespace ddprun::rounds {
 
-using Clock = std::chrono::steady_clock;
+// The round rules' clock: the steady clock, or, on a thread that set `source` (the
+// deterministic simulator, tests/rounds/sim_*), that thread's virtual time. Its time points are
+// the steady clock's, so deadlines cross to the Fence unchanged.
+struct Clock {
+  using base = std::chrono::steady_clock;
+  using duration = base::duration;
+  using rep = duration::rep;
+  using period = duration::period;
+  using time_point = base::time_point;
+  static constexpr bool is_steady = true;
+  using Source = time_point (*)();
+  static inline thread_local Source source = nullptr;
+  static time_point now() { return source ? source() : base::now(); }
+};
 
 // How long a key lives.
 enum class Lifetime {

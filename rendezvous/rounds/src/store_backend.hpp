@@ -36,6 +36,9 @@ class StoreBackend : public Backend {
   bool holds_records() const override { return hosting_; }
   std::vector<HostedStore> hosted() const override;
   std::chrono::milliseconds liveness_ttl() const override;
+  // The store is this backend's single point of failure: the message names its host and the
+  // ways out.
+  std::string lost_hint() const override;
   std::unique_ptr<Liveness> watch(const Members& m, std::weak_ptr<LivenessEvents> events) override;
 
   // The endpoint's port: the real one when this node hosts the store on port 0.
