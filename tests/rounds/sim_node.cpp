@@ -80,6 +80,9 @@ class SimBackend : public Backend {
     w_.spawn_ring(n_, m);
     return std::make_unique<SimLiveness>(n_);
   }
+  bool members_silent(Connection& c, int round, int members, std::vector<long long>& seen) override {
+    return w_.settings().flavor == Flavor::store ? counters_silent(c, round, members, seen) : records_gone(c, round, members);
+  }
 
  private:
   World& w_;

@@ -10,7 +10,7 @@ namespace ddprun::rounds::sim {
 namespace {
 
 using namespace std::chrono_literals;
-constexpr auto kQuietBound = std::chrono::seconds(40);
+constexpr auto kQuietBound = std::chrono::seconds(60);
 
 std::string join_text(const std::vector<std::string>& v) {
   std::string s;
@@ -30,8 +30,8 @@ bool World::ready(const Task& t) const {
     case Task::Park::sleep: return now_ >= t.deadline;
     case Task::Park::wait:
       if (now_ >= t.deadline || (t.interruptible && !n.events.empty())) return true;
-      for (const auto& k : t.keys) {
-        if (!kv_.count(k.text())) return false;
+      for (const auto& k : t.texts) {
+        if (!kv_.count(k)) return false;
       }
       return true;
   }
@@ -77,7 +77,8 @@ void World::fence() {
 }
 
 void World::expire_leases() {
-  if (s_.flavor != Flavor::etcd) return;
+  if (s_.flavor != Flavor::etcd || now_ == expired_at_) return;
+  expired_at_ = now_;
   const auto ttl = std::chrono::milliseconds(s_.opt.lease_ttl);
   for (auto& n : nodes_) {
     if (n->alive && !n->paused && now_ >= n->ring_slow_until) n->lease_until = now_ + ttl;
@@ -147,10 +148,11 @@ void World::outcome() {
 void World::replay() {
   if (puts_.empty()) return;
   auto [k, v] = puts_[pick(static_cast<int>(puts_.size()))];
-  note("stale write replayed: " + k + " = " + v);
-  check_put(k, v);
-  auto& val = kv_[k];
-  val.v = v;
+  // etcd refuses a write on a lease that expired.
+  if (s_.flavor == Flavor::etcd && v.life == Lifetime::node && v.owner->lease_until <= now_) return;
+  note("stale write replayed: " + k + " = " + v.v);
+  check_put(k, v.v);
+  kv_[k] = v;
 }
 
 void World::fault() {
@@ -207,7 +209,7 @@ bool World::step(bool faults) {
   fence();
   expire_leases();
   restarts();
-  if (faults && chance(0.04)) {
+  if (faults && chance(0.06)) {
     fault();
   } else {
     std::vector<Task*> r;

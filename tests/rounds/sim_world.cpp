@@ -44,19 +44,19 @@ Settings settings_of(std::uint64_t seed) {
   s.nodes = 2 + static_cast<int>(r() % 5);
   s.max_nodes = s.nodes;
   s.min_nodes = s.kind == BackendKind::static_ranks ? s.nodes : 1 + static_cast<int>(r() % s.nodes);
-  s.fault_steps = 100 + static_cast<int>(r() % 300);
+  s.fault_steps = 40 + static_cast<int>(r() % 120);
   auto& o = s.opt;
   o.backend = s.kind;
   o.run_id = "job";
   o.min_nodes = s.min_nodes;
   o.max_nodes = s.max_nodes;
-  o.join_timeout = 20s;
+  o.join_timeout = 30s;
   o.last_call_timeout = 1s;
   o.read_timeout = 3s;
   o.close_timeout = 2s;
-  o.keep_alive_interval = 1s;
+  o.keep_alive_interval = 2s;
   o.keep_alive_max_attempt = 2;
-  o.lease_ttl = std::chrono::seconds(2);
+  o.lease_ttl = std::chrono::seconds(4);
   return s;
 }
 
@@ -132,6 +132,8 @@ bool World::wait(const std::vector<Key>& keys, Time deadline, bool interruptible
   Task* t = current_;
   t->park = Task::Park::wait;
   t->keys = keys;
+  t->texts.clear();
+  for (const auto& k : keys) t->texts.push_back(k.text());
   t->deadline = deadline;
   t->interruptible = interruptible;
   Fiber::yield();
@@ -140,8 +142,8 @@ bool World::wait(const std::vector<Key>& keys, Time deadline, bool interruptible
     t->fail = false;
     throw NetworkError("simulated: the connection failed during wait");
   }
-  for (const auto& k : keys) {
-    if (!kv_.count(k.text())) return false;
+  for (const auto& k : t->texts) {
+    if (!kv_.count(k)) return false;
   }
   return true;
 }
@@ -163,7 +165,7 @@ std::optional<std::string> World::get(const std::string& k) {
 void World::put(const std::string& k, const std::string& v, Lifetime life, Node& n) {
   check_put(k, v);
   kv_[k] = Value{v, life, &n, now_ + kMarkerTtl};
-  puts_.push_back({k, v});
+  puts_.push_back({k, kv_[k]});
   if (puts_.size() > 24) puts_.pop_front();
 }
 

@@ -76,6 +76,7 @@ struct Task {
   bool ring = false;
   enum class Park { none, call, wait, sleep } park = Park::none;
   std::vector<Key> keys;
+  std::vector<std::string> texts;  // the keys' texts
   Time deadline{};
   bool interruptible = false;  // a wait that a node event ends early
   bool crash = false, fail = false;
@@ -149,7 +150,7 @@ class World {
   bool tracing_;
   Time now_;
   std::map<std::string, Value> kv_;
-  std::deque<std::pair<std::string, std::string>> puts_;  // recent puts, for stale replays
+  std::deque<std::pair<std::string, Value>> puts_;  // recent puts, for stale replays
   std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<std::unique_ptr<Task>> tasks_;
   Task* current_ = nullptr;
@@ -168,6 +169,7 @@ class World {
   std::vector<std::string> trace_;
   std::string violation_;
   std::uint64_t steps_ = 0;
+  Time expired_at_{};  // the last expire_leases
 };
 
 // The body of a node's main fiber (sim_node.cpp).

@@ -40,12 +40,14 @@ class KeepAliveRing {
     }
     if (!watching_) return std::nullopt;
     long long count = c.add(round_key(m_.round, Name::alive, next), 0);
+    // Dated when the read returned: the member's last renewal may have been sent just before.
+    const auto read_at = Clock::now();
     if (count != seen_) {
       seen_ = count;
-      changed_ = now;
-    } else if (now - changed_ > ttl_) {
+      changed_ = read_at;
+    } else if (read_at - changed_ > ttl_) {
       watching_ = false;
-      return std::chrono::duration<double>(now - changed_).count();
+      return std::chrono::duration<double>(read_at - changed_).count();
     }
     return std::nullopt;
   }

@@ -20,8 +20,15 @@ using K = RendezvousFailure::Kind;
 constexpr long long kMaxNodes = 1 << 20;
 // r<R+1>/rc when the job ended with round R.
 constexpr const char* kFinished = "finished";
+// What a membership request takes off r<R>/succeeded: the members' reports never reach the
+// round's size after it.
+constexpr std::int64_t kRequest = 1LL << 40;
 
 std::string random_node_id() { return random_hex(16); }
+
+long long wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::wall().time_since_epoch()).count();
+}
 
 }  // namespace
 
@@ -46,9 +53,20 @@ void RoundRules::connect() {
   if (self_.info.reach.empty()) self_.info.reach = backend_.reach();
   auto& c = *conn_;
   const Key finished = run_key(Name::finished), config = run_key(Name::config);
-  if (c.get(finished)) {
-    throw RendezvousError(K::finished, "rendezvous: run id '" + opt_.run_id + "' already finished on " + where_ +
-                                           "; give this job a new --rdzv_id");
+  if (auto v = c.get(finished)) {
+    // A node of the job that arrives late is told; after close_timeout the run id is free again
+    // and this is a relaunch: it meets after the old job's rounds.
+    const long long now = wall_ms(), life = opt_.close_timeout.count();
+    const FinishedMark m = parse_finished(c.name(finished), *v, now);
+    if (now - m.at_ms < life) {
+      throw RendezvousError(K::finished, "rendezvous: run id '" + opt_.run_id + "' already finished on " + where_ + " " +
+                                             std::to_string((now - m.at_ms) / 1000) + " s ago; a relaunch with it can start " +
+                                             std::to_string((life - (now - m.at_ms) + 999) / 1000) +
+                                             " s from now (close_timeout), or give this job a new --rdzv_id");
+    }
+    first_round_ = m.round + 2;  // r<round+1>/rc holds the old job's "finished"
+    spdlog::info("ddprun: run id '{}' finished {} s ago; starting it again from round {}", opt_.run_id,
+                 (now - m.at_ms) / 1000, first_round_);
   }
   const RunConfig mine{opt_.backend, opt_.min_nodes, opt_.max_nodes};
   const RunConfig theirs = parse_config(c.name(config), c.create(config, config_json(mine)));
@@ -61,16 +79,12 @@ void RoundRules::connect() {
 
 RoundRules::Joined RoundRules::join(int round, int rc) {
   auto& c = *conn_;
-  const Key latest = run_key(Name::round);
   for (;;) {
     // Each round is given join_timeout from when this node arrives in it (a spare may have
     // waited long for it).
     const auto deadline = Clock::now() + opt_.join_timeout;
-    if (rc < 0) {
-      if (auto r = c.get(latest)) round = std::max(round, static_cast<int>(parse_number(c.name(latest), *r, 0, INT32_MAX)));
-    }
-    c.put(latest, std::to_string(round));
-    if (rc >= 0) c.put(round_key(round, Name::rc), std::to_string(rc));
+    if (rc < 0) round = latest_round(std::max(round, first_round_));
+    if (rc >= 0) c.create(round_key(round, Name::rc), std::to_string(rc));
     if (opt_.backend == BackendKind::static_ranks && !claim_rank(round, deadline)) {
       ++round;  // the round that held this rank has ended: meet in the next one
       continue;
@@ -86,7 +100,7 @@ RoundRules::Joined RoundRules::join(int round, int rc) {
       } catch (const MemberGone& g) {
         // A member that arrived and died before the round ran: meet again without it.
         spdlog::warn("ddprun: round {}: node {} ({}) {}; meeting again without it", round, g.index, g.host, g.what);
-        c.put(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
+        c.create(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
         c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(g.index, g.host, 0)));
         ++round;
         continue;
@@ -94,24 +108,58 @@ RoundRules::Joined RoundRules::join(int round, int rc) {
     }
     told_ = kNobody;  // this node is not in the round: a stop here is nobody else's business
     ask_to_join(round, closed);
-    wait_next_round(round);
+    wait_next_round(round, closed);
     rc = -1;
     ++round;
   }
 }
 
+// The latest round any node arrived in, from `from` on: arrivals in round R+1 begin only once
+// round R has had its own, so the first round without arrivals ends the search. A key that only
+// grows, never one that a late writer could move back.
+int RoundRules::latest_round(int from) {
+  auto& c = *conn_;
+  int round = std::max(from, 0);
+  while (c.get(round_key(round + 1, Name::join))) ++round;
+  return round;
+}
+
 // Outside a running round: the next one begins when this one has ended and its members go on
 // (the first to join the next round writes its restart count), never beside it; a job that
 // ends instead leaves "finished" there.
-void RoundRules::wait_next_round(int round) {
+// Members that are all gone (a crashed launch left its keys) are not waited for: once none
+// renewed its liveness for a TTL plus twice read_timeout (members on their way into the round
+// renew only once it runs), this node ends the round and meets in the next one.
+void RoundRules::wait_next_round(int round, int closed) {
   auto& c = *conn_;
   const Key next = round_key(round + 1, Name::rc);
-  while (!c.wait({next}, Clock::now() + opt_.read_timeout)) {
+  const auto ttl = backend_.liveness_ttl(), patience = ttl + 2 * opt_.read_timeout;
+  std::vector<long long> seen;
+  auto alive_at = Clock::now();
+  while (!c.wait({next}, Clock::now() + ttl)) {
+    throw_if_finished(c, round);
+    if (!backend_.members_silent(c, round, closed, seen)) {
+      alive_at = Clock::now();
+    } else if (Clock::now() - alive_at >= patience) {
+      spdlog::warn("ddprun: round {}: none of its {} nodes renewed its liveness for {}; meeting in the next round "
+                   "without them", round, closed, duration_text(std::chrono::duration_cast<std::chrono::milliseconds>(patience)));
+      c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(0, "?", 0)));
+      return;
+    }
   }
-  if (c.get(next).value_or("") == kFinished) {
-    throw RendezvousError(K::finished, "rendezvous: the job of run id '" + opt_.run_id + "' on " + where_ +
-                                           " finished while this node waited for a place in it");
-  }
+  if (c.get(next).value_or("") == kFinished) throw_finished();
+}
+
+void RoundRules::throw_finished() {
+  throw RendezvousError(K::finished, "rendezvous: the job of run id '" + opt_.run_id + "' on " + where_ +
+                                         " finished while this node waited for a place in it");
+}
+
+// The job finished in round `round` or later (its keys may be cleared already).
+void RoundRules::throw_if_finished(Connection& c, int round) {
+  const Key finished = run_key(Name::finished);
+  auto v = c.get(finished);
+  if (v && parse_finished(c.name(finished), *v, wall_ms()).round >= round) throw_finished();
 }
 
 int RoundRules::round_to_tell(int asked) const {
@@ -123,7 +171,13 @@ int RoundRules::round_to_tell(int asked) const {
 void RoundRules::ask_to_join(int round, int closed) {
   auto& c = *conn_;
   if (closed < opt_.max_nodes) {
-    c.put(round_key(round + 1, Name::expect), std::to_string(closed + 1));
+    const std::int64_t reported = c.add(round_key(round, Name::succeeded), -kRequest) + kRequest;
+    if (reported >= closed) {
+      // Every member had succeeded first: the job ends; help the last one say so.
+      c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_success()));
+      return;
+    }
+    c.create(round_key(round + 1, Name::expect), std::to_string(closed + 1));
     c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_membership(self_.info.host)));
     spdlog::info("ddprun: round {} runs with {} nodes; asking it to restart with this one", round, closed);
   } else if (!said_spare_) {
@@ -133,20 +187,68 @@ void RoundRules::ask_to_join(int round, int closed) {
   }
 }
 
-// Static: --node_rank N is claimed first-writer-wins. Taken by a live node is an error; a node
-// whose agent died is counted lost within the liveness TTL, which ends its round: that long is
-// waited for an end before refusing. False: the round ended, try the next one.
+// Static: --node_rank N is claimed first-writer-wins (etcd: on the claimer's lease). Held by a
+// live member of a running round: an error, once the liveness TTL has shown it alive. Held by a
+// node that died on its way: the round ends without it (once closed), or, when that node never
+// arrived in it, the claim is taken over. False: the round ended, try the next one.
 bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
   auto& c = *conn_;
-  const Key k = round_key(round, Name::rank, opt_.node_rank);
-  const RankClaim holder = parse_claim(c.name(k), c.create(k, claim_json({self_.node_id, self_.info.host})));
+  const Key k = round_key(round, Name::rank, opt_.node_rank), end = round_key(round, Name::end);
+  const std::string mine = claim_json({self_.node_id, self_.info.host});
+  const RankClaim holder = parse_claim(c.name(k), c.create(k, mine, Lifetime::node));
   if (holder.node_id == self_.node_id) return true;
-  auto wait_until = std::min(deadline, Clock::now() + backend_.liveness_ttl() + 1s);
-  if (c.wait({round_key(round, Name::end)}, wait_until)) return false;
+  const auto ttl = backend_.liveness_ttl(), patience = ttl + 1s;
+  const auto since = Clock::now();
+  for (;;) {
+    if (c.wait({end}, std::min(deadline, Clock::now() + ttl))) return false;
+    const bool waited = Clock::now() - since >= patience, running = c.get(round_key(round, Name::store)).has_value();
+    if (waited && running && members_gone(round)) return false;  // it ended the round: try the next one
+    if (waited && running) break;  // a member renewing its liveness for a TTL: alive
+    if (waited && !c.get(round_key(round, Name::closed)) && !arrived(round, opt_.node_rank)) {
+      spdlog::warn("ddprun: node rank {} was claimed in round {} by host {}, which never arrived; taking it over",
+                   opt_.node_rank, round, holder.host);
+      c.put(k, mine, Lifetime::node);
+      return true;
+    }
+    if (Clock::now() >= deadline) break;
+  }
   throw RendezvousError(K::in_use, "rendezvous: node rank " + std::to_string(opt_.node_rank) + " is already in use in run '" +
                                        opt_.run_id + "' on " + where_ + ": host " + holder.host + " holds it in round " +
                                        std::to_string(round) + " and is alive; give each node a distinct --node_rank (0.." +
                                        std::to_string(opt_.max_nodes - 1) + "), or a new job its own --rdzv_id");
+}
+
+// Every member of the running round `round` stayed silent for a TTL plus twice read_timeout
+// (a crashed launch left it): then this node ends it, and true.
+bool RoundRules::members_gone(int round) {
+  auto& c = *conn_;
+  const Key ck = round_key(round, Name::closed);
+  auto v = c.get(ck);
+  const Closed closed = parse_closed(c.name(ck), v.value_or("{}"));
+  const auto ttl = backend_.liveness_ttl(), patience = ttl + 2 * opt_.read_timeout;
+  std::vector<long long> seen;
+  const auto since = Clock::now();
+  backend_.members_silent(c, round, closed.nodes, seen);
+  while (!c.wait({round_key(round, Name::end)}, Clock::now() + ttl)) {
+    if (!backend_.members_silent(c, round, closed.nodes, seen)) return false;
+    if (Clock::now() - since >= patience) {
+      c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(0, "?", 0)));
+      return true;
+    }
+  }
+  return true;
+}
+
+// Some arrival of round `round` described itself with --node_rank `rank`.
+bool RoundRules::arrived(int round, int rank) {
+  auto& c = *conn_;
+  const auto n = c.add(round_key(round, Name::join), 0);
+  for (int i = 0; i < n; ++i) {
+    const Key r = round_key(round, Name::node, i);
+    auto v = c.get(r);
+    if (v && parse_node(c.name(r), *v).node_rank == rank) return true;
+  }
+  return false;
 }
 
 // Closes round `round` when this arrival (`idx`) fills it, waits until it is closed, and returns
@@ -197,7 +299,12 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed, int rc
     }
   }
   std::vector<NodeInfo> arrivals;
-  for (const auto& k : records) arrivals.push_back(parse_node(c.name(k), c.get(k).value_or("{}")));
+  for (int i = 0; i < closed; ++i) {
+    // A record on a lease (etcd) goes with a member that died since the wait.
+    auto v = c.get(records[i]);
+    if (!v) throw MemberGone{i, "?", "was lost as the round closed"};
+    arrivals.push_back(parse_node(c.name(records[i]), *v));
+  }
   Joined j;
   RoundInfo& info = j.info;
   info.round = round;
@@ -307,13 +414,18 @@ void RoundRules::announce_stop(Connection& c, int round, int signal) {
 
 void RoundRules::end_round(int round, RoundEnd why, int expect_next) {
   if (why.kind == RoundEnd::Kind::stopped) why.by = self_.node_id;
-  if (expect_next > 0) conn_->put(round_key(round + 1, Name::expect), std::to_string(expect_next));
+  if (expect_next > 0) conn_->create(round_key(round + 1, Name::expect), std::to_string(expect_next));
   conn_->create(round_key(round, Name::end), round_end_json(why));
 }
 
 void RoundRules::report_success(int round, int group_world) {
-  if (conn_->add(round_key(round, Name::succeeded), 1) == group_world) {
+  const std::int64_t n = conn_->add(round_key(round, Name::succeeded), 1);
+  if (n == group_world) {
     conn_->create(round_key(round, Name::end), round_end_json(RoundEnd::of_success()));
+  } else if (n < 0 && ((n % kRequest) + kRequest) % kRequest == group_world) {
+    // A node asked to join before the last report: the round restarts with it (its request may
+    // not have been written: it could have died since).
+    conn_->create(round_key(round, Name::end), round_end_json(RoundEnd::of_membership("?")));
   }
 }
 
@@ -324,8 +436,9 @@ void RoundRules::acknowledge_end(int round, int group_world) {
     // Nothing of the job stays but markers: a node started late with this run id is told the
     // job finished, and one waiting for a place in a next round learns there is none.
     c.put(all, "1");
+    // The marker first (clear_run keeps it): no node arriving meanwhile can start the job again.
+    c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms()}), Lifetime::marker);
     c.clear_run();
-    c.put(run_key(Name::finished), "1", Lifetime::marker);
     c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
   }
   // The records must outlive the others' last reads; bounded (close_timeout), it is no exit

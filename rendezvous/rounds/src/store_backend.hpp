@@ -40,6 +40,9 @@ class StoreBackend : public Backend {
   // ways out.
   std::string lost_hint() const override;
   std::unique_ptr<Liveness> watch(const Members& m, std::weak_ptr<LivenessEvents> events) override;
+  bool members_silent(Connection& c, int round, int members, std::vector<long long>& seen) override {
+    return counters_silent(c, round, members, seen);
+  }
 
   // The endpoint's port: the real one when this node hosts the store on port 0.
   std::uint16_t port() const { return port_; }
