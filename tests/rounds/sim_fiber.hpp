@@ -3,6 +3,7 @@
 // it yields (ucontext). The simulator's scheduler resumes one fiber at a time, which makes the
 // blocking round rules run as steps of one thread. Stacks are reused (per thread).
 
+#include <cxxabi.h>
 #include <ucontext.h>
 
 #include <cstddef>
@@ -25,11 +26,18 @@ class Fiber {
   Fiber(const Fiber&) = delete;
   Fiber& operator=(const Fiber&) = delete;
 
-  // Runs the fiber until it yields or returns. Not from inside a fiber.
+  // Runs the fiber until it yields or returns. Not from inside a fiber. The C++ runtime's
+  // per-thread exception state (the exceptions being handled) is the fiber's while it runs: a
+  // fiber may yield inside a catch block while another one throws.
   void resume() {
     Fiber* outer = current();
     current() = this;
+    auto* g = reinterpret_cast<EhGlobals*>(abi::__cxa_get_globals());
+    const EhGlobals theirs = *g;
+    *g = eh_;
     swapcontext(&caller_, &ctx_);
+    eh_ = *g;
+    *g = theirs;
     current() = outer;
   }
   // Back to whoever resumed the running fiber.
@@ -44,6 +52,11 @@ class Fiber {
   }
 
  private:
+  // libstdc++'s __cxa_eh_globals.
+  struct EhGlobals {
+    void* caught = nullptr;
+    unsigned int uncaught = 0;
+  };
   static constexpr std::size_t kStack = 256 * 1024;
   using Stack = std::unique_ptr<char[]>;
   static std::vector<Stack>& pool() {
@@ -71,6 +84,7 @@ class Fiber {
   Stack stack_;
   ucontext_t ctx_{}, caller_{};
   bool done_ = false;
+  EhGlobals eh_;
 };
 
 }  // namespace ddprun::rounds::sim

@@ -173,7 +173,8 @@ void World::fault() {
     case 1:
       if (!n.alive) return;
       crash(n);
-      restarts_.push_back({n.slot, n.launch, chance(0.5) ? n.id : fresh_id(), now_ + ms(200 + pick(3000))});
+      // A new node id: ddprun draws one at each start (describe_self), so an agent never comes back as itself.
+      restarts_.push_back({n.slot, n.launch, fresh_id(), now_ + ms(200 + pick(3000))});
       return;
     case 2:
       if (!n.alive) return;
@@ -311,7 +312,7 @@ std::string World::run() {
     }
     if (launch_finished_[launch_] && relaunches_ < 2 && chance(0.01)) relaunch();
   }
-  if (!violation_.empty()) return violation_;
+  if (!violation_.empty() || !s_.liveness) return violation_;
   // Quiet time: every node of the job is started again, nothing fails any more.
   note("quiet");
   for (Node* n : current_nodes_) {
@@ -331,9 +332,10 @@ std::string World::run() {
   return "";
 }
 
-Outcome run_seed(std::uint64_t seed, bool trace) {
+Outcome run_seed(std::uint64_t seed, bool trace, bool liveness) {
   Outcome o;
   Settings s = settings_of(seed);
+  s.liveness = liveness;
   World w(s, trace);
   o.violation = w.run();
   if (!o.violation.empty()) o.violation = s.describe() + ": " + o.violation;

@@ -53,7 +53,7 @@ Settings settings_of(std::uint64_t seed) {
   o.join_timeout = 30s;
   o.last_call_timeout = 1s;
   o.read_timeout = 3s;
-  o.close_timeout = 2s;
+  o.close_timeout = 5s;  // later than any restart of a node of the job (3.2 s): a later start is a relaunch
   o.keep_alive_interval = 2s;
   o.keep_alive_max_attempt = 2;
   o.lease_ttl = std::chrono::seconds(4);

@@ -42,6 +42,7 @@ struct Settings {
   BackendKind kind = BackendKind::c10d;
   int nodes = 3, min_nodes = 1, max_nodes = 3;
   int fault_steps = 300;  // steps with faults; then quiet time
+  bool liveness = true;   // check liveness in quiet time (else stop after the faults)
   RendezvousOptions opt;
   std::string describe() const;
 };
@@ -181,6 +182,6 @@ struct Outcome {
   std::vector<std::string> trace;
   std::uint64_t steps = 0;
 };
-Outcome run_seed(std::uint64_t seed, bool trace = false);
+Outcome run_seed(std::uint64_t seed, bool trace = false, bool liveness = true);
 
 }  // namespace ddprun::rounds::sim
