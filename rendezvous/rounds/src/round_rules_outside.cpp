@@ -93,7 +93,8 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
   const std::string mine = claim_json({self_.node_id, self_.info.host});
   const RankClaim holder = parse_claim(c.name(k), c.create(k, mine, Lifetime::node));
   if (holder.node_id == self_.node_id) return true;
-  const auto ttl = backend_.liveness_ttl(), patience = ttl + 1s;
+  // members_gone() watches the members for one TTL more: refused after TTL + 1 s, as before.
+  const auto ttl = backend_.liveness_ttl(), patience = std::chrono::milliseconds(1s);
   const auto since = Clock::now();
   for (;;) {
     if (c.wait({end}, std::min(deadline, Clock::now() + ttl))) return false;
