@@ -1,7 +1,7 @@
 #pragma once
 // The round records in an etcd v3 cluster (--rdzv_backend=etcd): keys under
 // <prefix>/<run_id>/, first-writer-wins through transactions, counters through compare-and-swap,
-// waits through watches. Each node holds one lease for the job, renewed every TTL/6; its node
+// waits through watches. Each node holds one lease for the job, renewed every TTL/10 through every member at once; its node
 // records live on it, so a node that dies loses them when its lease expires, which every other
 // member of its round sees through a watch. No node holds the records: the cluster does.
 //
@@ -27,7 +27,9 @@ namespace ddprun::rounds {
 // How long one member has to answer a request before the next is tried: half the fence's margin
 // (625 ms of a 5 s lease TTL), at least 100 ms.
 std::chrono::milliseconds etcd_attempt(std::chrono::milliseconds ttl);
-// How often the lease is renewed: TTL/6, at least 100 ms.
+// How long one member has to renew the lease (all are asked at once): half etcd_attempt().
+std::chrono::milliseconds etcd_keepalive_attempt(std::chrono::milliseconds ttl);
+// How often the lease is renewed: TTL/10, at least 100 ms.
 std::chrono::milliseconds etcd_renewal_interval(std::chrono::milliseconds ttl);
 
 class EtcdBackend : public Backend {
