@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # etcd under chaos, across namespaced hosts: three ddprun agents (h1-h3, one PyTorch gloo DDP
 # worker each) and a 3-member etcd cluster (h4-h6; heartbeat 100 ms, election timeout 1 s,
-# etcd's defaults), lease_ttl 5 s (ddprun's default). One case per run, while the job trains:
+# etcd's defaults), lease_ttl 8 s: the rule for riding out an election (its worst case, a split
+# vote, leaves etcd without a leader for 3-4 election timeouts) is lease_ttl >= 7 x etcd's
+# --election-timeout. One case per run, while the job trains:
 #   leader   the leader SIGKILLed and started again 4 s later; then the new leader SIGSTOPped
-#            for 8 s (longer than the lease)
-#   cut      the leader's network cut (its link down) for 8 s
+#            for 10 s (longer than the lease)
+#   cut      the leader's network cut (its link down) for 10 s
 #   rolling  every member restarted in turn (SIGTERM, started again, healthy again)
 #     -> the cluster keeps its quorum, so the job trains on: one round, restart count 0 on every
 #        node, no fence lapse, every rank ends after the same step with the same parameters
-#   quorum   two members SIGSTOPped for 10 s: every node's fence lapses, its worker is gone
-#            before the lease could expire (5 s); once they resume, the job meets again, finishes
+#   quorum   two members SIGSTOPped for 12 s: every node's fence lapses, its worker is gone
+#            before the lease could expire (8 s); each agent then ends with an error naming etcd
+#            (or, had etcd come back sooner, the job would meet again and finish)
 #   node     h3's network cut: its fence kills its worker before h1 and h2 go on without it
-#            (no split brain); once its link is back, h3 joins again and the job finishes
+#            (no split brain); h1 and h2 finish, h3 ends with an error naming etcd
 # Usage: etcd_chaos_test.sh CASE DDPRUN
 set -u
 chaos=$1 ddprun=$2
@@ -69,11 +72,12 @@ gone_at() {  # I FILE: in the background, the time host I's last worker is gone 
 }
 minus() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a - b}'; }
 
+ttl=8
 nnodes=3
 [ "$chaos" = node ] && nnodes=2:3
 agent() {  # I: the agent of host I
   start "$1" "a$1" env CHAOS_STOP="$out/stop" "$ddprun" --nnodes=$nnodes --rdzv_backend=etcd --rdzv_endpoint=$endpoints \
-    --rdzv_id=chaos --rdzv_conf=last_call_timeout=3 --max_restarts=3 --nproc_per_node=1 \
+    --rdzv_id=chaos --rdzv_conf=last_call_timeout=3,lease_ttl=$ttl --max_restarts=3 --nproc_per_node=1 \
     /usr/bin/python3 -u "$here/chaos_worker.py"
 }
 agents_end() {  # waits (60 s) for the three agents; rc_I: each one's exit status
@@ -142,13 +146,13 @@ case $chaos in
     member_up "$l"
     healthy 20 || bad "e$l did not come back"
     l=$(leader); p=$(member_pid "$l"); kill -STOP "$p"; echo "  e$l (the new leader) SIGSTOPped"
-    hold 8
+    hold 10
     kill -CONT "$p"
     healthy 20 || bad "the cluster did not heal"
     hold 2 ;;
   cut)
     l=$(leader); link $((l + 3)) down; echo "  e$l (the leader) cut off"
-    hold 8
+    hold 10
     link $((l + 3)) up
     healthy 20 || bad "the cluster did not heal"
     hold 2 ;;
@@ -165,13 +169,13 @@ case $chaos in
     l=$(leader); a=$(member_pid "$l"); b=$(member_pid $((l % 3 + 1)))
     for i in 1 2 3; do gone_at "$i" "$out/gone$i"; done
     kill -STOP "$a" "$b"; t_stop=$(now); echo "  e$l (the leader) and e$((l % 3 + 1)) SIGSTOPped"
-    hold 10
+    hold 12
     kill -CONT "$a" "$b"
     healthy 20 || bad "the cluster did not heal"
     wait "${gone_pids[@]}"
     for i in 1 2 3; do
       g=$(cat "$out/gone$i")
-      /usr/bin/python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) - float(sys.argv[2]) < 5 else 1)' "$g" "$t_stop" &&
+      /usr/bin/python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) - float(sys.argv[2]) < float(sys.argv[3]) else 1)' "$g" "$t_stop" "$ttl" &&
         ok "h$i's worker was gone $(minus "$g" "$t_stop") s after the quorum was lost (before a lease could expire)" ||
         bad "h$i's worker ran on $(minus "$g" "$t_stop") s after the quorum was lost"
       wait_line "$out/a$i.err" 'liveness lapsed' 10 && ok "h$i says its liveness lapsed" || bad "h$i did not fence"
