@@ -182,8 +182,11 @@ case $chaos in
       /usr/bin/python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) - float(sys.argv[2]) < float(sys.argv[3]) else 1)' "$g" "$t_stop" "$ttl" &&
         ok "h$i's worker was gone $(minus "$g" "$t_stop") s after the quorum was lost (before a lease could expire)" ||
         bad "h$i's worker ran on $(minus "$g" "$t_stop") s after the quorum was lost"
-      wait_line "$out/a$i.err" 'liveness lapsed' 10 && ok "h$i says its liveness lapsed" || bad "h$i did not fence"
     done
+    # A node whose worker died first of its peers' fencing (gloo: connection reset) has nothing
+    # left to fence: the worker gone in time is the guarantee; at least one node says it lapsed.
+    wait_line "$out/a1.err" 'liveness lapsed' 10 || wait_line "$out/a2.err" 'liveness lapsed' 1 ||
+      wait_line "$out/a3.err" 'liveness lapsed' 1 && ok "the nodes say their liveness lapsed" || bad "no node fenced"
     touch "$out/stop"  # a round met again stops at its first step
     agents_end ;;
   node)

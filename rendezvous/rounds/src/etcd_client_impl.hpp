@@ -63,6 +63,7 @@ struct EtcdClient::Impl {
   etcd_detail::json post(const EtcdEndpoint& e, const std::string& path, const etcd_detail::json& body,
                          Clock::time_point deadline);
   void authenticate(const EtcdEndpoint& e, Clock::time_point deadline);
+  Clock::time_point auth_deadline() const;
   // The request on the current member, moving on to the next when one cannot serve it.
   etcd_detail::json call(const std::string& path, const etcd_detail::json& body);
 

@@ -151,7 +151,7 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
     std::string why;
     try {
       auto answer_by = std::min(deadline, Clock::now() + share);
-      im.authenticate(e, answer_by);
+      im.authenticate(e, im.auth_deadline());
       auto s = im.connect(e, answer_by);
       auto req = im.request(e, "/v3/watch", {{"create_request", create}});
       req.set("Grpc-Metadata-hasleader", "true");  // etcd's require-leader: no watch on a member cut off
