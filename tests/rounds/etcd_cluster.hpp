@@ -1,7 +1,8 @@
 #pragma once
 // A real etcd cluster on loopback for tests: N members on free ports, data in a temporary
-// directory, started and SIGKILLed by the test, removed at the end. Plain HTTP, or TLS-only
-// (client and peer URLs https://, optionally requiring client certificates).
+// directory, started, SIGKILLed, paused (SIGSTOP) and restarted by the test, removed at the end.
+// Plain HTTP, or TLS-only (client and peer URLs https://, optionally requiring client
+// certificates).
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -11,6 +12,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,6 +61,28 @@ struct EtcdServerTls {
   bool enabled() const { return !cert.empty(); }
 };
 
+// True while this process has an established TCP connection to 127.0.0.1:port (its sockets,
+// found in /proc/net/tcp by inode).
+inline bool connected_to(std::uint16_t port) {
+  std::set<std::string> mine;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    auto target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (!ec && target.rfind("socket:[", 0) == 0) mine.insert(target.substr(8, target.size() - 9));
+  }
+  std::ifstream tcp("/proc/self/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // the header
+  while (std::getline(tcp, line)) {
+    std::istringstream f(line);
+    std::string slot, local, remote, state, queues, timer, retr, uid, timeout, inode;
+    f >> slot >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+    if (state != "01" || !mine.count(inode)) continue;
+    if (std::stoul(remote.substr(remote.find(':') + 1), nullptr, 16) == port) return true;
+  }
+  return false;
+}
+
 class EtcdCluster {
  public:
   static bool available() { return std::filesystem::exists(kEtcd); }
@@ -74,7 +100,8 @@ class EtcdCluster {
       peers_.push_back(free_port());
       initial += (i ? "," : "") + name(i) + "=" + scheme() + "127.0.0.1:" + std::to_string(peers_[i]);
     }
-    for (int i = 0; i < members; ++i) pids_.push_back(start(i, initial));
+    initial_ = initial;
+    for (int i = 0; i < members; ++i) pids_.push_back(start(i));
     if (ready == Ready::listening) {
       for (auto p : clients_) listening(p, std::chrono::steady_clock::now() + std::chrono::seconds(20));
       return;
@@ -88,6 +115,7 @@ class EtcdCluster {
     for (auto pid : pids_) {
       if (pid > 0) {
         ::kill(pid, SIGKILL);
+        ::kill(pid, SIGCONT);
         ::waitpid(pid, nullptr, 0);
       }
     }
@@ -130,8 +158,18 @@ class EtcdCluster {
   }
   void kill(int i) {
     ::kill(pids_[i], SIGKILL);
+    ::kill(pids_[i], SIGCONT);
     ::waitpid(pids_[i], nullptr, 0);
     pids_[i] = -1;
+  }
+  // SIGSTOP: the member's sockets stay open and its kernel accepts connections, but it answers
+  // nothing (a disk stall, a long GC pause).
+  void pause(int i) { ::kill(pids_[i], SIGSTOP); }
+  void resume(int i) { ::kill(pids_[i], SIGCONT); }
+  // Starts a member that was killed again, on its data; true once its client port accepts.
+  bool restart(int i) {
+    pids_[i] = start(i);
+    return listening(clients_[i], std::chrono::steady_clock::now() + std::chrono::seconds(20));
   }
 
  private:
@@ -147,7 +185,8 @@ class EtcdCluster {
     return a;
   }
 
-  pid_t start(int i, const std::string& initial) {
+  pid_t start(int i) {
+    const std::string& initial = initial_;
     std::string data = dir_ + "/" + name(i), log = dir_ + "/" + name(i) + ".log";
     std::string client = scheme() + "127.0.0.1:" + std::to_string(clients_[i]);
     std::string peer = scheme() + "127.0.0.1:" + std::to_string(peers_[i]);
@@ -172,7 +211,7 @@ class EtcdCluster {
   }
 
   EtcdServerTls tls_;
-  std::string dir_;
+  std::string dir_, initial_;
   std::vector<std::uint16_t> clients_, peers_;
   std::vector<pid_t> pids_;
 };

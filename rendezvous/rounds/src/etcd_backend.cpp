@@ -1,5 +1,7 @@
 #include "etcd_backend.hpp"
 
+#include "etcd_lease_keeper.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <spdlog/spdlog.h>
@@ -9,6 +11,7 @@
 #include "ddprun/common/system.hpp"
 #include "ddprun/common/text.hpp"
 #include "task_queue.hpp"
+#include "threaded_rendezvous.hpp"
 
 namespace ddprun::rounds {
 namespace {
@@ -146,6 +149,18 @@ struct RecordWatch {
 
 }  // namespace
 
+std::chrono::milliseconds etcd_attempt(std::chrono::milliseconds ttl) {
+  return std::max<std::chrono::milliseconds>(fence_margin(ttl) / 2, 100ms);
+}
+
+std::chrono::milliseconds etcd_keepalive_attempt(std::chrono::milliseconds ttl) {
+  return std::max<std::chrono::milliseconds>(etcd_attempt(ttl) / 2, 100ms);
+}
+
+std::chrono::milliseconds etcd_renewal_interval(std::chrono::milliseconds ttl) {
+  return std::max<std::chrono::milliseconds>(ttl / 10, 100ms);
+}
+
 EtcdBackend::EtcdBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
     : opt_(opt), endpoints_(parse_etcd_endpoints(opt.etcd_endpoints, !opt.etcd_cacert.empty())),
       names_(hosts_of(endpoints_), "--rdzv_endpoint"), prefix_(opt.etcd_prefix + "/" + opt.run_id),
@@ -157,9 +172,11 @@ EtcdBackend::~EtcdBackend() {
 }
 
 // etcd answers in milliseconds: a call is bounded by the lease's TTL (at least 2 s), so that a
-// node cut off from etcd knows within about a TTL.
+// node cut off from etcd knows within about a TTL. Each member gets half the fence's margin to
+// answer before the next is tried: one paused or cut off costs that, not the fence.
 std::unique_ptr<EtcdClient> EtcdBackend::client(std::chrono::milliseconds timeout) const {
   EtcdOptions eo(endpoints_, std::min(timeout, std::max<std::chrono::milliseconds>(opt_.lease_ttl, 2s)));
+  eo.attempt = etcd_attempt(opt_.lease_ttl);
   eo.user = opt_.etcd_user;
   eo.password = opt_.etcd_password;
   eo.tls = {opt_.etcd_cacert, opt_.etcd_cert, opt_.etcd_key};
@@ -186,28 +203,41 @@ std::unique_ptr<Connection> EtcdBackend::connect(std::chrono::milliseconds timeo
   return std::make_unique<EtcdConnection>(std::move(c), prefix_, lease_);
 }
 
-// The lease is renewed every TTL/3 on a thread of its own, for the whole job. One that expired
-// anyway (the node was stopped, or cut off) is replaced: the others counted this node lost, and
-// it joins again as a new node.
+// The lease is renewed every TTL/10 on a thread of its own, for the whole job, through every
+// member at once (EtcdLeaseKeeper), each given etcd_keepalive_attempt(); a round that got
+// through nowhere is followed by another at once. A renewal counts from when the request that
+// got through was sent, so that etcd may be without a leader for about TTL - margin - TTL/10 -
+// attempt (2.9 s of a 5 s TTL) without this node's fence lapsing. A lease that expired anyway
+// (the node was stopped, or cut off) is replaced: the others counted this node lost, and it
+// joins again as a new node.
 void EtcdBackend::start_lease(EtcdClient& c) {
-  auto sent = Clock::now();
   lease_->id = c.grant_lease(opt_.lease_ttl);
-  if (auto r = renewals_.lock()) r->renewed(sent);
-  keeper_.start([lease = lease_, c = client(opt_.lease_ttl), renewals = renewals_, ttl = opt_.lease_ttl]() mutable {
-    const auto every = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(ttl) / 3, 100ms);
-    while (!lease->stop.wait_for(every)) {
-      try {
-        auto sent = Clock::now();
-        if (!c->keep_alive(lease->id)) {
-          spdlog::warn("ddprun: this node's etcd lease expired (etcd did not hear from it for {}): the other nodes "
-                       "count it as lost; it joins again", duration_text(ttl));
+  if (auto r = renewals_.lock()) r->renewed(c.last_sent());
+  EtcdOptions each(endpoints_, etcd_keepalive_attempt(opt_.lease_ttl));
+  each.user = opt_.etcd_user;
+  each.password = opt_.etcd_password;
+  each.tls = {opt_.etcd_cacert, opt_.etcd_cert, opt_.etcd_key};
+  keeper_.start([lease = lease_, c = client(opt_.lease_ttl), keeper = std::make_shared<EtcdLeaseKeeper>(each),
+                 renewals = renewals_, ttl = opt_.lease_ttl]() mutable {
+    const auto every = etcd_renewal_interval(ttl);
+    for (auto pause = every; !lease->stop.wait_for(pause);) {
+      auto r = keeper->renew(lease->id);
+      pause = r.sent ? every : 20ms;
+      if (r.sent) {
+        if (auto rn = renewals.lock()) rn->renewed(*r.sent);
+      } else if (r.expired) {
+        spdlog::warn("ddprun: this node's etcd lease expired (etcd did not hear from it for {}): the other nodes "
+                     "count it as lost; it joins again", duration_text(ttl));
+        try {
           lease->id = c->grant_lease(ttl);
+          if (auto rn = renewals.lock()) rn->renewed(c->last_sent());
+        } catch (const Error& e) {
+          spdlog::debug("ddprun: a new etcd lease: {}", e.what());
         }
-        if (auto r = renewals.lock()) r->renewed(sent);
-      } catch (const Error& e) {
-        // etcd unreachable for now: the next renewal tries again; the fence stops this node's
-        // workers if none gets through in time.
-        spdlog::debug("ddprun: etcd keep-alive failed: {}", e.what());
+      } else {
+        // No member renewed it this round: the next tries again at once; the fence stops this
+        // node's workers if none gets through in time.
+        spdlog::debug("ddprun: etcd keep-alive failed: {}", r.why);
       }
     }
   });

@@ -1,9 +1,13 @@
 #pragma once
 // The round records in an etcd v3 cluster (--rdzv_backend=etcd): keys under
 // <prefix>/<run_id>/, first-writer-wins through transactions, counters through compare-and-swap,
-// waits through watches. Each node holds one lease for the job, renewed every TTL/3; its node
+// waits through watches. Each node holds one lease for the job, renewed every TTL/10 through every member at once; its node
 // records live on it, so a node that dies loses them when its lease expires, which every other
 // member of its round sees through a watch. No node holds the records: the cluster does.
+//
+// Losing one member of three (killed, paused, cut off, restarted, or a leader election) costs a
+// job nothing: each request moves to another member within etcd_attempt(); losing the quorum for
+// longer than the fence allows fences every node (README: etcd outages).
 
 #include <atomic>
 #include <memory>
@@ -19,6 +23,14 @@
 #include "task_queue.hpp"
 
 namespace ddprun::rounds {
+
+// How long one member has to answer a request before the next is tried: half the fence's margin
+// (625 ms of a 5 s lease TTL), at least 100 ms.
+std::chrono::milliseconds etcd_attempt(std::chrono::milliseconds ttl);
+// How long one member has to renew the lease (all are asked at once): half etcd_attempt().
+std::chrono::milliseconds etcd_keepalive_attempt(std::chrono::milliseconds ttl);
+// How often the lease is renewed: TTL/10, at least 100 ms.
+std::chrono::milliseconds etcd_renewal_interval(std::chrono::milliseconds ttl);
 
 class EtcdBackend : public Backend {
  public:

@@ -2,28 +2,21 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
+#include "etcd_client_impl.hpp"
 #include "etcd_transport.hpp"
 
 namespace ddprun::rounds {
-namespace {
+namespace etcd_detail {
 
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-// The longest watch message taken (etcd's replies for a round are a few KiB); an answer of
-// another request over Beast's default body limit (8 MiB) is refused the same way.
-constexpr std::size_t kMaxWatchMessage = 16u << 20;
+namespace http = boost::beast::http;
 
 std::string b64(const std::string& s) {
   std::string out(4 * ((s.size() + 2) / 3), '\0');
@@ -44,7 +37,6 @@ std::string unb64(const std::string& s) {
   return out;
 }
 
-// The end of the key range holding every key under `prefix` (etcd's convention).
 std::string prefix_end(std::string p) {
   while (!p.empty() && static_cast<unsigned char>(p.back()) == 0xff) p.pop_back();
   if (p.empty()) return std::string(1, '\0');
@@ -71,147 +63,123 @@ EtcdKv kv_of(const json& j) {
 
 std::string where(const EtcdEndpoint& e) { return format_address(e.host, e.port); }
 
-// A watch stream's JSON messages, split as bytes arrive (balanced braces; keys and values are
-// base64, so no brace hides in a string). Each byte is looked at once: a message that never
-// ends costs linear time, and what is buffered is bounded by the caller.
-class MessageSplitter {
- public:
-  void feed(const char* data, std::size_t n, std::vector<EtcdEvent>& events) {
-    text_.append(data, n);
-    std::size_t used = 0;
-    for (; pos_ < text_.size(); ++pos_) {
-      char c = text_[pos_];
-      if (c == '}' && depth_ == 0) continue;  // a stray closing brace opens nothing
-      if (c == '{' && depth_++ == 0) start_ = pos_;
-      if (c != '}' || --depth_ != 0) continue;
-      take(text_.substr(start_, pos_ - start_ + 1), events);
-      used = pos_ + 1;
-    }
-    if (used > 0) {
-      text_.erase(0, used);
-      pos_ -= used;
-      start_ = start_ >= used ? start_ - used : 0;
-    }
-  }
-  std::size_t buffered() const { return text_.size(); }
+// The gateway writes errors two ways: {"error": "...", "code": N, "message": "..."} and, for
+// streams, {"error": {"grpc_code": N, "message": "..."}}. A member without a leader answers
+// "no leader", "request timed out" (code 14) or, for a lease, "context deadline exceeded".
+Refused refused_of(const json& j, int http_status) {
+  const json& e = j.contains("error") && j["error"].is_object() ? j["error"] : j;
+  std::string msg = e.value("message", e.contains("error") && e["error"].is_string() ? e["error"].get<std::string>()
+                                                                                   : "HTTP " + std::to_string(http_status));
+  int code = e.value("code", e.value("grpc_code", 0));
+  bool auth = code == 16 || code == 7 || msg.find("authenticat") != std::string::npos ||
+              msg.find("permission denied") != std::string::npos || msg.find("user name") != std::string::npos;
+  bool transient = code == 14 || code == 4 || msg.find("leader") != std::string::npos ||
+                   msg.find("unavailable") != std::string::npos || msg.find("timed out") != std::string::npos ||
+                   msg.find("deadline exceeded") != std::string::npos;
+  return {msg, transient, auth};
+}
 
- private:
-  static void take(const std::string& message, std::vector<EtcdEvent>& events) {
-    auto m = json::parse(message, nullptr, false);
-    if (m.is_discarded()) return;
-    auto r = m.contains("result") ? m["result"] : m;
-    for (const auto& ev : r.value("events", json::array())) {
-      events.push_back({ev.value("type", "") == "DELETE", kv_of(ev.value("kv", json::object()))});
-    }
-  }
-  std::string text_;
-  std::size_t pos_ = 0, start_ = 0;
-  int depth_ = 0;
-};
+}  // namespace etcd_detail
 
-// An error etcd returned: worth another member (no leader, leader changed, unavailable) or not.
-struct Refused {
-  std::string message;
-  bool transient;
-  bool auth;
-};
+using namespace etcd_detail;
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using namespace std::chrono_literals;
 
-}  // namespace
+std::chrono::milliseconds EtcdClient::Impl::most() const {
+  return std::clamp<std::chrono::milliseconds>(opt.timeout / 3, 300ms, 2000ms);
+}
 
-struct EtcdClient::Impl {
-  EtcdOptions opt;
-  std::shared_ptr<asio::ssl::context> tls;  // set when an endpoint uses TLS
-  std::size_t current = 0;
-  std::string token;
-  asio::io_context io;
+std::chrono::milliseconds EtcdClient::Impl::first_share() const {
+  return opt.attempt > 0ms ? std::min(opt.attempt, most()) : most();
+}
 
-  EtcdStream connect(const EtcdEndpoint& e, Clock::time_point deadline) {
-    return EtcdStream::open(io, e, tls.get(), deadline);
-  }
-  std::vector<EtcdEvent> read_watch(EtcdStream& s, const EtcdEndpoint& e, http::request<http::string_body> req,
-                                    Clock::time_point deadline);
+// A login checks the password with bcrypt, slow on purpose (hundreds of ms on a busy member):
+// it is given 2 s (or the most a member gets), not one attempt. Once per client.
+EtcdClient::Impl::Clock::time_point EtcdClient::Impl::auth_deadline() const {
+  return Clock::now() + std::max<std::chrono::milliseconds>(most(), 2s);
+}
 
-  http::request<http::string_body> request(const EtcdEndpoint& e, const std::string& path, const json& body) {
-    http::request<http::string_body> req{http::verb::post, path, 11};
-    req.set(http::field::host, where(e));
-    req.set(http::field::content_type, "application/json");
-    if (!token.empty()) req.set(http::field::authorization, token);
-    req.body() = body.dump();
-    req.prepare_payload();
-    return req;
-  }
+EtcdClient::Impl::Request EtcdClient::Impl::request(const EtcdEndpoint& e, const std::string& path, const json& body) {
+  Request req{http::verb::post, path, 11};
+  req.set(http::field::host, where(e));
+  req.set(http::field::content_type, "application/json");
+  if (!token.empty()) req.set(http::field::authorization, token);
+  req.body() = body.dump();
+  req.prepare_payload();
+  return req;
+}
 
-  // One request to one member. Throws NetworkError/TimeoutError (try another) or Refused.
-  json post(const EtcdEndpoint& e, const std::string& path, const json& body, Clock::time_point deadline) {
-    auto s = connect(e, deadline);
-    auto req = request(e, path, body);
-    beast::flat_buffer buf;
-    http::response<http::string_body> res;
-    boost::system::error_code ec;
-    s.visit([&](auto& stream) {
-      http::async_write(stream, req, [&](boost::system::error_code c, std::size_t) {
-        ec = c;
-        if (!c) http::async_read(stream, buf, res, [&](boost::system::error_code r, std::size_t) { ec = r; });
-      });
+json EtcdClient::Impl::post(const EtcdEndpoint& e, const std::string& path, const json& body, Clock::time_point deadline) {
+  auto s = connect(e, deadline);
+  auto req = request(e, path, body);
+  beast::flat_buffer buf;
+  http::response<http::string_body> res;
+  boost::system::error_code ec;
+  s.visit([&](auto& stream) {
+    http::async_write(stream, req, [&](boost::system::error_code c, std::size_t) {
+      ec = c;
+      if (!c) http::async_read(stream, buf, res, [&](boost::system::error_code r, std::size_t) { ec = r; });
     });
-    if (!s.run(io, deadline)) throw TimeoutError("no answer from " + where(e) + " in time");
-    if (ec) throw NetworkError("talking to " + where(e) + ": " + s.explain(ec));
-    auto j = json::parse(res.body(), nullptr, false);
-    if (j.is_discarded()) throw NetworkError(where(e) + " answered with something other than JSON (not etcd's gateway?)");
-    if (res.result() != http::status::ok || j.contains("error")) {
-      std::string msg = j.value("message", j.value("error", std::string("HTTP ") + std::to_string(res.result_int())));
-      int code = j.value("code", 0);
-      bool auth = code == 16 || code == 7 || msg.find("authenticat") != std::string::npos ||
-                  msg.find("permission denied") != std::string::npos || msg.find("user name") != std::string::npos;
-      bool transient = code == 14 || code == 4 || msg.find("leader") != std::string::npos ||
-                       msg.find("unavailable") != std::string::npos || msg.find("timed out") != std::string::npos;
-      throw Refused{msg, transient, auth};
-    }
-    return j;
-  }
+  });
+  if (!s.run(io, deadline)) throw TimeoutError("no answer from " + where(e) + " in time");
+  if (ec) throw NetworkError("talking to " + where(e) + ": " + s.explain(ec));
+  auto j = json::parse(res.body(), nullptr, false);
+  if (j.is_discarded()) throw NetworkError(where(e) + " answered with something other than JSON (not etcd's gateway?)");
+  if (res.result() != http::status::ok || j.contains("error")) throw refused_of(j, res.result_int());
+  return j;
+}
 
-  void authenticate(const EtcdEndpoint& e, Clock::time_point deadline) {
-    if (opt.user.empty() || !token.empty()) return;
-    auto j = post(e, "/v3/auth/authenticate", {{"name", opt.user}, {"password", opt.password}}, deadline);
-    token = j.value("token", "");
-  }
+void EtcdClient::Impl::authenticate(const EtcdEndpoint& e, Clock::time_point deadline) {
+  if (opt.user.empty() || !token.empty()) return;
+  auto j = post(e, "/v3/auth/authenticate", {{"name", opt.user}, {"password", opt.password}}, deadline);
+  token = j.value("token", "");
+}
 
-  // The request on the current member, moving on to the next when one cannot serve it.
-  json call(const std::string& path, const json& body) {
-    const auto deadline = Clock::now() + opt.timeout;
-    // One member gets a share of the time: one without a leader (after its leader died) holds
-    // a request until etcd's own time-out, while another may already serve it.
-    const auto share = std::clamp(opt.timeout / 3, std::chrono::milliseconds(300), std::chrono::milliseconds(2000));
-    std::vector<std::string> errors(opt.endpoints.size());
-    for (std::size_t attempt = 0;; ++attempt) {
-      const auto& e = opt.endpoints[current];
-      try {
-        auto until = std::min(deadline, Clock::now() + share);
-        authenticate(e, until);
-        return post(e, path, body, until);
-      } catch (const Refused& r) {
-        if (r.auth) throw AuthError("etcd at " + where(e) + " refused ddprun: " + r.message + " (check --rdzv_conf user, password)");
-        if (!r.transient) throw Error("etcd at " + where(e) + ": " + r.message);
-        errors[current] = r.message;
-      } catch (const TimeoutError& err) {
-        // The last try of a member may run out of the call's time: what an earlier try found
-        // (a TLS failure, a refused connection) says more.
-        if (errors[current].empty()) errors[current] = err.what();
-      } catch (const Error& err) {
-        errors[current] = err.what();
-      }
-      current = (current + 1) % opt.endpoints.size();
-      if (Clock::now() >= deadline) break;
-      if (current == 0) std::this_thread::sleep_for(std::chrono::milliseconds(std::min<std::size_t>(50 * attempt, 250)));
+// A member gets a share of the call's time: one that is paused, cut off, or without a leader
+// holds a request until etcd's own time-out (seconds), while another may already serve it. The
+// first time round the members each gets `attempt`; each time round again, twice that (a slow
+// but healthy cluster still gets through), up to a third of the call's time.
+json EtcdClient::Impl::call(const std::string& path, const json& body) {
+  const auto deadline = Clock::now() + opt.timeout;
+  const std::size_t first = current;
+  auto share = first_share();
+  std::vector<std::string> errors(opt.endpoints.size());
+  for (int rounds = 0;;) {
+    const auto& e = opt.endpoints[current];
+    try {
+      auto until = std::min(deadline, Clock::now() + share);
+      authenticate(e, auth_deadline());
+      sent = Clock::now();
+      return post(e, path, body, until);
+    } catch (const Refused& r) {
+      if (r.auth) throw AuthError("etcd at " + where(e) + " refused ddprun: " + r.message + " (check --rdzv_conf user, password)");
+      if (!r.transient) throw Error("etcd at " + where(e) + ": " + r.message);
+      errors[current] = r.message;
+    } catch (const TimeoutError& err) {
+      // The last try of a member may run out of the call's time: what an earlier try found
+      // (a TLS failure, a refused connection) says more.
+      if (errors[current].empty()) errors[current] = err.what();
+    } catch (const Error& err) {
+      errors[current] = err.what();
     }
-    std::string list, why;
-    for (std::size_t i = 0; i < opt.endpoints.size(); ++i) {
-      list += (i ? ", " : "") + where(opt.endpoints[i]);
-      if (!errors[i].empty()) why += (why.empty() ? "" : "; ") + where(opt.endpoints[i]) + ": " + errors[i];
+    next_member();
+    auto now = Clock::now();
+    if (now >= deadline) break;
+    if (current == first) {  // round them all: etcd may be electing a leader
+      share = std::min(share * 2, most());
+      auto pause = std::min<Clock::duration>(std::min<std::chrono::milliseconds>(50ms * ++rounds, 250ms), deadline - now);
+      std::this_thread::sleep_for(pause);
     }
-    throw NetworkError("cannot reach etcd at " + list + " within " + duration_text(opt.timeout) + ": " + why);
   }
-};
+  std::string list, why;
+  for (std::size_t i = 0; i < opt.endpoints.size(); ++i) {
+    list += (i ? ", " : "") + where(opt.endpoints[i]);
+    if (!errors[i].empty()) why += (why.empty() ? "" : "; ") + where(opt.endpoints[i]) + ": " + errors[i];
+  }
+  throw NetworkError("cannot reach etcd at " + list + " within " + duration_text(opt.timeout) + ": " + why);
+}
 
 EtcdClient::EtcdClient(EtcdOptions options) : impl_(std::make_unique<Impl>()) {
   if (options.endpoints.empty()) throw UsageError("no etcd endpoint given");
@@ -296,65 +264,6 @@ EtcdClient::Status EtcdClient::status() {
 
 void EtcdClient::revoke(std::int64_t lease) { impl_->call("/v3/lease/revoke", {{"ID", std::to_string(lease)}}); }
 
-std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, std::int64_t from,
-                                         std::chrono::milliseconds limit) {
-  auto& im = *impl_;
-  json create = {{"key", b64(key)}, {"start_revision", std::to_string(from)}};
-  if (prefix) create["range_end"] = b64(prefix_end(key));
-  const auto deadline = Clock::now() + limit;
-  // A member that cannot be reached is skipped for the next one (once round).
-  std::optional<EtcdStream> stream;
-  for (std::size_t tried = 0; !stream; ++tried) {
-    try {
-      stream.emplace(im.connect(im.opt.endpoints[im.current], deadline));
-    } catch (const Error&) {
-      im.current = (im.current + 1) % im.opt.endpoints.size();
-      if (tried + 1 >= im.opt.endpoints.size() || Clock::now() >= deadline) throw;
-    }
-  }
-  const auto& e = im.opt.endpoints[im.current];
-  return im.read_watch(*stream, e, im.request(e, "/v3/watch", {{"create_request", create}}), deadline);
-}
-
-// The answer to a watch is a stream of JSON messages (chunked): "created", then events as they
-// happen. Read until the first events arrive or `deadline` (then none: empty); a stream that
-// breaks ends the wait early, and the caller watches again.
-std::vector<EtcdEvent> EtcdClient::Impl::read_watch(EtcdStream& s, const EtcdEndpoint& e,
-                                                    http::request<http::string_body> req, Clock::time_point deadline) {
-  http::response_parser<http::buffer_body> parser;
-  parser.body_limit(boost::none);
-  beast::flat_buffer buf;
-  MessageSplitter messages;
-  std::vector<EtcdEvent> events;
-  bool oversized = false;
-  char chunk[16384];
-  std::function<void(boost::system::error_code, std::size_t)> on_read;
-  auto read_more = [&] {
-    parser.get().body().data = chunk;
-    parser.get().body().size = sizeof(chunk);
-    s.visit([&](auto& stream) { http::async_read_some(stream, buf, parser, on_read); });
-  };
-  on_read = [&](boost::system::error_code c, std::size_t) {
-    if (c && c != http::error::need_buffer) return;
-    messages.feed(chunk, sizeof(chunk) - parser.get().body().size, events);
-    // A message never completed (a broken or hostile server) is not buffered without bound.
-    if (messages.buffered() > kMaxWatchMessage) {
-      oversized = true;
-      return;
-    }
-    if (events.empty() && !parser.is_done()) read_more();
-  };
-  s.visit([&](auto& stream) {
-    http::async_write(stream, req, [&](boost::system::error_code c, std::size_t) {
-      if (!c) read_more();
-    });
-  });
-  s.run(io, deadline);
-  if (oversized) {
-    throw ProtocolError("etcd at " + where(e) + " sent a watch message of over " + std::to_string(kMaxWatchMessage) +
-                        " bytes (not etcd's gateway?)");
-  }
-  return events;
-}
+std::chrono::steady_clock::time_point EtcdClient::last_sent() const { return impl_->sent; }
 
 }  // namespace ddprun::rounds

@@ -5,6 +5,11 @@
 // cluster that loses any one member (its leader included) keeps serving. The foundation of the
 // etcd rendezvous backend.
 //
+// Fail-over: a member that is paused (SIGSTOP, a disk stall), cut off, or without a leader keeps
+// a request unanswered for seconds (etcd's own time-out), yet accepts its connection. Each
+// member is therefore given `attempt` to answer before the next one is tried, and watches are
+// made with etcd's require-leader flag, so that they move off a member that lost its leader.
+//
 // Why the JSON gateway rather than gRPC: no generated code, no protobuf or gRPC build
 // dependency, one header-only library (Beast) that ddprun already has; the rendezvous needs a
 // handful of small requests per round, where the gateway's cost does not matter.
@@ -36,6 +41,9 @@ struct EtcdOptions {
   EtcdOptions(std::vector<EtcdEndpoint> e, std::chrono::milliseconds t) : endpoints(std::move(e)), timeout(t) {}
   std::vector<EtcdEndpoint> endpoints;
   std::chrono::milliseconds timeout{std::chrono::seconds(5)};  // per call, all members tried
+  // One member's time to answer before the next is tried; twice that each time round the
+  // members again, up to a third of `timeout` (the most, and the default when 0).
+  std::chrono::milliseconds attempt{0};
   std::string user, password;                                  // when the cluster has auth on
   EtcdTls tls;                                                 // used by the endpoints with tls set
 };
@@ -84,7 +92,9 @@ class EtcdClient {
   void revoke(std::int64_t lease);
 
   // The events on `key` (or every key under it, `prefix`) from revision `from` on; waits up to
-  // `limit` for the first one, then returns what arrived with it (empty: none in time).
+  // `limit` for the first one, then returns what arrived with it (empty: none in time). A member
+  // that does not confirm the watch within `attempt`, has no leader, or whose stream breaks is
+  // left for the next one, where the watch starts again from `from`: no event is lost.
   std::vector<EtcdEvent> watch(const std::string& key, bool prefix, std::int64_t from, std::chrono::milliseconds limit);
 
   // The member that answered, and the cluster's leader, as etcd ids.
@@ -92,6 +102,10 @@ class EtcdClient {
     std::string member_id, leader_id;
   };
   Status status();
+
+  // When the request that the last answer replied to was sent (its attempt's, not the call's
+  // start): etcd applied it after that. A lease renewed by keep_alive() lasts its TTL from then.
+  std::chrono::steady_clock::time_point last_sent() const;
 
   // The store's revision as of the last response.
   std::int64_t revision() const { return revision_; }

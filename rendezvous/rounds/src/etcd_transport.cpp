@@ -229,6 +229,10 @@ bool EtcdStream::run(asio::io_context& io, Clock::time_point deadline) {
   return visit([&](auto& s) { return run_until(io, deadline, beast::get_lowest_layer(s)); });
 }
 
+void EtcdStream::cancel() {
+  visit([](auto& s) { beast::get_lowest_layer(s).cancel(); });
+}
+
 std::string EtcdStream::explain(const error_code& ec) {
   if (auto* tls = std::get_if<Tls>(&s_)) {
     return describe_tls_error(endpoint_, ec, false, SSL_get_certificate(tls->native_handle()) != nullptr);

@@ -49,6 +49,8 @@ class EtcdStream {
   // Runs `io` until the operations started on this stream finish, or until `deadline`: then
   // they are cancelled (and complete with operation_aborted) and false is returned.
   bool run(boost::asio::io_context& io, Clock::time_point deadline);
+  // Cancels the operations started on this stream (they complete with operation_aborted).
+  void cancel();
   // An error of a request on this stream in words: a TLS alert from the member (TLS 1.3
   // refuses a missing client certificate after the handshake) says what to give.
   std::string explain(const boost::system::error_code& ec);

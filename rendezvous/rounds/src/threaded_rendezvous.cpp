@@ -140,7 +140,9 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
       f();
     } catch (const std::exception& e) {
       spdlog::error("ddprun: cannot reach {} to {} of round {}: {}", backend->where(), what, round, e.what());
-      over(RoundOutcome{round, std::nullopt, lost(e.what())});
+      // A backend that may come back (etcd) was not waited for here: its outage hint would say it was.
+      if (backend->outage_tolerance() == 0ms) return over(RoundOutcome{round, std::nullopt, lost(e.what())});
+      over(RoundOutcome{round, std::nullopt, {RendezvousFailure::Kind::unreachable, "lost " + backend->where() + ": " + e.what(), 0}});
     }
   }
 

@@ -1,0 +1,128 @@
+// The etcd client while a member of a real 3-member cluster is paused (SIGSTOP: it accepts
+// connections but answers nothing) or killed: each request, lease renewal and watch moves to
+// another member within its attempt time, and a watch resumes there from the same revision.
+// Skipped where etcd is not installed (scripts/setup.sh installs etcd-server).
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "etcd_backend.hpp"
+#include "etcd_cluster.hpp"
+#include "etcd_lease_keeper.hpp"
+#include "skip.hpp"
+#include "threaded_rendezvous.hpp"
+
+using namespace ddprun::rounds;
+using namespace ddprun::rounds::testing;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+#define SKIP_WITHOUT_ETCD() SKIP_UNLESS(EtcdCluster::available(), "etcd is not installed (scripts/setup.sh installs etcd-server)")
+
+namespace {
+
+// The cluster's endpoints, member `first` first (the client tries it first).
+std::vector<EtcdEndpoint> starting_at(const EtcdCluster& cluster, int first) {
+  auto e = cluster.endpoints();
+  std::rotate(e.begin(), e.begin() + first, e.end());
+  return e;
+}
+
+EtcdOptions options(std::vector<EtcdEndpoint> e, std::chrono::milliseconds timeout, std::chrono::milliseconds attempt) {
+  EtcdOptions o(std::move(e), timeout);
+  o.attempt = attempt;
+  return o;
+}
+
+double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+}  // namespace
+
+TEST_CASE("etcd failover: a paused member costs a request one attempt, not the call's time", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  const int follower = (cluster.leader() + 1) % 3;
+  EtcdClient c(options(starting_at(cluster, follower), 5s, 300ms));
+  c.put("/f/k", "v");
+  cluster.pause(follower);
+  auto t0 = Clock::now();
+  auto got = c.get("/f/k");
+  auto took = Clock::now() - t0;
+  auto second_sent = c.last_sent() - t0;
+  cluster.resume(follower);
+  REQUIRE(got);
+  CHECK(got->value == "v");
+  INFO("the read took " << ms(took) << " ms; the request answered was sent after " << ms(second_sent) << " ms");
+  CHECK(took < 1s);              // 300 ms on the paused member, then another member at once
+  CHECK(second_sent >= 300ms);   // the renewal time of a lease counts from the attempt answered
+}
+
+TEST_CASE("etcd failover: with the leader paused longer than the lease, renewals through every member at once keep it, each within the fence", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;  // election timeout 500 ms
+  const int leader = cluster.leader();
+  REQUIRE(leader >= 0);
+  const auto ttl = 3s;  // the settings of the lease keeper for this TTL
+  EtcdClient c(options(cluster.endpoints(), ttl, etcd_attempt(ttl)));
+  EtcdLeaseKeeper keeper(EtcdOptions(cluster.endpoints(), etcd_keepalive_attempt(ttl)));
+  const auto lease = c.grant_lease(std::chrono::duration_cast<std::chrono::seconds>(ttl));
+  c.put("/f/alive", "x", lease);
+  auto last = c.last_sent();
+  Clock::duration worst{};
+  cluster.pause(leader);
+  const auto t0 = Clock::now();
+  int renewals = 0, rounds = 0;
+  while (Clock::now() - t0 < 5s) {  // longer than the TTL
+    auto r = keeper.renew(lease);
+    ++rounds;
+    CHECK_FALSE(r.expired);
+    if (!r.sent) continue;  // no leader yet: the next round at once, as the keeper does
+    worst = std::max(worst, *r.sent - last);
+    last = *r.sent;
+    ++renewals;
+    std::this_thread::sleep_for(etcd_renewal_interval(ttl));  // the keeper's schedule
+  }
+  cluster.resume(leader);
+  INFO(renewals << " renewals in " << rounds << " rounds; the longest time between two: " << ms(worst) << " ms");
+  CHECK(worst < ttl - fence_margin(ttl));  // the fence never lapsed
+  CHECK(c.get("/f/alive"));                 // nor did the lease
+}
+
+TEST_CASE("etcd failover: a watch on a paused member moves to another and starts from the same revision", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  const int follower = (cluster.leader() + 1) % 3;
+  EtcdClient w(options(starting_at(cluster, follower), 5s, 300ms));
+  EtcdClient writer(options(starting_at(cluster, (follower + 1) % 3), 5s, 300ms));
+  const auto rev = writer.put("/f/w", "1");
+  cluster.pause(follower);
+  writer.put("/f/w", "2");  // before the watch starts: found from the revision, not live
+  auto t0 = Clock::now();
+  auto events = w.watch("/f/w", false, rev + 1, 5s);
+  auto took = Clock::now() - t0;
+  cluster.resume(follower);
+  INFO("the watch answered after " << ms(took) << " ms");
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].kv.value == "2");
+  CHECK(took < 2s);
+}
+
+TEST_CASE("etcd failover: a watch whose member is killed under it goes on on another, losing no event", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  const int follower = (cluster.leader() + 1) % 3;
+  EtcdClient w(options(starting_at(cluster, follower), 5s, 300ms));
+  EtcdClient writer(options(starting_at(cluster, (follower + 1) % 3), 5s, 300ms));
+  const auto rev = writer.put("/f/k", "0");
+  std::vector<EtcdEvent> events;
+  std::thread watching([&] { events = w.watch("/f/k", false, rev + 1, 8s); });
+  const auto until = Clock::now() + 5s;
+  while (!connected_to(cluster.client_port(follower)) && Clock::now() < until) std::this_thread::sleep_for(10ms);
+  REQUIRE(connected_to(cluster.client_port(follower)));  // the watch is on the follower
+  cluster.kill(follower);
+  writer.put("/f/k", "1");
+  auto t0 = Clock::now();
+  watching.join();
+  INFO("the watch answered " << ms(Clock::now() - t0) << " ms after the write");
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].kv.value == "1");
+}
