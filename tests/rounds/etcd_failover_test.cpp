@@ -14,7 +14,7 @@
 using namespace ddprun::rounds;
 using namespace ddprun::rounds::testing;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 #define SKIP_WITHOUT_ETCD() SKIP_UNLESS(EtcdCluster::available(), "etcd is not installed (scripts/setup.sh installs etcd-server)")
 
@@ -33,7 +33,7 @@ EtcdOptions options(std::vector<EtcdEndpoint> e, std::chrono::milliseconds timeo
   return o;
 }
 
-double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+double millis(SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 }  // namespace
 
@@ -44,14 +44,14 @@ TEST_CASE("etcd failover: a paused member costs a request one attempt, not the c
   EtcdClient c(options(starting_at(cluster, follower), 5s, 300ms));
   c.put("/f/k", "v");
   cluster.pause(follower);
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   auto got = c.get("/f/k");
-  auto took = Clock::now() - t0;
+  auto took = SteadyClock::now() - t0;
   auto second_sent = c.last_sent() - t0;
   cluster.resume(follower);
   REQUIRE(got);
   CHECK(got->value == "v");
-  INFO("the read took " << ms(took) << " ms; the request answered was sent after " << ms(second_sent) << " ms");
+  INFO("the read took " << millis(took) << " ms; the request answered was sent after " << millis(second_sent) << " ms");
   CHECK(took < 1s);              // 300 ms on the paused member, then another member at once
   CHECK(second_sent >= 300ms);   // the renewal time of a lease counts from the attempt answered
 }
@@ -67,11 +67,11 @@ TEST_CASE("etcd failover: with the leader paused longer than the lease, renewals
   const auto lease = c.grant_lease(std::chrono::duration_cast<std::chrono::seconds>(ttl));
   c.put("/f/alive", "x", lease);
   auto last = c.last_sent();
-  Clock::duration worst{};
+  SteadyClock::duration worst{};
   cluster.pause(leader);
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   int renewals = 0, rounds = 0;
-  while (Clock::now() - t0 < 5s) {  // longer than the TTL
+  while (SteadyClock::now() - t0 < 5s) {  // longer than the TTL
     auto r = keeper.renew(lease);
     ++rounds;
     CHECK_FALSE(r.expired);
@@ -82,7 +82,7 @@ TEST_CASE("etcd failover: with the leader paused longer than the lease, renewals
     std::this_thread::sleep_for(etcd_renewal_interval(ttl));  // the keeper's schedule
   }
   cluster.resume(leader);
-  INFO(renewals << " renewals in " << rounds << " rounds; the longest time between two: " << ms(worst) << " ms");
+  INFO(renewals << " renewals in " << rounds << " rounds; the longest time between two: " << millis(worst) << " ms");
   CHECK(worst < ttl - fence_margin(ttl));  // the fence never lapsed
   CHECK(c.get("/f/alive"));                 // nor did the lease
 }
@@ -96,11 +96,11 @@ TEST_CASE("etcd failover: a watch on a paused member moves to another and starts
   const auto rev = writer.put("/f/w", "1");
   cluster.pause(follower);
   writer.put("/f/w", "2");  // before the watch starts: found from the revision, not live
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   auto events = w.watch("/f/w", false, rev + 1, 5s);
-  auto took = Clock::now() - t0;
+  auto took = SteadyClock::now() - t0;
   cluster.resume(follower);
-  INFO("the watch answered after " << ms(took) << " ms");
+  INFO("the watch answered after " << millis(took) << " ms");
   REQUIRE(events.size() == 1);
   CHECK(events[0].kv.value == "2");
   CHECK(took < 2s);
@@ -115,14 +115,14 @@ TEST_CASE("etcd failover: a watch whose member is killed under it goes on on ano
   const auto rev = writer.put("/f/k", "0");
   std::vector<EtcdEvent> events;
   std::thread watching([&] { events = w.watch("/f/k", false, rev + 1, 8s); });
-  const auto until = Clock::now() + 5s;
-  while (!connected_to(cluster.client_port(follower)) && Clock::now() < until) std::this_thread::sleep_for(10ms);
+  const auto until = SteadyClock::now() + 5s;
+  while (!connected_to(cluster.client_port(follower)) && SteadyClock::now() < until) std::this_thread::sleep_for(10ms);
   REQUIRE(connected_to(cluster.client_port(follower)));  // the watch is on the follower
   cluster.kill(follower);
   writer.put("/f/k", "1");
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   watching.join();
-  INFO("the watch answered " << ms(Clock::now() - t0) << " ms after the write");
+  INFO("the watch answered " << millis(SteadyClock::now() - t0) << " ms after the write");
   REQUIRE(events.size() == 1);
   CHECK(events[0].kv.value == "1");
 }
