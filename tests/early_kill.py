@@ -38,12 +38,32 @@ def own_cgroups():
     with open("/proc/self/cgroup") as f:
         rel = [l.strip()[3:] for l in f if l.startswith("0::")]
     rel = rel[0] if rel and rel[0] != "/" else ""
-    return [d for d in ("/sys/fs/cgroup" + rel, "/sys/fs/cgroup/unified" + rel) if os.path.isdir(d)]
+    return [d for d in ("/sys/fs/cgroup" + rel, "/sys/fs/cgroup/unified" + rel) if os.path.exists(d + "/cgroup.controllers")]
+
+
+def own_cgroup_of_the_test():
+    """As root, a cgroup of this test's own below its cgroup: the jobs' cgroups are made below it,
+    so that only they are counted (another test's ddprun in another pid namespace may have the same
+    pid). The cgroup in use, or None."""
+    for base in own_cgroups():
+        mine = f"{base}/early-kill-test-{os.getpid()}"
+        try:
+            os.mkdir(mine)
+            with open(f"{mine}/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+            return mine
+        except OSError:
+            try:
+                os.rmdir(mine)
+            except OSError:
+                pass
+    return None
 
 
 def main():
     ddprun, count, max_ms = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     rng = random.Random(int(os.environ.get("DDPRUN_TEST_SEED", "1")))
+    mine = own_cgroup_of_the_test() if os.geteuid() == 0 else None
     cgs = own_cgroups()
     pids, delays = [], []
     for i in range(count):
@@ -69,6 +89,14 @@ def main():
     print(f"{count} kill -9s at 0-{max_ms:g} ms (median {sorted(delays)[len(delays) // 2] * 1000:.2f} ms): "
           f"{len(leftovers)} temporary directories, {len(cgroups)} cgroups, {len(workers)} workers left; "
           f"(every guardian done {settled:.2f} s after the last kill)")
+    if mine:
+        with open(os.path.dirname(mine) + "/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+        try:
+            os.rmdir(mine)
+        except OSError as e:
+            print(f"FAILED: the test's cgroup {mine} cannot be removed ({e}): something of the jobs is left in it")
+            cgroups.append(mine)
     for what, found in (("temporary directories", leftovers), ("cgroups", cgroups), ("workers", workers)):
         if found:
             print(f"FAILED: {what} left: {found[:5]}")

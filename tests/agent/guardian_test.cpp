@@ -148,9 +148,11 @@ TEST_CASE("guardian: release() leaves the directory to the agent, and the guardi
     Guardian g{nullptr, kProgram};
     pid = g.pid();
     REQUIRE(pid > 0);
-    std::ifstream cmdline("/proc/" + std::to_string(pid) + "/cmdline");
-    const std::string words((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-    CHECK(words.find("--ddprun-guardian") != std::string::npos);
+    CHECK(eventually([&] {
+      std::ifstream cmdline("/proc/" + std::to_string(pid) + "/cmdline");
+      const std::string words((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+      return words.find("--ddprun-guardian") != std::string::npos;
+    }));
     g.own_directory(dir);
     g.release();
   }

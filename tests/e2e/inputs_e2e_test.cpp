@@ -28,7 +28,7 @@ std::string temp_dir() {
 
 }  // namespace
 
-TEST_CASE("--no_python workers get NCCL_ASYNC_ERROR_HANDLING too (PyTorch 1.13 reads only that name)", "[inputs]") {
+TEST_CASE("inputs: --no_python workers get NCCL_ASYNC_ERROR_HANDLING too (PyTorch 1.13 reads only that name)", "[inputs]") {
   std::map<std::string, std::string> clean = {{"NCCL_ASYNC_ERROR_HANDLING", ""}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", ""}};
   auto unset = [](std::vector<std::string> args) {
     args.insert(args.begin(), {"env", "-u", "NCCL_ASYNC_ERROR_HANDLING", "-u", "TORCH_NCCL_ASYNC_ERROR_HANDLING"});
@@ -101,7 +101,7 @@ TEST_CASE("a 100,000-character host name exits 2 at once, without asking DNS", "
   CHECK_THAT(etcd.err, Catch::Contains("over DNS's 253"));
 }
 
-TEST_CASE("--nnodes=1 --rdzv_backend=etcd contacts etcd (run id, TLS), and no message names c10d", "[inputs]") {
+TEST_CASE("inputs: --nnodes=1 --rdzv_backend=etcd contacts etcd (run id, TLS), and no message names c10d", "[inputs]") {
   auto port = std::to_string(ddprun::rounds::testing::free_port());
   auto r = Launch(cmd({"--nnodes=1", "--rdzv_backend=etcd", "--rdzv_endpoint=127.0.0.1:" + port,
                        "--rdzv_conf=lease_ttl=1,join_timeout=3", "--nproc_per_node=1", kWorker, "env"}))

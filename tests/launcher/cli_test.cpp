@@ -205,7 +205,7 @@ TEST_CASE("host names over 253 characters or with a label over 63 are usage erro
             .agent.rdzv.endpoint_host == "fd00::1");
 }
 
-TEST_CASE("--nnodes=1 with --rdzv_backend=etcd or c10d uses that backend, as torchrun does", "[units]") {
+TEST_CASE("launcher: --nnodes=1 with --rdzv_backend=etcd or c10d uses that backend, as torchrun does", "[units]") {
   // (TLS settings with one node: tests/e2e/inputs_e2e_test.cpp, which has a CA to give.)
   auto etcd = parse({"--nnodes=1", "--rdzv_backend=etcd", "--rdzv_endpoint=127.0.0.1:2379",
                      "--rdzv_conf=lease_ttl=2", "/bin/true"});
