@@ -86,7 +86,7 @@ TEST_CASE("port 0 in the endpoint of a node that does not host the store is a us
 TEST_CASE("a 100,000-character host name exits 2 at once, without asking DNS", "[inputs]") {
   const std::string huge(100000, 'h');
   for (const auto& flag : {"--rdzv_endpoint=" + huge + ":29400", "--master_addr=" + huge}) {
-    auto r = Launch(cmd({"--nnodes=2", flag.rfind("--rdzv", 0) == 0 ? "--rdzv_backend=c10d" : "--node_rank=1",
+    auto r = Launch(cmd({"--nnodes=2", flag.rfind("--rdzv", 0) == 0 ? "--rdzv_backend=c10d" : "--node_rank=1", flag,
                          "--nproc_per_node=1", kWorker, "env"}))
                  .finish(30s);
     CHECK(r.code == 2);
@@ -128,8 +128,10 @@ TEST_CASE("the etcd password from a file of mode 0600, or DDPRUN_ETCD_PASSWORD, 
   const std::string file = dir + "/password";
   std::ofstream(file) << "s3cret\n";
   ::chmod(file.c_str(), 0600);
+  int runs = 0;  // (a run id that finished is not started again within close_timeout)
   auto job = [&](const std::string& conf) {
-    return cmd({"--nnodes=1:2", "--rdzv_backend=etcd", "--rdzv_endpoint=" + cluster.endpoint_list(), "--rdzv_id=pw",
+    return cmd({"--nnodes=1:2", "--rdzv_backend=etcd", "--rdzv_endpoint=" + cluster.endpoint_list(),
+                "--rdzv_id=pw" + std::to_string(runs++),
                 "--rdzv_conf=lease_ttl=1,last_call_timeout=0.2,user=root" + conf, "--nproc_per_node=1", kWorker, "env"});
   };
   auto from_file = Launch(job(",password_file=" + file)).finish(60s);
