@@ -65,6 +65,8 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   drain_timer.cancel();
   dump_timer.cancel();
   gpu_timer.cancel();
+  first_beat_timer.cancel();
+  first_beats = nullptr;
   ++generation;
   slots.clear();
   state = State::running;
@@ -253,13 +255,7 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
   for (auto& s : slots) {
     Worker& w = s->w;
     if (!w.running() || w.standing != Standing::own || w.spec.heartbeat_file.empty()) continue;
-    struct stat st{};
-    if (::stat(w.spec.heartbeat_file.c_str(), &st) == 0 &&
-        (st.st_mtim.tv_sec != s->beat_mtime.tv_sec || st.st_mtim.tv_nsec != s->beat_mtime.tv_nsec)) {
-      s->beat_mtime = st.st_mtim;
-      s->last_beat = now;
-      s->beaten = true;
-    }
+    look_at_beat(*s, now);
     auto bound = s->beaten ? opt.worker_timeout : opt.worker_start_timeout;
     if (bound.count() <= 0 || now - s->last_beat <= bound) continue;
     auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
@@ -277,6 +273,33 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
     listener->on_worker_failed(w, reason, kHeartbeatExitCode, FailureKind::hang);
     return;  // the listener stops the group
   }
+}
+
+bool WorkerGroup::Impl::look_at_beat(Slot& s, SteadyClock::time_point now) {
+  struct stat st{};
+  if (::stat(s.w.spec.heartbeat_file.c_str(), &st) != 0 ||
+      (st.st_mtim.tv_sec == s.beat_mtime.tv_sec && st.st_mtim.tv_nsec == s.beat_mtime.tv_nsec)) {
+    return false;
+  }
+  s.beat_mtime = st.st_mtim;
+  s.last_beat = now;
+  s.beaten = true;
+  return true;
+}
+
+void WorkerGroup::Impl::poll_first_beats() {
+  if (!first_beats || stopping() || state == State::ended) return;
+  const auto now = SteadyClock::now();
+  bool all = true;
+  for (auto& s : slots) {
+    if (!s->beaten && !s->w.spec.heartbeat_file.empty()) look_at_beat(*s, now);
+    all = all && (s->beaten || s->w.spec.heartbeat_file.empty() || !s->w.running());
+  }
+  if (all) return std::exchange(first_beats, nullptr)();
+  first_beat_timer.expires_after(5ms);
+  first_beat_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
+    if (!ec && gen == generation) poll_first_beats();
+  });
 }
 
 void WorkerGroup::Impl::maybe_ended() {
@@ -316,6 +339,7 @@ void WorkerGroup::Impl::end() {
   drain_timer.cancel();
   kill_timer.cancel();
   heartbeat_timer.cancel();
+  first_beat_timer.cancel();
   for (auto& s : slots) {
     for (auto* o : {s->out.get(), s->err.get()}) {
       if (o && o->file_loss()) log_losses.push_back(*o->file_loss());
@@ -372,6 +396,11 @@ void WorkerGroup::forward(int sig) {
   }
 }
 void WorkerGroup::check_heartbeats(std::chrono::steady_clock::time_point now) { impl_->check_heartbeats(now); }
+void WorkerGroup::watch_first_beats(std::function<void()> ready) {
+  impl_->first_beats = std::move(ready);
+  impl_->poll_first_beats();
+}
+int WorkerGroup::warm_started() const { return impl_->warm; }
 bool WorkerGroup::stopping() const { return impl_->stopping(); }
 bool WorkerGroup::ended() const { return impl_->state == Impl::State::ended; }
 std::vector<Worker> WorkerGroup::workers() const {

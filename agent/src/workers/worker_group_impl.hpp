@@ -50,7 +50,9 @@ struct WorkerGroup::Impl {
   ProcessRunner& runner;
   Listener* listener = nullptr;
   Options opt;
-  asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io}, gpu_timer{io};
+  asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io}, gpu_timer{io}, first_beat_timer{io};
+  std::function<void()> first_beats;
+  int warm = 0;  // workers of this group handed to warm spares  // watch_first_beats' callback, until called
   std::vector<std::unique_ptr<Slot>> slots;
   bool swept = false;        // what the workers left behind was killed (once per group)
   int generation = 0;        // +1 per group: handlers of an earlier group check it
@@ -124,6 +126,9 @@ struct WorkerGroup::Impl {
   // A worker beats by touching its file; the agent notices the mtime change at its next check
   // (every worker_timeout/10, 20 ms to 1 s), so a beat counts at most one interval late.
   void check_heartbeats(SteadyClock::time_point now);
+  // A beat seen (the mtime changed since the last look): recorded; true if it changed.
+  bool look_at_beat(Slot& s, SteadyClock::time_point now);
+  void poll_first_beats();
 
   void maybe_ended();
 
