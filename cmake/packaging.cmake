@@ -12,7 +12,7 @@ endif()
 if(TARGET ddprun-full)
   install(TARGETS ddprun-full RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT bin)
 endif()
-install(FILES ${PROJECT_SOURCE_DIR}/agent/python/sitecustomize.py DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python
+install(FILES ${PROJECT_SOURCE_DIR}/agent/python/sitecustomize.py ${PROJECT_SOURCE_DIR}/agent/python/_ddprun_spare.py DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python
   COMPONENT bin)
 install(TARGETS ddprun_common ddprun_rendezvous ddprun_runtime EXPORT ddprunTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev

@@ -371,6 +371,7 @@ void JobController::finish(int code, Rendezvous::Ack ack) {
   }
   exit_code_ = code;
   clock_.cancel();
+  group_.discard_spares();
   enter(Phase::draining);
   rdzv_.finish(round_, ack);
 }

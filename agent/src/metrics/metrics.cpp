@@ -40,6 +40,8 @@ void declare_all(MetricText& m) {
   m.declare("ddprun_store_bytes", "bytes the store accounts");
   m.declare("ddprun_store_loop_latency_seconds", "a request's wait for the store's I/O loop");
   m.declare("ddprun_loop_lag_seconds", "since the agent's loop last ticked");
+  m.declare("ddprun_warm_spares", "warm spares waiting, by state (starting: still importing)");
+  m.declare("ddprun_warm_spare_memory_bytes", "the waiting spares' memory (proportional set size)");
   m.declare_histogram("ddprun_recovery_seconds", "restarts by phase (detect, stop, rendezvous, spawn, ready, total)",
                       {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300});
   for (const char* single : {"ddprun_round", "ddprun_restart_count", "ddprun_restarts_total", "ddprun_workers_running",
@@ -107,6 +109,9 @@ void JobMetrics::refresh(const JobController& c, const WorkerGroup& group) {
   out.set("ddprun_rendezvous_seconds", c.last_rendezvous_seconds());
   out.set("ddprun_workers_start_seconds", c.last_start_seconds());
   m.refresh_workers(group.workers());
+  out.set("ddprun_warm_spares", {{"state", "ready"}}, group.spares_ready());
+  out.set("ddprun_warm_spares", {{"state", "starting"}}, group.spares_waiting() - group.spares_ready());
+  out.set("ddprun_warm_spare_memory_bytes", static_cast<double>(group.spares_memory_bytes()));
   const auto& rec = c.recoveries();
   for (; m.recoveries_seen < rec.size(); ++m.recoveries_seen) {
     for (const char* phase : recovery_phase_names()) {

@@ -35,6 +35,15 @@ struct CpuBinding {
 // The exit code of a job ended by --max_same_failures: a crash loop, not worth requeueing.
 constexpr int kCrashLoopExitCode = 93;
 
+// Warm spares for Python workers (docs: Warm restarts).
+struct SpareOptions {
+  bool on = false;
+  std::string driver;                            // _ddprun_spare.py, beside the progress hook
+  std::vector<std::string> preload = {"torch"};  // imported by each spare
+  // After a group's start, spares are made once every worker has beaten, or after this.
+  std::chrono::milliseconds delay{std::chrono::seconds(3)};
+};
+
 struct AgentOptions {
   // The worker command (argv[0] resolved to a path); "${local_rank}" in any element is replaced.
   std::vector<std::string> command;
@@ -65,6 +74,7 @@ struct AgentOptions {
   // NCCL_ASYNC_ERROR_HANDLING. Empty (--no_progress_hook, or not installed): neither; ddprun
   // then sets NCCL_ASYNC_ERROR_HANDLING itself (which PyTorch 2.x warns about on every rank).
   std::string python_site_dir;
+  SpareOptions spares;
 
   StreamSelection redirects;  // to files only
   StreamSelection tee;        // to files and the console
