@@ -1,11 +1,14 @@
 """Run by tests/python/warm_spare_torch_test.py under ddprun: attempt 0 waits for the test's go
 file (the warm spares are ready by then) and fails; attempt 1 prints what a script can see of
-the interpreter it runs in ("FP <json>"), then ends as argv[1] says."""
+the interpreter it runs in ("FP <json>"), then ends as argv[1] says (rank 0; the others wait to
+be stopped)."""
 import json
 import os
 import signal
 import sys
 import time
+
+import torch  # noqa: F401  (as a training script does; a spare has imported it already)
 
 MARK = "version 1"
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -47,6 +50,8 @@ fp = {
 sys.stdout.write("FP " + json.dumps(fp, sort_keys=True) + "\n")
 sys.stdout.flush()
 how = sys.argv[1] if len(sys.argv) > 1 else "exit0"
+if how != "exit0" and os.environ["LOCAL_RANK"] != "0":
+    time.sleep(120)  # stopped by ddprun when rank 0 ends: only rank 0's end is compared
 if how == "exit7":
     sys.exit(7)
 if how == "raise":

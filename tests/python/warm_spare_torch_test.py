@@ -96,7 +96,7 @@ def same_as_fresh(ddprun, tmp, args, what):
     go = os.path.join(tmp, "go")
     warm_rc, warm = launch(ddprun, args, tmp, go, warm=True)
     cold_rc, cold = launch(ddprun, args, tmp, go, warm=False)
-    used = any(re.search(r"restarted in .*\(2 warm\)", l) for l in warm)
+    used = any(re.search(r"restarted .*\(2 warm\)", l) for l in warm)
     check(used, f"{what}: both workers of attempt 1 were warm spares")
     if not used:
         show(warm)
@@ -104,8 +104,11 @@ def same_as_fresh(ddprun, tmp, args, what):
     check(sorted(fw) == [0, 1] and sorted(fc) == [0, 1], f"{what}: both runs printed what the script sees")
     for rank in sorted(set(fw) & set(fc)):
         diff = sorted(k for k in fc[rank] if fw[rank].get(k) != fc[rank][k])
+        envs = (fw[rank].get("env", {}), fc[rank]["env"])
+        env_diff = sorted(k for k in set(envs[0]) | set(envs[1]) if envs[0].get(k) != envs[1].get(k))
         check(not diff, f"{what}: rank {rank} sees the same interpreter, warm and cold" +
-              (": " + "; ".join(f"{k}: warm {fw[rank].get(k)!r} cold {fc[rank][k]!r}" for k in diff) if diff else ""))
+              (": " + "; ".join(f"{k}: warm {fw[rank].get(k)!r} cold {fc[rank][k]!r}" for k in diff if k != "env") +
+               f" env: {[(k, envs[0].get(k), envs[1].get(k)) for k in env_diff]}" if diff else ""))
     check(warm_rc == cold_rc, f"{what}: ddprun's exit code is the same ({warm_rc} warm, {cold_rc} cold)")
     for rank in (0, 1):
         tw, tc = traceback_of(warm, rank), traceback_of(cold, rank)
@@ -191,7 +194,7 @@ def cold_cases(ddprun, tmp):
           "--preload of a module that fails to import: one warning a spare")
     check(any("local rank 1 starts cold: its warm spare died while it waited" in l for l in lines),
           "a spare killed while it waits: its rank starts cold")
-    check(any(re.search(r"restarted in .*\(1 warm, 1 cold\)", l) for l in lines),
+    check(any(re.search(r"restarted .*\(1 warm, 1 cold\)", l) for l in lines),
           "a spare killed while it waits: the other rank's spare (without the failed module) is used")
     if rc != 0:
         show(lines)
@@ -212,7 +215,7 @@ def resume_checksum(ddprun, tmp):
         if rc != 0:
             show(lines)
         if warm:
-            check(any(re.search(r"restarted in .*\(2 warm\)", l) for l in lines), f"{name}: attempt 1 ran on warm spares")
+            check(any(re.search(r"restarted .*\(2 warm\)", l) for l in lines), f"{name}: attempt 1 ran on warm spares")
     check(results["uninterrupted"] == results["crash and resume, warm"] and len(results["uninterrupted"]) == 2,
           f"crash and resume with warm spares ends with the parameters of an uninterrupted run: {results}")
 
