@@ -228,6 +228,7 @@ bool JobController::fenced(const Worker& w, FailureKind kind) {
   if (!fence_ || kind != FailureKind::signal || w.status.signal != SIGKILL || !fence_->lapsed()) return false;
   spdlog::warn("ddprun: round {}: this node's liveness lapsed (ddprun was stopped or cut off from the rendezvous): "
                "its workers were stopped so that the other nodes can go on without it; it joins again", round_);
+  clock_.fault(0, "this node was fenced");
   end_round(RoundEnd::of_node_lost(info_.group_rank, node_name_, 0), info_.group_world);
   group_.stop(SIGKILL);
   enter(Phase::stopping);
