@@ -7,16 +7,16 @@
 set -u
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
-need python3 setpriv pgrep
+need /usr/bin/python3 setpriv pgrep
 count=${2:-1000}
 here=$(dirname "$0")
 cp "$here/early_kill.py" /tmp/bin/ && chmod 755 /tmp/bin/early_kill.py
-if python3 /tmp/bin/early_kill.py /tmp/bin/ddprun "$count" 5; then
+if /usr/bin/python3 /tmp/bin/early_kill.py /tmp/bin/ddprun "$count" 5; then
   ok "root: $count kill -9s at 0-5 ms left nothing"
 else
   bad "root: kill -9s at 0-5 ms left something behind"
 fi
-if setpriv --reuid=nobody --regid=nogroup --clear-groups python3 /tmp/bin/early_kill.py /tmp/bin/ddprun "$count" 5; then
+if setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 /tmp/bin/early_kill.py /tmp/bin/ddprun "$count" 5; then
   ok "nobody: $count kill -9s at 0-5 ms left nothing"
 else
   bad "nobody: kill -9s at 0-5 ms left something behind"

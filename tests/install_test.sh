@@ -6,6 +6,7 @@
 # ddprun --version and man -w there, and asks apt whether their Depends resolve on this machine.
 # Usage: tests/install_test.sh BUILD_DIR SOURCE_DIR
 set -u
+source "$(dirname "$0")/lib.sh"
 build=$1
 src=$2
 work=$(mktemp -d)

@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/usr/bin/env bash
 # ddprun is linked without OpenSSL, ddprun-full with it (launcher/include/ddprun/launcher/full_program.hpp).
 # A reference to any OpenSSL function from an object ddprun links would pull libcrypto back in
 # silently (it is a static library): this looks for OpenSSL's symbols in the program itself.

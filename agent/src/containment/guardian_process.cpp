@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -148,6 +149,11 @@ bool is_guardian_start(int argc, char** argv) {
   if (!take_start(argc, argv, w)) {
     std::fprintf(stderr, "ddprun: %s is for the guardian ddprun starts itself\n", kGuardianFlag);
     ::_exit(2);
+  }
+  // Nothing else of the agent's: a descriptor it inherited without close-on-exec (its caller's
+  // pipe, say) must not be held open by the guardian after the agent is gone.
+  if (::syscall(SYS_close_range, kPipeFd + 1U, ~0U, 0U) != 0) {
+    for (int fd = kPipeFd + 1; fd < 1024; ++fd) ::close(fd);
   }
   ::fcntl(kPipeFd, F_SETFD, FD_CLOEXEC);
   guard(kPipeFd, w);
