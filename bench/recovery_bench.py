@@ -34,6 +34,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "bench", "recovery_job.py")
 
 
+class RunFailed(Exception):
+    pass
+
+
+def run_retried(cmd, env, n, tmp, warm, failed):
+    """A launcher's own failure (torchrun's store refusing a connection, seen here) is counted and
+    the run taken again, at most twice."""
+    for attempt in range(3):
+        try:
+            return run_once(cmd, env, n, tmp, warm)
+        except RunFailed as e:
+            failed.append(str(e))
+            print(f"  {e} (counted; run again)", flush=True)
+    raise SystemExit("bench: three failed runs in a row")
+
+
 def run_once(cmd, env, n, tmp, warm, timeout=600):
     ckpt, times, go = (os.path.join(tmp, d) for d in ("ckpt", "times", "go"))
     for d in (ckpt, times):
@@ -64,7 +80,7 @@ def run_once(cmd, env, n, tmp, warm, timeout=600):
     firsts = glob.glob(os.path.join(times, "first.1.*"))
     if rc != 0 or len(firsts) != n or not os.path.exists(os.path.join(times, "crash")):
         sys.stderr.write("".join(lines[-30:]))
-        raise SystemExit(f"bench: a run failed (exit {rc}): {' '.join(cmd)}")
+        raise RunFailed(f"bench: a run failed (exit {rc}): {' '.join(cmd)}")
     crash = float(open(os.path.join(times, "crash")).read())
     said = [l.strip() for l in lines if "restarted in" in l]
     return max(float(open(f).read()) for f in firsts) - crash, (said[0] if said else "")
@@ -94,11 +110,12 @@ def main():
             kinds["ddprun cold"] = ([ddprun, "--warm_spares", "0"] + common, False)
             kinds["ddprun warm"] = ([ddprun, "--warm_spares", "1"] + common, True)
             got = {k: [] for k in kinds}
+            failed = {k: [] for k in kinds}
             said = []
             for rep in range(a.reps):
                 order = list(kinds) if rep % 2 == 0 else list(reversed(kinds))
                 for k in order:
-                    secs, line = run_once(kinds[k][0], env, n, tmp, kinds[k][1])
+                    secs, line = run_retried(kinds[k][0], env, n, tmp, kinds[k][1], failed[k])
                     got[k].append(secs)
                     if k == "ddprun warm":
                         said.append(line)
@@ -106,7 +123,8 @@ def main():
             print(f"\n{n} workers, crash of rank 1 at step 10, to every rank's first step of the next attempt "
                   f"(median of {a.reps}):")
             for k, v in got.items():
-                print(f"  {k:12s} {statistics.median(v):7.3f} s   ({min(v):.3f}-{max(v):.3f})")
+                print(f"  {k:12s} {statistics.median(v):7.3f} s   ({min(v):.3f}-{max(v):.3f})" +
+                      (f"   {len(failed[k])} failed run(s) taken again" if failed[k] else ""))
             if "torchrun" in got:
                 t = statistics.median(got["torchrun"])
                 for k in ("ddprun cold", "ddprun warm"):
