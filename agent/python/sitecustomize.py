@@ -23,14 +23,17 @@ its real path, and skipped; the user's own sitecustomize runs exactly once.
 import os
 import sys
 
-_HEARTBEAT = os.environ.get("DDPRUN_HEARTBEAT_FILE")
 _MARKER = "ddprun-progress-hook-1"  # found in the first 4 KiB of every copy of this file
 _STATE = "_ddprun_progress_hook"  # on sys: the real paths of the hook directories seen so far
 
 
 def _touch(*_args):
+    # Read at each step, not at start-up: a warm spare imports torch before it knows its file.
+    heartbeat = os.environ.get("DDPRUN_HEARTBEAT_FILE")
+    if not heartbeat:
+        return
     try:
-        os.utime(_HEARTBEAT)
+        os.utime(heartbeat)
     except OSError:
         pass  # the file went with its attempt: nothing to tell
 
@@ -44,8 +47,6 @@ def _on_torch_version(module):
 
 
 def _on_optimizer(module):
-    if not _HEARTBEAT:
-        return
     register = getattr(module, "register_optimizer_step_post_hook", None)
     if register is not None:
         register(lambda optimizer, args, kwargs: _touch())
@@ -60,6 +61,14 @@ def _on_optimizer(module):
         _touch()
 
     optimizer._optimizer_step_code = _optimizer_step_code
+
+
+def _ddprun_new_environment():
+    """A warm spare was handed its worker's environment (_ddprun_spare.py): what this module
+    derived from the environment at start-up, derived again."""
+    version = sys.modules.get("torch.version")
+    if version is not None:
+        _on_torch_version(version)
 
 
 _WATCHED = {"torch.version": _on_torch_version, "torch.optim.optimizer": _on_optimizer}

@@ -189,6 +189,15 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
   a.role = s.role;
   a.worker_timeout = s.worker_timeout;
   a.worker_start_timeout = s.worker_start_timeout;
+  if (s.warm_spares && !s.no_python) {
+    // The spares' driver lives beside the progress hook, trusted as it is (agent/src/host/resources.cpp).
+    auto site = agent::python_site_dir();
+    a.spares.on = !site.empty();
+    a.spares.driver = site + "/_ddprun_spare.py";
+    for (const auto& m : split(s.preload, ',')) {
+      if (!trim(m).empty() && trim(m) != "torch") a.spares.preload.push_back(trim(m));
+    }
+  }
   a.stop_timeout = s.stop_timeout;
   // torchrun 2.x's spelling (or its environment variable) wins over --stop_timeout.
   if (s.shutdown_timeout) {

@@ -242,6 +242,16 @@ std::vector<OptionSpec> failure_options() {
      "do not give Python workers ddprun's sitecustomize, which touches DDPRUN_HEARTBEAT_FILE after every "
      "optimizer step (and sets NCCL_ASYNC_ERROR_HANDLING for PyTorch 1.x only)",
      [](const std::string& v, Settings& s) { s.no_progress_hook = truthy(v); }},
+    {"warm_spares", "", kFault, K::value, "1",
+     "keep one warm spare interpreter per local rank for Python workers, which has imported torch (and --preload's "
+     "modules) and takes over at a restart instead of a new interpreter (0 = off: every restart starts cold)",
+     [](const std::string& v, Settings& s) {
+       if (v != "0" && v != "1") usage("--warm_spares must be 0 or 1 (got '" + v + "')");
+       s.warm_spares = v == "1";
+     }},
+    {"preload", "", kFault, K::value, "",
+     "comma-separated modules each warm spare imports besides torch, before the script runs",
+     [](const std::string& v, Settings& s) { s.preload = v; }},
     {"stop_timeout", "", kFault, K::value, "5", "seconds between SIGTERM and SIGKILL when stopping workers",
      [](const std::string& v, Settings& s) { s.stop_timeout = parse_seconds("stop_timeout", v, false); }},
     {"stack_dump_timeout", "", kFault, K::value, "10",

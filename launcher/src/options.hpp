@@ -35,6 +35,8 @@ struct Settings {
   std::set<int> signals;
   bool module = false, no_python = false;
   bool no_progress_hook = false;
+  bool warm_spares = true;     // for Python workers (docs: Warm restarts)
+  std::string preload;         // modules each warm spare imports besides torch
   std::string log_dir;
   agent::StreamSelection redirects, tee;
   std::string local_ranks_filter;

@@ -234,17 +234,25 @@ std::vector<std::string> Containment::sweep(pid_t spare) const {
 
 std::vector<std::string> Containment::sweep_cgroup(bool final) const {
   // The whole subtree: a ddprun inside a worker made a cgroup of its own below this one.
+  // Between attempts, the agent's helpers in it (warm spares) are spared; at the end, nothing.
+  std::set<pid_t> spared;
+  if (!final) {
+    std::lock_guard<std::mutex> lk(helpers_mu);
+    spared = helpers;
+  }
   auto in_subtree = [&] {
     std::vector<pid_t> all;
     for (const auto& dir : cgroup_subtree(cgroup_)) {
-      auto some = pids_in(dir + "/cgroup.procs");
-      all.insert(all.end(), some.begin(), some.end());
+      for (pid_t p : pids_in(dir + "/cgroup.procs")) {
+        if (!spared.count(p)) all.push_back(p);
+      }
     }
     return all;
   };
   std::vector<std::string> killed;
   if (!populated(cgroup_)) return killed;
   auto left = in_subtree();
+  if (left.empty()) return killed;
   for (pid_t p : left) killed.push_back(fmt::format("{} ({})", p, process_name(p)));
   // Until it is empty: a process may fork while it is being killed. cgroup.kill (kernel 5.14+)
   // kills the subtree at once, but only where no worker is started in this cgroup afterwards:
@@ -253,7 +261,7 @@ std::vector<std::string> Containment::sweep_cgroup(bool final) const {
   // killed is killed at birth, so every worker of the next attempt died. Between attempts,
   // each process found is killed instead.
   const bool whole = final && kill_fd_ >= 0;
-  for (int pass = 0; pass < 200 && populated(cgroup_); ++pass) {
+  for (int pass = 0; pass < 200 && (spared.empty() ? populated(cgroup_) : !left.empty()); ++pass) {
     if (!whole || ::pwrite(kill_fd_, "1", 1, 0) != 1) {
       for (pid_t p : left) ::kill(p, SIGKILL);
     }

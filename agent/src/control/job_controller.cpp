@@ -36,7 +36,8 @@ const char* to_string(Phase p) {
 
 JobController::JobController(const AgentOptions& opt, WorkerGroup& group, Rendezvous& rdzv, EventLog& events,
                              const RunDir& dir, std::string node_name, FenceState* fence)
-    : opt_(opt), group_(group), rdzv_(rdzv), events_(events), dir_(dir), node_name_(std::move(node_name)), fence_(fence) {
+    : opt_(opt), group_(group), rdzv_(rdzv), events_(events), dir_(dir), node_name_(std::move(node_name)), fence_(fence),
+      clock_(events) {
   rdzv_.set_listener(*this);
   group_.set_listener(*this);
 }
@@ -59,6 +60,7 @@ void JobController::join(int round, int restart_count) {
   failures_.clear();
   stuck_.reset();
   joined_at_ = std::chrono::steady_clock::now();
+  clock_.joining(joined_at_);
   enter(Phase::rendezvous);
   rdzv_.join(round, restart_count);
 }
@@ -69,6 +71,7 @@ void JobController::on_round_ready(const RoundInfo& info) {
   if (phase_ != Phase::rendezvous) return;
   info_ = info;
   rendezvous_s_ = seconds_since(joined_at_);
+  clock_.round_ready();
   round_ = info.round;
   attempt_ = info.restart_count;
   if (opt_.rdzv.multi_node()) {
@@ -100,6 +103,16 @@ void JobController::on_round_over(const RoundOutcome& o) {
   if (o.round != round_ || outcome_ || (phase_ != Phase::running && phase_ != Phase::stopping)) return;
   outcome_ = o;
   log_outcome(o);
+  if (o.end && !root_cause_ && (o.end->kind == Kind::failure || o.end->kind == Kind::node_lost)) {
+    // Another node's failure: detected when its report reached this node.
+    double detect = 0;
+    std::string cause = "node " + o.end->host + " lost";
+    if (o.end->kind == Kind::failure) {
+      detect = std::chrono::duration<double>(std::chrono::system_clock::now() - o.end->failure->time).count();
+      cause = "rank " + std::to_string(o.end->failure->rank) + " on " + o.end->host + ": " + o.end->failure->reason;
+    }
+    clock_.fault(detect > 0 && detect < 3600 ? detect : 0, cause);
+  }
   if (phase_ == Phase::running) {
     // A hang on another node: this node's stacks too (where is everyone stuck?).
     bool hang = o.end && o.end->kind == Kind::failure && o.end->failure->hang;
@@ -158,6 +171,8 @@ void JobController::start_workers() {
   attempt_started_ = std::chrono::steady_clock::now();
   start_s_ = seconds_since(t0);
   enter(Phase::running);
+  clock_.started(attempt_, group_.warm_started(), static_cast<int>(group_.workers().size()) - group_.warm_started());
+  if (clock_.timing()) group_.watch_first_beats([this] { clock_.ready(); });
   const auto& ws = group_.workers();
   if (events_.enabled()) {
     nlohmann::json ranks = nlohmann::json::array(), pids = nlohmann::json::array();
@@ -201,6 +216,8 @@ void JobController::on_worker_failed(const Worker& w, const std::string& reason,
   f.stderr_tail = group_.stderr_tail(w.spec.local_rank);
   f.hang = kind == FailureKind::hang;
   root_cause_ = f;
+  clock_.fault(f.hang ? std::chrono::duration<double>(opt_.worker_timeout).count() : 0,
+               "rank " + std::to_string(w.spec.rank) + ": " + reason);
   end_round(RoundEnd::of_failure(f), info_.group_world);
   group_.stop(SIGTERM, f.hang ? WorkerGroup::Stacks::first : WorkerGroup::Stacks::after_timeout);
   enter(Phase::stopping);
@@ -213,6 +230,7 @@ bool JobController::fenced(const Worker& w, FailureKind kind) {
   if (!fence_ || kind != FailureKind::signal || w.status.signal != SIGKILL || !fence_->lapsed()) return false;
   spdlog::warn("ddprun: round {}: this node's liveness lapsed (ddprun was stopped or cut off from the rendezvous): "
                "its workers were stopped so that the other nodes can go on without it; it joins again", round_);
+  clock_.fault(0, "this node was fenced");
   end_round(RoundEnd::of_node_lost(info_.group_rank, node_name_, 0), info_.group_world);
   group_.stop(SIGKILL);
   enter(Phase::stopping);
@@ -229,6 +247,8 @@ void JobController::note_log_losses() {
 
 void JobController::on_group_ended() {
   group_ended_ = true;
+  clock_.abandoned();  // an attempt that ended before its workers' first beats
+  clock_.stopped();
   note_log_losses();
   if (phase_ == Phase::running) {
     // Nothing failed: every worker exited 0.
@@ -382,6 +402,8 @@ void JobController::finish(int code, Rendezvous::Ack ack) {
                  "showed them", l.file, l.bytes_lost, std::strerror(l.error));
   }
   exit_code_ = code;
+  clock_.cancel();
+  group_.discard_spares();
   enter(Phase::draining);
   rdzv_.finish(round_, ack);
 }

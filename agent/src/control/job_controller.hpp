@@ -34,6 +34,7 @@
 #include "ddprun/agent/options.hpp"
 #include "ddprun/rounds/rendezvous.hpp"
 #include "containment/fence_state.hpp"
+#include "control/recovery_clock.hpp"
 #include "observe/failure_report.hpp"
 #include "observe/failure_streaks.hpp"
 #include "workers/worker_group.hpp"
@@ -67,6 +68,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   int restarts() const { return restarts_; }  // restarts this agent decided (a failure each)
   double last_rendezvous_seconds() const { return rendezvous_s_; }  // joining to round ready
   double last_start_seconds() const { return start_s_; }           // round ready to every worker spawned
+  const std::vector<RecoveryTimes>& recoveries() const { return clock_.completed(); }
 
   // WorkerGroup::Listener
   void on_worker_failed(const Worker& w, const std::string& reason, int code, FailureKind kind) override;
@@ -121,6 +123,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   std::chrono::steady_clock::time_point attempt_started_, joined_at_;
   double rendezvous_s_ = 0, start_s_ = 0;
   int restarts_ = 0;
+  RecoveryClock clock_;
 };
 
 }  // namespace ddprun::agent

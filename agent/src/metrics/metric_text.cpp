@@ -40,6 +40,47 @@ void MetricText::declare(const std::string& name, const std::string& help, Type 
   families_.push_back(Family{name, help, type, {}});
 }
 
+void MetricText::declare_histogram(const std::string& name, const std::string& help, std::vector<double> bounds) {
+  std::lock_guard<std::mutex> lk(mu_);
+  families_.push_back(Family{name, help, Type::histogram, {}, std::move(bounds), {}});
+}
+
+void MetricText::observe(const std::string& name, const Labels& labels, double value) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& f = family(name);
+  auto& h = f.hists[labels];
+  h.counts.resize(f.bounds.size());
+  for (std::size_t i = 0; i < f.bounds.size(); ++i) {
+    if (value <= f.bounds[i]) ++h.counts[i];
+  }
+  h.sum += value;
+  ++h.count;
+}
+
+namespace {
+std::string label_text(const MetricText::Labels& labels, const std::string& le = "") {
+  std::string out;
+  bool first = true;
+  for (const auto& [k, v] : labels) {
+    out += (first ? "" : ",") + k + "=\"" + escaped(v) + "\"";
+    first = false;
+  }
+  if (!le.empty()) out += (first ? "" : ",") + std::string("le=\"") + le + "\"";
+  return out.empty() ? out : "{" + out + "}";
+}
+}  // namespace
+
+void MetricText::write_histogram(const Family& f, std::string& out) {
+  for (const auto& [labels, h] : f.hists) {
+    for (std::size_t i = 0; i < f.bounds.size(); ++i) {
+      out += f.name + "_bucket" + label_text(labels, number(f.bounds[i])) + " " + std::to_string(h.counts[i]) + "\n";
+    }
+    out += f.name + "_bucket" + label_text(labels, "+Inf") + " " + std::to_string(h.count) + "\n";
+    out += f.name + "_sum" + label_text(labels) + " " + number(h.sum) + "\n";
+    out += f.name + "_count" + label_text(labels) + " " + std::to_string(h.count) + "\n";
+  }
+}
+
 MetricText::Family& MetricText::family(const std::string& name) {
   for (auto& f : families_) {
     if (f.name == name) return f;
@@ -72,7 +113,12 @@ std::string MetricText::text() const {
   std::string out;
   for (const auto& f : families_) {
     out += "# HELP " + f.name + " " + f.help + "\n";
-    out += "# TYPE " + f.name + (f.type == Type::counter ? " counter\n" : " gauge\n");
+    out += "# TYPE " + f.name +
+           (f.type == Type::counter ? " counter\n" : f.type == Type::histogram ? " histogram\n" : " gauge\n");
+    if (f.type == Type::histogram) {
+      write_histogram(f, out);
+      continue;
+    }
     for (const auto& [labels, value] : f.values) {
       out += f.name;
       if (!labels.empty()) {

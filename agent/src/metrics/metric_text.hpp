@@ -14,11 +14,15 @@ namespace ddprun::agent {
 class MetricText {
  public:
   using Labels = std::map<std::string, std::string>;  // written in key order
-  enum class Type { gauge, counter };
+  enum class Type { gauge, counter, histogram };
 
   // Declares a family; families are written in the order declared, each with its HELP and TYPE
   // lines (also while it has no value).
   void declare(const std::string& name, const std::string& help, Type type = Type::gauge);
+  // A histogram family with these upper bounds (ascending; +Inf is added).
+  void declare_histogram(const std::string& name, const std::string& help, std::vector<double> bounds);
+  // One sample of a histogram family under `labels`.
+  void observe(const std::string& name, const Labels& labels, double value);
   // Sets (creating) the value of a declared family under `labels`.
   void set(const std::string& name, const Labels& labels, double value);
   void set(const std::string& name, double value) { set(name, Labels{}, value); }
@@ -33,7 +37,15 @@ class MetricText {
     std::string name, help;
     Type type = Type::gauge;
     std::map<Labels, double> values;
+    std::vector<double> bounds;  // histogram: upper bounds
+    struct Hist {
+      std::vector<unsigned long long> counts;  // cumulative, per bound
+      double sum = 0;
+      unsigned long long count = 0;
+    };
+    std::map<Labels, Hist> hists;
   };
+  static void write_histogram(const Family& f, std::string& out);
   Family& family(const std::string& name);  // a declared one; mu_ held
 
   mutable std::mutex mu_;

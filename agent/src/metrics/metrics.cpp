@@ -40,6 +40,10 @@ void declare_all(MetricText& m) {
   m.declare("ddprun_store_bytes", "bytes the store accounts");
   m.declare("ddprun_store_loop_latency_seconds", "a request's wait for the store's I/O loop");
   m.declare("ddprun_loop_lag_seconds", "since the agent's loop last ticked");
+  m.declare("ddprun_warm_spares", "warm spares waiting, by state (starting: still importing)");
+  m.declare("ddprun_warm_spare_memory_bytes", "the waiting spares' memory (proportional set size)");
+  m.declare_histogram("ddprun_recovery_seconds", "restarts by phase (detect, stop, rendezvous, spawn, ready, total)",
+                      {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300});
   for (const char* single : {"ddprun_round", "ddprun_restart_count", "ddprun_restarts_total", "ddprun_workers_running",
                              "ddprun_rendezvous_seconds", "ddprun_workers_start_seconds", "ddprun_loop_lag_seconds"}) {
     m.set(single, 0);
@@ -58,6 +62,7 @@ struct JobMetrics::Impl {
   // The current group's heartbeat files, by (rank, local_rank) labels: read at scrape time.
   std::mutex mu;
   std::map<Labels, std::string> beat_files;
+  std::size_t recoveries_seen = 0;
 
   Impl() { declare_all(metrics); }
 
@@ -104,6 +109,16 @@ void JobMetrics::refresh(const JobController& c, const WorkerGroup& group) {
   out.set("ddprun_rendezvous_seconds", c.last_rendezvous_seconds());
   out.set("ddprun_workers_start_seconds", c.last_start_seconds());
   m.refresh_workers(group.workers());
+  out.set("ddprun_warm_spares", {{"state", "ready"}}, group.spares_ready());
+  out.set("ddprun_warm_spares", {{"state", "starting"}}, group.spares_waiting() - group.spares_ready());
+  out.set("ddprun_warm_spare_memory_bytes", static_cast<double>(group.spares_memory_bytes()));
+  const auto& rec = c.recoveries();
+  for (; m.recoveries_seen < rec.size(); ++m.recoveries_seen) {
+    for (const char* phase : recovery_phase_names()) {
+      double v = phase_seconds(rec[m.recoveries_seen], phase);
+      if (v >= 0) out.observe("ddprun_recovery_seconds", {{"phase", phase}}, v);
+    }
+  }
   for (const auto& [local_rank, e] : group.last_exits()) {
     out.set("ddprun_worker_last_exit_code", {{"rank", std::to_string(e.first)}, {"local_rank", std::to_string(local_rank)}},
             e.second);

@@ -16,6 +16,8 @@
 //   ddprun_store_connections{store}, ddprun_store_keys{store}, ddprun_store_bytes{store},
 //   ddprun_store_loop_latency_seconds{store} the stores this agent hosts ("rendezvous", "workers")
 //   ddprun_loop_lag_seconds                  since the agent's loop last ran its tick
+//   ddprun_warm_spares{state}, ddprun_warm_spare_memory_bytes   warm spares waiting, their memory
+//   ddprun_recovery_seconds{phase} (histogram)  each restart by phase, and its total (recovery_clock.hpp)
 
 #include <chrono>
 #include <functional>

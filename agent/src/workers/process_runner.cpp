@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "ddprun/agent/spawn.hpp"
+#include "ddprun/common/error.hpp"
 #include "containment/containment.hpp"
 #include "containment/guardian.hpp"
 #include "workers/spawn_pool.hpp"
@@ -39,6 +40,11 @@ std::string ProcessRunner::start_each(const std::vector<Request>& requests, std:
   return failure;
 }
 
+ProcessRunner::Started ProcessRunner::start_spare(const std::vector<std::string>&, const std::vector<std::string>&,
+                                                  const CpuBinding*, int, int) {
+  throw Error("this process runner cannot start warm spares");
+}
+
 RealProcessRunner::RealProcessRunner(Guardian& guardian, const Containment& containment)
     : guardian_(guardian), containment_(containment) {}
 RealProcessRunner::~RealProcessRunner() = default;
@@ -56,6 +62,13 @@ std::string RealProcessRunner::start_all(const std::vector<Request>& requests, s
 ProcessRunner::Started RealProcessRunner::start(const std::vector<std::string>& argv,
                                                 const std::vector<std::string>& env, const CpuBinding* binding) {
   auto p = spawn_process(argv, env, binding, containment_.cgroup_target());
+  return Started{p.pid, p.stdout_fd, p.stderr_fd};
+}
+
+ProcessRunner::Started RealProcessRunner::start_spare(const std::vector<std::string>& argv,
+                                                      const std::vector<std::string>& env, const CpuBinding* binding,
+                                                      int order_fd, int ready_fd) {
+  auto p = spawn_process(argv, env, binding, containment_.cgroup_target(), order_fd, ready_fd);
   return Started{p.pid, p.stdout_fd, p.stderr_fd};
 }
 

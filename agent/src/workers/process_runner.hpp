@@ -44,6 +44,10 @@ class ProcessRunner {
   // Starts `argv` with exactly `env` ("K=V"). Throws ddprun::Error.
   virtual Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                         const CpuBinding* binding) = 0;
+  // Starts a warm spare as start() starts a worker (the same containment), with `order_fd` and
+  // `ready_fd` as its descriptors 3 and 4. Throws ddprun::Error (this one: not supported).
+  virtual Started start_spare(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                              const CpuBinding* binding, int order_fd, int ready_fd);
   // Starts every request, as start() each; `started` gets one entry a request, in order (pid -1:
   // not started). Returns the first failure's message, empty when all started. This one starts
   // them in order and stops at the first failure; the real runner may start them in parallel.
@@ -85,6 +89,8 @@ class RealProcessRunner : public ProcessRunner {
   Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                 const CpuBinding* binding) override;
   std::string start_all(const std::vector<Request>& requests, std::vector<Started>& started) override;
+  Started start_spare(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                      const CpuBinding* binding, int order_fd, int ready_fd) override;
   void signal_group(pid_t pgid, int sig) override;
   std::vector<Ended> reap() override;
   void watch(const std::vector<pid_t>& pgids) override;

@@ -59,6 +59,7 @@ struct ChildPlan {
   unsigned long nodes[16] = {};  // set_mempolicy's mask (no libc wrapper without libnuma)
   int out = -1, err = -1;        // the pipes' write ends
   int cgroup_procs = -1;         // the job's cgroup, joined by the child (when clone3 could not)
+  int pass[2] = {-1, -1};        // become the child's 3 and 4 (both or neither)
   pid_t parent = -1;
   int max_fd = 1024;
   // Set when the kernel has reset every handled signal (clone3's CLONE_CLEAR_SIGHAND): the
@@ -140,10 +141,17 @@ ChildPlan plan_child(const std::vector<std::string>& argv, const std::vector<std
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  // The worker starts with exactly 0, 1 and 2: nothing of the agent (the store's sockets, other
-  // workers' pipes, log files) may leak into it, or into grandchildren that outlive it.
-  if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
-    for (int fd = 3; fd < c.max_fd; ++fd) ::close(fd);
+  // The worker starts with exactly 0, 1 and 2 (a spare: and its two pipes): nothing of the agent
+  // (the store's sockets, other workers' pipes, log files) may leak into it, or into
+  // grandchildren that outlive it.
+  unsigned first_closed = 3;
+  if (c.pass[0] >= 0) {
+    int a = ::fcntl(c.pass[0], F_DUPFD, 10), b = ::fcntl(c.pass[1], F_DUPFD, 10);  // out of 3 and 4's way
+    if (a < 0 || b < 0 || ::dup2(a, 3) != 3 || ::dup2(b, 4) != 4) ::_exit(127);
+    first_closed = 5;
+  }
+  if (::syscall(SYS_close_range, first_closed, ~0U, 0U) != 0) {
+    for (int fd = static_cast<int>(first_closed); fd < c.max_fd; ++fd) ::close(fd);
   }
   ::execve(c.argv[0], c.argv.data(), c.env.data());
   const char* why = ::strerrordesc_np(errno);  // a constant string: no locale, no allocation
@@ -253,9 +261,13 @@ pid_t start_child(ChildPlan& plan, int cgroup_dir) {
 }  // namespace
 
 SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                             const CpuBinding* binding, const CgroupTarget* cgroup) {
+                             const CpuBinding* binding, const CgroupTarget* cgroup, int fd3, int fd4) {
   ChildPlan child = plan_child(argv, env, binding);
   child.cgroup_procs = cgroup ? cgroup->procs : -1;
+  if (fd3 >= 0 && fd4 >= 0) {
+    child.pass[0] = fd3;
+    child.pass[1] = fd4;
+  }
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0) throw Error(std::string("pipe failed: ") + std::strerror(errno));
   if (::pipe2(err, O_CLOEXEC) != 0) {

@@ -65,6 +65,9 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   drain_timer.cancel();
   dump_timer.cancel();
   gpu_timer.cancel();
+  first_beat_timer.cancel();
+  first_beats = nullptr;
+  spare_timer.cancel();
   ++generation;
   slots.clear();
   state = State::running;
@@ -93,18 +96,36 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   runner.watch(pgids);
   oom_kills_at_start = cgroup_oom_kills();
   arm_heartbeat_check();
+  if (spares) {
+    spares_due = SteadyClock::now() + opt.spares.delay;
+    arm_spares();
+  }
 }
 
 // Every slot's worker, started together (in parallel where the runner can); the ones that
 // started are the group's even when another could not (the caller kills them then).
 void WorkerGroup::Impl::spawn_all() {
+  // Warm spares first (each handed its worker's attempt), then the others started cold.
+  std::vector<ProcessRunner::Started> started(slots.size());
+  std::vector<std::size_t> cold;
+  warm = 0;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    auto handed = spares ? spares->hand_over(slots[i]->w.spec) : std::nullopt;
+    if (handed) {
+      started[i] = *handed;
+      ++warm;
+    } else {
+      cold.push_back(i);
+    }
+  }
   std::vector<ProcessRunner::Request> requests;
-  for (const auto& s : slots) {
-    const auto& spec = s->w.spec;
+  for (std::size_t i : cold) {
+    const auto& spec = slots[i]->w.spec;
     requests.push_back({&spec.argv, &spec.env, spec.binding ? &*spec.binding : nullptr});
   }
-  std::vector<ProcessRunner::Started> started;
-  std::string failure = runner.start_all(requests, started);
+  std::vector<ProcessRunner::Started> started_cold;
+  std::string failure = requests.empty() ? "" : runner.start_all(requests, started_cold);
+  for (std::size_t j = 0; j < cold.size() && j < started_cold.size(); ++j) started[cold[j]] = started_cold[j];
   // First what cannot fail: every worker that started is the group's (the caller kills them all
   // if anything below throws); then their pipes, the descriptors not yet taken closed on failure.
   const auto now = std::chrono::system_clock::now();
@@ -175,6 +196,7 @@ Slot* WorkerGroup::Impl::find(pid_t pid) {
 void WorkerGroup::Impl::reap() {
   for (const auto& e : runner.reap()) {
     Slot* s = find(e.pid);
+    if (!s && spares && spares->on_exit(e.pid)) continue;  // a warm spare died while it waited
     if (!s || !s->w.running()) continue;  // the guardian, or a worker of an earlier group
     Worker& w = s->w;
     w.life = Life::ended;
@@ -255,13 +277,7 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
   for (auto& s : slots) {
     Worker& w = s->w;
     if (!w.running() || w.standing != Standing::own || w.spec.heartbeat_file.empty()) continue;
-    struct stat st{};
-    if (::stat(w.spec.heartbeat_file.c_str(), &st) == 0 &&
-        (st.st_mtim.tv_sec != s->beat_mtime.tv_sec || st.st_mtim.tv_nsec != s->beat_mtime.tv_nsec)) {
-      s->beat_mtime = st.st_mtim;
-      s->last_beat = now;
-      s->beaten = true;
-    }
+    look_at_beat(*s, now);
     auto bound = s->beaten ? opt.worker_timeout : opt.worker_start_timeout;
     if (bound.count() <= 0 || now - s->last_beat <= bound) continue;
     auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
@@ -318,6 +334,7 @@ void WorkerGroup::Impl::end() {
   drain_timer.cancel();
   kill_timer.cancel();
   heartbeat_timer.cancel();
+  first_beat_timer.cancel();
   for (auto& s : slots) {
     for (auto* o : {s->out.get(), s->err.get()}) {
       if (o && o->file_loss()) log_losses.push_back(*o->file_loss());
@@ -374,6 +391,7 @@ void WorkerGroup::forward(int sig) {
   }
 }
 void WorkerGroup::check_heartbeats(std::chrono::steady_clock::time_point now) { impl_->check_heartbeats(now); }
+int WorkerGroup::warm_started() const { return impl_->warm; }
 bool WorkerGroup::stopping() const { return impl_->stopping(); }
 bool WorkerGroup::ended() const { return impl_->state == Impl::State::ended; }
 std::vector<Worker> WorkerGroup::workers() const {

@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "ddprun/agent/options.hpp"
+#include "workers/spares.hpp"
 
 namespace boost::asio {
 class io_context;
@@ -95,6 +96,7 @@ class WorkerGroup {
     // held, or gpu_release_timeout later, so that the next attempt finds its memory free.
     std::function<std::vector<pid_t>(const std::vector<pid_t>&)> gpu_holders;
     std::chrono::milliseconds gpu_release_timeout{std::chrono::seconds(30)};
+    SpareOptions spares;  // warm spares for Python workers (spares.hpp); off by default
   };
 
   WorkerGroup(boost::asio::io_context& io, ProcessRunner& runner, Options options);
@@ -119,7 +121,17 @@ class WorkerGroup {
   void forward(int sig);
   // Checks the heartbeat files (the group's timer calls this; tests call it with their own clock).
   void check_heartbeats(std::chrono::steady_clock::time_point now);
+  // Calls `ready` once every worker of the current group has touched its heartbeat file once
+  // (polled every 5 ms, whatever --worker_timeout; never for a group that stops first).
+  void watch_first_beats(std::function<void()> ready);
 
+  // How many workers of the current group were handed to warm spares (not started cold).
+  int warm_started() const;
+  // The warm spares waiting (count, ready, memory); all of them killed (the job ends).
+  int spares_waiting() const;
+  int spares_ready() const;
+  long long spares_memory_bytes() const;
+  void discard_spares();
   bool stopping() const;
   bool ended() const;  // every worker reaped and drained (true before the first start)
   std::vector<Worker> workers() const;  // a copy, as they are now

@@ -50,7 +50,13 @@ struct WorkerGroup::Impl {
   ProcessRunner& runner;
   Listener* listener = nullptr;
   Options opt;
-  asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io}, gpu_timer{io};
+  asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io}, gpu_timer{io}, first_beat_timer{io};
+  std::function<void()> first_beats;
+  int warm = 0;  // workers of this group handed to warm spares
+  std::unique_ptr<SparePool> spares;  // null: no spares
+  asio::steady_timer spare_timer{io};
+  SteadyClock::time_point spares_due;
+  void arm_spares();  // watch_first_beats' callback, until called
   std::vector<std::unique_ptr<Slot>> slots;
   bool swept = false;        // what the workers left behind was killed (once per group)
   int generation = 0;        // +1 per group: handlers of an earlier group check it
@@ -73,7 +79,9 @@ struct WorkerGroup::Impl {
   std::map<int, std::pair<int, int>> last_exits;  // local rank -> (rank, shell code), across groups
   std::vector<StreamOutput::FileLoss> log_losses;  // from ended groups, until taken
 
-  Impl(asio::io_context& i, ProcessRunner& r, Options o) : io(i), runner(r), opt(o) {}
+  Impl(asio::io_context& i, ProcessRunner& r, Options o) : io(i), runner(r), opt(o) {
+    if (opt.spares.on) spares = std::make_unique<SparePool>(io, runner, opt.spares);
+  }
   ~Impl() {
     for (auto& t : dumpers) t.join();  // each bounded by stack_dump_timeout
   }
@@ -124,6 +132,9 @@ struct WorkerGroup::Impl {
   // A worker beats by touching its file; the agent notices the mtime change at its next check
   // (every worker_timeout/10, 20 ms to 1 s), so a beat counts at most one interval late.
   void check_heartbeats(SteadyClock::time_point now);
+  // A beat seen (the mtime changed since the last look): recorded; true if it changed.
+  bool look_at_beat(Slot& s, SteadyClock::time_point now);
+  void poll_first_beats();
 
   void maybe_ended();
 

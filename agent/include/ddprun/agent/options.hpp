@@ -35,6 +35,15 @@ struct CpuBinding {
 // The exit code of a job ended by --max_same_failures: a crash loop, not worth requeueing.
 constexpr int kCrashLoopExitCode = 93;
 
+// Warm spares for Python workers (docs: Warm restarts).
+struct SpareOptions {
+  bool on = false;
+  std::string driver;                            // _ddprun_spare.py, beside the progress hook
+  std::vector<std::string> preload = {"torch"};  // imported by each spare
+  // After a group's start, spares are made once every worker has beaten, or after this.
+  std::chrono::milliseconds delay{std::chrono::seconds(3)};
+};
+
 struct AgentOptions {
   // The worker command (argv[0] resolved to a path); "${local_rank}" in any element is replaced.
   std::vector<std::string> command;
@@ -70,6 +79,7 @@ struct AgentOptions {
   // Otherwise (--no_python, a program that is not a .py script, no hook) torch's version is
   // unknown, and ddprun sets both names, as torchrun 1.13 did, unless the user set either.
   bool hook_sees_torch = false;
+  SpareOptions spares;
 
   StreamSelection redirects;  // to files only
   StreamSelection tee;        // to files and the console

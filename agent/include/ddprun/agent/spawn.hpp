@@ -33,8 +33,11 @@ struct CgroupTarget {
 };
 
 // `cgroup`: the cgroup the child runs in; nullptr: the agent's.
+// `fd3`, `fd4`: descriptors of the agent the child gets as 3 and 4 (a warm spare's order and
+// ready pipes); -1: the child has only 0, 1 and 2.
 SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                             const CpuBinding* binding = nullptr, const CgroupTarget* cgroup = nullptr);
+                             const CpuBinding* binding = nullptr, const CgroupTarget* cgroup = nullptr, int fd3 = -1,
+                             int fd4 = -1);
 
 // Finds `program` the way execvp would (a name without '/' is looked up in PATH). Returns the
 // path, or an empty string when there is no such executable.

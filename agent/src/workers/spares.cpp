@@ -1,0 +1,225 @@
+#include "workers/spares.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <boost/asio.hpp>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "containment/containment.hpp"
+#include "ddprun/common/error.hpp"
+#include "workers/worker_group.hpp"
+
+namespace ddprun::agent {
+namespace asio = boost::asio;
+
+struct SparePool::Spare {
+  int local_rank = 0;
+  pid_t pid = -1;
+  int out = -1, err = -1, order = -1;  // its output pipes (the worker's, later); its order pipe
+  std::unique_ptr<asio::posix::stream_descriptor> ready_pipe;
+  std::string said;  // from the ready pipe, a line at a time
+  SpareKey key;
+  std::chrono::steady_clock::time_point started;
+  bool ready = false, dead = false;
+
+  void close_all() {
+    for (int* fd : {&out, &err, &order}) {
+      if (*fd >= 0) ::close(*fd);
+      *fd = -1;
+    }
+    if (ready_pipe) {
+      boost::system::error_code ignored;
+      ready_pipe->close(ignored);
+    }
+  }
+};
+
+long long process_memory_bytes(pid_t pid) {
+  for (const char* file : {"smaps_rollup", "status"}) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/" + file);
+    std::string line;
+    const std::string want = file[0] == 's' && file[1] == 'm' ? "Pss:" : "VmRSS:";
+    while (std::getline(in, line)) {
+      if (line.rfind(want, 0) == 0) return std::atoll(line.c_str() + want.size()) * 1024;
+    }
+  }
+  return -1;
+}
+
+SparePool::SparePool(asio::io_context& io, ProcessRunner& runner, SpareOptions opt)
+    : io_(io), runner_(runner), opt_(std::move(opt)) {}
+
+SparePool::~SparePool() { discard_all(); }
+
+void SparePool::discard_all() {
+  for (auto& [rank, s] : by_rank_) kill(*s);
+  by_rank_.clear();
+}
+
+void SparePool::kill(Spare& s) {
+  if (!s.dead && s.pid > 0) {
+    runner_.signal_group(s.pid, SIGKILL);
+    runner_.forget(s.pid);
+    forget_agent_helper(s.pid);
+  }
+  s.dead = true;
+  s.close_all();
+}
+
+void SparePool::make(const std::vector<WorkerSpec>& specs) {
+  for (const auto& spec : specs) {
+    auto key = SpareKey::of(spec);
+    if (!key) continue;  // not a Python worker a spare can run
+    auto it = by_rank_.find(spec.local_rank);
+    if (it != by_rank_.end()) {
+      if (!it->second->dead && it->second->key.differs(*key).empty()) continue;
+      kill(*it->second);
+      by_rank_.erase(it);
+    }
+    start_one(spec, std::move(*key));
+  }
+}
+
+void SparePool::start_one(const WorkerSpec& spec, SpareKey key) {
+  int order[2] = {-1, -1}, ready[2] = {-1, -1};
+  if (::pipe2(order, O_CLOEXEC) != 0 || ::pipe2(ready, O_CLOEXEC) != 0) {
+    spdlog::warn("ddprun: no warm spare for local rank {}: pipe failed: {}", spec.local_rank, std::strerror(errno));
+    for (int fd : {order[0], order[1]}) {
+      if (fd >= 0) ::close(fd);
+    }
+    return;
+  }
+  // Where the script's own modules are found (sys.path[0]), as for the worker itself.
+  std::string path0 = key.cwd;
+  if (key.run.rfind("-m ", 0) != 0) {
+    std::string script = key.run[0] == '/' ? key.run : key.cwd + "/" + key.run;
+    char* real = ::realpath(script.c_str(), nullptr);
+    if (real) script = real;
+    std::free(real);
+    path0 = script.substr(0, script.rfind('/'));
+    if (path0.empty()) path0 = "/";
+  }
+  std::string preload;
+  for (const auto& m : opt_.preload) preload += (preload.empty() ? "" : ",") + m;
+  std::vector<std::string> argv = key.interpreter;
+  argv.insert(argv.end(), {opt_.driver, path0, preload});
+  auto s = std::make_shared<Spare>();
+  s->local_rank = spec.local_rank;
+  s->key = std::move(key);
+  s->started = std::chrono::steady_clock::now();
+  try {
+    auto st = runner_.start_spare(argv, spec.env, spec.binding ? &*spec.binding : nullptr, order[0], ready[1]);
+    s->pid = st.pid;
+    s->out = st.stdout_fd;
+    s->err = st.stderr_fd;
+  } catch (const std::exception& e) {
+    spdlog::warn("ddprun: no warm spare for local rank {}: {}", spec.local_rank, e.what());
+    for (int fd : {order[0], order[1], ready[0], ready[1]}) ::close(fd);
+    return;
+  }
+  ::close(order[0]);
+  ::close(ready[1]);
+  s->order = order[1];
+  runner_.watch({s->pid});
+  note_agent_helper(s->pid);  // not swept between attempts (containment.hpp)
+  s->ready_pipe = std::make_unique<asio::posix::stream_descriptor>(io_, ready[0]);
+  by_rank_[spec.local_rank] = s;
+  spdlog::debug("ddprun: warm spare for local rank {} started (pid {})", spec.local_rank, s->pid);
+  read_ready(s);
+}
+
+void SparePool::read_ready(const std::shared_ptr<Spare>& s) {
+  auto buf = std::make_shared<std::array<char, 4096>>();
+  s->ready_pipe->async_read_some(asio::buffer(*buf), [this, s, buf](boost::system::error_code ec, std::size_t n) {
+    if (ec == asio::error::operation_aborted || !s->ready_pipe || !s->ready_pipe->is_open()) return;
+    s->said.append(buf->data(), n);
+    for (auto nl = s->said.find('\n'); nl != std::string::npos; nl = s->said.find('\n')) {
+      std::string line = s->said.substr(0, nl);
+      s->said.erase(0, nl + 1);
+      if (line.rfind("warn ", 0) == 0) {
+        spdlog::warn("ddprun: --preload: the warm spare of local rank {} could not import {}; it goes on without it "
+                     "(the script imports it itself)", s->local_rank, line.substr(5));
+      } else if (line == "ready") {
+        s->ready = true;
+        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - s->started).count();
+        spdlog::info("ddprun: warm spare for local rank {} ready ({:.1f} s, {} MB)", s->local_rank, secs,
+                     process_memory_bytes(s->pid) / 1000000);
+      }
+    }
+    if (!ec) read_ready(s);
+  });
+}
+
+std::optional<ProcessRunner::Started> SparePool::hand_over(const WorkerSpec& spec) {
+  auto it = by_rank_.find(spec.local_rank);
+  if (it == by_rank_.end()) return std::nullopt;
+  auto s = it->second;
+  by_rank_.erase(it);
+  auto key = SpareKey::of(spec);
+  std::string why = s->dead ? "its warm spare died while it waited" : !key ? "it is not a Python script a spare can run"
+                                                                            : s->key.differs(*key);
+  if (why.empty()) {
+    nlohmann::json order = {{"argv", spec.argv}, {"run", key->run}, {"args", key->args}, {"env", spec.env},
+                            {"cwd", key->cwd}};
+    std::string text = order.dump();
+    if (text.size() > 65536) ::fcntl(s->order, F_SETPIPE_SZ, static_cast<int>(text.size()));
+    ::fcntl(s->order, F_SETFL, O_NONBLOCK);
+    ssize_t n = ::write(s->order, text.data(), text.size());
+    if (n != static_cast<ssize_t>(text.size())) {
+      why = n < 0 && errno == EPIPE ? "its warm spare died while it waited" : "its order did not fit its pipe";
+    }
+  }
+  if (!why.empty()) {
+    spdlog::info("ddprun: local rank {} starts cold: {}", spec.local_rank, why);
+    kill(*s);
+    return std::nullopt;
+  }
+  ::close(std::exchange(s->order, -1));
+  boost::system::error_code ignored;
+  s->ready_pipe->close(ignored);
+  forget_agent_helper(s->pid);
+  ProcessRunner::Started st{s->pid, std::exchange(s->out, -1), std::exchange(s->err, -1)};
+  s->dead = true;  // not the pool's any more
+  return st;
+}
+
+bool SparePool::on_exit(pid_t pid) {
+  for (auto& [rank, s] : by_rank_) {
+    if (s->pid != pid || s->dead) continue;
+    spdlog::debug("ddprun: the warm spare of local rank {} (pid {}) ended", rank, pid);
+    runner_.forget(pid);
+    forget_agent_helper(pid);
+    s->dead = true;
+    s->close_all();
+    return true;
+  }
+  return false;
+}
+
+int SparePool::count() const {
+  int n = 0;
+  for (const auto& [rank, s] : by_rank_) n += s->dead ? 0 : 1;
+  return n;
+}
+
+int SparePool::ready_count() const {
+  int n = 0;
+  for (const auto& [rank, s] : by_rank_) n += !s->dead && s->ready ? 1 : 0;
+  return n;
+}
+
+long long SparePool::memory_bytes() const {
+  long long total = 0;
+  for (const auto& [rank, s] : by_rank_) {
+    if (!s->dead) total += std::max(0LL, process_memory_bytes(s->pid));
+  }
+  return total;
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""Recovery from a crash, end to end: torchrun, ddprun starting cold (--warm_spares=0) and ddprun
+with warm spares, side by side in one run, on the same job (bench/recovery_job.py: PyTorch DDP
+over gloo, a checkpoint a step, rank 1 dying at step 10 of the first attempt, resumed from the
+checkpoint). Timed from the crash (the dying rank's time.time() just before os._exit) to every
+rank's first step of the next attempt (the latest of the ranks' time.time() after their first
+optimizer step): what the job loses, imports, init_process_group, model and checkpoint load
+included.
+
+The crashing rank waits, before it dies, for a file the bench creates: at once for torchrun and
+cold ddprun, once every warm spare says it is ready for warm ddprun (spares are made after the
+group's first heartbeat and import at the lowest priority: on a machine this busy they may take
+seconds, a cost paid while training, not at the failure).
+
+Runs are interleaved (torchrun, cold, warm, then reversed), the median of --reps each.
+
+Usage: bench/recovery_bench.py [--ddprun build/launcher/ddprun] [--python /usr/bin/python3]
+           [--torchrun ../shared/tools/torchrun_fixed.py | --no-torchrun] [--sizes 2,4] [--reps 5]
+           [--monitor-interval S]   (torchrun's; its default, 5 s in 1.13, when not given)
+"""
+import argparse
+import glob
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(ROOT, "bench", "recovery_job.py")
+
+
+class RunFailed(Exception):
+    pass
+
+
+def run_retried(cmd, env, n, tmp, warm, failed):
+    """A launcher's own failure (torchrun's store refusing a connection, seen here) is counted and
+    the run taken again, at most twice."""
+    for attempt in range(3):
+        try:
+            return run_once(cmd, env, n, tmp, warm)
+        except RunFailed as e:
+            failed.append(str(e))
+            print(f"  {e} (counted; run again)", flush=True)
+    raise SystemExit("bench: three failed runs in a row")
+
+
+def run_once(cmd, env, n, tmp, warm, timeout=600):
+    ckpt, times, go = (os.path.join(tmp, d) for d in ("ckpt", "times", "go"))
+    for d in (ckpt, times):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+    if os.path.exists(go):
+        os.unlink(go)
+    if not warm:
+        open(go, "w").close()
+    cmd = cmd + [JOB, "--steps", "14", "--crash_step", "10", "--ckpt", ckpt, "--times", times, "--go", go,
+                 "--step_sleep", "0.05"]
+    p = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ready, lines = set(), []
+
+    def read():
+        for line in p.stdout:
+            lines.append(line)
+            m = re.search(r"warm spare for local rank (\d+) ready", line)
+            if m:
+                ready.add(m.group(1))
+                if len(ready) == n and not os.path.exists(go):
+                    open(go, "w").close()
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    rc = p.wait(timeout=timeout)
+    t.join(10)
+    firsts = glob.glob(os.path.join(times, "first.1.*"))
+    if rc != 0 or len(firsts) != n or not os.path.exists(os.path.join(times, "crash")):
+        sys.stderr.write("".join(lines[-30:]))
+        raise RunFailed(f"bench: a run failed (exit {rc}): {' '.join(cmd)}")
+    crash = float(open(os.path.join(times, "crash")).read())
+    said = [l.strip() for l in lines if "restarted in" in l]
+    return max(float(open(f).read()) for f in firsts) - crash, (said[0] if said else "")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ddprun", default=os.path.join(ROOT, "build", "launcher", "ddprun"))
+    ap.add_argument("--python", default="/usr/bin/python3")
+    ap.add_argument("--torchrun", default=os.path.join(os.path.dirname(ROOT), "shared", "tools", "torchrun_fixed.py"))
+    ap.add_argument("--no-torchrun", action="store_true")
+    ap.add_argument("--monitor-interval", type=float)
+    ap.add_argument("--sizes", default="2,4")
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    env = dict(os.environ, PYTHON_EXEC=a.python)
+    env.pop("PYTHONPATH", None)
+    ddprun = os.path.abspath(a.ddprun)
+    tmp = tempfile.mkdtemp(prefix="recovery-bench-")
+    try:
+        for n in [int(x) for x in a.sizes.split(",")]:
+            common = ["--nproc_per_node", str(n), "--max_restarts", "1"]
+            kinds = {}
+            if not a.no_torchrun:
+                mi = ["--monitor_interval", str(a.monitor_interval)] if a.monitor_interval is not None else []
+                kinds["torchrun"] = ([a.python, a.torchrun, "--standalone"] + mi + common, False)
+            kinds["ddprun cold"] = ([ddprun, "--warm_spares", "0"] + common, False)
+            kinds["ddprun warm"] = ([ddprun, "--warm_spares", "1"] + common, True)
+            got = {k: [] for k in kinds}
+            failed = {k: [] for k in kinds}
+            said = []
+            for rep in range(a.reps):
+                order = list(kinds) if rep % 2 == 0 else list(reversed(kinds))
+                for k in order:
+                    secs, line = run_retried(kinds[k][0], env, n, tmp, kinds[k][1], failed[k])
+                    got[k].append(secs)
+                    if k == "ddprun warm":
+                        said.append(line)
+                    print(f"  {n} workers, {k}: {secs:.3f} s", flush=True)
+            print(f"\n{n} workers, crash of rank 1 at step 10, to every rank's first step of the next attempt "
+                  f"(median of {a.reps}):")
+            for k, v in got.items():
+                print(f"  {k:12s} {statistics.median(v):7.3f} s   ({min(v):.3f}-{max(v):.3f})" +
+                      (f"   {len(failed[k])} failed run(s) taken again" if failed[k] else ""))
+            if "torchrun" in got:
+                t = statistics.median(got["torchrun"])
+                for k in ("ddprun cold", "ddprun warm"):
+                    print(f"  {k} / torchrun: {statistics.median(got[k]) / t:.3f}x")
+            print(f"  ddprun warm / ddprun cold: {statistics.median(got['ddprun warm']) / statistics.median(got['ddprun cold']):.3f}x")
+            print("  ddprun's own account of its warm restarts:")
+            for line in said:
+                print("    " + line)
+            print(flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

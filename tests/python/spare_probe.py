@@ -1,0 +1,62 @@
+"""Run by tests/python/warm_spare_torch_test.py under ddprun: attempt 0 waits for the test's go
+file (the warm spares are ready by then) and fails; attempt 1 prints what a script can see of
+the interpreter it runs in ("FP <json>"), then ends as argv[1] says (rank 0; the others wait to
+be stopped)."""
+import json
+import os
+import signal
+import sys
+import time
+
+import torch  # noqa: F401  (as a training script does; a spare has imported it already)
+
+MARK = "version 1"
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if attempt == 0:
+    go = os.environ["PROBE_GO"]
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    sys.exit(1)
+
+main = sys.modules["__main__"]
+loader = getattr(main, "__loader__", None)
+spec = getattr(main, "__spec__", None)
+per_attempt = {"DDPRUN_HEARTBEAT_FILE", "TORCHELASTIC_ERROR_FILE", "MASTER_PORT"}
+fp = {
+    "mark": MARK,
+    "argv": sys.argv,
+    "orig_argv": sys.orig_argv,
+    "file": main.__dict__.get("__file__"),
+    "name": __name__,
+    "spec": None if spec is None else [spec.name, spec.origin],
+    "package": main.__dict__.get("__package__"),
+    "cached": main.__dict__.get("__cached__"),
+    "doc": main.__doc__ is not None,
+    "main_keys": sorted(k for k in vars(main) if k.startswith("__")),
+    "loader": None if loader is None else [type(loader).__name__, getattr(loader, "name", None), getattr(loader, "path", None)],
+    "path": sys.path,
+    "cwd": os.getcwd(),
+    "signals": {str(int(s)): repr(signal.getsignal(s)) for s in signal.valid_signals() if signal.getsignal(s) is not None},
+    "sigmask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    "fds": sorted(os.listdir("/proc/self/fd")),
+    "priority": os.getpriority(os.PRIO_PROCESS, 0),
+    "thread_priorities": sorted(os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")),
+    "pgid_is_pid": os.getpgid(0) == os.getpid(),
+    "flags": list(sys.flags),
+    "unbuffered": [sys.stdout.write_through, sys.stderr.write_through],
+    "env": {k: v for k, v in os.environ.items() if k not in per_attempt},
+    "heartbeat_file_set": bool(os.environ.get("DDPRUN_HEARTBEAT_FILE")),
+}
+sys.stdout.write("FP " + json.dumps(fp, sort_keys=True) + "\n")
+sys.stdout.flush()
+how = sys.argv[1] if len(sys.argv) > 1 else "exit0"
+if how != "exit0" and os.environ["LOCAL_RANK"] != "0":
+    time.sleep(120)  # stopped by ddprun when rank 0 ends: only rank 0's end is compared
+if how == "exit7":
+    sys.exit(7)
+if how == "raise":
+    def deeper():
+        raise ValueError("probe failure")
+    deeper()
+if how == "interrupt":
+    raise KeyboardInterrupt

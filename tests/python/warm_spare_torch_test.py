@@ -1,0 +1,224 @@
+#!/usr/bin/python3
+"""Warm spares (docs: Warm restarts), with the system's PyTorch: a script run by a warm spare sees
+what it sees in a fresh interpreter (argv, __main__, __file__, sys.path, -m, signals, exit codes,
+tracebacks, KeyboardInterrupt), a crash-and-resume job ends with the parameters of an
+uninterrupted run, and the cases that must start cold do: an edited script, a spare killed while
+it waits; a --preload that fails to import is a warning.
+
+Usage: warm_spare_torch_test.py --ddprun PATH"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import skip  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+FAILURES = []
+PASSED = [0]
+# Per job, not per interpreter: may differ between the warm and the cold run.
+PER_JOB = {"TORCHELASTIC_RUN_ID", "DDPRUN_JOB_TOKEN"}
+
+
+def check(cond, what):
+    print(("ok: " if cond else "FAILED: ") + what, flush=True)
+    if cond:
+        PASSED[0] += 1
+    else:
+        FAILURES.append(what)
+
+
+def launch(ddprun, args, cwd, go, warm, nproc=2, on_ready=None, timeout=240):
+    """ddprun ARGS in `cwd`; `go` is created once every warm spare is ready (at once when cold)."""
+    env = dict(os.environ, PYTHON_EXEC=sys.executable, PROBE_GO=go)
+    env.pop("PYTHONPATH", None)
+    cmd = [ddprun, "--nproc_per_node", str(nproc), "--max_restarts", "1", "--warm_spares", "1" if warm else "0"] + args
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, ready = [], set()
+    if not warm:
+        open(go, "w").close()
+
+    def read():
+        for line in p.stdout:
+            lines.append(line.rstrip("\n"))
+            m = re.search(r"warm spare for local rank (\d+) ready", line)
+            if m and warm:
+                ready.add(int(m.group(1)))
+                if len(ready) == nproc and not os.path.exists(go):
+                    if on_ready:
+                        on_ready()
+                    open(go, "w").close()
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    try:
+        rc = p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = p.wait()
+        lines.append("TEST: ddprun killed after %d s" % timeout)
+    t.join(10)
+    if os.path.exists(go):
+        os.unlink(go)
+    return rc, lines
+
+
+def fingerprints(lines):
+    out = {}
+    for line in lines:
+        m = re.match(r"\[default(\d+)\]:FP (.*)$", line)
+        if m:
+            fp = json.loads(m.group(2))
+            fp["env"] = {k: v for k, v in fp["env"].items() if k not in PER_JOB}
+            out[int(m.group(1))] = fp
+    return out
+
+
+def traceback_of(lines, rank):
+    prefix = f"[default{rank}]:"
+    return [l[len(prefix):] for l in lines if l.startswith(prefix) and not l[len(prefix):].startswith("FP ")]
+
+
+def show(lines):
+    print("\n".join("    " + l for l in lines[-40:]), flush=True)
+
+
+def same_as_fresh(ddprun, tmp, args, what):
+    go = os.path.join(tmp, "go")
+    warm_rc, warm = launch(ddprun, args, tmp, go, warm=True)
+    cold_rc, cold = launch(ddprun, args, tmp, go, warm=False)
+    used = any(re.search(r"restarted .*\(2 warm\)", l) for l in warm)
+    check(used, f"{what}: both workers of attempt 1 were warm spares")
+    if not used:
+        show(warm)
+    fw, fc = fingerprints(warm), fingerprints(cold)
+    check(sorted(fw) == [0, 1] and sorted(fc) == [0, 1], f"{what}: both runs printed what the script sees")
+    for rank in sorted(set(fw) & set(fc)):
+        diff = sorted(k for k in fc[rank] if fw[rank].get(k) != fc[rank][k])
+        envs = (fw[rank].get("env", {}), fc[rank]["env"])
+        env_diff = sorted(k for k in set(envs[0]) | set(envs[1]) if envs[0].get(k) != envs[1].get(k))
+        check(not diff, f"{what}: rank {rank} sees the same interpreter, warm and cold" +
+              (": " + "; ".join(f"{k}: warm {fw[rank].get(k)!r} cold {fc[rank][k]!r}" for k in diff if k != "env") +
+               f" env: {[(k, envs[0].get(k), envs[1].get(k)) for k in env_diff]}" if diff else ""))
+    check(warm_rc == cold_rc, f"{what}: ddprun's exit code is the same ({warm_rc} warm, {cold_rc} cold)")
+    for rank in (0, 1):
+        tw, tc = traceback_of(warm, rank), traceback_of(cold, rank)
+        check(tw == tc, f"{what}: rank {rank}'s stderr/stdout is the same" + ("" if tw == tc else f": warm {tw} cold {tc}"))
+    return warm, cold
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ddprun", required=True)
+    a = ap.parse_args()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        skip(f"{sys.executable} has no torch")
+    tmp = tempfile.mkdtemp(prefix="ddprun-spare-test-")
+    try:
+        shutil.copy(os.path.join(HERE, "spare_probe.py"), tmp)
+        # A script, its traceback and exit code 1; -m, exit code 7; KeyboardInterrupt (SIGINT).
+        same_as_fresh(a.ddprun, tmp, ["spare_probe.py", "raise"], "script, uncaught exception")
+        same_as_fresh(a.ddprun, tmp, ["-m", "spare_probe", "exit7"], "-m module, sys.exit(7)")
+        warm, _ = same_as_fresh(a.ddprun, tmp, ["spare_probe.py", "interrupt"], "KeyboardInterrupt")
+        check(any("SIGINT" in l for l in warm), "KeyboardInterrupt: the warm worker died of SIGINT, as a fresh one does")
+        cold_cases(a.ddprun, tmp)
+        resume_checksum(a.ddprun, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{PASSED[0]} passed, {len(FAILURES)} failed")
+    sys.exit(1 if FAILURES else 0)
+
+
+def spare_pid(local_rank, go):
+    """The warm spare of `local_rank` of this test's job (its environment names our go file)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"_ddprun_spare.py" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if f"PROBE_GO={go}".encode() in env and f"LOCAL_RANK={local_rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+def cold_cases(ddprun, tmp):
+    go = os.path.join(tmp, "go")
+    script = os.path.join(tmp, "spare_probe.py")
+
+    def edit():
+        with open(script) as f:
+            text = f.read()
+        with open(script, "w") as f:
+            f.write(text.replace('MARK = "version 1"', 'MARK = "version 2"'))
+
+    rc, lines = launch(ddprun, ["spare_probe.py"], tmp, go, warm=True, on_ready=edit)
+    fp = fingerprints(lines)
+    check(rc == 0 and sum("starts cold: the script spare_probe.py was edited" in l for l in lines) == 2,
+          "a script edited between attempts: both ranks start cold")
+    check([fp.get(r, {}).get("mark") for r in (0, 1)] == ["version 2", "version 2"],
+          "a script edited between attempts: attempt 1 runs the new text")
+    if rc != 0:
+        show(lines)
+    edit_back = open(script).read().replace('MARK = "version 2"', 'MARK = "version 1"')
+    with open(script, "w") as f:
+        f.write(edit_back)
+
+    def kill_spare_1():
+        pid = spare_pid(1, go)
+        check(pid is not None, "the warm spare of local rank 1 is found")
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.time() + 10
+            while time.time() < deadline and os.path.exists(f"/proc/{pid}/status") and "zombie" not in open(f"/proc/{pid}/status").read():
+                time.sleep(0.01)
+
+    rc, lines = launch(ddprun, ["--preload", "ddprun_no_such_module", "spare_probe.py"], tmp, go, warm=True,
+                       on_ready=kill_spare_1)
+    check(rc == 0, "a spare killed while it waits, a --preload that fails: the job still succeeds")
+    check(sum("could not import ddprun_no_such_module" in l for l in lines) == 2,
+          "--preload of a module that fails to import: one warning a spare")
+    check(any("local rank 1 starts cold: its warm spare died while it waited" in l for l in lines),
+          "a spare killed while it waits: its rank starts cold")
+    check(any(re.search(r"restarted .*\(1 warm, 1 cold\)", l) for l in lines),
+          "a spare killed while it waits: the other rank's spare (without the failed module) is used")
+    if rc != 0:
+        show(lines)
+
+
+def resume_checksum(ddprun, tmp):
+    go = os.path.join(tmp, "go")
+    job = os.path.join(REPO, "bench", "recovery_job.py")
+    results = {}
+    for name, crash, warm in (("uninterrupted", 1000, False), ("crash and resume, warm", 10, True)):
+        ckpt = os.path.join(tmp, "ckpt-" + name.split()[0])
+        os.makedirs(ckpt)
+        rc, lines = launch(ddprun, [job, "--steps", "20", "--crash_step", str(crash), "--ckpt", ckpt, "--go", go],
+                           tmp, go, warm=warm)
+        results[name] = {int(m.group(1)): m.group(2) for l in lines
+                         for m in [re.search(r"RESULT rank=(\d+) world=2 attempt=\d+ checksum=(\S+)", l)] if m}
+        check(rc == 0 and len(results[name]) == 2, f"{name}: both ranks finished")
+        if rc != 0:
+            show(lines)
+        if warm:
+            check(any(re.search(r"restarted .*\(2 warm\)", l) for l in lines), f"{name}: attempt 1 ran on warm spares")
+    check(results["uninterrupted"] == results["crash and resume, warm"] and len(results["uninterrupted"]) == 2,
+          f"crash and resume with warm spares ends with the parameters of an uninterrupted run: {results}")
+
+
+if __name__ == "__main__":
+    main()
