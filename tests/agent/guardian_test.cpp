@@ -50,7 +50,6 @@ bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0;
 // Whether the process `pid` is gone (not even a zombie of ours).
 bool gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
 
-// Waits (at most 5 s) until `f` holds; whether it does.
 // Waits (at most `tenths_of_s` / 10 s, 5 s by default) until `f` holds; whether it does. A
 // process started on a loaded machine (ctest -j2 beside builds) can wait seconds for a CPU.
 bool eventually(const std::function<bool()>& f, int tenths_of_s = 50) {
