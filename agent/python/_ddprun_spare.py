@@ -1,4 +1,4 @@
-"""A warm spare for a Python worker (docs: "Warm restarts").
+"""A warm spare for a Python worker (docs: "Warm spares").
 
 ddprun starts this file as `python [FLAGS] _ddprun_spare.py PATH0 PRELOAD` with the environment of
 the worker it stands in for, once that worker's group is up. It imports PRELOAD (a

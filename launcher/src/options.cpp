@@ -251,7 +251,7 @@ std::vector<OptionSpec> failure_options() {
      }},
     {"preload", "", kFault, K::value, "",
      "comma-separated modules each warm spare imports besides torch, before the script runs",
-     [](const std::string& v, Settings& s) { s.preload = v; }},
+     [](const std::string& v, Settings& s) { s.preload = parse_module_list("preload", v); }},
     {"stop_timeout", "", kFault, K::value, "5", "seconds between SIGTERM and SIGKILL when stopping workers",
      [](const std::string& v, Settings& s) { s.stop_timeout = parse_seconds("stop_timeout", v, false); }},
     {"stack_dump_timeout", "", kFault, K::value, "10",

@@ -35,7 +35,7 @@ struct Settings {
   std::set<int> signals;
   bool module = false, no_python = false;
   bool no_progress_hook = false;
-  bool warm_spares = true;     // for Python workers (docs: Warm restarts)
+  bool warm_spares = true;     // for Python workers (docs: Warm spares)
   std::string preload;         // modules each warm spare imports besides torch
   std::string log_dir;
   agent::StreamSelection redirects, tee;
@@ -79,6 +79,8 @@ std::string get_env(const std::map<std::string, std::string>& env, const std::st
 [[noreturn]] void usage(const std::string& what);
 std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& v, bool allow_zero);
 int parse_count(const std::string& flag, const std::string& v, bool allow_zero);
+// Comma-separated Python module names (--preload); throws UsageError naming the flag.
+std::string parse_module_list(const std::string& flag, const std::string& v);
 std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& v, std::uint16_t default_port);
 
 }  // namespace ddprun::launcher

@@ -54,8 +54,9 @@ TEST_CASE("event log of a crash and a restart: documented order and fields", "[e
   auto ev = read_events(path);
   // One node is a rendezvous of one: every attempt is a round, as on several nodes.
   CHECK(names(ev) == std::vector<std::string>{"job_started", "rendezvous_complete", "workers_started", "worker_failed",
-                                              "restart", "rendezvous_complete", "workers_started", "job_finished"});
-  REQUIRE(ev.size() == 8);
+                                              "restart", "rendezvous_complete", "workers_started", "recovery",
+                                              "job_finished"});
+  REQUIRE(ev.size() == 9);
   CHECK(ev[0]["nproc_per_node"] == 2);
   CHECK(ev[1]["world_size"] == 2);
   CHECK(ev[2]["attempt"] == 0);
@@ -68,7 +69,11 @@ TEST_CASE("event log of a crash and a restart: documented order and fields", "[e
   CHECK(ev[4]["count"] == 1);
   CHECK(ev[5]["round"] == 1);
   CHECK(ev[6]["attempt"] == 1);
-  CHECK(ev[7]["exit_code"] == 0);
+  CHECK(ev[7]["attempt"] == 1);  // the restart, timed by phase (these workers never beat: no ready time)
+  CHECK(ev[7]["total_s"].get<double>() >= 0);
+  CHECK(ev[7]["spawn_s"].get<double>() >= 0);
+  CHECK(ev[7]["cold"] == 2);
+  CHECK(ev[8]["exit_code"] == 0);
   for (const auto& e : ev) CHECK(e["run_id"] == ev[0]["run_id"]);
 }
 

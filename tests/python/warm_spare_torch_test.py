@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Warm spares (docs: Warm restarts), with the system's PyTorch: a script run by a warm spare sees
+"""Warm spares (docs: Warm spares), with the system's PyTorch: a script run by a warm spare sees
 what it sees in a fresh interpreter (argv, __main__, __file__, sys.path, -m, signals, exit codes,
 tracebacks, KeyboardInterrupt), a crash-and-resume job ends with the parameters of an
 uninterrupted run, and the cases that must start cold do: an edited script, a spare killed while

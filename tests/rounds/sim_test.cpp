@@ -29,7 +29,7 @@ std::string replay_text(std::uint64_t seed, bool liveness) {
   return s;
 }
 
-// Seeds that found a hole while it was re-introduced (docs/incoming/issue-32.md says which).
+// Seeds that found a hole while it was re-introduced (docs/architecture.md, "The round-rules simulator" says which).
 // Known open, not fixed: a node of a job that already finished joins a new round (store backend,
 // --nnodes=1:N). Left out of the CI sweep, said as such when they fail, and replayed by the hidden
 // case "[known-open]" (rounds_sim_tests "[known-open]").
@@ -120,7 +120,7 @@ void run_sweep(std::uint64_t default_count, bool liveness) {
 }  // namespace
 
 TEST_CASE("sim: seeded schedules of faults keep every safety invariant", "[sim]") {
-  // The issue asks for 100,000 schedules within 2 minutes; see docs/incoming/issue-32.md for what
+  // The issue asks for 100,000 schedules within 2 minutes; see docs/architecture.md, "The round-rules simulator" for what
   // this machine reaches. DDPRUN_SIM_COUNT / DDPRUN_SIM_SECONDS run more.
   run_sweep(100000, false);
 }

@@ -1,5 +1,5 @@
 #pragma once
-// Warm spares for Python workers (docs: "Warm restarts"). While a group runs, one spare per
+// Warm spares for Python workers (docs: "Warm spares"). While a group runs, one spare per
 // local rank: an interpreter started through the same runner as the workers (so the
 // containment, cgroup and guardian cover it), which imports torch and --preload's modules on a
 // thread at the lowest priority, then waits on its descriptor 3. At the next attempt the

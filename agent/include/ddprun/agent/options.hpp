@@ -35,7 +35,7 @@ struct CpuBinding {
 // The exit code of a job ended by --max_same_failures: a crash loop, not worth requeueing.
 constexpr int kCrashLoopExitCode = 93;
 
-// Warm spares for Python workers (docs: Warm restarts).
+// Warm spares for Python workers (docs: Warm spares).
 struct SpareOptions {
   bool on = false;
   std::string driver;                            // _ddprun_spare.py, beside the progress hook
