@@ -65,6 +65,19 @@ std::vector<po::option> program_and_spellings(std::vector<std::string>& args, st
   if (a != "--" && a.size() >= 2 && a[0] == '-') {
     last = a;
     args.front() = normalize_option(a);
+    // --name= gives the empty value, as argparse does (Boost refuses an empty adjacent value);
+    // the table's parser then judges it.
+    const std::string& n = args.front();
+    if (n.size() > 3 && n.rfind("--", 0) == 0 && n.back() == '=') {
+      if (const OptionSpec* o = find_option(n.substr(0, n.size() - 1)); o && takes_value(*o)) {
+        po::option empty;
+        empty.string_key = o->name;
+        empty.value = {""};
+        empty.original_tokens = {n};
+        args.erase(args.begin());
+        return {empty};
+      }
+    }
     return {};  // (changed in place: Boost's readers take it)
   }
   std::vector<po::option> program;

@@ -107,7 +107,6 @@ std::string not_empty(const char* flag, const std::string& v) {
 }
 
 // A value as a message quotes it: a 100,000-character one is cut to its first 60.
-std::string shorten(const std::string& v) { return v.size() <= 64 ? v : v.substr(0, 60) + "..."; }
 
 // A host name or an address, refused before it goes to the resolver when DNS could not hold it.
 std::string host_name(const char* flag, const std::string& v) {
@@ -145,21 +144,6 @@ using K = OptionKind;
 }  // namespace
 
 void usage(const std::string& what) { throw UsageError(what); }
-
-std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& v, bool allow_zero) {
-  auto d = parse_double(v);
-  if (!d || *d < 0 || (!allow_zero && *d == 0) || *d > 1e7) {
-    usage("--" + flag + " must be a " + std::string(allow_zero ? "non-negative" : "positive") +
-          " number of seconds (got '" + v + "')");
-  }
-  return std::chrono::milliseconds(static_cast<long long>(*d * 1000.0 + 0.5));
-}
-
-int parse_count(const std::string& flag, const std::string& v, bool allow_zero) {
-  auto n = parse_int(v, allow_zero ? 0 : 1, 1'000'000);
-  if (!n) usage("--" + flag + " must be " + (allow_zero ? "a non-negative" : "a positive") + " integer (got '" + v + "')");
-  return static_cast<int>(*n);
-}
 
 namespace {
 
@@ -377,40 +361,5 @@ std::string get_env(const std::map<std::string, std::string>& env, const std::st
 }
 
 bool truthy(const std::string& v) { return v == "1" || v == "true" || v == "True" || v == "TRUE" || v == "yes"; }
-
-// "host", "host:port", "[v6]:port", "[v6]".
-std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& v, std::uint16_t default_port) {
-  auto bad = [&](const std::string& why) {
-    usage("--rdzv_endpoint='" + shorten(v) + "' is malformed: " + why + " (expected HOST[:PORT], e.g. node0:29400 or [::1]:29400)");
-  };
-  if (v.empty()) bad("empty");
-  std::string host, port;
-  bool has_port = false;
-  if (v[0] == '[') {
-    auto close = v.find(']');
-    if (close == std::string::npos) bad("missing ']'");
-    host = v.substr(1, close - 1);
-    std::string rest = v.substr(close + 1);
-    if (!rest.empty() && rest[0] != ':') bad("unexpected text after ']'");
-    has_port = !rest.empty();
-    if (has_port) port = rest.substr(1);
-  } else {
-    auto colon = v.rfind(':');
-    if (colon != std::string::npos && v.find(':') != colon) bad("IPv6 addresses need brackets");
-    host = colon == std::string::npos ? v : v.substr(0, colon);
-    has_port = colon != std::string::npos;
-    if (has_port) port = v.substr(colon + 1);
-  }
-  if (has_port && port.empty()) bad("empty port");
-  if (host.empty()) bad("empty host");
-  for (char c : host) {
-    if (std::isspace(static_cast<unsigned char>(c)) || c == '/' || c == ',') bad("invalid character in host");
-  }
-  if (auto why = host_name_problem(host); !why.empty()) bad(why);
-  if (!has_port) return {host, default_port};
-  auto n = parse_int(port, 0, 65535);
-  if (!n) bad("port must be 0-65535");
-  return {host, static_cast<std::uint16_t>(*n)};
-}
 
 }  // namespace ddprun::launcher

@@ -79,6 +79,8 @@ std::string get_env(const std::map<std::string, std::string>& env, const std::st
 [[noreturn]] void usage(const std::string& what);
 std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& v, bool allow_zero);
 int parse_count(const std::string& flag, const std::string& v, bool allow_zero);
+// A value cut to about 60 characters for a message.
+std::string shorten(const std::string& v);
 // Comma-separated Python module names (--preload); throws UsageError naming the flag.
 std::string parse_module_list(const std::string& flag, const std::string& v);
 std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& v, std::uint16_t default_port);

@@ -153,6 +153,9 @@ TEST_CASE("options: both spellings, values inline or next, short options, and th
   CHECK(parse({"-r3", "/bin/true"}).agent.redirects.any());
   CHECK(parse({"-r", "3", "/bin/true"}).agent.redirects.any());
   CHECK(parse({"--", "/bin/true", "--max_restarts=9"}).agent.command.back() == "--max_restarts=9");
+  // --name= is the empty value, judged by the option's own parser (argparse's reading)
+  CHECK(parse({"--local_ranks_filter=", "/bin/true"}).agent.command.back() == "/bin/true");
+  CHECK_THROWS_WITH(parse({"--max_restarts=", "/bin/true"}), Catch::Contains("--max_restarts must be a non-negative integer (got '')"));
   CHECK(parse({"-m", "pkg", "-m"}, {{"PYTHON_EXEC", "sh"}}).agent.command.back() == "-m");  // the program's
   CHECK_THROWS_WITH(parse({"--max_restarts=1", "--max_restarts", "2", "/bin/true"}),
                     Catch::Contains("option '--max_restarts' cannot be specified more than once"));

@@ -1,0 +1,82 @@
+#include <cctype>
+#include <string>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/net.hpp"
+#include "ddprun/common/text.hpp"
+#include "options.hpp"
+
+// The parsers of one kind of value that options.cpp's table, cli.cpp and rdzv_flags.cpp share.
+namespace ddprun::launcher {
+
+std::string shorten(const std::string& v) { return v.size() <= 64 ? v : v.substr(0, 60) + "..."; }
+
+std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& v, bool allow_zero) {
+  auto d = parse_double(v);
+  if (!d || *d < 0 || (!allow_zero && *d == 0) || *d > 1e7) {
+    usage("--" + flag + " must be a " + std::string(allow_zero ? "non-negative" : "positive") +
+          " number of seconds (got '" + v + "')");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(*d * 1000.0 + 0.5));
+}
+
+int parse_count(const std::string& flag, const std::string& v, bool allow_zero) {
+  auto n = parse_int(v, allow_zero ? 0 : 1, 1'000'000);
+  if (!n) usage("--" + flag + " must be " + (allow_zero ? "a non-negative" : "a positive") + " integer (got '" + v + "')");
+  return static_cast<int>(*n);
+}
+
+// "host", "host:port", "[v6]:port", "[v6]".
+std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& v, std::uint16_t default_port) {
+  auto bad = [&](const std::string& why) {
+    usage("--rdzv_endpoint='" + shorten(v) + "' is malformed: " + why + " (expected HOST[:PORT], e.g. node0:29400 or [::1]:29400)");
+  };
+  if (v.empty()) bad("empty");
+  std::string host, port;
+  bool has_port = false;
+  if (v[0] == '[') {
+    auto close = v.find(']');
+    if (close == std::string::npos) bad("missing ']'");
+    host = v.substr(1, close - 1);
+    std::string rest = v.substr(close + 1);
+    if (!rest.empty() && rest[0] != ':') bad("unexpected text after ']'");
+    has_port = !rest.empty();
+    if (has_port) port = rest.substr(1);
+  } else {
+    auto colon = v.rfind(':');
+    if (colon != std::string::npos && v.find(':') != colon) bad("IPv6 addresses need brackets");
+    host = colon == std::string::npos ? v : v.substr(0, colon);
+    has_port = colon != std::string::npos;
+    if (has_port) port = v.substr(colon + 1);
+  }
+  if (has_port && port.empty()) bad("empty port");
+  if (host.empty()) bad("empty host");
+  for (char c : host) {
+    if (std::isspace(static_cast<unsigned char>(c)) || c == '/' || c == ',') bad("invalid character in host");
+  }
+  if (auto why = host_name_problem(host); !why.empty()) bad(why);
+  if (!has_port) return {host, default_port};
+  auto n = parse_int(port, 0, 65535);
+  if (!n) bad("port must be 0-65535");
+  return {host, static_cast<std::uint16_t>(*n)};
+}
+
+// "numpy, mypkg.models" -> the same, checked: comma-separated Python module names (dotted
+// identifiers), so that a warm spare is never asked to import anything else.
+std::string parse_module_list(const std::string& flag, const std::string& v) {
+  if (v.empty()) return v;
+  for (const auto& part : split(v, ',')) {
+    const std::string name = trim(part);
+    bool ok = !name.empty();
+    for (std::size_t i = 0; ok && i < name.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(name[i]);
+      const bool part_start = i == 0 || name[i - 1] == '.';
+      ok = c == '_' || std::isalpha(c) || (!part_start && (std::isdigit(c) || c == '.'));
+      if (c == '.' && i + 1 == name.size()) ok = false;
+    }
+    if (!ok) usage("--" + flag + "='" + v + "': '" + name + "' is not a Python module name (expected NAME[,NAME...], e.g. numpy,mypkg.models)");
+  }
+  return v;
+}
+
+}  // namespace ddprun::launcher
