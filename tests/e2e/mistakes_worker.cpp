@@ -5,7 +5,7 @@
 //   reducer_mismatch rank 1 registers a parameter of another size
 //   no_broadcast     ranks start from different parameters and never call broadcast_tensors;
 //                    prints "PARAMS rank R: CHECKSUM" after the Reducer is made
-//   no_finalize      one iteration without finalize(), then the next one
+//   no_finalize      iterations whose optimizer step reads the gradients without finalize()
 //   raise            rank 1 throws after one all-reduce; the others all-reduce again
 //   stuck_outside    rank 0 stops calling collectives (loops in stuck_outside_collectives),
 //                    the others all-reduce
@@ -87,7 +87,9 @@ int no_finalize() {
     red.zero_grad();
     red.grad_as<float>(0)[0] = 1.0f + static_cast<float>(pg->rank());
     red.mark_ready(0);
-    // (finalize() forgotten)
+    // (finalize() forgotten): the optimizer step reads the gradient
+    const float* g = red.grad_as<float>(0);
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] -= 0.1f * g[i];
     std::fprintf(stderr, "APPLIED step %d\n", step);
   }
   return 0;

@@ -69,6 +69,8 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   // Gradient storage of parameter i (count elements of its type), valid for the Reducer's life.
+  // Throws UsageError naming finalize() between mark_ready(i) and finalize(): the gradient is
+  // then being averaged, and an optimizer must not read it (the pointer itself is not guarded).
   void* grad(std::size_t i);
   template <typename T>
   T* grad_as(std::size_t i) { return static_cast<T*>(grad(i)); }
