@@ -201,8 +201,9 @@ void* Reducer::grad(std::size_t i) {
 void Reducer::zero_grad() {
   // Pending: a parameter was marked ready (its bucket may be on the wire) and finalize() not called.
   if (std::find(impl_->ready.begin(), impl_->ready.end(), true) != impl_->ready.end()) {
-    throw UsageError(std::string("Reducer: zero_grad() while the last iteration's gradients are still being reduced: ") +
-                     kCallFinalize);
+    throw UsageError(
+        std::string("Reducer: zero_grad() while the last iteration's gradients are still being reduced: ") +
+        kCallFinalize);
   }
   // Bucket memory may be device memory: the group zeroes it (nccl: a memset on its stream,
   // after the compute stream's work and before the next backward's).

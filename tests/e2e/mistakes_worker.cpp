@@ -160,7 +160,8 @@ int cost() {
     for (auto& u : us) std::sort(u.begin(), u.end());
     auto median = [](const std::vector<double>& u) { return u[u.size() / 2]; };
     if (off->rank() == 0) {
-      std::printf("COST count=%zu calls=%zu off_median_us=%.1f on_median_us=%.1f ratio=%.2f off_p10_us=%.1f on_p10_us=%.1f\n",
+      std::printf("COST count=%zu calls=%zu off_median_us=%.1f on_median_us=%.1f ratio=%.2f "
+                  "off_p10_us=%.1f on_p10_us=%.1f\n",
                   count, us[0].size(), median(us[0]), median(us[1]), median(us[1]) / median(us[0]),
                   us[0][us[0].size() / 10], us[1][us[1].size() / 10]);
     }

@@ -71,7 +71,8 @@ TEST_CASE("a trainer skipping finalize() is stopped, naming finalize(), before i
   ranks.run(2, [](int r, ProcessGroup& pg) {
     for (bool own_memory : {false, true}) {
       std::vector<float> w(64, 1.0f), b(3, 1.0f), grads(67);
-      std::vector<ParameterSpec> specs = {{w.size(), DataType::kFloat32, w.data()}, {b.size(), DataType::kFloat32, b.data()}};
+      std::vector<ParameterSpec> specs = {{w.size(), DataType::kFloat32, w.data()},
+                                          {b.size(), DataType::kFloat32, b.data()}};
       auto red = own_memory ? std::make_unique<Reducer>(borrow(pg), specs, grads.data())
                             : std::make_unique<Reducer>(borrow(pg), specs);
       auto sgd = [&](std::vector<float>& p, std::size_t i) {
