@@ -62,6 +62,9 @@ class Reducer {
   // The same, reducing in place in gradient memory the program owns (llm.c style): `gradients`
   // holds every parameter's gradient back to back, in registration order, without padding
   // (memory of the group's kind, valid for the Reducer's life). grad(i) then points into it.
+  // From the first mark_ready() to finalize() the array belongs to the Reducer (reduced in place
+  // on communication threads): read it only after finalize(). Reads of the array itself are not
+  // checked; grad(i) is, and a skipped finalize() is named at the next zero_grad()/mark_ready().
   Reducer(std::shared_ptr<ProcessGroup> group, std::vector<ParameterSpec> params, void* gradients,
           ReducerOptions options = {});
   ~Reducer();
