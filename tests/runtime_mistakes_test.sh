@@ -70,11 +70,11 @@ p0=$(sed -n 's/.*PARAMS rank 0: //p' "$work/bcast.txt")
 check "a trainer without broadcast_tensors: every replica starts from rank 0's parameters" bcast '
   [ $rc -eq 0 ] && [ -n "$p0" ] && [ $(grep -c "PARAMS rank [0-9]: $p0\$" $out) -eq 3 ]'
 
-# finalize() forgotten: the next iteration's first call says so, before its gradients are used.
+# finalize() forgotten: the optimizer's read of the gradient says so, before any is applied.
 run final 2 -- no_finalize
-check "a missing finalize(): a UsageError naming finalize() at the next iteration" final '
-  grep -q "ERROR usage: Reducer: zero_grad() while the last iteration.s gradients are still being reduced: call finalize()" $out &&
-  ! grep -q "APPLIED step 1" $out'
+check "a missing finalize(): a UsageError naming finalize() before the first gradient is applied" final '
+  grep -q "ERROR usage: Reducer: grad(0) after mark_ready(0) and before finalize(): .*call finalize()" $out &&
+  ! grep -q "APPLIED step" $out'
 
 # An exception on rank 1 with a short time-out: rank 1 is the root cause, at once.
 MW_TIMEOUT_MS=3000 run raise 2 -- raise

@@ -13,6 +13,10 @@ namespace ddprun::runtime {
 
 namespace {
 
+constexpr const char* kCallFinalize =
+    "call finalize() after the last mark_ready() and before the optimizer uses the gradients (they are averaged "
+    "across ranks only then)";
+
 struct Bucket {
   Reducer::BucketInfo info;
   std::vector<std::size_t> offsets;  // byte offset of each parameter in the bucket
@@ -179,19 +183,27 @@ Reducer::~Reducer() {
   }
 }
 
+// From mark_ready(i) to finalize(), gradient i belongs to the reduction: its bytes are local,
+// in flight or averaged, depending on when they are read. The accessor refuses them, so a trainer
+// that skipped finalize() stops before its optimizer applies an unaveraged gradient (a pointer
+// kept from before mark_ready, or the program's own gradient array, is not checked).
 void* Reducer::grad(std::size_t i) {
   if (i >= impl_->params.size()) throw UsageError("Reducer: no parameter " + std::to_string(i));
+  if (impl_->ready[i]) {
+    const auto k = std::to_string(i);
+    throw UsageError("Reducer: grad(" + k + ") after mark_ready(" + k +
+                     ") and before finalize(): the gradient is being averaged across ranks; " + kCallFinalize);
+  }
   auto [b, off] = impl_->where[i];
   return static_cast<char*>(impl_->buckets[b].storage) + off;
 }
 
 void Reducer::zero_grad() {
-  for (const auto& b : impl_->buckets) {
-    if (b.work) {
-      throw UsageError("Reducer: zero_grad() while the last iteration's gradients are still being reduced: call "
-                       "finalize() after the last mark_ready() and before the optimizer uses the gradients (they are "
-                       "averaged across ranks only then)");
-    }
+  // Pending: a parameter was marked ready (its bucket may be on the wire) and finalize() not called.
+  if (std::find(impl_->ready.begin(), impl_->ready.end(), true) != impl_->ready.end()) {
+    throw UsageError(
+        std::string("Reducer: zero_grad() while the last iteration's gradients are still being reduced: ") +
+        kCallFinalize);
   }
   // Bucket memory may be device memory: the group zeroes it (nccl: a memset on its stream,
   // after the compute stream's work and before the next backward's).
@@ -205,9 +217,7 @@ void Reducer::mark_ready(std::size_t i) {
     bool all = std::all_of(impl_->ready.begin(), impl_->ready.end(), [](bool r) { return r; });
     if (all) {
       throw UsageError("Reducer: parameter " + std::to_string(i) +
-                       " marked ready again, but the last iteration was never finalized: call finalize() after the "
-                       "last mark_ready() and before the optimizer uses the gradients (they are averaged across "
-                       "ranks only then)");
+                       " marked ready again, but the last iteration was never finalized: " + kCallFinalize);
     }
     throw UsageError("Reducer: parameter " + std::to_string(i) + " marked ready twice in one iteration");
   }

@@ -5,12 +5,12 @@
 //   reducer_mismatch rank 1 registers a parameter of another size
 //   no_broadcast     ranks start from different parameters and never call broadcast_tensors;
 //                    prints "PARAMS rank R: CHECKSUM" after the Reducer is made
-//   no_finalize      one iteration without finalize(), then the next one
+//   no_finalize      iterations whose optimizer step reads the gradients without finalize()
 //   raise            rank 1 throws after one all-reduce; the others all-reduce again
 //   stuck_outside    rank 0 stops calling collectives (loops in stuck_outside_collectives),
 //                    the others all-reduce
 //   cost             microseconds per all_reduce (1 float, 1 Mi floats; median and 10th percentile),
-//                    for the debug mode's cost
+//                    with the debug mode off and on, side by side, and their ratio
 // The time-out of collectives: MW_TIMEOUT_MS (default 3000).
 
 #include <unistd.h>
@@ -87,7 +87,9 @@ int no_finalize() {
     red.zero_grad();
     red.grad_as<float>(0)[0] = 1.0f + static_cast<float>(pg->rank());
     red.mark_ready(0);
-    // (finalize() forgotten)
+    // (finalize() forgotten): the optimizer step reads the gradient
+    const float* g = red.grad_as<float>(0);
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] -= 0.1f * g[i];
     std::fprintf(stderr, "APPLIED step %d\n", step);
   }
   return 0;
@@ -124,33 +126,46 @@ int stuck_outside() {
   return 0;
 }
 
-int cost() {
-  auto pg = init_process_group("gloo", options());
-  for (std::size_t count : {std::size_t{1}, std::size_t{1} << 20}) {
-    std::vector<float> x(count, 1.0f);
-    const int n = count == 1 ? 2000 : 100;
-    for (int i = 0; i < 10; ++i) pg->all_reduce(x.data(), count, DataType::kFloat32, ReduceOp::kSum);
-    std::vector<double> us;
-    for (int i = 0; i < n; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      pg->all_reduce(x.data(), count, DataType::kFloat32, ReduceOp::kSum);
-      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(us.begin(), us.end());
-    if (pg->rank() == 0) {
-      std::printf("COST count=%zu median_us=%.1f p10_us=%.1f\n", count, us[us.size() / 2], us[us.size() / 10]);
-    }
-  }
-  // For comparison: the debug mode's own exchange is an all_gather of 24 bytes per rank.
-  std::vector<char> in(24), out(24 * static_cast<std::size_t>(pg->size()));
+// The debug mode's price, side by side in one job: the world group (mode off, unless
+// DDPRUN_DISTRIBUTED_DEBUG says otherwise) and a copy of it made by split() with
+// check_collectives (on) take turns, in rounds, so both see the same load on the machine.
+std::vector<double> time_calls(ProcessGroup& g, std::vector<float>& x, int calls) {
   std::vector<double> us;
-  for (int i = 0; i < 2000; ++i) {
+  for (int i = 0; i < calls; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    pg->all_gather(in.data(), out.data(), 6, DataType::kFloat32);  // 24 bytes
+    g.all_reduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
     us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(us.begin(), us.end());
-  if (pg->rank() == 0) std::printf("COST all_gather_24B median_us=%.1f p10_us=%.1f\n", us[us.size() / 2], us[us.size() / 10]);
+  return us;
+}
+
+int cost() {
+  auto off = init_process_group("gloo", options());
+  auto on_options = off->options();
+  on_options.check_collectives = true;
+  auto on = off->split(0, off->rank(), on_options);
+  for (std::size_t count : {std::size_t{1}, std::size_t{1} << 20}) {
+    std::vector<float> x(count, 1.0f);
+    const int rounds = 10, calls = count == 1 ? 50 : 5;
+    time_calls(*off, x, calls);
+    time_calls(*on, x, calls);
+    std::vector<double> us[2];
+    for (int round = 0; round < rounds; ++round) {
+      for (int k = 0; k < 2; ++k) {
+        const int mode = (round + k) % 2;  // off first in even rounds, on first in odd ones
+        auto t = time_calls(mode ? *on : *off, x, calls);
+        us[mode].insert(us[mode].end(), t.begin(), t.end());
+      }
+    }
+    for (auto& u : us) std::sort(u.begin(), u.end());
+    auto median = [](const std::vector<double>& u) { return u[u.size() / 2]; };
+    if (off->rank() == 0) {
+      std::printf("COST count=%zu calls=%zu off_median_us=%.1f on_median_us=%.1f ratio=%.2f "
+                  "off_p10_us=%.1f on_p10_us=%.1f\n",
+                  count, us[0].size(), median(us[0]), median(us[1]), median(us[1]) / median(us[0]),
+                  us[0][us[0].size() / 10], us[1][us[1].size() / 10]);
+    }
+  }
   return 0;
 }
 

@@ -2,6 +2,7 @@
 // compared across ranks, a missing finalize() named, gradients in memory the program owns.
 
 #include <catch2/catch.hpp>
+#include <memory>
 #include <numeric>
 
 #include "ddprun/common/error.hpp"
@@ -60,6 +61,48 @@ TEST_CASE("a missing finalize() is named at the next iteration, before its gradi
     RANK_CHECK_THROWS_WITH(red.mark_ready(0), "the last iteration was never finalized: call finalize()");
     red.finalize();
     red.zero_grad();  // finalized: fine
+  });
+}
+
+// A trainer that forgets finalize() reads its gradients through grad(i) for the optimizer step:
+// that read is refused, naming finalize(), so no parameter ever moves by an unaveraged gradient.
+TEST_CASE("a trainer skipping finalize() is stopped, naming finalize(), before it applies any gradient", "[reducer]") {
+  test::Ranks ranks;
+  ranks.run(2, [](int r, ProcessGroup& pg) {
+    for (bool own_memory : {false, true}) {
+      std::vector<float> w(64, 1.0f), b(3, 1.0f), grads(67);
+      std::vector<ParameterSpec> specs = {{w.size(), DataType::kFloat32, w.data()},
+                                          {b.size(), DataType::kFloat32, b.data()}};
+      auto red = own_memory ? std::make_unique<Reducer>(borrow(pg), specs, grads.data())
+                            : std::make_unique<Reducer>(borrow(pg), specs);
+      auto sgd = [&](std::vector<float>& p, std::size_t i) {
+        const float* g = red->grad_as<float>(i);
+        for (std::size_t k = 0; k < p.size(); ++k) p[k] -= 0.5f * g[k];
+      };
+      red->zero_grad();
+      std::fill_n(red->grad_as<float>(1), 3, static_cast<float>(2 * r + 2));
+      red->mark_ready(1);
+      std::fill_n(red->grad_as<float>(0), 64, static_cast<float>(2 * r + 2));  // not ready yet: writable
+      red->mark_ready(0);
+      // (finalize() forgotten)
+      RANK_CHECK_THROWS_WITH(sgd(w, 0), "grad(0) after mark_ready(0) and before finalize()");
+      RANK_CHECK_THROWS_WITH(sgd(b, 1), "call finalize()");
+      RANK_CHECK_THROWS_WITH(red->zero_grad(), "call finalize()");
+      RANK_CHECK(w == std::vector<float>(64, 1.0f));  // no parameter moved
+      RANK_CHECK(b == std::vector<float>(3, 1.0f));
+      red->finalize();
+      sgd(w, 0);
+      sgd(b, 1);
+      RANK_CHECK(w[63] == -0.5f);  // 1 - 0.5 * (2 + 4) / 2
+      RANK_CHECK(b[0] == -0.5f);
+      // An iteration cut short (one of two parameters marked, no bucket on the wire yet) is
+      // pending as well: zero_grad() names finalize() instead of wiping it.
+      red->zero_grad();
+      red->mark_ready(0);
+      RANK_CHECK_THROWS_WITH(red->zero_grad(), "call finalize()");
+      red->mark_ready(1);
+      red->finalize();
+    }
   });
 }
 

@@ -62,6 +62,9 @@ class Reducer {
   // The same, reducing in place in gradient memory the program owns (llm.c style): `gradients`
   // holds every parameter's gradient back to back, in registration order, without padding
   // (memory of the group's kind, valid for the Reducer's life). grad(i) then points into it.
+  // From the first mark_ready() to finalize() the array belongs to the Reducer (reduced in place
+  // on communication threads): read it only after finalize(). Reads of the array itself are not
+  // checked; grad(i) is, and a skipped finalize() is named at the next zero_grad()/mark_ready().
   Reducer(std::shared_ptr<ProcessGroup> group, std::vector<ParameterSpec> params, void* gradients,
           ReducerOptions options = {});
   ~Reducer();
@@ -69,6 +72,8 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   // Gradient storage of parameter i (count elements of its type), valid for the Reducer's life.
+  // Throws UsageError naming finalize() between mark_ready(i) and finalize(): the gradient is
+  // then being averaged, and an optimizer must not read it (the pointer itself is not guarded).
   void* grad(std::size_t i);
   template <typename T>
   T* grad_as(std::size_t i) { return static_cast<T*>(grad(i)); }
