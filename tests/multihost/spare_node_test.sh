@@ -2,13 +2,15 @@
 # A hot spare node across namespaced hosts: --nnodes=2 with three agents (c10d, the rendezvous
 # hosted by h1's agent, liveness TTL keep_alive_interval x keep_alive_max_attempt = 2 s). h1 and
 # h2 train PyTorch gloo DDP (2 workers each); h3 arrives when the round is full and waits for a
-# place, its warm spares ready. Then h2 is lost: every process on it (agent, guardian, workers,
-# spares) killed with SIGKILL at once. Checks: from the kill to every rank's first step of the
+# place, its warm spares ready. Then h2 is lost, as FAULT says:
+#   kill   every process on it (agent, guardian, workers, spares) killed with SIGKILL at once
+#   cut    its network cut (its link down): h1 learns of it from the keep-alive only
+# Checks: from the kill to every rank's first step of the
 # next round (h1 and h3, world 4) takes at most the TTL + 1 s; h3's workers were handed to its
 # spares ("(2 warm)" in its recovery line), and so were h1's; both finish with world 4, exit 0.
-# Usage: spare_node_test.sh DDPRUN
+# Usage: spare_node_test.sh DDPRUN kill|cut
 set -u
-ddprun=$1
+ddprun=$1 fault=$2
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/hosts.sh"
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null ||
@@ -36,7 +38,11 @@ until spares_ready a1 && spares_ready a3; do
 done
 grep -q 'step 100 ' "$out/a1.out" && give_up "the first round ended before h2 could be lost (too slow a machine?)"
 killed=$(date +%s.%N)
-ip netns pids "ns-$id-h2" | xargs -r kill -KILL
+case $fault in
+  kill) ip netns pids "ns-$id-h2" | xargs -r kill -KILL ;;
+  cut) ip -n "ns-$id-h2" link set "h2-$id" down ;;
+  *) echo "unknown fault $fault"; exit 2 ;;
+esac
 wait "$pid_a1"; r1=$?
 wait "$pid_a3"; r3=$?
 [ $r1 -eq 0 ] && [ $r3 -eq 0 ] && ok "h1 and h3 finished the job (exits $r1/$r3)" || bad "exits h1 $r1, h3 $r3"
