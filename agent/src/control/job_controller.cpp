@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <utility>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -138,6 +139,7 @@ void JobController::on_waiting_for_place() {
   if (phase_ != Phase::rendezvous || waiting_) return;
   waiting_ = true;
   waited_from_ = std::chrono::steady_clock::now();
+  if (!opt_.spares.on) return;
   RoundInfo place;
   place.round = round_;
   place.group_world = opt_.rdzv.max_nodes;

@@ -4,7 +4,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio.hpp>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -107,6 +109,15 @@ void SparePool::start_one(const WorkerSpec& spec, SpareKey key) {
   }
   std::string preload;
   for (const auto& m : opt_.preload) preload += (preload.empty() ? "" : ",") + m;
+  if (opt_.preload_auto) {
+    // What the last attempt's worker had imported at its first step (sitecustomize.py), as
+    // module names only: anything else in the file is ignored.
+    std::ifstream in(spec.heartbeat_file + ".modules");
+    for (std::string m; std::getline(in, m);) {
+      bool name = !m.empty() && std::all_of(m.begin(), m.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+      if (name && std::find(opt_.preload.begin(), opt_.preload.end(), m) == opt_.preload.end()) preload += "," + m;
+    }
+  }
   std::vector<std::string> argv = key.interpreter;
   argv.insert(argv.end(), {opt_.driver, path0, preload});
   auto s = std::make_shared<Spare>();

@@ -97,7 +97,9 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   oom_kills_at_start = cgroup_oom_kills();
   arm_heartbeat_check();
   if (spares) {
-    spares_due = SteadyClock::now() + opt.spares.delay;
+    // --preload=auto reads what the workers report at their first step: waited for longer.
+    spares_due = SteadyClock::now() + (opt.spares.preload_auto ? std::max<std::chrono::milliseconds>(opt.spares.delay, 30s)
+                                                                 : opt.spares.delay);
     arm_spares();
   }
 }
