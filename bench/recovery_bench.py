@@ -14,9 +14,16 @@ seconds, a cost paid while training, not at the failure).
 
 Runs are interleaved (torchrun, cold, warm, then reversed), the median of --reps each.
 
+--node-loss (as root): the node-loss case instead, across three namespaced hosts
+(bench/node_loss_trial.sh): --nnodes=2 over c10d with every launcher's defaults (keep-alive 5 s x
+3), 2 workers a host; h3 waits for a place; every process on h2 SIGKILLed; timed from the kill to
+every rank's first step of the next round. A launcher that does not recover within --bound
+seconds is reported as such.
+
 Usage: bench/recovery_bench.py [--ddprun build/launcher/ddprun] [--python /usr/bin/python3]
            [--torchrun ../shared/tools/torchrun_fixed.py | --no-torchrun] [--sizes 2,4] [--reps 5]
            [--monitor-interval S]   (torchrun's; its default, 5 s in 1.13, when not given)
+       bench/recovery_bench.py --node-loss [--reps 3] [--bound 60]
 """
 import argparse
 import glob
@@ -86,6 +93,34 @@ def run_once(cmd, env, n, tmp, warm, timeout=600):
     return max(float(open(f).read()) for f in firsts) - crash, (said[0] if said else "")
 
 
+def node_loss(a):
+    trial = os.path.join(ROOT, "bench", "node_loss_trial.sh")
+    kinds = (["torchrun"] if not a.no_torchrun else []) + ["cold", "warm"]
+    got, notes = {k: [] for k in kinds}, {k: [] for k in kinds}
+    for rep in range(a.reps):
+        for k in kinds if rep % 2 == 0 else list(reversed(kinds)):
+            out = subprocess.run([trial, k, os.path.abspath(a.ddprun), a.torchrun, a.python, str(a.bound)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
+            m = re.search(r"^seconds (\S+)", out, re.M)
+            got[k].append(float(m.group(1)) if m else None)
+            notes[k] += [l for l in out.splitlines() if "restarted in" in l or "none within" in l]
+            print(f"  node loss, {k}: " + (f"{got[k][-1]:.3f} s" if m else out.strip().splitlines()[0]), flush=True)
+    print(f"\nnode loss (2 active + 1 waiting host, 2 workers each), from the kill to every rank's first step "
+          f"(median of {a.reps}; bound {a.bound} s):")
+    med = {}
+    for k, v in got.items():
+        ok = [x for x in v if x is not None]
+        med[k] = statistics.median(ok) if len(ok) == len(v) else None
+        print(f"  {k:9s} " + (f"{med[k]:7.3f} s   ({min(ok):.3f}-{max(ok):.3f})" if med[k] is not None
+                             else f"{len(v) - len(ok)} of {len(v)} runs did not recover within {a.bound} s"))
+    if med.get("torchrun"):
+        for k in ("cold", "warm"):
+            if med[k] is not None:
+                print(f"  ddprun {k} / torchrun: {med[k] / med['torchrun']:.3f}x")
+    for line in notes["warm"][:4]:
+        print("    " + line)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", default=os.path.join(ROOT, "build", "launcher", "ddprun"))
@@ -95,7 +130,11 @@ def main():
     ap.add_argument("--monitor-interval", type=float)
     ap.add_argument("--sizes", default="2,4")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--node-loss", action="store_true")
+    ap.add_argument("--bound", type=int, default=60)
     a = ap.parse_args()
+    if a.node_loss:
+        return node_loss(a)
     env = dict(os.environ, PYTHON_EXEC=a.python)
     env.pop("PYTHONPATH", None)
     ddprun = os.path.abspath(a.ddprun)

@@ -27,11 +27,37 @@ _MARKER = "ddprun-progress-hook-1"  # found in the first 4 KiB of every copy of 
 _STATE = "_ddprun_progress_hook"  # on sys: the real paths of the hook directories seen so far
 
 
+def _report_modules(heartbeat):
+    """--preload=auto: the installed modules this worker has imported at its first step, for the
+    next attempt's spares to import (HEARTBEAT.modules, one top-level name a line, written before
+    the first beat). Left out: the standard library, private names, and the script's own modules
+    (under sys.path[0]: an edited one must not be kept from the last attempt)."""
+    here = os.path.realpath(sys.path[0] or os.getcwd()) + os.sep
+    skip = set(getattr(sys, "stdlib_module_names", ())) | set(sys.builtin_module_names) | {"sitecustomize", "torch"}
+    names = []
+    for name, module in list(sys.modules.items()):
+        if "." in name or name.startswith("_") or name in skip or module is None:
+            continue
+        where = getattr(module, "__file__", None)
+        if where and os.path.realpath(where).startswith(here):
+            continue
+        names.append(name)
+    try:
+        with open(heartbeat + ".modules.tmp", "w") as f:
+            f.write("".join(n + "\n" for n in sorted(names)))
+        os.replace(heartbeat + ".modules.tmp", heartbeat + ".modules")
+    except OSError:
+        pass
+
+
 def _touch(*_args):
     # Read at each step, not at start-up: a warm spare imports torch before it knows its file.
     heartbeat = os.environ.get("DDPRUN_HEARTBEAT_FILE")
     if not heartbeat:
         return
+    if os.environ.get("DDPRUN_PRELOAD_AUTO") == "1" and getattr(sys, _STATE + "_reported", None) != heartbeat:
+        setattr(sys, _STATE + "_reported", heartbeat)  # once per attempt (a spare runs a new one)
+        _report_modules(heartbeat)
     try:
         os.utime(heartbeat)
     except OSError:

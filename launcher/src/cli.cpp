@@ -195,7 +195,11 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
     a.spares.on = !site.empty();
     a.spares.driver = site + "/_ddprun_spare.py";
     for (const auto& m : split(s.preload, ',')) {
-      if (!trim(m).empty() && trim(m) != "torch") a.spares.preload.push_back(trim(m));
+      if (trim(m) == "auto") {
+        a.spares.preload_auto = true;
+      } else if (!trim(m).empty() && trim(m) != "torch") {
+        a.spares.preload.push_back(trim(m));
+      }
     }
   }
   a.stop_timeout = s.stop_timeout;
@@ -280,6 +284,7 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
   const std::string& script = given.program.front();  // (resolve_command refused an empty one)
   r.agent.hook_sees_torch = s.module || (!s.no_python && script.size() > 3 && script.substr(script.size() - 3) == ".py");
   r.agent.base_env = env;
+  if (r.agent.spares.preload_auto) r.agent.base_env["DDPRUN_PRELOAD_AUTO"] = "1";  // the hook reports its modules
   if (!s.log_line_prefix_template.empty()) {
     r.agent.line_prefix_template = s.log_line_prefix_template;
   } else if (auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != env.end()) {

@@ -234,7 +234,8 @@ std::vector<OptionSpec> failure_options() {
        s.warm_spares = v == "1";
      }},
     {"preload", "", kFault, K::value, "",
-     "comma-separated modules each warm spare imports besides torch, before the script runs",
+     "comma-separated modules each warm spare imports besides torch, before the script runs; 'auto' adds those the "
+     "last attempt's worker had imported (installed ones) at its first optimizer step",
      [](const std::string& v, Settings& s) { s.preload = parse_module_list("preload", v); }},
     {"stop_timeout", "", kFault, K::value, "5", "seconds between SIGTERM and SIGKILL when stopping workers",
      [](const std::string& v, Settings& s) { s.stop_timeout = parse_seconds("stop_timeout", v, false); }},

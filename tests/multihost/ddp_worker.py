@@ -56,7 +56,7 @@ def distributed():
     x, y = x[rank::world], y[rank::world]
     host = socket.gethostname()
     for step in train(ddp, lambda: ((ddp(x) - y) ** 2).mean(), STEPS):
-        print("step %d t=%.3f host=%s world=%d" % (step, time.time(), host, world), flush=True)
+        print("step %d t=%.3f host=%s world=%d rank=%d" % (step, time.time(), host, world, rank), flush=True)
         time.sleep(PAUSE)
     print("checksum %.6f %.6f world=%d host=%s" % (*checksum(model), world, host), flush=True)
     dist.destroy_process_group()

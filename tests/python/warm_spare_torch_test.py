@@ -37,10 +37,11 @@ def check(cond, what):
         FAILURES.append(what)
 
 
-def launch(ddprun, args, cwd, go, warm, nproc=2, on_ready=None, timeout=240):
+def launch(ddprun, args, cwd, go, warm, nproc=2, on_ready=None, timeout=240, env_extra=None):
     """ddprun ARGS in `cwd`; `go` is created once every warm spare is ready (at once when cold)."""
     env = dict(os.environ, PYTHON_EXEC=sys.executable, PROBE_GO=go)
     env.pop("PYTHONPATH", None)
+    env.update(env_extra or {})
     cmd = [ddprun, "--nproc_per_node", str(nproc), "--max_restarts", "1", "--warm_spares", "1" if warm else "0"] + args
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, ready = [], set()

@@ -20,6 +20,7 @@ struct Recorder : Rendezvous::Listener, Fence {
   std::deque<RoundOutcome> over;
   std::deque<RendezvousFailure> failed;
   int finished = 0;
+  int waiting = 0;  // on_waiting_for_place calls
   std::deque<std::chrono::steady_clock::time_point> renewals;  // deadlines the fence was given
   int releases = 0;
 
@@ -35,6 +36,7 @@ struct Recorder : Rendezvous::Listener, Fence {
   void on_rendezvous_failed(const RendezvousFailure& f) override { note([&] { failed.push_back(f); }); }
   void on_round_over(const RoundOutcome& o) override { note([&] { over.push_back(o); }); }
   void on_finished() override { note([&] { ++finished; }); }
+  void on_waiting_for_place() override { note([&] { ++waiting; }); }
   void renewed_until(std::chrono::steady_clock::time_point d) override { note([&] { renewals.push_back(d); }); }
   void release() override { note([&] { ++releases; }); }
 

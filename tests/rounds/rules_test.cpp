@@ -164,8 +164,11 @@ TEST_CASE("rules: a node beyond MAX waits for a place, and is told when the job 
   n.add();
   n.nodes[0]->join(0, 0);
   REQUIRE(n.rec[0]->wait_ready());
+  CHECK(n.rec[0]->waiting == 0);
   int spare = n.add();
   n.nodes[spare]->join(0, -1);
+  // Told that it waits (its agent makes its warm spares then), and nothing else.
+  CHECK(n.rec[spare]->wait([&] { return n.rec[spare]->waiting == 1; }));
   CHECK_FALSE(n.rec[spare]->wait([&] { return !n.rec[spare]->ready.empty() || !n.rec[spare]->failed.empty(); }, 500ms));
   n.nodes[0]->report_success(0);
   REQUIRE(n.rec[0]->wait_over());

@@ -9,6 +9,7 @@
 //   rendezvous --round ready---------------------------------> running   (workers started)
 //   rendezvous --rendezvous failed---------------------------> done      (its exit code)
 //   rendezvous --stop signal---------------------------------> draining  (the others are told; 128+sig)
+//   rendezvous --waiting for a place (beyond MAX)------------> rendezvous (warm spares made for the workers)
 //   running    --a worker failed or hung (the root cause)----> stopping  (round ended "failure", group stopped)
 //   running    --round over (another node, lost store, ...)-> stopping  (group stopped)
 //   running    --stop signal---------------------------------> stopping  (round ended "stopped", signal passed on)
@@ -80,6 +81,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   void on_rendezvous_failed(const RendezvousFailure& failure) override;
   void on_round_over(const RoundOutcome& outcome) override;
   void on_finished() override;
+  void on_waiting_for_place() override;
 
  private:
   void enter(Phase p);
@@ -123,6 +125,8 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   std::chrono::steady_clock::time_point attempt_started_, joined_at_;
   double rendezvous_s_ = 0, start_s_ = 0;
   int restarts_ = 0;
+  bool waiting_ = false;  // beyond MAX, waiting for a place (a hot spare node) since `waited_from_`
+  std::chrono::steady_clock::time_point waited_from_;
   RecoveryClock clock_;
 };
 

@@ -4,7 +4,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio.hpp>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -51,6 +53,25 @@ long long process_memory_bytes(pid_t pid) {
   }
   return -1;
 }
+
+namespace {
+
+// The modules a spare imports, comma-separated: torch, --preload's, and with --preload=auto what
+// the last attempt's worker had imported at its first step (sitecustomize.py writes them beside
+// its heartbeat file), module names only: anything else in that file is ignored.
+std::string preload_list(const SpareOptions& opt, const WorkerSpec& spec) {
+  std::string list;
+  for (const auto& m : opt.preload) list += (list.empty() ? "" : ",") + m;
+  if (!opt.preload_auto) return list;
+  std::ifstream in(spec.heartbeat_file + ".modules");
+  for (std::string m; std::getline(in, m);) {
+    bool name = !m.empty() && std::all_of(m.begin(), m.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (name && std::find(opt.preload.begin(), opt.preload.end(), m) == opt.preload.end()) list += "," + m;
+  }
+  return list;
+}
+
+}  // namespace
 
 SparePool::SparePool(asio::io_context& io, ProcessRunner& runner, SpareOptions opt)
     : io_(io), runner_(runner), opt_(std::move(opt)) {}
@@ -105,10 +126,8 @@ void SparePool::start_one(const WorkerSpec& spec, SpareKey key) {
     path0 = script.substr(0, script.rfind('/'));
     if (path0.empty()) path0 = "/";
   }
-  std::string preload;
-  for (const auto& m : opt_.preload) preload += (preload.empty() ? "" : ",") + m;
   std::vector<std::string> argv = key.interpreter;
-  argv.insert(argv.end(), {opt_.driver, path0, preload});
+  argv.insert(argv.end(), {opt_.driver, path0, preload_list(opt_, spec)});
   auto s = std::make_shared<Spare>();
   s->local_rank = spec.local_rank;
   s->key = std::move(key);

@@ -97,60 +97,11 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   oom_kills_at_start = cgroup_oom_kills();
   arm_heartbeat_check();
   if (spares) {
-    spares_due = SteadyClock::now() + opt.spares.delay;
+    // --preload=auto reads what the workers report at their first step: waited for longer.
+    spares_due = SteadyClock::now() + (opt.spares.preload_auto ? std::max<std::chrono::milliseconds>(opt.spares.delay, 30s)
+                                                                 : opt.spares.delay);
     arm_spares();
   }
-}
-
-// Every slot's worker, started together (in parallel where the runner can); the ones that
-// started are the group's even when another could not (the caller kills them then).
-void WorkerGroup::Impl::spawn_all() {
-  // Warm spares first (each handed its worker's attempt), then the others started cold.
-  std::vector<ProcessRunner::Started> started(slots.size());
-  std::vector<std::size_t> cold;
-  warm = 0;
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    auto handed = spares ? spares->hand_over(slots[i]->w.spec) : std::nullopt;
-    if (handed) {
-      started[i] = *handed;
-      ++warm;
-    } else {
-      cold.push_back(i);
-    }
-  }
-  std::vector<ProcessRunner::Request> requests;
-  for (std::size_t i : cold) {
-    const auto& spec = slots[i]->w.spec;
-    requests.push_back({&spec.argv, &spec.env, spec.binding ? &*spec.binding : nullptr});
-  }
-  std::vector<ProcessRunner::Started> started_cold;
-  std::string failure = requests.empty() ? "" : runner.start_all(requests, started_cold);
-  for (std::size_t j = 0; j < cold.size() && j < started_cold.size(); ++j) started[cold[j]] = started_cold[j];
-  // First what cannot fail: every worker that started is the group's (the caller kills them all
-  // if anything below throws); then their pipes, the descriptors not yet taken closed on failure.
-  const auto now = std::chrono::system_clock::now();
-  for (std::size_t i = 0; i < slots.size() && i < started.size(); ++i) {
-    if (started[i].pid <= 0) continue;
-    slots[i]->w.pid = started[i].pid;
-    slots[i]->w.life = Life::running;
-    slots[i]->w.started_wall = now;
-  }
-  try {
-    for (std::size_t i = 0; i < slots.size() && i < started.size(); ++i) {
-      if (started[i].pid <= 0) continue;
-      Slot& s = *slots[i];
-      open_pipe(s, s.out_pipe, std::exchange(started[i].stdout_fd, -1), *s.out);
-      open_pipe(s, s.err_pipe, std::exchange(started[i].stderr_fd, -1), *s.err);
-    }
-  } catch (...) {
-    for (const auto& p : started) {
-      for (int fd : {p.stdout_fd, p.stderr_fd}) {
-        if (fd >= 0) ::close(fd);
-      }
-    }
-    throw;
-  }
-  if (!failure.empty()) throw Error(failure);
 }
 
 void WorkerGroup::Impl::open_pipe(Slot& s, std::unique_ptr<asio::posix::stream_descriptor>& pipe, int fd, StreamOutput& out) {

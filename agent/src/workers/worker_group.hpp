@@ -132,6 +132,9 @@ class WorkerGroup {
   int spares_ready() const;
   long long spares_memory_bytes() const;
   void discard_spares();
+  // Spares for these workers now, with no group running (a node waiting for a place in the job:
+  // its workers of the round it will join, their per-rank variables to be sent at hand-over).
+  void make_spares(const std::vector<WorkerSpec>& specs);
   bool stopping() const;
   bool ended() const;  // every worker reaped and drained (true before the first start)
   std::vector<Worker> workers() const;  // a copy, as they are now

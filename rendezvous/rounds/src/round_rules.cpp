@@ -126,10 +126,13 @@ void RoundRules::ask_to_join(int round, int closed) {
     c.put(round_key(round + 1, Name::expect), std::to_string(closed + 1));
     c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_membership(self_.info.host)));
     spdlog::info("ddprun: round {} runs with {} nodes; asking it to restart with this one", round, closed);
-  } else if (!said_spare_) {
-    said_spare_ = true;
-    spdlog::info("ddprun: round {} is full ({} of {} nodes); this node waits for a place (run id '{}': if this is "
-                 "another job, give it its own --rdzv_id)", round, closed, opt_.max_nodes, opt_.run_id);
+  } else {
+    if (!said_spare_) {
+      said_spare_ = true;
+      spdlog::info("ddprun: round {} is full ({} of {} nodes); this node waits for a place (run id '{}': if this is "
+                   "another job, give it its own --rdzv_id)", round, closed, opt_.max_nodes, opt_.run_id);
+    }
+    if (on_waiting_) on_waiting_();
   }
 }
 

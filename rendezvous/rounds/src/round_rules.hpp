@@ -13,6 +13,7 @@
 // cannot be reached throws its own ddprun::Error.
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -70,6 +71,9 @@ class RoundRules {
   // that could wait for it (it waits for a place beside a running round). Any thread.
   int round_to_tell(int asked) const;
 
+  // Called (on the joining thread) each time this node starts waiting for a place.
+  void on_waiting(std::function<void()> f) { on_waiting_ = std::move(f); }
+
   const std::string& node_id() const { return self_.node_id; }
   const std::string& where() const { return where_; }
 
@@ -96,6 +100,7 @@ class RoundRules {
   std::string where_;
   std::unique_ptr<Connection> conn_;
   bool said_spare_ = false;
+  std::function<void()> on_waiting_;
   static constexpr int kNobody = -2;
   std::atomic<int> told_{-1};  // the round this node arrived in; kNobody: excluded from it
   std::atomic<int> told_idx_{-1};  // its arrival index there

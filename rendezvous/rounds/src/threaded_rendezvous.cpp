@@ -183,6 +183,7 @@ ThreadedRendezvous::ThreadedRendezvous(const RendezvousOptions& opt, const Backe
   c.backend = make_backend(core_);
   c.workers = std::make_unique<WorkersStore>(opt.local_addr, 64 + 8 * static_cast<std::size_t>(opt.nproc));
   c.rules = std::make_unique<RoundRules>(c.opt, *c.backend, *c.workers, describe_self(opt, c.backend->reach()));
+  c.rules->on_waiting([core = core_.get()] { core->tell([](Listener& l) { l.on_waiting_for_place(); }); });
   c.thread.start([core = core_] { core->run(); });
 }
 

@@ -40,6 +40,9 @@ struct SpareOptions {
   bool on = false;
   std::string driver;                            // _ddprun_spare.py, beside the progress hook
   std::vector<std::string> preload = {"torch"};  // imported by each spare
+  // --preload=auto: also what the last attempt's worker had imported at its first step (the
+  // progress hook writes it to <heartbeat file>.modules when DDPRUN_PRELOAD_AUTO=1).
+  bool preload_auto = false;
   // After a group's start, spares are made once every worker has beaten, or after this.
   std::chrono::milliseconds delay{std::chrono::seconds(3)};
 };

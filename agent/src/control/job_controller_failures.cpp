@@ -1,0 +1,110 @@
+// The job controller's failure decisions: which rank is the root cause of a hang (from the
+// stacks), whether a failure restarts the job, ends it, or is a crash loop, and the summary.
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "control/job_controller.hpp"
+#include "observe/event_log.hpp"
+#include "workers/output.hpp"
+
+namespace ddprun::agent {
+
+void JobController::on_stacks_dumped(const std::map<int, std::vector<StackFrame>>& by_rank,
+                                     const std::vector<std::string>& files) {
+  if (by_rank.empty()) return;
+  std::string where = files.empty() ? "" : " (full dumps: " + files.front().substr(0, files.front().rfind('/')) +
+                                               (files.size() > 1 ? " and the other ranks' stack.txt)" : ")");
+  write_to_console("ddprun: stacks of the workers on " + node_name_ + ", innermost first" + where + ":\n" +
+                   summarize_stacks(by_rank));
+  stuck_ = rank_outside_collectives(by_rank);
+  if (events_.enabled()) {
+    nlohmann::json stacks = nlohmann::json::object();
+    for (const auto& [rank, frames] : by_rank) stacks[std::to_string(rank)] = describe_frames(frames);
+    events_.emit("stacks_dumped", {{"attempt", attempt_}, {"round", round_}, {"stacks", stacks}, {"files", files}});
+  }
+}
+
+// A hang whose first lapsed heartbeat was a rank waiting in a collective, while another rank of
+// this node was outside any (its stack says so): that one is the root cause, and the waiting
+// rank a consequence. The blamed rank's own record (it was stopped) becomes the root.
+FailureRecord JobController::blame_stuck_rank(const FailureRecord& root) {
+  if (!root.hang || !stuck_ || !root_cause_ || root_cause_->pid != root.pid || root.host != node_name_) return root;
+  std::string waiting;
+  for (int r : stuck_->waiting) waiting += (waiting.empty() ? "" : ",") + std::to_string(r);
+  const std::string why = "hung outside any collective (" + stuck_->where + ") while rank" +
+                          (stuck_->waiting.size() == 1 ? " " : "s ") + waiting + " waited in one for it";
+  if (stuck_->rank == root.rank) {  // its own heartbeat lapsed first: say why
+    FailureRecord same = root;
+    same.reason = why + "; " + root.reason;
+    root_cause_->reason = same.reason;
+    return same;
+  }
+  auto it = std::find_if(failures_.begin(), failures_.end(), [&](const FailureRecord& f) { return f.rank == stuck_->rank; });
+  if (it == failures_.end()) return root;
+  FailureRecord blamed = *it;
+  failures_.erase(it);
+  blamed.reason = why + "; rank " + std::to_string(root.rank) + ": " + root.reason;
+  blamed.hang = true;
+  blamed.exit_code = root.exit_code;
+  root_cause_ = blamed;
+  failures_.push_back(root);
+  return blamed;
+}
+
+void JobController::decide_failure(const FailureRecord& given) {
+  const FailureRecord root = blame_stuck_rank(given);
+  streaks_.record(root);
+  std::vector<std::string> notes;
+  if (streaks_.host_streak() > 1) {
+    notes.push_back("Host " + root.host + " caused the last " + std::to_string(streaks_.host_streak()) + " failures.");
+  }
+  if (opt_.max_same_failures > 0 && streaks_.same_failure() >= opt_.max_same_failures) {
+    notes.push_back("Crash loop: rank " + std::to_string(root.rank) + " failed the same way (" + root.reason + ") on " +
+                    std::to_string(streaks_.same_failure()) + " consecutive attempts (--max_same_failures=" +
+                    std::to_string(opt_.max_same_failures) + "): restarting will not mend it, and the exit code " +
+                    std::to_string(kCrashLoopExitCode) + " says not to requeue the job.");
+    events_.emit("crash_loop", {{"rank", root.rank}, {"host", root.host}, {"reason", root.reason},
+                                {"attempts", streaks_.same_failure()}, {"exit_code", kCrashLoopExitCode}});
+    report_failure(root, notes, kCrashLoopExitCode);
+    return finish(kCrashLoopExitCode, Rendezvous::Ack::yes);
+  }
+  if (attempt_ + 1 > opt_.max_restarts) {
+    report_failure(root, notes, root.exit_code);
+    return finish(root.exit_code, Rendezvous::Ack::yes);
+  }
+  int next = attempt_ + 1;
+  ++restarts_;
+  std::string who = "rank " + std::to_string(root.rank);
+  if (opt_.rdzv.multi_node()) {
+    spdlog::warn("ddprun: restarting the job on every node (restart {} of {})", next, opt_.max_restarts);
+    who += " on " + root.host;
+  } else {
+    spdlog::warn("ddprun: rank {} failed ({}); restarting the worker group (restart {} of {})", root.rank, root.reason,
+                 next, opt_.max_restarts);
+  }
+  if (streaks_.host_streak() > 1) {
+    spdlog::warn("ddprun: host {} caused the last {} failures", root.host, streaks_.host_streak());
+  }
+  events_.emit("restart", {{"count", next}, {"reason", who + ": " + root.reason}, {"host", root.host},
+                           {"host_streak", streaks_.host_streak()}});
+  join(round_ + 1, next);
+}
+
+// The summary: the root cause (with its last stderr lines, complete now that the output is
+// drained) and this node's other failures.
+void JobController::report_failure(FailureRecord root, const std::vector<std::string>& notes, int exits_with) {
+  std::vector<FailureRecord> others;
+  for (auto f : failures_) {
+    f.stderr_tail = group_.stderr_tail(f.local_rank);
+    others.push_back(std::move(f));
+  }
+  if (root_cause_ && root_cause_->pid == root.pid && root_cause_->host == root.host) {
+    root.stderr_tail = group_.stderr_tail(root_cause_->local_rank);
+  } else if (root_cause_) {
+    others.push_back(*root_cause_);  // this node failed too, but after the root cause
+  }
+  write_to_console(format_failure_report(root, others, opt_.role, attempt_, opt_.max_restarts, notes, exits_with));
+}
+
+}  // namespace ddprun::agent

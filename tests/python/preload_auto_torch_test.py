@@ -1,0 +1,76 @@
+#!/usr/bin/python3
+"""--preload=auto (docs: Warm spares), with the system's PyTorch: the modules the first attempt's
+worker had imported at its first step are what the spare for attempt 2 imports. The script
+imports two modules of an installed package directory (not its own folder, not torch):
+`autoload`, which records the restart count and pid it was imported with, and `sparebad`, which
+refuses to import inside a spare. Attempt 2, run by the spare, finds `autoload` imported before
+the script ran (in the spare, under attempt 1's environment); `sparebad` was a warning, and the
+spare went on without it (attempt 2 is still warm and imports it itself).
+
+Usage: preload_auto_torch_test.py --ddprun PATH"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import skip  # noqa: E402
+import warm_spare_torch_test as ws  # noqa: E402
+
+SCRIPT = r'''
+import os, sys, time
+import autoload, sparebad
+import torch
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.ones(1, 2)).sum().backward()
+opt.step()  # the first step: the progress hook reports the modules, then beats
+print("AUTO restart=%s imported_at_restart=%s same_pid=%s" % (restart, autoload.RESTART, autoload.PID == os.getpid()), flush=True)
+if restart == "0":
+    go = os.environ["PROBE_GO"]
+    while not os.path.exists(go):
+        time.sleep(0.02)
+    sys.exit(3)
+'''
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ddprun", required=True)
+    a = ap.parse_args()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        skip(f"{sys.executable} has no torch")
+    tmp = tempfile.mkdtemp(prefix="ddprun-preload-auto-")
+    try:
+        lib, job = os.path.join(tmp, "lib"), os.path.join(tmp, "job")
+        os.makedirs(lib)
+        os.makedirs(job)
+        with open(os.path.join(lib, "autoload.py"), "w") as f:
+            f.write("import os\nRESTART = os.environ.get('TORCHELASTIC_RESTART_COUNT')\nPID = os.getpid()\n")
+        with open(os.path.join(lib, "sparebad.py"), "w") as f:
+            f.write("import sys\nif sys.argv[0].endswith('_ddprun_spare.py'):\n"
+                    "    raise RuntimeError('sparebad refuses to be preloaded')\n")
+        with open(os.path.join(job, "train.py"), "w") as f:
+            f.write(SCRIPT)
+        rc, lines = ws.launch(a.ddprun, ["--preload=auto", sys.executable, "-u", "train.py"], job,
+                              os.path.join(job, "go"), True, nproc=1, timeout=120, env_extra={"PYTHONPATH": lib})
+        text = "\n".join(lines)
+        ws.check(rc == 0, f"the job recovers from attempt 1's exit 3 and ends 0 (exit {rc})")
+        ws.check("AUTO restart=1 imported_at_restart=0 same_pid=True" in text,
+                 "attempt 2's `autoload` was imported by its spare under attempt 1's environment (--preload=auto)")
+        ws.check("could not import sparebad" in text, "a reported module that fails to import in the spare: a warning")
+        ws.check("(1 warm)" in text, "the spare went on without it: attempt 2 started warm, and imported it itself")
+        if ws.FAILURES:
+            ws.show(lines)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"preload_auto_torch_test: {ws.PASSED[0]} passed, {len(ws.FAILURES)} failed")
+    sys.exit(1 if ws.FAILURES or not ws.PASSED[0] else 0)
+
+
+if __name__ == "__main__":
+    main()
