@@ -202,10 +202,11 @@ std::unique_ptr<Connection> EtcdBackend::connect(std::chrono::milliseconds timeo
 // The lease is renewed every TTL/10 on a thread of its own, for the whole job, through every
 // member at once (EtcdLeaseKeeper), each given etcd_keepalive_attempt(); a round that got
 // through nowhere is followed by another at once. A renewal counts from when the request that
-// got through was sent, so that etcd may be without a leader for about TTL - margin - TTL/10 -
-// attempt (2.9 s of a 5 s TTL) without this node's fence lapsing. A lease that expired anyway
-// (the node was stopped, or cut off) is replaced: the others counted this node lost, and it
-// joins again as a new node.
+// got through was sent. A round in which a majority of members said etcd has no leader (an
+// election) counts from when that was asked: nobody can revoke the lease meanwhile, and the
+// leader elected next extends it by its TTL (EtcdLeaseKeeper). A lease that expired anyway (the
+// node was stopped, or cut off) is replaced: the others counted this node lost, and it joins
+// again as a new node.
 void EtcdBackend::start_lease(EtcdClient& c) {
   lease_->id = c.grant_lease(opt_.lease_ttl);
   if (auto r = renewals_.lock()) r->renewed(c.last_sent());
@@ -213,20 +214,30 @@ void EtcdBackend::start_lease(EtcdClient& c) {
   each.user = opt_.etcd_user;
   each.password = opt_.etcd_password;
   each.tls = {opt_.etcd_cacert, opt_.etcd_cert, opt_.etcd_key};
-  keeper_.start([lease = lease_, c = client(opt_.lease_ttl), keeper = std::make_shared<EtcdLeaseKeeper>(each),
-                 renewals = renewals_, ttl = opt_.lease_ttl]() mutable {
+  auto keeper = std::make_shared<EtcdLeaseKeeper>(each, c.lease_term());
+  keeper_.start([lease = lease_, c = client(opt_.lease_ttl), keeper, renewals = renewals_, ttl = opt_.lease_ttl]() mutable {
     const auto every = etcd_renewal_interval(ttl);
+    auto counted = Clock::time_point::min();  // the latest time the lease counts from
+    auto count_from = [&](Clock::time_point t) {
+      counted = std::max(counted, t);
+      if (auto rn = renewals.lock()) rn->renewed(counted);
+    };
     for (auto pause = every; !lease->stop.wait_for(pause);) {
       auto r = keeper->renew(lease->id);
       pause = r.sent ? every : 20ms;
       if (r.sent) {
-        if (auto rn = renewals.lock()) rn->renewed(*r.sent);
+        count_from(*r.sent);
+      } else if (r.held) {
+        spdlog::debug("ddprun: etcd has no leader (a majority of its members say so): this node's lease cannot expire "
+                      "before the next leader extends it");
+        count_from(*r.held);
       } else if (r.expired) {
         spdlog::warn("ddprun: this node's etcd lease expired (etcd did not hear from it for {}): the other nodes "
                      "count it as lost; it joins again", duration_text(ttl));
         try {
           lease->id = c->grant_lease(ttl);
-          if (auto rn = renewals.lock()) rn->renewed(c->last_sent());
+          keeper->restart(c->lease_term());
+          count_from(c->last_sent());
         } catch (const Error& e) {
           spdlog::debug("ddprun: a new etcd lease: {}", e.what());
         }
