@@ -7,6 +7,9 @@
 #   leader   the leader SIGKILLed and started again 4 s later; then the new leader SIGSTOPped
 #            3 s; then a follower SIGSTOPped 8 s (longer than the lease)
 #   cut      the leader's network cut (its link down) for 10 s (etcd with --pre-vote)
+#   deposed  the same without --pre-vote (etcd 3.4's default): the member cut off campaigns alone,
+#            and its higher term deposes the leader when its link is back: seconds without a
+#            leader, ridden out because a majority says it has none (every node fenced before)
 #   rolling  every member restarted in turn (SIGTERM, started again, healthy again)
 #     -> the cluster keeps its quorum, so the job trains on: one round, restart count 0 on every
 #        node, no fence lapse, every rank ends after the same step with the same parameters
@@ -83,7 +86,7 @@ ttl=5  # ddprun's default lease_ttl, not given below
 nnodes=3
 [ "$chaos" = node ] && nnodes=2:3
 agent() {  # I: the agent of host I
-  start "$1" "a$1" env CHAOS_STOP="$out/stop" "$ddprun" --nnodes=$nnodes --rdzv_backend=etcd --rdzv_endpoint=$endpoints \
+  start "$1" "a$1" env CHAOS_STOP="$out/stop" "$ddprun" ${CHAOS_AGENT_ARGS:-} --nnodes=$nnodes --rdzv_backend=etcd --rdzv_endpoint=$endpoints \
     --rdzv_id=chaos --rdzv_conf=last_call_timeout=3 --max_restarts=3 --nproc_per_node=1 \
     /usr/bin/python3 -u "$here/chaos_worker.py"
 }
@@ -164,7 +167,7 @@ case $chaos in
     kill -CONT "$p"
     healthy 20 || bad "the cluster did not heal"
     hold 2 ;;
-  cut)
+  cut | deposed)
     l=$(leader); link $((l + 3)) down; echo "  e$l (the leader) cut off"
     hold 10
     link $((l + 3)) up
@@ -227,7 +230,7 @@ clear_end() {  # I
   return 1
 }
 case $chaos in
-  leader | cut | rolling) agents_end; finished_together; trained_on ;;
+  leader | cut | deposed | rolling) agents_end; finished_together; trained_on ;;
   quorum | brief)  # the agents ended meanwhile (all with a clear error), or meet again and finish
     all=0
     for i in 1 2 3; do clear_end "$i" || all=1; done

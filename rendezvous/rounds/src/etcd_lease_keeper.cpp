@@ -14,7 +14,7 @@ std::optional<std::chrono::steady_clock::time_point> leaderless_quorum(const std
   std::set<std::string> counted;
   std::optional<std::chrono::steady_clock::time_point> earliest;
   for (const auto& a : answers) {
-    if (!a.leaderless || a.term <= renewed_term || a.member_id.empty() || !counted.insert(a.member_id).second) continue;
+    if (!a.leaderless || a.term < renewed_term || a.member_id.empty() || !counted.insert(a.member_id).second) continue;
     if (!earliest || a.sent < *earliest) earliest = a.sent;
   }
   if (voting_members == 0 || counted.size() < voting_members / 2 + 1) return std::nullopt;
@@ -58,11 +58,12 @@ One renew_through(EtcdClient& c, std::int64_t lease) {
   try {
     auto s = c.status();
     const auto sent = c.last_sent();
+    r.why += " (member " + s.member_id + " at term " + std::to_string(s.raft_term) + ", leader " + s.leader_id + ")";
     if (s.leader_id != "0" && !s.leader_id.empty()) return r;  // it has a leader, that did not renew in time
     r.voting = c.voting_members();
     r.asked = LeaderlessAnswer{s.member_id, true, s.raft_term, sent};
-  } catch (const Error&) {
-    // paused or cut off: it says nothing that counts
+  } catch (const Error& e) {
+    r.why += std::string(" (who leads: ") + e.what() + ")";  // paused or cut off: nothing that counts
   }
   return r;
 }

@@ -7,8 +7,8 @@
 // While etcd has no leader, nobody can revoke the lease either: a revocation is a proposal that a
 // leader commits through a majority, and a newly elected leader first extends every lease by its
 // full TTL (plus its election timeout: etcd's lessor Promote). So a round that renewed nowhere,
-// but in which a majority of the cluster's members each said it has no leader, at a raft term
-// above the one the lease was last renewed in, holds the lease as a renewal would (the rule:
+// but in which a majority of the cluster's members each said it has no leader, at the raft term
+// the lease was last renewed in or a later one, holds the lease as a renewal would (the rule:
 // leaderless_quorum; why it is safe: docs/multi-node.md, "etcd outages"). A node cut off from
 // the majority cannot hear a majority, so it fences in time as before.
 
@@ -30,8 +30,8 @@ struct LeaderlessAnswer {
   std::int64_t term = 0;    // its raft term
   std::chrono::steady_clock::time_point sent;  // when the question was sent
 };
-// When a majority of `voting_members` (distinct ids) answered leaderless at a term above
-// `renewed_term`: the earliest of their questions' send times, from which the lease is as good as
+// When a majority of `voting_members` (distinct ids) answered leaderless at `renewed_term` or
+// later (a member behind it is lagging, and counts for nothing): the earliest of their questions' send times, from which the lease is as good as
 // renewed (no leader that can still commit was elected before it). Otherwise none.
 std::optional<std::chrono::steady_clock::time_point> leaderless_quorum(const std::vector<LeaderlessAnswer>& answers,
                                                                        std::size_t voting_members,
