@@ -37,10 +37,14 @@ class EtcdConnection : public Connection {
     if (!kv) return std::nullopt;
     return kv->value;
   }
-  void put(const Key& k, const std::string& value, Lifetime life) override { c_->put(name(k), value, lease_for(life)); }
+  void put(const Key& k, const std::string& value, Lifetime life) override {
+    with_lease(life, [&](std::int64_t lease) { c_->put(name(k), value, lease); });
+  }
   std::string create(const Key& k, const std::string& value, Lifetime life) override {
     EtcdKv existing;
-    return c_->create(name(k), value, lease_for(life), &existing) ? value : existing.value;
+    bool made = false;
+    with_lease(life, [&](std::int64_t lease) { made = c_->create(name(k), value, lease, &existing); });
+    return made ? value : existing.value;
   }
   // Read, then replace if nobody wrote in between; again otherwise. Each write carries a token
   // of its own ("N token"): a transaction a member applied but answered too late, so that the
@@ -81,6 +85,19 @@ class EtcdConnection : public Connection {
   std::string name(const Key& k) const override { return prefix_ + "/" + k.text(); }
 
  private:
+  // Runs `write` with the lease for `life`. This node's lease found expired (it was stopped, or
+  // cut off from etcd, longer than the TTL; the keeper may not have noticed yet) is replaced and
+  // the write made again on the new one: the others counted this node lost, it joins as new.
+  template <class F>
+  void with_lease(Lifetime life, F write) {
+    const auto lease = lease_for(life);
+    try {
+      write(lease);
+    } catch (const Error& e) {
+      if (life != Lifetime::node || std::string(e.what()).find("requested lease not found") == std::string::npos) throw;
+      write(lease_->replace(*c_, lease));
+    }
+  }
   std::int64_t lease_for(Lifetime life) {
     if (life == Lifetime::node) return lease_->id;
     if (life == Lifetime::marker) return c_->grant_lease(kMarkerTtl);
@@ -145,6 +162,16 @@ struct RecordWatch {
 
 }  // namespace
 
+std::int64_t EtcdBackend::Lease::replace(EtcdClient& c, std::int64_t stale) {
+  std::lock_guard<std::mutex> lk(mu);
+  if (id != stale) return id;
+  spdlog::warn("ddprun: this node's etcd lease expired (etcd did not hear from it for {}): the other nodes count it "
+               "as lost; it joins again on a new one", duration_text(ttl));
+  id = c.grant_lease(ttl);
+  term = c.lease_term();
+  return id;
+}
+
 std::chrono::milliseconds etcd_attempt(std::chrono::milliseconds ttl) {
   return std::max<std::chrono::milliseconds>(fence_margin(ttl) / 2, 100ms);
 }
@@ -202,31 +229,50 @@ std::unique_ptr<Connection> EtcdBackend::connect(std::chrono::milliseconds timeo
 // The lease is renewed every TTL/10 on a thread of its own, for the whole job, through every
 // member at once (EtcdLeaseKeeper), each given etcd_keepalive_attempt(); a round that got
 // through nowhere is followed by another at once. A renewal counts from when the request that
-// got through was sent, so that etcd may be without a leader for about TTL - margin - TTL/10 -
-// attempt (2.9 s of a 5 s TTL) without this node's fence lapsing. A lease that expired anyway
-// (the node was stopped, or cut off) is replaced: the others counted this node lost, and it
-// joins again as a new node.
+// got through was sent. A round in which a majority of members said etcd has no leader (an
+// election) counts from when that was asked: nobody can revoke the lease meanwhile, and the
+// leader elected next extends it by its TTL (EtcdLeaseKeeper). A lease that expired anyway (the
+// node was stopped, or cut off) is replaced: the others counted this node lost, and it joins
+// again as a new node.
 void EtcdBackend::start_lease(EtcdClient& c) {
+  lease_->ttl = opt_.lease_ttl;
   lease_->id = c.grant_lease(opt_.lease_ttl);
+  lease_->term = c.lease_term();
   if (auto r = renewals_.lock()) r->renewed(c.last_sent());
   EtcdOptions each(endpoints_, etcd_keepalive_attempt(opt_.lease_ttl));
   each.user = opt_.etcd_user;
   each.password = opt_.etcd_password;
   each.tls = {opt_.etcd_cacert, opt_.etcd_cert, opt_.etcd_key};
-  keeper_.start([lease = lease_, c = client(opt_.lease_ttl), keeper = std::make_shared<EtcdLeaseKeeper>(each),
-                 renewals = renewals_, ttl = opt_.lease_ttl]() mutable {
+  auto keeper = std::make_shared<EtcdLeaseKeeper>(each, c.lease_term());
+  keeper_.start([lease = lease_, c = client(opt_.lease_ttl), keeper, renewals = renewals_, ttl = opt_.lease_ttl]() mutable {
     const auto every = etcd_renewal_interval(ttl);
+    auto counted = Clock::time_point::min();  // the latest time the lease counts from
+    bool holding = false;                     // held by a leaderless majority (said once)
+    std::int64_t renewing = lease->id;
+    auto count_from = [&](Clock::time_point t) {
+      counted = std::max(counted, t);
+      if (auto rn = renewals.lock()) rn->renewed(counted);
+    };
     for (auto pause = every; !lease->stop.wait_for(pause);) {
-      auto r = keeper->renew(lease->id);
+      const std::int64_t id = lease->id;
+      if (id != renewing) keeper->restart(lease->term);  // replaced by a write that found it expired
+      renewing = id;
+      auto r = keeper->renew(id);
       pause = r.sent ? every : 20ms;
       if (r.sent) {
-        if (auto rn = renewals.lock()) rn->renewed(*r.sent);
+        count_from(*r.sent);
+        holding = false;
+      } else if (r.held) {
+        if (!holding) {
+          spdlog::info("ddprun: etcd has no leader (a majority of its members say so): this node's lease cannot expire "
+                       "before the next leader extends it, so its workers go on");
+        }
+        holding = true;
+        count_from(*r.held);
       } else if (r.expired) {
-        spdlog::warn("ddprun: this node's etcd lease expired (etcd did not hear from it for {}): the other nodes "
-                     "count it as lost; it joins again", duration_text(ttl));
         try {
-          lease->id = c->grant_lease(ttl);
-          if (auto rn = renewals.lock()) rn->renewed(c->last_sent());
+          lease->replace(*c, id);
+          count_from(c->last_sent());
         } catch (const Error& e) {
           spdlog::debug("ddprun: a new etcd lease: {}", e.what());
         }

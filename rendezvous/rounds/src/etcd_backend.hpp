@@ -54,7 +54,13 @@ class EtcdBackend : public Backend {
   // This node's lease, shared with its connections and its keeper thread.
   struct Lease {
     std::atomic<std::int64_t> id{0};
+    std::atomic<std::int64_t> term{0};  // the raft term it was granted in
+    std::chrono::seconds ttl{5};
     StopSignal stop;  // the keeper's pause, cut short at the end
+    std::mutex mu;    // one replacement at a time
+    // A new lease through `c` in place of `stale`, which etcd no longer has (it expired): once,
+    // whichever thread finds it first (the keeper, or a write on it). Returns the lease now held.
+    std::int64_t replace(EtcdClient& c, std::int64_t stale);
   };
 
  private:

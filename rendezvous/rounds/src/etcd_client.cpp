@@ -247,19 +247,28 @@ std::int64_t EtcdClient::delete_prefix(const std::string& prefix) {
 
 std::int64_t EtcdClient::grant_lease(std::chrono::seconds ttl) {
   auto j = impl_->call("/v3/lease/grant", {{"TTL", std::to_string(ttl.count())}});
+  if (j.contains("header")) lease_term_ = num(j["header"], "raft_term");
   return num(j, "ID");
 }
 
 bool EtcdClient::keep_alive(std::int64_t lease) {
   auto j = impl_->call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}});
   auto r = j.contains("result") ? j["result"] : j;
+  if (r.contains("header")) lease_term_ = num(r["header"], "raft_term");
   return num(r, "TTL") > 0;
 }
 
 EtcdClient::Status EtcdClient::status() {
   auto j = impl_->call("/v3/maintenance/status", json::object());
   auto id = [&](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
-  return {id(j["header"].value("member_id", json(""))), id(j.value("leader", json("")))};
+  return {id(j["header"].value("member_id", json(""))), id(j.value("leader", json("0"))), num(j, "raftTerm")};
+}
+
+std::size_t EtcdClient::voting_members() {
+  auto j = impl_->call("/v3/cluster/member/list", json::object());
+  std::size_t n = 0;
+  for (const auto& m : j.value("members", json::array())) n += m.value("isLearner", false) ? 0 : 1;
+  return n;
 }
 
 void EtcdClient::revoke(std::int64_t lease) { impl_->call("/v3/lease/revoke", {{"ID", std::to_string(lease)}}); }

@@ -97,11 +97,15 @@ class EtcdClient {
   // left for the next one, where the watch starts again from `from`: no event is lost.
   std::vector<EtcdEvent> watch(const std::string& key, bool prefix, std::int64_t from, std::chrono::milliseconds limit);
 
-  // The member that answered, and the cluster's leader, as etcd ids.
+  // The member that answered, the cluster's leader as that member knows it ("0": none), as
+  // etcd ids, and that member's raft term. Served by the member alone, leader or not.
   struct Status {
     std::string member_id, leader_id;
+    std::int64_t raft_term = 0;
   };
   Status status();
+  // How many voting members the cluster has, as the member that answered knows it.
+  std::size_t voting_members();
 
   // When the request that the last answer replied to was sent (its attempt's, not the call's
   // start): etcd applied it after that. A lease renewed by keep_alive() lasts its TTL from then.
@@ -109,12 +113,15 @@ class EtcdClient {
 
   // The store's revision as of the last response.
   std::int64_t revision() const { return revision_; }
+  // The raft term of the last lease grant or renewal (0: none yet).
+  std::int64_t lease_term() const { return lease_term_; }
 
   struct Impl;
 
  private:
   std::unique_ptr<Impl> impl_;
   std::int64_t revision_ = 0;
+  std::int64_t lease_term_ = 0;
 };
 
 }  // namespace ddprun::rounds

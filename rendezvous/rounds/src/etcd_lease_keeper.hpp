@@ -3,34 +3,63 @@
 // waits out each member that cannot answer (paused, cut off, forwarding to a leader that is
 // gone); sent to all at once, it gets through as soon as any member can serve it, so that the
 // only time a renewal cannot be had is while etcd has no leader at all.
+//
+// While etcd has no leader, nobody can revoke the lease either: a revocation is a proposal that a
+// leader commits through a majority, and a newly elected leader first extends every lease by its
+// full TTL (plus its election timeout: etcd's lessor Promote). So a round that renewed nowhere,
+// but in which a majority of the cluster's members each said it has no leader, at the raft term
+// the lease was last renewed in or a later one, holds the lease as a renewal would (the rule:
+// leaderless_quorum; why it is safe: docs/multi-node.md, "etcd outages"). A node cut off from
+// the majority cannot hear a majority, so it fences in time as before.
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "etcd_client.hpp"
 
 namespace ddprun::rounds {
 
+// One member's answer to "who leads?" after it could not renew the lease.
+struct LeaderlessAnswer {
+  std::string member_id;
+  bool leaderless = false;  // it has no leader now
+  std::int64_t term = 0;    // its raft term
+  std::chrono::steady_clock::time_point sent;  // when the question was sent
+};
+// When a majority of `voting_members` (distinct ids) answered leaderless at `renewed_term` or
+// later (a member behind it is lagging, and counts for nothing): the earliest of their questions' send times, from which the lease is as good as
+// renewed (no leader that can still commit was elected before it). Otherwise none.
+std::optional<std::chrono::steady_clock::time_point> leaderless_quorum(const std::vector<LeaderlessAnswer>& answers,
+                                                                       std::size_t voting_members,
+                                                                       std::int64_t renewed_term);
+
 class EtcdLeaseKeeper {
  public:
   using Clock = std::chrono::steady_clock;
   // `each`: the settings of one member's client (its endpoints are replaced by that member);
-  // every renewal to a member is bounded by `each.timeout`.
-  explicit EtcdLeaseKeeper(const EtcdOptions& each);
+  // every renewal to a member is bounded by `each.timeout`. `renewed_term`: the raft term the
+  // lease was granted in.
+  EtcdLeaseKeeper(const EtcdOptions& each, std::int64_t renewed_term);
 
   struct Renewal {
     std::optional<Clock::time_point> sent;  // when the latest request that renewed it was sent
+    std::optional<Clock::time_point> held;  // else: a majority said etcd has no leader (leaderless_quorum)
     bool expired = false;                   // a member said the lease is gone
-    std::string why;                        // when neither: what the members said
+    std::string why;                        // when none of these: what the members said
   };
   // One keep-alive of `lease` to every member at once; returns when all have answered or timed out.
   Renewal renew(std::int64_t lease);
+  // A new lease, granted in `term`.
+  void restart(std::int64_t term) { renewed_term_ = term; }
 
  private:
   std::vector<std::unique_ptr<EtcdClient>> members_;  // one each; used by one thread at a time
+  std::int64_t renewed_term_;
+  std::size_t voting_ = 0;  // the most voting members any member listed
 };
 
 }  // namespace ddprun::rounds
