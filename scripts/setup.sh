@@ -57,7 +57,8 @@ else
 fi
 
 build=${DDPRUN_BUILD_DIR:-$root/build}
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# Unity batches: the libraries and programs compile in about half the CPU time (tests stay per file).
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON >/dev/null
 if ((${#targets[@]})); then
   cmake --build "$build" -j"${DDPRUN_JOBS:-2}" --target "${targets[@]}"
   echo "setup: built ${targets[*]} in $build"

@@ -14,7 +14,7 @@
 namespace ddprun::agent {
 namespace {
 
-std::string base_name(std::string path) {
+std::string exe_base_name(std::string path) {
   const std::string deleted = " (deleted)";
   if (path.size() > deleted.size() && path.compare(path.size() - deleted.size(), deleted.size(), deleted) == 0) {
     path.resize(path.size() - deleted.size());
@@ -52,7 +52,7 @@ std::string exe_of(const std::string& dir) {
 }  // namespace
 
 bool is_python_executable(const std::string& exe) {
-  std::string b = base_name(exe);
+  std::string b = exe_base_name(exe);
   if (b.rfind("python", 0) != 0) return false;
   // python, python3, python3.11, python3.12d: a version, then ABI flags (not python-config).
   std::size_t i = 6;
@@ -67,7 +67,7 @@ bool is_wrapper_executable(const std::string& exe) {
   static const std::set<std::string> wrappers = {
       "sh",   "bash",   "dash",    "zsh",     "ksh",  "mksh",  "busybox", "env",   "nice",  "ionice", "nohup",
       "time", "timeout", "numactl", "taskset", "chrt", "setsid", "stdbuf", "flock", "srun", "prlimit"};
-  return wrappers.count(base_name(exe)) > 0;
+  return wrappers.count(exe_base_name(exe)) > 0;
 }
 
 std::string process_name(pid_t pid, const std::string& proc_root) {
