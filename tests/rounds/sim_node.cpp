@@ -153,7 +153,7 @@ void play(World& w, Node& n) {
   for (;;) {
     n.state = Node::State::joining;
     auto j = rules.join(round, rc);
-    w.joined(n, j.info.round, j.info.group_rank, j.info.group_world, j.members.hosts);
+    w.joined(n, j.info, j.members.hosts);
     RoundEnd end;
     {
       auto live = backend.watch(j.members, {});
@@ -170,6 +170,14 @@ void play(World& w, Node& n) {
     w.ended(n, j.info.round, round_end_json(end));
     const int rcount = j.info.restart_count;
     if (end.kind == RoundEnd::Kind::success) {
+      rules.acknowledge_end(j.info.round, j.info.group_world);
+      n.state = Node::State::done;
+      w.finished(n);
+      return;
+    }
+    const int max_restarts = w.settings().max_restarts;
+    if (end.kind == RoundEnd::Kind::failure && max_restarts >= 0 && rcount + 1 > max_restarts) {
+      // No restart left: the job ends here, on every node that saw this end (as ddprun's agent).
       rules.acknowledge_end(j.info.round, j.info.group_world);
       n.state = Node::State::done;
       w.finished(n);

@@ -230,17 +230,24 @@ bool World::step(bool faults) {
   return true;
 }
 
-void World::joined(Node& n, int round, int group_rank, int group_world, const std::vector<std::string>& hosts) {
-  note(n.id + " in round " + std::to_string(round) + " as " + std::to_string(group_rank) + " of [" + join_text(hosts) + "]");
+void World::joined(Node& n, const RoundInfo& info, const std::vector<std::string>& hosts) {
+  const int round = info.round, group_rank = info.group_rank;
+  note(n.id + " in round " + std::to_string(round) + " as " + std::to_string(group_rank) + " of [" + join_text(hosts) +
+       "], restart count " + std::to_string(info.restart_count));
   n.epoch = epoch_;
   n.round = round;
   n.group_rank = group_rank;
-  n.group_world = group_world;
+  n.group_world = info.group_world;
   RoundSeen& r = rounds_[{epoch_, round}];
   if (r.hosts.empty()) r.hosts = hosts;
   if (r.hosts != hosts) {
     violate("round " + std::to_string(round) + " closed twice: [" + join_text(r.hosts) + "] and, for " + n.id + ", [" +
             join_text(hosts) + "]");
+  }
+  if (r.restart_count < 0) r.restart_count = info.restart_count;
+  if (r.restart_count != info.restart_count) {
+    violate("round " + std::to_string(round) + ": restart count " + std::to_string(r.restart_count) + " on one member, " +
+            std::to_string(info.restart_count) + " on " + n.id + " (nodes would disagree on restarts left)");
   }
   std::set<std::string> distinct(hosts.begin(), hosts.end());
   if (distinct.size() != hosts.size() || group_rank >= static_cast<int>(hosts.size()) || hosts[group_rank] != n.id) {
@@ -250,11 +257,29 @@ void World::joined(Node& n, int round, int group_rank, int group_world, const st
     violate(n.id + " has --node_rank " + std::to_string(n.slot) + " but group rank " + std::to_string(group_rank));
   }
   auto last = last_round_.find(n.id);
-  if (last != last_round_.end() && last->second.first == epoch_ && last->second.second >= round) {
+  const bool same_epoch = last != last_round_.end() && last->second.first == epoch_;
+  if (same_epoch && last->second.second >= round) {
     violate(n.id + " went back from round " + std::to_string(last->second.second) + " to " + std::to_string(round));
   }
+  // A member of a round that ran learns how it ended (a failure with no restart left ends the
+  // job on every node): it never goes on past that round without having joined it, unless its
+  // own end of the round stood.
+  for (auto it = rounds_.lower_bound({epoch_, same_epoch ? last->second.second + 1 : 0});
+       it != rounds_.end() && it->first.first == epoch_ && it->first.second < round; ++it) {
+    const RoundSeen& was = it->second;
+    if (was.decisive && std::find(was.hosts.begin(), was.hosts.end(), n.id) != was.hosts.end() && was.end_writer != n.id) {
+      violate(n.id + " was a member of round " + std::to_string(it->first.second) + ", which ran, and went on to round " +
+              std::to_string(round) + " without learning how it ended");
+    }
+  }
   last_round_[n.id] = {epoch_, round};
-  if (launch_finished_[n.launch]) violate(n.id + " joined round " + std::to_string(round) + " after its job had finished");
+  // The members of the job's last round learn of its end one by one: later than that round is wrong.
+  // A node started close_timeout after the end is a relaunch (it meets after the old rounds).
+  const bool relaunch = n.started >= finished_at_[n.launch] + s_.opt.close_timeout;
+  if (launch_finished_[n.launch] && round > finished_round_[n.launch] && !relaunch) {
+    violate(n.id + " joined round " + std::to_string(round) + " after its job had finished with round " +
+            std::to_string(finished_round_[n.launch]));
+  }
 }
 
 void World::ended(Node& n, int round, const std::string& end_json) {
@@ -267,6 +292,7 @@ void World::ended(Node& n, int round, const std::string& end_json) {
 
 void World::finished(Node& n) {
   note(n.id + " finished: the job is over");
+  if (!launch_finished_[n.launch]) finished_round_[n.launch] = n.round, finished_at_[n.launch] = now_;
   launch_finished_[n.launch] = true;
 }
 

@@ -31,7 +31,9 @@ void ring_main(World& w, Node& n, const Members& m);
 std::string Settings::describe() const {
   std::ostringstream o;
   o << "seed " << seed << ": " << (flavor == Flavor::store ? "store" : "etcd") << ", " << to_string(kind) << ", "
-    << nodes << " nodes, --nnodes=" << min_nodes << ":" << max_nodes << ", " << fault_steps << " steps of faults";
+    << nodes << " nodes, --nnodes=" << min_nodes << ":" << max_nodes << ", --max_restarts="
+    << (max_restarts < 0 ? std::string("unlimited") : std::to_string(max_restarts)) << ", " << fault_steps
+    << " steps of faults";
   return o.str();
 }
 
@@ -57,6 +59,9 @@ Settings settings_of(std::uint64_t seed) {
   o.keep_alive_interval = 2s;
   o.keep_alive_max_attempt = 2;
   o.lease_ttl = std::chrono::seconds(4);
+  // Drawn last, so that the draws above (and the seeds found before it) stay as they were.
+  const int restarts = static_cast<int>(r() % 5);
+  s.max_restarts = restarts == 4 ? -1 : restarts;
   return s;
 }
 
@@ -95,6 +100,7 @@ Node& World::start_node(int slot, int launch, const std::string& id) {
   n->launch = launch;
   n->id = id;
   n->lease_until = now_ + s_.opt.lease_ttl;
+  n->started = now_;
   Node& ref = *n;
   nodes_.push_back(std::move(n));
   note("start " + id + " (slot " + std::to_string(slot) + ", launch " + std::to_string(launch) + ")");
@@ -175,6 +181,8 @@ std::string World::create(const std::string& k, const std::string& v, Lifetime l
     // A round ended "node lost": the lost member's workers must be gone by now (its fence).
     RoundEnd e = parse_round_end(k, v);
     int round = std::stoi(k.substr(1));
+    rounds_[{epoch_, round}].end_writer = n.id;
+    rounds_[{epoch_, round}].decisive = e.kind == RoundEnd::Kind::failure || e.kind == RoundEnd::Kind::success;
     auto r = rounds_.find({epoch_, round});
     if (e.kind == RoundEnd::Kind::membership && r != rounds_.end() && !r->second.hosts.empty()) {
       // A late node's request must not beat a success every member had reported.

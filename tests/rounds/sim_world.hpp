@@ -42,6 +42,7 @@ struct Settings {
   BackendKind kind = BackendKind::c10d;
   int nodes = 3, min_nodes = 1, max_nodes = 3;
   int fault_steps = 300;  // steps with faults; then quiet time
+  int max_restarts = -1;  // a failed round with no restart left ends the job on every node; -1: never
   bool liveness = true;   // check liveness in quiet time (else stop after the faults)
   RendezvousOptions opt;
   std::string describe() const;
@@ -62,6 +63,7 @@ struct Node {
   std::string why;  // failed: the message
   int epoch = 0, round = -1, group_rank = -1, group_world = 0;
   bool workers = false, succeeded = false;
+  Time started{};
   Time fence_until{};
   Time lease_until{};      // etcd: its node keys go after then
   Time paused_until{};
@@ -106,7 +108,7 @@ class World {
   void clear_run();
   void spawn_ring(Node& n, const Members& m);
   void renewed(Node& n, Time sent);
-  void joined(Node& n, int round, int group_rank, int group_world, const std::vector<std::string>& hosts);
+  void joined(Node& n, const RoundInfo& info, const std::vector<std::string>& hosts);
   void ended(Node& n, int round, const std::string& end_json);
   void finished(Node& n);
   void violate(const std::string& what);
@@ -123,7 +125,9 @@ class World {
   struct RoundSeen {
     std::vector<std::string> hosts;  // by group rank
     std::set<std::string> succeeded;
-    std::map<std::string, int> ended_by;
+    std::string end_writer;  // the node whose end of the round stood
+    bool decisive = false;   // it ended "failure" or "success": each member decides on it
+    int restart_count = -1;
   };
   Node& start_node(int slot, int launch, const std::string& id);
   void spawn(Node& n, std::function<void()> body, bool ring);
@@ -157,6 +161,8 @@ class World {
   Task* current_ = nullptr;
   int launch_ = 0, epoch_ = 0, relaunches_ = 0, ids_ = 0;
   std::map<int, bool> launch_finished_;
+  std::map<int, int> finished_round_;  // by launch: the round its job ended with
+  std::map<int, Time> finished_at_;
   struct Restart {
     int slot, launch;
     std::string id;

@@ -78,7 +78,9 @@ RoundRules::Joined RoundRules::join(int round, int rc) {
     // waited long for it).
     const auto deadline = Clock::now() + opt_.join_timeout;
     if (rc < 0) round = latest_round(std::max(round, first_round_));
-    if (rc >= 0) c.create(round_key(round, Name::rc), std::to_string(rc));
+    // One restart count per round, the first writer's; "finished": the others ended the job
+    // after the round this node comes from (a crash loop it did not count itself).
+    if (rc >= 0 && c.create(round_key(round, Name::rc), std::to_string(rc)) == kFinished) throw_finished();
     if (opt_.backend == BackendKind::static_ranks && !claim_rank(round, deadline)) {
       ++round;  // the round that held this rank has ended: meet in the next one
       continue;
@@ -90,11 +92,10 @@ RoundRules::Joined RoundRules::join(int round, int rc) {
     int closed = wait_closed(round, idx, deadline);
     if (idx < closed) {
       try {
-        Joined j = read_round(round, idx, closed, rc);
-        // Slow enough that the others ended the round meanwhile: it is over, meet in the next.
-        if (!c.get(round_key(round, Name::end))) return j;
-        ++round;
-        continue;
+        // Even when the others ended the round meanwhile (a member's workers failed at once):
+        // its end is this node's to act on too (no restart left ends the job on every node),
+        // which it learns by running the round; it must never skip it.
+        return read_round(round, idx, closed);
       } catch (const MemberGone& g) {
         // A member that arrived and died before the round ran: meet again without it.
         spdlog::warn("ddprun: round {}: node {} ({}) {}; meeting again without it", round, g.index, g.host, g.what);
@@ -155,7 +156,7 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
 }
 
 // In round `round` as its idx-th arrival: every member's description, this node's place.
-RoundRules::Joined RoundRules::read_round(int round, int idx, int closed, int rc) {
+RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
   auto& c = *conn_;
   std::vector<Key> records;
   for (int i = 0; i < closed; ++i) records.push_back(round_key(round, Name::node, i));
@@ -203,9 +204,11 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed, int rc
     info.world_size += info.nodes[g].nproc;
     j.members.hosts.push_back(info.nodes[g].host);
   }
+  // The round's count, the same on every member (a node new to the job has none of its own).
   const Key rck = round_key(round, Name::rc);
-  auto stored = rc >= 0 ? std::nullopt : c.get(rck);
-  info.restart_count = rc >= 0 ? rc : stored ? static_cast<int>(parse_number(c.name(rck), *stored, 0, INT32_MAX)) : 0;
+  auto stored = c.get(rck);
+  if (stored && *stored == kFinished) throw_finished();
+  info.restart_count = stored ? static_cast<int>(parse_number(c.name(rck), *stored, 0, INT32_MAX)) : 0;
   j.members.round = round;
   j.members.group_rank = info.group_rank;
   publish_store(j);
@@ -298,7 +301,14 @@ void RoundRules::report_success(int round, int group_world) {
 void RoundRules::acknowledge_end(int round, int group_world) {
   auto& c = *conn_;
   const Key all = round_key(round, Name::all_acked);
-  if (c.add(round_key(round, Name::acked), 1) >= group_world) {
+  const std::int64_t acked = c.add(round_key(round, Name::acked), 1);
+  if (acked == 1 && group_world > 1) {
+    // The job is over from the first acknowledgement on: a node of it that starts again (or a
+    // member that never acknowledges: it crashed) must find it finished, not a new round.
+    c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms()}), Lifetime::marker);
+    c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
+  }
+  if (acked >= group_world) {
     // Nothing of the job stays but markers: a node started late with this run id is told the
     // job finished, and one waiting for a place in a next round learns there is none.
     c.put(all, "1");

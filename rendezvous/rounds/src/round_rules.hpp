@@ -89,7 +89,7 @@ class RoundRules {
   void wait_next_round(int round, int closed);
   [[noreturn]] void throw_finished();
   void throw_if_finished(Connection& c, int round);
-  Joined read_round(int round, int idx, int closed, int restart_count);
+  Joined read_round(int round, int idx, int closed);
   void publish_store(Joined& j);
   void throw_if_stopped(Connection& c, int round);
   void ask_to_join(int round, int closed);
