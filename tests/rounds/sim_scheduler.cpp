@@ -262,20 +262,22 @@ void World::joined(Node& n, const RoundInfo& info, const std::vector<std::string
     violate(n.id + " went back from round " + std::to_string(last->second.second) + " to " + std::to_string(round));
   }
   // A member of a round that ran learns how it ended (a failure with no restart left ends the
-  // job on every node): it never goes on past that round without having joined it, unless its
-  // own end of the round stood.
+  // job on every node): it never goes on past that round without having joined it, unless it
+  // took part in ending it (it gave up on a member as lost, and another end stood: it learns the
+  // job's count from the next round's restart count, or that the job finished from its marker).
   for (auto it = rounds_.lower_bound({epoch_, same_epoch ? last->second.second + 1 : 0});
        it != rounds_.end() && it->first.first == epoch_ && it->first.second < round; ++it) {
     const RoundSeen& was = it->second;
-    if (was.decisive && std::find(was.hosts.begin(), was.hosts.end(), n.id) != was.hosts.end() && was.end_writer != n.id) {
+    if (was.decisive && std::find(was.hosts.begin(), was.hosts.end(), n.id) != was.hosts.end() && !was.tried_end.count(n.id)) {
       violate(n.id + " was a member of round " + std::to_string(it->first.second) + ", which ran, and went on to round " +
               std::to_string(round) + " without learning how it ended");
     }
   }
   last_round_[n.id] = {epoch_, round};
   // The members of the job's last round learn of its end one by one: later than that round is wrong.
-  // A node started close_timeout after the end is a relaunch (it meets after the old rounds).
-  const bool relaunch = n.started >= finished_at_[n.launch] + s_.opt.close_timeout;
+  // A node whose first look at the run came close_timeout after the end is a relaunch (it meets
+  // after the old rounds): however long ago its process started, nothing tells it apart from one.
+  const bool relaunch = n.first_look && *n.first_look >= finished_at_[n.launch] + s_.opt.close_timeout;
   if (launch_finished_[n.launch] && round > finished_round_[n.launch] && !relaunch) {
     violate(n.id + " joined round " + std::to_string(round) + " after its job had finished with round " +
             std::to_string(finished_round_[n.launch]));

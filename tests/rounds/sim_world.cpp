@@ -163,6 +163,7 @@ void World::sleep_until(Time when) {
 }
 
 std::optional<std::string> World::get(const std::string& k) {
+  if (k == "finished" && current_ && !current_->node->first_look) current_->node->first_look = now_;
   auto it = kv_.find(k);
   if (it == kv_.end()) return std::nullopt;
   return it->second.v;
@@ -177,6 +178,7 @@ void World::put(const std::string& k, const std::string& v, Lifetime life, Node&
 
 std::string World::create(const std::string& k, const std::string& v, Lifetime life, Node& n) {
   auto [it, fresh] = kv_.emplace(k, Value{v, life, &n, now_ + kMarkerTtl});
+  if (k.size() > 4 && k.compare(k.size() - 4, 4, "/end") == 0) rounds_[{epoch_, std::stoi(k.substr(1))}].tried_end.insert(n.id);
   if (fresh && k.size() > 4 && k.compare(k.size() - 4, 4, "/end") == 0) {
     // A round ended "node lost": the lost member's workers must be gone by now (its fence).
     RoundEnd e = parse_round_end(k, v);

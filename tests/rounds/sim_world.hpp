@@ -64,6 +64,7 @@ struct Node {
   int epoch = 0, round = -1, group_rank = -1, group_world = 0;
   bool workers = false, succeeded = false;
   Time started{};
+  std::optional<Time> first_look;  // when its first read of the run's `finished` marker was answered
   Time fence_until{};
   Time lease_until{};      // etcd: its node keys go after then
   Time paused_until{};
@@ -126,6 +127,7 @@ class World {
     std::vector<std::string> hosts;  // by group rank
     std::set<std::string> succeeded;
     std::string end_writer;  // the node whose end of the round stood
+    std::set<std::string> tried_end;  // nodes that tried to end it (a member it gave up on as lost)
     bool decisive = false;   // it ended "failure" or "success": each member decides on it
     int restart_count = -1;
   };

@@ -77,6 +77,7 @@ RoundRules::Joined RoundRules::join(int round, int rc) {
     // Each round is given join_timeout from when this node arrives in it (a spare may have
     // waited long for it).
     const auto deadline = Clock::now() + opt_.join_timeout;
+    throw_if_job_finished();
     if (rc < 0) round = latest_round(std::max(round, first_round_));
     // One restart count per round, the first writer's; "finished": the others ended the job
     // after the round this node comes from (a crash loop it did not count itself).

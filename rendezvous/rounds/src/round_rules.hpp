@@ -89,6 +89,7 @@ class RoundRules {
   void wait_next_round(int round, int closed);
   [[noreturn]] void throw_finished();
   void throw_if_finished(Connection& c, int round);
+  void throw_if_job_finished();
   Joined read_round(int round, int idx, int closed);
   void publish_store(Joined& j);
   void throw_if_stopped(Connection& c, int round);

@@ -63,6 +63,16 @@ void RoundRules::throw_if_finished(Connection& c, int round) {
   if (v && parse_finished(c.name(finished), *v, wall_ms()).round >= round) throw_finished();
 }
 
+// The job this node belongs to finished since connect() looked (a relaunch meets after the
+// rounds of the job before it, first_round_): a node of it, however late, must not start it again
+// (etcd: clear_run took the rounds' keys, the marker stays).
+void RoundRules::throw_if_job_finished() {
+  auto& c = *conn_;
+  const Key finished = run_key(Name::finished);
+  auto v = c.get(finished);
+  if (v && parse_finished(c.name(finished), *v, wall_ms()).round + 2 > first_round_) throw_finished();
+}
+
 // The round runs without this node: with room, it is asked to restart with this node in.
 void RoundRules::ask_to_join(int round, int closed) {
   auto& c = *conn_;
