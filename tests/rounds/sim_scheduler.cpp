@@ -299,8 +299,13 @@ void World::finished(Node& n) {
 }
 
 bool World::settled() {
-  if (launch_finished_[launch_]) {
-    return std::all_of(current_nodes_.begin(), current_nodes_.end(), [](Node* n) { return !n->alive || n->state == Node::State::done; }) && restarts_.empty();
+  // A node told that its job finished is over too (the one that finished it may have crashed
+  // before saying so).
+  auto told = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("finished", 0) == 0; };
+  if (launch_finished_[launch_] || std::any_of(current_nodes_.begin(), current_nodes_.end(), told)) {
+    return std::all_of(current_nodes_.begin(), current_nodes_.end(), [&](Node* n) {
+             return n->state == Node::State::done || told(n) || (!n->alive && n->state != Node::State::failed);
+           }) && restarts_.empty();
   }
   const Node* first = current_nodes_[0];
   for (const Node* n : current_nodes_) {

@@ -187,9 +187,8 @@ std::string World::create(const std::string& k, const std::string& v, Lifetime l
     rounds_[{epoch_, round}].decisive = e.kind == RoundEnd::Kind::failure || e.kind == RoundEnd::Kind::success;
     auto r = rounds_.find({epoch_, round});
     if (e.kind == RoundEnd::Kind::membership && r != rounds_.end() && !r->second.hosts.empty()) {
-      // A late node's request must not beat a success every member had reported.
-      auto s = kv_.find("r" + std::to_string(round) + "/succeeded");
-      if (s != kv_.end() && parse_int(s->second.v).value_or(0) == static_cast<long long>(r->second.hosts.size())) {
+      // A late node's request must not beat a success every member had reported first.
+      if (r->second.reports_first) {
         violate("round " + std::to_string(round) + " ended 'membership' after every member had reported success");
       }
     }
@@ -210,6 +209,11 @@ std::int64_t World::add(const std::string& k, std::int64_t d) {
   auto& v = kv_[k];
   std::int64_t n = (v.v.empty() ? 0 : parse_int(v.v).value_or(0)) + d;
   v.v = std::to_string(n);
+  if (d == 1 && k.size() > 10 && k.compare(k.size() - 10, 10, "/succeeded") == 0) {
+    // Every member reported success before any membership request was counted (n stays >= 0).
+    RoundSeen& r = rounds_[{epoch_, std::stoi(k.substr(1))}];
+    if (!r.hosts.empty() && n == static_cast<std::int64_t>(r.hosts.size())) r.reports_first = true;
+  }
   return n;
 }
 

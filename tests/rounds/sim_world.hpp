@@ -128,7 +128,8 @@ class World {
     std::set<std::string> succeeded;
     std::string end_writer;  // the node whose end of the round stood
     std::set<std::string> tried_end;  // nodes that tried to end it (a member it gave up on as lost)
-    bool decisive = false;   // it ended "failure" or "success": each member decides on it
+    bool decisive = false;
+    bool reports_first = false;  // every member reported success before any membership request   // it ended "failure" or "success": each member decides on it
     int restart_count = -1;
   };
   Node& start_node(int slot, int launch, const std::string& id);
