@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <ctime>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -64,7 +65,7 @@ const std::vector<std::uint64_t> kKnownOpen = {30967};
 struct Sweep {
   std::uint64_t schedules = 0, steps = 0;
   std::vector<std::uint64_t> failed;
-  double seconds = 0;
+  double seconds = 0, cpu_seconds = 0;
 };
 
 // Seeds first..first+count-1 on `threads` threads (or for `seconds` when > 0).
@@ -73,6 +74,7 @@ Sweep sweep(std::uint64_t first, std::uint64_t count, double seconds, int thread
   std::mutex mu;
   Sweep out;
   const auto t0 = std::chrono::steady_clock::now();
+  const std::clock_t c0 = std::clock();
   const auto until = t0 + std::chrono::duration<double>(seconds);
   std::vector<std::thread> ts;
   for (int i = 0; i < threads; ++i) {
@@ -95,6 +97,7 @@ Sweep sweep(std::uint64_t first, std::uint64_t count, double seconds, int thread
   out.schedules = done;
   out.steps = steps;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.cpu_seconds = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
   std::sort(out.failed.begin(), out.failed.end());
   return out;
 }
@@ -133,14 +136,17 @@ void run_sweep(std::uint64_t default_count, bool liveness) {
     });
   }
   std::cout << "sim" << (liveness ? " (liveness)" : "") << ": " << s.schedules << " schedules (" << s.steps
-            << " steps) in " << s.seconds << " s, " << s.failed.size() << " failed" << std::endl;
+            << " steps) in " << s.seconds << " s (" << s.cpu_seconds << " s of CPU), " << s.failed.size() << " failed"
+            << std::endl;
   for (std::size_t i = 0; i < s.failed.size() && i < 500; ++i) {
     std::cout << "failed seed " << s.failed[i] << ": " << run_seed(s.failed[i], false, liveness).violation << "\n";
   }
   if (!s.failed.empty()) std::cout << replay_text(s.failed.front(), liveness);
   CHECK(s.failed.empty());
   if (seconds <= 0) CHECK(s.schedules >= count);
-  if (seconds <= 0 && !liveness && count >= 100000) CHECK(s.seconds <= 120);  // the CI budget
+  // The CI budget: 2 minutes on 2 cores, counted in CPU time (other work on a loaded machine
+  // stretches the wall time, not the simulator's cost).
+  if (seconds <= 0 && !liveness && count >= 100000) CHECK(s.cpu_seconds <= 240);
 }
 
 }  // namespace
