@@ -63,9 +63,9 @@ TEST_CASE("etcd backend: 2 agents x 2 workers form one world - nothing is left i
   CHECK(ports.size() == 1);
   EtcdClient c({cluster.endpoints(), 5s});
   // A finished job leaves nothing behind but markers on a lease: the run, and no next round.
-  auto left = c.get_prefix("/ddprun/job1/");
+  auto left = c.get_prefix("/ddprun/job1");
   REQUIRE(left.size() == 2);
-  CHECK(left[0].key == "/ddprun/job1/finished");
+  CHECK(left[0].key == "/ddprun/job1.finished");
   CHECK(left[1].key == "/ddprun/job1/r1/rc");
   for (const auto& kv : left) CHECK(kv.lease != 0);
   // A node started late with the same run id is told, instead of waiting for a rendezvous.

@@ -109,7 +109,7 @@ class FakeConnection : public Connection {
   void clear_run() override {
     std::lock_guard<std::mutex> lk(w_->mu);
     w_->check_up();
-    w_->kv.clear();
+    for (auto it = w_->kv.begin(); it != w_->kv.end();) it = it->first == "finished" ? std::next(it) : w_->kv.erase(it);
     ++w_->cleared;
   }
   std::string name(const Key& k) const override { return "fake/" + k.text(); }

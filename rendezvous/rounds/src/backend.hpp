@@ -20,7 +20,26 @@
 
 namespace ddprun::rounds {
 
-using Clock = std::chrono::steady_clock;
+// The round rules' clock: the steady clock, or, on a thread that set `source` (the
+// deterministic simulator, tests/rounds/sim_*), that thread's virtual time. Its time points are
+// the steady clock's, so deadlines cross to the Fence unchanged.
+struct Clock {
+  using base = std::chrono::steady_clock;
+  using duration = base::duration;
+  using rep = duration::rep;
+  using period = duration::period;
+  using time_point = base::time_point;
+  static constexpr bool is_steady = true;
+  using Source = time_point (*)();
+  static inline thread_local Source source = nullptr;
+  static time_point now() { return source ? source() : base::now(); }
+  // Wall-clock time (for what crosses nodes: markers); virtual with `source`.
+  static std::chrono::system_clock::time_point wall() {
+    if (!source) return std::chrono::system_clock::now();
+    return std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(source().time_since_epoch()));
+  }
+};
 
 // How long a key lives.
 enum class Lifetime {
@@ -40,7 +59,8 @@ class Connection {
   virtual std::int64_t add(const Key& k, std::int64_t delta) = 0;
   // Waits until every key of `keys` exists; false when `deadline` passes first.
   virtual bool wait(const std::vector<Key>& keys, Clock::time_point deadline) = 0;
-  // Removes every key of the run: the job is over. Markers written after it stay.
+  // Removes every key of the run but its `finished` marker: the job is over. Markers written
+  // after it stay.
   virtual void clear_run() = 0;
   // The key's full name in the backend, for messages.
   virtual std::string name(const Key& k) const = 0;
@@ -129,6 +149,29 @@ class Backend {
   // of this node's liveness go to the Renewals the backend was built with. Throws when the
   // backend cannot be reached.
   virtual std::unique_ptr<Liveness> watch(const Members& m, std::weak_ptr<LivenessEvents> events) = 0;
+  // For a node outside round `round`: are its first `members` arrivals all gone? True when none
+  // renewed its liveness since the previous call (`seen` keeps what was read; calls a liveness
+  // TTL apart). Unknown (the default): false.
+  virtual bool members_silent(Connection& c, int round, int members, std::vector<long long>& seen) {
+    (void)c, (void)round, (void)members, (void)seen;
+    return false;
+  }
 };
+
+// members_silent over the keep-alive counters r<R>/alive/<g> (the store backend's ring).
+inline bool counters_silent(Connection& c, int round, int members, std::vector<long long>& seen) {
+  std::vector<long long> now;
+  for (int g = 0; g < members; ++g) now.push_back(c.add(round_key(round, Name::alive, g), 0));
+  bool silent = now == seen;
+  seen = std::move(now);
+  return silent;
+}
+// members_silent over the members' node records (etcd: on their leases, gone with them).
+inline bool records_gone(Connection& c, int round, int members) {
+  for (int i = 0; i < members; ++i) {
+    if (c.get(round_key(round, Name::node, i))) return false;
+  }
+  return true;
+}
 
 }  // namespace ddprun::rounds

@@ -82,7 +82,11 @@ class EtcdConnection : public Connection {
     }
   }
   void clear_run() override { c_->delete_prefix(prefix_ + "/"); }
-  std::string name(const Key& k) const override { return prefix_ + "/" + k.text(); }
+  // The finished marker lives beside the run's keys (<prefix>/<run_id>.finished): clearing the
+  // run keeps it.
+  std::string name(const Key& k) const override {
+    return k.name == Name::finished ? prefix_ + ".finished" : prefix_ + "/" + k.text();
+  }
 
  private:
   // Runs `write` with the lease for `life`. This node's lease found expired (it was stopped, or

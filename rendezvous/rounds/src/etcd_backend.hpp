@@ -50,6 +50,9 @@ class EtcdBackend : public Backend {
     return "no member answered for " + std::to_string(opt_.read_timeout.count() / 1000) + " s (read_timeout)";
   }
   std::unique_ptr<Liveness> watch(const Members& m, std::weak_ptr<LivenessEvents> events) override;
+  bool members_silent(Connection& c, int round, int members, std::vector<long long>&) override {
+    return records_gone(c, round, members);
+  }
 
   // This node's lease, shared with its connections and its keeper thread.
   struct Lease {

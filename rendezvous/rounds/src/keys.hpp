@@ -4,12 +4,13 @@
 //
 // Run-wide:
 //   config             RunConfig of the first node: a node whose settings differ is another job
-//   round              the latest round any node joined
+//   round              (no longer written: the latest round is the last with arrivals)
 //   finished           the job ended (a node arriving later is told so)
 // Round R (r<R>/...):
-//   rc                 the restart count of round R
+//   rc                 the restart count of round R (first writer wins)
 //   expect             how many nodes round R expects (survivors of R-1): it closes as soon as
-//                      they are in, instead of waiting out the last call
+//                      they are in, instead of waiting out the last call (first writer wins:
+//                      the node that ended R-1 writes it before the end)
 //   join               arrival counter: arrival order is the group rank (c10d, etcd)
 //   node/<i>           NodeInfo of the i-th arrival (etcd: on the node's lease)
 //   rank/<n>           static: the node holding --node_rank n (first writer wins)

@@ -1,4 +1,5 @@
 #include "round_rules.hpp"
+#include "round_rules_detail.hpp"
 
 #include <csignal>
 #include <cstdio>
@@ -14,14 +15,14 @@
 namespace ddprun::rounds {
 namespace {
 
+using namespace detail;
+
 using namespace std::chrono_literals;
 using K = RendezvousFailure::Kind;
 
-constexpr long long kMaxNodes = 1 << 20;
-// r<R+1>/rc when the job ended with round R.
-constexpr const char* kFinished = "finished";
-
 std::string random_node_id() { return random_hex(16); }
+
+
 
 }  // namespace
 
@@ -46,9 +47,20 @@ void RoundRules::connect() {
   if (self_.info.reach.empty()) self_.info.reach = backend_.reach();
   auto& c = *conn_;
   const Key finished = run_key(Name::finished), config = run_key(Name::config);
-  if (c.get(finished)) {
-    throw RendezvousError(K::finished, "rendezvous: run id '" + opt_.run_id + "' already finished on " + where_ +
-                                           "; give this job a new --rdzv_id");
+  if (auto v = c.get(finished)) {
+    // A node of the job that arrives late is told; after close_timeout the run id is free again
+    // and this is a relaunch: it meets after the old job's rounds.
+    const long long now = wall_ms(), life = opt_.close_timeout.count();
+    const FinishedMark m = parse_finished(c.name(finished), *v, now);
+    if (now - m.at_ms < life) {
+      throw RendezvousError(K::finished, "rendezvous: run id '" + opt_.run_id + "' already finished on " + where_ + " " +
+                                             std::to_string((now - m.at_ms) / 1000) + " s ago; a relaunch with it can start " +
+                                             std::to_string((life - (now - m.at_ms) + 999) / 1000) +
+                                             " s from now (close_timeout), or give this job a new --rdzv_id");
+    }
+    first_round_ = m.round + 2;  // r<round+1>/rc holds the old job's "finished"
+    spdlog::info("ddprun: run id '{}' finished {} s ago; starting it again from round {}", opt_.run_id,
+                 (now - m.at_ms) / 1000, first_round_);
   }
   const RunConfig mine{opt_.backend, opt_.min_nodes, opt_.max_nodes};
   const RunConfig theirs = parse_config(c.name(config), c.create(config, config_json(mine)));
@@ -61,16 +73,15 @@ void RoundRules::connect() {
 
 RoundRules::Joined RoundRules::join(int round, int rc) {
   auto& c = *conn_;
-  const Key latest = run_key(Name::round);
   for (;;) {
     // Each round is given join_timeout from when this node arrives in it (a spare may have
     // waited long for it).
     const auto deadline = Clock::now() + opt_.join_timeout;
-    if (rc < 0) {
-      if (auto r = c.get(latest)) round = std::max(round, static_cast<int>(parse_number(c.name(latest), *r, 0, INT32_MAX)));
-    }
-    c.put(latest, std::to_string(round));
-    if (rc >= 0) c.put(round_key(round, Name::rc), std::to_string(rc));
+    throw_if_job_finished();
+    if (rc < 0) round = latest_round(std::max(round, first_round_));
+    // One restart count per round, the first writer's; "finished": the others ended the job
+    // after the round this node comes from (a crash loop it did not count itself).
+    if (rc >= 0 && c.create(round_key(round, Name::rc), std::to_string(rc)) == kFinished) throw_finished();
     if (opt_.backend == BackendKind::static_ranks && !claim_rank(round, deadline)) {
       ++round;  // the round that held this rank has ended: meet in the next one
       continue;
@@ -82,11 +93,14 @@ RoundRules::Joined RoundRules::join(int round, int rc) {
     int closed = wait_closed(round, idx, deadline);
     if (idx < closed) {
       try {
-        return read_round(round, idx, closed, rc);
+        // Even when the others ended the round meanwhile (a member's workers failed at once):
+        // its end is this node's to act on too (no restart left ends the job on every node),
+        // which it learns by running the round; it must never skip it.
+        return read_round(round, idx, closed);
       } catch (const MemberGone& g) {
         // A member that arrived and died before the round ran: meet again without it.
         spdlog::warn("ddprun: round {}: node {} ({}) {}; meeting again without it", round, g.index, g.host, g.what);
-        c.put(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
+        c.create(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
         c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(g.index, g.host, 0)));
         ++round;
         continue;
@@ -94,62 +108,15 @@ RoundRules::Joined RoundRules::join(int round, int rc) {
     }
     told_ = kNobody;  // this node is not in the round: a stop here is nobody else's business
     ask_to_join(round, closed);
-    wait_next_round(round);
+    wait_next_round(round, closed);
     rc = -1;
     ++round;
-  }
-}
-
-// Outside a running round: the next one begins when this one has ended and its members go on
-// (the first to join the next round writes its restart count), never beside it; a job that
-// ends instead leaves "finished" there.
-void RoundRules::wait_next_round(int round) {
-  auto& c = *conn_;
-  const Key next = round_key(round + 1, Name::rc);
-  while (!c.wait({next}, Clock::now() + opt_.read_timeout)) {
-  }
-  if (c.get(next).value_or("") == kFinished) {
-    throw RendezvousError(K::finished, "rendezvous: the job of run id '" + opt_.run_id + "' on " + where_ +
-                                           " finished while this node waited for a place in it");
   }
 }
 
 int RoundRules::round_to_tell(int asked) const {
   int told = told_;
   return told == kNobody ? -1 : std::max(told, asked);
-}
-
-// The round runs without this node: with room, it is asked to restart with this node in.
-void RoundRules::ask_to_join(int round, int closed) {
-  auto& c = *conn_;
-  if (closed < opt_.max_nodes) {
-    c.put(round_key(round + 1, Name::expect), std::to_string(closed + 1));
-    c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_membership(self_.info.host)));
-    spdlog::info("ddprun: round {} runs with {} nodes; asking it to restart with this one", round, closed);
-  } else {
-    if (!said_spare_) {
-      said_spare_ = true;
-      spdlog::info("ddprun: round {} is full ({} of {} nodes); this node waits for a place (run id '{}': if this is "
-                   "another job, give it its own --rdzv_id)", round, closed, opt_.max_nodes, opt_.run_id);
-    }
-    if (on_waiting_) on_waiting_();
-  }
-}
-
-// Static: --node_rank N is claimed first-writer-wins. Taken by a live node is an error; a node
-// whose agent died is counted lost within the liveness TTL, which ends its round: that long is
-// waited for an end before refusing. False: the round ended, try the next one.
-bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
-  auto& c = *conn_;
-  const Key k = round_key(round, Name::rank, opt_.node_rank);
-  const RankClaim holder = parse_claim(c.name(k), c.create(k, claim_json({self_.node_id, self_.info.host})));
-  if (holder.node_id == self_.node_id) return true;
-  auto wait_until = std::min(deadline, Clock::now() + backend_.liveness_ttl() + 1s);
-  if (c.wait({round_key(round, Name::end)}, wait_until)) return false;
-  throw RendezvousError(K::in_use, "rendezvous: node rank " + std::to_string(opt_.node_rank) + " is already in use in run '" +
-                                       opt_.run_id + "' on " + where_ + ": host " + holder.host + " holds it in round " +
-                                       std::to_string(round) + " and is alive; give each node a distinct --node_rank (0.." +
-                                       std::to_string(opt_.max_nodes - 1) + "), or a new job its own --rdzv_id");
 }
 
 // Closes round `round` when this arrival (`idx`) fills it, waits until it is closed, and returns
@@ -190,7 +157,7 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
 }
 
 // In round `round` as its idx-th arrival: every member's description, this node's place.
-RoundRules::Joined RoundRules::read_round(int round, int idx, int closed, int rc) {
+RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
   auto& c = *conn_;
   std::vector<Key> records;
   for (int i = 0; i < closed; ++i) records.push_back(round_key(round, Name::node, i));
@@ -200,7 +167,12 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed, int rc
     }
   }
   std::vector<NodeInfo> arrivals;
-  for (const auto& k : records) arrivals.push_back(parse_node(c.name(k), c.get(k).value_or("{}")));
+  for (int i = 0; i < closed; ++i) {
+    // A record on a lease (etcd) goes with a member that died since the wait.
+    auto v = c.get(records[i]);
+    if (!v) throw MemberGone{i, "?", "was lost as the round closed"};
+    arrivals.push_back(parse_node(c.name(records[i]), *v));
+  }
   Joined j;
   RoundInfo& info = j.info;
   info.round = round;
@@ -233,9 +205,11 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed, int rc
     info.world_size += info.nodes[g].nproc;
     j.members.hosts.push_back(info.nodes[g].host);
   }
+  // The round's count, the same on every member (a node new to the job has none of its own).
   const Key rck = round_key(round, Name::rc);
-  auto stored = rc >= 0 ? std::nullopt : c.get(rck);
-  info.restart_count = rc >= 0 ? rc : stored ? static_cast<int>(parse_number(c.name(rck), *stored, 0, INT32_MAX)) : 0;
+  auto stored = c.get(rck);
+  if (stored && *stored == kFinished) throw_finished();
+  info.restart_count = stored ? static_cast<int>(parse_number(c.name(rck), *stored, 0, INT32_MAX)) : 0;
   j.members.round = round;
   j.members.group_rank = info.group_rank;
   publish_store(j);
@@ -310,25 +284,38 @@ void RoundRules::announce_stop(Connection& c, int round, int signal) {
 
 void RoundRules::end_round(int round, RoundEnd why, int expect_next) {
   if (why.kind == RoundEnd::Kind::stopped) why.by = self_.node_id;
-  if (expect_next > 0) conn_->put(round_key(round + 1, Name::expect), std::to_string(expect_next));
+  if (expect_next > 0) conn_->create(round_key(round + 1, Name::expect), std::to_string(expect_next));
   conn_->create(round_key(round, Name::end), round_end_json(why));
 }
 
 void RoundRules::report_success(int round, int group_world) {
-  if (conn_->add(round_key(round, Name::succeeded), 1) == group_world) {
+  const std::int64_t n = conn_->add(round_key(round, Name::succeeded), 1);
+  if (n == group_world) {
     conn_->create(round_key(round, Name::end), round_end_json(RoundEnd::of_success()));
+  } else if (n < 0 && ((n % kRequest) + kRequest) % kRequest == group_world) {
+    // A node asked to join before the last report: the round restarts with it (its request may
+    // not have been written: it could have died since).
+    conn_->create(round_key(round, Name::end), round_end_json(RoundEnd::of_membership("?")));
   }
 }
 
 void RoundRules::acknowledge_end(int round, int group_world) {
   auto& c = *conn_;
   const Key all = round_key(round, Name::all_acked);
-  if (c.add(round_key(round, Name::acked), 1) >= group_world) {
+  const std::int64_t acked = c.add(round_key(round, Name::acked), 1);
+  if (acked == 1 && group_world > 1) {
+    // The job is over from the first acknowledgement on: a node of it that starts again (or a
+    // member that never acknowledges: it crashed) must find it finished, not a new round.
+    c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms()}), Lifetime::marker);
+    c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
+  }
+  if (acked >= group_world) {
     // Nothing of the job stays but markers: a node started late with this run id is told the
     // job finished, and one waiting for a place in a next round learns there is none.
     c.put(all, "1");
+    // The marker first (clear_run keeps it): no node arriving meanwhile can start the job again.
+    c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms()}), Lifetime::marker);
     c.clear_run();
-    c.put(run_key(Name::finished), "1", Lifetime::marker);
     c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
   }
   // The records must outlive the others' last reads; bounded (close_timeout), it is no exit

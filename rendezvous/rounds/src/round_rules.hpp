@@ -85,10 +85,16 @@ class RoundRules {
     std::string what;
   };
 
+  int latest_round(int from);
   bool claim_rank(int round, Clock::time_point deadline);
+  bool arrived(int round, int rank);
+  bool members_gone(int round);
   int wait_closed(int round, int idx, Clock::time_point deadline);
-  void wait_next_round(int round);
-  Joined read_round(int round, int idx, int closed, int restart_count);
+  void wait_next_round(int round, int closed);
+  [[noreturn]] void throw_finished();
+  void throw_if_finished(Connection& c, int round);
+  void throw_if_job_finished();
+  Joined read_round(int round, int idx, int closed);
   void publish_store(Joined& j);
   void throw_if_stopped(Connection& c, int round);
   void ask_to_join(int round, int closed);
@@ -101,6 +107,7 @@ class RoundRules {
   std::unique_ptr<Connection> conn_;
   bool said_spare_ = false;
   std::function<void()> on_waiting_;
+  int first_round_ = 0;  // a relaunch of a finished run id meets after the old job's rounds
   static constexpr int kNobody = -2;
   std::atomic<int> told_{-1};  // the round this node arrived in; kNobody: excluded from it
   std::atomic<int> told_idx_{-1};  // its arrival index there

@@ -73,6 +73,14 @@ RankClaim parse_claim(const std::string& key, const std::string& value) {
   return RankClaim{field<std::string>(j, key, "node_id", ""), field<std::string>(j, key, "host", "?")};
 }
 
+std::string finished_json(const FinishedMark& f) { return text(json{{"round", f.round}, {"at_ms", f.at_ms}}); }
+
+FinishedMark parse_finished(const std::string& key, const std::string& value, long long now_ms) {
+  if (value == "1") return FinishedMark{-1, now_ms};
+  auto j = object(key, value);
+  return FinishedMark{field<int>(j, key, "round", -1), field<long long>(j, key, "at_ms", now_ms)};
+}
+
 long long parse_number(const std::string& key, const std::string& value, long long lo, long long hi) {
   auto n = parse_int(value, lo, hi);
   if (!n) {

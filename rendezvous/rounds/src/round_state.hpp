@@ -52,6 +52,15 @@ struct RankClaim {
 std::string claim_json(const RankClaim& c);
 RankClaim parse_claim(const std::string& key, const std::string& value);
 
+// finished: the job ended with round `round`, at wall-clock time `at_ms` (ms since the epoch).
+struct FinishedMark {
+  int round = -1;
+  long long at_ms = 0;
+};
+std::string finished_json(const FinishedMark& f);
+// "1" (written by an older ddprun) reads as a job that finished just now, in round -1.
+FinishedMark parse_finished(const std::string& key, const std::string& value, long long now_ms);
+
 // A counter or a number written by a node (round, rc, expect): a decimal integer in [lo, hi].
 long long parse_number(const std::string& key, const std::string& value, long long lo, long long hi);
 

@@ -9,6 +9,7 @@
 #include "ddprun/rendezvous/prefix_store.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
+#include "keep_alive_ring.hpp"
 #include "task_queue.hpp"
 #include "workers_store.hpp"
 
@@ -50,48 +51,31 @@ class StoreConnection : public Connection {
   std::shared_ptr<rendezvous::PrefixStore> s_;
 };
 
-// The keep-alive ring of one round: this node's counter bumped, the next node's watched.
+// The keep-alive ring of one round on a thread of its own: this node's counter bumped, the next
+// node's watched (keep_alive_ring.hpp).
 struct Ring {
   std::unique_ptr<Connection> conn;
-  Members m;
-  std::chrono::milliseconds interval, ttl;
+  std::unique_ptr<KeepAliveRing> ring;
   std::weak_ptr<LivenessEvents> events;
   std::weak_ptr<Renewals> renewals;
   std::string lost_message;
   StopSignal stop;
 
-  void beat() {
-    auto sent = Clock::now();
-    conn->add(round_key(m.round, Name::alive, m.group_rank), 1);
+  void renewed(Clock::time_point sent) {
     if (auto r = renewals.lock()) r->renewed(sent);
   }
 
   void run() {
-    const int world = static_cast<int>(m.records.size()), next = (m.group_rank + 1) % world;
-    const auto check_every = std::max(interval / 4, std::chrono::milliseconds(50));
-    long long seen = -2;
-    auto changed = Clock::now(), next_beat = changed + interval;
-    bool watching = world > 1;
-    while (!stop.wait_for(check_every)) {
+    const int round = ring->round();
+    auto tell = [this](Clock::time_point sent) { renewed(sent); };
+    while (!stop.wait_for(ring->every())) {
       try {
-        auto now = Clock::now();
-        if (now >= next_beat) {
-          beat();
-          next_beat = now + interval;
-        }
-        if (!watching) continue;
-        long long count = conn->add(round_key(m.round, Name::alive, next), 0);
-        if (count != seen) {
-          seen = count;
-          changed = now;
-        } else if (now - changed > ttl) {
-          watching = false;
-          double idle = std::chrono::duration<double>(now - changed).count();
-          if (auto e = events.lock()) e->peer_lost(m.round, next, idle);
+        if (auto idle = ring->check(*conn, tell)) {
+          if (auto e = events.lock()) e->peer_lost(round, ring->next(), *idle);
         }
       } catch (const Error& e) {
-        spdlog::debug("ddprun: keep-alive of round {} failed: {}", m.round, e.what());
-        if (auto ev = events.lock()) ev->lost(m.round, lost_message);
+        spdlog::debug("ddprun: keep-alive of round {} failed: {}", round, e.what());
+        if (auto ev = events.lock()) ev->lost(round, lost_message);
         return;
       }
     }
@@ -173,6 +157,14 @@ std::vector<HostedStore> StoreBackend::hosted() const {
 std::string StoreBackend::endpoint() const { return format_address(opt_.endpoint_host, port_); }
 std::string StoreBackend::where() const { return "the rendezvous store at " + endpoint(); }
 std::string StoreBackend::reach() const { return source_address_towards(opt_.endpoint_host); }
+std::string StoreBackend::lost_hint() const {
+  return "the node (or ddprun-store) hosting it at " + endpoint() +
+         " left, crashed or cannot be reached, and the job cannot go on without it: with the c10d backend the "
+         "rendezvous store is a single point of failure. For a job that outlives the loss of any node, use "
+         "--rdzv_backend=etcd, or run an external ddprun-store on a machine that stays up and give every node "
+         "--rdzv_conf=is_host=0";
+}
+
 std::chrono::milliseconds StoreBackend::liveness_ttl() const {
   return opt_.keep_alive_interval * opt_.keep_alive_max_attempt;
 }
@@ -206,13 +198,12 @@ std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds time
 std::unique_ptr<Liveness> StoreBackend::watch(const Members& m, std::weak_ptr<LivenessEvents> events) {
   auto ring = std::make_shared<Ring>();
   ring->conn = connect(opt_.read_timeout);
-  ring->m = m;
-  ring->interval = opt_.keep_alive_interval;
-  ring->ttl = liveness_ttl();
+  ring->ring = std::make_unique<KeepAliveRing>(m, opt_.keep_alive_interval, liveness_ttl());
   ring->events = std::move(events);
   ring->renewals = renewals_;
   ring->lost_message = "lost " + where() + ": " + lost_hint();
-  ring->beat();  // the first keep-alive before the round's workers start: the fence is armed
+  // The first keep-alive before the round's workers start: the fence is armed.
+  ring->ring->beat(*ring->conn, [r = ring.get()](Clock::time_point sent) { r->renewed(sent); });
   return std::make_unique<LivenessThread<Ring>>(ring, 1s);
 }
 

@@ -36,7 +36,13 @@ class StoreBackend : public Backend {
   bool holds_records() const override { return hosting_; }
   std::vector<HostedStore> hosted() const override;
   std::chrono::milliseconds liveness_ttl() const override;
+  // The store is this backend's single point of failure: the message names its host and the
+  // ways out.
+  std::string lost_hint() const override;
   std::unique_ptr<Liveness> watch(const Members& m, std::weak_ptr<LivenessEvents> events) override;
+  bool members_silent(Connection& c, int round, int members, std::vector<long long>& seen) override {
+    return counters_silent(c, round, members, seen);
+  }
 
   // The endpoint's port: the real one when this node hosts the store on port 0.
   std::uint16_t port() const { return port_; }

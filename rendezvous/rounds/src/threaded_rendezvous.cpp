@@ -93,7 +93,13 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
       tell([info = j.info](Listener& l) { l.on_round_ready(info); });
       watch(j.info.round);
     } catch (const std::exception& e) {
-      tell([f = RendezvousFailure::of(e)](Listener& l) { l.on_rendezvous_failed(f); });
+      auto f = RendezvousFailure::of(e);
+      // Connected once, then unreachable or silent: the backend was lost; say what that means.
+      if (connected && (f.kind == RendezvousFailure::Kind::unreachable || f.kind == RendezvousFailure::Kind::timeout) &&
+          !dynamic_cast<const RendezvousError*>(&e)) {
+        f = lost(e.what());
+      }
+      tell([f](Listener& l) { l.on_rendezvous_failed(f); });
     }
   }
 

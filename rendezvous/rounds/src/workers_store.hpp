@@ -3,7 +3,8 @@
 // round, hosted by the round's group rank 0 on every backend. It is advertised at an address
 // every member can reach: --local_addr, else the address this node would use to reach another
 // member (routing decides; never a bare host name, which may resolve to loopback). Only this
-// host's processes of this user, and the round's members' addresses, are served.
+// host's processes of this user, and the round's members' addresses, are served. host() and
+// release() are virtual for the simulator, which hosts no store.
 
 #include <cstddef>
 #include <memory>
@@ -23,14 +24,14 @@ namespace ddprun::rounds {
 class WorkersStore {
  public:
   WorkersStore(std::string local_addr, std::size_t reserved_fds);
-  ~WorkersStore();
+  virtual ~WorkersStore();
 
   // This node is group rank 0 of `info`: serves the round (started once, emptied for each
   // round, its allow-list the members' addresses) and returns where it is advertised.
   // Throws ddprun::Error when it cannot listen.
-  StoreAddress host(const RoundInfo& info);
+  virtual StoreAddress host(const RoundInfo& info);
   // Another node hosts it now.
-  void release();
+  virtual void release();
   // The store while this node hosts it (metrics). Any thread.
   std::optional<HostedStore> observe() const;
 

@@ -1,0 +1,164 @@
+// The round rules for a node outside a running round: finding the latest round, waiting beside
+// a running round as a spare (or asking it to restart with this node in), static rank claims,
+// and members that are all gone (round_rules.hpp).
+#include <spdlog/spdlog.h>
+
+#include "ddprun/common/text.hpp"
+#include "rendezvous_error.hpp"
+#include "round_rules.hpp"
+#include "round_rules_detail.hpp"
+#include "round_state.hpp"
+
+namespace ddprun::rounds {
+
+using namespace std::chrono_literals;
+using namespace detail;
+using K = RendezvousFailure::Kind;
+
+// The latest round any node arrived in, from `from` on: arrivals in round R+1 begin only once
+// round R has had its own, so the first round without arrivals ends the search. A key that only
+// grows, never one that a late writer could move back.
+int RoundRules::latest_round(int from) {
+  auto& c = *conn_;
+  int round = std::max(from, 0);
+  while (c.get(round_key(round + 1, Name::join))) ++round;
+  return round;
+}
+
+// Outside a running round: the next one begins when this one has ended and its members go on
+// (the first to join the next round writes its restart count), never beside it; a job that
+// ends instead leaves "finished" there.
+// Members that are all gone (a crashed launch left its keys) are not waited for: once none
+// renewed its liveness for a TTL plus twice read_timeout (members on their way into the round
+// renew only once it runs), this node ends the round and meets in the next one.
+void RoundRules::wait_next_round(int round, int closed) {
+  auto& c = *conn_;
+  const Key next = round_key(round + 1, Name::rc);
+  const auto ttl = backend_.liveness_ttl(), patience = ttl + 2 * opt_.read_timeout;
+  std::vector<long long> seen;
+  auto alive_at = Clock::now();
+  while (!c.wait({next}, Clock::now() + ttl)) {
+    throw_if_finished(c, round);
+    if (!backend_.members_silent(c, round, closed, seen)) {
+      alive_at = Clock::now();
+    } else if (Clock::now() - alive_at >= patience) {
+      spdlog::warn("ddprun: round {}: none of its {} nodes renewed its liveness for {}; meeting in the next round "
+                   "without them", round, closed, duration_text(std::chrono::duration_cast<std::chrono::milliseconds>(patience)));
+      c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(0, "?", 0)));
+      return;
+    }
+  }
+  if (c.get(next).value_or("") == kFinished) throw_finished();
+}
+
+void RoundRules::throw_finished() {
+  throw RendezvousError(K::finished, "rendezvous: the job of run id '" + opt_.run_id + "' on " + where_ +
+                                         " finished while this node waited for a place in it");
+}
+
+// The job finished in round `round` or later (its keys may be cleared already).
+void RoundRules::throw_if_finished(Connection& c, int round) {
+  const Key finished = run_key(Name::finished);
+  auto v = c.get(finished);
+  if (v && parse_finished(c.name(finished), *v, wall_ms()).round >= round) throw_finished();
+}
+
+// The job this node belongs to finished since connect() looked (a relaunch meets after the
+// rounds of the job before it, first_round_): a node of it, however late, must not start it again
+// (etcd: clear_run took the rounds' keys, the marker stays).
+void RoundRules::throw_if_job_finished() {
+  auto& c = *conn_;
+  const Key finished = run_key(Name::finished);
+  auto v = c.get(finished);
+  if (v && parse_finished(c.name(finished), *v, wall_ms()).round + 2 > first_round_) throw_finished();
+}
+
+// The round runs without this node: with room, it is asked to restart with this node in.
+void RoundRules::ask_to_join(int round, int closed) {
+  auto& c = *conn_;
+  if (closed < opt_.max_nodes) {
+    const std::int64_t reported = c.add(round_key(round, Name::succeeded), -kRequest) + kRequest;
+    if (reported >= closed) {
+      // Every member had succeeded first: the job ends; help the last one say so.
+      c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_success()));
+      return;
+    }
+    c.create(round_key(round + 1, Name::expect), std::to_string(closed + 1));
+    c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_membership(self_.info.host)));
+    spdlog::info("ddprun: round {} runs with {} nodes; asking it to restart with this one", round, closed);
+  } else {
+    if (!said_spare_) {
+      said_spare_ = true;
+      spdlog::info("ddprun: round {} is full ({} of {} nodes); this node waits for a place (run id '{}': if this is "
+                   "another job, give it its own --rdzv_id)", round, closed, opt_.max_nodes, opt_.run_id);
+    }
+    if (on_waiting_) on_waiting_();
+  }
+}
+
+// Static: --node_rank N is claimed first-writer-wins (etcd: on the claimer's lease). Held by a
+// live member of a running round: an error, once the liveness TTL has shown it alive. Held by a
+// node that died on its way: the round ends without it (once closed), or, when that node never
+// arrived in it, the claim is taken over. False: the round ended, try the next one.
+bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
+  auto& c = *conn_;
+  const Key k = round_key(round, Name::rank, opt_.node_rank), end = round_key(round, Name::end);
+  const std::string mine = claim_json({self_.node_id, self_.info.host});
+  const RankClaim holder = parse_claim(c.name(k), c.create(k, mine, Lifetime::node));
+  if (holder.node_id == self_.node_id) return true;
+  // members_gone() watches the members for one TTL more: refused after TTL + 1 s, as before.
+  const auto ttl = backend_.liveness_ttl(), patience = std::chrono::milliseconds(1s);
+  const auto since = Clock::now();
+  for (;;) {
+    if (c.wait({end}, std::min(deadline, Clock::now() + ttl))) return false;
+    const bool waited = Clock::now() - since >= patience, running = c.get(round_key(round, Name::store)).has_value();
+    if (waited && running && members_gone(round)) return false;  // it ended the round: try the next one
+    if (waited && running) break;  // a member renewing its liveness for a TTL: alive
+    if (waited && !c.get(round_key(round, Name::closed)) && !arrived(round, opt_.node_rank)) {
+      spdlog::warn("ddprun: node rank {} was claimed in round {} by host {}, which never arrived; taking it over",
+                   opt_.node_rank, round, holder.host);
+      c.put(k, mine, Lifetime::node);
+      return true;
+    }
+    if (Clock::now() >= deadline) break;
+  }
+  throw RendezvousError(K::in_use, "rendezvous: node rank " + std::to_string(opt_.node_rank) + " is already in use in run '" +
+                                       opt_.run_id + "' on " + where_ + ": host " + holder.host + " holds it in round " +
+                                       std::to_string(round) + " and is alive; give each node a distinct --node_rank (0.." +
+                                       std::to_string(opt_.max_nodes - 1) + "), or a new job its own --rdzv_id");
+}
+
+// Every member of the running round `round` stayed silent for a TTL plus twice read_timeout
+// (a crashed launch left it): then this node ends it, and true.
+bool RoundRules::members_gone(int round) {
+  auto& c = *conn_;
+  const Key ck = round_key(round, Name::closed);
+  auto v = c.get(ck);
+  const Closed closed = parse_closed(c.name(ck), v.value_or("{}"));
+  const auto ttl = backend_.liveness_ttl(), patience = ttl + 2 * opt_.read_timeout;
+  std::vector<long long> seen;
+  const auto since = Clock::now();
+  backend_.members_silent(c, round, closed.nodes, seen);
+  while (!c.wait({round_key(round, Name::end)}, Clock::now() + ttl)) {
+    if (!backend_.members_silent(c, round, closed.nodes, seen)) return false;
+    if (Clock::now() - since >= patience) {
+      c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(0, "?", 0)));
+      return true;
+    }
+  }
+  return true;
+}
+
+// Some arrival of round `round` described itself with --node_rank `rank`.
+bool RoundRules::arrived(int round, int rank) {
+  auto& c = *conn_;
+  const auto n = c.add(round_key(round, Name::join), 0);
+  for (int i = 0; i < n; ++i) {
+    const Key r = round_key(round, Name::node, i);
+    auto v = c.get(r);
+    if (v && parse_node(c.name(r), *v).node_rank == rank) return true;
+  }
+  return false;
+}
+
+}  // namespace ddprun::rounds

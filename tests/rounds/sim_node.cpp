@@ -1,0 +1,248 @@
+// A node of the simulator: RoundRules over a backend whose every call is a step of the world,
+// and the agent around them (join, run the workers, end or report the round, join the next).
+#include <csignal>
+
+#include "keep_alive_ring.hpp"
+#include "rendezvous_error.hpp"
+#include "round_rules.hpp"
+#include "sim_world.hpp"
+#include "workers_store.hpp"
+
+namespace ddprun::rounds::sim {
+namespace {
+
+class SimConnection : public Connection {
+ public:
+  SimConnection(World& w, Node& n) : w_(w), n_(n) {}
+  std::optional<std::string> get(const Key& k) override {
+    w_.call("get", &k);
+    return w_.get(k.text());
+  }
+  void put(const Key& k, const std::string& v, Lifetime life) override {
+    w_.call("put", &k);
+    w_.put(k.text(), v, life, n_);
+  }
+  std::string create(const Key& k, const std::string& v, Lifetime life) override {
+    w_.call("create", &k);
+    return w_.create(k.text(), v, life, n_);
+  }
+  std::int64_t add(const Key& k, std::int64_t d) override {
+    w_.call("add", &k);
+    return w_.add(k.text(), d);
+  }
+  bool wait(const std::vector<Key>& keys, Clock::time_point deadline) override {
+    return w_.wait(keys, deadline, interruptible_);
+  }
+  void clear_run() override {
+    w_.call("clear_run");
+    w_.clear_run();
+  }
+  std::string name(const Key& k) const override { return "sim/" + k.text(); }
+  bool interruptible_ = false;
+
+ private:
+  World& w_;
+  Node& n_;
+};
+
+class SimLiveness : public Liveness {
+ public:
+  explicit SimLiveness(Node& n) : n_(n) {}
+  ~SimLiveness() override { n_.watching = -1; }
+
+ private:
+  Node& n_;
+};
+
+class SimBackend : public Backend {
+ public:
+  SimBackend(World& w, Node& n) : w_(w), n_(n) {}
+  std::string where() const override { return "the simulated backend"; }
+  std::unique_ptr<Connection> connect(std::chrono::milliseconds) override {
+    w_.call("connect");
+    return std::make_unique<SimConnection>(w_, n_);
+  }
+  std::string reach() const override { return "10.0.0.1"; }
+  bool holds_records() const override { return false; }
+  std::chrono::milliseconds liveness_ttl() const override {
+    const auto& o = w_.settings().opt;
+    return w_.settings().flavor == Flavor::store ? o.keep_alive_interval * o.keep_alive_max_attempt
+                                                 : std::chrono::milliseconds(o.lease_ttl);
+  }
+  std::unique_ptr<Liveness> watch(const Members& m, std::weak_ptr<LivenessEvents>) override {
+    n_.watching = m.round;
+    if (w_.settings().flavor == Flavor::store) {
+      // The first keep-alive before the round's workers start, as StoreBackend::watch does.
+      SimConnection c(w_, n_);
+      KeepAliveRing ring(m, w_.settings().opt.keep_alive_interval, liveness_ttl());
+      ring.beat(c, [&](Clock::time_point sent) { w_.renewed(n_, sent); });
+    }
+    w_.spawn_ring(n_, m);
+    return std::make_unique<SimLiveness>(n_);
+  }
+  bool members_silent(Connection& c, int round, int members, std::vector<long long>& seen) override {
+    return w_.settings().flavor == Flavor::store ? counters_silent(c, round, members, seen) : records_gone(c, round, members);
+  }
+
+ private:
+  World& w_;
+  Node& n_;
+};
+
+class SimWorkers : public WorkersStore {
+ public:
+  explicit SimWorkers(int slot) : WorkersStore("", 0), slot_(slot) {}
+  StoreAddress host(const RoundInfo&) override {
+    StoreAddress a;
+    a.host = "10.0.0." + std::to_string(slot_ + 1);
+    a.port = static_cast<std::uint16_t>(1000 + slot_);
+    return a;
+  }
+  void release() override {}
+
+ private:
+  int slot_;
+};
+
+RendezvousOptions options_of(const World& w, const Node& n) {
+  RendezvousOptions o = w.settings().opt;
+  o.node_rank = n.slot;
+  return o;
+}
+
+// Runs the round until it ends: the workers' outcomes and lost peers are told to the rules.
+RoundEnd run_round(World& w, Node& n, RoundRules& rules, SimConnection& watch, const RoundRules::Joined& j) {
+  const int round = j.info.round, world = j.info.group_world;
+  const Key end = round_key(round, Name::end);
+  for (;;) {
+    while (!n.events.empty()) {
+      Event e = n.events.front();
+      n.events.pop_front();
+      if (e.round != round) continue;
+      if (e.kind == Event::Kind::peer_lost) {
+        rules.end_round(round, RoundEnd::of_node_lost(e.g, j.members.hosts.at(e.g), 1.0), world - 1);
+      } else if (e.kind == Event::Kind::workers_failed) {
+        FailureRecord f;
+        f.host = n.id;
+        f.reason = "exit code 1";
+        rules.end_round(round, RoundEnd::of_failure(f), world);
+      } else {
+        rules.report_success(round, world);
+      }
+    }
+    if (watch.wait({end}, w.now() + std::chrono::seconds(30))) {
+      auto v = watch.get(end);
+      if (v) return parse_round_end(watch.name(end), *v);
+    }
+  }
+}
+
+void play(World& w, Node& n) {
+  const RendezvousOptions opt = options_of(w, n);
+  SimBackend backend(w, n);
+  SimWorkers workers(n.slot);
+  Self self;
+  self.node_id = n.id;
+  self.info.host = n.id;
+  self.info.reach = "10.0.0.1";
+  self.info.nproc = 1;
+  self.info.node_rank = n.slot;
+  RoundRules rules(opt, backend, workers, self);
+  rules.connect();
+  int round = 0, rc = -1;
+  for (;;) {
+    n.state = Node::State::joining;
+    auto j = rules.join(round, rc);
+    w.joined(n, j.info, j.members.hosts);
+    RoundEnd end;
+    {
+      auto live = backend.watch(j.members, {});
+      auto c = backend.connect(opt.read_timeout);
+      auto& watch = static_cast<SimConnection&>(*c);
+      watch.interruptible_ = true;
+      n.state = Node::State::running;
+      n.workers = w.now() < n.fence_until;  // the fence was armed by the first keep-alive
+      n.succeeded = false;
+      if (!n.workers) n.events.push_back({Event::Kind::workers_failed, j.info.round, 0});
+      end = run_round(w, n, rules, watch, j);
+      n.workers = false;
+    }
+    w.ended(n, j.info.round, round_end_json(end));
+    const int rcount = j.info.restart_count;
+    if (end.kind == RoundEnd::Kind::success) {
+      rules.acknowledge_end(j.info.round, j.info.group_world);
+      n.state = Node::State::done;
+      w.finished(n);
+      return;
+    }
+    const int max_restarts = w.settings().max_restarts;
+    if (end.kind == RoundEnd::Kind::failure && max_restarts >= 0 && rcount + 1 > max_restarts) {
+      // No restart left: the job ends here, on every node that saw this end (as ddprun's agent).
+      rules.acknowledge_end(j.info.round, j.info.group_world);
+      n.state = Node::State::done;
+      w.finished(n);
+      return;
+    }
+    rc = rcount + (end.kind == RoundEnd::Kind::failure ? 1 : 0);
+    round = j.info.round + 1;
+  }
+}
+
+}  // namespace
+
+void node_main(World& w, Node& n) {
+  try {
+    play(w, n);
+  } catch (const Crash&) {
+    n.state = Node::State::crashed;
+  } catch (const RendezvousError& e) {
+    n.state = Node::State::failed;
+    n.why = std::string(to_string(e.failure.kind)) + ": " + e.what();
+  } catch (const std::exception& e) {
+    n.state = Node::State::failed;
+    n.why = e.what();
+  }
+  n.workers = false;
+  n.watching = -1;
+  n.alive = n.state == Node::State::done;
+}
+
+// The node's liveness watch of round `m.round`: its keep-alive ring (store) or its lease's
+// keeper and a watch of the members' records (etcd).
+void ring_main(World& w, Node& n, const Members& m) {
+  try {
+    SimConnection c(w, n);
+    const auto& o = w.settings().opt;
+    auto renewed = [&](Clock::time_point sent) { w.renewed(n, sent); };
+    if (w.settings().flavor == Flavor::store) {
+      KeepAliveRing ring(m, o.keep_alive_interval, o.keep_alive_interval * o.keep_alive_max_attempt);
+      while (n.watching == m.round) {
+        w.sleep_until(w.now() + ring.every());
+        if (n.watching != m.round) break;
+        if (auto idle = ring.check(c, renewed)) n.events.push_back({Event::Kind::peer_lost, m.round, ring.next()});
+      }
+    } else {
+      const auto every = std::chrono::milliseconds(o.lease_ttl) / 3;
+      while (n.watching == m.round) {
+        w.sleep_until(w.now() + every);
+        if (n.watching != m.round) break;
+        const Time sent = w.now();
+        w.call("keep_alive");
+        w.renewed(n, sent);
+        for (std::size_t g = 0; g < m.records.size(); ++g) {
+          if (static_cast<int>(g) != m.group_rank && !c.get(m.records[g])) {
+            n.events.push_back({Event::Kind::peer_lost, m.round, static_cast<int>(g)});
+            while (n.watching == m.round) w.sleep_until(w.now() + every);
+            return;
+          }
+        }
+      }
+    }
+  } catch (const Crash&) {
+  } catch (const std::exception&) {
+    // The watch lost the backend: the round is over here (the agent stops its workers).
+    if (n.watching == m.round) n.events.push_back({Event::Kind::workers_failed, m.round, 0});
+  }
+}
+
+}  // namespace ddprun::rounds::sim
