@@ -3,8 +3,10 @@
 ddprun starts this file as `python [FLAGS] _ddprun_spare.py PATH0 PRELOAD` with the environment of
 the worker it stands in for, once that worker's group is up. It imports PRELOAD (a
 comma-separated list of modules: torch, --preload's) on a thread at the lowest CPU priority,
-says "ready" on descriptor 4, then waits on descriptor 3 for the attempt it is to run: a JSON
-object with the worker's argv, environment and working directory. It then runs the script as
+which says "ready" on descriptor 4 once they are in. Meanwhile, from its start, the main thread
+waits on descriptor 3 for the attempt it is to run: a JSON object with the worker's argv,
+environment and working directory; ddprun takes an order read as the spare's (one never read
+means the spare died: its rank starts cold). Once the imports have ended, it runs the script as
 `python FLAGS SCRIPT ARGS` / `python FLAGS -m MODULE ARGS` would: a fresh __main__, sys.argv,
 __file__, sys.path[0], sys.orig_argv, the signal dispositions and mask it started with, and the
 same exit codes and tracebacks. It touches no CUDA, no socket and no store before that.
@@ -39,9 +41,11 @@ def _preload(names):
             except BaseException as e:  # a module that fails to import: the spare goes on without it
                 _say(f"warn {name}: {type(e).__name__}: {e}")
 
+        _say("ready")
+
     t = threading.Thread(target=work, name="ddprun-preload", daemon=True)
     t.start()
-    t.join()
+    return t
 
 
 def _read_order():
@@ -148,12 +152,14 @@ def _handle_uncaught(e):
 def _spare():
     path0, preload = sys.argv[1], [m for m in sys.argv[2].split(",") if m]
     sys.path[0] = path0  # where the script's own modules are found, as for the worker
-    _preload(preload)
-    _say("ready")
-    os.close(4)
+    importing = _preload(preload)
+    # Read at once, while the imports run (in the kernel, without the GIL): a read order is how
+    # ddprun knows this spare is alive and took its attempt.
     order = _read_order()
     if order is None:
         os._exit(0)  # not needed: thrown away
+    importing.join()
+    os.close(4)
     del sys.argv[1:]
     _take_environment(order)
     _restore_signals()

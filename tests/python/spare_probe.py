@@ -1,7 +1,7 @@
 """Run by tests/python/warm_spare_torch_test.py under ddprun: attempt 0 waits for the test's go
 file (the warm spares are ready by then) and fails; attempt 1 prints what a script can see of
-the interpreter it runs in ("FP <json>"), then ends as argv[1] says (rank 0; the others wait to
-be stopped)."""
+the interpreter it runs in ("FP <json>"), then ends as argv[1] says (rank 0, once every rank has
+printed; the others wait to be stopped)."""
 import json
 import os
 import signal
@@ -49,6 +49,13 @@ fp = {
 }
 sys.stdout.write("FP " + json.dumps(fp, sort_keys=True) + "\n")
 sys.stdout.flush()
+# Rank 0 ends only once every rank has printed its FP (ddprun stops the others when it ends).
+open("%s.fp%s" % (os.environ["PROBE_GO"], os.environ["RANK"]), "w").close()
+if os.environ["RANK"] == "0":
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(
+            os.path.exists("%s.fp%d" % (os.environ["PROBE_GO"], r)) for r in range(int(os.environ["WORLD_SIZE"]))):
+        time.sleep(0.01)
 how = sys.argv[1] if len(sys.argv) > 1 else "exit0"
 if how != "exit0" and os.environ["LOCAL_RANK"] != "0":
     time.sleep(120)  # stopped by ddprun when rank 0 ends: only rank 0's end is compared

@@ -1,7 +1,9 @@
 #include "workers/spares.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
 #include "containment/containment.hpp"
@@ -175,37 +178,91 @@ void SparePool::read_ready(const std::shared_ptr<Spare>& s) {
   });
 }
 
-std::optional<ProcessRunner::Started> SparePool::hand_over(const WorkerSpec& spec) {
-  auto it = by_rank_.find(spec.local_rank);
-  if (it == by_rank_.end()) return std::nullopt;
-  auto s = it->second;
-  by_rank_.erase(it);
+// Writes `spec`'s attempt to the spare's order pipe: "" or why the rank starts cold.
+std::string SparePool::send_order(Spare& s, const WorkerSpec& spec) {
   auto key = SpareKey::of(spec);
-  std::string why = s->dead ? "its warm spare died while it waited" : !key ? "it is not a Python script a spare can run"
-                                                                            : s->key.differs(*key);
-  if (why.empty()) {
-    nlohmann::json order = {{"argv", spec.argv}, {"run", key->run}, {"args", key->args}, {"env", spec.env},
-                            {"cwd", key->cwd}};
-    std::string text = order.dump();
-    if (text.size() > 65536) ::fcntl(s->order, F_SETPIPE_SZ, static_cast<int>(text.size()));
-    ::fcntl(s->order, F_SETFL, O_NONBLOCK);
-    ssize_t n = ::write(s->order, text.data(), text.size());
-    if (n != static_cast<ssize_t>(text.size())) {
-      why = n < 0 && errno == EPIPE ? "its warm spare died while it waited" : "its order did not fit its pipe";
+  if (s.dead) return "its warm spare died while it waited";
+  if (!key) return "it is not a Python script a spare can run";
+  if (auto why = s.key.differs(*key); !why.empty()) return why;
+  nlohmann::json order = {{"argv", spec.argv}, {"run", key->run}, {"args", key->args}, {"env", spec.env},
+                          {"cwd", key->cwd}};
+  std::string text = order.dump();
+  if (text.size() > 65536) ::fcntl(s.order, F_SETPIPE_SZ, static_cast<int>(text.size()));
+  ::fcntl(s.order, F_SETFL, O_NONBLOCK);
+  ssize_t n = ::write(s.order, text.data(), text.size());
+  if (n == static_cast<ssize_t>(text.size())) return "";
+  return n < 0 && errno == EPIPE ? "its warm spare died while it waited" : "its order did not fit its pipe";
+}
+
+// A spare's main thread waits in read() on its order pipe from its start (its imports run on
+// another thread), so a live spare empties the pipe moments after the write, in the kernel,
+// whatever its imports hold. A spare killed while it waited never reads it: once the dying
+// process has closed its descriptors the pipe has no reader, and until then its order stays
+// unread. So: "" once the order was read (the spare's, from then on), or why the rank starts
+// cold: its reader gone, or the order still unread after kOrderReadLimit (the spare then killed,
+// before it can run anything).
+std::vector<std::string> SparePool::await_orders_read(const std::vector<std::shared_ptr<Spare>>& sent) {
+  std::vector<std::string> why(sent.size(), "?");
+  const auto deadline = std::chrono::steady_clock::now() + kOrderReadLimit;
+  for (;;) {
+    bool waiting = false;
+    for (std::size_t i = 0; i < sent.size(); ++i) {
+      if (why[i] != "?") continue;
+      pollfd p{sent[i]->order, 0, 0};
+      int unread = -1;
+      if (::poll(&p, 1, 0) == 1 && (p.revents & POLLERR)) {
+        why[i] = "its warm spare died while it waited";
+      } else if (::ioctl(sent[i]->order, FIONREAD, &unread) == 0 && unread == 0) {
+        why[i] = "";
+      } else {
+        waiting = true;
+      }
     }
+    if (!waiting) return why;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    ::poll(nullptr, 0, 1);
   }
-  if (!why.empty()) {
-    spdlog::info("ddprun: local rank {} starts cold: {}", spec.local_rank, why);
-    kill(*s);
-    return std::nullopt;
+  for (auto& w : why) {
+    if (w == "?") w = fmt::format("its warm spare did not read its order within {} s", kOrderReadLimit.count() / 1000.0);
   }
-  ::close(std::exchange(s->order, -1));
-  boost::system::error_code ignored;
-  s->ready_pipe->close(ignored);
-  forget_agent_helper(s->pid);
-  ProcessRunner::Started st{s->pid, std::exchange(s->out, -1), std::exchange(s->err, -1)};
-  s->dead = true;  // not the pool's any more
-  return st;
+  return why;
+}
+
+std::vector<std::optional<ProcessRunner::Started>> SparePool::hand_over(const std::vector<const WorkerSpec*>& specs) {
+  std::vector<std::optional<ProcessRunner::Started>> out(specs.size());
+  std::vector<std::size_t> index;
+  std::vector<std::shared_ptr<Spare>> sent;
+  auto cold = [this](Spare& s, const std::string& why) {
+    spdlog::info("ddprun: local rank {} starts cold: {}", s.local_rank, why);
+    kill(s);
+  };
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    auto it = by_rank_.find(specs[i]->local_rank);
+    if (it == by_rank_.end()) continue;
+    auto s = it->second;
+    by_rank_.erase(it);
+    if (auto why = send_order(*s, *specs[i]); !why.empty()) {
+      cold(*s, why);
+      continue;
+    }
+    index.push_back(i);
+    sent.push_back(s);
+  }
+  auto why = await_orders_read(sent);
+  for (std::size_t j = 0; j < sent.size(); ++j) {
+    Spare& s = *sent[j];
+    if (!why[j].empty()) {
+      cold(s, why[j]);
+      continue;
+    }
+    ::close(std::exchange(s.order, -1));  // the end of its order
+    boost::system::error_code ignored;
+    s.ready_pipe->close(ignored);
+    forget_agent_helper(s.pid);
+    out[index[j]] = ProcessRunner::Started{s.pid, std::exchange(s.out, -1), std::exchange(s.err, -1)};
+    s.dead = true;  // not the pool's any more
+  }
+  return out;
 }
 
 bool SparePool::on_exit(pid_t pid) {

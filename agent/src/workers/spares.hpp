@@ -56,9 +56,9 @@ class SparePool {
 
   // A spare for each spec's local rank that has none (or one made for something else).
   void make(const std::vector<WorkerSpec>& specs);
-  // The spare for `spec`, told to run it: its pid and output pipes. nullopt: start it cold (why
-  // is logged; a spare that cannot serve is killed).
-  std::optional<ProcessRunner::Started> hand_over(const WorkerSpec& spec);
+  // Each spec's spare, told to run it: its pid and output pipes, once it has read its order.
+  // nullopt: start it cold (why is logged; a spare that cannot serve, or died, is killed).
+  std::vector<std::optional<ProcessRunner::Started>> hand_over(const std::vector<const WorkerSpec*>& specs);
   // A child ended: true if it was a spare (then forgotten).
   bool on_exit(pid_t pid);
   void discard_all();
@@ -72,6 +72,10 @@ class SparePool {
   void start_one(const WorkerSpec& spec, SpareKey key);
   void read_ready(const std::shared_ptr<Spare>& s);
   void kill(Spare& s);
+  std::string send_order(Spare& s, const WorkerSpec& spec);
+  std::vector<std::string> await_orders_read(const std::vector<std::shared_ptr<Spare>>& sent);
+  // How long a live spare may take to read its order (it waits in read() from its start).
+  static constexpr std::chrono::milliseconds kOrderReadLimit{3000};
   boost::asio::io_context& io_;
   ProcessRunner& runner_;
   SpareOptions opt_;

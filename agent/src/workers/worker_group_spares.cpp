@@ -16,10 +16,12 @@ void WorkerGroup::Impl::spawn_all() {
   std::vector<ProcessRunner::Started> started(slots.size());
   std::vector<std::size_t> cold;
   warm = 0;
+  std::vector<const WorkerSpec*> specs;
+  for (const auto& s : slots) specs.push_back(&s->w.spec);
+  auto handed = spares ? spares->hand_over(specs) : std::vector<std::optional<ProcessRunner::Started>>(slots.size());
   for (std::size_t i = 0; i < slots.size(); ++i) {
-    auto handed = spares ? spares->hand_over(slots[i]->w.spec) : std::nullopt;
-    if (handed) {
-      started[i] = *handed;
+    if (handed[i]) {
+      started[i] = *handed[i];
       ++warm;
     } else {
       cold.push_back(i);
