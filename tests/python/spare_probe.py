@@ -48,6 +48,8 @@ fp = {
     "heartbeat_file_set": bool(os.environ.get("DDPRUN_HEARTBEAT_FILE")),
 }
 sys.stdout.write("FP " + json.dumps(fp, sort_keys=True) + "\n")
+# What a spare preloads on purpose, beyond torch: PyTorch 2.x's torch._dynamo (warm only).
+sys.stdout.write(f"PRELOADED torch._dynamo={'torch._dynamo' in sys.modules}\n")
 sys.stdout.flush()
 how = sys.argv[1] if len(sys.argv) > 1 else "exit0"
 if how != "exit0" and os.environ["LOCAL_RANK"] != "0":
