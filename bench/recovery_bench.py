@@ -51,15 +51,16 @@ class RunFailed(Exception):
 
 
 def run_retried(cmd, env, n, tmp, warm, failed):
-    """A launcher's own failure (torchrun's store refusing a connection, seen here) is counted and
-    the run taken again, at most twice."""
-    for attempt in range(3):
+    """A launcher's own failure (torchrun's store refusing a connection, seen here with 1.13; its
+    gloo connectFullMesh failing after the restart with 2.6) is counted and the run taken again,
+    at most four times."""
+    for attempt in range(5):
         try:
             return run_once(cmd, env, n, tmp, warm)
         except RunFailed as e:
             failed.append(str(e))
             print(f"  {e} (counted; run again)", flush=True)
-    raise SystemExit("bench: three failed runs in a row")
+    raise SystemExit("bench: five failed runs in a row")
 
 
 def run_once(cmd, env, n, tmp, warm, timeout=600):
@@ -92,7 +93,8 @@ def run_once(cmd, env, n, tmp, warm, timeout=600):
     firsts = glob.glob(os.path.join(times, "first.1.*"))
     if rc != 0 or len(firsts) != n or not os.path.exists(os.path.join(times, "crash")):
         sys.stderr.write("".join(lines[-30:]))
-        raise RunFailed(f"bench: a run failed (exit {rc}): {' '.join(cmd)}")
+        why = [l.strip() for l in lines if re.search(r"Error\b", l) and "ChildFailedError" not in l]
+        raise RunFailed(f"bench: a run failed (exit {rc}{': ' + why[-1] if why else ''}): {' '.join(cmd)}")
     crash = float(open(os.path.join(times, "crash")).read())
     said = [l.strip() for l in lines if "restarted in" in l]
     sums = {m.group(1) for m in (re.search(r"RESULT rank=0 .*checksum=(\S+)", l) for l in lines) if m}

@@ -42,7 +42,7 @@ def launch(ddprun, args, cwd, go, warm, nproc=2, on_ready=None, timeout=240, env
     env = dict(os.environ, PYTHON_EXEC=sys.executable, PROBE_GO=go)
     env.pop("PYTHONPATH", None)
     env.update(env_extra or {})
-    cmd = [ddprun, "--nproc_per_node", str(nproc), "--max_restarts", "1", "--warm_spares", "1" if warm else "0"] + args
+    cmd = [ddprun, "--standalone", "--nproc_per_node", str(nproc), "--max_restarts", "1", "--warm_spares", "1" if warm else "0"] + args
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, ready = [], set()
     if not warm:
