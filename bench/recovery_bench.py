@@ -20,9 +20,14 @@ Runs are interleaved (torchrun, cold, warm, then reversed), the median of --reps
 every rank's first step of the next round. A launcher that does not recover within --bound
 seconds is reported as such.
 
+--torchrun names torchrun's script, or (a name without "/") its module, run with --python's -m:
+torch.distributed.run for PyTorch 2.x's own. For PyTorch 2.x in a chroot, run the bench there with
+bench/in_chroot.sh (docs/benchmarks.md shows how).
+
 Usage: bench/recovery_bench.py [--ddprun build/launcher/ddprun] [--python /usr/bin/python3]
-           [--torchrun ../shared/tools/torchrun_fixed.py | --no-torchrun] [--sizes 2,4] [--reps 5]
-           [--monitor-interval S]   (torchrun's; its default, 5 s in 1.13, when not given)
+           [--torchrun ../shared/tools/torchrun_fixed.py | --torchrun torch.distributed.run | --no-torchrun]
+           [--sizes 2,4] [--reps 5]
+           [--monitor-interval S]   (torchrun's; its own default when not given: 5 s in 1.13, 0.1 s in 2.x)
        bench/recovery_bench.py --node-loss [--reps 3] [--bound 60]
 """
 import argparse
@@ -46,15 +51,16 @@ class RunFailed(Exception):
 
 
 def run_retried(cmd, env, n, tmp, warm, failed):
-    """A launcher's own failure (torchrun's store refusing a connection, seen here) is counted and
-    the run taken again, at most twice."""
-    for attempt in range(3):
+    """A launcher's own failure (torchrun's store refusing a connection, seen here with 1.13; its
+    gloo connectFullMesh failing after the restart with 2.6) is counted and the run taken again,
+    at most four times."""
+    for attempt in range(5):
         try:
             return run_once(cmd, env, n, tmp, warm)
         except RunFailed as e:
             failed.append(str(e))
             print(f"  {e} (counted; run again)", flush=True)
-    raise SystemExit("bench: three failed runs in a row")
+    raise SystemExit("bench: five failed runs in a row")
 
 
 def run_once(cmd, env, n, tmp, warm, timeout=600):
@@ -87,10 +93,12 @@ def run_once(cmd, env, n, tmp, warm, timeout=600):
     firsts = glob.glob(os.path.join(times, "first.1.*"))
     if rc != 0 or len(firsts) != n or not os.path.exists(os.path.join(times, "crash")):
         sys.stderr.write("".join(lines[-30:]))
-        raise RunFailed(f"bench: a run failed (exit {rc}): {' '.join(cmd)}")
+        why = [l.strip() for l in lines if re.search(r"Error\b", l) and "ChildFailedError" not in l]
+        raise RunFailed(f"bench: a run failed (exit {rc}{': ' + why[-1] if why else ''}): {' '.join(cmd)}")
     crash = float(open(os.path.join(times, "crash")).read())
     said = [l.strip() for l in lines if "restarted in" in l]
-    return max(float(open(f).read()) for f in firsts) - crash, (said[0] if said else "")
+    sums = {m.group(1) for m in (re.search(r"RESULT rank=0 .*checksum=(\S+)", l) for l in lines) if m}
+    return max(float(open(f).read()) for f in firsts) - crash, (said[0] if said else ""), sums
 
 
 def node_loss(a):
@@ -145,17 +153,20 @@ def main():
             kinds = {}
             if not a.no_torchrun:
                 mi = ["--monitor_interval", str(a.monitor_interval)] if a.monitor_interval is not None else []
-                kinds["torchrun"] = ([a.python, a.torchrun, "--standalone"] + mi + common, False)
-            kinds["ddprun cold"] = ([ddprun, "--warm_spares", "0"] + common, False)
-            kinds["ddprun warm"] = ([ddprun, "--warm_spares", "1"] + common, True)
+                tr = [a.torchrun] if "/" in a.torchrun else ["-m", a.torchrun]
+                kinds["torchrun"] = ([a.python] + tr + ["--standalone"] + mi + common, False)
+            kinds["ddprun cold"] = ([ddprun, "--standalone", "--warm_spares", "0"] + common, False)
+            kinds["ddprun warm"] = ([ddprun, "--standalone", "--warm_spares", "1"] + common, True)
             got = {k: [] for k in kinds}
             failed = {k: [] for k in kinds}
+            checksums = {k: set() for k in kinds}
             said = []
             for rep in range(a.reps):
                 order = list(kinds) if rep % 2 == 0 else list(reversed(kinds))
                 for k in order:
-                    secs, line = run_retried(kinds[k][0], env, n, tmp, kinds[k][1], failed[k])
+                    secs, line, sums = run_retried(kinds[k][0], env, n, tmp, kinds[k][1], failed[k])
                     got[k].append(secs)
+                    checksums[k] |= sums
                     if k == "ddprun warm":
                         said.append(line)
                     print(f"  {n} workers, {k}: {secs:.3f} s", flush=True)
@@ -169,6 +180,10 @@ def main():
                 for k in ("ddprun cold", "ddprun warm"):
                     print(f"  {k} / torchrun: {statistics.median(got[k]) / t:.3f}x")
             print(f"  ddprun warm / ddprun cold: {statistics.median(got['ddprun warm']) / statistics.median(got['ddprun cold']):.3f}x")
+            every = set().union(*checksums.values())
+            print("  parameters after the resumed run: " +
+                  (f"the same in every run of every launcher (checksum {every.pop()})" if len(every) == 1
+                   else f"DIFFER (or missing): {checksums}"))
             print("  ddprun's own account of its warm restarts:")
             for line in said:
                 print("    " + line)

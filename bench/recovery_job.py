@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import torch_no_libuv  # with USE_LIBUV=0 only: for a PyTorch 2.x built without libuv
+
 
 def note(path, value):
     with open(path + ".tmp", "w") as f:
@@ -36,6 +38,7 @@ def main():
     ap.add_argument("--go", default="")
     args = ap.parse_args()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    torch_no_libuv.apply()
     dist.init_process_group("gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)

@@ -27,6 +27,12 @@ def _say(line):
         pass
 
 
+# Imported with a module when it is there, without a word when it is not: PyTorch 2.x imports
+# torch._dynamo (with sympy, about 900 modules: 1.0 s here, as long as the rest of the restart)
+# when the script makes its first optimizer; PyTorch 1.x has none.
+_WITH = {"torch": ("torch._dynamo",)}
+
+
 def _preload(names):
     import threading
 
@@ -40,6 +46,12 @@ def _preload(names):
                 __import__(name)
             except BaseException as e:  # a module that fails to import: the spare goes on without it
                 _say(f"warn {name}: {type(e).__name__}: {e}")
+                continue
+            for extra in _WITH.get(name, ()):
+                try:
+                    __import__(extra)
+                except Exception:  # absent (PyTorch 1.x) or broken: the script imports it if it needs it
+                    pass
 
         _say("ready")
 

@@ -18,6 +18,15 @@ if attempt == 0:
         time.sleep(0.01)
     sys.exit(1)
 
+# What a spare preloads on purpose, beyond torch: PyTorch 2.x's torch._dynamo (warm only).
+preloaded = "torch._dynamo" in sys.modules
+try:
+    import torch._dynamo  # noqa: F401  (as PyTorch 2.x's first optimizer does; absent in 1.x)
+except ImportError:
+    pass
+# torch.distributed.nn (imported by torch._dynamo) appends a new temporary directory to sys.path.
+template_dir = getattr(sys.modules.get("torch.distributed.nn.jit.instantiator"), "INSTANTIATED_TEMPLATE_DIR_PATH", None)
+
 main = sys.modules["__main__"]
 loader = getattr(main, "__loader__", None)
 spec = getattr(main, "__spec__", None)
@@ -34,7 +43,7 @@ fp = {
     "doc": main.__doc__ is not None,
     "main_keys": sorted(k for k in vars(main) if k.startswith("__")),
     "loader": None if loader is None else [type(loader).__name__, getattr(loader, "name", None), getattr(loader, "path", None)],
-    "path": sys.path,
+    "path": ["<torch template dir>" if p == template_dir else p for p in sys.path],
     "cwd": os.getcwd(),
     "signals": {str(int(s)): repr(signal.getsignal(s)) for s in signal.valid_signals() if signal.getsignal(s) is not None},
     "sigmask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
@@ -48,6 +57,7 @@ fp = {
     "heartbeat_file_set": bool(os.environ.get("DDPRUN_HEARTBEAT_FILE")),
 }
 sys.stdout.write("FP " + json.dumps(fp, sort_keys=True) + "\n")
+sys.stdout.write(f"PRELOADED torch._dynamo={preloaded}\n")
 sys.stdout.flush()
 # Rank 0 ends only once every rank has printed its FP (ddprun stops the others when it ends).
 open("%s.fp%s" % (os.environ["PROBE_GO"], os.environ["RANK"]), "w").close()

@@ -42,7 +42,7 @@ def launch(ddprun, args, cwd, go, warm, nproc=2, on_ready=None, timeout=240, env
     env = dict(os.environ, PYTHON_EXEC=sys.executable, PROBE_GO=go)
     env.pop("PYTHONPATH", None)
     env.update(env_extra or {})
-    cmd = [ddprun, "--nproc_per_node", str(nproc), "--max_restarts", "1", "--warm_spares", "1" if warm else "0"] + args
+    cmd = [ddprun, "--standalone", "--nproc_per_node", str(nproc), "--max_restarts", "1", "--warm_spares", "1" if warm else "0"] + args
     for old in glob.glob(glob.escape(go) + ".fp*"):  # spare_probe.py's: which ranks have printed
         os.unlink(old)
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -88,7 +88,22 @@ def fingerprints(lines):
 
 def traceback_of(lines, rank):
     prefix = f"[default{rank}]:"
-    return [l[len(prefix):] for l in lines if l.startswith(prefix) and not l[len(prefix):].startswith("FP ")]
+    return [l[len(prefix):] for l in lines if l.startswith(prefix) and not l[len(prefix):].startswith(("FP ", "PRELOADED "))]
+
+
+def dynamo_preloaded(warm, cold):
+    """PyTorch 2.x makes a script's first optimizer import torch._dynamo (1 s): a spare has it
+    already, a fresh worker not. PyTorch 1.x has none: its spares say nothing about it."""
+    import importlib.util
+
+    seen = {w: sorted(re.findall(r"^\[default\d\]:PRELOADED torch._dynamo=(\w+)$", "\n".join(lines), re.M))
+            for w, lines in (("warm", warm), ("cold", cold))}
+    if importlib.util.find_spec("torch._dynamo") is not None:
+        check(seen == {"warm": ["True", "True"], "cold": ["False", "False"]},
+              f"PyTorch 2.x: torch._dynamo preloaded by the warm spares only: {seen}")
+    else:
+        check(seen["warm"] == ["False", "False"] and not any("could not import torch._dynamo" in l for l in warm),
+              f"PyTorch 1.x: no torch._dynamo, and no warning about it: {seen}")
 
 
 def show(lines):
@@ -131,7 +146,7 @@ def main():
     try:
         shutil.copy(os.path.join(HERE, "spare_probe.py"), tmp)
         # A script, its traceback and exit code 1; -m, exit code 7; KeyboardInterrupt (SIGINT).
-        same_as_fresh(a.ddprun, tmp, ["spare_probe.py", "raise"], "script, uncaught exception")
+        dynamo_preloaded(*same_as_fresh(a.ddprun, tmp, ["spare_probe.py", "raise"], "script, uncaught exception"))
         same_as_fresh(a.ddprun, tmp, ["-m", "spare_probe", "exit7"], "-m module, sys.exit(7)")
         warm, _ = same_as_fresh(a.ddprun, tmp, ["spare_probe.py", "interrupt"], "KeyboardInterrupt")
         check(any("SIGINT" in l for l in warm), "KeyboardInterrupt: the warm worker died of SIGINT, as a fresh one does")
