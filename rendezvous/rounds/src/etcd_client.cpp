@@ -61,8 +61,6 @@ EtcdKv kv_of(const json& j) {
   return kv;
 }
 
-std::string where(const EtcdEndpoint& e) { return format_address(e.host, e.port); }
-
 // The gateway writes errors two ways: {"error": "...", "code": N, "message": "..."} and, for
 // streams, {"error": {"grpc_code": N, "message": "..."}}. A member without a leader answers
 // "no leader", "request timed out" (code 14) or, for a lease, "context deadline exceeded".

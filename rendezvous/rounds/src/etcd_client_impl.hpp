@@ -26,7 +26,6 @@ std::string unb64(const std::string& s);
 std::string prefix_end(std::string p);
 std::int64_t num(const json& j, const char* field);
 EtcdKv kv_of(const json& j);
-std::string where(const EtcdEndpoint& e);
 
 // An error etcd returned: worth another member (no leader, leader changed, unavailable, its own
 // time-out) or not; an authentication problem.

@@ -24,8 +24,6 @@ using tcp = asio::ip::tcp;
 using error_code = boost::system::error_code;
 using Clock = std::chrono::steady_clock;
 
-std::string address_of(const EtcdEndpoint& e) { return format_address(e.host, e.port); }
-
 [[noreturn]] void usage_error(const std::string& key, const std::string& path, const std::string& why) {
   throw UsageError("--rdzv_conf " + key + "=" + path + ": " + why);
 }
@@ -76,8 +74,8 @@ void connect_tcp(asio::io_context& io, beast::tcp_stream& s, const tcp::resolver
                  const EtcdEndpoint& e, Clock::time_point deadline) {
   error_code ec;
   s.async_connect(addrs, [&](error_code c, const tcp::endpoint&) { ec = c; });
-  if (!run_until(io, deadline, s)) throw TimeoutError("connecting to " + address_of(e) + " timed out");
-  if (ec) throw NetworkError("cannot connect to " + address_of(e) + ": " + ec.message());
+  if (!run_until(io, deadline, s)) throw TimeoutError("connecting to " + etcd_detail::where(e) + " timed out");
+  if (ec) throw NetworkError("cannot connect to " + etcd_detail::where(e) + ": " + ec.message());
 }
 
 // The member's name is checked the way it was written: a DNS name against the certificate's
@@ -147,7 +145,7 @@ std::string describe_tls_error(const EtcdEndpoint& e, const error_code& ec, bool
     switch (ERR_GET_REASON(static_cast<unsigned long>(ec.value()))) {
       case SSL_R_WRONG_VERSION_NUMBER:
       case SSL_R_PACKET_LENGTH_TOO_LONG:
-        return "it does not speak TLS there (it answered the handshake in plain text): " + std::string(kNoTls) + address_of(e) +
+        return "it does not speak TLS there (it answered the handshake in plain text): " + std::string(kNoTls) + etcd_detail::where(e) +
                kServeTls;
       case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED:
       case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
@@ -162,7 +160,7 @@ std::string describe_tls_error(const EtcdEndpoint& e, const error_code& ec, bool
   }
   bool closed = ec == ssl::error::stream_truncated || ec == asio::error::eof || ec == asio::error::connection_reset;
   if (closed && handshake) {
-    return "it closed the connection during the TLS handshake (" + ec.message() + "); " + kNoTls + address_of(e) + kServeTls;
+    return "it closed the connection during the TLS handshake (" + ec.message() + "); " + kNoTls + etcd_detail::where(e) + kServeTls;
   }
   // TLS 1.3: the member checks the client certificate after the handshake; its alert may be
   // lost to the reset that follows it.
@@ -209,16 +207,16 @@ EtcdStream EtcdStream::open(asio::io_context& io, const EtcdEndpoint& e, ssl::co
     connect_tcp(io, s, addrs, e, deadline);
     return EtcdStream(std::move(s), e, problem);
   }
-  if (tls == nullptr) throw UsageError("etcd endpoint https://" + address_of(e) + " needs --rdzv_conf cacert=PATH");
+  if (tls == nullptr) throw UsageError("etcd endpoint https://" + etcd_detail::where(e) + " needs --rdzv_conf cacert=PATH");
   Tls s(io, *tls);
   expect_name(s, e.host, problem);
   connect_tcp(io, beast::get_lowest_layer(s), addrs, e, deadline);
   s.async_handshake(ssl::stream_base::client, [&](error_code c) { ec = c; });
   if (!run_until(io, deadline, beast::get_lowest_layer(s))) {
-    throw TimeoutError("the TLS handshake with " + address_of(e) + " timed out: is it a TLS endpoint?");
+    throw TimeoutError("the TLS handshake with " + etcd_detail::where(e) + " timed out: is it a TLS endpoint?");
   }
   if (ec) {
-    throw NetworkError("TLS to " + address_of(e) + ": " +
+    throw NetworkError("TLS to " + etcd_detail::where(e) + ": " +
                        (problem->code != 0 ? describe_cert_problem(e, *problem)
                                              : describe_tls_error(e, ec, true, SSL_get_certificate(s.native_handle()) != nullptr)));
   }
@@ -240,9 +238,11 @@ std::string EtcdStream::explain(const error_code& ec) {
   // A TLS-only member closes a plain-HTTP connection without an answer.
   if (ec == beast::http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset) {
     return "it closed the connection without an answer (" + ec.message() + "); etcd with TLS does that: write https://" +
-           address_of(endpoint_) + " and give --rdzv_conf cacert=PATH (etcdctl's --cacert)";
+           etcd_detail::where(endpoint_) + " and give --rdzv_conf cacert=PATH (etcdctl's --cacert)";
   }
   return ec.message();
 }
+
+std::string etcd_detail::where(const EtcdEndpoint& e) { return format_address(e.host, e.port); }
 
 }  // namespace ddprun::rounds

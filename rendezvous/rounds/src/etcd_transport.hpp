@@ -18,6 +18,11 @@
 
 namespace ddprun::rounds {
 
+namespace etcd_detail {
+// "host:port" of a member, as every etcd message names it ("[::1]:2379" for IPv6).
+std::string where(const EtcdEndpoint& e);
+}  // namespace etcd_detail
+
 // The job's CA and client certificate, loaded once per client. Throws UsageError naming the
 // file that cannot be read or is not PEM, or a key that does not match its certificate.
 std::shared_ptr<boost::asio::ssl::context> make_tls_context(const EtcdTls& tls);
