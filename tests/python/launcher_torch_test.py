@@ -16,14 +16,11 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testlib import skip  # noqa: E402
+from testlib import need_torch, skip  # noqa: E402
 import tempfile
 import time
 
-try:
-    import torch  # noqa: F401
-except ImportError as e:  # pragma: no cover
-    skip(f"torch is not importable with {sys.executable}: {e}")
+need_torch()
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TORCHRUN = os.path.join(os.path.dirname(ROOT), "shared", "tools", "torchrun_fixed.py")

@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testlib import skip  # noqa: E402
+from testlib import need_torch  # noqa: E402
 import warm_spare_torch_test as ws  # noqa: E402
 
 SCRIPT = r'''
@@ -40,10 +40,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
     a = ap.parse_args()
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        skip(f"{sys.executable} has no torch")
+    need_torch()
     tmp = tempfile.mkdtemp(prefix="ddprun-preload-auto-")
     try:
         lib, job = os.path.join(tmp, "lib"), os.path.join(tmp, "job")

@@ -11,3 +11,11 @@ def skip(why):
         sys.exit(1)
     print(f"SKIP: {why}")
     sys.exit(77)
+
+
+def need_torch():
+    """Skips (as skip()) unless this interpreter can import torch."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        skip(f"torch is not importable with {sys.executable}: {e}")

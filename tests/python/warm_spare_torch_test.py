@@ -19,7 +19,7 @@ import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testlib import skip  # noqa: E402
+from testlib import need_torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -138,10 +138,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
     a = ap.parse_args()
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        skip(f"{sys.executable} has no torch")
+    need_torch()
     tmp = tempfile.mkdtemp(prefix="ddprun-spare-test-")
     try:
         shutil.copy(os.path.join(HERE, "spare_probe.py"), tmp)
