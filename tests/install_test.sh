@@ -22,8 +22,10 @@ check "ddprun --version names the version and the build's features" \
 check "the installed ddprun gives workers its progress hook (PREFIX/share/ddprun/python first on PYTHONPATH)" sh -c "
   '$prefix/bin/ddprun' --standalone --log_level warn --no_python /bin/sh -c 'echo \$PYTHONPATH' > '$work/pp.txt' &&
   grep -qx '.default0.:$prefix/share/ddprun/python' '$work/pp.txt' && test -f '$prefix/share/ddprun/python/sitecustomize.py'"
+# (read once the child is sleep: a stack read while it is still the shell, mid-exec, has no frames)
 check "ddprun-stack is installed beside ddprun and reads a process's stack" sh -c "
-  sleep 30 & pid=\$!; '$prefix/bin/ddprun-stack' \$pid > '$work/stack.txt'; rc=\$?; kill \$pid
+  sleep 30 & pid=\$!; for i in \$(seq 1000); do [ \"\$(cat /proc/\$pid/comm)\" = sleep ] && break; done
+  '$prefix/bin/ddprun-stack' \$pid > '$work/stack.txt'; rc=\$?; kill \$pid; cat '$work/stack.txt'
   [ \$rc -eq 0 ] && grep -q '^#0 ' '$work/stack.txt'"
 
 # An empty RUNPATH entry is the current directory to the loader: a library planted where ddprun
@@ -108,7 +110,7 @@ if true; then
     # The NCCL backend's plugin (a shared library loaded on first use, beside the programs in this
     # package) links the C++ runtime: with it, libstdc++ is the plugin's need, not the programs'
     # (their NEEDED entries are checked above).
-    if dpkg-deb -c "$deb" | grep -q 'libddprun_runtime_nccl'; then linked_in=${linked_in/|libstdc|libgcc/}; fi
+    if dpkg-deb -c "$deb" | grep 'libddprun_runtime_nccl' >/dev/null; then linked_in=${linked_in/|libstdc|libgcc/}; fi
     check "the package declares Depends computed from the binaries (libc; not what is linked in)" sh -c "
       d=\$(dpkg-deb -f '$deb' Depends); echo \"\$d\"; echo \"\$d\" | grep -q libc6 && ! echo \"\$d\" | grep -Eq '$linked_in'"
     # hwloc is loaded with dlopen, which dpkg-shlibdeps cannot see: the package names it itself.
