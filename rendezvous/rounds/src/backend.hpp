@@ -129,6 +129,10 @@ class Backend {
   virtual std::unique_ptr<Connection> connect(std::chrono::milliseconds timeout) = 0;
   // The job is over here: ends this node's session (etcd: revokes its lease). Bounded.
   virtual void close() {}
+  // The job ended here on an error, which no node acknowledges: a host keeps the records up at
+  // exit, bounded, until the other nodes have left, so that they read the same cause and not a
+  // lost store.
+  virtual void linger_at_exit() {}
   // How long the backend may not answer and still come back (an etcd election): until then a
   // round's watch tries again. 0: unreachable is gone (a store whose host left).
   virtual std::chrono::milliseconds outage_tolerance() const { return std::chrono::milliseconds(0); }

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <thread>
+
 #include "bounded_thread.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/net.hpp"
@@ -138,7 +140,13 @@ void StoreBackend::host() {
   }
 }
 
-StoreBackend::~StoreBackend() = default;
+// By now this node's own connections are closed (the rules, the watch and the ring go first):
+// the store waits for the other nodes' to close; they do within milliseconds, having read the end.
+StoreBackend::~StoreBackend() {
+  if (!hosting_ || !linger_) return;
+  const auto deadline = Clock::now() + kHostLingers;
+  while (server_->stats().connections > 0 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+}
 
 bool StoreBackend::should_host() const {
   if (opt_.host_role != HostRole::automatic) return opt_.host_role == HostRole::always;

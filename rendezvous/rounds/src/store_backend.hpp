@@ -23,10 +23,14 @@ namespace ddprun::rounds {
 
 class StoreBackend : public Backend {
  public:
+  // How long a host that ended on an error waits, at exit, for the other nodes to close.
+  static constexpr std::chrono::milliseconds kHostLingers{2000};
+
   // Hosts the rendezvous store when this node is its host (binding only). Throws ddprun::Error
   // when host_role is `always` and the port cannot be bound. With host_role `automatic` and an
   // endpoint name that does not resolve yet, the first connect() decides, once it resolves.
   StoreBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals);
+  // Lingers when asked to (linger_at_exit), kHostLingers at most.
   ~StoreBackend() override;
 
   std::string where() const override;
@@ -34,6 +38,7 @@ class StoreBackend : public Backend {
   std::unique_ptr<Connection> connect(std::chrono::milliseconds timeout) override;
   std::string reach() const override;
   bool holds_records() const override { return hosting_; }
+  void linger_at_exit() override { linger_ = true; }
   std::vector<HostedStore> hosted() const override;
   std::chrono::milliseconds liveness_ttl() const override;
   // The store is this backend's single point of failure: the message names its host and the
@@ -61,7 +66,7 @@ class StoreBackend : public Backend {
   // Written once, when this node decides whether it hosts the store (under decide_mu_); read
   // from any thread.
   std::mutex decide_mu_;
-  std::atomic<bool> decided_{false}, hosting_{false};
+  std::atomic<bool> decided_{false}, hosting_{false}, linger_{false};
   std::atomic<std::uint16_t> port_;
   std::unique_ptr<rendezvous::StoreServer> server_;
 };

@@ -232,6 +232,7 @@ void ThreadedRendezvous::finish(int round, Ack ack) {
         spdlog::debug("ddprun: could not acknowledge the end of round {}: {}", round, e.what());
       }
     }
+    if (ack == Ack::no) c->backend->linger_at_exit();
     c->backend->close();
     c->tell([](Listener& l) { l.on_finished(); });
   });
