@@ -80,7 +80,7 @@ RoundRules::Joined RoundRules::join(int round, int rc, const Streak& streak) {
     throw_if_job_finished();
     if (rc < 0) round = latest_round(std::max(round, first_round_));
     // One restart count per round, the first writer's; "finished": the others ended the job
-    // after the round this node comes from (a crash loop it did not count itself).
+    // after the round this node comes from (one it did not see end).
     if (rc >= 0 && c.create(round_key(round, Name::rc), std::to_string(rc)) == kFinished) throw_finished();
     // The crash-loop streak likewise: one per round, so that every member decides alike.
     if (rc >= 0) c.create(round_key(round, Name::streak), streak_json(streak));
