@@ -61,10 +61,11 @@ struct Job {
   ~Job() { std::filesystem::remove_all(root); }
 
   // Round `round` is ready with this node alone (or `world` nodes, this one first).
-  void ready(int round, int rc, int world = 1) {
+  void ready(int round, int rc, int world = 1, const ddprun::rounds::Streak& streak = {}) {
     RoundInfo info;
     info.round = round;
     info.restart_count = rc;
+    info.streak = streak;
     info.group_world = world;
     info.world_size = world * opt.nproc_per_node;
     info.store_host = "127.0.0.1";

@@ -100,6 +100,39 @@ TEST_CASE("controller: another node's failure stops this node's workers and rest
   j.reap();
   CHECK(j.rdzv.ends.empty());  // deaths of workers ddprun stopped are consequences
   CHECK(j.rdzv.joins.back() == std::pair<int, int>{1, 1});
+  CHECK(j.rdzv.streaks.back() == ddprun::rounds::Streak{}.after(Job::failure_on("node-b", 3, 1)));  // brought along
+}
+
+TEST_CASE("controller: the crash-loop verdict follows the round's streak, not this node's own history", "[controller]") {
+  auto opt = options(1, 5);
+  opt.max_same_failures = 2;
+  const auto f = Job::failure_on("node-b", 3, 1);
+  const auto once = ddprun::rounds::Streak{}.after(f);
+  // This node saw none of the job's failures (it is new), but the round's streak has rank 3's
+  // first one: its second ends the job on this node too, as on every member of the round.
+  Job j(opt);
+  j.ctl->start();
+  j.ready(0, 1, 2, once);
+  j.over(0, RoundEnd::of_failure(f));
+  j.runner.kill(j.pids()[0], SIGTERM);
+  j.reap();
+  CHECK(j.ctl->phase() == Phase::draining);
+  CHECK(j.ctl->exit_code() == ddprun::agent::kCrashLoopExitCode);
+  CHECK(j.rdzv.joins.size() == 1);  // no next round
+  // And the other way round: a streak of its own that the round does not carry is not a loop.
+  Job k(opt);
+  k.ctl->start();
+  k.ready(0, 0, 2, once);
+  k.over(0, RoundEnd::of_failure(Job::failure_on("node-b", 2, 1)));
+  k.runner.kill(k.pids()[0], SIGTERM);
+  k.reap();
+  REQUIRE(k.rdzv.joins.size() == 2);
+  k.ready(1, 1, 2);  // the round's first writer brought no streak
+  k.over(1, RoundEnd::of_failure(Job::failure_on("node-b", 2, 1)));
+  k.runner.kill(k.pids()[0], SIGTERM);
+  k.reap();
+  CHECK(k.ctl->phase() == Phase::rendezvous);
+  CHECK(k.rdzv.streaks.back().same == 1);
 }
 
 TEST_CASE("controller: a lost node or a node joining restarts with the same restart count", "[controller]") {

@@ -100,6 +100,7 @@ class FakeRendezvous : public Rendezvous {
   };
   Listener* listener = nullptr;
   std::vector<std::pair<int, int>> joins;  // (round, restart count)
+  std::vector<ddprun::rounds::Streak> streaks;  // the streak each join brought
   std::vector<Ended> ends;
   std::vector<int> successes;
   std::vector<std::pair<int, Ack>> finishes;  // (round, acknowledge)
@@ -107,7 +108,10 @@ class FakeRendezvous : public Rendezvous {
 
   void set_listener(Listener& l) override { listener = &l; }
   std::string describe() const override { return ""; }
-  void join(int round, int rc) override { joins.emplace_back(round, rc); }
+  void join(int round, int rc, const ddprun::rounds::Streak& s) override {
+    joins.emplace_back(round, rc);
+    streaks.push_back(s);
+  }
   void end_round(int round, const RoundEnd& why, int expect_next) override { ends.push_back({round, why, expect_next}); }
   void report_success(int round) override { successes.push_back(round); }
   void finish(int round, Ack ack) override { finishes.emplace_back(round, ack); }

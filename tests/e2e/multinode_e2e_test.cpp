@@ -125,6 +125,32 @@ TEST_CASE("exhausted restarts: every node prints the same root cause and exits w
   }
 }
 
+TEST_CASE("crash loop across nodes: a node that missed the first failure ends with the same verdict (93)", "[multinode]") {
+  // a (2 workers) alone: rank 1 exits 3 in round 0, round 1 blocks. b, new, asks to join: rank 1
+  // exits 3 again in round 2. 2 in a row for the job, 1 in b's own history: both must call it a
+  // crash loop (b used to restart, find the job finished and exit 1).
+  auto agent = [&](const std::string& ep, const std::string& nproc, const std::string& last_call) {
+    return cmd({"--nnodes=1:2", "--rdzv_backend=c10d", ep, "--rdzv_id=loop",
+                "--rdzv_conf=join_timeout=30,last_call_timeout=" + last_call, "--nproc_per_node=" + nproc,
+                "--max_restarts=5", "--max_same_failures=2", kWorker, "fail_before_attempt:1:3", "block_if_world:2",
+                "exit_if_rank:1:3", "block"});
+  };
+  Launch a(agent("--rdzv_endpoint=127.0.0.1:0", "2", "0.5"));
+  auto port = host_port(a);
+  auto deadline = Clock::now() + 30s;
+  while (a.err().find("rendezvous round 1 complete") == std::string::npos && Clock::now() < deadline) a.wait_for("\x01", 1, 50ms);
+  REQUIRE_THAT(a.err(), Catch::Contains("restarting the job on every node (restart 1 of 5)"));
+  Launch b(agent("--rdzv_endpoint=127.0.0.1:" + port, "1", "20"));
+  auto rb = b.finish(60s);
+  auto ra = a.finish(60s);
+  INFO(ra.err << "\n----\n" << rb.err);
+  CHECK_THAT(rb.err, Catch::Contains("complete: 2 nodes, 3 workers"));
+  for (const auto* r : {&ra, &rb}) {
+    CHECK(r->code == 93);
+    CHECK_THAT(r->err, Catch::Contains("Crash loop: rank 1 failed the same way (exit code 3) on 2 consecutive attempts"));
+  }
+}
+
 TEST_CASE("kill -9 of a non-host agent: the survivors continue with a smaller world", "[multinode]") {
   std::string conf = "--rdzv_conf=keep_alive_interval=0.3,keep_alive_max_attempt=2,last_call_timeout=20,join_timeout=30";
   auto agent = [&](const std::string& ep) {

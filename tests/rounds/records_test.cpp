@@ -64,3 +64,22 @@ TEST_CASE("keys: typed, each kind with its text", "[records]") {
   CHECK(round_key(0, Name::node, 2).family() == "r0/node/");
   CHECK(run_key(Name::config).text() == "config");
 }
+
+TEST_CASE("round records: the crash-loop streak counts the same root cause and host in a row, and round-trips", "[records]") {
+  FailureRecord f;
+  f.rank = 1;
+  f.host = "n1";
+  f.status.code = 3;
+  const Streak one = Streak{}.after(f), two = one.after(f);
+  CHECK((one.same == 1 && one.host_same == 1));
+  CHECK((two.same == 2 && two.host_same == 2 && two.host == "n1"));
+  FailureRecord other = f;
+  other.hang = true;  // the same rank, hung: another cause, on the same host
+  const Streak three = two.after(other);
+  CHECK((three.same == 1 && three.host_same == 3));
+  CHECK(parse_streak("k", streak_json(three)) == three);
+  CHECK(parse_streak("k", "{}") == Streak{});
+  CHECK_THROWS_WITH(parse_streak("ddprun/rdzv/x/r1/streak", "{\"same\": -1}"),
+                    Catch::Contains("malformed value at key 'ddprun/rdzv/x/r1/streak'"));
+  CHECK(round_key(1, Name::streak).text() == "r1/streak");
+}

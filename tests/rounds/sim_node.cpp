@@ -1,6 +1,7 @@
 // A node of the simulator: RoundRules over a backend whose every call is a step of the world,
 // and the agent around them (join, run the workers, end or report the round, join the next).
 #include <csignal>
+#include <cstdlib>
 
 #include "keep_alive_ring.hpp"
 #include "rendezvous_error.hpp"
@@ -124,7 +125,8 @@ RoundEnd run_round(World& w, Node& n, RoundRules& rules, SimConnection& watch, c
       } else if (e.kind == Event::Kind::workers_failed) {
         FailureRecord f;
         f.host = n.id;
-        f.reason = "exit code 1";
+        (e.cause < 0 ? f.status.signal : f.status.code) = e.cause < 0 ? -e.cause : e.cause;
+        f.reason = (e.cause < 0 ? "signal " : "exit code ") + std::to_string(std::abs(e.cause));
         rules.end_round(round, RoundEnd::of_failure(f), world);
       } else {
         rules.report_success(round, world);
@@ -150,9 +152,11 @@ void play(World& w, Node& n) {
   RoundRules rules(opt, backend, workers, self);
   rules.connect();
   int round = 0, rc = -1;
+  Streak streak;  // the crash-loop streak this node brings to the next round
   for (;;) {
     n.state = Node::State::joining;
-    auto j = rules.join(round, rc);
+    auto j = rules.join(round, rc, streak);
+    streak = j.info.streak;
     w.joined(n, j.info, j.members.hosts);
     RoundEnd end;
     {
@@ -163,7 +167,7 @@ void play(World& w, Node& n) {
       n.state = Node::State::running;
       n.workers = w.now() < n.fence_until;  // the fence was armed by the first keep-alive
       n.succeeded = false;
-      if (!n.workers) n.events.push_back({Event::Kind::workers_failed, j.info.round, 0});
+      if (!n.workers) n.events.push_back({Event::Kind::workers_failed, j.info.round, 0, -9});
       end = run_round(w, n, rules, watch, j);
       n.workers = false;
     }
@@ -175,13 +179,21 @@ void play(World& w, Node& n) {
       w.finished(n);
       return;
     }
-    const int max_restarts = w.settings().max_restarts;
-    if (end.kind == RoundEnd::Kind::failure && max_restarts >= 0 && rcount + 1 > max_restarts) {
-      // No restart left: the job ends here, on every node that saw this end (as ddprun's agent).
-      rules.acknowledge_end(j.info.round, j.info.group_world);
-      n.state = Node::State::done;
-      w.finished(n);
-      return;
+    if (end.kind == RoundEnd::Kind::failure) {
+      // As ddprun's agent: a crash loop, or no restart left, ends the job here, on every node
+      // that saw this end; else the job restarts.
+      streak = j.info.streak.after(*end.failure);
+      const int max_restarts = w.settings().max_restarts, max_same = w.settings().max_same_failures;
+      const char* verdict = max_same > 0 && streak.same >= max_same                ? "crash loop"
+                            : max_restarts >= 0 && rcount + 1 > max_restarts ? "no restart left"
+                                                                              : "restart";
+      w.decided(n, j.info.round, verdict);
+      if (verdict != std::string("restart")) {
+        rules.acknowledge_end(j.info.round, j.info.group_world);
+        n.state = Node::State::done;
+        w.finished(n);
+        return;
+      }
     }
     rc = rcount + (end.kind == RoundEnd::Kind::failure ? 1 : 0);
     round = j.info.round + 1;
@@ -241,7 +253,7 @@ void ring_main(World& w, Node& n, const Members& m) {
   } catch (const Crash&) {
   } catch (const std::exception&) {
     // The watch lost the backend: the round is over here (the agent stops its workers).
-    if (n.watching == m.round) n.events.push_back({Event::Kind::workers_failed, m.round, 0});
+    if (n.watching == m.round) n.events.push_back({Event::Kind::workers_failed, m.round, 0, -15});
   }
 }
 

@@ -70,7 +70,7 @@ void World::fence() {
     if (n->workers && now_ >= n->fence_until) {
       note("fence: " + n->id + "'s workers killed");
       n->workers = false;
-      n->events.push_back({Event::Kind::workers_failed, n->round, 0});
+      n->events.push_back({Event::Kind::workers_failed, n->round, 0, -9});
     }
     if (n->paused && now_ >= n->paused_until) n->paused = false;
   }
@@ -136,7 +136,7 @@ void World::outcome() {
   n.workers = false;
   if (chance(0.5)) {
     note(n.id + ": workers failed");
-    n.events.push_back({Event::Kind::workers_failed, n.round, 0});
+    n.events.push_back({Event::Kind::workers_failed, n.round, 0, cause()});
   } else {
     note(n.id + ": workers succeeded");
     n.succeeded = true;

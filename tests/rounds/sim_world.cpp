@@ -32,7 +32,8 @@ std::string Settings::describe() const {
   std::ostringstream o;
   o << "seed " << seed << ": " << (flavor == Flavor::store ? "store" : "etcd") << ", " << to_string(kind) << ", "
     << nodes << " nodes, --nnodes=" << min_nodes << ":" << max_nodes << ", --max_restarts="
-    << (max_restarts < 0 ? std::string("unlimited") : std::to_string(max_restarts)) << ", " << fault_steps
+    << (max_restarts < 0 ? std::string("unlimited") : std::to_string(max_restarts))
+    << ", --max_same_failures=" << max_same_failures << ", " << fault_steps
     << " steps of faults";
   return o.str();
 }
@@ -62,10 +63,14 @@ Settings settings_of(std::uint64_t seed) {
   // Drawn last, so that the draws above (and the seeds found before it) stay as they were.
   const int restarts = static_cast<int>(r() % 5);
   s.max_restarts = restarts == 4 ? -1 : restarts;
+  // After that, likewise: --max_same_failures off in half the seeds, else 2 or 3.
+  const int same = static_cast<int>(r() % 4);
+  s.max_same_failures = same < 2 ? 0 : same;
   return s;
 }
 
-World::World(const Settings& s, bool trace) : rng(s.seed * 0x9e3779b97f4a7c15ULL + 1), s_(s), tracing_(trace) {
+World::World(const Settings& s, bool trace)
+    : rng(s.seed * 0x9e3779b97f4a7c15ULL + 1), s_(s), tracing_(trace), causes_(s.seed ^ 0x2545f4914f6cdd1dULL) {
   now_ = Time(std::chrono::hours(1));
   g_world = this;
   Clock::source = &virtual_now;
@@ -232,6 +237,22 @@ void World::check_put(const std::string& k, const std::string& v) {
     violate("the job's latest round went back from " + std::to_string(latest_.second) + " to " + v);
   }
   if (latest_.first != epoch_ || r > latest_.second) latest_ = {epoch_, r};
+}
+
+int World::cause() { return 1 + static_cast<int>(causes_() % 2); }
+
+// Every member of a round that decides on its end decides alike: a node that restarts while
+// another ends the job as a crash loop would find the job finished in the next round (exit 1).
+void World::decided(Node& n, int round, const std::string& verdict) {
+  note(n.id + " decided on round " + std::to_string(round) + ": " + verdict);
+  RoundSeen& r = rounds_[{n.epoch, round}];
+  if (r.verdict.empty()) {
+    r.verdict = verdict;
+    r.verdict_by = n.id;
+  } else if (r.verdict != verdict) {
+    violate("round " + std::to_string(round) + ": " + r.verdict_by + " decided '" + r.verdict + "', " + n.id +
+            " decided '" + verdict + "' (the members disagree on how the job goes on)");
+  }
 }
 
 void World::renewed(Node& n, Time sent) {

@@ -43,6 +43,7 @@ struct Settings {
   int nodes = 3, min_nodes = 1, max_nodes = 3;
   int fault_steps = 300;  // steps with faults; then quiet time
   int max_restarts = -1;  // a failed round with no restart left ends the job on every node; -1: never
+  int max_same_failures = 0;  // --max_same_failures: the same root cause this many rounds in a row ends the job; 0: off
   bool liveness = true;   // check liveness in quiet time (else stop after the faults)
   RendezvousOptions opt;
   std::string describe() const;
@@ -52,6 +53,7 @@ Settings settings_of(std::uint64_t seed);
 struct Event {
   enum class Kind { workers_failed, workers_succeeded, peer_lost } kind;
   int round = 0, g = 0;
+  int cause = 0;  // workers_failed: the root cause, an exit code (> 0) or a signal (< 0)
 };
 
 // One incarnation of a node: what it knows dies with it.
@@ -112,6 +114,8 @@ class World {
   void joined(Node& n, const RoundInfo& info, const std::vector<std::string>& hosts);
   void ended(Node& n, int round, const std::string& end_json);
   void finished(Node& n);
+  // Member `n` decided, on round `round`'s end, to restart, or that the job ends (a crash loop, no restart left).
+  void decided(Node& n, int round, const std::string& verdict);
   void violate(const std::string& what);
   Task* current() const { return current_; }
   std::mt19937_64 rng;
@@ -131,6 +135,7 @@ class World {
     bool decisive = false;
     bool reports_first = false;  // every member reported success before any membership request   // it ended "failure" or "success": each member decides on it
     int restart_count = -1;
+    std::string verdict, verdict_by;  // what the first member to decide on its end decided, and who
   };
   Node& start_node(int slot, int launch, const std::string& id);
   void spawn(Node& n, std::function<void()> body, bool ring);
@@ -152,6 +157,7 @@ class World {
   void note(const std::string& s);
   std::string fresh_id();
   int pick(int n) { return static_cast<int>(rng() % static_cast<std::uint64_t>(n)); }
+  int cause();  // a failed group's root cause: one of a few, from a stream of its own
   bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
 
   Settings s_;
@@ -180,6 +186,7 @@ class World {
   std::string violation_;
   std::uint64_t steps_ = 0;
   Time expired_at_{};  // the last expire_leases
+  std::mt19937_64 causes_;  // apart from `rng`: drawing causes leaves the schedule's draws as they were
 };
 
 // The body of a node's main fiber (sim_node.cpp).

@@ -63,7 +63,7 @@ void JobController::join(int round, int restart_count) {
   joined_at_ = std::chrono::steady_clock::now();
   clock_.joining(joined_at_);
   enter(Phase::rendezvous);
-  rdzv_.join(round, restart_count);
+  rdzv_.join(round, restart_count, streak_);
 }
 
 // ---- rendezvous events ------------------------------------------------------------------------
@@ -84,6 +84,7 @@ void JobController::on_round_ready(const RoundInfo& info) {
   clock_.round_ready();
   round_ = info.round;
   attempt_ = info.restart_count;
+  streak_ = info.streak;
   if (opt_.rdzv.multi_node()) {
     spdlog::info("ddprun: rendezvous round {} complete: {} nodes, {} workers", round_, info.group_world,
                  info.world_size);

@@ -37,7 +37,6 @@
 #include "containment/fence_state.hpp"
 #include "control/recovery_clock.hpp"
 #include "observe/failure_report.hpp"
-#include "observe/failure_streaks.hpp"
 #include "workers/worker_group.hpp"
 
 namespace ddprun::agent {
@@ -116,7 +115,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   std::optional<FailureRecord> root_cause_;  // this node's first failure in the round
   std::vector<FailureRecord> failures_;      // this node's other failures
   std::optional<StuckRank> stuck_;           // from the stacks of a hang: the rank outside collectives
-  FailureStreaks streaks_;                   // root causes, attempt after attempt
+  rounds::Streak streak_;                    // the round's crash-loop streak, then the one after its failure
   std::vector<StreamOutput::FileLoss> log_losses_;  // log files left incomplete, for the end
   bool group_ended_ = true;
   int stop_signal_ = 0;    // ddprun was told to stop by this signal

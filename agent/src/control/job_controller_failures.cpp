@@ -54,18 +54,21 @@ FailureRecord JobController::blame_stuck_rank(const FailureRecord& root) {
 
 void JobController::decide_failure(const FailureRecord& given) {
   const FailureRecord root = blame_stuck_rank(given);
-  streaks_.record(root);
+  // The streak from the round's (the same on every member) and, with several nodes, the round's
+  // end as every member read it (not this node's blame of a stuck rank): every member of the
+  // round reaches the same crash-loop verdict.
+  streak_ = info_.streak.after(opt_.rdzv.multi_node() ? given : root);
   std::vector<std::string> notes;
-  if (streaks_.host_streak() > 1) {
-    notes.push_back("Host " + root.host + " caused the last " + std::to_string(streaks_.host_streak()) + " failures.");
+  if (streak_.host_same > 1) {
+    notes.push_back("Host " + streak_.host + " caused the last " + std::to_string(streak_.host_same) + " failures.");
   }
-  if (opt_.max_same_failures > 0 && streaks_.same_failure() >= opt_.max_same_failures) {
+  if (opt_.max_same_failures > 0 && streak_.same >= opt_.max_same_failures) {
     notes.push_back("Crash loop: rank " + std::to_string(root.rank) + " failed the same way (" + root.reason + ") on " +
-                    std::to_string(streaks_.same_failure()) + " consecutive attempts (--max_same_failures=" +
+                    std::to_string(streak_.same) + " consecutive attempts (--max_same_failures=" +
                     std::to_string(opt_.max_same_failures) + "): restarting will not mend it, and the exit code " +
                     std::to_string(kCrashLoopExitCode) + " says not to requeue the job.");
     events_.emit("crash_loop", {{"rank", root.rank}, {"host", root.host}, {"reason", root.reason},
-                                {"attempts", streaks_.same_failure()}, {"exit_code", kCrashLoopExitCode}});
+                                {"attempts", streak_.same}, {"exit_code", kCrashLoopExitCode}});
     report_failure(root, notes, kCrashLoopExitCode);
     return finish(kCrashLoopExitCode, Rendezvous::Ack::yes);
   }
@@ -83,11 +86,9 @@ void JobController::decide_failure(const FailureRecord& given) {
     spdlog::warn("ddprun: rank {} failed ({}); restarting the worker group (restart {} of {})", root.rank, root.reason,
                  next, opt_.max_restarts);
   }
-  if (streaks_.host_streak() > 1) {
-    spdlog::warn("ddprun: host {} caused the last {} failures", root.host, streaks_.host_streak());
-  }
+  if (streak_.host_same > 1) spdlog::warn("ddprun: host {} caused the last {} failures", streak_.host, streak_.host_same);
   events_.emit("restart", {{"count", next}, {"reason", who + ": " + root.reason}, {"host", root.host},
-                           {"host_streak", streaks_.host_streak()}});
+                           {"host_streak", streak_.host_same}});
   join(round_ + 1, next);
 }
 

@@ -9,6 +9,7 @@ const char* name_of(Name n) {
     case Name::round: return "round";
     case Name::finished: return "finished";
     case Name::rc: return "rc";
+    case Name::streak: return "streak";
     case Name::expect: return "expect";
     case Name::join: return "join";
     case Name::node: return "node";

@@ -8,6 +8,8 @@
 //   finished           the job ended (a node arriving later is told so)
 // Round R (r<R>/...):
 //   rc                 the restart count of round R (first writer wins)
+//   streak             Streak: the crash-loop streak of round R (first writer wins; a member
+//                      reads it with a create, so that nobody can write it after)
 //   expect             how many nodes round R expects (survivors of R-1): it closes as soon as
 //                      they are in, instead of waiting out the last call (first writer wins:
 //                      the node that ended R-1 writes it before the end)
@@ -27,7 +29,7 @@ namespace ddprun::rounds {
 
 enum class Name {
   config, round, finished,
-  rc, expect, join, node, rank, closed, store, alive, end, succeeded, acked, all_acked, stop_acks, stop_seen,
+  rc, streak, expect, join, node, rank, closed, store, alive, end, succeeded, acked, all_acked, stop_acks, stop_seen,
 };
 
 struct Key {

@@ -32,11 +32,12 @@ LocalRendezvous::LocalRendezvous(const RendezvousOptions& opt, Post post, WhenRe
 
 LocalRendezvous::~LocalRendezvous() { shutdown(); }
 
-void LocalRendezvous::join(int round, int restart_count) {
+void LocalRendezvous::join(int round, int restart_count, const Streak& streak) {
   if (round > 0) store_->reset();  // a restarted group does not see the previous one's keys
   RoundInfo info;
   info.round = round;
   info.restart_count = std::max(restart_count, 0);
+  info.streak = streak;
   info.world_size = nproc_;
   info.store_host = host_;
   info.store_port = store_->port();

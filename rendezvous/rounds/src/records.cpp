@@ -159,4 +159,30 @@ RoundEnd parse_round_end(const std::string& key, const std::string& value) {
   return r;
 }
 
-}  // namespace ddprun::agent
+Streak Streak::after(const FailureRecord& f) const {
+  const std::string c = "rank " + std::to_string(f.rank) + (f.hang ? ", hang" : "") + ", signal " +
+                        std::to_string(f.status.signal) + ", code " + std::to_string(f.status.code);
+  Streak s;
+  s.cause = c;
+  s.same = c == cause ? same + 1 : 1;
+  s.host = f.host;
+  s.host_same = !host.empty() && f.host == host ? host_same + 1 : 1;
+  return s;
+}
+
+std::string streak_json(const Streak& s) {
+  return text(json{{"cause", s.cause}, {"same", s.same}, {"host", s.host}, {"host_same", s.host_same}});
+}
+
+Streak parse_streak(const std::string& key, const std::string& value) {
+  auto j = object(key, value);
+  Streak s;
+  s.cause = field<std::string>(j, key, "cause", "");
+  s.same = field<int>(j, key, "same", 0);
+  s.host = field<std::string>(j, key, "host", "");
+  s.host_same = field<int>(j, key, "host_same", 0);
+  if (s.same < 0 || s.host_same < 0) malformed(key, "field 'same' or 'host_same' is negative");
+  return s;
+}
+
+}  // namespace ddprun::rounds

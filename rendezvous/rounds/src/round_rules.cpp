@@ -71,7 +71,7 @@ void RoundRules::connect() {
   }
 }
 
-RoundRules::Joined RoundRules::join(int round, int rc) {
+RoundRules::Joined RoundRules::join(int round, int rc, const Streak& streak) {
   auto& c = *conn_;
   for (;;) {
     // Each round is given join_timeout from when this node arrives in it (a spare may have
@@ -80,8 +80,10 @@ RoundRules::Joined RoundRules::join(int round, int rc) {
     throw_if_job_finished();
     if (rc < 0) round = latest_round(std::max(round, first_round_));
     // One restart count per round, the first writer's; "finished": the others ended the job
-    // after the round this node comes from (a crash loop it did not count itself).
+    // after the round this node comes from (one it did not see end).
     if (rc >= 0 && c.create(round_key(round, Name::rc), std::to_string(rc)) == kFinished) throw_finished();
+    // The crash-loop streak likewise: one per round, so that every member decides alike.
+    if (rc >= 0) c.create(round_key(round, Name::streak), streak_json(streak));
     if (opt_.backend == BackendKind::static_ranks && !claim_rank(round, deadline)) {
       ++round;  // the round that held this rank has ended: meet in the next one
       continue;
@@ -210,6 +212,9 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
   auto stored = c.get(rck);
   if (stored && *stored == kFinished) throw_finished();
   info.restart_count = stored ? static_cast<int>(parse_number(c.name(rck), *stored, 0, INT32_MAX)) : 0;
+  // Read with a create: a node that is not a member (it arrives late) cannot change it after.
+  const Key sk = round_key(round, Name::streak);
+  info.streak = parse_streak(c.name(sk), c.create(sk, streak_json(Streak{})));
   j.members.round = round;
   j.members.group_rank = info.group_rank;
   publish_store(j);

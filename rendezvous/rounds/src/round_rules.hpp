@@ -46,9 +46,10 @@ class RoundRules {
     Members members;
   };
   // Joins round `round` (or a later one when this node does not fit in it). `restart_count` is
-  // this node's count, or -1 for a node new to the job. Throws RendezvousError: too few nodes
+  // this node's count, or -1 for a node new to the job; `streak` its crash-loop streak (not
+  // written by a node new to the job). Throws RendezvousError: too few nodes
   // within join_timeout, a node rank in use, a node stopped during the rendezvous.
-  Joined join(int round, int restart_count);
+  Joined join(int round, int restart_count, const Streak& streak = {});
 
   // Ends the round with `why` unless another node ended it first. expect_next > 0: how many
   // nodes the next round waits for before closing without a last call.

@@ -78,14 +78,14 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
     if (fence) fence->release();
   }
 
-  void do_join(int round, int rc) {
+  void do_join(int round, int rc, const Streak& streak) {
     try {
       stop_liveness();
       if (!connected) {
         rules->connect();
         connected = true;
       }
-      auto j = rules->join(round, rc);
+      auto j = rules->join(round, rc, streak);
       group_world = j.info.group_world;
       hosts = j.members.hosts;
       liveness = backend->watch(j.members, weak_from_this());
@@ -206,8 +206,8 @@ std::string ThreadedRendezvous::describe() const {
   return core_->backend->where() + " (" + RunConfig{o.backend, o.min_nodes, o.max_nodes}.describe() + ")";
 }
 
-void ThreadedRendezvous::join(int round, int restart_count) {
-  core_->tasks.submit([c = core_.get(), round, restart_count] { c->do_join(round, restart_count); });
+void ThreadedRendezvous::join(int round, int restart_count, const Streak& streak) {
+  core_->tasks.submit([c = core_.get(), round, restart_count, streak] { c->do_join(round, restart_count, streak); });
 }
 
 void ThreadedRendezvous::end_round(int round, const RoundEnd& why, int expect_next) {

@@ -1,7 +1,7 @@
 #pragma once
 // The records nodes exchange about a round, with their JSON conversion in both directions: how
-// a node describes itself (NodeInfo), why a round ended (RoundEnd), and a failed worker as the
-// other nodes see it (FailureRecord).
+// a node describes itself (NodeInfo), why a round ended (RoundEnd), a failed worker as the
+// other nodes see it (FailureRecord), and the job's crash-loop streak (Streak).
 //
 // Anything can be written where a record is read (a bug, another program, a hostile client of an
 // unsecured store): a value that is not JSON, not an object, truncated, or has a field of the
@@ -66,11 +66,29 @@ struct RoundEnd {
 
 const char* to_string(RoundEnd::Kind k);
 
+// The job's failures round after round (--max_same_failures): how many failed rounds in a row
+// had the same root cause (the same rank failing the same way: a crash loop), and how many in a
+// row failed on the same host. A round carries the streak its members brought (first writer
+// wins, read back by every member), and every member computes the next one from it and the
+// round's end: every member of a round reaches the same crash-loop verdict.
+struct Streak {
+  std::string cause;  // the last root cause: rank, hang, signal, exit code ("" before any failure)
+  int same = 0;       // consecutive failed rounds with that root cause
+  std::string host;   // the last root cause's host
+  int host_same = 0;  // consecutive failed rounds whose root cause was on that host
+
+  // The streak after a round whose root cause was `f`.
+  Streak after(const FailureRecord& f) const;
+  bool operator==(const Streak&) const = default;
+};
+
 // Writers and readers. Readers throw
 // ddprun::ProtocolError("rendezvous: malformed value at key 'KEY': ...").
 std::string node_json(const NodeInfo& n);
 NodeInfo parse_node(const std::string& key, const std::string& value);
 std::string round_end_json(const RoundEnd& e);
 RoundEnd parse_round_end(const std::string& key, const std::string& value);
+std::string streak_json(const Streak& s);
+Streak parse_streak(const std::string& key, const std::string& value);
 
 }  // namespace ddprun::rounds

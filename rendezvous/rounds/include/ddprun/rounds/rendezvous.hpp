@@ -5,7 +5,7 @@
 // thread: they work on threads of their own and post every result through `Post`.
 //
 // The life of a round, as the listener sees it:
-//   join(r, rc) -> on_round_ready(info) | on_rendezvous_failed(failure)
+//   join(r, rc, streak) -> on_round_ready(info) | on_rendezvous_failed(failure)
 //   then exactly one on_round_over(outcome) for round r: a node failed, was lost, wants to join,
 //   was stopped, or every node succeeded; or the rendezvous itself was lost.
 //   finish(r) / leave(r) -> on_finished()
@@ -26,6 +26,7 @@ namespace ddprun::rounds {
 struct RoundInfo {
   int round = 0;
   int restart_count = 0;
+  Streak streak;  // the job's crash-loop streak as the round began: the same on every member
   int group_rank = 0;
   int group_world = 1;
   int world_size = 1;
@@ -107,8 +108,9 @@ class Rendezvous {
   // For the log: where and how nodes meet ("127.0.0.1:29400 (c10d, 2 to 4 nodes)"); empty for one node.
   virtual std::string describe() const = 0;
 
-  // Joins round `round` with this node's restart count (-1: a node new to the job).
-  virtual void join(int round, int restart_count) = 0;
+  // Joins round `round` with this node's restart count (-1: a node new to the job) and crash-loop
+  // streak; the round's own (its first writer's) come back in RoundInfo.
+  virtual void join(int round, int restart_count, const Streak& streak = {}) = 0;
   // Ends round `round` for every node, unless another node ended it first. `expect_next`: how
   // many nodes the next round waits for before closing without a last call (0: no hint).
   virtual void end_round(int round, const RoundEnd& why, int expect_next) = 0;
