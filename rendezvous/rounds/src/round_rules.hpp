@@ -91,6 +91,7 @@ class RoundRules {
   bool members_gone(int round);
   int wait_closed(int round, int idx, Clock::time_point deadline);
   void wait_next_round(int round, int closed);
+  bool ended_without_count(Connection& c, int round);
   [[noreturn]] void throw_finished();
   void throw_if_finished(Connection& c, int round);
   void throw_if_job_finished();

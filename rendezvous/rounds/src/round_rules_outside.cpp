@@ -39,6 +39,7 @@ void RoundRules::wait_next_round(int round, int closed) {
   auto alive_at = Clock::now();
   while (!c.wait({next}, Clock::now() + ttl)) {
     throw_if_finished(c, round);
+    if (ended_without_count(c, round)) return;
     if (!backend_.members_silent(c, round, closed, seen)) {
       alive_at = Clock::now();
     } else if (Clock::now() - alive_at >= patience) {
@@ -49,6 +50,18 @@ void RoundRules::wait_next_round(int round, int closed) {
     }
   }
   if (c.get(next).value_or("") == kFinished) throw_finished();
+}
+
+// Round `round` ended "node lost" or "membership": no restart is counted and the job goes on,
+// so this node meets in the next round now. Its members may never write that round's count
+// (one that found a member gone before the round ran goes on as a node new to the job), and
+// waiting for it kept a spare beside a round nobody would run again.
+bool RoundRules::ended_without_count(Connection& c, int round) {
+  const Key end = round_key(round, Name::end);
+  auto v = c.get(end);
+  if (!v) return false;
+  const auto kind = parse_round_end(c.name(end), *v).kind;
+  return kind == RoundEnd::Kind::node_lost || kind == RoundEnd::Kind::membership;
 }
 
 void RoundRules::throw_finished() {
