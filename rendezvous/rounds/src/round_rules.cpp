@@ -146,7 +146,7 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
                                           duration_text(opt_.join_timeout) +
                                           " (join_timeout); start the other nodes, or lower --nnodes");
   }
-  const Closed result = parse_closed(c.name(closed), c.get(closed).value_or("{}"));
+  const Closed result = parse_closed(c.name(closed), existing(c, closed));
   if (result.kind == Closed::Kind::stopped) {
     // The stopping node closes the round first, then writes who stopped it and with what signal.
     c.wait({round_key(round, Name::end)}, Clock::now() + std::min<Clock::duration>(opt_.read_timeout, 2s));
@@ -229,7 +229,7 @@ void RoundRules::publish_store(Joined& j) {
   if (!c.wait({k}, Clock::now() + opt_.read_timeout)) {
     throw MemberGone{0, info.nodes[0].host, "did not publish the workers' store within " + duration_text(opt_.read_timeout)};
   }
-  const StoreAddress s = parse_store(c.name(k), c.get(k).value_or("{}"));
+  const StoreAddress s = parse_store(c.name(k), existing(c, k));
   if (s.stopped) {
     throw_if_stopped(c, info.round);
     throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);

@@ -93,6 +93,7 @@ class RoundRules {
   void wait_next_round(int round, int closed);
   bool ended_without_count(Connection& c, int round);
   [[noreturn]] void throw_finished();
+  std::string existing(Connection& c, const Key& k);
   void throw_if_finished(Connection& c, int round);
   void throw_if_job_finished();
   Joined read_round(int round, int idx, int closed);

@@ -64,6 +64,14 @@ bool RoundRules::ended_without_count(Connection& c, int round) {
   return kind == RoundEnd::Kind::node_lost || kind == RoundEnd::Kind::membership;
 }
 
+// The value of a key this node saw written: gone only when the job finished and its keys were
+// cleared (etcd) while this node was slow.
+std::string RoundRules::existing(Connection& c, const Key& k) {
+  auto v = c.get(k);
+  if (!v) throw_finished();
+  return *v;
+}
+
 void RoundRules::throw_finished() {
   throw RendezvousError(K::finished, "rendezvous: the job of run id '" + opt_.run_id + "' on " + where_ +
                                          " finished while this node waited for a place in it");
@@ -125,9 +133,11 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
   for (;;) {
     if (c.wait({end}, std::min(deadline, Clock::now() + ttl))) return false;
     const bool waited = Clock::now() - since >= patience, running = c.get(round_key(round, Name::store)).has_value();
-    if (waited && running && members_gone(round)) return false;  // it ended the round: try the next one
+    const bool closed = running || c.get(round_key(round, Name::closed)).has_value();
+    // A closed round whose members all died on their way in (a crashed launch) is ended too.
+    if (waited && closed && members_gone(round)) return false;  // it ended the round: try the next one
     if (waited && running) break;  // a member renewing its liveness for a TTL: alive
-    if (waited && !c.get(round_key(round, Name::closed)) && !arrived(round, opt_.node_rank)) {
+    if (waited && !closed && !arrived(round, opt_.node_rank)) {
       spdlog::warn("ddprun: node rank {} was claimed in round {} by host {}, which never arrived; taking it over",
                    opt_.node_rank, round, holder.host);
       c.put(k, mine, Lifetime::node);
@@ -146,8 +156,7 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
 bool RoundRules::members_gone(int round) {
   auto& c = *conn_;
   const Key ck = round_key(round, Name::closed);
-  auto v = c.get(ck);
-  const Closed closed = parse_closed(c.name(ck), v.value_or("{}"));
+  const Closed closed = parse_closed(c.name(ck), existing(c, ck));
   const auto ttl = backend_.liveness_ttl(), patience = ttl + 2 * opt_.read_timeout;
   std::vector<long long> seen;
   const auto since = Clock::now();
