@@ -294,7 +294,9 @@ void World::ended(Node& n, int round, const std::string& end_json) {
 
 void World::finished(Node& n) {
   note(n.id + " finished: the job is over");
-  if (!launch_finished_[n.launch]) finished_round_[n.launch] = n.round, finished_at_[n.launch] = now_;
+  // The job ended when its marker was written (a node paused after writing it says so later).
+  const auto marked = marked_at_.find(n.launch);
+  if (!launch_finished_[n.launch]) finished_round_[n.launch] = n.round, finished_at_[n.launch] = marked != marked_at_.end() ? marked->second : now_;
   launch_finished_[n.launch] = true;
 }
 
