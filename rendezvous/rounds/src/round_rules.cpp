@@ -136,9 +136,10 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
     if (!c.wait({closed}, Clock::now() + opt_.last_call_timeout)) {
       // Last call over: close with whoever has arrived.
       int joined = static_cast<int>(std::min<std::int64_t>(c.add(joins, 0), opt_.max_nodes));
+      if (joined < n) throw_finished();  // the counter went back: the job finished, its keys were cleared
       c.create(closed, closed_json(Closed::of_nodes(joined)));
     }
-  } else if (!c.wait({closed}, deadline)) {
+  } else if (!wait_for_others(c, closed, deadline)) {
     throw_if_stopped(c, round);
     throw RendezvousError(K::timeout, "rendezvous: only " + std::to_string(c.add(joins, 0)) + " of the " +
                                           std::to_string(opt_.min_nodes) + " nodes needed joined round " +
@@ -154,6 +155,16 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
     throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
   }
   return result.nodes;
+}
+
+// Waits for `closed` until `deadline`, looking every liveness TTL whether the job finished
+// meanwhile (a node of it arriving late is told so, not kept until join_timeout).
+bool RoundRules::wait_for_others(Connection& c, const Key& closed, Clock::time_point deadline) {
+  for (;;) {
+    if (c.wait({closed}, std::min(deadline, Clock::now() + backend_.liveness_ttl()))) return true;
+    if (Clock::now() >= deadline) return false;
+    throw_if_job_finished();
+  }
 }
 
 // In round `round` as its idx-th arrival: every member's description, this node's place.

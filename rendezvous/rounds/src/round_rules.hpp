@@ -90,6 +90,7 @@ class RoundRules {
   bool arrived(int round, int rank);
   bool members_gone(int round);
   int wait_closed(int round, int idx, Clock::time_point deadline);
+  bool wait_for_others(Connection& c, const Key& closed, Clock::time_point deadline);
   void wait_next_round(int round, int closed);
   bool ended_without_count(Connection& c, int round);
   [[noreturn]] void throw_finished();
