@@ -314,9 +314,10 @@ void RoundRules::acknowledge_end(int round, int group_world) {
   auto& c = *conn_;
   const Key all = round_key(round, Name::all_acked);
   const std::int64_t acked = c.add(round_key(round, Name::acked), 1);
-  if (acked == 1 && group_world > 1) {
+  if (acked < group_world) {
     // The job is over from the first acknowledgement on: a node of it that starts again (or a
-    // member that never acknowledges: it crashed) must find it finished, not a new round.
+    // member that never acknowledges: it crashed) must find it finished, not a new round. Every
+    // acknowledgement writes it: the first one's node may crash between counting and writing.
     c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms()}), Lifetime::marker);
     c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
   }
