@@ -300,15 +300,36 @@ void World::finished(Node& n) {
   launch_finished_[n.launch] = true;
 }
 
-bool World::settled() {
-  // A node told that its job finished is over too (the one that finished it may have crashed
-  // before saying so).
+// Once the job finished (or a node was told so: the one that finished it may have crashed
+// before saying so), every node of it has ended: done, told, crashed, or cut off by a failed
+// connection (a fault before the quiet time: nothing restarts a node of a finished job). A
+// timeout, a rank in use or any other failure is no way for a node of a finished job to end.
+// Nodes whose first look came close_timeout after the end are a relaunch (nothing tells them
+// apart from one): they settle as a job of their own, in one closed round, or, fewer than MIN,
+// end at join_timeout.
+bool World::settled_after_finish() {
   auto told = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("finished", 0) == 0; };
-  if (launch_finished_[launch_] || std::any_of(current_nodes_.begin(), current_nodes_.end(), told)) {
-    return std::all_of(current_nodes_.begin(), current_nodes_.end(), [&](Node* n) {
-             return n->state == Node::State::done || told(n) || (!n->alive && n->state != Node::State::failed);
-           }) && restarts_.empty();
+  auto cut = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("simulated:", 0) == 0; };
+  std::vector<const Node*> relaunch;
+  for (const Node* n : current_nodes_) {
+    if (n->state == Node::State::done || told(n) || cut(n) || (!n->alive && n->state != Node::State::failed)) continue;
+    auto end = finished_at_.find(n->launch);
+    if (!launch_finished_[n->launch] || end == finished_at_.end() || !n->first_look ||
+        *n->first_look < end->second + s_.opt.close_timeout) return false;
+    relaunch.push_back(n);
   }
+  if (!restarts_.empty()) return false;
+  const int k = static_cast<int>(relaunch.size());
+  return std::all_of(relaunch.begin(), relaunch.end(), [&](const Node* n) {
+    if (k < s_.min_nodes) return n->state == Node::State::failed && n->why.rfind("timeout", 0) == 0;
+    return n->state == Node::State::running && n->round == relaunch[0]->round && n->epoch == relaunch[0]->epoch &&
+           n->group_world == k;
+  });
+}
+
+bool World::settled() {
+  auto told = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("finished", 0) == 0; };
+  if (launch_finished_[launch_] || std::any_of(current_nodes_.begin(), current_nodes_.end(), told)) return settled_after_finish();
   const Node* first = current_nodes_[0];
   for (const Node* n : current_nodes_) {
     if (!n->alive || n->state != Node::State::running || n->round != first->round || n->epoch != first->epoch ||
@@ -361,6 +382,16 @@ std::string World::run() {
   const Time until = now_ + kQuietBound;
   while (violation_.empty() && now_ < until && !settled()) {
     if (!step(false)) break;
+    // The restart policy goes on: a node that fails now (alone in a round past join_timeout) is
+    // started again, unless it was told its job finished.
+    for (Node* n : current_nodes_) {
+      const bool told = n->why.rfind("finished", 0) == 0;
+      const bool waiting = std::any_of(restarts_.begin(), restarts_.end(), [&](const Restart& r) { return r.slot == n->slot; });
+      if (n->state == Node::State::failed && !told && !waiting && !launch_finished_[n->launch]) {
+        n->state = Node::State::crashed;
+        restarts_.push_back({n->slot, n->launch, fresh_id(), now_ + ms(100)});
+      }
+    }
   }
   if (!violation_.empty()) return violation_;
   if (!settled()) return check_quiet_liveness();

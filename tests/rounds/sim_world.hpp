@@ -147,6 +147,7 @@ class World {
   void replay();
   void check_put(const std::string& k, const std::string& v);
   bool settled();
+  bool settled_after_finish();
   std::optional<Time> next_time() const;
   std::string check_quiet_liveness();
   void note(const std::string& s);
