@@ -26,6 +26,8 @@ namespace ddprun::rounds::sim {
 
 using Time = Clock::time_point;
 using ms = std::chrono::milliseconds;
+// Liveness: once the faults stop, every node settles within this much virtual time.
+inline constexpr auto kQuietBound = std::chrono::seconds(60);
 
 // Thrown into a fiber whose node crashed: unwinds it (not a std::exception: nothing catches it
 // but the fiber's body).
