@@ -10,7 +10,6 @@ namespace ddprun::rounds::sim {
 namespace {
 
 using namespace std::chrono_literals;
-constexpr auto kQuietBound = std::chrono::seconds(60);
 
 std::string join_text(const std::vector<std::string>& v) {
   std::string s;
@@ -294,43 +293,10 @@ void World::ended(Node& n, int round, const std::string& end_json) {
 
 void World::finished(Node& n) {
   note(n.id + " finished: the job is over");
-  if (!launch_finished_[n.launch]) finished_round_[n.launch] = n.round, finished_at_[n.launch] = now_;
+  // The job ended when its marker was written (a node paused after writing it says so later).
+  const auto marked = marked_at_.find(n.launch);
+  if (!launch_finished_[n.launch]) finished_round_[n.launch] = n.round, finished_at_[n.launch] = marked != marked_at_.end() ? marked->second : now_;
   launch_finished_[n.launch] = true;
-}
-
-bool World::settled() {
-  // A node told that its job finished is over too (the one that finished it may have crashed
-  // before saying so).
-  auto told = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("finished", 0) == 0; };
-  if (launch_finished_[launch_] || std::any_of(current_nodes_.begin(), current_nodes_.end(), told)) {
-    return std::all_of(current_nodes_.begin(), current_nodes_.end(), [&](Node* n) {
-             return n->state == Node::State::done || told(n) || (!n->alive && n->state != Node::State::failed);
-           }) && restarts_.empty();
-  }
-  const Node* first = current_nodes_[0];
-  for (const Node* n : current_nodes_) {
-    if (!n->alive || n->state != Node::State::running || n->round != first->round || n->epoch != first->epoch ||
-        n->group_world != s_.nodes) return false;
-  }
-  return true;
-}
-
-std::string World::check_quiet_liveness() {
-  std::ostringstream o;
-  o << "liveness: " << std::chrono::duration_cast<std::chrono::seconds>(kQuietBound).count()
-    << " s after the faults stopped, not every node is in one closed round (or done):";
-  for (const Node* n : current_nodes_) {
-    o << " " << n->id << "=";
-    switch (n->state) {
-      case Node::State::starting: o << "starting"; break;
-      case Node::State::joining: o << "joining"; break;
-      case Node::State::running: o << "running r" << n->round << "/" << n->group_world; break;
-      case Node::State::done: o << "done"; break;
-      case Node::State::failed: o << "failed(" << n->why << ")"; break;
-      case Node::State::crashed: o << "crashed"; break;
-    }
-  }
-  return o.str();
 }
 
 std::string World::run() {
@@ -359,6 +325,16 @@ std::string World::run() {
   const Time until = now_ + kQuietBound;
   while (violation_.empty() && now_ < until && !settled()) {
     if (!step(false)) break;
+    // The restart policy goes on: a node that fails now (alone in a round past join_timeout) is
+    // started again, unless it was told its job finished.
+    for (Node* n : current_nodes_) {
+      const bool told = n->why.rfind("finished", 0) == 0;
+      const bool waiting = std::any_of(restarts_.begin(), restarts_.end(), [&](const Restart& r) { return r.slot == n->slot; });
+      if (n->state == Node::State::failed && !told && !waiting && !launch_finished_[n->launch]) {
+        n->state = Node::State::crashed;
+        restarts_.push_back({n->slot, n->launch, fresh_id(), now_ + ms(100)});
+      }
+    }
   }
   if (!violation_.empty()) return violation_;
   if (!settled()) return check_quiet_liveness();

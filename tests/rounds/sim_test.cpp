@@ -60,6 +60,18 @@ const std::vector<Found> kRegression = {
     {45972, "crash-loop streaks kept per node: a restarted member restarts where the other calls a crash loop (store)"},
     {83116, "crash-loop streaks kept per node: no restart left on one member, a crash loop on the other (static, store)"},
 };
+// Seeds that failed the liveness sweep, replayed with it (each failed before its fix).
+const std::vector<Found> kLivenessRegression = {
+    {201, "a spare waits for the next round's count beside a round ended 'node lost' before it ran (etcd, MIN = MAX)"},
+    {22, "a spare waits for the next round's count beside a round ended 'node lost' before it ran (etcd, MIN = MAX)"},
+    {40, "a static rank claimed in a closed round whose members died on their way in (store, relaunch)"},
+    {174, "a static rank claimed in a closed round whose members died on their way in (etcd, relaunch)"},
+    {210, "a slow node reads a finished job's cleared 'closed' key as malformed (etcd)"},
+    {1156, "a slow node reads a finished job's cleared 'store' key as malformed (etcd)"},
+    {24, "a node of a finished job waits in a round until join_timeout instead of being told it finished"},
+    {980, "a node of a finished job waits in a round until join_timeout instead of being told it finished"},
+    {17547, "the first acknowledger crashes between counting and writing the finished marker: spares wait on"},
+};
 // Known open, not fixed: a watcher paused past its verdict ends the round "node lost" for a
 // member that arrived late and has just armed its fence (the verdict is not checked again before
 // it is written). Left out of the CI sweep, said as such when they fail, and replayed by the
@@ -132,7 +144,14 @@ void run_sweep(std::uint64_t default_count, bool liveness) {
   const std::uint64_t first = first_env ? std::strtoull(first_env, nullptr, 10) : 1;
   const std::uint64_t count = count_env ? std::strtoull(count_env, nullptr, 10) : default_count;
   Sweep s = sweep(first, count, seconds, 2, liveness);
-  if (!liveness) {
+  if (liveness) {
+    std::erase_if(s.failed, [](std::uint64_t seed) {
+      const std::string v = run_seed(seed, false, true).violation;
+      const bool open = v.find(": known open: ") != std::string::npos;
+      if (open) std::cout << "known open, left out: " << v.substr(0, 200) << "\n";
+      return open;
+    });
+  } else {
     std::erase_if(s.failed, [](std::uint64_t seed) {
       const bool open = std::find(kKnownOpen.begin(), kKnownOpen.end(), seed) != kKnownOpen.end();
       if (open) std::cout << "known open, left out: seed " << seed << "\n";
@@ -151,6 +170,7 @@ void run_sweep(std::uint64_t default_count, bool liveness) {
   // The CI budget: 2 minutes on 2 cores, counted in CPU time (other work on a loaded machine
   // stretches the wall time, not the simulator's cost).
   if (seconds <= 0 && !liveness && count >= 100000) CHECK(s.cpu_seconds <= 240);
+  if (seconds <= 0 && liveness && count >= 15000) CHECK(s.cpu_seconds <= 60);
 }
 
 }  // namespace
@@ -161,9 +181,9 @@ TEST_CASE("sim: seeded schedules of faults keep every safety invariant", "[sim]"
   run_sweep(100000, false);
 }
 
-// Hidden (run on demand): some schedules do not converge yet (docs/architecture.md lists them).
-TEST_CASE("sim: after the faults stop, every node is in one closed round within 60 s", "[.][sim][liveness]") {
-  run_sweep(300, true);
+// 15,000 schedules (about 12 s of CPU on 2 threads); the known open case is left out, named.
+TEST_CASE("sim: liveness: once the faults stop, every node that keeps asking settles within 60 s", "[sim][liveness]") {
+  run_sweep(15000, true);
 }
 
 TEST_CASE("sim: the seeds that found holes replay clean", "[sim]") {
@@ -171,6 +191,10 @@ TEST_CASE("sim: the seeds that found holes replay clean", "[sim]") {
   for (const Found& f : kRegression) {
     INFO("DDPRUN_SIM_SEED=" << f.seed << " rounds_sim_tests: " << f.hole);
     CHECK(run_seed(f.seed, false, false).violation.empty());
+  }
+  for (const Found& f : kLivenessRegression) {
+    INFO("DDPRUN_SIM_SEED=" << f.seed << " rounds_sim_tests \"[liveness]\": " << f.hole);
+    CHECK(run_seed(f.seed, false, true).violation.empty());
   }
 }
 

@@ -176,6 +176,7 @@ std::optional<std::string> World::get(const std::string& k) {
 
 void World::put(const std::string& k, const std::string& v, Lifetime life, Node& n) {
   check_put(k, v);
+  if (k == "finished") marked_at_.try_emplace(n.launch, now_);
   kv_[k] = Value{v, life, &n, now_ + kMarkerTtl};
   puts_.push_back({k, kv_[k]});
   if (puts_.size() > 24) puts_.pop_front();

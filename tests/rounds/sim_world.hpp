@@ -26,6 +26,8 @@ namespace ddprun::rounds::sim {
 
 using Time = Clock::time_point;
 using ms = std::chrono::milliseconds;
+// Liveness: once the faults stop, every node settles within this much virtual time.
+inline constexpr auto kQuietBound = std::chrono::seconds(60);
 
 // Thrown into a fiber whose node crashed: unwinds it (not a std::exception: nothing catches it
 // but the fiber's body).
@@ -152,8 +154,10 @@ class World {
   void replay();
   void check_put(const std::string& k, const std::string& v);
   bool settled();
+  bool settled_after_finish();
   std::optional<Time> next_time() const;
   std::string check_quiet_liveness();
+  std::string stale_static_claim() const;
   void note(const std::string& s);
   std::string fresh_id();
   int pick(int n) { return static_cast<int>(rng() % static_cast<std::uint64_t>(n)); }
@@ -172,6 +176,7 @@ class World {
   std::map<int, bool> launch_finished_;
   std::map<int, int> finished_round_;  // by launch: the round its job ended with
   std::map<int, Time> finished_at_;
+  std::map<int, Time> marked_at_;  // by launch: when its `finished` marker was first written
   struct Restart {
     int slot, launch;
     std::string id;

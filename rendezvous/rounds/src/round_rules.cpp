@@ -138,9 +138,10 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
     if (!c.wait({closed}, Clock::now() + opt_.last_call_timeout)) {
       // Last call over: close with whoever has arrived.
       int joined = static_cast<int>(std::min<std::int64_t>(c.add(joins, 0), opt_.max_nodes));
+      if (joined < n) throw_finished();  // the counter went back: the job finished, its keys were cleared
       c.create(closed, closed_json(Closed::of_nodes(joined)));
     }
-  } else if (!c.wait({closed}, deadline)) {
+  } else if (!wait_for_others(c, closed, deadline)) {
     throw_if_stopped(c, round);
     throw RendezvousError(K::timeout, "rendezvous: only " + std::to_string(c.add(joins, 0)) + " of the " +
                                           std::to_string(opt_.min_nodes) + " nodes needed joined round " +
@@ -148,7 +149,7 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
                                           duration_text(opt_.join_timeout) +
                                           " (join_timeout); start the other nodes, or lower --nnodes");
   }
-  const Closed result = parse_closed(c.name(closed), c.get(closed).value_or("{}"));
+  const Closed result = parse_closed(c.name(closed), existing(c, closed));
   if (result.kind == Closed::Kind::stopped) {
     // The stopping node closes the round first, then writes who stopped it and with what signal.
     c.wait({round_key(round, Name::end)}, Clock::now() + std::min<Clock::duration>(opt_.read_timeout, 2s));
@@ -156,6 +157,16 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
     throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
   }
   return result.nodes;
+}
+
+// Waits for `closed` until `deadline`, looking every liveness TTL whether the job finished
+// meanwhile (a node of it arriving late is told so, not kept until join_timeout).
+bool RoundRules::wait_for_others(Connection& c, const Key& closed, Clock::time_point deadline) {
+  for (;;) {
+    if (c.wait({closed}, std::min(deadline, Clock::now() + backend_.liveness_ttl()))) return true;
+    if (Clock::now() >= deadline) return false;
+    throw_if_job_finished();
+  }
 }
 
 // In round `round` as its idx-th arrival: every member's description, this node's place.
@@ -234,7 +245,7 @@ void RoundRules::publish_store(Joined& j) {
   if (!c.wait({k}, Clock::now() + opt_.read_timeout)) {
     throw MemberGone{0, info.nodes[0].host, "did not publish the workers' store within " + duration_text(opt_.read_timeout)};
   }
-  const StoreAddress s = parse_store(c.name(k), c.get(k).value_or("{}"));
+  const StoreAddress s = parse_store(c.name(k), existing(c, k));
   if (s.stopped) {
     throw_if_stopped(c, info.round);
     throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
@@ -308,9 +319,10 @@ void RoundRules::acknowledge_end(int round, int group_world) {
   auto& c = *conn_;
   const Key all = round_key(round, Name::all_acked);
   const std::int64_t acked = c.add(round_key(round, Name::acked), 1);
-  if (acked == 1 && group_world > 1) {
+  if (acked < group_world) {
     // The job is over from the first acknowledgement on: a node of it that starts again (or a
-    // member that never acknowledges: it crashed) must find it finished, not a new round.
+    // member that never acknowledges: it crashed) must find it finished, not a new round. Every
+    // acknowledgement writes it: the first one's node may crash between counting and writing.
     c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms()}), Lifetime::marker);
     c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
   }

@@ -91,8 +91,11 @@ class RoundRules {
   bool arrived(int round, int rank);
   bool members_gone(int round);
   int wait_closed(int round, int idx, Clock::time_point deadline);
+  bool wait_for_others(Connection& c, const Key& closed, Clock::time_point deadline);
   void wait_next_round(int round, int closed);
+  bool ended_without_count(Connection& c, int round);
   [[noreturn]] void throw_finished();
+  std::string existing(Connection& c, const Key& k);
   void throw_if_finished(Connection& c, int round);
   void throw_if_job_finished();
   Joined read_round(int round, int idx, int closed);

@@ -39,6 +39,7 @@ void RoundRules::wait_next_round(int round, int closed) {
   auto alive_at = Clock::now();
   while (!c.wait({next}, Clock::now() + ttl)) {
     throw_if_finished(c, round);
+    if (ended_without_count(c, round)) return;
     if (!backend_.members_silent(c, round, closed, seen)) {
       alive_at = Clock::now();
     } else if (Clock::now() - alive_at >= patience) {
@@ -49,6 +50,26 @@ void RoundRules::wait_next_round(int round, int closed) {
     }
   }
   if (c.get(next).value_or("") == kFinished) throw_finished();
+}
+
+// Round `round` ended "node lost" or "membership": no restart is counted and the job goes on,
+// so this node meets in the next round now. Its members may never write that round's count
+// (one that found a member gone before the round ran goes on as a node new to the job), and
+// waiting for it kept a spare beside a round nobody would run again.
+bool RoundRules::ended_without_count(Connection& c, int round) {
+  const Key end = round_key(round, Name::end);
+  auto v = c.get(end);
+  if (!v) return false;
+  const auto kind = parse_round_end(c.name(end), *v).kind;
+  return kind == RoundEnd::Kind::node_lost || kind == RoundEnd::Kind::membership;
+}
+
+// The value of a key this node saw written: gone only when the job finished and its keys were
+// cleared (etcd) while this node was slow.
+std::string RoundRules::existing(Connection& c, const Key& k) {
+  auto v = c.get(k);
+  if (!v) throw_finished();
+  return *v;
 }
 
 void RoundRules::throw_finished() {
@@ -112,9 +133,11 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
   for (;;) {
     if (c.wait({end}, std::min(deadline, Clock::now() + ttl))) return false;
     const bool waited = Clock::now() - since >= patience, running = c.get(round_key(round, Name::store)).has_value();
-    if (waited && running && members_gone(round)) return false;  // it ended the round: try the next one
+    const bool closed = running || c.get(round_key(round, Name::closed)).has_value();
+    // A closed round whose members all died on their way in (a crashed launch) is ended too.
+    if (waited && closed && members_gone(round)) return false;  // it ended the round: try the next one
     if (waited && running) break;  // a member renewing its liveness for a TTL: alive
-    if (waited && !c.get(round_key(round, Name::closed)) && !arrived(round, opt_.node_rank)) {
+    if (waited && !closed && !arrived(round, opt_.node_rank)) {
       spdlog::warn("ddprun: node rank {} was claimed in round {} by host {}, which never arrived; taking it over",
                    opt_.node_rank, round, holder.host);
       c.put(k, mine, Lifetime::node);
@@ -133,8 +156,7 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
 bool RoundRules::members_gone(int round) {
   auto& c = *conn_;
   const Key ck = round_key(round, Name::closed);
-  auto v = c.get(ck);
-  const Closed closed = parse_closed(c.name(ck), v.value_or("{}"));
+  const Closed closed = parse_closed(c.name(ck), existing(c, ck));
   const auto ttl = backend_.liveness_ttl(), patience = ttl + 2 * opt_.read_timeout;
   std::vector<long long> seen;
   const auto since = Clock::now();

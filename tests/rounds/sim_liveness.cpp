@@ -1,0 +1,87 @@
+// The simulator's liveness check: once the faults stop, which nodes must have settled, and how
+// (sim_world.hpp); the known open case it leaves out, named.
+#include <algorithm>
+#include <sstream>
+
+#include "sim_world.hpp"
+
+namespace ddprun::rounds::sim {
+
+// Once the job finished (or a node was told so: the one that finished it may have crashed
+// before saying so), every node of it has ended: done, told, crashed, or cut off by a failed
+// connection (a fault before the quiet time: nothing restarts a node of a finished job). A
+// timeout, a rank in use or any other failure is no way for a node of a finished job to end.
+// Nodes whose first look came close_timeout after the end are a relaunch (nothing tells them
+// apart from one): they settle as a job of their own, in one closed round, or, fewer than MIN,
+// end at join_timeout.
+bool World::settled_after_finish() {
+  auto told = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("finished", 0) == 0; };
+  auto cut = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("simulated:", 0) == 0; };
+  std::vector<const Node*> relaunch;
+  for (const Node* n : current_nodes_) {
+    if (n->state == Node::State::done || told(n) || cut(n) || (!n->alive && n->state != Node::State::failed)) continue;
+    auto end = finished_at_.find(n->launch);
+    if (!launch_finished_[n->launch] || end == finished_at_.end() || !n->first_look ||
+        *n->first_look < end->second + s_.opt.close_timeout) return false;
+    relaunch.push_back(n);
+  }
+  if (!restarts_.empty()) return false;
+  const int k = static_cast<int>(relaunch.size());
+  return std::all_of(relaunch.begin(), relaunch.end(), [&](const Node* n) {
+    if (k < s_.min_nodes) return n->state == Node::State::failed && n->why.rfind("timeout", 0) == 0;
+    return n->state == Node::State::running && n->round == relaunch[0]->round && n->epoch == relaunch[0]->epoch &&
+           n->group_world == k;
+  });
+}
+
+bool World::settled() {
+  auto told = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("finished", 0) == 0; };
+  if (launch_finished_[launch_] || std::any_of(current_nodes_.begin(), current_nodes_.end(), told)) return settled_after_finish();
+  const Node* first = current_nodes_[0];
+  for (const Node* n : current_nodes_) {
+    if (!n->alive || n->state != Node::State::running || n->round != first->round || n->epoch != first->epoch ||
+        n->group_world != s_.nodes) return false;
+  }
+  return true;
+}
+
+// Known open (docs/architecture.md): with the store, a static rank claimed by a node that
+// arrived in a round which never closed, and then died, stays claimed (no liveness before a
+// round runs). Names such a claim, or "".
+std::string World::stale_static_claim() const {
+  if (s_.flavor != Flavor::store || s_.kind != BackendKind::static_ranks) return "";
+  for (const auto& [k, v] : kv_) {
+    const auto slash = k.find("/rank/");
+    if (k[0] != 'r' || slash == std::string::npos || v.owner->alive) continue;
+    const std::string round = k.substr(1, slash - 1);
+    if (kv_.count("r" + round + "/closed")) continue;
+    const bool arrived = std::any_of(kv_.begin(), kv_.end(), [&](const auto& e) {
+      return e.first.rfind("r" + round + "/node/", 0) == 0 && e.second.owner == v.owner;
+    });
+    if (!arrived) continue;  // a holder that never arrived: its claim is taken over
+    return "known open: store, static: rank " + k.substr(slash + 6) + " of round " + round + " claimed by " + v.owner->id +
+           ", which died before the round closed; ";
+  }
+  return "";
+}
+
+std::string World::check_quiet_liveness() {
+  std::ostringstream o;
+  o << stale_static_claim();
+  o << "liveness: " << std::chrono::duration_cast<std::chrono::seconds>(kQuietBound).count()
+    << " s after the faults stopped, not every node is in one closed round (or done):";
+  for (const Node* n : current_nodes_) {
+    o << " " << n->id << "=";
+    switch (n->state) {
+      case Node::State::starting: o << "starting"; break;
+      case Node::State::joining: o << "joining"; break;
+      case Node::State::running: o << "running r" << n->round << "/" << n->group_world; break;
+      case Node::State::done: o << "done"; break;
+      case Node::State::failed: o << "failed(" << n->why << ")"; break;
+      case Node::State::crashed: o << "crashed"; break;
+    }
+  }
+  return o.str();
+}
+
+}  // namespace ddprun::rounds::sim
