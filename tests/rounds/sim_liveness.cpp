@@ -13,7 +13,7 @@ namespace ddprun::rounds::sim {
 // timeout, a rank in use or any other failure is no way for a node of a finished job to end.
 // Nodes whose first look came close_timeout after the end are a relaunch (nothing tells them
 // apart from one): they settle as a job of their own, in one closed round, or, fewer than MIN,
-// end at join_timeout.
+// wait and end at join_timeout (to be started again by a restart policy, and wait again).
 bool World::settled_after_finish() {
   auto told = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("finished", 0) == 0; };
   auto cut = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("simulated:", 0) == 0; };
@@ -25,10 +25,17 @@ bool World::settled_after_finish() {
         *n->first_look < end->second + s_.opt.close_timeout) return false;
     relaunch.push_back(n);
   }
-  if (!restarts_.empty()) return false;
   const int k = static_cast<int>(relaunch.size());
+  if (k + static_cast<int>(restarts_.size()) < s_.min_nodes) {
+    // Too few to close a round: they wait, end at join_timeout, and are started again (a restart
+    // policy); nothing else.
+    return std::all_of(relaunch.begin(), relaunch.end(), [](const Node* n) {
+      return n->state == Node::State::joining || n->state == Node::State::starting ||
+             (n->state == Node::State::failed && n->why.rfind("timeout", 0) == 0);
+    });
+  }
+  if (!restarts_.empty()) return false;
   return std::all_of(relaunch.begin(), relaunch.end(), [&](const Node* n) {
-    if (k < s_.min_nodes) return n->state == Node::State::failed && n->why.rfind("timeout", 0) == 0;
     return n->state == Node::State::running && n->round == relaunch[0]->round && n->epoch == relaunch[0]->epoch &&
            n->group_world == k;
   });
