@@ -132,10 +132,7 @@ RoundEnd run_round(World& w, Node& n, RoundRules& rules, SimConnection& watch, c
         rules.report_success(round, world);
       }
     }
-    if (watch.wait({end}, w.now() + std::chrono::seconds(30))) {
-      auto v = watch.get(end);
-      if (v) return parse_round_end(watch.name(end), *v);
-    }
+    if (auto e = rules.end_by(watch, round, w.now() + w.settings().opt.keep_alive_interval * w.settings().opt.keep_alive_max_attempt)) return *e;
   }
 }
 

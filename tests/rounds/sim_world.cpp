@@ -8,6 +8,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
 #include "ddprun/rounds/records.hpp"
+#include "round_state.hpp"
 
 namespace ddprun::rounds::sim {
 namespace {
@@ -176,10 +177,20 @@ std::optional<std::string> World::get(const std::string& k) {
 
 void World::put(const std::string& k, const std::string& v, Lifetime life, Node& n) {
   check_put(k, v);
-  if (k == "finished") marked_at_.try_emplace(n.launch, now_);
+  if (k == "finished") marked(n.launch, parse_finished(k, v, 0).at_ms);
   kv_[k] = Value{v, life, &n, now_ + kMarkerTtl};
   puts_.push_back({k, kv_[k]});
   if (puts_.size() > 24) puts_.pop_front();
+}
+
+// A job ended at the time its first marker says (what every node reads, however late the write
+// landed: a node that reads a marker older than close_timeout is a relaunch, nothing tells it
+// apart from one).
+void World::marked(int launch, long long at_ms) {
+  const Time at{std::chrono::milliseconds(at_ms)};
+  auto [it, first] = marked_at_.try_emplace(launch, at);
+  if (!first) it->second = std::min(it->second, at);
+  if (launch_finished_[launch]) finished_at_[launch] = std::min(finished_at_[launch], at);
 }
 
 std::string World::create(const std::string& k, const std::string& v, Lifetime life, Node& n) {

@@ -176,7 +176,8 @@ class World {
   std::map<int, bool> launch_finished_;
   std::map<int, int> finished_round_;  // by launch: the round its job ended with
   std::map<int, Time> finished_at_;
-  std::map<int, Time> marked_at_;  // by launch: when its `finished` marker was first written
+  std::map<int, Time> marked_at_;  // by launch: the earliest time its `finished` markers hold
+  void marked(int launch, long long at_ms);
   struct Restart {
     int slot, launch;
     std::string id;

@@ -342,11 +342,19 @@ void RoundRules::acknowledge_end(int round, int group_world) {
   }
 }
 
-RoundEnd RoundRules::wait_end(Connection& c, int round) {
+std::optional<RoundEnd> RoundRules::end_by(Connection& c, int round, Clock::time_point deadline) {
   const Key end = round_key(round, Name::end);
-  while (!c.wait({end}, Clock::now() + 24h)) {
+  if (c.wait({end}, deadline)) {
+    if (auto v = c.get(end)) return parse_round_end(c.name(end), *v);
   }
-  return parse_round_end(c.name(end), c.get(end).value_or("{}"));
+  if (Clock::now() >= deadline) throw_if_finished(c, round, "was away from its round (its records are gone)");
+  return std::nullopt;
+}
+
+RoundEnd RoundRules::wait_end(Connection& c, int round) {
+  for (;;) {
+    if (auto e = end_by(c, round, Clock::now() + backend_.liveness_ttl())) return *e;
+  }
 }
 
 }  // namespace ddprun::rounds

@@ -64,7 +64,12 @@ class RoundRules {
   // in its rendezvous. A node holding the records keeps them until the others have read why
   // (1.5 s at most; 0.3 s when no other node had joined).
   void announce_stop(Connection& c, int round, int signal);
-  // Blocks until round `round` has an end, and returns it.
+  // Round `round`'s end, waited for until `deadline`; nullopt when it has none yet. A member
+  // away (paused) while the others ended the job can find its round's records cleared (etcd):
+  // at the deadline the finished marker is looked at, and a job finished in this round or later
+  // throws RendezvousError (finished), instead of a wait that never ends.
+  std::optional<RoundEnd> end_by(Connection& c, int round, Clock::time_point deadline);
+  // Blocks until round `round` has an end, and returns it (end_by, a liveness TTL at a time).
   RoundEnd wait_end(Connection& c, int round);
 
   // The round a stop signal should be announced to, when the caller was asked for `asked`: the
@@ -94,9 +99,9 @@ class RoundRules {
   bool wait_for_others(Connection& c, const Key& closed, Clock::time_point deadline);
   void wait_next_round(int round, int closed);
   bool ended_without_count(Connection& c, int round);
-  [[noreturn]] void throw_finished();
+  [[noreturn]] void throw_finished(const char* while_ = "waited for a place in it");
   std::string existing(Connection& c, const Key& k);
-  void throw_if_finished(Connection& c, int round);
+  void throw_if_finished(Connection& c, int round, const char* while_ = "waited for a place in it");
   void throw_if_job_finished();
   Joined read_round(int round, int idx, int closed);
   void publish_store(Joined& j);

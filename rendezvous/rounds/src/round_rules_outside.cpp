@@ -72,16 +72,16 @@ std::string RoundRules::existing(Connection& c, const Key& k) {
   return *v;
 }
 
-void RoundRules::throw_finished() {
+void RoundRules::throw_finished(const char* while_) {
   throw RendezvousError(K::finished, "rendezvous: the job of run id '" + opt_.run_id + "' on " + where_ +
-                                         " finished while this node waited for a place in it");
+                                         " finished while this node " + while_);
 }
 
 // The job finished in round `round` or later (its keys may be cleared already).
-void RoundRules::throw_if_finished(Connection& c, int round) {
+void RoundRules::throw_if_finished(Connection& c, int round, const char* while_) {
   const Key finished = run_key(Name::finished);
   auto v = c.get(finished);
-  if (v && parse_finished(c.name(finished), *v, wall_ms()).round >= round) throw_finished();
+  if (v && parse_finished(c.name(finished), *v, wall_ms()).round >= round) throw_finished(while_);
 }
 
 // The job this node belongs to finished since connect() looked (a relaunch meets after the

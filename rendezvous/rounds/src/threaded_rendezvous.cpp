@@ -119,6 +119,8 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
         return over(RoundOutcome{round, rules->wait_end(*watch_conn, round), {}});
       } catch (const ProtocolError& e) {
         return over(RoundOutcome{round, std::nullopt, RendezvousFailure::of(e)});
+      } catch (const RendezvousError& e) {  // the job finished while this node was away
+        return over(RoundOutcome{round, std::nullopt, e.failure});
       } catch (const std::exception& e) {
         spdlog::debug("ddprun: watch of round {}: {}", round, e.what());
         watch_conn.reset();
