@@ -33,7 +33,7 @@ std::string Settings::describe() const {
   o << "seed " << seed << ": " << (flavor == Flavor::store ? "store" : "etcd") << ", " << to_string(kind) << ", "
     << nodes << " nodes, --nnodes=" << min_nodes << ":" << max_nodes << ", --max_restarts="
     << (max_restarts < 0 ? std::string("unlimited") : std::to_string(max_restarts)) << ", " << fault_steps
-    << " steps of faults";
+    << " steps of faults" << (ring_delays ? ", keep-alive delays" : "");
   return o.str();
 }
 
@@ -62,10 +62,12 @@ Settings settings_of(std::uint64_t seed) {
   // Drawn last, so that the draws above (and the seeds found before it) stay as they were.
   const int restarts = static_cast<int>(r() % 5);
   s.max_restarts = restarts == 4 ? -1 : restarts;
+  s.ring_delays = !std::getenv("DDPRUN_SIM_NO_RING_DELAYS") && std::mt19937_64(seed ^ 0x5bd1e995ULL)() % 2 == 0;
   return s;
 }
 
-World::World(const Settings& s, bool trace) : rng(s.seed * 0x9e3779b97f4a7c15ULL + 1), s_(s), tracing_(trace) {
+World::World(const Settings& s, bool trace)
+    : rng(s.seed * 0x9e3779b97f4a7c15ULL + 1), ring_rng(s.seed * 0xc2b2ae3d27d4eb4fULL + 7), s_(s), tracing_(trace) {
   now_ = Time(std::chrono::hours(1));
   g_world = this;
   Clock::source = &virtual_now;
@@ -126,6 +128,12 @@ void World::call(const char* what, const Key* k) {
   Task* t = current_;
   t->park = Task::Park::call;
   if (tracing_) note(t->node->id + (t->ring ? "/watch " : " ") + what + (k ? " " + k->text() : ""));
+  if (t->ring && faulting_ && s_.ring_delays && ring_rng() % 8 == 0) {
+    // A keep-alive request held on its way: it reaches the backend (and reads it) that late.
+    const auto ttl = s_.opt.keep_alive_interval * s_.opt.keep_alive_max_attempt;
+    t->not_before = now_ + ms(ring_rng() % static_cast<std::uint64_t>(2 * ttl.count()));
+    note("delay a call of " + t->node->id + "/watch by " + std::to_string((t->not_before - now_) / 1ms) + "ms");
+  }
   Fiber::yield();
   if (t->crash) throw Crash{};
   if (t->fail) {

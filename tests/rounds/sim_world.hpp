@@ -43,6 +43,10 @@ struct Settings {
   int nodes = 3, min_nodes = 1, max_nodes = 3;
   int fault_steps = 300;  // steps with faults; then quiet time
   int max_restarts = -1;  // a failed round with no restart left ends the job on every node; -1: never
+  // Half the seeds: while faults last, a keep-alive request (a renewal or a read of the next
+  // member's counter) is now and then held up to 2 TTLs on its way to the backend. Drawn from a
+  // stream of its own, so that the other seeds' schedules (and the seeds found before) stay.
+  bool ring_delays = false;
   bool liveness = true;   // check liveness in quiet time (else stop after the faults)
   RendezvousOptions opt;
   std::string describe() const;
@@ -115,6 +119,7 @@ class World {
   void violate(const std::string& what);
   Task* current() const { return current_; }
   std::mt19937_64 rng;
+  std::mt19937_64 ring_rng;  // the keep-alive delays' own stream (Settings::ring_delays)
 
  private:
   struct Value {
@@ -180,6 +185,7 @@ class World {
   std::string violation_;
   std::uint64_t steps_ = 0;
   Time expired_at_{};  // the last expire_leases
+  bool faulting_ = false;  // the step runs with faults
 };
 
 // The body of a node's main fiber (sim_node.cpp).
