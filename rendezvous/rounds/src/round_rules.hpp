@@ -15,6 +15,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "backend.hpp"
@@ -94,6 +95,7 @@ class RoundRules {
   [[noreturn]] void throw_finished();
   void throw_if_finished(Connection& c, int round);
   void throw_if_job_finished();
+  std::optional<Joined> enter_round(int round, int idx, int closed);
   Joined read_round(int round, int idx, int closed);
   void publish_store(Joined& j);
   void throw_if_stopped(Connection& c, int round);
