@@ -66,6 +66,10 @@ const std::vector<Found> kRegression = {
     // crashed before marking the job finished, and a member that had given up on the round joined
     // the next one.
     {278974, "the job marked finished by the first acknowledgement only (it crashed before its mark)"},
+    // The ring's `changed` time taken before the read, put back (keep-alive delays: a read held
+    // on its way saw renewals sent after it left, dated too early).
+    {43422, "the ring's changed time taken before the read"},
+    {72773, "the ring's changed time taken before the read"},
 };
 struct Sweep {
   std::uint64_t schedules = 0, steps = 0;
