@@ -206,6 +206,7 @@ void World::fault() {
 // One step: a fault, or a ready call delivered, or time moved to the next deadline.
 bool World::step(bool faults) {
   ++steps_;
+  faulting_ = faults;
   fence();
   expire_leases();
   restarts();

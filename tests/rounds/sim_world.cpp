@@ -35,7 +35,7 @@ std::string Settings::describe() const {
     << nodes << " nodes, --nnodes=" << min_nodes << ":" << max_nodes << ", --max_restarts="
     << (max_restarts < 0 ? std::string("unlimited") : std::to_string(max_restarts))
     << ", --max_same_failures=" << max_same_failures << ", " << fault_steps
-    << " steps of faults";
+    << " steps of faults" << (ring_delays ? ", keep-alive delays" : "");
   return o.str();
 }
 
@@ -67,11 +67,13 @@ Settings settings_of(std::uint64_t seed) {
   // After that, likewise: --max_same_failures off in half the seeds, else 2 or 3.
   const int same = static_cast<int>(r() % 4);
   s.max_same_failures = same < 2 ? 0 : same;
+  s.ring_delays = !std::getenv("DDPRUN_SIM_NO_RING_DELAYS") && std::mt19937_64(seed ^ 0x5bd1e995ULL)() % 2 == 0;
   return s;
 }
 
 World::World(const Settings& s, bool trace)
-    : rng(s.seed * 0x9e3779b97f4a7c15ULL + 1), s_(s), tracing_(trace), causes_(s.seed ^ 0x2545f4914f6cdd1dULL) {
+    : rng(s.seed * 0x9e3779b97f4a7c15ULL + 1), ring_rng(s.seed * 0xc2b2ae3d27d4eb4fULL + 7), s_(s), tracing_(trace),
+      causes_(s.seed ^ 0x2545f4914f6cdd1dULL) {
   now_ = Time(std::chrono::hours(1));
   g_world = this;
   Clock::source = &virtual_now;
@@ -132,6 +134,12 @@ void World::call(const char* what, const Key* k) {
   Task* t = current_;
   t->park = Task::Park::call;
   if (tracing_) note(t->node->id + (t->ring ? "/watch " : " ") + what + (k ? " " + k->text() : ""));
+  if (t->ring && faulting_ && s_.ring_delays && ring_rng() % 8 == 0) {
+    // A keep-alive request held on its way: it reaches the backend (and reads it) that late.
+    const auto ttl = s_.opt.keep_alive_interval * s_.opt.keep_alive_max_attempt;
+    t->not_before = now_ + ms(ring_rng() % static_cast<std::uint64_t>(2 * ttl.count()));
+    note("delay a call of " + t->node->id + "/watch by " + std::to_string((t->not_before - now_) / 1ms) + "ms");
+  }
   Fiber::yield();
   if (t->crash) throw Crash{};
   if (t->fail) {

@@ -46,6 +46,10 @@ struct Settings {
   int fault_steps = 300;  // steps with faults; then quiet time
   int max_restarts = -1;  // a failed round with no restart left ends the job on every node; -1: never
   int max_same_failures = 0;  // --max_same_failures: the same root cause this many rounds in a row ends the job; 0: off
+  // Half the seeds: while faults last, a keep-alive request (a renewal or a read of the next
+  // member's counter) is now and then held up to 2 TTLs on its way to the backend. Drawn from a
+  // stream of its own, so that the other seeds' schedules (and the seeds found before) stay.
+  bool ring_delays = false;
   bool liveness = true;   // check liveness in quiet time (else stop after the faults)
   RendezvousOptions opt;
   std::string describe() const;
@@ -121,6 +125,7 @@ class World {
   void violate(const std::string& what);
   Task* current() const { return current_; }
   std::mt19937_64 rng;
+  std::mt19937_64 ring_rng;  // the keep-alive delays' own stream (Settings::ring_delays)
 
  private:
   struct Value {
@@ -193,6 +198,7 @@ class World {
   std::uint64_t steps_ = 0;
   Time expired_at_{};  // the last expire_leases
   std::mt19937_64 causes_;  // apart from `rng`: drawing causes leaves the schedule's draws as they were
+  bool faulting_ = false;  // the step runs with faults
 };
 
 // The body of a node's main fiber (sim_node.cpp).

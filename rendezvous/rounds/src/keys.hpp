@@ -17,7 +17,8 @@
 //   node/<i>           NodeInfo of the i-th arrival (etcd: on the node's lease)
 //   rank/<n>           static: the node holding --node_rank n (first writer wins)
 //   closed             Closed: the first K arrivals are the round; or stopped, or finished
-//   store              StoreAddress of the workers' store, published by group rank 0
+//   store              StoreAddress of the workers' store, published by group rank 0; or a stop,
+//                      or a member giving the round up before it ran (first writer wins)
 //   alive/<g>          keep-alive counter of group rank g (store backend)
 //   end                RoundEnd: why round R ended (first writer wins)
 //   succeeded, acked, all_acked      the end of a successful or finished job

@@ -94,19 +94,9 @@ RoundRules::Joined RoundRules::join(int round, int rc, const Streak& streak) {
     c.put(round_key(round, Name::node, idx), node_json(self_.info), Lifetime::node);
     int closed = wait_closed(round, idx, deadline);
     if (idx < closed) {
-      try {
-        // Even when the others ended the round meanwhile (a member's workers failed at once):
-        // its end is this node's to act on too (no restart left ends the job on every node),
-        // which it learns by running the round; it must never skip it.
-        return read_round(round, idx, closed);
-      } catch (const MemberGone& g) {
-        // A member that arrived and died before the round ran: meet again without it.
-        spdlog::warn("ddprun: round {}: node {} ({}) {}; meeting again without it", round, g.index, g.host, g.what);
-        c.create(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
-        c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(g.index, g.host, 0)));
-        ++round;
-        continue;
-      }
+      if (auto j = enter_round(round, idx, closed)) return *j;
+      ++round;  // given up: meet again in the next one
+      continue;
     }
     told_ = kNobody;  // this node is not in the round: a stop here is nobody else's business
     ask_to_join(round, closed);
@@ -169,6 +159,38 @@ bool RoundRules::wait_for_others(Connection& c, const Key& closed, Clock::time_p
   }
 }
 
+// Runs round `round` as its idx-th arrival, or gives it up (nullopt) when a member never came to
+// run it (died while joining): then the next round expects the others.
+std::optional<RoundRules::Joined> RoundRules::enter_round(int round, int idx, int closed) {
+  auto& c = *conn_;
+  const Key sk = round_key(round, Name::store);
+  for (bool again = false;; again = true) {
+    try {
+      // Even when the others ended the round meanwhile (a member's workers failed at once):
+      // its end is this node's to act on too (no restart left ends the job on every node),
+      // which it learns by running the round; it must never skip it.
+      return read_round(round, idx, closed);
+    } catch (const MemberGone& g) {
+      // Given up first-writer-wins on the round's store key, against group rank 0's address: a
+      // round runs with the address or never (no member starts its workers without it), so a
+      // member that was only late cannot be running when the end says it was lost. Rank 0
+      // first: the round runs after all; read it again (a record gone since is a lost lease).
+      StoreAddress mark;
+      mark.gone = g.index;
+      const StoreAddress s = parse_store(c.name(sk), c.create(sk, store_json(mark)));
+      if (s.stopped) {
+        throw_if_stopped(c, round);
+        throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
+      }
+      if (s.gone < 0 && !again) continue;
+      spdlog::warn("ddprun: round {}: node {} ({}) {}; meeting again without it", round, g.index, g.host, g.what);
+      c.create(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
+      c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(g.index, g.host, 0)));
+      return std::nullopt;
+    }
+  }
+}
+
 // In round `round` as its idx-th arrival: every member's description, this node's place.
 RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
   auto& c = *conn_;
@@ -186,6 +208,9 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
     if (!v) throw MemberGone{i, "?", "was lost as the round closed"};
     arrivals.push_back(parse_node(c.name(records[i]), *v));
   }
+  // Read after the records: a job that finished and cleared its rounds (etcd) before they were
+  // written is seen here, and a node of it that was stopped meanwhile does not start it again.
+  throw_if_job_finished();
   Joined j;
   RoundInfo& info = j.info;
   info.round = round;
@@ -238,7 +263,8 @@ void RoundRules::publish_store(Joined& j) {
   RoundInfo& info = j.info;
   const Key k = round_key(info.round, Name::store);
   if (info.group_rank == 0) {
-    c.put(k, store_json(workers_.host(info)));
+    // First writer wins: a member may have given the round up (or a stop ended it) first.
+    c.create(k, store_json(workers_.host(info)));
   } else {
     workers_.release();
   }
@@ -250,6 +276,7 @@ void RoundRules::publish_store(Joined& j) {
     throw_if_stopped(c, info.round);
     throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
   }
+  if (s.gone >= 0) throw MemberGone{s.gone, "?", "was given up by another member before the round ran"};
   info.store_host = s.host;
   info.store_port = s.port;
 }

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "backend.hpp"
@@ -103,6 +104,7 @@ class RoundRules {
   std::string existing(Connection& c, const Key& k);
   void throw_if_finished(Connection& c, int round, const char* while_ = "waited for a place in it");
   void throw_if_job_finished();
+  std::optional<Joined> enter_round(int round, int idx, int closed);
   Joined read_round(int round, int idx, int closed);
   void publish_store(Joined& j);
   void throw_if_stopped(Connection& c, int round);

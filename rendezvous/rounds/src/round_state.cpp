@@ -25,6 +25,7 @@ Closed parse_closed(const std::string& key, const std::string& value) {
 
 std::string store_json(const StoreAddress& s) {
   if (s.stopped) return text(json{{"stopped", true}});
+  if (s.gone >= 0) return text(json{{"gone", s.gone}});
   return text(json{{"host", s.host}, {"port", s.port}});
 }
 
@@ -33,6 +34,8 @@ StoreAddress parse_store(const std::string& key, const std::string& value) {
   StoreAddress s;
   s.stopped = field<bool>(j, key, "stopped", false);
   if (s.stopped) return s;
+  s.gone = field<int>(j, key, "gone", -1);
+  if (s.gone >= 0) return s;
   s.host = field<std::string>(j, key, "host", "");
   s.port = field<std::uint16_t>(j, key, "port", 0);
   if (s.host.empty() || s.port == 0) malformed(key, "no host or port");

@@ -22,11 +22,13 @@ struct Closed {
 std::string closed_json(const Closed& c);
 Closed parse_closed(const std::string& key, const std::string& value);
 
-// r<R>/store: the workers' store (MASTER_ADDR, MASTER_PORT), or a stop.
+// r<R>/store: the workers' store (MASTER_ADDR, MASTER_PORT), or a stop, or that a member gave
+// the round up before it ran (`gone`: the arrival index of the member it counted lost).
 struct StoreAddress {
   std::string host;
   std::uint16_t port = 0;
   bool stopped = false;
+  int gone = -1;
 };
 std::string store_json(const StoreAddress& s);
 StoreAddress parse_store(const std::string& key, const std::string& value);
