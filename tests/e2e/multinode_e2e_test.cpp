@@ -288,14 +288,9 @@ TEST_CASE("a malformed round record: every agent exits 1 naming the key, no work
       pids.push_back(std::stoi(m[1]));
     }
     const std::string key = std::string("ddprun/rdzv/") + v.id + "/r0/end";
-    {  // gone before the agents end: the host waits for the other nodes' connections to close
-      ddprun::rendezvous::TcpStoreOptions o;
-      o.host = "127.0.0.1";
-      o.port = static_cast<std::uint16_t>(std::stoi(port));
-      o.timeout = 5s;
-      ddprun::rendezvous::TcpStore rogue(o);
-      rogue.set(key, v.value);
-    }
+    // A client gone before the agents end (the host waits for the other connections to close).
+    const auto store_port = static_cast<std::uint16_t>(std::stoi(port));
+    ddprun::rendezvous::TcpStore({.host = "127.0.0.1", .port = store_port, .timeout = 5s, .secret = {}}).set(key, v.value);
     auto ra = a.finish(20s);
     auto rb = b.finish(20s);
     INFO(ra.err << rb.err);

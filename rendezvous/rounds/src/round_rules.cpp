@@ -191,10 +191,10 @@ std::optional<RoundRules::Joined> RoundRules::enter_round(int round, int idx, in
   }
 }
 
-// In round `round` as its idx-th arrival: every member's description, this node's place.
-RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
+// The records of the round's `closed` arrivals, in arrival order (their keys in `records`);
+// throws MemberGone for one that never came or went with its lease.
+std::vector<NodeInfo> RoundRules::read_arrivals(int round, int closed, std::vector<Key>& records) {
   auto& c = *conn_;
-  std::vector<Key> records;
   for (int i = 0; i < closed; ++i) records.push_back(round_key(round, Name::node, i));
   if (!c.wait(records, Clock::now() + opt_.read_timeout)) {
     for (int i = 0; i < closed; ++i) {
@@ -208,6 +208,14 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
     if (!v) throw MemberGone{i, "?", "was lost as the round closed"};
     arrivals.push_back(parse_node(c.name(records[i]), *v));
   }
+  return arrivals;
+}
+
+// In round `round` as its idx-th arrival: every member's description, this node's place.
+RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
+  auto& c = *conn_;
+  std::vector<Key> records;
+  const std::vector<NodeInfo> arrivals = read_arrivals(round, closed, records);
   // Read after the records: a job that finished and cleared its rounds (etcd) before they were
   // written is seen here, and a node of it that was stopped meanwhile does not start it again.
   throw_if_job_finished();

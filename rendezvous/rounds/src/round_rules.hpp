@@ -105,6 +105,7 @@ class RoundRules {
   void throw_if_finished(Connection& c, int round, const char* while_ = "waited for a place in it");
   void throw_if_job_finished();
   std::optional<Joined> enter_round(int round, int idx, int closed);
+  std::vector<NodeInfo> read_arrivals(int round, int closed, std::vector<Key>& records);
   Joined read_round(int round, int idx, int closed);
   void publish_store(Joined& j);
   void throw_if_stopped(Connection& c, int round);
