@@ -6,8 +6,10 @@
 
 #include "fake_backend.hpp"
 #include "recorder.hpp"
+#include "round_rules.hpp"
 #include "round_state.hpp"
 #include "threaded_rendezvous.hpp"
+#include "workers_store.hpp"
 
 using namespace ddprun::rounds;
 using namespace ddprun::rounds::testing;
@@ -294,4 +296,32 @@ TEST_CASE("rules: the backend gone mid-round ends the round as lost", "[rules]")
     CHECK_FALSE(r->over.front().end);
     CHECK(r->over.front().lost.kind == FK::unreachable);
   }
+}
+
+// The round's end, and then the job's finished marker, written between a member's timed-out wait
+// for the end and its look at the marker: the member reads the end (a successful node exited 1,
+// "finished", before). With the end cleared (etcd), it is told the job finished.
+TEST_CASE("rules: a member whose wait for the end times out just as the end and the marker land reads the end",
+          "[rules]") {
+  struct LateWaits : FakeConnection {
+    using FakeConnection::FakeConnection;
+    bool wait(const std::vector<Key>&, Clock::time_point) override { return false; }  // as if it had just timed out
+  };
+  struct NoStore : WorkersStore {
+    NoStore() : WorkersStore("", 0) {}
+    StoreAddress host(const RoundInfo&) override { return {}; }
+    void release() override {}
+  } workers;
+  auto world = std::make_shared<FakeWorld>();
+  Nodes n(2, 2);
+  FakeBackend backend(world, {});
+  RoundRules rules(n.opt, backend, workers, Self{"n1", {}});
+  LateWaits c(world);
+  c.put(round_key(0, Name::end), round_end_json(RoundEnd::of_success()), Lifetime::node);
+  c.put(run_key(Name::finished), finished_json(FinishedMark{0, 1}), Lifetime::marker);
+  auto end = rules.end_by(c, 0, Clock::now());
+  REQUIRE(end);
+  CHECK(end->kind == Kind::success);
+  world->kv.erase(round_key(0, Name::end).text());
+  CHECK_THROWS_WITH(rules.end_by(c, 0, Clock::now()), Catch::Contains("finished while this node was away"));
 }

@@ -252,11 +252,11 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
     j.members.hosts.push_back(info.nodes[g].host);
   }
   // The round's count, the same on every member (a node new to the job has none of its own).
+  // Both read with a create: a node that is not a member (it arrives late) cannot change them after.
   const Key rck = round_key(round, Name::rc);
-  auto stored = c.get(rck);
-  if (stored && *stored == kFinished) throw_finished();
-  info.restart_count = stored ? static_cast<int>(parse_number(c.name(rck), *stored, 0, INT32_MAX)) : 0;
-  // Read with a create: a node that is not a member (it arrives late) cannot change it after.
+  const std::string stored = c.create(rck, "0");
+  if (stored == kFinished) throw_finished();
+  info.restart_count = static_cast<int>(parse_number(c.name(rck), stored, 0, INT32_MAX));
   const Key sk = round_key(round, Name::streak);
   info.streak = parse_streak(c.name(sk), c.create(sk, streak_json(Streak{})));
   j.members.round = round;
@@ -382,8 +382,10 @@ std::optional<RoundEnd> RoundRules::end_by(Connection& c, int round, Clock::time
   if (c.wait({end}, deadline)) {
     if (auto v = c.get(end)) return parse_round_end(c.name(end), *v);
   }
-  if (Clock::now() >= deadline) throw_if_finished(c, round, "was away from its round (its records are gone)");
-  return std::nullopt;
+  if (Clock::now() < deadline || !finished_since(c, round)) return std::nullopt;
+  // The end is written before the marker: it may have come since the wait. Gone: cleared (etcd).
+  if (auto v = c.get(end)) return parse_round_end(c.name(end), *v);
+  throw_finished("was away from its round (its records are gone)");
 }
 
 RoundEnd RoundRules::wait_end(Connection& c, int round) {

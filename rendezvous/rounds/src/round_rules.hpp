@@ -102,6 +102,7 @@ class RoundRules {
   bool ended_without_count(Connection& c, int round);
   [[noreturn]] void throw_finished(const char* while_ = "waited for a place in it");
   std::string existing(Connection& c, const Key& k);
+  bool finished_since(Connection& c, int round);
   void throw_if_finished(Connection& c, int round, const char* while_ = "waited for a place in it");
   void throw_if_job_finished();
   std::optional<Joined> enter_round(int round, int idx, int closed);

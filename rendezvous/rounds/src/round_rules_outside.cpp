@@ -61,7 +61,14 @@ bool RoundRules::ended_without_count(Connection& c, int round) {
   auto v = c.get(end);
   if (!v) return false;
   const auto kind = parse_round_end(c.name(end), *v).kind;
-  return kind == RoundEnd::Kind::node_lost || kind == RoundEnd::Kind::membership;
+  if (kind != RoundEnd::Kind::node_lost && kind != RoundEnd::Kind::membership) return false;
+  // The next round goes on with this one's restart count and streak, as its members would bring
+  // them: this node may close it before they arrive (they are still stopping their workers).
+  if (auto rc = c.get(round_key(round, Name::rc))) {
+    if (c.create(round_key(round + 1, Name::rc), *rc) == kFinished) throw_finished();
+  }
+  if (auto s = c.get(round_key(round, Name::streak))) c.create(round_key(round + 1, Name::streak), *s);
+  return true;
 }
 
 // The value of a key this node saw written: gone only when the job finished and its keys were
@@ -78,10 +85,14 @@ void RoundRules::throw_finished(const char* while_) {
 }
 
 // The job finished in round `round` or later (its keys may be cleared already).
-void RoundRules::throw_if_finished(Connection& c, int round, const char* while_) {
+bool RoundRules::finished_since(Connection& c, int round) {
   const Key finished = run_key(Name::finished);
   auto v = c.get(finished);
-  if (v && parse_finished(c.name(finished), *v, wall_ms()).round >= round) throw_finished(while_);
+  return v && parse_finished(c.name(finished), *v, wall_ms()).round >= round;
+}
+
+void RoundRules::throw_if_finished(Connection& c, int round, const char* while_) {
+  if (finished_since(c, round)) throw_finished(while_);
 }
 
 // The job this node belongs to finished since connect() looked (a relaunch meets after the
