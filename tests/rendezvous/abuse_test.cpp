@@ -91,7 +91,7 @@ TEST_CASE("APPEND cannot grow a value past --max_value_bytes", "[abuse]") {
   CHECK(a.ping_is_next());
   a.send(Frame(Dialect::kV2, Op::kAppend).str("log").str(std::string(600, 'b')));
   CHECK(a.closed_by_server());
-  CHECK(logs.lines_with({"APPEND would make key 'log' 1200 bytes long, over --max_value_bytes=1024"}).size() == 1);
+  CHECK(logs.await_lines_with({"APPEND would make key 'log' 1200 bytes long, over --max_value_bytes=1024"}).size() == 1);
   auto b = Raw::speaking(Dialect::kV2, server.port());
   b.send(Frame(Dialect::kV2, Op::kGet).str("log"));
   CHECK(b.str() == std::string(600, 'a'));
@@ -180,7 +180,7 @@ TEST_CASE("per-connection caps on WAIT keys and watches (--max_waits_per_connect
   CHECK(w.ping_is_next());
   w.send(Frame(Dialect::kV2, Op::kWait).keys({"one-more"}));
   CHECK(w.closed_by_server());
-  CHECK(logs.lines_with({"over --max_waits_per_connection=10"}).size() == 1);
+  CHECK(logs.await_lines_with({"over --max_waits_per_connection=10"}).size() == 1);
   auto v = Raw::speaking(Dialect::kV1, server.port());
   for (int i = 0; i < 3; ++i) {
     v.send(Frame(Dialect::kV1, Op::kWatchKey).str("w"));
@@ -188,7 +188,7 @@ TEST_CASE("per-connection caps on WAIT keys and watches (--max_waits_per_connect
   }
   v.send(Frame(Dialect::kV1, Op::kWatchKey).str("w"));
   CHECK(v.closed_by_server());
-  CHECK(logs.lines_with({"--max_watches_per_connection"}).size() == 1);
+  CHECK(logs.await_lines_with({"--max_watches_per_connection"}).size() == 1);
   CHECK(server.stats().watch_entries == 0);
   CHECK(server.stats().wait_lists == 0);
 }

@@ -74,7 +74,7 @@ TEST_CASE("same_user: a process of another user on this host is refused - the jo
   auto own = Raw::speaking(Dialect::kV2, server.port());
   own.send(Frame(Dialect::kV2, Op::kGet).str("intruder"));
   CHECK(own.str() == "was here");  // root's SET above; nobody's never applied
-  CHECK(logs.lines_with({"refused a connection from 127.0.0.1", "uid 65534"}).size() == 1);  // once per peer
+  CHECK(logs.await_lines_with({"refused a connection from 127.0.0.1", "uid 65534"}).size() == 1);  // once per peer
   CHECK(server.stats().refused_connections == 2);
 }
 

@@ -13,7 +13,7 @@ TEST_CASE("store quota (--max_store_bytes): a write over it fails for its client
   auto b = Raw::speaking(Dialect::kV2, server.port());
   b.send(Frame(Dialect::kV2, Op::kSet).str("second").str(std::string(40000, '2')));
   CHECK(b.closed_by_server());
-  CHECK(logs.lines_with({"SET on key 'second'", "over --max_store_bytes=65536; nothing was changed"}).size() == 1);
+  CHECK(logs.await_lines_with({"SET on key 'second'", "over --max_store_bytes=65536; nothing was changed"}).size() == 1);
   // Queues and appends count too.
   auto q = Raw::speaking(Dialect::kV2, server.port());
   q.send(Frame(Dialect::kV2, Op::kQueuePush).str("q").str(std::string(30000, 'q')));
@@ -48,7 +48,7 @@ TEST_CASE("connection cap (--max_connections): the next client is refused at onc
     auto extra = Raw::speaking(Dialect::kV2, server.port());
     CHECK(extra.closed_by_server());
   }
-  CHECK(logs.lines_with({"refused", "the limit of --max_connections"}).size() == 1);
+  CHECK(logs.await_lines_with({"refused", "the limit of --max_connections"}).size() == 1);
   CHECK(server.stats().refused_connections == 5);
   in_.pop_back();  // one leaves: room for one more
   bool served = false;
@@ -141,8 +141,8 @@ TEST_CASE("an exception while serving one client closes that client only - nothi
     CHECK(b.i64() == 1);
     CHECK(b.ping_is_next());
   }
-  CHECK(logs.lines_with({"out of memory while applying its SET request"}).size() == 1);
-  CHECK(logs.lines_with({"internal error while applying its SET request: unexpected"}).size() == 1);
+  CHECK(logs.await_lines_with({"out of memory while applying its SET request"}).size() == 1);
+  CHECK(logs.await_lines_with({"internal error while applying its SET request: unexpected"}).size() == 1);
 }
 
 TEST_CASE("a client repeating an abuse cannot flood the log", "[abuse]") {
@@ -159,5 +159,5 @@ TEST_CASE("a client repeating an abuse cannot flood the log", "[abuse]") {
   auto bad = Raw::speaking(Dialect::kV2, server.port());
   bad.send(std::string("\x11", 1));
   CHECK(bad.closed_by_server());
-  CHECK(logs.lines_with({"80 more warnings about client connections in the last second were not logged"}).size() == 1);
+  CHECK(logs.await_lines_with({"80 more warnings about client connections in the last second were not logged"}).size() == 1);
 }

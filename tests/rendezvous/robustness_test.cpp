@@ -121,7 +121,7 @@ TEST_CASE("a client vanishing mid-request or mid-WAIT is logged and forgotten", 
     ::shutdown(bad.socket().fd(), SHUT_WR);
     CHECK(bad.closed_by_server());
     check_good_client_works(server.port());
-    CHECK(logs.lines_with({"127.0.0.1:", "disconnected in the middle of a request"}).size() == 1);
+    CHECK(logs.await_lines_with({"127.0.0.1:", "disconnected in the middle of a request"}).size() == 1);
   }
   SECTION("pending WAIT") {
     auto bad = Raw::speaking(Dialect::kV2, server.port());
@@ -137,7 +137,7 @@ TEST_CASE("a client vanishing mid-request or mid-WAIT is logged and forgotten", 
     TcpStore s(o);
     s.set("never", "now");
     CHECK(s.get("never") == "now");
-    CHECK(logs.lines_with({"127.0.0.1:", "disconnected with 1 pending WAIT"}).size() == 1);
+    CHECK(logs.await_lines_with({"127.0.0.1:", "disconnected with 1 pending WAIT"}).size() == 1);
   }
 }
 
@@ -182,5 +182,5 @@ TEST_CASE("a client that lets notifications pile up past the cap is dropped with
   // 10,000 x 2 KiB = 20 MiB unread: past socket buffers and the 256 KiB cap; the writer went on.
   check_good_client_works(server.port());
   CHECK(watcher.closed_by_server());
-  CHECK(logs.lines_with({"does not read its replies", "over the limit of 262144"}).size() == 1);
+  CHECK(logs.await_lines_with({"does not read its replies", "over the limit of 262144"}).size() == 1);
 }
