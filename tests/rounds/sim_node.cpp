@@ -114,7 +114,6 @@ RendezvousOptions options_of(const World& w, const Node& n) {
 // Runs the round until it ends: the workers' outcomes and lost peers are told to the rules.
 RoundEnd run_round(World& w, Node& n, RoundRules& rules, SimConnection& watch, const RoundRules::Joined& j) {
   const int round = j.info.round, world = j.info.group_world;
-  const Key end = round_key(round, Name::end);
   for (;;) {
     while (!n.events.empty()) {
       Event e = n.events.front();

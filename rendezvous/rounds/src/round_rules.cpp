@@ -22,8 +22,6 @@ using K = RendezvousFailure::Kind;
 
 std::string random_node_id() { return random_hex(16); }
 
-
-
 }  // namespace
 
 Self describe_self(const RendezvousOptions& opt, const std::string& reach) {
@@ -46,12 +44,12 @@ void RoundRules::connect() {
   // The backend's name may have resolved only now (Kubernetes): the route to it is known now.
   if (self_.info.reach.empty()) self_.info.reach = backend_.reach();
   auto& c = *conn_;
-  const Key finished = run_key(Name::finished), config = run_key(Name::config);
-  if (auto v = c.get(finished)) {
+  const Key config = run_key(Name::config);
+  if (auto mark = finished_mark(c)) {
     // A node of the job that arrives late is told; after close_timeout the run id is free again
     // and this is a relaunch: it meets after the old job's rounds.
     const long long now = wall_ms(), life = opt_.close_timeout.count();
-    const FinishedMark m = parse_finished(c.name(finished), *v, now);
+    const FinishedMark& m = *mark;
     if (now - m.at_ms < life) {
       throw RendezvousError(K::finished, "rendezvous: run id '" + opt_.run_id + "' already finished on " + where_ + " " +
                                              std::to_string((now - m.at_ms) / 1000) + " s ago; a relaunch with it can start " +
@@ -143,8 +141,7 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
   if (result.kind == Closed::Kind::stopped) {
     // The stopping node closes the round first, then writes who stopped it and with what signal.
     c.wait({round_key(round, Name::end)}, Clock::now() + std::min<Clock::duration>(opt_.read_timeout, 2s));
-    throw_if_stopped(c, round);
-    throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
+    throw_stopped(c, round);
   }
   return result.nodes;
 }
@@ -178,10 +175,7 @@ std::optional<RoundRules::Joined> RoundRules::enter_round(int round, int idx, in
       StoreAddress mark;
       mark.gone = g.index;
       const StoreAddress s = parse_store(c.name(sk), c.create(sk, store_json(mark)));
-      if (s.stopped) {
-        throw_if_stopped(c, round);
-        throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
-      }
+      if (s.stopped) throw_stopped(c, round);
       if (s.gone < 0 && !again) continue;
       spdlog::warn("ddprun: round {}: node {} ({}) {}; meeting again without it", round, g.index, g.host, g.what);
       c.create(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
@@ -280,10 +274,7 @@ void RoundRules::publish_store(Joined& j) {
     throw MemberGone{0, info.nodes[0].host, "did not publish the workers' store within " + duration_text(opt_.read_timeout)};
   }
   const StoreAddress s = parse_store(c.name(k), existing(c, k));
-  if (s.stopped) {
-    throw_if_stopped(c, info.round);
-    throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
-  }
+  if (s.stopped) throw_stopped(c, info.round);
   if (s.gone >= 0) throw MemberGone{s.gone, "?", "was given up by another member before the round ran"};
   info.store_host = s.host;
   info.store_port = s.port;
@@ -308,6 +299,12 @@ void RoundRules::throw_if_stopped(Connection& c, int round) {
   const int sig = e.signal > 0 ? e.signal : SIGTERM;
   throw RendezvousError(K::stopped, "the job was stopped by " + signal_name(sig) + " on host " + e.host +
                                         " during the rendezvous", sig);
+}
+
+// Round `round` was stopped: who stopped it and with what signal, when its end says so.
+void RoundRules::throw_stopped(Connection& c, int round) {
+  throw_if_stopped(c, round);
+  throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
 }
 
 void RoundRules::announce_stop(Connection& c, int round, int signal) {
@@ -353,23 +350,17 @@ void RoundRules::report_success(int round, int group_world) {
 void RoundRules::acknowledge_end(int round, int group_world) {
   auto& c = *conn_;
   const Key all = round_key(round, Name::all_acked);
-  const std::int64_t acked = c.add(round_key(round, Name::acked), 1);
-  if (acked < group_world) {
-    // The job is over from the first acknowledgement on: a node of it that starts again (or a
-    // member that never acknowledges: it crashed) must find it finished, not a new round. Every
-    // acknowledgement writes it: the first one's node may crash between counting and writing.
-    c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms()}), Lifetime::marker);
-    c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
-  }
-  if (acked >= group_world) {
-    // Nothing of the job stays but markers: a node started late with this run id is told the
-    // job finished, and one waiting for a place in a next round learns there is none.
-    c.put(all, "1");
-    // The marker first (clear_run keeps it): no node arriving meanwhile can start the job again.
-    c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms()}), Lifetime::marker);
-    c.clear_run();
-    c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
-  }
+  const bool last = c.add(round_key(round, Name::acked), 1) >= group_world;
+  if (last) c.put(all, "1");
+  // The job is over from the first acknowledgement on: a node of it that starts again (or a
+  // member that never acknowledges: it crashed) must find it finished, not a new round. Every
+  // acknowledgement writes the marker (the first one's node may crash between counting and
+  // writing), the last one before clearing the run (clear_run keeps it): nothing of the job stays
+  // but markers, so a node started late with this run id is told the job finished, and one
+  // waiting for a place in a next round learns there is none.
+  c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms()}), Lifetime::marker);
+  if (last) c.clear_run();
+  c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
   // The records must outlive the others' last reads; bounded (close_timeout), it is no exit
   // barrier: normally every node acknowledges within milliseconds.
   if (backend_.holds_records() && !c.wait({all}, Clock::now() + opt_.close_timeout)) {

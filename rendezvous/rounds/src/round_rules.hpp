@@ -21,6 +21,7 @@
 #include "backend.hpp"
 #include "ddprun/rounds/options.hpp"
 #include "ddprun/rounds/rendezvous.hpp"
+#include "round_state.hpp"
 
 namespace ddprun::rounds {
 
@@ -102,6 +103,7 @@ class RoundRules {
   bool ended_without_count(Connection& c, int round);
   [[noreturn]] void throw_finished(const char* while_ = "waited for a place in it");
   std::string existing(Connection& c, const Key& k);
+  std::optional<FinishedMark> finished_mark(Connection& c);
   bool finished_since(Connection& c, int round);
   void throw_if_finished(Connection& c, int round, const char* while_ = "waited for a place in it");
   void throw_if_job_finished();
@@ -110,6 +112,7 @@ class RoundRules {
   Joined read_round(int round, int idx, int closed);
   void publish_store(Joined& j);
   void throw_if_stopped(Connection& c, int round);
+  [[noreturn]] void throw_stopped(Connection& c, int round);
   void ask_to_join(int round, int closed);
 
   const RendezvousOptions& opt_;

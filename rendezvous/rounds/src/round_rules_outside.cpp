@@ -84,11 +84,18 @@ void RoundRules::throw_finished(const char* while_) {
                                          " finished while this node " + while_);
 }
 
-// The job finished in round `round` or later (its keys may be cleared already).
-bool RoundRules::finished_since(Connection& c, int round) {
+// The run's finished marker, if it has one.
+std::optional<FinishedMark> RoundRules::finished_mark(Connection& c) {
   const Key finished = run_key(Name::finished);
   auto v = c.get(finished);
-  return v && parse_finished(c.name(finished), *v, wall_ms()).round >= round;
+  if (!v) return std::nullopt;
+  return parse_finished(c.name(finished), *v, wall_ms());
+}
+
+// The job finished in round `round` or later (its keys may be cleared already).
+bool RoundRules::finished_since(Connection& c, int round) {
+  auto m = finished_mark(c);
+  return m && m->round >= round;
 }
 
 void RoundRules::throw_if_finished(Connection& c, int round, const char* while_) {
@@ -99,10 +106,8 @@ void RoundRules::throw_if_finished(Connection& c, int round, const char* while_)
 // rounds of the job before it, first_round_): a node of it, however late, must not start it again
 // (etcd: clear_run took the rounds' keys, the marker stays).
 void RoundRules::throw_if_job_finished() {
-  auto& c = *conn_;
-  const Key finished = run_key(Name::finished);
-  auto v = c.get(finished);
-  if (v && parse_finished(c.name(finished), *v, wall_ms()).round + 2 > first_round_) throw_finished();
+  auto m = finished_mark(*conn_);
+  if (m && m->round + 2 > first_round_) throw_finished();
 }
 
 // The round runs without this node: with room, it is asked to restart with this node in.
