@@ -42,6 +42,8 @@ TEST_CASE("round records: each kind round-trips, anything malformed names the ke
 TEST_CASE("round state: closed, store and config records round-trip - numbers are read strictly", "[records]") {
   CHECK(parse_closed("k", closed_json(Closed::of_nodes(3))).nodes == 3);
   CHECK(parse_closed("k", closed_json(Closed::stopped())).kind == Closed::Kind::stopped);
+  CHECK(parse_closed("k", closed_json(Closed::abandoned(2))).kind == Closed::Kind::abandoned);
+  CHECK(parse_closed("k", closed_json(Closed::abandoned(0))).nodes == 0);
   CHECK_THROWS_AS(parse_closed("k", "{\"nodes\": 0}"), ddprun::ProtocolError);
   StoreAddress a{"10.0.0.1", 29500, false};
   auto b = parse_store("k", store_json(a));

@@ -1,5 +1,5 @@
 // The simulator's liveness check: once the faults stop, which nodes must have settled, and how
-// (sim_world.hpp); the known open case it leaves out, named.
+// (sim_world.hpp).
 #include <algorithm>
 #include <sstream>
 
@@ -52,29 +52,8 @@ bool World::settled() {
   return true;
 }
 
-// Known open (docs/architecture.md): with the store, a static rank claimed by a node that
-// arrived in a round which never closed, and then died, stays claimed (no liveness before a
-// round runs). Names such a claim, or "".
-std::string World::stale_static_claim() const {
-  if (s_.flavor != Flavor::store || s_.kind != BackendKind::static_ranks) return "";
-  for (const auto& [k, v] : kv_) {
-    const auto slash = k.find("/rank/");
-    if (k[0] != 'r' || slash == std::string::npos || v.owner->alive) continue;
-    const std::string round = k.substr(1, slash - 1);
-    if (kv_.count("r" + round + "/closed")) continue;
-    const bool arrived = std::any_of(kv_.begin(), kv_.end(), [&](const auto& e) {
-      return e.first.rfind("r" + round + "/node/", 0) == 0 && e.second.owner == v.owner;
-    });
-    if (!arrived) continue;  // a holder that never arrived: its claim is taken over
-    return "known open: store, static: rank " + k.substr(slash + 6) + " of round " + round + " claimed by " + v.owner->id +
-           ", which died before the round closed; ";
-  }
-  return "";
-}
-
 std::string World::check_quiet_liveness() {
   std::ostringstream o;
-  o << stale_static_claim();
   o << "liveness: " << std::chrono::duration_cast<std::chrono::seconds>(kQuietBound).count()
     << " s after the faults stopped, not every node is in one closed round (or done):";
   for (const Node* n : current_nodes_) {

@@ -162,7 +162,6 @@ class World {
   bool settled_after_finish();
   std::optional<Time> next_time() const;
   std::string check_quiet_liveness();
-  std::string stale_static_claim() const;
   void note(const std::string& s);
   std::string fresh_id();
   int pick(int n) { return static_cast<int>(rng() % static_cast<std::uint64_t>(n)); }

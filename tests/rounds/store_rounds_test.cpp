@@ -10,6 +10,7 @@
 #include "ddprun/rendezvous/tcp_store.hpp"
 #include "etcd_cluster.hpp"
 #include "recorder.hpp"
+#include "round_state.hpp"
 #include "store_backend.hpp"
 #include "threaded_rendezvous.hpp"
 
@@ -140,6 +141,50 @@ TEST_CASE("store rounds: a node whose keep-alives stop is lost for the others wi
   // Its fence was last told a deadline before the others counted it lost.
   REQUIRE_FALSE(c.rec[victim]->renewals.empty());
   CHECK(c.rec[victim]->renewals.back() < std::chrono::steady_clock::now());
+}
+
+TEST_CASE("store rounds: static: a rank whose holder died in a round that never closed is taken in the next round",
+          "[store_rounds]") {
+  // An external store (no node's death takes it along), three static ranks. Rank 0 waits in
+  // round 0; rank 1's holder arrived there and died (the keys a crashed agent leaves); its
+  // replacement must not be refused "node rank in use" (it was, at join_timeout, and every later
+  // one too: the store has no liveness for a node before its round runs).
+  Cluster c(0, 3, 3, true);
+  auto o = c.opt;
+  o.backend = BackendKind::static_ranks;
+  o.host_role = HostRole::never;
+  o.endpoint_port = c.port;
+  o.read_timeout = 1s;  // the holder is given up after TTL + 2 x read_timeout of silence
+  auto add = [&](int rank) {
+    auto mine = o;
+    mine.node_rank = rank;
+    c.rec.push_back(std::make_unique<Recorder>());
+    c.nodes.push_back(node(mine, *c.rec.back()));
+    c.nodes.back()->join(0, -1);
+  };
+  add(0);
+  auto store = c.client();
+  store->wait({"r0/node/0"}, 5s);
+  store->compare_set("r0/rank/1", "", claim_json({"dead-holder", "crashed-host"}));
+  NodeInfo dead;
+  dead.host = "crashed-host";
+  dead.nproc = 2;
+  dead.node_rank = 1;
+  store->set("r0/node/" + std::to_string(store->add("r0/join", 1) - 1), node_json(dead));
+
+  const auto t0 = std::chrono::steady_clock::now();
+  add(1);
+  store->wait({"r0/closed"}, 8s);  // before join_timeout (10 s)
+  CHECK(parse_closed("r0/closed", store->get("r0/closed")).kind == Closed::Kind::abandoned);
+  CHECK(std::chrono::steady_clock::now() - t0 >= 2s);  // not before the holder's silence was long enough
+  add(2);
+  for (int i = 0; i < 3; ++i) {
+    INFO("rank " << i);
+    REQUIRE(c.rec[i]->wait_ready());
+    CHECK(c.rec[i]->ready.front().round == 1);
+    CHECK(c.rec[i]->ready.front().group_rank == i);
+    CHECK(c.rec[i]->ready.front().group_world == 3);
+  }
 }
 
 TEST_CASE("store rounds: a malformed end record is a protocol error naming the key, on every node", "[store_rounds]") {

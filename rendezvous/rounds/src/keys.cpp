@@ -14,6 +14,7 @@ const char* name_of(Name n) {
     case Name::join: return "join";
     case Name::node: return "node";
     case Name::rank: return "rank";
+    case Name::held: return "held";
     case Name::closed: return "closed";
     case Name::store: return "store";
     case Name::alive: return "alive";

@@ -16,7 +16,10 @@
 //   join               arrival counter: arrival order is the group rank (c10d, etcd)
 //   node/<i>           NodeInfo of the i-th arrival (etcd: on the node's lease)
 //   rank/<n>           static: the node holding --node_rank n (first writer wins)
-//   closed             Closed: the first K arrivals are the round; or stopped, or finished
+//   held/<n>           static: counter the holder of rank n bumps while it waits for round R to
+//                      close (a store has no other sign of its life before a round runs)
+//   closed             Closed: the first K arrivals are the round; or stopped; or abandoned (a
+//                      static rank's holder died in it before it closed: meet in the next)
 //   store              StoreAddress of the workers' store, published by group rank 0; or a stop,
 //                      or a member giving the round up before it ran (first writer wins)
 //   alive/<g>          keep-alive counter of group rank g (store backend)
@@ -30,7 +33,7 @@ namespace ddprun::rounds {
 
 enum class Name {
   config, round, finished,
-  rc, streak, expect, join, node, rank, closed, store, alive, end, succeeded, acked, all_acked, stop_acks, stop_seen,
+  rc, streak, expect, join, node, rank, held, closed, store, alive, end, succeeded, acked, all_acked, stop_acks, stop_seen,
 };
 
 struct Key {

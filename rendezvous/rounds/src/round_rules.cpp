@@ -91,6 +91,10 @@ RoundRules::Joined RoundRules::join(int round, int rc, const Streak& streak) {
     told_ = round;
     c.put(round_key(round, Name::node, idx), node_json(self_.info), Lifetime::node);
     int closed = wait_closed(round, idx, deadline);
+    if (closed < 0) {
+      ++round;  // abandoned before it closed (a dead holder of a static rank): meet in the next
+      continue;
+    }
     if (idx < closed) {
       if (auto j = enter_round(round, idx, closed)) return *j;
       ++round;  // given up: meet again in the next one
@@ -110,7 +114,7 @@ int RoundRules::round_to_tell(int asked) const {
 }
 
 // Closes round `round` when this arrival (`idx`) fills it, waits until it is closed, and returns
-// how many nodes it holds.
+// how many nodes it holds; -1 when it was abandoned (a static rank's holder died in it).
 int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
   auto& c = *conn_;
   int expect = opt_.max_nodes;
@@ -123,13 +127,13 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
     c.create(closed, closed_json(Closed::of_nodes(std::min(n, opt_.max_nodes))));
   }
   if (n >= opt_.min_nodes) {
-    if (!c.wait({closed}, Clock::now() + opt_.last_call_timeout)) {
+    if (!wait_for_others(c, round, Clock::now() + opt_.last_call_timeout, false)) {
       // Last call over: close with whoever has arrived.
       int joined = static_cast<int>(std::min<std::int64_t>(c.add(joins, 0), opt_.max_nodes));
       if (joined < n) throw_finished();  // the counter went back: the job finished, its keys were cleared
       c.create(closed, closed_json(Closed::of_nodes(joined)));
     }
-  } else if (!wait_for_others(c, closed, deadline)) {
+  } else if (!wait_for_others(c, round, deadline, true)) {
     throw_if_stopped(c, round);
     throw RendezvousError(K::timeout, "rendezvous: only " + std::to_string(c.add(joins, 0)) + " of the " +
                                           std::to_string(opt_.min_nodes) + " nodes needed joined round " +
@@ -138,6 +142,7 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
                                           " (join_timeout); start the other nodes, or lower --nnodes");
   }
   const Closed result = parse_closed(c.name(closed), existing(c, closed));
+  if (result.kind == Closed::Kind::abandoned) return -1;
   if (result.kind == Closed::Kind::stopped) {
     // The stopping node closes the round first, then writes who stopped it and with what signal.
     c.wait({round_key(round, Name::end)}, Clock::now() + std::min<Clock::duration>(opt_.read_timeout, 2s));
@@ -146,13 +151,20 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
   return result.nodes;
 }
 
-// Waits for `closed` until `deadline`, looking every liveness TTL whether the job finished
-// meanwhile (a node of it arriving late is told so, not kept until join_timeout).
-bool RoundRules::wait_for_others(Connection& c, const Key& closed, Clock::time_point deadline) {
+// Waits for round `round` to close until `deadline`; with `look`, it looks every liveness TTL
+// whether the job finished meanwhile (a node of it arriving late is told so, not kept until
+// join_timeout). A static rank's holder shows it is alive meanwhile, every third of a TTL (the
+// store has no other sign of its life before a round runs): claim_rank abandons a round whose
+// holder went silent, so that the rank's replacement can meet in the next.
+bool RoundRules::wait_for_others(Connection& c, int round, Clock::time_point deadline, bool look) {
+  const Key closed = round_key(round, Name::closed);
+  const bool held = opt_.backend == BackendKind::static_ranks;
+  const auto slice = held ? backend_.liveness_ttl() / 3 : look ? backend_.liveness_ttl() : deadline - Clock::now();
   for (;;) {
-    if (c.wait({closed}, std::min(deadline, Clock::now() + backend_.liveness_ttl()))) return true;
+    if (held) c.add(round_key(round, Name::held, opt_.node_rank), 1);
+    if (c.wait({closed}, std::min(deadline, Clock::now() + slice))) return true;
     if (Clock::now() >= deadline) return false;
-    throw_if_job_finished();
+    if (look) throw_if_job_finished();
   }
 }
 
@@ -315,6 +327,8 @@ void RoundRules::announce_stop(Connection& c, int round, int signal) {
   const std::string stood = c.create(round_key(round, Name::closed), stop);
   if (stood != stop) {
     const Closed closed = parse_closed(c.name(round_key(round, Name::closed)), stood);
+    // Its nodes went on to the next round (this one too, after this call): they wait there.
+    if (closed.kind == Closed::Kind::abandoned) return announce_stop(c, round + 1, signal);
     const int idx = told_ == round ? told_idx_.load() : -1;
     if (closed.kind == Closed::Kind::nodes && (idx < 0 || idx >= closed.nodes)) return;
   }

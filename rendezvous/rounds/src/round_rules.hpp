@@ -93,12 +93,19 @@ class RoundRules {
     std::string what;
   };
 
+  // What claim_rank saw of the holder's `held` counter.
+  struct HolderWatch {
+    Key counter;
+    long long count;
+    Clock::time_point alive_at;
+  };
   int latest_round(int from);
   bool claim_rank(int round, Clock::time_point deadline);
+  bool holder_gone(int round, HolderWatch& w);
   bool arrived(int round, int rank);
   bool members_gone(int round);
   int wait_closed(int round, int idx, Clock::time_point deadline);
-  bool wait_for_others(Connection& c, const Key& closed, Clock::time_point deadline);
+  bool wait_for_others(Connection& c, int round, Clock::time_point deadline, bool look);
   void wait_next_round(int round, int closed);
   bool ended_without_count(Connection& c, int round);
   [[noreturn]] void throw_finished(const char* while_ = "waited for a place in it");

@@ -135,8 +135,10 @@ void RoundRules::ask_to_join(int round, int closed) {
 
 // Static: --node_rank N is claimed first-writer-wins (etcd: on the claimer's lease). Held by a
 // live member of a running round: an error, once the liveness TTL has shown it alive. Held by a
-// node that died on its way: the round ends without it (once closed), or, when that node never
-// arrived in it, the claim is taken over. False: the round ended, try the next one.
+// node that died on its way: the round ends without it (once closed); when that node never
+// arrived in it, the claim is taken over; when it arrived and went silent before the round
+// closed (its `held` counter still for a TTL plus twice read_timeout), the round is abandoned.
+// False: the round ended or was abandoned, try the next one.
 bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
   auto& c = *conn_;
   const Key k = round_key(round, Name::rank, opt_.node_rank), end = round_key(round, Name::end);
@@ -146,10 +148,13 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
   // members_gone() watches the members for one TTL more: refused after TTL + 1 s, as before.
   const auto ttl = backend_.liveness_ttl(), patience = std::chrono::milliseconds(1s);
   const auto since = Clock::now();
+  HolderWatch watch{round_key(round, Name::held, opt_.node_rank), -1, since};
   for (;;) {
     if (c.wait({end}, std::min(deadline, Clock::now() + ttl))) return false;
     const bool waited = Clock::now() - since >= patience, running = c.get(round_key(round, Name::store)).has_value();
-    const bool closed = running || c.get(round_key(round, Name::closed)).has_value();
+    const auto cv = running ? std::nullopt : c.get(round_key(round, Name::closed));
+    if (cv && parse_closed(c.name(round_key(round, Name::closed)), *cv).kind == Closed::Kind::abandoned) return false;
+    const bool closed = running || cv.has_value();
     // A closed round whose members all died on their way in (a crashed launch) is ended too.
     if (waited && closed && members_gone(round)) return false;  // it ended the round: try the next one
     if (waited && running) break;  // a member renewing its liveness for a TTL: alive
@@ -159,12 +164,35 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
       c.put(k, mine, Lifetime::node);
       return true;
     }
+    if (!closed && holder_gone(round, watch)) {
+      spdlog::warn("ddprun: node rank {} is held in round {} by host {}, which stopped showing it is alive before the "
+                   "round closed; meeting in the next round", opt_.node_rank, round, holder.host);
+      return false;
+    }
     if (Clock::now() >= deadline) break;
   }
   throw RendezvousError(K::in_use, "rendezvous: node rank " + std::to_string(opt_.node_rank) + " is already in use in run '" +
                                        opt_.run_id + "' on " + where_ + ": host " + holder.host + " holds it in round " +
                                        std::to_string(round) + " and is alive; give each node a distinct --node_rank (0.." +
                                        std::to_string(opt_.max_nodes - 1) + "), or a new job its own --rdzv_id");
+}
+
+// The holder of this node's rank, waiting in round `round` (not closed), did not bump its
+// `held` counter for a TTL plus twice read_timeout: it died on its way in. Then the round is
+// abandoned (first writer wins on its `closed` key: a round that closed meanwhile goes on, and
+// is ended as any round whose member died), and true.
+bool RoundRules::holder_gone(int round, HolderWatch& w) {
+  auto& c = *conn_;
+  const long long count = c.add(w.counter, 0);
+  if (count != w.count) {
+    w.count = count;
+    w.alive_at = Clock::now();
+    return false;
+  }
+  if (Clock::now() - w.alive_at < backend_.liveness_ttl() + 2 * opt_.read_timeout) return false;
+  const Key ck = round_key(round, Name::closed);
+  return parse_closed(c.name(ck), c.create(ck, closed_json(Closed::abandoned(opt_.node_rank)))).kind ==
+         Closed::Kind::abandoned;
 }
 
 // Every member of the running round `round` stayed silent for a TTL plus twice read_timeout

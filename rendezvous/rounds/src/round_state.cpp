@@ -11,6 +11,7 @@ std::string closed_json(const Closed& c) {
   switch (c.kind) {
     case Closed::Kind::nodes: return text(json{{"nodes", c.nodes}});
     case Closed::Kind::stopped: return text(json{{"stopped", true}});
+    case Closed::Kind::abandoned: return text(json{{"abandoned", c.nodes}});
   }
   return "{}";
 }
@@ -18,6 +19,7 @@ std::string closed_json(const Closed& c) {
 Closed parse_closed(const std::string& key, const std::string& value) {
   auto j = object(key, value);
   if (field<bool>(j, key, "stopped", false)) return Closed::stopped();
+  if (const int rank = field<int>(j, key, "abandoned", -1); rank >= 0) return Closed::abandoned(rank);
   int n = field<int>(j, key, "nodes", 0);
   if (n < 1) malformed(key, "field 'nodes' is missing or below 1");
   return Closed::of_nodes(n);
