@@ -1,8 +1,10 @@
 // Told at once what is in use: a second agent with a node rank a live node holds, and a second
 // job with a run id a job with other settings uses, exit 1 within seconds naming it, while the
-// running job is not disturbed.
+// running job is not disturbed. A rank whose holder died is not in use: its replacement gets it.
 #include <catch2/catch.hpp>
+#include <csignal>
 
+#include "ddprun/rendezvous/tcp_store.hpp"
 #include "e2e/agents.hpp"
 
 using namespace ddprun::test;
@@ -48,4 +50,43 @@ TEST_CASE("a second job with a run id in use by other settings is refused at onc
   a.signal(SIGTERM);
   auto ra = a.finish(20s);
   CHECK(ra.code == 128 + SIGTERM);
+}
+
+// Static ranks, three nodes: rank 1's agent is killed while it waits in round 0 for rank 2 (its
+// arrival is in the store: the store has no other sign of its life before a round runs). Its
+// replacement was refused "node rank in use" at join_timeout, and every later one too: now, once
+// the holder's `held` counter stayed still for TTL + 2 x read_timeout, it abandons round 0 and the
+// job forms in round 1.
+TEST_CASE("a node rank whose holder was killed before its round closed goes to its replacement", "[multinode]") {
+  const std::string conf =
+      "--rdzv_conf=keep_alive_interval=0.2,keep_alive_max_attempt=3,read_timeout=1,join_timeout=30,last_call_timeout=1";
+  auto node = [&](int rank, const std::string& port) {
+    return cmd({"--nnodes=3", "--node_rank=" + std::to_string(rank), "--master_port=" + port, conf, "--nproc_per_node=1",
+                kWorker, "env"});
+  };
+  Launch n0(node(0, "0"));
+  const auto port = host_port(n0);
+  ddprun::rendezvous::TcpStore store({.host = "127.0.0.1", .port = static_cast<std::uint16_t>(std::stoi(port)),
+                                      .timeout = 20s, .secret = {}});
+  {
+    Launch n1(node(1, port));
+    store.wait({"ddprun/rdzv/none/r0/node/1"}, 20s);  // it arrived in round 0
+    n1.signal(SIGKILL);
+    n1.finish(10s);
+  }
+  const auto t0 = Clock::now();
+  Launch again(node(1, port));
+  store.wait({"ddprun/rdzv/none/r0/closed"}, 15s);  // before join_timeout
+  CHECK_THAT(store.get("ddprun/rdzv/none/r0/closed"), Catch::Contains("abandoned"));
+  CHECK(Clock::now() - t0 >= 2s);  // TTL 0.6 s + 2 x read_timeout: not before
+  Launch n2(node(2, port));
+  auto r2 = n2.finish(60s), r1 = again.finish(60s), r0 = n0.finish(60s);
+  INFO(r0.err << "\n---\n" << r1.err << "\n---\n" << r2.err);
+  CHECK(r0.code == 0);
+  CHECK(r1.code == 0);
+  CHECK(r2.code == 0);
+  CHECK_THAT(r1.err, Catch::Contains("stopped showing it is alive before the round closed"));
+  CHECK(r1.err.find("already in use") == std::string::npos);
+  CHECK_THAT(r1.out, Catch::Contains("GROUP_RANK=1") && Catch::Contains("GROUP_WORLD_SIZE=3"));
+  CHECK_THAT(r1.out, Catch::Contains("TORCHELASTIC_RESTART_COUNT=0"));
 }

@@ -73,6 +73,9 @@ const std::vector<Found> kLivenessRegression = {
     {55, "a spare never ends a running round whose members have all been silent (etcd)"},
     {162, "a static rank claim never freed from a holder that died (etcd: not on its lease)"},
     {6632, "a static rank claim never freed from a holder that died (store: never taken over)"},
+    {498, "a static rank held by a node that died in a round that never closed (store: its held counter not watched)"},
+    {792, "a static rank held by a node that died in a round that never closed (store, a relaunch)"},
+    {1396, "a static rank held by a node that died in a round that never closed (store, keep-alive delays)"},
     {60, "the job marked finished only at the last acknowledgement (static, etcd)"},
     // Beyond the CI sweep (seeds 15,001 to 45,000: the only one).
     {17360, "a member waits for its round's end without looking at the finished marker (etcd)"},
