@@ -70,7 +70,8 @@ TEST_CASE("a node rank whose holder was killed before its round closed goes to i
                                       .timeout = 20s, .secret = {}});
   {
     Launch n1(node(1, port));
-    store.wait({"ddprun/rdzv/none/r0/node/1"}, 20s);  // it arrived in round 0
+    // Both arrived in round 0 (in either order: node/1 is the second arrival's record).
+    store.wait({"ddprun/rdzv/none/r0/node/0", "ddprun/rdzv/none/r0/node/1"}, 20s);
     n1.signal(SIGKILL);
     n1.finish(10s);
   }

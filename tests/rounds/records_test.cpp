@@ -43,7 +43,7 @@ TEST_CASE("round state: closed, store and config records round-trip - numbers ar
   CHECK(parse_closed("k", closed_json(Closed::of_nodes(3))).nodes == 3);
   CHECK(parse_closed("k", closed_json(Closed::stopped())).kind == Closed::Kind::stopped);
   CHECK(parse_closed("k", closed_json(Closed::abandoned(2))).kind == Closed::Kind::abandoned);
-  CHECK(parse_closed("k", closed_json(Closed::abandoned(0))).nodes == 0);
+  CHECK(parse_closed("k", closed_json(Closed::abandoned(0))).rank == 0);
   CHECK_THROWS_AS(parse_closed("k", "{\"nodes\": 0}"), ddprun::ProtocolError);
   StoreAddress a{"10.0.0.1", 29500, false};
   auto b = parse_store("k", store_json(a));

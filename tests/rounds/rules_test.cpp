@@ -242,6 +242,52 @@ TEST_CASE("rules: a stop during the rendezvous reaches every node waiting in it"
   CHECK(n.rec[1]->wait([&] { return n.rec[1]->finished == 1; }));
 }
 
+// A node waiting for a static rank held by a live node is a node of the job too: a stop of the
+// round reaches it (it went on to the next round and waited there until join_timeout).
+TEST_CASE("rules: a stop reaches a node waiting for its static rank's holder", "[rules]") {
+  Nodes n(3, 3, BackendKind::static_ranks);
+  n.add(0);
+  n.add(1);
+  int second = n.add(1);  // rank 1 again: it waits while the holder shows it is alive
+  n.nodes[0]->join(0, 0);
+  n.nodes[1]->join(0, 0);
+  FakeConnection look(n.world);
+  REQUIRE(look.wait({round_key(0, Name::node, 1)}, Clock::now() + 5s));  // both arrived
+  n.nodes[second]->join(0, -1);
+  n.nodes[0]->leave(0, SIGINT);
+  auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(n.rec[second]->wait_failed());
+  CHECK(n.rec[second]->failed.front().kind == FK::stopped);
+  CHECK(n.rec[second]->failed.front().signal == SIGINT);
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);  // a TTL (1 s) at most, not join_timeout
+  REQUIRE(n.rec[1]->wait_failed());
+  CHECK(n.rec[1]->failed.front().kind == FK::stopped);
+}
+
+// A stop announced to a round abandoned before it closed (a static rank's holder died in it) is
+// announced to the next one, where its nodes went.
+TEST_CASE("rules: a stop for an abandoned round goes to the next round", "[rules]") {
+  struct NoStore : WorkersStore {
+    NoStore() : WorkersStore("", 0) {}
+    StoreAddress host(const RoundInfo&) override { return {}; }
+    void release() override {}
+  } workers;
+  auto world = std::make_shared<FakeWorld>();
+  Nodes n(2, 2, BackendKind::static_ranks);
+  FakeBackend backend(world, {});
+  RoundRules rules(n.opt, backend, workers, Self{"n1", {}});
+  FakeConnection c(world);
+  c.put(round_key(0, Name::closed), closed_json(Closed::abandoned(1)), Lifetime::run);
+  rules.announce_stop(c, 0, SIGINT);
+  CHECK_FALSE(c.get(round_key(0, Name::end)));
+  REQUIRE(c.get(round_key(1, Name::closed)));
+  CHECK(parse_closed("closed", *c.get(round_key(1, Name::closed))).kind == Closed::Kind::stopped);
+  REQUIRE(c.get(round_key(1, Name::end)));
+  const RoundEnd e = parse_round_end("end", *c.get(round_key(1, Name::end)));
+  CHECK(e.kind == Kind::stopped);
+  CHECK(e.signal == SIGINT);
+}
+
 TEST_CASE("rules: a malformed record is a typed failure naming the key", "[rules]") {
   Nodes n(2, 2);
   n.add_many(2);

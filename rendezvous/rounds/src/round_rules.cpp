@@ -152,14 +152,20 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
 }
 
 // Waits for round `round` to close until `deadline`; with `look`, it looks every liveness TTL
-// whether the job finished meanwhile (a node of it arriving late is told so, not kept until
-// join_timeout). A static rank's holder shows it is alive meanwhile, every third of a TTL (the
-// store has no other sign of its life before a round runs): claim_rank abandons a round whose
-// holder went silent, so that the rank's replacement can meet in the next.
+// (every third of one with static ranks) whether the job finished meanwhile (a node of it
+// arriving late is told so, not kept until join_timeout). A static rank's holder shows it is
+// alive meanwhile, every third of a TTL (the store has no other sign of its life before a round
+// runs): claim_rank abandons a round whose holder went silent, so that the rank's replacement
+// can meet in the next.
 bool RoundRules::wait_for_others(Connection& c, int round, Clock::time_point deadline, bool look) {
   const Key closed = round_key(round, Name::closed);
   const bool held = opt_.backend == BackendKind::static_ranks;
-  const auto slice = held ? backend_.liveness_ttl() / 3 : look ? backend_.liveness_ttl() : deadline - Clock::now();
+  Clock::duration slice = deadline - Clock::now();  // one wait, unless there is something to do between
+  if (held) {
+    slice = backend_.liveness_ttl() / 3;
+  } else if (look) {
+    slice = backend_.liveness_ttl();
+  }
   for (;;) {
     if (held) c.add(round_key(round, Name::held, opt_.node_rank), 1);
     if (c.wait({closed}, std::min(deadline, Clock::now() + slice))) return true;
@@ -290,58 +296,6 @@ void RoundRules::publish_store(Joined& j) {
   if (s.gone >= 0) throw MemberGone{s.gone, "?", "was given up by another member before the round ran"};
   info.store_host = s.host;
   info.store_port = s.port;
-}
-
-void RoundRules::throw_if_stopped(Connection& c, int round) {
-  const Key end = round_key(round, Name::end);
-  auto v = c.get(end);
-  if (!v) return;
-  const RoundEnd e = parse_round_end(c.name(end), *v);
-  if (e.kind != RoundEnd::Kind::stopped) return;
-  // Acknowledge: the last of the joined nodes (all but the one that stopped) releases the node
-  // holding the records. The node that stopped the round does not acknowledge its own stop.
-  if (e.by != self_.node_id) {
-    try {
-      auto joined = c.add(round_key(round, Name::join), 0);
-      if (c.add(round_key(round, Name::stop_acks), 1) >= joined - 1) c.put(round_key(round, Name::stop_seen), "1");
-    } catch (const Error&) {
-      // The records are gone already: the stop is known, which is all that matters here.
-    }
-  }
-  const int sig = e.signal > 0 ? e.signal : SIGTERM;
-  throw RendezvousError(K::stopped, "the job was stopped by " + signal_name(sig) + " on host " + e.host +
-                                        " during the rendezvous", sig);
-}
-
-// Round `round` was stopped: who stopped it and with what signal, when its end says so.
-void RoundRules::throw_stopped(Connection& c, int round) {
-  throw_if_stopped(c, round);
-  throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
-}
-
-void RoundRules::announce_stop(Connection& c, int round, int signal) {
-  // Close the round as stopped, if it is not closed yet: its nodes wait for this one. A round
-  // already closed is ended only by one of its members: a node outside it (counted lost, or
-  // still on its way) must not stop a group that runs without it.
-  const std::string stop = closed_json(Closed::stopped());
-  const std::string stood = c.create(round_key(round, Name::closed), stop);
-  if (stood != stop) {
-    const Closed closed = parse_closed(c.name(round_key(round, Name::closed)), stood);
-    // Its nodes went on to the next round (this one too, after this call): they wait there.
-    if (closed.kind == Closed::Kind::abandoned) return announce_stop(c, round + 1, signal);
-    const int idx = told_ == round ? told_idx_.load() : -1;
-    if (closed.kind == Closed::Kind::nodes && (idx < 0 || idx >= closed.nodes)) return;
-  }
-  c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_stop(signal, self_.info.host, self_.node_id)));
-  // Wake whoever waits for its workers' store.
-  StoreAddress stopped;
-  stopped.stopped = true;
-  c.create(round_key(round, Name::store), store_json(stopped));
-  if (!backend_.holds_records()) return;
-  bool others = c.add(round_key(round, Name::join), 0) > 1;
-  if (!c.wait({round_key(round, Name::stop_seen)}, Clock::now() + (others ? 1500ms : 300ms))) {
-    spdlog::debug("ddprun: not every node acknowledged the stop of round {}", round);
-  }
 }
 
 void RoundRules::end_round(int round, RoundEnd why, int expect_next) {

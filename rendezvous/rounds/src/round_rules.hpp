@@ -96,13 +96,12 @@ class RoundRules {
   // What claim_rank saw of the holder's `held` counter.
   struct HolderWatch {
     Key counter;
-    long long count;
-    Clock::time_point alive_at;
+    long long count = -1;
+    Clock::time_point alive_at{};
   };
   int latest_round(int from);
   bool claim_rank(int round, Clock::time_point deadline);
   bool holder_gone(int round, HolderWatch& w);
-  bool arrived(int round, int rank);
   bool members_gone(int round);
   int wait_closed(int round, int idx, Clock::time_point deadline);
   bool wait_for_others(Connection& c, int round, Clock::time_point deadline, bool look);
@@ -118,8 +117,9 @@ class RoundRules {
   std::vector<NodeInfo> read_arrivals(int round, int closed, std::vector<Key>& records);
   Joined read_round(int round, int idx, int closed);
   void publish_store(Joined& j);
-  void throw_if_stopped(Connection& c, int round);
-  [[noreturn]] void throw_stopped(Connection& c, int round);
+  // `member`: this node arrived in the round (it acknowledges a stop); false for a claimer.
+  void throw_if_stopped(Connection& c, int round, bool member = true);
+  [[noreturn]] void throw_stopped(Connection& c, int round, bool member = true);
   void ask_to_join(int round, int closed);
 
   const RendezvousOptions& opt_;

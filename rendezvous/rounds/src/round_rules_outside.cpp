@@ -133,37 +133,44 @@ void RoundRules::ask_to_join(int round, int closed) {
   }
 }
 
-// Static: --node_rank N is claimed first-writer-wins (etcd: on the claimer's lease). Held by a
-// live member of a running round: an error, once the liveness TTL has shown it alive. Held by a
-// node that died on its way: the round ends without it (once closed); when that node never
-// arrived in it, the claim is taken over; when it arrived and went silent before the round
-// closed (its `held` counter still for a TTL plus twice read_timeout), the round is abandoned.
+// Static: --node_rank N is claimed first-writer-wins (etcd: on the claimer's lease), and its
+// holder bumps r<R>/held/<N> from then on until the round closes. Held by a live member of a
+// running round: an error, once the liveness TTL has shown it alive. Held by a node that died
+// on its way: the round ends without it once it closed; before it closed, the round is
+// abandoned once the holder's `held` counter stayed still for a TTL plus twice read_timeout.
 // False: the round ended or was abandoned, try the next one.
 bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
   auto& c = *conn_;
   const Key k = round_key(round, Name::rank, opt_.node_rank), end = round_key(round, Name::end);
+  const Key ck = round_key(round, Name::closed);
   const std::string mine = claim_json({self_.node_id, self_.info.host});
   const RankClaim holder = parse_claim(c.name(k), c.create(k, mine, Lifetime::node));
-  if (holder.node_id == self_.node_id) return true;
+  HolderWatch watch{round_key(round, Name::held, opt_.node_rank)};
+  if (holder.node_id == self_.node_id) {
+    c.add(watch.counter, 1);  // alive from the claim on: a pause before arriving is not death
+    return true;
+  }
   // members_gone() watches the members for one TTL more: refused after TTL + 1 s, as before.
   const auto ttl = backend_.liveness_ttl(), patience = std::chrono::milliseconds(1s);
   const auto since = Clock::now();
-  HolderWatch watch{round_key(round, Name::held, opt_.node_rank), -1, since};
   for (;;) {
-    if (c.wait({end}, std::min(deadline, Clock::now() + ttl))) return false;
+    if (c.wait({end}, std::min(deadline, Clock::now() + ttl))) {
+      throw_if_stopped(c, round, false);  // the job is stopping: so is this node of it
+      return false;
+    }
     const bool waited = Clock::now() - since >= patience, running = c.get(round_key(round, Name::store)).has_value();
-    const auto cv = running ? std::nullopt : c.get(round_key(round, Name::closed));
-    if (cv && parse_closed(c.name(round_key(round, Name::closed)), *cv).kind == Closed::Kind::abandoned) return false;
+    const auto cv = running ? std::nullopt : c.get(ck);
+    const auto kind = cv ? parse_closed(c.name(ck), *cv).kind : Closed::Kind::nodes;
+    if (cv && kind == Closed::Kind::abandoned) return false;
+    if (cv && kind == Closed::Kind::stopped) {
+      // The stopping node closes the round first, then writes who stopped it and with what signal.
+      c.wait({end}, Clock::now() + std::min<Clock::duration>(opt_.read_timeout, 2s));
+      throw_stopped(c, round, false);
+    }
     const bool closed = running || cv.has_value();
     // A closed round whose members all died on their way in (a crashed launch) is ended too.
     if (waited && closed && members_gone(round)) return false;  // it ended the round: try the next one
     if (waited && running) break;  // a member renewing its liveness for a TTL: alive
-    if (waited && !closed && !arrived(round, opt_.node_rank)) {
-      spdlog::warn("ddprun: node rank {} was claimed in round {} by host {}, which never arrived; taking it over",
-                   opt_.node_rank, round, holder.host);
-      c.put(k, mine, Lifetime::node);
-      return true;
-    }
     if (!closed && holder_gone(round, watch)) {
       spdlog::warn("ddprun: node rank {} is held in round {} by host {}, which stopped showing it is alive before the "
                    "round closed; meeting in the next round", opt_.node_rank, round, holder.host);
@@ -177,10 +184,10 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
                                        std::to_string(opt_.max_nodes - 1) + "), or a new job its own --rdzv_id");
 }
 
-// The holder of this node's rank, waiting in round `round` (not closed), did not bump its
-// `held` counter for a TTL plus twice read_timeout: it died on its way in. Then the round is
-// abandoned (first writer wins on its `closed` key: a round that closed meanwhile goes on, and
-// is ended as any round whose member died), and true.
+// The holder of this node's rank, in round `round` (not closed), did not bump its `held`
+// counter for a TTL plus twice read_timeout: it died on its way in. Then the round is abandoned
+// (first writer wins on its `closed` key: a round that closed meanwhile goes on, and is ended as
+// any round whose member died), and true.
 bool RoundRules::holder_gone(int round, HolderWatch& w) {
   auto& c = *conn_;
   const long long count = c.add(w.counter, 0);
@@ -213,18 +220,6 @@ bool RoundRules::members_gone(int round) {
     }
   }
   return true;
-}
-
-// Some arrival of round `round` described itself with --node_rank `rank`.
-bool RoundRules::arrived(int round, int rank) {
-  auto& c = *conn_;
-  const auto n = c.add(round_key(round, Name::join), 0);
-  for (int i = 0; i < n; ++i) {
-    const Key r = round_key(round, Name::node, i);
-    auto v = c.get(r);
-    if (v && parse_node(c.name(r), *v).node_rank == rank) return true;
-  }
-  return false;
 }
 
 }  // namespace ddprun::rounds

@@ -11,7 +11,7 @@ std::string closed_json(const Closed& c) {
   switch (c.kind) {
     case Closed::Kind::nodes: return text(json{{"nodes", c.nodes}});
     case Closed::Kind::stopped: return text(json{{"stopped", true}});
-    case Closed::Kind::abandoned: return text(json{{"abandoned", c.nodes}});
+    case Closed::Kind::abandoned: return text(json{{"abandoned", c.rank}});
   }
   return "{}";
 }

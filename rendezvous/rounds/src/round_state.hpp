@@ -14,12 +14,12 @@ namespace ddprun::rounds {
 struct Closed {
   enum class Kind { nodes, stopped, abandoned };
   Kind kind = Kind::nodes;
-  int nodes = 0;  // the first `nodes` arrivals are the round; abandoned: the dead holder's rank
+  int nodes = 0;  // the first `nodes` arrivals are the round
+  int rank = -1;  // abandoned: the static rank whose holder died in the round before it closed
 
   static Closed of_nodes(int n) { return {Kind::nodes, n}; }
   static Closed stopped() { return {Kind::stopped, 0}; }
-  // Static ranks: the holder of rank `rank` died in the round before it closed (claim_rank).
-  static Closed abandoned(int rank) { return {Kind::abandoned, rank}; }
+  static Closed abandoned(int rank) { return {Kind::abandoned, 0, rank}; }
 };
 std::string closed_json(const Closed& c);
 Closed parse_closed(const std::string& key, const std::string& value);

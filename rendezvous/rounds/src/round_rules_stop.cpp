@@ -1,0 +1,70 @@
+// The round rules for a stop during the rendezvous: announced by the node that was signalled,
+// read (and acknowledged) by the nodes waiting in the round (round_rules.hpp).
+#include <csignal>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/common/system.hpp"
+#include "rendezvous_error.hpp"
+#include "round_rules.hpp"
+#include "round_state.hpp"
+
+namespace ddprun::rounds {
+
+using namespace std::chrono_literals;
+using K = RendezvousFailure::Kind;
+
+void RoundRules::throw_if_stopped(Connection& c, int round, bool member) {
+  const Key end = round_key(round, Name::end);
+  auto v = c.get(end);
+  if (!v) return;
+  const RoundEnd e = parse_round_end(c.name(end), *v);
+  if (e.kind != RoundEnd::Kind::stopped) return;
+  // Acknowledge: the last of the joined nodes (all but the one that stopped) releases the node
+  // holding the records. The node that stopped the round does not acknowledge its own stop, nor
+  // does a node that never arrived in it (it is not counted).
+  if (member && e.by != self_.node_id) {
+    try {
+      auto joined = c.add(round_key(round, Name::join), 0);
+      if (c.add(round_key(round, Name::stop_acks), 1) >= joined - 1) c.put(round_key(round, Name::stop_seen), "1");
+    } catch (const Error&) {
+      // The records are gone already: the stop is known, which is all that matters here.
+    }
+  }
+  const int sig = e.signal > 0 ? e.signal : SIGTERM;
+  throw RendezvousError(K::stopped, "the job was stopped by " + signal_name(sig) + " on host " + e.host +
+                                        " during the rendezvous", sig);
+}
+
+// Round `round` was stopped: who stopped it and with what signal, when its end says so.
+void RoundRules::throw_stopped(Connection& c, int round, bool member) {
+  throw_if_stopped(c, round, member);
+  throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
+}
+
+void RoundRules::announce_stop(Connection& c, int round, int signal) {
+  // Close the round as stopped, if it is not closed yet: its nodes wait for this one. A round
+  // already closed is ended only by one of its members: a node outside it (counted lost, or
+  // still on its way) must not stop a group that runs without it.
+  const std::string stop = closed_json(Closed::stopped());
+  const std::string stood = c.create(round_key(round, Name::closed), stop);
+  if (stood != stop) {
+    const Closed closed = parse_closed(c.name(round_key(round, Name::closed)), stood);
+    // Its nodes went on to the next round (this one too, after this call): they wait there.
+    // Abandoned before it closed: its nodes, this one too, meet in the next round; tell them there.
+    if (closed.kind == Closed::Kind::abandoned) return announce_stop(c, round + 1, signal);
+    const int idx = told_ == round ? told_idx_.load() : -1;
+    if (closed.kind == Closed::Kind::nodes && (idx < 0 || idx >= closed.nodes)) return;
+  }
+  c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_stop(signal, self_.info.host, self_.node_id)));
+  // Wake whoever waits for its workers' store.
+  StoreAddress stopped;
+  stopped.stopped = true;
+  c.create(round_key(round, Name::store), store_json(stopped));
+  if (!backend_.holds_records()) return;
+  bool others = c.add(round_key(round, Name::join), 0) > 1;
+  if (!c.wait({round_key(round, Name::stop_seen)}, Clock::now() + (others ? 1500ms : 300ms))) {
+    spdlog::debug("ddprun: not every node acknowledged the stop of round {}", round);
+  }
+}
+
+}  // namespace ddprun::rounds
