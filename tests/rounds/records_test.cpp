@@ -52,6 +52,7 @@ TEST_CASE("round state: closed, store and config records round-trip - numbers ar
   CHECK_THROWS_AS(parse_store("k", "{\"host\": \"h\", \"port\": 70000}"), ddprun::ProtocolError);
   RunConfig c{BackendKind::static_ranks, 2, 2};
   CHECK(parse_config("k", config_json(c)) == c);
+  CHECK(parse_config("k", R"({"backend": "static", "min_nodes": 2, "max_nodes": 2})").protocol == 1);  // an older ddprun
   CHECK(c.describe() == "static, 2 nodes");
   CHECK(parse_number("k", "12", 0, 20) == 12);
   for (const char* bad : {"", "12x", "0x10", " 1", "-1", "99"}) {

@@ -127,6 +127,16 @@ TEST_CASE("rules: a run id used by a job with other settings, or finished, is re
   CHECK_THAT(n.rec[other]->failed.front().message,
              Catch::Contains("run id 'job' is in use") && Catch::Contains("c10d, 1 to 2 nodes") &&
                  Catch::Contains("--rdzv_id"));
+  // Nor do nodes of another ddprun version meet: the records of an older one have no version.
+  n.world->set("config", R"({"backend": "c10d", "min_nodes": 1, "max_nodes": 2})");
+  int older = n.add();
+  n.nodes[older]->join(0, 0);
+  REQUIRE(n.rec[older]->wait_failed());
+  CHECK(n.rec[older]->failed.front().kind == FK::in_use);
+  CHECK_THAT(n.rec[older]->failed.front().message,
+             Catch::Contains("another ddprun version (round records version 1; this node: 2)") &&
+                 Catch::Contains("run the same ddprun on every node"));
+  n.world->set("config", config_json(RunConfig{BackendKind::c10d, 1, 2}));
   // The job ends; a node started later with its run id is told so.
   n.nodes[0]->report_success(0);
   REQUIRE(n.rec[0]->wait_over());

@@ -62,6 +62,12 @@ void RoundRules::connect() {
   }
   const RunConfig mine{opt_.backend, opt_.min_nodes, opt_.max_nodes};
   const RunConfig theirs = parse_config(c.name(config), c.create(config, config_json(mine)));
+  if (theirs.protocol != mine.protocol) {
+    throw RendezvousError(K::in_use, "rendezvous: run id '" + opt_.run_id + "' is in use on " + where_ +
+                                         " by nodes of another ddprun version (round records version " +
+                                         std::to_string(theirs.protocol) + "; this node: " + std::to_string(mine.protocol) +
+                                         "): run the same ddprun on every node of a job");
+  }
   if (!(theirs == mine)) {
     throw RendezvousError(K::in_use, "rendezvous: run id '" + opt_.run_id + "' is in use on " + where_ +
                                          " by a job with other settings (" + theirs.describe() + "; this node: " +

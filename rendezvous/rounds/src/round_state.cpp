@@ -50,7 +50,10 @@ std::string RunConfig::describe() const {
 }
 
 std::string config_json(const RunConfig& c) {
-  return text(json{{"backend", to_string(c.backend)}, {"min_nodes", c.min_nodes}, {"max_nodes", c.max_nodes}});
+  return text(json{{"backend", to_string(c.backend)},
+                   {"min_nodes", c.min_nodes},
+                   {"max_nodes", c.max_nodes},
+                   {"protocol", c.protocol}});
 }
 
 RunConfig parse_config(const std::string& key, const std::string& value) {
@@ -68,6 +71,7 @@ RunConfig parse_config(const std::string& key, const std::string& value) {
   c.min_nodes = field<int>(j, key, "min_nodes", 0);
   c.max_nodes = field<int>(j, key, "max_nodes", 0);
   if (c.min_nodes < 1 || c.max_nodes < c.min_nodes) malformed(key, "min_nodes/max_nodes out of range");
+  c.protocol = field<int>(j, key, "protocol", 1);
   return c;
 }
 

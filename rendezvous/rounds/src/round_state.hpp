@@ -36,12 +36,17 @@ std::string store_json(const StoreAddress& s);
 StoreAddress parse_store(const std::string& key, const std::string& value);
 
 // config: the settings every node of a job shares.
+// The round records' version: a node reading records of another one would misread them (1: no
+// field, before the crash-loop streak, the given-up and abandoned marks, the held counters).
+constexpr int kRoundProtocol = 2;
+
 struct RunConfig {
   BackendKind backend = BackendKind::c10d;
   int min_nodes = 1;
   int max_nodes = 1;
+  int protocol = kRoundProtocol;
   bool operator==(const RunConfig& o) const {
-    return backend == o.backend && min_nodes == o.min_nodes && max_nodes == o.max_nodes;
+    return backend == o.backend && min_nodes == o.min_nodes && max_nodes == o.max_nodes && protocol == o.protocol;
   }
   std::string describe() const;  // "c10d, 2 to 4 nodes"
 };
