@@ -1,0 +1,90 @@
+// The round rules with static node ranks (--node_rank): claims, a rank held by a live node, a
+// stop reaching a node that waits for its rank, a round abandoned by a dead holder's replacement.
+#include <catch2/catch.hpp>
+#include <csignal>
+
+#include "round_state.hpp"
+#include "rules_nodes.hpp"
+
+using namespace ddprun::rounds;
+using namespace ddprun::rounds::testing;
+using Kind = RoundEnd::Kind;
+using FK = RendezvousFailure::Kind;
+
+TEST_CASE("rules: static ranks come from --node_rank, whatever the arrival order", "[rules]") {
+  Nodes n(3, 3, BackendKind::static_ranks);
+  for (int rank : {2, 0, 1}) n.add(rank);
+  for (auto& node : n.nodes) node->join(0, 0);
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(n.rec[i]->wait_ready());
+    CHECK(n.rec[i]->ready.front().group_rank == std::vector<int>{2, 0, 1}[i]);
+  }
+}
+
+TEST_CASE("rules: a node rank held by a live node is refused within the liveness TTL, naming it", "[rules]") {
+  Nodes n(2, 2, BackendKind::static_ranks);
+  n.add(0);
+  n.add(1);
+  n.join_all(0, 0);
+  int late = n.add(1);
+  auto t0 = std::chrono::steady_clock::now();
+  n.nodes[late]->join(0, -1);
+  REQUIRE(n.rec[late]->wait_failed());
+  const auto& f = n.rec[late]->failed.front();
+  CHECK(f.kind == FK::in_use);
+  CHECK_THAT(f.message, Catch::Contains("node rank 1 is already in use") && Catch::Contains("--node_rank"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);  // TTL 1 s + 1 s
+  SECTION("but a node whose round ended takes the rank in the next round") {
+    int again = n.add(1);
+    n.world->lose(0, 1);
+    for (int i : {0, 1}) REQUIRE(n.rec[i]->wait_over());
+    n.nodes[again]->join(0, -1);
+    n.nodes[0]->join(1, 1);
+    REQUIRE(n.rec[again]->wait_ready());
+    CHECK(n.rec[again]->ready.front().round == 1);
+    CHECK(n.rec[again]->ready.front().group_rank == 1);
+    CHECK(n.rec[again]->ready.front().restart_count == 1);  // the job's count, not the new node's
+  }
+}
+
+// A node waiting for a static rank held by a live node is a node of the job too: a stop of the
+// round reaches it (it went on to the next round and waited there until join_timeout).
+TEST_CASE("rules: a stop reaches a node waiting for its static rank's holder", "[rules]") {
+  Nodes n(3, 3, BackendKind::static_ranks);
+  n.add(0);
+  n.add(1);
+  int second = n.add(1);  // rank 1 again: it waits while the holder shows it is alive
+  n.nodes[0]->join(0, 0);
+  n.nodes[1]->join(0, 0);
+  FakeConnection look(n.world);
+  REQUIRE(look.wait({round_key(0, Name::node, 1)}, Clock::now() + 5s));  // both arrived
+  n.nodes[second]->join(0, -1);
+  n.nodes[0]->leave(0, SIGINT);
+  auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(n.rec[second]->wait_failed());
+  CHECK(n.rec[second]->failed.front().kind == FK::stopped);
+  CHECK(n.rec[second]->failed.front().signal == SIGINT);
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);  // a TTL (1 s) at most, not join_timeout
+  REQUIRE(n.rec[1]->wait_failed());
+  CHECK(n.rec[1]->failed.front().kind == FK::stopped);
+}
+
+// A stop announced to a round abandoned before it closed (a static rank's holder died in it) is
+// announced to the next one, where its nodes went.
+TEST_CASE("rules: a stop for an abandoned round goes to the next round", "[rules]") {
+  NoStore workers;
+  auto world = std::make_shared<FakeWorld>();
+  Nodes n(2, 2, BackendKind::static_ranks);
+  FakeBackend backend(world, {});
+  RoundRules rules(n.opt, backend, workers, Self{"n1", {}});
+  FakeConnection c(world);
+  c.put(round_key(0, Name::closed), closed_json(Closed::abandoned(1)), Lifetime::run);
+  rules.announce_stop(c, 0, SIGINT);
+  CHECK_FALSE(c.get(round_key(0, Name::end)));
+  REQUIRE(c.get(round_key(1, Name::closed)));
+  CHECK(parse_closed("closed", *c.get(round_key(1, Name::closed))).kind == Closed::Kind::stopped);
+  REQUIRE(c.get(round_key(1, Name::end)));
+  const RoundEnd e = parse_round_end("end", *c.get(round_key(1, Name::end)));
+  CHECK(e.kind == Kind::stopped);
+  CHECK(e.signal == SIGINT);
+}
