@@ -16,6 +16,9 @@ namespace ddprun::rounds::sim {
 // wait and end at join_timeout (to be started again by a restart policy, and wait again).
 bool World::settled_after_finish() {
   auto told = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("finished", 0) == 0; };
+  for (const Node* n : current_nodes_) {
+    if (told(n) && refused_relaunch(*n)) return false;
+  }
   auto cut = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("simulated:", 0) == 0; };
   std::vector<const Node*> relaunch;
   for (const Node* n : current_nodes_) {
@@ -39,6 +42,18 @@ bool World::settled_after_finish() {
     return n->state == Node::State::running && n->round == relaunch[0]->round && n->epoch == relaunch[0]->epoch &&
            n->group_world == k;
   });
+}
+
+// A node of a job that has not finished, told "finished" although its first look at the run came
+// close_timeout after every marker of an earlier job: a relaunch refused (etcd's marker refused it
+// for ten minutes before: "a relaunch must not wait 10 minutes").
+bool World::refused_relaunch(const Node& n) {
+  if (launch_finished_[n.launch] || !n.first_look) return false;
+  std::optional<Time> last;
+  for (const auto& [launch, at] : last_marked_) {
+    if (launch < n.launch) last = std::max(last.value_or(at), at);
+  }
+  return last && *n.first_look >= *last + s_.opt.close_timeout;
 }
 
 bool World::settled() {

@@ -198,6 +198,8 @@ void World::marked(int launch, long long at_ms) {
   const Time at{std::chrono::milliseconds(at_ms)};
   auto [it, first] = marked_at_.try_emplace(launch, at);
   if (!first) it->second = std::min(it->second, at);
+  auto [last, none] = last_marked_.try_emplace(launch, at);
+  if (!none) last->second = std::max(last->second, at);
   if (launch_finished_[launch]) finished_at_[launch] = std::min(finished_at_[launch], at);
 }
 

@@ -160,6 +160,7 @@ class World {
   void check_put(const std::string& k, const std::string& v);
   bool settled();
   bool settled_after_finish();
+  bool refused_relaunch(const Node& n);
   std::optional<Time> next_time() const;
   std::string check_quiet_liveness();
   void note(const std::string& s);
@@ -181,6 +182,7 @@ class World {
   std::map<int, int> finished_round_;  // by launch: the round its job ended with
   std::map<int, Time> finished_at_;
   std::map<int, Time> marked_at_;  // by launch: the earliest time its `finished` markers hold
+  std::map<int, Time> last_marked_;  // by launch: the latest time its `finished` markers hold
   void marked(int launch, long long at_ms);
   struct Restart {
     int slot, launch;
