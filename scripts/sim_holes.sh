@@ -34,6 +34,7 @@ declare -A seeds=(
   [12-expect-last-writer-wins]=""
   [13-held-not-watched]="live:106 live:792 live:1396"
   [14-round-key]="safety:29 safety:128 safety:293"
+  [15-relaunch-refused-while-marked]="live:2029 live:2925 live:3317"
 )
 
 declare -A scenario=([12-expect-last-writer-wins]="rules: a late end does not lower*")

@@ -83,6 +83,9 @@ const std::vector<Found> kLivenessRegression = {
     {72, "the job marked finished only at the last acknowledgement (etcd)"},
     {372, "the job marked finished only at the last acknowledgement (static, store)"},
     {17360, "a member waits for its round's end without looking at the finished marker (etcd)"},
+    {2029, "a relaunch refused as long as the old job's finished marker exists (etcd: ten minutes)"},
+    {2925, "a relaunch refused as long as the old job's finished marker exists (etcd: ten minutes)"},
+    {3317, "a relaunch refused as long as the old job's finished marker exists (store)"},
     // The liveness fixes' own seeds, found before the merge.
     {201, "a spare waits for the next round's count beside a round ended 'node lost' before it ran (etcd, MIN = MAX)"},
     {22, "a spare waits for the next round's count beside a round ended 'node lost' before it ran (etcd, MIN = MAX)"},
