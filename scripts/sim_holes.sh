@@ -35,6 +35,7 @@ declare -A seeds=(
   [13-held-not-watched]="live:106 live:792 live:1396"
   [14-round-key]="safety:29 safety:128 safety:293"
   [15-relaunch-refused-while-marked]="live:2029 live:2925 live:3317"
+  [16-marker-after-clear]="safety:41874 safety:95244 live:731 live:835"
 )
 
 declare -A scenario=([12-expect-last-writer-wins]="rules: a late end does not lower*")
