@@ -6,6 +6,12 @@
 #include "sim_world.hpp"
 
 namespace ddprun::rounds::sim {
+namespace {
+
+// Told that its job finished (a node of a finished job ends so).
+bool told(const Node* n) { return n->state == Node::State::failed && n->why.rfind("finished", 0) == 0; }
+
+}  // namespace
 
 // Once the job finished (or a node was told so: the one that finished it may have crashed
 // before saying so), every node of it has ended: done, told, crashed, or cut off by a failed
@@ -15,7 +21,6 @@ namespace ddprun::rounds::sim {
 // apart from one): they settle as a job of their own, in one closed round, or, fewer than MIN,
 // wait and end at join_timeout (to be started again by a restart policy, and wait again).
 bool World::settled_after_finish() {
-  auto told = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("finished", 0) == 0; };
   for (const Node* n : current_nodes_) {
     if (told(n) && refused_relaunch(*n)) return false;
   }
@@ -57,7 +62,6 @@ bool World::refused_relaunch(const Node& n) {
 }
 
 bool World::settled() {
-  auto told = [](const Node* n) { return n->state == Node::State::failed && n->why.rfind("finished", 0) == 0; };
   if (launch_finished_[launch_] || std::any_of(current_nodes_.begin(), current_nodes_.end(), told)) return settled_after_finish();
   const Node* first = current_nodes_[0];
   for (const Node* n : current_nodes_) {

@@ -139,8 +139,8 @@ class World {
     std::set<std::string> succeeded;
     std::string end_writer;  // the node whose end of the round stood
     std::set<std::string> tried_end;  // nodes that tried to end it (a member it gave up on as lost)
-    bool decisive = false;
-    bool reports_first = false;  // every member reported success before any membership request   // it ended "failure" or "success": each member decides on it
+    bool decisive = false;  // it ended "failure" or "success": each member decides on it
+    bool reports_first = false;  // every member reported success before any membership request
     int restart_count = -1;
     std::string verdict, verdict_by;  // what the first member to decide on its end decided, and who
   };
@@ -192,8 +192,8 @@ class World {
   std::vector<Restart> restarts_;
   std::vector<Node*> current_nodes_;  // the current incarnation of each slot
   std::map<std::pair<int, int>, RoundSeen> rounds_;  // by (epoch, round)
-  std::map<std::string, std::pair<int, int>> last_round_;
-  std::pair<int, long long> latest_{0, -1};  // (epoch, the `round` key's highest value)  // node id: (epoch, round) last joined
+  std::map<std::string, std::pair<int, int>> last_round_;  // node id: (epoch, round) last joined
+  std::pair<int, long long> latest_{0, -1};  // (epoch, the `round` key's highest value)
   std::vector<std::string> trace_;
   std::string violation_;
   std::uint64_t steps_ = 0;

@@ -149,11 +149,7 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
   }
   const Closed result = parse_closed(c.name(closed), existing(c, closed));
   if (result.kind == Closed::Kind::abandoned) return -1;
-  if (result.kind == Closed::Kind::stopped) {
-    // The stopping node closes the round first, then writes who stopped it and with what signal.
-    c.wait({round_key(round, Name::end)}, Clock::now() + std::min<Clock::duration>(opt_.read_timeout, 2s));
-    throw_stopped(c, round);
-  }
+  if (result.kind == Closed::Kind::stopped) throw_closed_stopped(c, round);
   return result.nodes;
 }
 

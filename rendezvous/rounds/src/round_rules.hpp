@@ -120,6 +120,7 @@ class RoundRules {
   // `member`: this node arrived in the round (it acknowledges a stop); false for a claimer.
   void throw_if_stopped(Connection& c, int round, bool member = true);
   [[noreturn]] void throw_stopped(Connection& c, int round, bool member = true);
+  [[noreturn]] void throw_closed_stopped(Connection& c, int round, bool member = true);
   void ask_to_join(int round, int closed);
 
   const RendezvousOptions& opt_;

@@ -162,11 +162,7 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
     const auto cv = running ? std::nullopt : c.get(ck);
     const auto kind = cv ? parse_closed(c.name(ck), *cv).kind : Closed::Kind::nodes;
     if (cv && kind == Closed::Kind::abandoned) return false;
-    if (cv && kind == Closed::Kind::stopped) {
-      // The stopping node closes the round first, then writes who stopped it and with what signal.
-      c.wait({end}, Clock::now() + std::min<Clock::duration>(opt_.read_timeout, 2s));
-      throw_stopped(c, round, false);
-    }
+    if (cv && kind == Closed::Kind::stopped) throw_closed_stopped(c, round, false);
     const bool closed = running || cv.has_value();
     // A closed round whose members all died on their way in (a crashed launch) is ended too.
     if (waited && closed && members_gone(round)) return false;  // it ended the round: try the next one

@@ -41,6 +41,13 @@ void RoundRules::throw_stopped(Connection& c, int round, bool member) {
   throw RendezvousError(K::stopped, "the job was stopped during the rendezvous", SIGTERM);
 }
 
+// Round `round` was closed as stopped: the stopping node closes it first, then writes who
+// stopped it and with what signal (its end), which is waited for briefly.
+void RoundRules::throw_closed_stopped(Connection& c, int round, bool member) {
+  c.wait({round_key(round, Name::end)}, Clock::now() + std::min<Clock::duration>(opt_.read_timeout, 2s));
+  throw_stopped(c, round, member);
+}
+
 void RoundRules::announce_stop(Connection& c, int round, int signal) {
   // Close the round as stopped, if it is not closed yet: its nodes wait for this one. A round
   // already closed is ended only by one of its members: a node outside it (counted lost, or
