@@ -18,12 +18,12 @@ backend=$1 ddprun=$2 store=$3
 here=$(cd "$(dirname "$0")" && pwd)
 worker=$here/ddp_worker.py
 source "$here/hosts.sh"
+source "$here/ddp_checks.sh"
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null ||
   skip_or_fail "PyTorch is not installed (scripts/setup.sh installs python3-torch)"
 hosts_up 3
 port=29400
 fail=0
-reference() { DDP_STEPS=$1 /usr/bin/python3 "$worker" --reference | awk '{print $2}'; }
 
 # The rendezvous flags of this backend for host I (node rank I-1), job RUN_ID.
 flags() {
@@ -70,24 +70,6 @@ service_up() {
         endpoint health >/dev/null 2>&1 && exit 0; sleep 0.05; done; exit 1" ||
         { echo "FAILED: etcd did not come up"; cat "$out"/etcd*.err; exit 1; } ;;
   esac
-}
-
-# Every checksum line in FILES: the same, and equal to one process's training of STEPS (1e-4).
-same_result() {
-  local steps=$1
-  shift
-  /usr/bin/python3 - "$(reference "$steps")" "$@" <<'EOF'
-import re, sys
-ref, files = float(sys.argv[1]), sys.argv[2:]
-sums = [float(m.group(1)) for f in files for m in re.finditer(r"checksum (\S+) \S+ world=(\d+)", open(f).read())]
-ok = bool(sums) and all(abs(s - ref) < 1e-4 for s in sums) and len(set(sums)) == 1
-print("  checksums %s vs one process %.6f: %s" % (sorted(set(sums)), ref, "equal" if ok else "DIFFERENT"))
-sys.exit(0 if ok else 1)
-EOF
-}
-
-agent_pid() {  # the ddprun agent on host I
-  ip netns pids "ns-$id-h$1" | xargs -r ps -o pid=,comm= -p | awk '$2 == "ddprun" {print $1}'
 }
 
 check() {  # NAME CONDITION-RESULT
