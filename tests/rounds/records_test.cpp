@@ -45,6 +45,9 @@ TEST_CASE("round state: closed, store and config records round-trip - numbers ar
   CHECK(parse_closed("k", closed_json(Closed::abandoned(2))).kind == Closed::Kind::abandoned);
   CHECK(parse_closed("k", closed_json(Closed::abandoned(0))).rank == 0);
   CHECK_THROWS_AS(parse_closed("k", "{\"nodes\": 0}"), ddprun::ProtocolError);
+  CHECK_THROWS_AS(parse_closed("k", R"({"abandoned": "x"})"), ddprun::ProtocolError);  // a hostile or broken writer
+  CHECK_THROWS_AS(parse_config("k", R"({"backend": "c10d", "min_nodes": 1, "max_nodes": 2, "protocol": "2"})"),
+                  ddprun::ProtocolError);
   StoreAddress a{"10.0.0.1", 29500, false};
   auto b = parse_store("k", store_json(a));
   CHECK(b.host == "10.0.0.1");
