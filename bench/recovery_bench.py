@@ -14,6 +14,10 @@ seconds, a cost paid while training, not at the failure).
 
 Runs are interleaved (torchrun, cold, warm, then reversed), the median of --reps each.
 
+--crash_after S: the crashing rank dies S seconds after the launch (or at step 10 if that comes
+later) in every set-up, warm spares ready or not. --hogs N: N processes spinning at normal
+priority beside the job, for all of the run (a node whose data loaders keep its cores busy).
+
 --node-loss (as root): the node-loss case instead, across three namespaced hosts
 (bench/node_loss_trial.sh): --nnodes=2 over c10d with every launcher's defaults (keep-alive 5 s x
 3), 2 workers a host; h3 waits for a place; every process on h2 SIGKILLed; timed from the kill to
@@ -28,6 +32,7 @@ Usage: bench/recovery_bench.py [--ddprun build/launcher/ddprun] [--python /usr/b
            [--torchrun ../shared/tools/torchrun_fixed.py | --torchrun torch.distributed.run | --no-torchrun]
            [--sizes 2,4] [--reps 5]
            [--monitor-interval S]   (torchrun's; its own default when not given: 5 s in 1.13, 0.1 s in 2.x)
+           [--crash_after S] [--hogs N]
        bench/recovery_bench.py --node-loss [--reps 3] [--bound 60]
 """
 import argparse
@@ -50,27 +55,27 @@ class RunFailed(Exception):
     pass
 
 
-def run_retried(cmd, env, n, tmp, warm, failed):
+def run_retried(cmd, env, n, tmp, warm, failed, crash_after=None):
     """A launcher's own failure (torchrun's store refusing a connection, seen here with 1.13; its
     gloo connectFullMesh failing after the restart with 2.6) is counted and the run taken again,
     at most four times."""
     for attempt in range(5):
         try:
-            return run_once(cmd, env, n, tmp, warm)
+            return run_once(cmd, env, n, tmp, warm, crash_after)
         except RunFailed as e:
             failed.append(str(e))
             print(f"  {e} (counted; run again)", flush=True)
     raise SystemExit("bench: five failed runs in a row")
 
 
-def run_once(cmd, env, n, tmp, warm, timeout=600):
+def run_once(cmd, env, n, tmp, warm, crash_after=None, timeout=600):
     ckpt, times, go = (os.path.join(tmp, d) for d in ("ckpt", "times", "go"))
     for d in (ckpt, times):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
     if os.path.exists(go):
         os.unlink(go)
-    if not warm:
+    if not warm and crash_after is None:
         open(go, "w").close()
     cmd = cmd + [JOB, "--steps", "14", "--crash_step", "10", "--ckpt", ckpt, "--times", times, "--go", go,
                  "--step_sleep", "0.05"]
@@ -81,13 +86,19 @@ def run_once(cmd, env, n, tmp, warm, timeout=600):
         for line in p.stdout:
             lines.append(line)
             m = re.search(r"warm spare for local rank (\d+) ready", line)
-            if m:
+            if m and crash_after is None:
                 ready.add(m.group(1))
                 if len(ready) == n and not os.path.exists(go):
                     open(go, "w").close()
 
     t = threading.Thread(target=read, daemon=True)
     t.start()
+    if crash_after is not None:
+        try:
+            p.wait(timeout=crash_after)
+        except subprocess.TimeoutExpired:
+            pass
+        open(go, "w").close()
     rc = p.wait(timeout=timeout)
     t.join(10)
     firsts = glob.glob(os.path.join(times, "first.1.*"))
@@ -140,7 +151,19 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--node-loss", action="store_true")
     ap.add_argument("--bound", type=int, default=60)
+    ap.add_argument("--crash_after", type=float)
+    ap.add_argument("--hogs", type=int, default=0)
     a = ap.parse_args()
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.hogs)]
+    try:
+        return measure(a)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def measure(a):
     if a.node_loss:
         return node_loss(a)
     env = dict(os.environ, PYTHON_EXEC=a.python)
@@ -164,14 +187,16 @@ def main():
             for rep in range(a.reps):
                 order = list(kinds) if rep % 2 == 0 else list(reversed(kinds))
                 for k in order:
-                    secs, line, sums = run_retried(kinds[k][0], env, n, tmp, kinds[k][1], failed[k])
+                    secs, line, sums = run_retried(kinds[k][0], env, n, tmp, kinds[k][1], failed[k], a.crash_after)
                     got[k].append(secs)
                     checksums[k] |= sums
                     if k == "ddprun warm":
                         said.append(line)
                     print(f"  {n} workers, {k}: {secs:.3f} s", flush=True)
-            print(f"\n{n} workers, crash of rank 1 at step 10, to every rank's first step of the next attempt "
-                  f"(median of {a.reps}):")
+            when = f"{a.crash_after:g} s after the launch (at step 10 at the earliest)" if a.crash_after is not None \
+                else "at step 10"
+            print(f"\n{n} workers, crash of rank 1 {when}, to every rank's first step of the next attempt "
+                  f"(median of {a.reps}{f'; {a.hogs} CPU hogs beside the job' if a.hogs else ''}):")
             for k, v in got.items():
                 print(f"  {k:12s} {statistics.median(v):7.3f} s   ({min(v):.3f}-{max(v):.3f})" +
                       (f"   {len(failed[k])} failed run(s) taken again" if failed[k] else ""))
@@ -179,7 +204,9 @@ def main():
                 t = statistics.median(got["torchrun"])
                 for k in ("ddprun cold", "ddprun warm"):
                     print(f"  {k} / torchrun: {statistics.median(got[k]) / t:.3f}x")
-            print(f"  ddprun warm / ddprun cold: {statistics.median(got['ddprun warm']) / statistics.median(got['ddprun cold']):.3f}x")
+            warm_s, cold_s = statistics.median(got['ddprun warm']), statistics.median(got['ddprun cold'])
+            print(f"  ddprun warm / ddprun cold: {warm_s / cold_s:.3f}x (bound: 1.1 x cold + 0.2 s = "
+                  f"{1.1 * cold_s + 0.2:.3f} s: {'within' if warm_s <= 1.1 * cold_s + 0.2 else 'OVER'})")
             every = set().union(*checksums.values())
             print("  parameters after the resumed run: " +
                   (f"the same in every run of every launcher (checksum {every.pop()})" if len(every) == 1

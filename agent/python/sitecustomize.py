@@ -28,23 +28,18 @@ _STATE = "_ddprun_progress_hook"  # on sys: the real paths of the hook directori
 
 
 def _report_modules(heartbeat):
-    """--preload=auto: the installed modules this worker has imported at its first step, for the
-    next attempt's spares to import (HEARTBEAT.modules, one top-level name a line, written before
-    the first beat). Left out: the standard library, private names, and the script's own modules
-    (under sys.path[0]: an edited one must not be kept from the last attempt)."""
-    here = os.path.realpath(sys.path[0] or os.getcwd()) + os.sep
-    skip = set(getattr(sys, "stdlib_module_names", ())) | set(sys.builtin_module_names) | {"sitecustomize", "torch"}
-    names = []
+    """--preload=auto: the modules this worker has imported at its first step and their files
+    (HEARTBEAT.modules, "NAME<tab>FILE" a line, written before the first beat), for the next
+    attempt's spares: they import the top-level ones that they find in the same files
+    (_ddprun_spare.py), and check the others against what they hold."""
+    lines = []
     for name, module in list(sys.modules.items()):
-        if "." in name or name.startswith("_") or name in skip or module is None:
-            continue
         where = getattr(module, "__file__", None)
-        if where and os.path.realpath(where).startswith(here):
-            continue
-        names.append(name)
+        if isinstance(where, str) and "\n" not in where and "\t" not in name:
+            lines.append(os.fsencode(name) + b"\t" + os.fsencode(where) + b"\n")
     try:
-        with open(heartbeat + ".modules.tmp", "w") as f:
-            f.write("".join(n + "\n" for n in sorted(names)))
+        with open(heartbeat + ".modules.tmp", "wb") as f:
+            f.write(b"".join(lines))
         os.replace(heartbeat + ".modules.tmp", heartbeat + ".modules")
     except OSError:
         pass

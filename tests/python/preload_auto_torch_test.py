@@ -7,6 +7,12 @@ refuses to import inside a spare. Attempt 2, run by the spare, finds `autoload` 
 the script ran (in the spare, under attempt 1's environment); `sparebad` was a warning, and the
 spare went on without it (attempt 2 is still warm and imports it itself).
 
+Then the two ways a spare could hand a script another module than a fresh interpreter would:
+a project that puts its root on sys.path itself (`tools/train.py`) and imports its own
+`datasets` package, with an installed `datasets` on PYTHONPATH: the spare must not preload the
+installed one; and a package of the user's on PYTHONPATH edited between the attempts: the rank
+starts cold, saying which file changed, and runs the new code.
+
 Usage: preload_auto_torch_test.py --ddprun PATH"""
 import argparse
 import os
@@ -36,6 +42,64 @@ if restart == "0":
 '''
 
 
+PROJECT_SCRIPT = r'''
+import os, sys, time
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, ROOT)
+import datasets, mypkg
+import torch
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.ones(1, 2)).sum().backward()
+opt.step()
+print("PROJECT restart=%s datasets=%s mypkg=%s" % (restart, datasets.WHO, mypkg.VALUE), flush=True)
+if restart == "0":
+    go = os.environ["PROBE_GO"]
+    while not os.path.exists(go):
+        time.sleep(0.02)
+    sys.exit(3)
+'''
+
+
+def project_layout(ddprun, tmp):
+    lib, proj = os.path.join(tmp, "lib2"), os.path.join(tmp, "proj")
+    for d in (os.path.join(lib, "datasets"), os.path.join(lib, "mypkg"), os.path.join(proj, "datasets"),
+              os.path.join(proj, "tools")):
+        os.makedirs(d)
+    with open(os.path.join(lib, "datasets", "__init__.py"), "w") as f:
+        f.write("WHO = 'installed'\n")
+    with open(os.path.join(proj, "datasets", "__init__.py"), "w") as f:
+        f.write("WHO = 'project'\n")
+    init = os.path.join(lib, "mypkg", "__init__.py")
+    with open(init, "w") as f:
+        f.write("VALUE = 1\n")
+    with open(os.path.join(proj, "tools", "train.py"), "w") as f:
+        f.write(PROJECT_SCRIPT)
+
+    def edit():
+        with open(init, "w") as f:
+            f.write("VALUE = 'edited'\n")
+
+    for edited in (False, True):
+        rc, lines = ws.launch(ddprun, ["--preload=auto", sys.executable, "-u", "tools/train.py"], proj,
+                              os.path.join(proj, "go"), True, nproc=1, timeout=120, on_ready=edit if edited else None,
+                              env_extra={"PYTHONPATH": lib})
+        text = "\n".join(lines)
+        ws.check(rc == 0, f"project layout: the job recovers and ends 0 (exit {rc})")
+        if not edited:
+            ws.check("PROJECT restart=0 datasets=project mypkg=1" in text, "project layout: attempt 1 has its own datasets")
+            ws.check("PROJECT restart=1 datasets=project mypkg=1" in text and "(1 warm)" in text,
+                     "project layout: attempt 2 is warm and has the project's datasets, not the installed one")
+        else:
+            ws.check("PROJECT restart=1 datasets=project mypkg=edited" in text,
+                     "an edited package of the user's on PYTHONPATH: attempt 2 runs the new code")
+            ws.check(f"starts cold: the module file {init} changed" in text,
+                     "an edited package: the rank starts cold, naming the file")
+        if ws.FAILURES:
+            ws.show(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
@@ -63,6 +127,7 @@ def main():
         ws.check("(1 warm)" in text, "the spare went on without it: attempt 2 started warm, and imported it itself")
         if ws.FAILURES:
             ws.show(lines)
+        project_layout(a.ddprun, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"preload_auto_torch_test: {ws.PASSED[0]} passed, {len(ws.FAILURES)} failed")

@@ -2,13 +2,22 @@
 file (the warm spares are ready by then) and fails; attempt 1 prints what a script can see of
 the interpreter it runs in ("FP <json>"), then ends as argv[1] says (rank 0, once every rank has
 printed; the others wait to be stopped)."""
+import atexit
+import faulthandler
 import json
+import multiprocessing
 import os
+import resource
 import signal
 import sys
 import time
 
-import torch  # noqa: F401  (as a training script does; a spare has imported it already)
+import torch  # (as a training script does; a spare has imported it already)
+
+try:
+    import probe_threads  # noqa: F401  (a module that starts a thread at import: --preload's, warm)
+except ImportError:
+    pass
 
 MARK = "version 1"
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -31,6 +40,21 @@ main = sys.modules["__main__"]
 loader = getattr(main, "__loader__", None)
 spec = getattr(main, "__spec__", None)
 per_attempt = {"DDPRUN_HEARTBEAT_FILE", "TORCHELASTIC_ERROR_FILE", "MASTER_PORT"}
+per_attempt_b = {os.fsencode(k) for k in per_attempt} | {b"TORCHELASTIC_RUN_ID", b"DDPRUN_JOB_TOKEN"}
+
+
+def proc(name):
+    with open(f"/proc/self/{name}", "rb") as f:
+        return f.read()
+
+
+def umask():
+    old = os.umask(0o22)
+    os.umask(old)
+    return old
+
+
+environ_block = proc("environ")
 fp = {
     "mark": MARK,
     "argv": sys.argv,
@@ -55,6 +79,18 @@ fp = {
     "unbuffered": [sys.stdout.write_through, sys.stderr.write_through],
     "env": {k: v for k, v in os.environ.items() if k not in per_attempt},
     "heartbeat_file_set": bool(os.environ.get("DDPRUN_HEARTBEAT_FILE")),
+    # What an operator's tools read: /proc's cmdline and environ, as bytes (shown escaped). A warm
+    # worker's may end in a run of NULs (docs: without CAP_SYS_RESOURCE): not compared.
+    "proc_cmdline": repr(proc("cmdline").rstrip(b"\0")),
+    "proc_environ": sorted(repr(kv) for kv in environ_block.split(b"\0") if kv and kv.split(b"=", 1)[0] not in per_attempt_b),
+    "umask": umask(),
+    "rlimits": {n: resource.getrlimit(getattr(resource, n)) for n in dir(resource) if n.startswith("RLIMIT_")},
+    "affinity": sorted(os.sched_getaffinity(0)),
+    "torch_threads": [torch.get_num_threads(), torch.get_num_interop_threads()],
+    "faulthandler": faulthandler.is_enabled(),
+    "mp_start_method": multiprocessing.get_start_method(allow_none=True),
+    "atexit_callbacks": atexit._ncallbacks(),
+    "threads": len(os.listdir("/proc/self/task")),
 }
 sys.stdout.write("FP " + json.dumps(fp, sort_keys=True) + "\n")
 sys.stdout.write(f"PRELOADED torch._dynamo={preloaded}\n")

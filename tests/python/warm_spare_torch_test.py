@@ -110,10 +110,10 @@ def show(lines):
     print("\n".join("    " + l for l in lines[-40:]), flush=True)
 
 
-def same_as_fresh(ddprun, tmp, args, what):
+def same_as_fresh(ddprun, tmp, args, what, env_extra=None):
     go = os.path.join(tmp, "go")
-    warm_rc, warm = launch(ddprun, args, tmp, go, warm=True)
-    cold_rc, cold = launch(ddprun, args, tmp, go, warm=False)
+    warm_rc, warm = launch(ddprun, args, tmp, go, warm=True, env_extra=env_extra)
+    cold_rc, cold = launch(ddprun, args, tmp, go, warm=False, env_extra=env_extra)
     used = any(re.search(r"restarted .*\(2 warm\)", l) for l in warm)
     check(used, f"{what}: both workers of attempt 1 were warm spares")
     if not used:
@@ -147,12 +147,32 @@ def main():
         same_as_fresh(a.ddprun, tmp, ["-m", "spare_probe", "exit7"], "-m module, sys.exit(7)")
         warm, _ = same_as_fresh(a.ddprun, tmp, ["spare_probe.py", "interrupt"], "KeyboardInterrupt")
         check(any("SIGINT" in l for l in warm), "KeyboardInterrupt: the warm worker died of SIGINT, as a fresh one does")
+        unusual_interpreters(a.ddprun, tmp)
         cold_cases(a.ddprun, tmp)
         resume_checksum(a.ddprun, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{PASSED[0]} passed, {len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)
+
+
+def unusual_interpreters(ddprun, tmp):
+    """What a spare must carry over exactly, each seen differing before: an argument and a
+    variable that are not UTF-8 (bytes, legal on Linux); variables that interpreter start-up code
+    (a sitecustomize) sets and removes; a thread that a preloaded module starts at import (at the
+    worker's priority, not the import thread's nice 19); /proc's cmdline and environ; and
+    PYTHONSAFEPATH (no script folder on sys.path, ddprun's hook folder kept)."""
+    site = os.path.join(tmp, "site")
+    os.makedirs(site, exist_ok=True)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+        f.write("import os\nos.environ['PROBE_FROM_STARTUP'] = 'set by start-up code'\n"
+                "os.environ.pop('PROBE_REMOVED_AT_STARTUP', None)\n")
+    with open(os.path.join(site, "probe_threads.py"), "w") as f:
+        f.write("import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n")
+    env = {"PYTHONPATH": site, "PROBE_LATIN1": "caf\udce9", "PROBE_REMOVED_AT_STARTUP": "1"}
+    args = ["--preload", "probe_threads", "spare_probe.py", "exit0", "caf\udce9"]
+    same_as_fresh(ddprun, tmp, args, "bytes in argv and environment, start-up code, a thread started at import", env)
+    same_as_fresh(ddprun, tmp, ["spare_probe.py", "exit0"], "PYTHONSAFEPATH=1", dict(env, PYTHONSAFEPATH="1"))
 
 
 def spare_pid(local_rank, go):

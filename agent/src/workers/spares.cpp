@@ -1,18 +1,19 @@
 #include "workers/spares.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio.hpp>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
@@ -23,6 +24,16 @@
 namespace ddprun::agent {
 namespace asio = boost::asio;
 
+namespace {
+
+// A file a spare's imports read (its "file" lines), as it was then.
+struct ModuleFile {
+  std::string path;
+  long long mtime_ns = 0, size = 0;
+};
+
+}  // namespace
+
 struct SparePool::Spare {
   int local_rank = 0;
   pid_t pid = -1;
@@ -32,6 +43,8 @@ struct SparePool::Spare {
   SpareKey key;
   std::chrono::steady_clock::time_point started;
   bool ready = false, dead = false;
+  std::vector<ModuleFile> files;  // what its imports read
+  std::string differs;            // its "differs" line: why it cannot stand in for its worker
 
   void close_all() {
     for (int* fd : {&out, &err, &order}) {
@@ -59,19 +72,79 @@ long long process_memory_bytes(pid_t pid) {
 
 namespace {
 
-// The modules a spare imports, comma-separated: torch, --preload's, and with --preload=auto what
-// the last attempt's worker had imported at its first step (sitecustomize.py writes them beside
-// its heartbeat file), module names only: anything else in that file is ignored.
-std::string preload_list(const SpareOptions& opt, const WorkerSpec& spec) {
+// The modules a spare imports by name, comma-separated: torch and --preload's.
+std::string preload_list(const SpareOptions& opt) {
   std::string list;
   for (const auto& m : opt.preload) list += (list.empty() ? "" : ",") + m;
-  if (!opt.preload_auto) return list;
-  std::ifstream in(spec.heartbeat_file + ".modules");
-  for (std::string m; std::getline(in, m);) {
-    bool name = !m.empty() && std::all_of(m.begin(), m.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
-    if (name && std::find(opt.preload.begin(), opt.preload.end(), m) == opt.preload.end()) list += "," + m;
-  }
   return list;
+}
+
+std::size_t block_bytes(const std::vector<std::string>& strings) {
+  std::size_t n = 0;
+  for (const auto& a : strings) n += a.size() + 1;
+  return n;
+}
+
+// Room for a warm worker to show its own argv and environment in /proc (_ddprun_spare.py writes
+// them over the spare's): what the worker's need beyond the spare's own, and some slack for the
+// next attempt's longer values (a restart count of more digits, another port).
+constexpr std::size_t kProcSlack = 256;
+
+// Every thread of `pid` that runs at a lower priority than its main thread (the spare's import
+// thread at nice 19, and any thread its imports started, which inherits that) raised to the
+// main thread's, which is the worker's: "" once none is lower, or why one cannot be raised
+// (lowering a nice value needs CAP_SYS_NICE, or an RLIMIT_NICE that allows it). A thread started
+// during a pass inherits its starter's priority: passes go on until one raises none.
+std::string raise_threads(pid_t pid) {
+  errno = 0;
+  const int target = ::getpriority(PRIO_PROCESS, static_cast<id_t>(pid));
+  if (errno != 0) return fmt::format("its priority cannot be read: {}", std::strerror(errno));
+  for (int pass = 0; pass < 16; ++pass) {
+    std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(fmt::format("/proc/{}/task", pid).c_str()), ::closedir);
+    if (!dir) return fmt::format("its threads cannot be listed: {}", std::strerror(errno));
+    bool raised = false;
+    while (const dirent* e = ::readdir(dir.get())) {
+      const auto tid = static_cast<id_t>(std::atoll(e->d_name));
+      if (tid == 0) continue;
+      errno = 0;
+      const int nice = ::getpriority(PRIO_PROCESS, tid);
+      if (errno != 0 || nice <= target) continue;  // ended, or not lower
+      if (::setpriority(PRIO_PROCESS, tid, target) == 0) {
+        raised = true;
+      } else if (errno != ESRCH) {
+        return fmt::format("a thread of it runs at nice {} and ddprun may not raise it to the worker's {} ({}: that "
+                           "needs CAP_SYS_NICE or `ulimit -e` {} or more)",
+                           nice, target, std::strerror(errno), 20 - target);
+      }
+    }
+    if (!raised) return "";
+  }
+  return "";
+}
+
+// The first of a spare's module files that changed since it imported it, or "".
+std::string edited_module(const std::vector<ModuleFile>& files) {
+  for (const auto& f : files) {
+    struct stat st{};
+    if (::stat(f.path.c_str(), &st) != 0 || st.st_size != f.size ||
+        st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != f.mtime_ns) {
+      return f.path;
+    }
+  }
+  return "";
+}
+
+// "file MTIME_NS SIZE PATH": false if it is not such a line.
+bool parse_file_line(const std::string& line, ModuleFile& f) {
+  char* end = nullptr;
+  const char* p = line.c_str() + 5;
+  f.mtime_ns = std::strtoll(p, &end, 10);
+  if (end == p || *end != ' ') return false;
+  p = end + 1;
+  f.size = std::strtoll(p, &end, 10);
+  if (end == p || *end != ' ' || end[1] == '\0') return false;
+  f.path = end + 1;
+  return true;
 }
 
 }  // namespace
@@ -129,14 +202,20 @@ void SparePool::start_one(const WorkerSpec& spec, SpareKey key) {
     path0 = script.substr(0, script.rfind('/'));
     if (path0.empty()) path0 = "/";
   }
+  // --preload=auto: the record of what the last attempt's worker imported, read by the spare.
+  std::string record = opt_.preload_auto ? spec.heartbeat_file + ".modules" : "";
   std::vector<std::string> argv = key.interpreter;
-  argv.insert(argv.end(), {opt_.driver, path0, preload_list(opt_, spec)});
+  argv.insert(argv.end(), {opt_.driver, path0, preload_list(opt_), record});
+  const std::size_t want = block_bytes(spec.argv) + kProcSlack, have = block_bytes(argv) + 1;
+  argv.push_back(std::string(want > have ? want - have : 0, ' '));  // cleared by the spare at once
+  std::vector<std::string> env = spec.env;
+  env.push_back("DDPRUN_SPARE_ROOM=" + std::string(kProcSlack * 4, ' '));
   auto s = std::make_shared<Spare>();
   s->local_rank = spec.local_rank;
   s->key = std::move(key);
   s->started = std::chrono::steady_clock::now();
   try {
-    auto st = runner_.start_spare(argv, spec.env, spec.binding ? &*spec.binding : nullptr, order[0], ready[1]);
+    auto st = runner_.start_spare(argv, env, spec.binding ? &*spec.binding : nullptr, order[0], ready[1]);
     s->pid = st.pid;
     s->out = st.stdout_fd;
     s->err = st.stderr_fd;
@@ -164,7 +243,12 @@ void SparePool::read_ready(const std::shared_ptr<Spare>& s) {
     for (auto nl = s->said.find('\n'); nl != std::string::npos; nl = s->said.find('\n')) {
       std::string line = s->said.substr(0, nl);
       s->said.erase(0, nl + 1);
-      if (line.rfind("warn ", 0) == 0) {
+      ModuleFile f;
+      if (line.rfind("file ", 0) == 0) {
+        if (parse_file_line(line, f)) s->files.push_back(std::move(f));
+      } else if (line.rfind("differs ", 0) == 0) {
+        s->differs = line.substr(8);
+      } else if (line.rfind("warn ", 0) == 0) {
         spdlog::warn("ddprun: --preload: the warm spare of local rank {} could not import {}; it goes on without it "
                      "(the script imports it itself)", s->local_rank, line.substr(5));
       } else if (line == "ready") {
@@ -178,15 +262,38 @@ void SparePool::read_ready(const std::shared_ptr<Spare>& s) {
   });
 }
 
-// Writes `spec`'s attempt to the spare's order pipe: "" or why the rank starts cold.
+// Writes `spec`'s attempt to the spare's order pipe: "" or why the rank starts cold. Before it,
+// what could make the warm worker differ from a fresh one: a module the spare imported from
+// another file than the last worker did, or edited since, or a thread left at nice 19.
+//
+// The order is bytes, as argv and the environment are (no encoding is assumed), NUL-separated:
+//   ddprun-order-1 RUN CWD N_ARGS ARGS... N_ARGV ARGV... N_ENV ENV...
+// RUN is "PATH" or "-m MODULE"; each field ends with a NUL (none may hold one).
 std::string SparePool::send_order(Spare& s, const WorkerSpec& spec) {
   auto key = SpareKey::of(spec);
   if (s.dead) return "its warm spare died while it waited";
   if (!key) return "it is not a Python script a spare can run";
   if (auto why = s.key.differs(*key); !why.empty()) return why;
-  nlohmann::json order = {{"argv", spec.argv}, {"run", key->run}, {"args", key->args}, {"env", spec.env},
-                          {"cwd", key->cwd}};
-  std::string text = order.dump();
+  if (!s.differs.empty()) return s.differs;
+  if (auto path = edited_module(s.files); !path.empty()) return "the module file " + path + " changed after its warm spare imported it";
+  if (auto why = raise_threads(s.pid); !why.empty()) {
+    return (s.ready ? "its warm spare is ready but " : "its warm spare is still importing, and ") + why;
+  }
+  std::string text = "ddprun-order-1";
+  text += '\0';
+  auto field = [&text](const std::string& f) {
+    text += f;
+    text += '\0';
+  };
+  auto list = [&](const std::vector<std::string>& l) {
+    field(std::to_string(l.size()));
+    for (const auto& f : l) field(f);
+  };
+  field(key->run);
+  field(key->cwd);
+  list(key->args);
+  list(spec.argv);
+  list(spec.env);
   if (text.size() > 65536) ::fcntl(s.order, F_SETPIPE_SZ, static_cast<int>(text.size()));
   ::fcntl(s.order, F_SETFL, O_NONBLOCK);
   ssize_t n = ::write(s.order, text.data(), text.size());

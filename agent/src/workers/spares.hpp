@@ -9,7 +9,9 @@
 // A spare is thrown away, and its worker starts cold, when the interpreter, the interpreter's
 // flags, the script (its content), the working directory, the CPU binding or the group-wide
 // environment (every variable but those ddprun sets per rank and attempt) differs from what it
-// was made for, or when it died while it waited.
+// was made for; when a module it imported changed since, or came from another file than the
+// last attempt's worker had it from (--preload=auto); when one of its threads is left at a lower
+// priority than the worker's and ddprun may not raise it; or when it died while it waited.
 
 #include <sys/types.h>
 
