@@ -129,8 +129,9 @@ void Admission::configure(int fd) const {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   // The kernel takes at most this much beyond what the peer's window lets it send. Without it,
-  // send buffers grow to net.ipv4.tcp_wmem's maximum (4 MiB) for a client that never reads: 200
-  // such watchers of one key made each 8 MiB SET copy about a gigabyte into socket buffers.
+  // a send buffer grows towards net.ipv4.tcp_wmem's maximum (4 MiB) for a client that never
+  // reads: 200 such watchers of one key would hold up to 800 MiB of socket buffers, each byte
+  // copied there by the store's one thread while everyone else waits.
   int unsent = static_cast<int>(kMaxUnsentInKernel);
   ::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &unsent, sizeof(unsent));
   int idle = static_cast<int>(ctx_.options.tcp_keepalive_idle.count());
