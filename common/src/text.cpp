@@ -31,6 +31,32 @@ std::optional<double> parse_double(std::string_view s) noexcept {
   return v;
 }
 
+std::string escape_for_log(std::string_view bytes, std::size_t max_bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  auto shown = bytes.substr(0, max_bytes);
+  std::string out;
+  out.reserve(shown.size() + 16);
+  for (char ch : shown) {
+    auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c >= 0x7f) {
+          out += "\\x";
+          out += kHex[c >> 4];
+          out += kHex[c & 0xf];
+        } else {
+          out += ch;
+        }
+    }
+  }
+  if (shown.size() < bytes.size()) out += "... (" + std::to_string(bytes.size()) + " bytes)";
+  return out;
+}
+
 std::string duration_text(std::chrono::milliseconds d) {
   auto ms = d.count();
   if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";

@@ -128,6 +128,12 @@ bool Admission::admit_peer(int fd, const sockaddr_storage& addr) {
 void Admission::configure(int fd) const {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // The kernel takes at most this much beyond what the peer's window lets it send. Without it,
+  // a send buffer grows towards net.ipv4.tcp_wmem's maximum (4 MiB) for a client that never
+  // reads: 200 such watchers of one key would hold up to 800 MiB of socket buffers, each byte
+  // copied there by the store's one thread while everyone else waits.
+  int unsent = static_cast<int>(kMaxUnsentInKernel);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &unsent, sizeof(unsent));
   int idle = static_cast<int>(ctx_.options.tcp_keepalive_idle.count());
   if (idle <= 0) return;
   int interval = std::max(1, idle / 3), count = 3;

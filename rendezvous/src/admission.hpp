@@ -32,8 +32,11 @@ class Admission {
   // refusal counted (and logged, at most once a second for the capacity limits). At capacity,
   // the oldest connection still authenticating is closed to make room, if there is one.
   bool admit(int fd, const sockaddr_storage& addr, std::size_t fd_limit);
-  // The connection's socket options: no Nagle delay, TCP keep-alive probes when configured.
+  // The connection's socket options: no Nagle delay, at most kMaxUnsentInKernel bytes queued
+  // in the kernel beyond the peer's window (TCP_NOTSENT_LOWAT), TCP keep-alive probes when
+  // configured.
   void configure(int fd) const;
+  static constexpr std::size_t kMaxUnsentInKernel = 128 * 1024;
   // A refusal for want of capacity, logged at most once a second.
   void refuse_for_capacity(const std::string& why);
 

@@ -13,14 +13,10 @@ using wire::Op;
 std::int64_t parse_counter(std::string_view key, std::string_view value) {
   auto v = parse_int(value);
   if (!v) {
-    throw ProtocolError("ADD on key '" + std::string(key) + "' whose value is not a decimal integer (" +
+    throw ProtocolError("ADD on key '" + escape_for_log(key) + "' whose value is not a decimal integer (" +
                         std::to_string(value.size()) + " bytes)");
   }
   return *v;
-}
-
-std::string shown(std::string_view key) {
-  return key.size() <= 64 ? std::string(key) : std::string(key.substr(0, 64)) + "...";
 }
 
 // A key's node in a map (the key is copied there: its capacity is its size).
@@ -78,7 +74,7 @@ void StoreCore::require(std::size_t grow, std::size_t shrink, const char* op, st
   // The last sixteenth of the budget is kept for the clients' buffers, so that a store full of
   // data still serves reads.
   if (budget_->fits(grow + budget_->limit() / 16, shrink)) return;
-  throw LimitError(std::string(op) + " on key '" + shown(key) + "' would make the store hold " +
+  throw LimitError(std::string(op) + " on key '" + escape_for_log(key) + "' would make the store hold " +
                    std::to_string(budget_->used() - std::min(shrink, budget_->used()) + grow) +
                    " bytes, over --max_store_bytes=" + std::to_string(budget_->limit()) +
                    "; nothing was changed (the budget counts keys, values, queues, waits, watches and the "
@@ -87,7 +83,7 @@ void StoreCore::require(std::size_t grow, std::size_t shrink, const char* op, st
 
 void StoreCore::check_value(std::size_t size, const char* op, std::string_view key) const {
   if (size > limits_.max_value_bytes) {
-    throw LimitError(std::string(op) + " would make key '" + shown(key) + "' " + std::to_string(size) +
+    throw LimitError(std::string(op) + " would make key '" + escape_for_log(key) + "' " + std::to_string(size) +
                      " bytes long, over --max_value_bytes=" + std::to_string(limits_.max_value_bytes));
   }
 }
@@ -197,7 +193,7 @@ void StoreCore::add(const Request& req, const HashedKey& h, Message& out) {
   std::int64_t current = e ? parse_counter(h.key, e->second.view()) : 0;
   std::int64_t next;
   if (__builtin_add_overflow(current, req.delta, &next)) {
-    throw ProtocolError("ADD on key '" + shown(h.key) + "' overflows a 64-bit counter");
+    throw ProtocolError("ADD on key '" + escape_for_log(h.key) + "' overflows a 64-bit counter");
   }
   set_value(h, std::to_string(next), "ADD");
   wire::put_i64(out.text(), next);
@@ -291,7 +287,7 @@ void StoreCore::queue_push(Request& req, const HashedKey& h) {
   auto& value = req.values[0];
   auto* q = queues_.find(h);
   if (q && q->second.size() >= limits_.max_queue_length) {
-    throw LimitError("QUEUE_PUSH on '" + shown(h.key) + "': the queue already holds " +
+    throw LimitError("QUEUE_PUSH on '" + escape_for_log(h.key) + "': the queue already holds " +
                      std::to_string(q->second.size()) + " items, the limit of --max_queue_length");
   }
   std::size_t queue = cost::kQueue + cost::string_heap(h.key.size());

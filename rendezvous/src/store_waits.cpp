@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "ddprun/common/text.hpp"
 #include "store_core.hpp"
 
 namespace ddprun::rendezvous {
@@ -149,7 +150,7 @@ std::size_t StoreCore::drop_some(Session& session, std::size_t max_waits) {
 
 void StoreCore::watch_key(Session& session, const HashedKey& h, Message& out) {
   if (session.watches.size() >= limits_.max_watches_per_connection) {
-    throw LimitError("WATCH_KEY on '" + std::string(h.key.substr(0, 64)) + "': this connection already has " +
+    throw LimitError("WATCH_KEY on '" + escape_for_log(h.key) + "': this connection already has " +
                      std::to_string(session.watches.size()) + " watches, the limit of --max_watches_per_connection");
   }
   auto* e = watchers_.find(h);

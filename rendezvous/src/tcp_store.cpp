@@ -47,11 +47,15 @@ class BusyError : public NetworkError {
   using NetworkError::NetworkError;
 };
 
+// Keys in this client's messages: in full as a rule (they name what was waited for), within a
+// bound, escaped (they may be built from other nodes' names or a user's run id).
+constexpr std::size_t kKeyShown = 256;
+
 std::string quote_keys(const std::vector<std::string>& keys) {
   std::string s;
   for (std::size_t i = 0; i < keys.size() && i < 8; ++i) {
     if (i) s += ", ";
-    s += "'" + keys[i] + "'";
+    s += "'" + escape_for_log(keys[i], kKeyShown) + "'";
   }
   if (keys.size() > 8) s += " and " + std::to_string(keys.size() - 8) + " more";
   return s;
@@ -186,10 +190,10 @@ struct TcpStore::Impl {
       throw;
     } catch (const NetworkError& e) {
       sock.close();
-      throw NetworkError("store " + address + ": " + what + " '" + std::string(key) + "' failed: " + e.what());
+      throw NetworkError("store " + address + ": " + what + " '" + escape_for_log(key, kKeyShown) + "' failed: " + e.what());
     } catch (const TimeoutError& e) {
       sock.close();
-      throw TimeoutError("store " + address + ": " + what + " '" + std::string(key) + "': no answer within " +
+      throw TimeoutError("store " + address + ": " + what + " '" + escape_for_log(key, kKeyShown) + "': no answer within " +
                          seconds(timeout) + " (" + e.what() + ")");
     }
   }

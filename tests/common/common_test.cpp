@@ -54,6 +54,16 @@ TEST_CASE("split keeps empty fields, trim removes white space at both ends", "[c
   CHECK(lower("").empty());
 }
 
+TEST_CASE("escape_for_log: control bytes, bytes from 0x7f and the backslash escaped - bounded", "[common]") {
+  using ddprun::escape_for_log;
+  CHECK(escape_for_log("nccl/uid") == "nccl/uid");
+  CHECK(escape_for_log("a\nb\r\tc") == "a\\nb\\r\\tc");
+  CHECK(escape_for_log("\x1b[31m\x07\x7f\xff\\") == "\\x1b[31m\\x07\\x7f\\xff\\\\");
+  CHECK(escape_for_log(std::string("a\0b", 3)) == "a\\x00b");
+  CHECK(escape_for_log(std::string(100, 'x'), 8) == "xxxxxxxx... (100 bytes)");
+  CHECK(escape_for_log(std::string(8192, '\n')).size() == 64 * 2 + std::string("... (8192 bytes)").size());
+}
+
 TEST_CASE("exit_code_for: usage errors 2, every other error 1", "[common]") {
   CHECK(exit_code_for(UsageError("bad flag")) == 2);
   CHECK(exit_code_for(TimeoutError("late")) == 1);

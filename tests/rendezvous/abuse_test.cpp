@@ -2,6 +2,10 @@
 // amplifier, a trickler, a hoarder of waits, a crowd) and checks that the server's memory stays
 // bounded, other clients keep being served, and the store's data stays intact.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "abuse_helpers.hpp"
 
 // On the old server one read of pipelined GETs was applied in full before the output limit was
@@ -219,3 +223,72 @@ TEST_CASE("a request trickled one byte per send is applied once - and others are
   for (int i = 0; i < 500; ++i) CHECK(check.str() == values[i]);
 }
 
+
+namespace {
+
+// A 1.13 client's connection whose receive buffer is set to `rcvbuf` bytes before it connects, so
+// that the window it offers is that small from the start.
+Socket connect_with_receive_buffer(std::uint16_t port, int rcvbuf) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  Socket s(fd);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  return s;
+}
+
+}  // namespace
+
+// 200 PyTorch 1.13 watchers of one key, each with a 4 KiB receive buffer, that never read; another
+// client SETs six 8 MiB values into the key. Each watcher is sent 16 MiB (old and new value, by
+// reference) per SET and is closed when its unsent events pass --max_pending_output_bytes (64 MiB,
+// at the fifth SET). On the old server the kernel took up to 4 MiB into each watcher's socket
+// buffer (TCP send-buffer autotuning), and each close first pushed 1.7-2.8 MiB more into it: the
+// 200 closes at the fifth SET held the loop for 3.8-13 s, and 1 s PING stalls came before them.
+// A stall of the store's loop shows in every run; a run slowed by other processes on a shared
+// machine (the pinger or the store not scheduled) does not repeat: the check is on the best of up
+// to five runs' slowest PING.
+TEST_CASE("200 watchers with 4 KiB receive buffers that never read - six 8 MiB SETs - PINGs stay under 100 ms",
+          "[abuse]") {
+  std::vector<long> slowest;  // per run, ms
+  for (int run = 0; run < 5 && (slowest.empty() || *std::min_element(slowest.begin(), slowest.end()) >= 100); ++run) {
+    StoreProcess store({"--log_level", "info"});
+    std::vector<Socket> watchers;
+    std::string watch = Frame(Dialect::kV1, Op::kWatchKey).str("/big").bytes();
+    for (int i = 0; i < 200; ++i) {
+      watchers.push_back(connect_with_receive_buffer(store.port(), 4096));
+      watchers.back().send_all(watch, in(5s));
+      std::uint8_t registered = 0;
+      watchers.back().recv_exact(&registered, 1, in(5s));
+      REQUIRE(registered == wire::kKeyCallbackRegistered);  // then it reads nothing more
+    }
+    auto setter = Raw::speaking(Dialect::kV2, store.port());
+    // The old server stalled for seconds: the setter waits longer than Raw's 5 s to say so.
+    auto setter_ping = [&] {
+      setter.socket().send_all(Frame(Dialect::kV2, Op::kPing).u32(7), in(60s));
+      std::uint32_t echo = 0;
+      setter.socket().recv_exact(&echo, sizeof(echo), in(60s));
+      return echo == 7;
+    };
+    Pinger pinger(store.port());
+    for (int i = 0; i < 6; ++i) {
+      setter.socket().send_all(Frame(Dialect::kV2, Op::kSet).str("/big").str(std::string(8 << 20, char('a' + i))), in(60s));
+      CHECK(setter_ping());
+    }
+    pinger.finish();
+    slowest.push_back(pinger.worst_ms());
+    CHECK_FALSE(pinger.failed());
+    CHECK(store.count_in_log("client does not read its replies") >= 1);  // the watchers were closed
+    setter.send(Frame(Dialect::kV2, Op::kGet).str("/big"));
+    CHECK(setter.str() == std::string(8 << 20, 'f'));
+  }
+  std::ostringstream runs;
+  for (auto ms : slowest) runs << " " << ms;
+  WARN("200 watchers that never read (4 KiB receive buffers), six 8 MiB SETs: slowest PING per run (ms):"
+       << runs.str());
+  CHECK(*std::min_element(slowest.begin(), slowest.end()) < 100);
+}

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/text.hpp"
 #include "observe/event_log.hpp"
 #include "workers/output.hpp"
 #include "containment/run_dir.hpp"
@@ -166,19 +167,19 @@ void JobController::log_outcome(const RoundOutcome& o) {
     case Kind::failure:
       if (!root_cause_) {
         spdlog::warn("ddprun: round {} failed on host {} (rank {}: {}); stopping this node's workers", round_,
-                     e.failure->host, e.failure->rank, e.failure->reason);
+                     escape_for_log(e.failure->host), e.failure->rank, escape_for_log(e.failure->reason, 200));
       }
       break;
     case Kind::node_lost:
       spdlog::warn("ddprun: round {}: node {} ({}) stopped answering; stopping this node's workers", round_,
-                   e.group_rank, e.host);
+                   e.group_rank, escape_for_log(e.host));
       events_.emit("node_lost", {{"round", round_}, {"group_rank", e.group_rank}, {"lost_host", e.host}});
       break;
     case Kind::membership:
-      spdlog::info("ddprun: round {}: node {} wants to join; restarting with it", round_, e.host);
+      spdlog::info("ddprun: round {}: node {} wants to join; restarting with it", round_, escape_for_log(e.host));
       break;
     case Kind::stopped:
-      spdlog::warn("ddprun: the job was stopped by {} on host {}", signal_name(e.signal), e.host);
+      spdlog::warn("ddprun: the job was stopped by {} on host {}", signal_name(e.signal), escape_for_log(e.host));
       break;
     case Kind::success:
       break;

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "control/job_controller.hpp"
+#include "ddprun/common/text.hpp"
 #include "observe/event_log.hpp"
 #include "workers/output.hpp"
 
@@ -86,7 +87,7 @@ void JobController::decide_failure(const FailureRecord& given) {
     spdlog::warn("ddprun: rank {} failed ({}); restarting the worker group (restart {} of {})", root.rank, root.reason,
                  next, opt_.max_restarts);
   }
-  if (streak_.host_same > 1) spdlog::warn("ddprun: host {} caused the last {} failures", streak_.host, streak_.host_same);
+  if (streak_.host_same > 1) spdlog::warn("ddprun: host {} caused the last {} failures", escape_for_log(streak_.host), streak_.host_same);
   events_.emit("restart", {{"count", next}, {"reason", who + ": " + root.reason}, {"host", root.host},
                            {"host_streak", streak_.host_same}});
   join(round_ + 1, next);

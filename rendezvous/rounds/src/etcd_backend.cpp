@@ -129,7 +129,7 @@ struct RecordWatch {
 
   std::string full(const std::string& rel) const { return prefix + "/" + rel; }
   void lost_member(int g) {
-    spdlog::warn("ddprun: round {}: node {} ({}) lost its etcd lease", m.round, g, m.hosts.at(g));
+    spdlog::warn("ddprun: round {}: node {} ({}) lost its etcd lease", m.round, g, escape_for_log(m.hosts.at(g)));
     if (auto e = events.lock()) e->peer_lost(m.round, g, std::chrono::duration<double>(ttl).count());
   }
   // Reads the members' records (a record gone is a member lost: at once, also one that died as

@@ -1,5 +1,6 @@
 #include "ddprun/rounds/records.hpp"
 
+#include "ddprun/common/text.hpp"
 #include "json_fields.hpp"
 
 namespace ddprun::rounds {
@@ -146,7 +147,7 @@ RoundEnd parse_round_end(const std::string& key, const std::string& value) {
     }
   }
   if (!known) {
-    malformed(key, "field 'kind' is '" + kind.substr(0, 40) +
+    malformed(key, "field 'kind' is '" + escape_for_log(kind, 40) +
                        "', not one of failure, node_lost, membership, stopped, success");
   }
   r.host = field<std::string>(j, key, "host", "?");

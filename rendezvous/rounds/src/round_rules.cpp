@@ -197,7 +197,7 @@ std::optional<RoundRules::Joined> RoundRules::enter_round(int round, int idx, in
       const StoreAddress s = parse_store(c.name(sk), c.create(sk, store_json(mark)));
       if (s.stopped) throw_stopped(c, round);
       if (s.gone < 0 && !again) continue;
-      spdlog::warn("ddprun: round {}: node {} ({}) {}; meeting again without it", round, g.index, g.host, g.what);
+      spdlog::warn("ddprun: round {}: node {} ({}) {}; meeting again without it", round, g.index, escape_for_log(g.host), g.what);
       c.create(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
       c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(g.index, g.host, 0)));
       return std::nullopt;

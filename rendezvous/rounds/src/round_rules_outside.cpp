@@ -169,7 +169,7 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
     if (waited && running) break;  // a member renewing its liveness for a TTL: alive
     if (!closed && holder_gone(round, watch)) {
       spdlog::warn("ddprun: node rank {} is held in round {} by host {}, which stopped showing it is alive before the "
-                   "round closed; meeting in the next round", opt_.node_rank, round, holder.host);
+                   "round closed; meeting in the next round", opt_.node_rank, round, escape_for_log(holder.host));
       return false;
     }
     if (Clock::now() >= deadline) break;

@@ -4,6 +4,7 @@
 
 #include "bounded_thread.hpp"
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/text.hpp"
 #include "rendezvous_error.hpp"
 #include "round_rules.hpp"
 #include "round_state.hpp"
@@ -153,7 +154,7 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
     tasks.submit([this, round, g, idle_s] {
       if (ended.over(round)) return;
       std::string host = g < static_cast<int>(hosts.size()) ? hosts[g] : "?";
-      spdlog::warn("ddprun: round {}: no sign of life from node {} ({}) for {:.1f} s", round, g, host, idle_s);
+      spdlog::warn("ddprun: round {}: no sign of life from node {} ({}) for {:.1f} s", round, g, escape_for_log(host), idle_s);
       guarded(round, "end", [&] { rules->end_round(round, RoundEnd::of_node_lost(g, host, idle_s), group_world - 1); });
     });
   }

@@ -25,6 +25,13 @@ std::string duration_text(std::chrono::milliseconds d);
 // "host:port", or "[v6]:port" for an IPv6 literal.
 std::string format_address(const std::string& host, std::uint16_t port);
 
+// Bytes someone else chose (a store client's key, a peer's host name), made safe to put in a log
+// line or an error message: one line of printable ASCII, so that they can neither start a line of
+// their own nor send escape sequences to the operator's terminal. A newline, carriage return and
+// tab become \n \r \t, a backslash becomes two, any other byte under 0x20 or from 0x7f up
+// becomes \xNN. At most the first `max_bytes` are shown; a longer input ends in "... (N bytes)".
+std::string escape_for_log(std::string_view bytes, std::size_t max_bytes = 64);
+
 // Splits at every `sep` (empty fields kept, none for an empty string).
 std::vector<std::string> split(std::string_view s, char sep);
 // Without leading and trailing white space.
