@@ -37,12 +37,13 @@ def check(cond, what):
         FAILURES.append(what)
 
 
-def launch(ddprun, args, cwd, go, warm, nproc=2, on_ready=None, timeout=240, env_extra=None):
-    """ddprun ARGS in `cwd`; `go` is created once every warm spare is ready (at once when cold)."""
+def launch(ddprun, args, cwd, go, warm, nproc=2, on_ready=None, timeout=240, env_extra=None, prefix=()):
+    """ddprun ARGS in `cwd` (after `prefix`: setpriv, for another user); `go` is created once every
+    warm spare is ready (at once when cold)."""
     env = dict(os.environ, PYTHON_EXEC=sys.executable, PROBE_GO=go)
     env.pop("PYTHONPATH", None)
     env.update(env_extra or {})
-    cmd = [ddprun, "--standalone", "--nproc_per_node", str(nproc), "--max_restarts", "1", "--warm_spares", "1" if warm else "0"] + args
+    cmd = list(prefix) + [ddprun, "--standalone", "--nproc_per_node", str(nproc), "--max_restarts", "1", "--warm_spares", "1" if warm else "0"] + args
     for old in glob.glob(glob.escape(go) + ".fp*"):  # spare_probe.py's: which ranks have printed
         os.unlink(old)
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -148,6 +149,7 @@ def main():
         warm, _ = same_as_fresh(a.ddprun, tmp, ["spare_probe.py", "interrupt"], "KeyboardInterrupt")
         check(any("SIGINT" in l for l in warm), "KeyboardInterrupt: the warm worker died of SIGINT, as a fresh one does")
         unusual_interpreters(a.ddprun, tmp)
+        unprivileged(a.ddprun)
         cold_cases(a.ddprun, tmp)
         resume_checksum(a.ddprun, tmp)
     finally:
@@ -173,6 +175,37 @@ def unusual_interpreters(ddprun, tmp):
     args = ["--preload", "probe_threads", "spare_probe.py", "exit0", "caf\udce9"]
     same_as_fresh(ddprun, tmp, args, "bytes in argv and environment, start-up code, a thread started at import", env)
     same_as_fresh(ddprun, tmp, ["spare_probe.py", "exit0"], "PYTHONSAFEPATH=1", dict(env, PYTHONSAFEPATH="1"))
+
+
+def unprivileged(ddprun):
+    """As another user, without CAP_SYS_NICE, a nice value only goes up: a spare whose imports
+    started a thread (at the import thread's nice 19) cannot be made equal to a fresh worker, so
+    its rank starts cold, saying why; a spare that imported torch alone is still used."""
+    if os.getuid() != 0 or not shutil.which("setpriv"):
+        check(os.environ.get("CI") not in ("true", "1"), "as another user: needs root and setpriv (CI has both)")
+        return
+    tmp = tempfile.mkdtemp(prefix="ddprun-spare-nobody-")
+    try:
+        os.chmod(tmp, 0o777)
+        shutil.copy(os.path.join(HERE, "spare_probe.py"), tmp)
+        with open(os.path.join(tmp, "probe_threads.py"), "w") as f:
+            f.write("import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n")
+        go = os.path.join(tmp, "go")
+        nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+        env = {"PYTHONPATH": tmp, "HOME": tmp}
+        rc, lines = launch(ddprun, ["--preload", "probe_threads", "spare_probe.py", "exit0"], tmp, go, warm=True,
+                           env_extra=env, prefix=nobody)
+        check(rc == 0 and sum("starts cold: its warm spare is ready but a thread of it runs at nice 19" in l
+                              for l in lines) == 2, "as nobody, a spare holding a thread at nice 19: its rank starts cold")
+        if rc != 0 or not any("starts cold" in l for l in lines):
+            show(lines)
+        rc, lines = launch(ddprun, ["spare_probe.py", "exit0"], tmp, go, warm=True, env_extra=env, prefix=nobody)
+        check(rc == 0 and any(re.search(r"restarted .*\(2 warm\)", l) for l in lines),
+              "as nobody, spares that imported torch alone are used")
+        if rc != 0:
+            show(lines)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def spare_pid(local_rank, go):
