@@ -4,6 +4,8 @@
 # Usage: scripts/setup.sh              every package and every target (scripts/test.sh)
 #        scripts/setup.sh TARGET...    only the packages a build needs, and only these targets
 #                                      and what they depend on (scripts/run_main_job.sh)
+#        scripts/setup.sh --packages   prints every package it installs, one a line, and does
+#                                      nothing else (tests/setup_packages_test.sh)
 # As root, or with sudo available.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,6 +20,9 @@ build_packages=(
   libspdlog-dev libfmt-dev catch2 libgloo-dev nlohmann-json3-dev
   libssl-dev                   # OpenSSL: HMAC-SHA256 for the store handshake, TLS to etcd
   libdw-dev                    # ddprun-stack: native stacks of hung workers without eu-stack or gdb
+  libbz2-dev                   # libbz2.a: libdw's static link (libdw-dev brings libelf's, zlib's and
+                               # liblzma's archives, not this one); without it ddprun-stack loads libdw
+                               # and the C++ runtime, and the wheel's tag falls to linux_x86_64
   libhwloc-dev                 # --numa_binding: the machine's topology
 )
 # What the tests, the benchmarks and the packages (man pages, .deb, wheel) need besides.
@@ -30,10 +35,15 @@ test_packages=(
   python3-venv python3-setuptools python3-wheel python3-build  # the wheel (scripts/build_wheel.sh) and its test
   clang libclang-rt-14-dev     # libFuzzer for the protocol fuzzer
   iproute2 procps
+  curl                         # HTTP requests to the metrics endpoint (metrics_dual_stack_test.sh)
   elfutils gdb                 # eu-stack (else gdb): stacks of hung native workers when ddprun-stack is missing
   etcd-server                  # tests of the etcd client and backend (3-member clusters)
   etcd-client                  # etcdctl: turns authentication on in the auth tests
 )
+if [ "${targets[0]:-}" = --packages ]; then
+  printf '%s\n' "${build_packages[@]}" "${test_packages[@]}"
+  exit 0
+fi
 packages=("${build_packages[@]}")
 ((${#targets[@]})) || packages+=("${test_packages[@]}")
 missing=()
