@@ -13,7 +13,7 @@
 # Prints the processes left and the seconds the guardian took. Usage: tests/containment_test.sh DDPRUN
 set -u
 source "$(dirname "$0")/lib.sh"
-source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
+source "$(dirname "$0")/private_ns.sh" "$1" -- "$0" "$@"
 cp "$(command -v sleep)" /tmp/bin/leftover && chmod 755 /tmp/bin/leftover
 export PATH=/tmp/bin:$PATH
 

@@ -6,11 +6,9 @@
 # Usage: tests/early_kill_test.sh DDPRUN [COUNT]
 set -u
 source "$(dirname "$0")/lib.sh"
-source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
+source "$(dirname "$0")/private_ns.sh" "$1" "$(dirname "$0")/early_kill.py" -- "$0" "$@"
 need /usr/bin/python3 setpriv pgrep
 count=${2:-1000}
-here=$(dirname "$0")
-cp "$here/early_kill.py" /tmp/bin/ && chmod 755 /tmp/bin/early_kill.py
 if /usr/bin/python3 /tmp/bin/early_kill.py /tmp/bin/ddprun "$count" 5; then
   ok "root: $count kill -9s at 0-5 ms left nothing"
 else

@@ -9,11 +9,10 @@
 #     sitecustomize runs exactly once, and `import sitecustomize` works.
 # Usage: tests/hook_trust_test.sh DDPRUN SITECUSTOMIZE_PY
 set -u
-source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
 source "$(dirname "$0")/lib.sh"
-hook_src=$2
-[ -x /usr/bin/python3 ] || skip "needs /usr/bin/python3"
-command -v setpriv >/dev/null || skip "needs setpriv"
+source "$(dirname "$0")/private_ns.sh" "$1" "$2" -- "$0" "$@"
+hook_src=/tmp/bin/$(basename "$2")
+need /usr/bin/python3 setpriv
 export PYTHON_EXEC=/usr/bin/python3
 as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups "$@"; }
 cat >/tmp/probe.py <<'PY'

@@ -5,8 +5,8 @@
 # started with them ignored likewise. The workers start with an empty mask and default
 # dispositions. Runs in private mount and pid namespaces. Usage: tests/inherited_signals_test.sh DDPRUN
 set -u
-source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/private_ns.sh" "$1" -- "$0" "$@"
 need python3
 # /tmp/bin/with_signals CMD...: runs CMD with the signals of $MASK blocked and those of $IGNORE
 # ignored, as some job schedulers and language runtimes start their children.

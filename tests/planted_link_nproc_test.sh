@@ -12,8 +12,8 @@
 #     the job runs.
 # Usage: tests/planted_link_nproc_test.sh DDPRUN
 set -u
-source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/private_ns.sh" "$1" -- "$0" "$@"
 need setpriv prlimit
 as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups "$@"; }
 echo "fs.protected_symlinks=$(cat /proc/sys/fs/protected_symlinks) (ddprun's own check holds either way)"

@@ -7,7 +7,7 @@
 # pid namespaces. Usage: tests/signals_test.sh DDPRUN
 set -u
 source "$(dirname "$0")/lib.sh"
-source "$(dirname "$0")/private_ns.sh" "$1" "$0" "$@"
+source "$(dirname "$0")/private_ns.sh" "$1" -- "$0" "$@"
 # Waits (at most 20 s) until both workers have set their traps (ddprun's console output is
 # block-buffered into a file, so the workers say so with files).
 wait_ready() {
