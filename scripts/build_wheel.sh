@@ -22,7 +22,12 @@ python=${PYTHON:-/usr/bin/python3}
 "$python" -c 'import build, setuptools, wheel' 2>/dev/null ||
   { echo "build_wheel: $python lacks build, setuptools or wheel: apt-get install python3-build python3-setuptools python3-wheel (scripts/setup.sh does)" >&2; exit 1; }
 
-cmake --build "$build" -j"${DDPRUN_JOBS:-2}" --target ddprun_programs
+# The install of the bin component below also puts in the NCCL backend's plugin where the build
+# has one (cmake/packaging.cmake); the wheel leaves it out, but the install needs it built, as in
+# a build of a few targets (scripts/setup.sh ddprun_programs).
+targets=(ddprun_programs)
+grep -q '^DDPRUN_WITH_NCCL:BOOL=ON' "$build/CMakeCache.txt" && targets+=(ddprun_runtime_nccl)
+cmake --build "$build" -j"${DDPRUN_JOBS:-2}" --target "${targets[@]}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" --component bin >/dev/null
