@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `pip install ddprun` as a PyTorch user does it, offline: builds the wheel (scripts/build_wheel.sh),
+# A pip install of the wheel as a PyTorch user does it, offline: builds the wheel (scripts/build_wheel.sh),
 # proves its platform tag from the binaries with objdump (not readelf, which the build script
 # uses), installs it with pip --no-index into a fresh virtual environment that sees Debian's
 # PyTorch (--system-site-packages), runs a 2-worker PyTorch gloo DDP job with the environment's

@@ -31,7 +31,7 @@ def find_program(name="ddprun"):
             return path
     raise FileNotFoundError(
         f"{name} was not found where pip installs this package's programs "
-        f"({', '.join(_scripts_folders())}); reinstall it: pip install --force-reinstall ddprun")
+        f"({', '.join(_scripts_folders())}); reinstall the wheel: pip install --force-reinstall ddprun-*.whl")
 
 
 def main(argv=None):
