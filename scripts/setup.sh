@@ -52,18 +52,31 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
+# Runs a command as root: directly, or through sudo.
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null; then
+    sudo "$@"
+  else
+    echo "setup: run as root, or with sudo, for: $*" >&2
+    exit 1
+  fi
+}
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
-  sudo=()
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || { echo "setup: run as root (apt-get needs it) to install: ${missing[*]}" >&2; exit 1; }
-    sudo=(sudo)
-  fi
   export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  as_root apt-get update -qq
+  as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
   echo "setup: all Debian packages present"
+fi
+# The tests reach etcd and the store by the name localhost too (etcd over TLS checks that name
+# in its certificate). A minimal Debian 12 (debootstrap) has no /etc/hosts, and its resolver then
+# asks DNS, which need not know the name: setup writes the first line Debian's installer writes.
+if ! ((${#targets[@]})) && ! getent hosts localhost >/dev/null; then
+  echo "setup: localhost does not resolve: adding '127.0.0.1 localhost' to /etc/hosts"
+  printf '127.0.0.1\tlocalhost\n' | as_root tee -a /etc/hosts >/dev/null
 fi
 
 build=${DDPRUN_BUILD_DIR:-$root/build}
