@@ -35,24 +35,35 @@ _SAFE_PATH = bool(getattr(sys.flags, "safe_path", False))  # -P or PYTHONSAFEPAT
 _ROOM = b"DDPRUN_SPARE_ROOM"
 
 
-def _started_environment():
-    """What interpreter start-up (site, .pth files, sitecustomize, usercustomize) changed in the
-    environment this process was started with, as bytes: ({set or changed}, (removed, ...)).
-    A fresh worker's start-up makes the same changes to its environment; the spare's are made
-    again on the worker's environment."""
+# ddprun's progress hook derives this from TORCH_NCCL_ASYNC_ERROR_HANDLING when torch is imported
+# (PyTorch 1.x), and again from the worker's environment (sitecustomize._ddprun_new_environment).
+_DERIVED = {b"NCCL_ASYNC_ERROR_HANDLING"}
+
+
+def _read_started_environment():
     try:
         with open("/proc/self/environ", "rb") as f:
             block = f.read()
     except OSError:
-        return {}, ()
-    started = dict(kv.split(b"=", 1) for kv in block.split(b"\0") if b"=" in kv)
-    now = os.environb
-    changed = {k: v for k, v in now.items() if started.get(k) != v}
-    return changed, tuple(k for k in started if k not in now and k != _ROOM)
+        return None
+    return dict(kv.split(b"=", 1) for kv in block.split(b"\0") if b"=" in kv)
 
 
-_STARTUP_ENV = _started_environment()
+_STARTED_ENV = _read_started_environment()  # as this process was started (before start-up code)
 os.environb.pop(_ROOM, None)
+
+
+def _environment_changes():
+    """What interpreter start-up (site, .pth files, sitecustomize, usercustomize) and the
+    preloaded modules' imports changed in the environment this process was started with, as
+    bytes: ({set or changed}, (removed, ...)). A fresh worker's start-up, and its imports of the
+    same modules, make the same changes to its environment; the spare's are made again on the
+    worker's."""
+    if _STARTED_ENV is None:
+        return {}, ()
+    now = os.environb
+    changed = {k: v for k, v in now.items() if _STARTED_ENV.get(k) != v and k not in _DERIVED}
+    return changed, tuple(k for k in _STARTED_ENV if k not in now and k != _ROOM and k not in _DERIVED)
 
 
 def _write(data):
@@ -139,28 +150,60 @@ def _differs(record):
     return ""
 
 
-def _report_files():
-    lines, seen = [], set()
-    for module in list(sys.modules.values()):
-        where = getattr(module, "__file__", None)
-        if not isinstance(where, str) or where in seen or "\n" in where:
-            continue
-        seen.add(where)
-        try:
-            st = os.stat(where)
-        except OSError:
-            continue
-        lines.append(b"file %d %d " % (st.st_mtime_ns, st.st_size) + os.fsencode(where) + b"\n")
-    _write(b"".join(lines))
+class _Recorder:
+    """First on sys.meta_path while the spare imports: finds each module through the finders
+    after it, as the import system would, and notes its file's (mtime, size) as it is found, before
+    the module runs (a file edited later is told from the one imported); with a record, the first
+    module found in another file than the last worker had it from."""
+
+    def __init__(self, record):
+        self.files = {}
+        self.record = record or {}
+        self.differs = ""
+
+    def find_spec(self, name, path, target=None):
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is None:
+                continue
+            where = spec.origin if getattr(spec, "has_location", False) else None
+            if where and where not in self.files:
+                try:
+                    st = os.stat(where)
+                    self.files[where] = (st.st_mtime_ns, st.st_size)
+                except OSError:
+                    pass
+            want = self.record.get(name)
+            if where and want and not self.differs and not _same_file(where, want):
+                self.differs = (f"the module {name} would be {where} in its warm spare, but the last attempt's "
+                                f"worker had {want}")
+            return spec
+        return None
+
+    def edited(self):
+        """The first file noted that changed since, or ""."""
+        for where, seen in list(self.files.items()):
+            try:
+                st = os.stat(where)
+            except OSError:
+                return where
+            if (st.st_mtime_ns, st.st_size) != seen:
+                return where
+        return ""
 
 
 class _Preload:
-    """The imports, on a thread of their own at nice 19; `differs` says why they cannot serve."""
+    """The imports, on a thread of their own, which ddprun puts at nice 19 once it says
+    "importing TID" (ddprun alone changes its priority: down now, back up at the hand-over);
+    `recorder.differs` says why they cannot serve."""
 
     def __init__(self, names, record, path0):
         import threading
 
-        self.differs = ""
+        self.recorder = _Recorder(record)
         self._thread = threading.Thread(target=self._work, args=(names, record, path0), name="ddprun-preload",
                                         daemon=True)
         self._thread.start()
@@ -168,20 +211,26 @@ class _Preload:
     def _work(self, names, record, path0):
         import threading
 
+        _say(f"importing {threading.get_native_id()}")
+        sys.meta_path.insert(0, self.recorder)
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only
-        except OSError:
-            pass
-        for name in names:
-            _import(name)
-        if record is not None:
-            for name in _recorded_to_import(record, path0):
-                if name not in sys.modules:
+            for name in names:
+                if not self.recorder.differs:
                     _import(name)
-            self.differs = _differs(record)
-        _report_files()
-        if self.differs:
-            _say("differs " + self.differs)
+            if record is not None:
+                for name in _recorded_to_import(record, path0):
+                    if self.recorder.differs:
+                        break
+                    if name not in sys.modules:
+                        _import(name)
+                if not self.recorder.differs:
+                    self.recorder.differs = _differs(record)
+        finally:
+            sys.meta_path.remove(self.recorder)
+        _write(b"".join(b"file %d %d " % (mtime, size) + os.fsencode(where) + b"\n"
+                        for where, (mtime, size) in list(self.recorder.files.items()) if "\n" not in where))
+        if self.recorder.differs:
+            _say("differs " + self.recorder.differs)
         _say("ready")
 
     def join(self):
@@ -216,7 +265,7 @@ def _read_order():
 
 def _take_environment(order):
     env = dict(kv.split(b"=", 1) for kv in order.env if b"=" in kv and not kv.startswith(b"="))
-    changed, removed = _STARTUP_ENV
+    changed, removed = _environment_changes()
     for k in removed:
         env.pop(k, None)
     env.update(changed)
@@ -355,9 +404,15 @@ def _spare():
     order = _read_order()
     if order is None:
         os._exit(0)  # not needed: thrown away
+    # Handed over before its imports ended (ddprun checked what it had reported): a module file
+    # edited since the spare imported it, or a module from another file than the last worker's,
+    # found now or once the imports end, makes this process the fresh interpreter after all.
+    edited = importing.recorder.edited()
+    if edited:
+        _become_cold(order, f"the module file {edited} changed after its warm spare imported it")
     importing.join()
-    if importing.differs:  # found after ddprun handed the attempt over
-        _become_cold(order, importing.differs)
+    if importing.recorder.differs:
+        _become_cold(order, importing.recorder.differs)
     os.close(4)
     _take_environment(order)
     _show_as(order)

@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from testlib import need_torch  # noqa: E402
@@ -100,6 +101,66 @@ def project_layout(ddprun, tmp):
             ws.show(lines)
 
 
+EDIT_SCRIPT = r'''
+import os, sys, time
+import mypkg, slowmod
+import torch
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+print("EDIT restart=%s mypkg=%s set_at_import=%s" % (restart, mypkg.VALUE, os.environ.get("SET_AT_IMPORT")), flush=True)
+if restart == "0":
+    go = os.environ["PROBE_GO"]
+    while not os.path.exists(go):
+        time.sleep(0.02)
+    sys.exit(3)
+'''
+
+
+def edited_before_ready(ddprun, tmp):
+    """A package edited after the spare imported it but before the spare is ready (it still
+    imports another module at the restart): ddprun had no list of its files yet; the spare finds
+    the edit itself and becomes a fresh interpreter. And a variable a preloaded module sets at
+    import is in the warm worker's environment, as in a fresh one that imports it."""
+    import threading
+
+    lib, job = os.path.join(tmp, "lib3"), os.path.join(tmp, "job3")
+    os.makedirs(os.path.join(lib, "mypkg"))
+    os.makedirs(job)
+    init = os.path.join(lib, "mypkg", "__init__.py")
+    with open(init, "w") as f:
+        f.write("import os\nos.environ['SET_AT_IMPORT'] = 'yes'\nVALUE = 1\n")
+    started, release = os.path.join(tmp, "slowmod-started"), os.path.join(tmp, "slowmod-release")
+    with open(os.path.join(lib, "slowmod.py"), "w") as f:
+        f.write("import os, sys, time\nif sys.argv[0].endswith('_ddprun_spare.py'):\n"
+                f"    open({started!r}, 'w').close()\n"
+                f"    while not os.path.exists({release!r}):\n        time.sleep(0.02)\n")
+    with open(os.path.join(job, "train.py"), "w") as f:
+        f.write(EDIT_SCRIPT)
+    go = os.path.join(job, "go")
+
+    def edit_then_crash():
+        deadline = time.monotonic() + 200
+        while not os.path.exists(started) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with open(init, "w") as f:
+            f.write("import os\nos.environ['SET_AT_IMPORT'] = 'yes'\nVALUE = 'edited'\n")
+        open(go, "w").close()
+        time.sleep(1)  # the restart is under way: the spare is handed the attempt before its imports end
+        open(release, "w").close()
+
+    t = threading.Thread(target=edit_then_crash, daemon=True)
+    t.start()
+    rc, lines = ws.launch(ddprun, ["--preload=mypkg,slowmod", sys.executable, "-u", "train.py"], job, go, True,
+                          nproc=1, timeout=240, env_extra={"PYTHONPATH": lib})
+    text = "\n".join(lines)
+    ws.check(rc == 0, f"edited before the spare is ready: the job recovers and ends 0 (exit {rc})")
+    ws.check("EDIT restart=0 mypkg=1 set_at_import=yes" in text, "attempt 1 had the package as it was")
+    ws.check("EDIT restart=1 mypkg=edited set_at_import=yes" in text,
+             "a package edited after its spare imported it, before the spare was ready: attempt 2 runs the new "
+             "code, and has the variable its import sets")
+    if ws.FAILURES:
+        ws.show(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
@@ -128,6 +189,7 @@ def main():
         if ws.FAILURES:
             ws.show(lines)
         project_layout(a.ddprun, tmp)
+        edited_before_ready(a.ddprun, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"preload_auto_torch_test: {ws.PASSED[0]} passed, {len(ws.FAILURES)} failed")

@@ -43,6 +43,7 @@ struct SparePool::Spare {
   SpareKey key;
   std::chrono::steady_clock::time_point started;
   bool ready = false, dead = false;
+  pid_t import_tid = -1;          // its import thread, put at nice 19 by ddprun
   std::vector<ModuleFile> files;  // what its imports read
   std::string differs;            // its "differs" line: why it cannot stand in for its worker
 
@@ -244,7 +245,13 @@ void SparePool::read_ready(const std::shared_ptr<Spare>& s) {
       std::string line = s->said.substr(0, nl);
       s->said.erase(0, nl + 1);
       ModuleFile f;
-      if (line.rfind("file ", 0) == 0) {
+      if (line.rfind("importing ", 0) == 0) {
+        // The spare's imports run at the lowest priority, beside the job's workers. Lowered here,
+        // not by the spare itself: only ddprun changes it, and it raises it again at a hand-over
+        // (raise_threads), after which it never lowers it.
+        s->import_tid = static_cast<pid_t>(std::atoll(line.c_str() + 10));
+        if (s->import_tid > 0 && !s->dead) ::setpriority(PRIO_PROCESS, static_cast<id_t>(s->import_tid), 19);
+      } else if (line.rfind("file ", 0) == 0) {
         if (parse_file_line(line, f)) s->files.push_back(std::move(f));
       } else if (line.rfind("differs ", 0) == 0) {
         s->differs = line.substr(8);
@@ -276,6 +283,14 @@ std::string SparePool::send_order(Spare& s, const WorkerSpec& spec) {
   if (auto why = s.key.differs(*key); !why.empty()) return why;
   if (!s.differs.empty()) return s.differs;
   if (auto path = edited_module(s.files); !path.empty()) return "the module file " + path + " changed after its warm spare imported it";
+  if (s.ready && s.import_tid > 0) {
+    // It said "ready" just before its import thread ends: give that thread a moment to end (at
+    // nice 19 on a busy node it may wait for a CPU) rather than raise it, which an unprivileged
+    // ddprun may not.
+    const std::string task = fmt::format("/proc/{}/task/{}", s.pid, s.import_tid);
+    const auto until = std::chrono::steady_clock::now() + kImportThreadEnd;
+    while (::access(task.c_str(), F_OK) == 0 && std::chrono::steady_clock::now() < until) ::poll(nullptr, 0, 2);
+  }
   if (auto why = raise_threads(s.pid); !why.empty()) {
     return (s.ready ? "its warm spare is ready but " : "its warm spare is still importing, and ") + why;
   }

@@ -78,6 +78,8 @@ class SparePool {
   std::vector<std::string> await_orders_read(const std::vector<std::shared_ptr<Spare>>& sent);
   // How long a live spare may take to read its order (it waits in read() from its start).
   static constexpr std::chrono::milliseconds kOrderReadLimit{3000};
+  // How long a ready spare's import thread may take to end at a hand-over.
+  static constexpr std::chrono::milliseconds kImportThreadEnd{200};
   boost::asio::io_context& io_;
   ProcessRunner& runner_;
   SpareOptions opt_;
