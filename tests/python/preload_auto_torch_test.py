@@ -157,6 +157,8 @@ def edited_before_ready(ddprun, tmp):
     ws.check("EDIT restart=1 mypkg=edited set_at_import=yes" in text,
              "a package edited after its spare imported it, before the spare was ready: attempt 2 runs the new "
              "code, and has the variable its import sets")
+    ws.check(f"local rank 0 starts cold: the module file {init} changed after its warm spare imported it (found by "
+             "its warm spare once handed the attempt" in text, "ddprun says why that rank started cold after all")
     if ws.FAILURES:
         ws.show(lines)
 

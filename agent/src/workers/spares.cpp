@@ -158,6 +158,11 @@ SparePool::~SparePool() { discard_all(); }
 void SparePool::discard_all() {
   for (auto& [rank, s] : by_rank_) kill(*s);
   by_rank_.clear();
+  for (auto& s : handed_) {  // workers now: only their ready pipes are the pool's
+    boost::system::error_code ignored;
+    if (s->ready_pipe) s->ready_pipe->close(ignored);
+  }
+  handed_.clear();
 }
 
 void SparePool::kill(Spare& s) {
@@ -255,6 +260,9 @@ void SparePool::read_ready(const std::shared_ptr<Spare>& s) {
         if (parse_file_line(line, f)) s->files.push_back(std::move(f));
       } else if (line.rfind("differs ", 0) == 0) {
         s->differs = line.substr(8);
+      } else if (line.rfind("cold ", 0) == 0) {
+        spdlog::info("ddprun: local rank {} starts cold: {} (found by its warm spare once handed the attempt: it runs "
+                     "the worker's command as a new interpreter)", s->local_rank, line.substr(5));
       } else if (line.rfind("warn ", 0) == 0) {
         spdlog::warn("ddprun: --preload: the warm spare of local rank {} could not import {}; it goes on without it "
                      "(the script imports it itself)", s->local_rank, line.substr(5));
@@ -265,7 +273,8 @@ void SparePool::read_ready(const std::shared_ptr<Spare>& s) {
                      process_memory_bytes(s->pid) / 1000000);
       }
     }
-    if (!ec) read_ready(s);
+    if (!ec) return read_ready(s);
+    handed_.erase(std::remove(handed_.begin(), handed_.end(), s), handed_.end());
   });
 }
 
@@ -378,8 +387,7 @@ std::vector<std::optional<ProcessRunner::Started>> SparePool::hand_over(const st
       continue;
     }
     ::close(std::exchange(s.order, -1));  // the end of its order
-    boost::system::error_code ignored;
-    s.ready_pipe->close(ignored);
+    handed_.push_back(sent[j]);           // its ready pipe read on, for a late "cold" (until it ends)
     forget_agent_helper(s.pid);
     out[index[j]] = ProcessRunner::Started{s.pid, std::exchange(s.out, -1), std::exchange(s.err, -1)};
     s.dead = true;  // not the pool's any more

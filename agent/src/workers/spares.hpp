@@ -84,6 +84,9 @@ class SparePool {
   ProcessRunner& runner_;
   SpareOptions opt_;
   std::map<int, std::shared_ptr<Spare>> by_rank_;  // local rank -> its spare
+  // Spares handed over (workers now): their ready pipes are read until they end, for a "cold"
+  // line (_ddprun_spare.py found after the hand-over that it must run as a new interpreter).
+  std::vector<std::shared_ptr<Spare>> handed_;
 };
 
 // A process's memory as /proc tells it: Pss (smaps_rollup), else VmRSS; -1 when unknown.
