@@ -143,7 +143,8 @@ class WorkerGroup {
   std::vector<StreamOutput::FileLoss> take_log_losses();
   // How each local rank's worker last ended, across groups: (rank, exit code for a shell).
   const std::map<int, std::pair<int, int>>& last_exits() const;
-  // The last stderr lines of a worker of the current group.
+  // The last stderr lines of a worker of the current group (a Python dump's frames of the warm
+  // spare driver left out: stack_dump.hpp).
   std::deque<std::string> stderr_tail(int local_rank) const;
 
  private:
