@@ -243,6 +243,7 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
                     secs(now - s->last_beat), secs(opt.worker_start_timeout));
     }
     w.raise(Standing::reported);
+    w.silent_s = secs(now - s->last_beat);
     listener->on_worker_failed(w, reason, kHeartbeatExitCode, FailureKind::hang);
     return;  // the listener stops the group
   }

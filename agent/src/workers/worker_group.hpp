@@ -60,6 +60,7 @@ struct Worker {
   Standing standing = Standing::own;
   ExitStatus status;
   std::chrono::system_clock::time_point started_wall, ended_wall;
+  double silent_s = 0;  // found hung: seconds since its last heartbeat (or its start, before the first)
 
   bool running() const { return life == Life::running; }
   bool stopped_by_agent() const { return standing == Standing::stopped; }
