@@ -348,3 +348,119 @@ TEST_CASE("controller: a clean end does not ask about GPU memory", "[controller]
   CHECK(asked == 0);
   CHECK(j.ctl->phase() == Phase::draining);
 }
+
+// ---- recovery: detection counts the fault's silence ---------------------------------------------
+
+namespace {
+
+// Ends the current round's group (every worker killed), starts round `round` with restart count
+// `rc`, and ends that group too before its first beats: the recovery is complete (without "ready").
+const RecoveryTimes& recovered(Job& j, int round, int rc) {
+  auto kill_running = [&](int sig) {
+    for (const auto& w : j.group->workers()) {
+      if (w.running()) j.runner.kill(w.pid, sig);
+    }
+    j.reap();
+  };
+  kill_running(SIGTERM);
+  REQUIRE(j.rdzv.joins.back() == std::pair<int, int>{round, rc});
+  j.ready(round, rc, 2);
+  kill_running(SIGKILL);
+  REQUIRE(j.ctl->recoveries().size() == 1);
+  return j.ctl->recoveries().back();
+}
+
+// A round end as another node writes it, with its wall-clock times `ago` seconds before now.
+RoundEnd end_from(const std::string& json_before_since, double ago) {
+  const auto since = std::chrono::system_clock::now() -
+                     std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::duration<double>(ago));
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(since.time_since_epoch()).count();
+  return ddprun::rounds::parse_round_end("end", json_before_since + std::to_string(ms) + "}");
+}
+
+}  // namespace
+
+TEST_CASE("controller: a lost node's detection counts its silence from its last keep-alive", "[controller][recovery]") {
+  Job j(options(2, 0));
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  // node-b's watcher found it silent for 0.6 s, 2.5 s ago.
+  j.over(0, end_from(R"({"kind":"node_lost","group_rank":1,"host":"node-b","idle_s":0.6,"since_ms":)", 2.5));
+  const auto& r = recovered(j, 1, 0);
+  CHECK(r.detect >= 2.5);
+  CHECK(r.detect < 3.5);
+  CHECK(r.cause == "node node-b lost");
+}
+
+TEST_CASE("controller: a lost node's detection is never less than the silence its watcher measured", "[controller][recovery]") {
+  // No time written (an older writer), or a writer's wall clock a minute ahead of this node's.
+  const auto ahead = std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch() + 60s).count();
+  auto lost = GENERATE_COPY(std::string(R"({"kind":"node_lost","group_rank":1,"host":"node-b","idle_s":3})"),
+                            R"({"kind":"node_lost","group_rank":1,"host":"node-b","idle_s":3,"since_ms":)" +
+                                std::to_string(ahead) + "}");
+  Job j(options(2, 0));
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  j.over(0, ddprun::rounds::parse_round_end("end", lost));
+  CHECK(recovered(j, 1, 0).detect == Approx(3.0));
+}
+
+TEST_CASE("controller: another node's hang is detected from its worker's last heartbeat", "[controller][recovery]") {
+  Job j(options(2, 1));
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  // Rank 2 on node-b, silent 4 s when found hung 1 s ago.
+  j.over(0, end_from(R"({"kind":"failure","rank":2,"host":"node-b","reason":"no heartbeat for 4.0 s","exit_code":124,)"
+                     R"("hang":true,"silent_s":4.0,"time_ms":)", 1.0));
+  const pid_t first = j.pids()[0];
+  j.run_until([&] { return !j.runner.signals_to(first).empty(); });  // stacks first, then SIGTERM
+  const auto& r = recovered(j, 1, 1);
+  CHECK(r.detect >= 5.0);
+  CHECK(r.detect < 6.0);
+}
+
+TEST_CASE("controller: a node asking to join is timed from its request", "[controller][recovery]") {
+  Job j(options(2, 0));
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  j.over(0, end_from(R"({"kind":"membership","host":"node-c","since_ms":)", 1.5));
+  const auto& r = recovered(j, 1, 0);
+  CHECK(r.detect >= 1.5);
+  CHECK(r.detect < 2.5);
+  CHECK(r.cause == "node node-c joining");
+}
+
+TEST_CASE("controller: a hang's detection is the worker's silence, --worker_start_timeout's before its first beat",
+          "[controller][recovery]") {
+  auto o = options(2, 1);
+  o.worker_timeout = 1s;
+  o.worker_start_timeout = 30s;
+  Job j(o);
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  j.group->check_heartbeats(std::chrono::steady_clock::now() + 31s);  // never beat: hung at start-up
+  REQUIRE(j.rdzv.ends.size() == 1);
+  CHECK(ddprun::rounds::round_end_json(j.written(0)).find("\"silent_s\":31") != std::string::npos);
+  j.over(0, j.written(0));
+  const pid_t first = j.pids()[0];
+  j.run_until([&] { return !j.runner.signals_to(first).empty(); });  // stacks first, then SIGTERM
+  const auto& r = recovered(j, 1, 1);
+  CHECK(r.detect >= 31.0);
+  CHECK(r.detect < 32.0);
+}
+
+TEST_CASE("controller: a fenced node's detection is the time since its last liveness renewal", "[controller][recovery]") {
+  FakeFence fence;
+  Job j(options(2, 0), nullptr, &fence);
+  j.ctl->start();
+  j.ready(0, 0, 2);
+  fence.lapse = true;
+  fence.silent = 2.25;
+  j.runner.kill(j.pids()[0], SIGKILL);
+  j.reap();
+  j.over(0, j.written(0));
+  const auto& r = recovered(j, 1, 0);
+  CHECK(r.detect == Approx(2.25));
+  CHECK(r.cause == "this node was fenced");
+}

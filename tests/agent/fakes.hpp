@@ -125,6 +125,8 @@ struct FakeFence : FenceState {
   bool lapse = false;
   bool lapsed() override { return lapse; }
   void reset() override { lapse = false; }
+  double silent = 0;
+  double silent_s() override { return silent; }
 };
 
 }  // namespace ddprun::agent::testing

@@ -68,3 +68,29 @@ TEST_CASE("the recovery histogram is written as Prometheus reads it", "[recovery
   CHECK(text.find("ddprun_recovery_seconds_sum{phase=\"total\"} 0.55\n") != std::string::npos);
   CHECK(text.find("ddprun_recovery_seconds_count{phase=\"total\"} 2\n") != std::string::npos);
 }
+
+TEST_CASE("detection is timed from the fault's last sign of life, the writer's own measure its floor", "[recovery]") {
+  using Wall = std::chrono::system_clock;
+  const Wall::time_point now{std::chrono::seconds(1'800'000'000)};
+  CHECK(seconds_since_wall(now - 2500ms, 0.6, now) == Approx(2.5));  // a lost node: its last keep-alive
+  CHECK(seconds_since_wall(Wall::time_point{}, 0.6, now) == Approx(0.6));  // no date: the watcher's silence
+  CHECK(seconds_since_wall(now + 60s, 0.6, now) == Approx(0.6));       // a writer's clock ahead
+  CHECK(seconds_since_wall(now - 200ms, 0.6, now) == Approx(0.6));     // behind: never under its own measure
+  CHECK(seconds_since_wall(now - 2h, 0, now) == 0);                    // over an hour: a wrong clock
+  CHECK(seconds_since_wall(now - 1s, -1, now) == Approx(1.0));
+  // The silence is part of the recovery: the line, the event and the histogram's detect phase.
+  EventLog events;
+  RecoveryClock clock(events);
+  auto t = RecoveryClock::Clock::now();
+  clock.fault(seconds_since_wall(now - 2100ms, 2.0, now), "node n2 lost", t);
+  clock.stopped(t + 10ms);
+  clock.joining(t + 10ms);
+  clock.round_ready(t + 20ms);
+  clock.started(0, 2, 0, t + 22ms);
+  REQUIRE(clock.ready(t + 100ms));
+  const auto& r = clock.completed().back();
+  CHECK(phase_seconds(r, "detect") == Approx(2.1));
+  CHECK(r.total() == Approx(2.2));
+  CHECK(describe_recovery(r) ==
+        "restarted in 2.20 s: detect 2100 ms, stop 10 ms, rendezvous 10 ms, hand-over 2 ms (2 warm), ready 78 ms");
+}

@@ -68,3 +68,78 @@ TEST_CASE("stacks: the rank outside any collective is the one to blame, while ot
   CHECK_FALSE(rank_outside_collectives({{0, loading}, {1, loading}}));
   CHECK_FALSE(rank_outside_collectives({{0, waiting}, {1, {}}}));
 }
+
+TEST_CASE("stacks: a warm worker's dump leaves out the spare driver's frames - grouped with a cold rank at the same line",
+          "[stacks]") {
+  // Ranks 0 and 1 stuck at the same line; rank 1 runs in a warm spare, below its driver.
+  const std::string cold =
+      "Fatal Python error: Aborted\n\n"
+      "Current thread 0x00007f965601eb80 (most recent call first):\n"
+      "  File \"/job/train.py\", line 5 in wait_for_peer\n"
+      "  File \"/job/train.py\", line 8 in train_step\n"
+      "  File \"/job/train.py\", line 11 in <module>\n";
+  const std::string warm =
+      "Fatal Python error: Aborted\n\n"
+      "Thread 0x00007f96551d66c0 (most recent call first):\n"
+      "  File \"/usr/lib/python3.11/threading.py\", line 320 in wait\n\n"
+      "Current thread 0x00007f965601eb80 (most recent call first):\n"
+      "  File \"/job/train.py\", line 5 in wait_for_peer\n"
+      "  File \"/job/train.py\", line 8 in train_step\n"
+      "  File \"/job/train.py\", line 11 in <module>\n"
+      "  File \"/usr/share/ddprun/python/_ddprun_spare.py\", line 135 in _run\n"
+      "  File \"/usr/share/ddprun/python/_ddprun_spare.py\", line 176 in <module>\n";
+  const auto c = parse_python_stack(cold), w = parse_python_stack(warm);
+  REQUIRE(w.size() == 3);
+  CHECK(w.back().function == "<module>");
+  CHECK(w.back().file == "train.py");
+  CHECK(describe_frames(w) == describe_frames(c));
+  CHECK(describe_frames(w, 5) == "wait_for_peer (train.py:5) <- train_step (train.py:8) <- <module> (train.py:11)");
+  CHECK(summarize_stacks({{0, c}, {1, w}, {2, w}}) ==
+        "  ranks 0,1,2: wait_for_peer (train.py:5) <- train_step (train.py:8) <- <module> (train.py:11)\n");
+  // -m module: the runpy frames of a cold `python -m` stay, as in the cold rank's stack.
+  const std::string warm_m =
+      "Current thread 0x00007f965601eb80 (most recent call first):\n"
+      "  File \"/job/pkg/train.py\", line 5 in wait_for_peer\n"
+      "  File \"/usr/lib/python3.11/runpy.py\", line 88 in _run_code\n"
+      "  File \"/usr/lib/python3.11/runpy.py\", line 198 in _run_module_as_main\n"
+      "  File \"/usr/share/ddprun/python/_ddprun_spare.py\", line 121 in _run\n"
+      "  File \"/usr/share/ddprun/python/_ddprun_spare.py\", line 176 in <module>\n";
+  CHECK(describe_frames(parse_python_stack(warm_m), 9) ==
+        "wait_for_peer (train.py:5) <- _run_code (runpy.py:88) <- _run_module_as_main (runpy.py:198)");
+}
+
+TEST_CASE("stacks: the stack.txt of a warm worker holds no driver frame below the script - one stuck in the driver keeps them",
+          "[stacks]") {
+  const std::string warm =
+      "Current thread 0x00007f965601eb80 (most recent call first):\n"
+      "  File \"/job/train.py\", line 11 in <module>\n"
+      "  File \"/usr/share/ddprun/python/_ddprun_spare.py\", line 135 in _run\n"
+      "  File \"/usr/share/ddprun/python/_ddprun_spare.py\", line 176 in <module>\n";
+  CHECK(without_spare_driver(warm) ==
+        "Current thread 0x00007f965601eb80 (most recent call first):\n"
+        "  File \"/job/train.py\", line 11 in <module>\n");
+  // Before the script ran (reading its order): the driver is all there is, and is kept.
+  const std::string waiting =
+      "Current thread 0x00007f965601eb80 (most recent call first):\n"
+      "  File \"/usr/share/ddprun/python/_ddprun_spare.py\", line 70 in _read_order\n"
+      "  File \"/usr/share/ddprun/python/_ddprun_spare.py\", line 168 in _spare\n";
+  CHECK(without_spare_driver(waiting) == waiting);
+  auto frames = parse_python_stack(waiting);
+  REQUIRE(frames.size() == 2);
+  CHECK(frames[0].function == "_read_order");
+  const std::string cold = "Current thread 0x1 (most recent call first):\n  File \"/job/train.py\", line 1 in <module>";
+  CHECK(without_spare_driver(cold) == cold);
+}
+
+TEST_CASE("stacks: a failure summary's stderr tail holds no driver frame below the script", "[stacks]") {
+  // The tail may begin inside a dump: its header cut off.
+  std::deque<std::string> tail = {"  File \"/job/train.py\", line 6 in stuck",
+                                  "  File \"/job/train.py\", line 13 in <module>",
+                                  "  File \"/usr/share/ddprun/python/_ddprun_spare.py\", line 135 in _run",
+                                  "  File \"/usr/share/ddprun/python/_ddprun_spare.py\", line 176 in <module>",
+                                  "",
+                                  "Extension modules: torch._C (total: 1)"};
+  CHECK(without_spare_driver(tail) == std::deque<std::string>{"  File \"/job/train.py\", line 6 in stuck",
+                                                              "  File \"/job/train.py\", line 13 in <module>", "",
+                                                              "Extension modules: torch._C (total: 1)"});
+}

@@ -4,11 +4,16 @@
 // and prints it; the others are started with that port: no fixed ports.
 
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <set>
+#include <sstream>
+#include <thread>
 
 #include "ddprun/rendezvous/tcp_store.hpp"
 #include "e2e/agents.hpp"
+#include "e2e/http_client.hpp"
 
 using namespace ddprun::test;
 
@@ -174,6 +179,69 @@ TEST_CASE("kill -9 of a non-host agent: the survivors continue with a smaller wo
   CHECK_THAT(ra.out + rb.out, Catch::Contains("WORLD_SIZE=2"));
   CHECK_THAT(ra.err + rb.err, Catch::Contains("stopped answering"));
   CHECK(Clock::now() - t0 < 15s);
+}
+
+TEST_CASE("a lost node's detection counts the keep-alive silence: in the recovery line, the event and the metric",
+          "[multinode]") {
+  // Liveness TTL: keep_alive_interval 0.5 s x keep_alive_max_attempt 2 = 1 s. The survivor learns
+  // of the loss no sooner than a TTL after b's last keep-alive, and says so.
+  const double ttl = 1.0;
+  std::string conf = "--rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=2,last_call_timeout=20,join_timeout=30";
+  std::string dir = (std::filesystem::temp_directory_path() / "ddprun-lost-XXXXXX").string();
+  REQUIRE(::mkdtemp(dir.data()) != nullptr);
+  auto agent = [&](const std::string& ep, std::vector<std::string> extra) {
+    auto args = cmd({"--nnodes=1:2", "--rdzv_backend=c10d", ep, "--rdzv_id=detect", conf, "--nproc_per_node=1"});
+    args.insert(args.end(), extra.begin(), extra.end());
+    for (const char* a : {kWorker.c_str(), "block_if_world:2", "heartbeat:1:10", "block"}) args.push_back(a);
+    return args;
+  };
+  Launch a(agent("--rdzv_endpoint=127.0.0.1:0", {"--metrics_port=0", "--events_file=" + dir + "/events.jsonl"}));
+  auto port = host_port(a);
+  Launch b(agent("--rdzv_endpoint=127.0.0.1:" + port, {}));
+  REQUIRE(a.wait_for("ready"));
+  REQUIRE(b.wait_for("ready"));
+  b.signal(SIGKILL);
+  b.finish();
+  // a goes on alone: its worker beats once, so its recovery is complete and shown.
+  std::smatch m;
+  const std::regex line(R"(restarted in [0-9.]+ s: detect ([0-9.]+) (ms|s),)");
+  auto deadline = Clock::now() + 30s;
+  while (!std::regex_search(a.err(), m, line) && Clock::now() < deadline) a.wait_for("\x01", 1, 50ms);
+  const std::string err = a.err();
+  INFO(err);
+  REQUIRE(std::regex_search(err, m, line));
+  const double detect_line = std::stod(m[1]) / (m[2] == "ms" ? 1000 : 1);
+  CHECK(detect_line >= ttl);
+  CHECK(detect_line < ttl + 5);
+
+  std::regex port_re(R"(metrics on port (\d+))");
+  REQUIRE(std::regex_search(err, m, port_re));
+  const int metrics = std::stoi(m[1]);
+  const std::regex sum(R"(ddprun_recovery_seconds_sum\{phase="detect"\} ([0-9.e+-]+))");
+  std::string text;
+  deadline = Clock::now() + 10s;
+  while (!std::regex_search(text, m, sum) && Clock::now() < deadline) {
+    text = http_get(metrics, "/metrics").body;
+    if (!std::regex_search(text, m, sum)) std::this_thread::sleep_for(100ms);  // refreshed once a second
+  }
+  INFO(text);
+  REQUIRE(std::regex_search(text, m, sum));
+  CHECK(std::stod(m[1]) >= ttl);
+
+  a.signal(SIGTERM);
+  a.finish(20s);
+  std::ifstream in(dir + "/events.jsonl");
+  std::stringstream events;
+  events << in.rdbuf();
+  INFO(events.str());
+  std::string recovery;
+  for (const auto& l : lines(events.str())) {
+    if (l.find("\"event\":\"recovery\"") != std::string::npos) recovery = l;
+  }
+  const std::regex detect_s(R"("detect_s":([0-9.e+-]+))");
+  REQUIRE(std::regex_search(recovery, m, detect_s));
+  CHECK(std::stod(m[1]) >= ttl);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a late joiner within the last call is in the first round - one beyond MAX waits", "[multinode]") {

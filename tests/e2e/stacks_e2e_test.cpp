@@ -95,6 +95,72 @@ TEST_CASE("stacks: a Python worker stuck in a named function - its traceback, vi
   std::filesystem::remove_all(dir);
 }
 
+namespace {
+
+// The warm spare (_ddprun_spare.py) of local rank `local_rank` whose environment holds `tag`.
+pid_t spare_of(int local_rank, const std::string& tag) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (slurp("/proc/" + pid + "/cmdline").find("_ddprun_spare.py") == std::string::npos) continue;
+    std::string env = slurp("/proc/" + pid + "/environ");
+    env.insert(0, 1, '\0');
+    if (env.find(std::string(1, '\0') + "DDPRUN_TEST_TAG=" + tag + '\0') != std::string::npos &&
+        env.find(std::string(1, '\0') + "LOCAL_RANK=" + std::to_string(local_rank) + '\0') != std::string::npos) {
+      return static_cast<pid_t>(std::stol(pid));
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("stacks: a warm and a cold rank stuck at the same line group together - no frame of the spare's driver",
+          "[stacks][spares]") {
+  SKIP_UNLESS(std::filesystem::exists("/usr/bin/python3"), "no /usr/bin/python3");
+  auto dir = fresh_dir();
+  auto script = dir + "/train.py", go = dir + "/go";
+  std::ofstream(script) << "import os, sys, time\n"
+                           "def beat():\n"
+                           "    os.utime(os.environ['DDPRUN_HEARTBEAT_FILE'])\n"
+                           "def stuck():\n"
+                           "    while True:\n"
+                           "        time.sleep(0.05)\n"
+                           "beat()\n"
+                           "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+                           "    while not os.path.exists(sys.argv[1]):\n"
+                           "        beat()\n"
+                           "        time.sleep(0.05)\n"
+                           "    sys.exit(3 if os.environ['RANK'] == '0' else 0)\n"
+                           "stuck()\n";
+  Launch l(cmd({"--nproc_per_node=2", "--master_port=0", "--rdzv_id=warm", "--max_restarts=1", "--worker_timeout=1",
+                "--stop_timeout=1", "--log_dir=" + dir, script, go}),
+           {{"PYTHON_EXEC", "/usr/bin/python3"}, {"DDPRUN_TEST_TAG", dir}});
+  // Both spares ready; local rank 1's killed, so that rank 1 of the next attempt starts cold.
+  auto deadline = Clock::now() + 30s;
+  while (Launch::occurrences(l.err(), "warm spare for local rank") < 2 && Clock::now() < deadline) {
+    l.wait_for("\x01", 1, 50ms);
+  }
+  REQUIRE(Launch::occurrences(l.err(), "warm spare for local rank") >= 2);
+  const pid_t spare = spare_of(1, dir);
+  REQUIRE(spare > 0);
+  ::kill(spare, SIGKILL);
+  std::ofstream(go) << "go\n";
+  auto r = l.finish(60s);
+  INFO(r.err);
+  CHECK(r.code == 124);
+  CHECK_THAT(r.err, Catch::Contains("(1 warm, 1 cold)"));
+  CHECK_THAT(r.err, Catch::Contains("ranks 0,1: stuck (train.py:6) <- <module> (train.py:13)\n"));
+  // The summary's stderr tail neither (the worker's own stderr, echoed as it came, is left as is).
+  const auto summary = r.err.substr(r.err.find("ddprun: job failed"));
+  CHECK_THAT(summary, Catch::Contains("train.py\", line 13 in <module>"));
+  CHECK_THAT(summary, !Catch::Contains("_ddprun_spare.py"));
+  auto text = slurp(dir + "/warm/attempt_1/0/stack.txt");
+  CHECK_THAT(text, Catch::Contains("in stuck"));
+  CHECK_THAT(text, !Catch::Contains("_ddprun_spare.py"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("stacks: --stack_dump_timeout=0 stops a hung group at once, without stacks", "[stacks]") {
   auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.3", "--stop_timeout=1",
                        "--stack_dump_timeout=0", kWorker, "heartbeat:2:50", "stuck"}))

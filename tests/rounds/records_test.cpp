@@ -25,6 +25,15 @@ TEST_CASE("round records: each kind round-trips, anything malformed names the ke
   }
   auto back = parse_round_end("k", round_end_json(RoundEnd::of_failure(f)));
   CHECK(back.failure->stderr_tail == std::deque<std::string>{"a", "b"});
+  // When the cause began (ms on the writer's wall clock) and a hang's silence: what every node
+  // times its detection from.
+  const std::chrono::system_clock::time_point at{std::chrono::milliseconds(1'700'000'000'123)};
+  CHECK(parse_round_end("k", round_end_json(RoundEnd::of_node_lost(1, "n3", 2.5, at))).since == at);
+  CHECK(parse_round_end("k", round_end_json(RoundEnd::of_node_lost(1, "n3", 2.5))).since.time_since_epoch().count() == 0);
+  CHECK(parse_round_end("k", round_end_json(RoundEnd::of_membership("n4", at))).since == at);
+  f.hang = true;
+  f.silent_s = 31.5;
+  CHECK(parse_round_end("k", round_end_json(RoundEnd::of_failure(f))).failure->silent_s == 31.5);
   for (const char* bad : {"", "nul", "[1]", "{\"kind\":\"nope\"}", "{\"kind\":\"stopped\",\"signal\":\"9\"}",
                           "{\"kind\":\"failure\",\"exit_code\":999}", "{\"kind\":\"failure\",\"stderr_tail\":[1]}"}) {
     CHECK_THROWS_WITH(parse_round_end("ddprun/rdzv/x/r0/end", bad), Catch::Contains("malformed value at key 'ddprun/rdzv/x/r0/end'"));

@@ -10,6 +10,9 @@ class FenceState {
   // A lapse since reset(): workers SIGKILLed since were fenced, not failed.
   virtual bool lapsed() = 0;
   virtual void reset() = 0;  // a new group starts
+  // Seconds since this node's last renewal of its liveness (the last sign of life the other
+  // nodes had from it); 0 before the first.
+  virtual double silent_s() = 0;
 };
 
 }  // namespace ddprun::agent

@@ -184,6 +184,7 @@ void GuardianFence::renewed_until(Clock::time_point deadline) {
   note_lapse(now);
   armed_ = true;
   deadline_ = deadline;
+  renewed_at_ = now;
   guardian_.arm(deadline, now);
 }
 
@@ -204,6 +205,12 @@ bool GuardianFence::lapsed() {
 void GuardianFence::reset() {
   std::lock_guard<std::mutex> lk(mu_);
   lapsed_ = false;
+}
+
+double GuardianFence::silent_s() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (renewed_at_.time_since_epoch().count() == 0) return 0;
+  return std::chrono::duration<double>(Clock::now() - renewed_at_).count();
 }
 
 }  // namespace ddprun::agent

@@ -71,6 +71,7 @@ class GuardianFence : public rounds::Fence, public FenceState {
   void release() override;
   bool lapsed() override;
   void reset() override;
+  double silent_s() override;
 
  private:
   // A deadline passed before this renewal or release: the guardian killed the groups (it acts
@@ -82,6 +83,7 @@ class GuardianFence : public rounds::Fence, public FenceState {
   bool armed_ = false;
   bool lapsed_ = false;
   std::chrono::steady_clock::time_point deadline_;
+  std::chrono::steady_clock::time_point renewed_at_{};  // the last renewal (epoch: none yet)
 };
 
 }  // namespace ddprun::agent

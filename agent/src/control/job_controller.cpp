@@ -115,15 +115,22 @@ void JobController::on_round_over(const RoundOutcome& o) {
   if (o.round != round_ || outcome_ || (phase_ != Phase::running && phase_ != Phase::stopping)) return;
   outcome_ = o;
   log_outcome(o);
-  if (o.end && !root_cause_ && (o.end->kind == Kind::failure || o.end->kind == Kind::node_lost)) {
-    // Another node's failure: detected when its report reached this node.
-    double detect = 0;
-    std::string cause = "node " + o.end->host + " lost";
-    if (o.end->kind == Kind::failure) {
-      detect = std::chrono::duration<double>(std::chrono::system_clock::now() - o.end->failure->time).count();
-      cause = "rank " + std::to_string(o.end->failure->rank) + " on " + o.end->host + ": " + o.end->failure->reason;
+  if (o.end && !root_cause_ && o.end->kind != Kind::success && o.end->kind != Kind::stopped) {
+    // Another node's fault, detected when the round's end reached this node: timed from the
+    // fault's last sign of life (on the writer's wall clock), never less than the silence the
+    // writer measured itself.
+    const RoundEnd& e = *o.end;
+    if (e.kind == Kind::failure) {
+      const FailureRecord& f = *e.failure;
+      const auto silent = std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::duration<double>(f.silent_s));
+      clock_.fault(seconds_since_wall(f.time - silent, f.silent_s),
+                   "rank " + std::to_string(f.rank) + " on " + e.host + ": " + f.reason);
+    } else if (e.kind == Kind::node_lost) {
+      clock_.fault(seconds_since_wall(e.since, e.idle_s), "node " + e.host + " lost");
+    } else {
+      clock_.fault(seconds_since_wall(e.since, 0), "node " + e.host + " joining");
     }
-    clock_.fault(detect > 0 && detect < 3600 ? detect : 0, cause);
   }
   if (phase_ == Phase::running) {
     // A hang on another node: this node's stacks too (where is everyone stuck?).
@@ -247,8 +254,8 @@ void JobController::on_worker_failed(const Worker& w, const std::string& reason,
   f.stderr_tail = group_.stderr_tail(w.spec.local_rank);
   f.hang = kind == FailureKind::hang;
   root_cause_ = f;
-  clock_.fault(f.hang ? std::chrono::duration<double>(opt_.worker_timeout).count() : 0,
-               "rank " + std::to_string(w.spec.rank) + ": " + reason);
+  f.silent_s = f.hang ? w.silent_s : 0;
+  clock_.fault(f.silent_s, "rank " + std::to_string(w.spec.rank) + ": " + reason);
   end_round(RoundEnd::of_failure(f), info_.group_world);
   group_.stop(SIGTERM, f.hang ? WorkerGroup::Stacks::first : WorkerGroup::Stacks::after_timeout);
   enter(Phase::stopping);
@@ -261,8 +268,12 @@ bool JobController::fenced(const Worker& w, FailureKind kind) {
   if (!fence_ || kind != FailureKind::signal || w.status.signal != SIGKILL || !fence_->lapsed()) return false;
   spdlog::warn("ddprun: round {}: this node's liveness lapsed (ddprun was stopped or cut off from the rendezvous): "
                "its workers were stopped so that the other nodes can go on without it; it joins again", round_);
-  clock_.fault(0, "this node was fenced");
-  end_round(RoundEnd::of_node_lost(info_.group_rank, node_name_, 0), info_.group_world);
+  const double silent = fence_->silent_s();  // since its last renewal: the others' last sign of it
+  clock_.fault(silent, "this node was fenced");
+  const auto since = std::chrono::system_clock::now() -
+                     std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::duration<double>(silent));
+  end_round(RoundEnd::of_node_lost(info_.group_rank, node_name_, silent, silent > 0 ? since : decltype(since){}),
+            info_.group_world);
   group_.stop(SIGKILL);
   enter(Phase::stopping);
   return true;

@@ -33,6 +33,14 @@ double phase_seconds(const RecoveryTimes& t, const std::string& phase) {
   return t.total();
 }
 
+double seconds_since_wall(std::chrono::system_clock::time_point since, double at_least,
+                          std::chrono::system_clock::time_point now) {
+  at_least = std::max(0.0, at_least);
+  if (since.time_since_epoch().count() == 0) return at_least;
+  const double s = std::chrono::duration<double>(now - since).count();
+  return s > 0 && s < 3600 ? std::max(s, at_least) : at_least;
+}
+
 std::string describe_recovery(const RecoveryTimes& t) {
   std::string start = t.warm > 0 && t.cold == 0 ? "hand-over" : t.warm > 0 ? "hand-over and spawn" : "spawn";
   std::string spares = t.warm > 0 ? fmt::format(" ({} warm{})", t.warm, t.cold ? fmt::format(", {} cold", t.cold) : "") : "";

@@ -7,8 +7,12 @@
 // ddprun_recovery_seconds histogram (metrics.hpp).
 //
 // Phases, each from the end of the one before:
-//   detect      the fault to the agent knowing of it (a crash: the exit reaped; a hang: the
-//               silence --worker_timeout waited for; another node's failure: its report here)
+//   detect      the fault's last sign of life to this agent knowing of it: a crash: 0 (its exit
+//               is reaped at once); a hang: the worker's silence since its last heartbeat (or its
+//               start); a lost node: its last keep-alive as its watcher saw it, to the round's end
+//               read here; this node fenced: its last renewal, to its workers' SIGKILL seen; a
+//               node asking to join: its request, to the round's end read here; another node's
+//               failure: the fault there (a hang: its silence) to its report read here
 //   stop        the other workers of this node stopped and their output drained
 //   rendezvous  this node joining the next round to the round ready
 //   spawn       every worker of the new attempt started (cold) or handed to a warm spare
@@ -34,6 +38,12 @@ struct RecoveryTimes {
 // Phase names in order, as the histogram labels them; "total" is the sum.
 const std::vector<const char*>& recovery_phase_names();
 double phase_seconds(const RecoveryTimes& t, const std::string& phase);
+
+// Seconds from `since` (a wall-clock time, perhaps another node's; the epoch: unknown) to `now`,
+// and never less than `at_least` (what a node measured on its own clock: a lower bound when the
+// two nodes' wall clocks disagree). A gap over an hour is taken for a wrong clock.
+double seconds_since_wall(std::chrono::system_clock::time_point since, double at_least,
+                          std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
 
 // The console line: "restarted in 0.21 s: detect 1 ms, stop 12 ms, rendezvous 3 ms, hand-over
 // 1 ms (2 warm), ready 190 ms".

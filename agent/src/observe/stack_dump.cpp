@@ -107,12 +107,54 @@ std::string native_stack_text(pid_t pid, std::chrono::milliseconds limit) {
          "neither eu-stack nor gdb is installed (apt-get install elfutils, or gdb)\n";
 }
 
+namespace {
+
+// faulthandler's frame line: '  File "/tmp/x.py", line 5 in stuck'.
+const std::regex& python_frame_line() {
+  static const std::regex frame(R"re(^\s+File "([^"]*)", line (\d+) in (.+)$)re");
+  return frame;
+}
+
+constexpr const char* kSpareDriver = "_ddprun_spare.py";
+
+}  // namespace
+
+bool is_spare_driver_frame(const StackFrame& f) { return f.file == kSpareDriver; }
+
+std::deque<std::string> without_spare_driver(std::deque<std::string> lines) {
+  bool script_seen = false;  // a frame not the driver's above, in this thread's block
+  std::deque<std::string> out;
+  for (auto& l : lines) {
+    std::smatch m;
+    if (l.find("(most recent call first)") != std::string::npos) {
+      script_seen = false;
+    } else if (std::regex_match(l, m, python_frame_line())) {
+      const bool driver = base_name(m[1].str()) == kSpareDriver;
+      if (driver && script_seen) continue;
+      script_seen = script_seen || !driver;
+    }
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+std::string without_spare_driver(const std::string& python_text) {
+  if (python_text.find(kSpareDriver) == std::string::npos) return python_text;
+  std::deque<std::string> lines;
+  std::istringstream in(python_text);
+  for (std::string l; std::getline(in, l);) lines.push_back(std::move(l));
+  std::string out;
+  for (const auto& l : without_spare_driver(std::move(lines))) out += l + "\n";
+  if (python_text.back() != '\n' && !out.empty()) out.pop_back();
+  return out;
+}
+
 std::vector<StackFrame> parse_python_stack(const std::string& text) {
   // Fatal Python error: Aborted
   //
   // Current thread 0x00007f... (most recent call first):
   //   File "/tmp/x.py", line 5 in stuck
-  static const std::regex frame(R"re(^\s+File "([^"]*)", line (\d+) in (.+)$)re");
+  const std::regex& frame = python_frame_line();
   std::vector<StackFrame> first, current, *into = nullptr;
   bool seen_current = false;
   std::istringstream in(text);
@@ -126,7 +168,12 @@ std::vector<StackFrame> parse_python_stack(const std::string& text) {
     }
     std::smatch m;
     if (into && std::regex_match(l, m, frame)) {
-      into->push_back({m[3].str(), base_name(m[1].str()), static_cast<int>(parse_int(m[2].str()).value_or(0))});
+      StackFrame f{m[3].str(), base_name(m[1].str()), static_cast<int>(parse_int(m[2].str()).value_or(0))};
+      // The driver's frames below the script's (the outermost): not those of a spare stuck in
+      // the driver itself, before the script ran.
+      const bool below_script = is_spare_driver_frame(f) &&
+                                !std::all_of(into->begin(), into->end(), is_spare_driver_frame);
+      if (!below_script) into->push_back(std::move(f));
     } else if (into && trim(l) == "Garbage-collecting") {  // a (long) collection, below any frames
       into->push_back({"(garbage collection)", "", 0});
     }

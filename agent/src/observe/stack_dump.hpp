@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -28,9 +29,20 @@ struct StackFrame {
 // text says what failed.
 std::string native_stack_text(pid_t pid, std::chrono::milliseconds limit);
 
+// A warm spare runs the script inside its driver (_ddprun_spare.py, by exec), so a warm worker's
+// Python stack ends in the driver's frames below the script's outermost one; a cold one's does
+// not. They are dropped wherever a stack is read, so that a warm and a cold rank stuck at the
+// same line read the same (and group together). A thread stuck in the driver itself (before the
+// script ran: no frame of the script above) keeps them.
+bool is_spare_driver_frame(const StackFrame& f);
+// faulthandler's text without the driver's "File ..." lines below a script's: what stack.txt
+// holds; and lines of it (the stderr tail of a failure summary).
+std::string without_spare_driver(const std::string& python_text);
+std::deque<std::string> without_spare_driver(std::deque<std::string> lines);
+
 // The frames of the thread that matters, innermost first: for Python, faulthandler's "Current
-// thread" (else the first thread); for native, the main thread (TID == PID, else the first),
-// without the C library's frames on top of it.
+// thread" (else the first thread), without the spare driver's frames below the script's; for
+// native, the main thread (TID == PID, else the first), without the C library's frames on top.
 std::vector<StackFrame> parse_python_stack(const std::string& text);
 std::vector<StackFrame> parse_native_stack(const std::string& text);
 

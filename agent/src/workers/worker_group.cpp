@@ -243,6 +243,7 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
                     secs(now - s->last_beat), secs(opt.worker_start_timeout));
     }
     w.raise(Standing::reported);
+    w.silent_s = secs(now - s->last_beat);
     listener->on_worker_failed(w, reason, kHeartbeatExitCode, FailureKind::hang);
     return;  // the listener stops the group
   }
@@ -354,7 +355,8 @@ const std::map<int, std::pair<int, int>>& WorkerGroup::last_exits() const { retu
 std::vector<StreamOutput::FileLoss> WorkerGroup::take_log_losses() { return std::exchange(impl_->log_losses, {}); }
 std::deque<std::string> WorkerGroup::stderr_tail(int local_rank) const {
   for (const auto& s : impl_->slots) {
-    if (s->w.spec.local_rank == local_rank && s->err) return s->err->tail();
+    // A warm worker's faulthandler dump: without the spare driver's frames, as its stack.txt.
+    if (s->w.spec.local_rank == local_rank && s->err) return without_spare_driver(s->err->tail());
   }
   return {};
 }

@@ -60,6 +60,7 @@ struct Worker {
   Standing standing = Standing::own;
   ExitStatus status;
   std::chrono::system_clock::time_point started_wall, ended_wall;
+  double silent_s = 0;  // found hung: seconds since its last heartbeat (or its start, before the first)
 
   bool running() const { return life == Life::running; }
   bool stopped_by_agent() const { return standing == Standing::stopped; }
@@ -143,7 +144,8 @@ class WorkerGroup {
   std::vector<StreamOutput::FileLoss> take_log_losses();
   // How each local rank's worker last ended, across groups: (rank, exit code for a shell).
   const std::map<int, std::pair<int, int>>& last_exits() const;
-  // The last stderr lines of a worker of the current group.
+  // The last stderr lines of a worker of the current group (a Python dump's frames of the warm
+  // spare driver left out: stack_dump.hpp).
   std::deque<std::string> stderr_tail(int local_rank) const;
 
  private:

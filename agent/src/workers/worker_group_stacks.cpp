@@ -90,7 +90,7 @@ void WorkerGroup::Impl::finish_dump() {
     int lr = s->w.spec.local_rank;
     bool python = dump->python.count(lr) > 0;
     if (!python && !dump->native.count(lr)) continue;
-    std::string text = python ? (s->err ? s->err->captured() : std::string()) : dump->text[lr];
+    std::string text = python ? without_spare_driver(s->err ? s->err->captured() : std::string()) : dump->text[lr];
     if (!python && text.empty()) text = "(no stack within " + duration_text(opt.stack_dump_timeout) + ")\n";
     by_rank[s->w.spec.rank] = python ? parse_python_stack(text) : parse_native_stack(text);
     if (!s->w.spec.dir.empty() && write_stack_file(s->w.spec.dir + "/stack.txt", text)) {

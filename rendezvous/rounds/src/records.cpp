@@ -23,6 +23,7 @@ FailureRecord failure_from(const json& j, const std::string& key) {
   f.message = field<std::string>(j, key, "message", "");
   f.traceback = field<std::string>(j, key, "traceback", "");
   f.hang = field<bool>(j, key, "hang", false);
+  f.silent_s = field<double>(j, key, "silent_s", 0.0);
   auto tail = j.find("stderr_tail");
   if (tail != j.end() && !tail->is_null()) {
     if (!tail->is_array()) malformed(key, "field 'stderr_tail' is not an array");
@@ -88,19 +89,22 @@ RoundEnd RoundEnd::of_stop(int signal, std::string host, std::string by) {
   return e;
 }
 
-RoundEnd RoundEnd::of_node_lost(int group_rank, std::string host, double idle_s) {
+RoundEnd RoundEnd::of_node_lost(int group_rank, std::string host, double idle_s,
+                                std::chrono::system_clock::time_point since) {
   RoundEnd e;
   e.kind = Kind::node_lost;
   e.group_rank = group_rank;
   e.host = std::move(host);
   e.idle_s = idle_s;
+  e.since = since;
   return e;
 }
 
-RoundEnd RoundEnd::of_membership(std::string host) {
+RoundEnd RoundEnd::of_membership(std::string host, std::chrono::system_clock::time_point since) {
   RoundEnd e;
   e.kind = Kind::membership;
   e.host = std::move(host);
+  e.since = since;
   return e;
 }
 
@@ -112,8 +116,8 @@ std::string round_end_json(const RoundEnd& e) {
     case RoundEnd::Kind::failure: {
       const FailureRecord& f = *e.failure;
       j.update(json{{"rank", f.rank}, {"local_rank", f.local_rank}, {"pid", f.pid}, {"host", f.host},
-                    {"reason", f.reason}, {"exit_code", f.exit_code}, {"hang", f.hang}, {"signal", f.status.signal},
-                    {"code", f.status.code},
+                    {"reason", f.reason}, {"exit_code", f.exit_code}, {"hang", f.hang}, {"silent_s", f.silent_s},
+                    {"signal", f.status.signal}, {"code", f.status.code},
                     {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(f.time.time_since_epoch()).count()},
                     {"error_file", f.error_file}, {"message", f.message}, {"traceback", f.traceback},
                     {"stderr_tail", std::vector<std::string>(f.stderr_tail.begin(), f.stderr_tail.end())}});
@@ -130,6 +134,9 @@ std::string round_end_json(const RoundEnd& e) {
       break;
     case RoundEnd::Kind::success:
       break;
+  }
+  if (e.since.time_since_epoch().count() != 0) {
+    j["since_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(e.since.time_since_epoch()).count();
   }
   return text(j);
 }
@@ -155,6 +162,7 @@ RoundEnd parse_round_end(const std::string& key, const std::string& value) {
   r.signal = field<int>(j, key, "signal", 0);
   r.by = field<std::string>(j, key, "by", "");
   r.idle_s = field<double>(j, key, "idle_s", 0.0);
+  r.since = std::chrono::system_clock::time_point(std::chrono::milliseconds(field<long long>(j, key, "since_ms", 0)));
   if (r.signal < 0 || r.signal > 64) malformed(key, "field 'signal' is not a signal number");
   if (r.kind == RoundEnd::Kind::failure) r.failure = failure_from(j, key);
   return r;

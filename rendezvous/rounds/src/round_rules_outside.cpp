@@ -121,7 +121,7 @@ void RoundRules::ask_to_join(int round, int closed) {
       return;
     }
     c.create(round_key(round + 1, Name::expect), std::to_string(closed + 1));
-    c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_membership(self_.info.host)));
+    c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_membership(self_.info.host, Clock::wall())));
     spdlog::info("ddprun: round {} runs with {} nodes; asking it to restart with this one", round, closed);
   } else {
     if (!said_spare_) {

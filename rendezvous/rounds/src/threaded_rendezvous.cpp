@@ -151,11 +151,16 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
 
   // LivenessEvents, from the liveness thread.
   void peer_lost(int round, int g, double idle_s) override {
-    tasks.submit([this, round, g, idle_s] {
+    // Its last sign of life, on this node's wall clock, taken as the watch found it silent:
+    // every node times its detection from it.
+    const auto since = Clock::wall() - std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                           std::chrono::duration<double>(idle_s));
+    tasks.submit([this, round, g, idle_s, since] {
       if (ended.over(round)) return;
       std::string host = g < static_cast<int>(hosts.size()) ? hosts[g] : "?";
       spdlog::warn("ddprun: round {}: no sign of life from node {} ({}) for {:.1f} s", round, g, escape_for_log(host), idle_s);
-      guarded(round, "end", [&] { rules->end_round(round, RoundEnd::of_node_lost(g, host, idle_s), group_world - 1); });
+      guarded(round, "end",
+              [&] { rules->end_round(round, RoundEnd::of_node_lost(g, host, idle_s, since), group_world - 1); });
     });
   }
   void lost(int round, const std::string& why) override {

@@ -40,6 +40,7 @@ struct FailureRecord {
   std::string reason;      // "exit code 3", "no heartbeat for 2.0 s", ...
   int exit_code = 1;       // what ddprun exits with if this is the root cause
   bool hang = false;       // it missed its heartbeats (then every node dumps its workers' stacks)
+  double silent_s = 0;     // hang: seconds since its last heartbeat (or its start) when found hung
   std::string error_file;  // TORCHELASTIC_ERROR_FILE, if the worker wrote it
   std::string message;     // from the error file
   std::string traceback;   // from the error file
@@ -52,15 +53,20 @@ struct RoundEnd {
   Kind kind = Kind::success;
   std::string host = "?";  // failure: the failed rank's host; node_lost: the lost node; stopped, membership: who
   int group_rank = -1;     // node_lost
-  double idle_s = 0;       // node_lost: seconds without a sign of life
+  double idle_s = 0;       // node_lost: seconds without a sign of life, as its watcher measured them
+  // When the cause began, on the writer's wall clock (epoch: unknown). node_lost: the lost node's
+  // last sign of life as its watcher saw it; membership: when the new node asked to join.
+  std::chrono::system_clock::time_point since{};
   int signal = 0;          // stopped
   std::string by;          // stopped: the id of the node that stopped it
   std::optional<FailureRecord> failure;  // failure: the root cause
 
   static RoundEnd of_failure(FailureRecord f);
   static RoundEnd of_stop(int signal, std::string host, std::string by);
-  static RoundEnd of_node_lost(int group_rank, std::string host, double idle_s);
-  static RoundEnd of_membership(std::string host);
+  static RoundEnd of_node_lost(int group_rank, std::string host, double idle_s,
+                               std::chrono::system_clock::time_point since = std::chrono::system_clock::time_point{});
+  static RoundEnd of_membership(std::string host,
+                                std::chrono::system_clock::time_point since = std::chrono::system_clock::time_point{});
   static RoundEnd of_success();
 };
 
