@@ -1,6 +1,7 @@
 // Told at once what is in use: a second agent with a node rank a live node holds, and a second
 // job with a run id a job with other settings uses, exit 1 within seconds naming it, while the
-// running job is not disturbed. A rank whose holder died is not in use: its replacement gets it.
+// running job is not disturbed; a second agent with a node rank, stopped by a signal, stops
+// nobody else. A rank whose holder died is not in use: its replacement gets it.
 #include <catch2/catch.hpp>
 #include <csignal>
 
@@ -32,6 +33,49 @@ TEST_CASE("a node rank already held by a live node is refused within seconds, na
   n1.signal(SIGTERM);
   n0.finish(20s);
   n1.finish(20s);
+}
+
+// A second --node_rank=1 started by mistake and stopped (Ctrl-C, SIGTERM) while round 0 waits for
+// rank 2 is a member of no round: its stop reaches nobody. The two healthy nodes go on and, once
+// rank 2 comes, the job ends 0 (they exited 128 + signal: "the job was stopped by ... during the
+// rendezvous").
+TEST_CASE("a duplicate node rank stopped by a signal leaves the healthy nodes running", "[multinode]") {
+  const int sig = GENERATE(SIGTERM, SIGINT);
+  INFO("signal " << sig);
+  // The default liveness TTL (15 s): the duplicate is refused only 6.5 s after its claim, and the
+  // signal comes first.
+  const std::string conf = "--rdzv_conf=join_timeout=60";
+  auto node = [&](int rank, const std::string& port) {
+    return cmd({"--nnodes=3", "--node_rank=" + std::to_string(rank), "--master_port=" + port, conf, "--nproc_per_node=1",
+                kWorker, "env"});
+  };
+  Launch n0(node(0, "0"));
+  auto port = host_port(n0);
+  Launch n1(node(1, port));
+  ddprun::rendezvous::TcpStore store({.host = "127.0.0.1", .port = static_cast<std::uint16_t>(std::stoi(port)),
+                                      .timeout = 20s, .secret = {}});
+  store.wait({"ddprun/rdzv/none/r0/node/0", "ddprun/rdzv/none/r0/node/1"}, 20s);
+  {
+    Launch dup(node(1, port));
+    // In the rendezvous: its claim on its way or refused (either way a member of no round).
+    auto deadline = Clock::now() + 10s;
+    while (Clock::now() < deadline && dup.err().find("joining the rendezvous") == std::string::npos) dup.wait_for("\x01", 1, 50ms);
+    REQUIRE(dup.err().find("joining the rendezvous") != std::string::npos);
+    dup.signal(sig);
+    auto rd = dup.finish(10s);
+    INFO(rd.err);
+    CHECK(rd.code == 128 + sig);
+    CHECK(rd.seconds < 5);
+  }
+  Launch n2(node(2, port));
+  auto r2 = n2.finish(30s), r1 = n1.finish(30s), r0 = n0.finish(30s);
+  INFO(r0.err << "\n---\n" << r1.err << "\n---\n" << r2.err);
+  CHECK(r0.code == 0);
+  CHECK(r1.code == 0);
+  CHECK(r2.code == 0);
+  CHECK(r0.err.find("the job was stopped") == std::string::npos);
+  CHECK_THAT(r0.out, Catch::Contains("GROUP_WORLD_SIZE=3"));
+  CHECK_THAT(r1.out, Catch::Contains("GROUP_RANK=1"));
 }
 
 TEST_CASE("a second job with a run id in use by other settings is refused at once, naming both", "[multinode]") {

@@ -1,5 +1,6 @@
 // The round rules with static node ranks (--node_rank): claims, a rank held by a live node, a
-// stop reaching a node that waits for its rank, a round abandoned by a dead holder's replacement.
+// stop reaching a node that waits for its rank, a duplicate's stop reaching nobody, a round
+// abandoned by a dead holder's replacement.
 #include <catch2/catch.hpp>
 #include <csignal>
 
@@ -44,6 +45,37 @@ TEST_CASE("rules: a node rank held by a live node is refused within the liveness
     CHECK(n.rec[again]->ready.front().round == 1);
     CHECK(n.rec[again]->ready.front().group_rank == 1);
     CHECK(n.rec[again]->ready.front().restart_count == 1);  // the job's count, not the new node's
+  }
+}
+
+// A duplicate --node_rank stopped (Ctrl-C, SIGTERM) is a member of no round, whether its claim
+// was refused or is still on its way: its stop must not end the round the rank's holder waits in
+// (it closed that round as stopped, and the healthy nodes exited).
+TEST_CASE("rules: a stop of a duplicate static rank does not end the round its holder waits in", "[rules]") {
+  const bool refused = GENERATE(true, false);
+  INFO((refused ? "its claim refused" : "its claim on its way"));
+  Nodes n(3, 3, BackendKind::static_ranks);
+  n.add(0);
+  n.add(1);
+  n.nodes[0]->join(0, 0);
+  n.nodes[1]->join(0, 0);
+  FakeConnection look(n.world);
+  REQUIRE(look.wait({round_key(0, Name::node, 0), round_key(0, Name::node, 1)}, Clock::now() + 5s));
+  int dup = n.add(1);
+  n.nodes[dup]->join(0, -1);
+  // Refused: it looks at the holder's counters (the keep-alive one is read, hence made, only by a
+  // claimer while the round is open).
+  if (refused) look.wait({round_key(0, Name::alive, 1)}, Clock::now() + 1s);
+  n.nodes[dup]->leave(0, SIGINT);
+  REQUIRE(n.rec[dup]->wait([&] { return n.rec[dup]->finished == 1; }, 5s));
+  CHECK_FALSE(look.get(round_key(0, Name::closed)));
+  CHECK_FALSE(look.get(round_key(0, Name::end)));
+  n.add(2);
+  n.nodes[3]->join(0, 0);
+  for (int i : {0, 1, 3}) {
+    REQUIRE(n.rec[i]->wait_ready());
+    CHECK(n.rec[i]->ready.front().round == 0);
+    CHECK(n.rec[i]->failed.empty());
   }
 }
 

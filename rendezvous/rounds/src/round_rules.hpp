@@ -76,7 +76,8 @@ class RoundRules {
 
   // The round a stop signal should be announced to, when the caller was asked for `asked`: the
   // round this node arrived in (the others may wait for it there), or -1 when it is in none
-  // that could wait for it (it waits for a place beside a running round). Any thread.
+  // that could wait for it (it waits for a place beside a running round; static: it holds no
+  // node rank, its claim pending or refused). Any thread.
   int round_to_tell(int asked) const;
 
   // Called (on the joining thread) each time this node starts waiting for a place.
@@ -133,8 +134,10 @@ class RoundRules {
   std::function<void()> on_waiting_;
   int first_round_ = 0;  // a relaunch of a finished run id meets after the old job's rounds
   static constexpr int kNobody = -2;
-  std::atomic<int> told_{-1};  // the round this node arrived in; kNobody: excluded from it
-  std::atomic<int> told_idx_{-1};  // its arrival index there
+  // The round this node arrived in (static: or holds its rank in, before it arrives); -1: none
+  // yet; kNobody: excluded from it (beyond its nodes, or refused its static rank).
+  std::atomic<int> told_{-1};
+  std::atomic<int> told_idx_{-1};  // its arrival index there (-1: not arrived yet)
 };
 
 }  // namespace ddprun::rounds

@@ -148,8 +148,11 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
   HolderWatch watch{round_key(round, Name::held, opt_.node_rank)};
   if (holder.node_id == self_.node_id) {
     c.add(watch.counter, 1);  // alive from the claim on: a pause before arriving is not death
+    told_idx_ = -1;  // the holder: the others wait for it in this round, where it arrives next
+    told_ = round;
     return true;
   }
+  told_ = kNobody;  // refused: a member of no round (a stop of this node is nobody else's business)
   // members_gone() watches the members for one TTL more: refused after TTL + 1 s, as before.
   const auto ttl = backend_.liveness_ttl(), patience = std::chrono::milliseconds(1s);
   const auto since = Clock::now();
