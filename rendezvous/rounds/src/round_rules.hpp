@@ -94,15 +94,18 @@ class RoundRules {
     std::string what;
   };
 
-  // What claim_rank saw of the holder's `held` counter.
+  // What claim_rank saw of a counter the holder of its rank bumps (`held`, or its keep-alive).
   struct HolderWatch {
     Key counter;
     long long count = -1;
-    Clock::time_point alive_at{};
+    Clock::time_point alive_at{};   // when the count was seen to change (the first look included)
+    Clock::time_point looked_at{};  // the last look
   };
   int latest_round(int from);
   bool claim_rank(int round, Clock::time_point deadline);
-  bool holder_gone(int round, HolderWatch& w);
+  bool moved(HolderWatch& w);
+  bool holder_gone(int round, const HolderWatch& w);
+  [[noreturn]] void throw_held(int round, const std::string& host, const std::string& alive);
   bool members_gone(int round);
   int wait_closed(int round, int idx, Clock::time_point deadline);
   bool wait_for_others(Connection& c, int round, Clock::time_point deadline, bool look);
