@@ -158,7 +158,8 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
   told_ = kNobody;  // refused: a member of no round (a stop of this node is nobody else's business)
   moved(held);
   moved(beat);
-  // members_gone() watches the members for one TTL more: refused after TTL + 1 s, as before.
+  // With no counter of the holder's moving (etcd has no keep-alive counters), a running round's
+  // members are watched by members_gone() for a TTL once 1 s has passed: refused then.
   const auto ttl = backend_.liveness_ttl(), patience = std::chrono::milliseconds(1s), look = ttl / 3 + ttl / 10;
   const auto since = Clock::now();
   for (;;) {
