@@ -1,5 +1,6 @@
 // The round rules with static node ranks (--node_rank): claims, a rank held by a live node, a
-// stop reaching a node that waits for its rank, a round abandoned by a dead holder's replacement.
+// stop reaching a node that waits for its rank, a duplicate's stop reaching nobody, a round
+// abandoned by a dead holder's replacement.
 #include <catch2/catch.hpp>
 #include <csignal>
 
@@ -32,7 +33,7 @@ TEST_CASE("rules: a node rank held by a live node is refused within the liveness
   REQUIRE(n.rec[late]->wait_failed());
   const auto& f = n.rec[late]->failed.front();
   CHECK(f.kind == FK::in_use);
-  CHECK_THAT(f.message, Catch::Contains("node rank 1 is already in use") && Catch::Contains("--node_rank"));
+  CHECK_THAT(f.message, Catch::Contains("node rank 1 is already held by") && Catch::Contains("--node_rank"));
   CHECK(std::chrono::steady_clock::now() - t0 < 3s);  // TTL 1 s + 1 s
   SECTION("but a node whose round ended takes the rank in the next round") {
     int again = n.add(1);
@@ -44,6 +45,71 @@ TEST_CASE("rules: a node rank held by a live node is refused within the liveness
     CHECK(n.rec[again]->ready.front().round == 1);
     CHECK(n.rec[again]->ready.front().group_rank == 1);
     CHECK(n.rec[again]->ready.front().restart_count == 1);  // the job's count, not the new node's
+  }
+}
+
+// A second --node_rank=1 while the round is open (rank 2 not there yet): the holder's `held`
+// counter moves every third of a TTL, so the duplicate is refused at its next look, a little over
+// a third of a TTL after its claim, naming the holder's host (it waited silently until
+// join_timeout, 10 s here).
+TEST_CASE("rules: a duplicate static rank in an open round is refused within a third of a TTL, naming the holder",
+          "[rules]") {
+  Nodes n(3, 3, BackendKind::static_ranks);
+  n.add(0);
+  n.add(1);
+  n.nodes[0]->join(0, 0);
+  n.nodes[1]->join(0, 0);
+  FakeConnection look(n.world);
+  REQUIRE(look.wait({round_key(0, Name::node, 0), round_key(0, Name::node, 1)}, Clock::now() + 5s));
+  const RankClaim holder = parse_claim("rank", *look.get(round_key(0, Name::rank, 1)));
+  int dup = n.add(1);
+  const auto t0 = std::chrono::steady_clock::now();
+  n.nodes[dup]->join(0, -1);
+  REQUIRE(n.rec[dup]->wait([&] { return !n.rec[dup]->failed.empty(); }, 5s));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  const auto& f = n.rec[dup]->failed.front();
+  CHECK(f.kind == FK::in_use);
+  CHECK_THAT(f.message, Catch::Contains("node rank 1 is already held by " + holder.host + " (alive: its held counter moved") &&
+                            Catch::Contains("give each node its own --node_rank (0..2)"));
+  CHECK(took < 1s);  // TTL 1 s: a look 433 ms after the claim
+  // The round it tried to join is untouched: rank 2 completes it.
+  CHECK_FALSE(look.get(round_key(0, Name::closed)));
+  n.add(2);
+  n.nodes[3]->join(0, 0);
+  for (int i : {0, 1, 3}) {
+    REQUIRE(n.rec[i]->wait_ready());
+    CHECK(n.rec[i]->ready.front().round == 0);
+  }
+}
+
+// A duplicate --node_rank stopped (Ctrl-C, SIGTERM) is a member of no round, whether its claim
+// was refused or is still on its way: its stop must not end the round the rank's holder waits in
+// (it closed that round as stopped, and the healthy nodes exited).
+TEST_CASE("rules: a stop of a duplicate static rank does not end the round its holder waits in", "[rules]") {
+  const bool refused = GENERATE(true, false);
+  INFO((refused ? "its claim refused" : "its claim on its way"));
+  Nodes n(3, 3, BackendKind::static_ranks);
+  n.add(0);
+  n.add(1);
+  n.nodes[0]->join(0, 0);
+  n.nodes[1]->join(0, 0);
+  FakeConnection look(n.world);
+  REQUIRE(look.wait({round_key(0, Name::node, 0), round_key(0, Name::node, 1)}, Clock::now() + 5s));
+  int dup = n.add(1);
+  n.nodes[dup]->join(0, -1);
+  // Refused: it looks at the holder's counters (the keep-alive one is read, hence made, only by a
+  // claimer while the round is open).
+  if (refused) look.wait({round_key(0, Name::alive, 1)}, Clock::now() + 1s);
+  n.nodes[dup]->leave(0, SIGINT);
+  REQUIRE(n.rec[dup]->wait([&] { return n.rec[dup]->finished == 1; }, 5s));
+  CHECK_FALSE(look.get(round_key(0, Name::closed)));
+  CHECK_FALSE(look.get(round_key(0, Name::end)));
+  n.add(2);
+  n.nodes[3]->join(0, 0);
+  for (int i : {0, 1, 3}) {
+    REQUIRE(n.rec[i]->wait_ready());
+    CHECK(n.rec[i]->ready.front().round == 0);
+    CHECK(n.rec[i]->failed.empty());
   }
 }
 

@@ -187,6 +187,44 @@ TEST_CASE("store rounds: static: a rank whose holder died in a round that never 
   }
 }
 
+// A second --node_rank=1 while rank 1's round runs: the holder's keep-alive counter (its group
+// rank is its node rank) moves every interval, so the duplicate is refused at its next look, a
+// little over a third of a TTL after its claim, with the message of an open round (it took two
+// TTLs, members_gone's included).
+TEST_CASE("store rounds: static: a duplicate rank of a running round's member is refused within a third of a TTL",
+          "[store_rounds]") {
+  Cluster c(0, 2, 2, true);
+  auto o = c.opt;
+  o.backend = BackendKind::static_ranks;
+  o.host_role = HostRole::never;
+  o.endpoint_port = c.port;
+  o.keep_alive_interval = 300ms;  // TTL 900 ms: a look 390 ms after the claim
+  auto add = [&](int rank, int rc) {
+    auto mine = o;
+    mine.node_rank = rank;
+    c.rec.push_back(std::make_unique<Recorder>());
+    c.nodes.push_back(node(mine, *c.rec.back()));
+    c.nodes.back()->join(0, rc);
+  };
+  add(0, 0);
+  add(1, 0);
+  for (auto& r : c.rec) REQUIRE(r->wait_ready());
+  const std::string holder = c.rec[1]->ready.front().nodes[1].host;
+  const auto t0 = std::chrono::steady_clock::now();
+  add(1, -1);
+  auto& dup = *c.rec[2];
+  REQUIRE(dup.wait([&] { return !dup.failed.empty(); }, 5s));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(dup.failed.front().kind == RendezvousFailure::Kind::in_use);
+  CHECK_THAT(dup.failed.front().message, Catch::Contains("node rank 1 is already held by " + holder +
+                                                         " (alive: its keep-alive counter moved") &&
+                                             Catch::Contains("give each node its own --node_rank (0..1)"));
+  CHECK(took < 1200ms);
+  // The round runs on.
+  CHECK(c.rec[0]->over.empty());
+  CHECK(c.rec[1]->over.empty());
+}
+
 TEST_CASE("store rounds: a malformed end record is a protocol error naming the key, on every node", "[store_rounds]") {
   Cluster c(2, 2, 2);
   c.join_all(0, 0);

@@ -22,7 +22,8 @@
 //                      static rank's holder died in it before it closed: meet in the next)
 //   store              StoreAddress of the workers' store, published by group rank 0; or a stop,
 //                      or a member giving the round up before it ran (first writer wins)
-//   alive/<g>          keep-alive counter of group rank g (store backend)
+//   alive/<g>          keep-alive counter of group rank g (store backend); static: a node claiming
+//                      rank g reads it too (it moving: the rank's holder is alive)
 //   end                RoundEnd: why round R ended (first writer wins)
 //   succeeded, acked, all_acked      the end of a successful or finished job
 //   stop_acks, stop_seen             nodes that read a "stopped" end

@@ -116,7 +116,10 @@ RoundRules::Joined RoundRules::join(int round, int rc, const Streak& streak) {
 
 int RoundRules::round_to_tell(int asked) const {
   int told = told_;
-  return told == kNobody ? -1 : std::max(told, asked);
+  // A static node is a member only once its claim stood: a duplicate --node_rank (its claim
+  // pending or refused) must not stop the round the rank's holder waits in.
+  if (told == kNobody || (told < 0 && opt_.backend == BackendKind::static_ranks)) return -1;
+  return std::max(told, asked);
 }
 
 // Closes round `round` when this arrival (`idx`) fills it, waits until it is closed, and returns

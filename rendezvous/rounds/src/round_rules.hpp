@@ -76,7 +76,8 @@ class RoundRules {
 
   // The round a stop signal should be announced to, when the caller was asked for `asked`: the
   // round this node arrived in (the others may wait for it there), or -1 when it is in none
-  // that could wait for it (it waits for a place beside a running round). Any thread.
+  // that could wait for it (it waits for a place beside a running round; static: it holds no
+  // node rank, its claim pending or refused). Any thread.
   int round_to_tell(int asked) const;
 
   // Called (on the joining thread) each time this node starts waiting for a place.
@@ -93,15 +94,18 @@ class RoundRules {
     std::string what;
   };
 
-  // What claim_rank saw of the holder's `held` counter.
+  // What claim_rank saw of a counter the holder of its rank bumps (`held`, or its keep-alive).
   struct HolderWatch {
     Key counter;
     long long count = -1;
-    Clock::time_point alive_at{};
+    Clock::time_point alive_at{};   // when the count was seen to change (the first look included)
+    Clock::time_point looked_at{};  // the last look
   };
   int latest_round(int from);
   bool claim_rank(int round, Clock::time_point deadline);
-  bool holder_gone(int round, HolderWatch& w);
+  bool moved(HolderWatch& w);
+  bool holder_gone(int round, const HolderWatch& w);
+  [[noreturn]] void throw_held(int round, const std::string& host, const std::string& alive);
   bool members_gone(int round);
   int wait_closed(int round, int idx, Clock::time_point deadline);
   bool wait_for_others(Connection& c, int round, Clock::time_point deadline, bool look);
@@ -133,8 +137,10 @@ class RoundRules {
   std::function<void()> on_waiting_;
   int first_round_ = 0;  // a relaunch of a finished run id meets after the old job's rounds
   static constexpr int kNobody = -2;
-  std::atomic<int> told_{-1};  // the round this node arrived in; kNobody: excluded from it
-  std::atomic<int> told_idx_{-1};  // its arrival index there
+  // The round this node arrived in (static: or holds its rank in, before it arrives); -1: none
+  // yet; kNobody: excluded from it (beyond its nodes, or refused its static rank).
+  std::atomic<int> told_{-1};
+  std::atomic<int> told_idx_{-1};  // its arrival index there (-1: not arrived yet)
 };
 
 }  // namespace ddprun::rounds

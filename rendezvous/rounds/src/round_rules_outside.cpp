@@ -134,27 +134,36 @@ void RoundRules::ask_to_join(int round, int closed) {
 }
 
 // Static: --node_rank N is claimed first-writer-wins (etcd: on the claimer's lease), and its
-// holder bumps r<R>/held/<N> from then on until the round closes. Held by a live member of a
-// running round: an error, once the liveness TTL has shown it alive. Held by a node that died
-// on its way: the round ends without it once it closed; before it closed, the round is
-// abandoned once the holder's `held` counter stayed still for a TTL plus twice read_timeout.
-// False: the round ended or was abandoned, try the next one.
+// holder bumps r<R>/held/<N> from then on until the round closes, and its keep-alive counter
+// r<R>/alive/<N> while the round runs (the store's ring; group rank = node rank). Either counter
+// moving between two looks of a refused claimer, a little over a third of a TTL apart (the
+// holder bumps `held` every third), shows the holder alive: a duplicate --node_rank, refused at
+// once. Else held by a live member of a running round: refused once the liveness TTL has shown
+// its members alive. Held by a node that died on its way: the round ends without it once it
+// closed; before it closed, the round is abandoned once the holder's `held` counter stayed still
+// for a TTL plus twice read_timeout. False: the round ended or was abandoned, try the next one.
 bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
   auto& c = *conn_;
   const Key k = round_key(round, Name::rank, opt_.node_rank), end = round_key(round, Name::end);
   const Key ck = round_key(round, Name::closed);
   const std::string mine = claim_json({self_.node_id, self_.info.host});
   const RankClaim holder = parse_claim(c.name(k), c.create(k, mine, Lifetime::node));
-  HolderWatch watch{round_key(round, Name::held, opt_.node_rank)};
+  HolderWatch held{round_key(round, Name::held, opt_.node_rank)}, beat{round_key(round, Name::alive, opt_.node_rank)};
   if (holder.node_id == self_.node_id) {
-    c.add(watch.counter, 1);  // alive from the claim on: a pause before arriving is not death
+    c.add(held.counter, 1);  // alive from the claim on: a pause before arriving is not death
+    told_idx_ = -1;  // the holder: the others wait for it in this round, where it arrives next
+    told_ = round;
     return true;
   }
-  // members_gone() watches the members for one TTL more: refused after TTL + 1 s, as before.
-  const auto ttl = backend_.liveness_ttl(), patience = std::chrono::milliseconds(1s);
+  told_ = kNobody;  // refused: a member of no round (a stop of this node is nobody else's business)
+  moved(held);
+  moved(beat);
+  // With no counter of the holder's moving (etcd has no keep-alive counters), a running round's
+  // members are watched by members_gone() for a TTL once 1 s has passed: refused then.
+  const auto ttl = backend_.liveness_ttl(), patience = std::chrono::milliseconds(1s), look = ttl / 3 + ttl / 10;
   const auto since = Clock::now();
   for (;;) {
-    if (c.wait({end}, std::min(deadline, Clock::now() + ttl))) {
+    if (c.wait({end}, std::min(deadline, Clock::now() + look))) {
       throw_if_stopped(c, round, false);  // the job is stopping: so is this node of it
       return false;
     }
@@ -164,19 +173,41 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
     if (cv && kind == Closed::Kind::abandoned) return false;
     if (cv && kind == Closed::Kind::stopped) throw_closed_stopped(c, round, false);
     const bool closed = running || cv.has_value();
+    const auto last = held.looked_at;
+    auto within = [&] { return duration_text(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last)); };
+    if (moved(held)) throw_held(round, holder.host, "its held counter moved within the last " + within());
+    if (moved(beat)) throw_held(round, holder.host, "its keep-alive counter moved within the last " + within());
     // A closed round whose members all died on their way in (a crashed launch) is ended too.
     if (waited && closed && members_gone(round)) return false;  // it ended the round: try the next one
-    if (waited && running) break;  // a member renewing its liveness for a TTL: alive
-    if (!closed && holder_gone(round, watch)) {
+    if (waited && running) throw_held(round, holder.host, "its round runs, its members renewing their liveness");
+    if (!closed && holder_gone(round, held)) {
       spdlog::warn("ddprun: node rank {} is held in round {} by host {}, which stopped showing it is alive before the "
                    "round closed; meeting in the next round", opt_.node_rank, round, escape_for_log(holder.host));
       return false;
     }
-    if (Clock::now() >= deadline) break;
+    if (Clock::now() >= deadline) {
+      throw_held(round, holder.host, "it did not go within " + duration_text(opt_.join_timeout) + " (join_timeout)");
+    }
   }
-  throw RendezvousError(K::in_use, "rendezvous: node rank " + std::to_string(opt_.node_rank) + " is already in use in run '" +
-                                       opt_.run_id + "' on " + where_ + ": host " + holder.host + " holds it in round " +
-                                       std::to_string(round) + " and is alive; give each node a distinct --node_rank (0.." +
+}
+
+// Looks at a counter of the holder's: true when it changed since the last look (the first look
+// only notes it).
+bool RoundRules::moved(HolderWatch& w) {
+  const long long count = conn_->add(w.counter, 0);
+  const bool changed = count != w.count, seen = w.count >= 0;
+  w.looked_at = Clock::now();
+  if (changed) {
+    w.count = count;
+    w.alive_at = w.looked_at;
+  }
+  return changed && seen;
+}
+
+[[noreturn]] void RoundRules::throw_held(int round, const std::string& host, const std::string& alive) {
+  throw RendezvousError(K::in_use, "rendezvous: node rank " + std::to_string(opt_.node_rank) + " is already held by " + host +
+                                       " (alive: " + alive + ") in round " + std::to_string(round) + " of run '" + opt_.run_id +
+                                       "' on " + where_ + "; give each node its own --node_rank (0.." +
                                        std::to_string(opt_.max_nodes - 1) + "), or a new job its own --rdzv_id");
 }
 
@@ -184,14 +215,8 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
 // counter for a TTL plus twice read_timeout: it died on its way in. Then the round is abandoned
 // (first writer wins on its `closed` key: a round that closed meanwhile goes on, and is ended as
 // any round whose member died), and true.
-bool RoundRules::holder_gone(int round, HolderWatch& w) {
+bool RoundRules::holder_gone(int round, const HolderWatch& w) {
   auto& c = *conn_;
-  const long long count = c.add(w.counter, 0);
-  if (count != w.count) {
-    w.count = count;
-    w.alive_at = Clock::now();
-    return false;
-  }
   if (Clock::now() - w.alive_at < backend_.liveness_ttl() + 2 * opt_.read_timeout) return false;
   const Key ck = round_key(round, Name::closed);
   return parse_closed(c.name(ck), c.create(ck, closed_json(Closed::abandoned(opt_.node_rank)))).kind ==
