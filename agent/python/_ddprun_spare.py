@@ -105,7 +105,7 @@ def _same_file(a, b):
     return a == b or os.path.realpath(a) == os.path.realpath(b)
 
 
-def _recorded_to_import(record, path0):
+def _recorded_to_import(record, path0, recorder):
     """The recorded top-level modules to preload: not the standard library, not private, not the
     script's own (under its folder), and only where the spare's import finds the very file the
     worker had (a script that puts its project's folder on sys.path itself finds its own
@@ -118,10 +118,13 @@ def _recorded_to_import(record, path0):
     for name, where in sorted(record.items()):
         if "." in name or name.startswith("_") or name in skip or os.path.realpath(where).startswith(own):
             continue
+        recorder.probing = True  # a look, not an import: nothing to note
         try:
             spec = importlib.util.find_spec(name)
         except Exception:  # noqa: BLE001  (a broken package: the script imports it itself)
             continue
+        finally:
+            recorder.probing = False
         if spec is not None and spec.origin and _same_file(spec.origin, where):
             yield name
 
@@ -160,8 +163,11 @@ class _Recorder:
         self.files = {}
         self.record = record or {}
         self.differs = ""
+        self.probing = False
 
     def find_spec(self, name, path, target=None):
+        if self.probing:
+            return None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
             if finder is self or find is None:
@@ -218,7 +224,7 @@ class _Preload:
                 if not self.recorder.differs:
                     _import(name)
             if record is not None:
-                for name in _recorded_to_import(record, path0):
+                for name in _recorded_to_import(record, path0, self.recorder):
                     if self.recorder.differs:
                         break
                     if name not in sys.modules:
