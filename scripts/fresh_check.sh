@@ -18,7 +18,7 @@ cleanup() { for m in "${mounts[@]}"; do umount -l "$m" 2>/dev/null || true; done
 trap cleanup EXIT
 bind "$dir" "$dir"  # / is a mount point inside, as on a real machine
 mount -t proc proc "$dir/proc" && mounts=("$dir/proc" "${mounts[@]}")
-bind /sys "$dir/sys"
+mount --rbind /sys "$dir/sys" && mounts=("$dir/sys" "${mounts[@]}")  # with /sys/fs/cgroup, as on a machine
 bind /dev "$dir/dev"
 mount -t devpts devpts "$dir/dev/pts" -o newinstance && mounts=("$dir/dev/pts" "${mounts[@]}")
 mount -t tmpfs tmpfs "$dir/run" && mounts=("$dir/run" "${mounts[@]}")

@@ -51,6 +51,11 @@ void WorkerGroup::Impl::prepare(Slot& s) {
     // The start-up clock starts at spawn. O_NOFOLLOW: a link planted there is not followed.
     int hb = ::open(spec.heartbeat_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (hb < 0) throw Error("cannot create '" + spec.heartbeat_file + "': " + std::strerror(errno));
+    // Its mtime set far in the past: a beat is an mtime that differs from this one, and a worker
+    // that beats within the file system's timestamp tick of this creation (a few ms) would
+    // otherwise leave the mtime as it was, and its first beat unseen.
+    const timespec long_ago[2] = {{0, UTIME_OMIT}, {1, 0}};
+    ::futimens(hb, long_ago);
     struct stat st{};
     if (::fstat(hb, &st) == 0) s.beat_mtime = st.st_mtim;
     ::close(hb);
