@@ -87,8 +87,8 @@ check "an exception on rank 1: rank 1 is the root cause, its message shown, befo
 MW_TIMEOUT_MS=60000 run stuck 2 --worker_timeout=3 --stop_timeout=2 -- stuck_outside
 check "a rank stuck outside any collective is the root cause of the hang" stuck '
   grep -A8 "Root cause" $out | grep -q "rank       : 0 " &&
-  grep -A8 "Root cause" $out | grep -q "hung outside any collective (.*stuck_outside_collectives" &&
-  grep -A8 "Root cause" $out | grep -q "while rank 1 waited in one for it; rank 1: no heartbeat for"'
+  grep -A8 "Root cause" $out | grep -q "rank 0 (host .*, pid [0-9]*) is stuck outside any collective in .*stuck_outside_collectives" &&
+  grep -A8 "Root cause" $out | grep -q "; rank 1 waits for it in .*; rank 1: no heartbeat for"'
 
 # No launcher at all: a world of one, with a one-line notice.
 t0=$(date +%s.%N)

@@ -4,12 +4,18 @@ ddprun puts this directory first on each worker's PYTHONPATH, so Python imports 
 start-up as `sitecustomize`. It imports nothing heavy: a hook on the import system waits for
 PyTorch, and then
 
-1. touches DDPRUN_HEARTBEAT_FILE after every optimizer step, so --worker_timeout works on
-   unmodified scripts: through torch.optim.optimizer.register_optimizer_step_post_hook (PyTorch
-   2.0 and later); PyTorch 1.13 has no such hook, but every optimizer's step() calls
+1. beats for ddprun's hang watch (README: "Hangs"), on unmodified scripts, in
+   DDPRUN_HEARTBEAT_FILE: after every optimizer step it writes the number of steps done ("12\n")
+   into the file, through torch.optim.optimizer.register_optimizer_step_post_hook (PyTorch 2.0
+   and later); PyTorch 1.13 has no such hook, but every optimizer's step() calls
    Optimizer._optimizer_step_code() when it is done (the profiler's entry point), which is
-   wrapped instead;
-2. under PyTorch 1.x, sets NCCL_ASYNC_ERROR_HANDLING (the only name 1.x reads) from
+   wrapped instead. After the first step, a forward pass of any module touches the file (at most
+   once a second; a global forward pre-hook), so an evaluation loop without optimizer steps is
+   progress;
+2. registers faulthandler on DDPRUN_STACK_SIGNAL (a real-time signal), writing every thread's
+   traceback to HEARTBEAT.stack: ddprun reads a hung worker's Python stack without ending it,
+   even while a thread spins holding the GIL (faulthandler writes from its signal handler);
+3. under PyTorch 1.x, sets NCCL_ASYNC_ERROR_HANDLING (the only name 1.x reads) from
    TORCH_NCCL_ASYNC_ERROR_HANDLING: ddprun sets only the 2.x name, since 2.x warns on every rank
    about the 1.x one.
 
@@ -22,6 +28,7 @@ its real path, and skipped; the user's own sitecustomize runs exactly once.
 """
 import os
 import sys
+import time
 
 _MARKER = "ddprun-progress-hook-1"  # found in the first 4 KiB of every copy of this file
 _STATE = "_ddprun_progress_hook"  # on sys: the real paths of the hook directories seen so far
@@ -45,18 +52,81 @@ def _report_modules(heartbeat):
         pass
 
 
-def _touch(*_args):
-    # Read at each step, not at start-up: a warm spare imports torch before it knows its file.
-    heartbeat = os.environ.get("DDPRUN_HEARTBEAT_FILE")
-    if not heartbeat:
+class _Beat:
+    """This process's heartbeat file (DDPRUN_HEARTBEAT_FILE, read at each beat: a warm spare
+    imports torch before it knows its file), the steps done in this attempt, the last beat."""
+
+    path = None
+    fd = -1
+    steps = 0
+    last = 0.0
+    stack_file = None
+
+
+def _beat_file():
+    path = os.environ.get("DDPRUN_HEARTBEAT_FILE")
+    if path != _Beat.path:  # a new attempt: its own file, steps counted from 0
+        if _Beat.fd >= 0:
+            os.close(_Beat.fd)
+        _Beat.path, _Beat.fd, _Beat.steps = path, -1, 0
+        if path:
+            try:
+                _Beat.fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            except OSError:
+                pass
+            _register_stacks(path)
+    return _Beat.fd
+
+
+def _register_stacks(heartbeat):
+    """faulthandler on DDPRUN_STACK_SIGNAL, into HEARTBEAT.stack (appended: ddprun reads what a
+    signal adds). Not for a process that only inherited the variables (a DataLoader worker is
+    forked: it keeps its parent's registration, and ddprun signals the parent only)."""
+    number = os.environ.get("DDPRUN_STACK_SIGNAL", "")
+    if not number.isdigit() or not heartbeat:
         return
+    try:
+        import faulthandler
+
+        stack_file = open(heartbeat + ".stack", "ab", buffering=0)
+        faulthandler.register(int(number), file=stack_file, all_threads=True, chain=False)
+        if _Beat.stack_file is not None:
+            _Beat.stack_file.close()
+        _Beat.stack_file = stack_file
+    except (OSError, ValueError, RuntimeError):
+        pass
+
+
+def _touch(*_args):
+    """An optimizer step: the count of steps written into the file (which sets its mtime)."""
+    fd = _beat_file()
+    if fd < 0:
+        return
+    heartbeat = _Beat.path
     if os.environ.get("DDPRUN_PRELOAD_AUTO") == "1" and getattr(sys, _STATE + "_reported", None) != heartbeat:
         setattr(sys, _STATE + "_reported", heartbeat)  # once per attempt (a spare runs a new one)
         _report_modules(heartbeat)
+    _Beat.steps += 1
+    _Beat.last = time.monotonic()
     try:
-        os.utime(heartbeat)
+        os.pwrite(fd, b"%d\n" % _Beat.steps, 0)
     except OSError:
         pass  # the file went with its attempt: nothing to tell
+
+
+def _forward(*_args):
+    """A forward pass (any module's): progress without a step, at most one touch a second; none
+    before the first step (a touch of the file while it holds no count is a step)."""
+    now = time.monotonic()
+    if now - _Beat.last < 1.0 or _Beat.steps == 0:
+        return
+    _Beat.last = now
+    fd = _beat_file()
+    if fd >= 0:
+        try:
+            os.utime(fd)
+        except OSError:
+            pass
 
 
 def _on_torch_version(module):
@@ -65,6 +135,12 @@ def _on_torch_version(module):
         value = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
         if value is not None:
             os.environ["NCCL_ASYNC_ERROR_HANDLING"] = value
+
+
+def _on_module(module):
+    register = getattr(module, "register_module_forward_pre_hook", None)
+    if register is not None:
+        register(_forward)
 
 
 def _on_optimizer(module):
@@ -90,9 +166,14 @@ def _ddprun_new_environment():
     version = sys.modules.get("torch.version")
     if version is not None:
         _on_torch_version(version)
+    _beat_file()  # its heartbeat file, and faulthandler on its stack file
 
 
-_WATCHED = {"torch.version": _on_torch_version, "torch.optim.optimizer": _on_optimizer}
+_WATCHED = {
+    "torch.version": _on_torch_version,
+    "torch.optim.optimizer": _on_optimizer,
+    "torch.nn.modules.module": _on_module,
+}
 
 
 class _Loader:
@@ -180,6 +261,7 @@ def _install():
     seen = {here}
     setattr(sys, _STATE, seen)
     sys.meta_path.insert(0, _Finder())
+    _beat_file()
     _run_hidden_sitecustomize(seen)
 
 

@@ -181,8 +181,7 @@ struct Agent::Impl {
 
   int run_loop(asio::io_context& io, asio::signal_set& signals, ProcessRunner& runner, Rendezvous& rdzv,
                EventLog& events, RunDir& dir, const std::string& node_name, JobMetrics* metrics) {
-    WorkerGroup::Options wo{opt.worker_timeout, opt.stop_timeout, opt.stack_dump_timeout, opt.worker_start_timeout};
-    wo.spares = opt.spares;
+    WorkerGroup::Options wo = WorkerGroup::Options::from(opt);
     // Only where the NVIDIA driver runs: NVML is loaded then, at the first failed group, and
     // kept to the job's end.
     if (::access("/proc/driver/nvidia", F_OK) == 0) {

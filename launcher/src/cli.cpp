@@ -187,8 +187,12 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
   a.nproc_per_node = resolve_nproc(s.nproc_per_node, host);
   a.max_restarts = s.max_restarts;
   a.role = s.role;
+  a.worker_timeout_auto = s.worker_timeout_auto;
   a.worker_timeout = s.worker_timeout;
-  a.worker_start_timeout = s.worker_start_timeout;
+  a.worker_start_timeout = s.worker_start_timeout.value_or(
+      s.worker_timeout_auto ? std::chrono::milliseconds(0) : std::chrono::milliseconds(std::chrono::seconds(1800)));
+  a.hang_floor = s.hang_floor;
+  a.hang_stop = s.hang_stop;
   if (s.warm_spares && !s.no_python) {
     // The spares' driver lives beside the progress hook, trusted as it is (agent/src/host/resources.cpp).
     auto site = agent::python_site_dir();
@@ -276,7 +280,8 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
     r.notes.push_back("ddprun: warning: not giving Python workers the progress hook beside ddprun: " + hook_refused +
                       ", so another user could have planted or changed it (install ddprun where only root or you "
                       "can write)");
-  } else if (!s.no_progress_hook && r.agent.python_site_dir.empty() && s.worker_timeout.count() > 0) {
+  } else if (!s.no_progress_hook && r.agent.python_site_dir.empty() &&
+             (s.worker_timeout_auto || s.worker_timeout.count() > 0)) {
     r.notes.push_back("ddprun: no progress hook for Python workers (share/ddprun/python/sitecustomize.py is not "
                       "installed beside ddprun): they must touch DDPRUN_HEARTBEAT_FILE themselves");
   }

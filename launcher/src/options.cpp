@@ -212,19 +212,32 @@ std::vector<OptionSpec> rendezvous_options() {
 // Failures, hangs, stops.
 std::vector<OptionSpec> failure_options() {
   return {
-    {"worker_timeout", "", kFault, K::value, "0",
-     "seconds without a touch of DDPRUN_HEARTBEAT_FILE, once a worker has touched it, after which it counts as "
-     "hung (0 = off); Python workers touch it after every optimizer step",
-     [](const std::string& v, Settings& s) { s.worker_timeout = parse_seconds("worker_timeout", v, true); }},
-    {"worker_start_timeout", "", kFault, K::value, "1800",
-     "with --worker_timeout: seconds from a worker's start to its first heartbeat (imports, model loading and "
-     "NCCL set-up are not a hang; 0 = no bound)",
+    {"worker_timeout", "", kFault, K::value, "auto",
+     "when a worker that beats (Python workers beat through ddprun's progress hook, native ones through the "
+     "runtime) counts as hung: 'auto' once silent for the larger of --hang_floor and 5x its longest recent step, "
+     "after its first step; S seconds after its last beat; 0 = never. A hung worker is reported first (every "
+     "rank's stack and a verdict), then stopped (exit 124)",
      [](const std::string& v, Settings& s) {
-       s.worker_start_timeout = parse_seconds("worker_start_timeout", v, true);
+       s.worker_timeout_auto = v == "auto";
+       s.worker_timeout = s.worker_timeout_auto ? std::chrono::milliseconds(0) : parse_seconds("worker_timeout", v, true);
      }},
+    {"worker_start_timeout", "", kFault, K::value, "",
+     "seconds from a worker's start to its first beat (--worker_timeout=S; default 1800) or its first optimizer "
+     "step (auto; default: no bound, however long the first step takes); 0 = no bound",
+     [](const std::string& v, Settings& s) {
+       if (!v.empty()) s.worker_start_timeout = parse_seconds("worker_start_timeout", v, true);
+     }},
+    {"hang_floor", "", kFault, K::value, "30",
+     "with --worker_timeout=auto: the shortest silence that counts as a hang (longer than a slow checkpoint save)",
+     [](const std::string& v, Settings& s) { s.hang_floor = parse_seconds("hang_floor", v, false); }},
+    {"hang_stop", "", kFault, K::value, "120",
+     "with --worker_timeout=auto: seconds from a hang's report to the workers' stop, unless the silent worker "
+     "makes progress again (0 = at the report)",
+     [](const std::string& v, Settings& s) { s.hang_stop = parse_seconds("hang_stop", v, true); }},
     {"no_progress_hook", "", kFault, K::flag, "",
-     "do not give Python workers ddprun's sitecustomize, which touches DDPRUN_HEARTBEAT_FILE after every "
-     "optimizer step (and sets NCCL_ASYNC_ERROR_HANDLING for PyTorch 1.x only)",
+     "do not give Python workers ddprun's sitecustomize, which beats in DDPRUN_HEARTBEAT_FILE (optimizer steps, "
+     "forward passes), lets ddprun read their stacks without stopping them, and sets NCCL_ASYNC_ERROR_HANDLING "
+     "for PyTorch 1.x only",
      [](const std::string& v, Settings& s) { s.no_progress_hook = truthy(v); }},
     {"warm_spares", "", kFault, K::value, "1",
      "keep one warm spare interpreter per local rank for Python workers, which has imported torch (and --preload's "

@@ -31,7 +31,9 @@ struct Settings {
   std::string rdzv_id;
   std::map<std::string, std::string> rdzv_conf;
   std::string local_addr;
-  std::chrono::milliseconds worker_timeout{0}, worker_start_timeout{0}, stop_timeout{0}, stack_dump_timeout{0};
+  bool worker_timeout_auto = true;
+  std::chrono::milliseconds worker_timeout{0}, stop_timeout{0}, stack_dump_timeout{0}, hang_floor{0}, hang_stop{0};
+  std::optional<std::chrono::milliseconds> worker_start_timeout;  // unset: 1800 s with S, none with auto
   std::set<int> signals;
   bool module = false, no_python = false;
   bool no_progress_hook = false;

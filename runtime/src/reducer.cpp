@@ -153,6 +153,7 @@ Reducer::Reducer(std::shared_ptr<ProcessGroup> group, std::vector<ParameterSpec>
       throw UsageError(std::string("Reducer: compression is not available with the ") + group->backend() + " backend");
     }
   }
+  heartbeat_steps_follow();  // the beats until the first finalize are progress, not steps
   // Collectives, on every rank: the same parameters, then rank 0's values everywhere.
   if (options.broadcast_parameters) require_parameter_data(params);
   agree_on_parameters(*group, params);
@@ -236,7 +237,7 @@ void Reducer::finalize() {
     if (e) std::rethrow_exception(e);
   }
   im.decompress();
-  heartbeat();
+  heartbeat_step();
 }
 
 // Parameters that received no gradient: an error, unless find_unused_parameters (then their

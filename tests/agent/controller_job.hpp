@@ -53,7 +53,7 @@ struct Job {
       : opt(std::move(o)) {
     opt.log_dir = root;
     dir = std::make_unique<RunDir>(opt);
-    WorkerGroup::Options wo{opt.worker_timeout, opt.stop_timeout, opt.stack_dump_timeout, opt.worker_start_timeout};
+    WorkerGroup::Options wo = WorkerGroup::Options::from(opt);
     if (tweak) tweak(wo);
     group = std::make_unique<WorkerGroup>(io, runner, wo);
     ctl = std::make_unique<JobController>(opt, *group, r ? *r : rdzv, events, *dir, "node-a", fence);

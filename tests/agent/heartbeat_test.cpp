@@ -3,6 +3,8 @@
 // the start-up (imports, model loading, NCCL set-up), so a slow start is not a hang.
 #include "controller_job.hpp"
 
+#include <fstream>
+
 using namespace ddprun::agent;
 using namespace ddprun::agent::testing;
 using namespace std::chrono_literals;
@@ -12,6 +14,7 @@ namespace {
 
 AgentOptions watched(int nproc, std::chrono::milliseconds timeout, std::chrono::milliseconds start_timeout) {
   auto o = options(nproc, 0);
+  o.worker_timeout_auto = false;
   o.worker_timeout = timeout;
   o.worker_start_timeout = start_timeout;
   return o;
@@ -30,6 +33,7 @@ TEST_CASE("heartbeats: before its first beat a worker is bound by --worker_start
   CHECK(j.rdzv.ends.empty());
   CHECK(j.ctl->phase() == Phase::running);
   j.group->check_heartbeats(t0 + 31s);
+  j.run_until([&] { return j.rdzv.ends.size() == 1; });  // after the report (every stack read)
   REQUIRE(j.rdzv.ends.size() == 1);
   auto hang = j.rdzv.ends.back().why;
   CHECK(hang.failure->exit_code == 124);
@@ -51,6 +55,7 @@ TEST_CASE("heartbeats: after its first beat a worker is bound by --worker_timeou
   CHECK(j.rdzv.ends.empty());
   j.beat(0);
   j.group->check_heartbeats(t0 + 21500ms);  // rank 1: 1.5 s since its beat
+  j.run_until([&] { return j.rdzv.ends.size() == 1; });  // after the report (every stack read)
   REQUIRE(j.rdzv.ends.size() == 1);
   auto hang = j.rdzv.ends.back().why;
   CHECK(hang.failure->rank == 1);
@@ -77,6 +82,7 @@ TEST_CASE("heartbeats: without --worker_timeout nothing is watched, start-up inc
 TEST_CASE("heartbeats: a beat expiring during a restart is ignored, one in the next attempt is a hang",
           "[heartbeat]") {
   auto o = options(2, 1);
+  o.worker_timeout_auto = false;
   o.worker_timeout = 1s;
   Job j(o);
   j.ctl->start();
@@ -100,13 +106,15 @@ TEST_CASE("heartbeats: a beat expiring during a restart is ignored, one in the n
   j.beat(1);  // the new attempt's files: its workers started
   j.group->check_heartbeats(Clock::now());
   j.group->check_heartbeats(Clock::now() + 10s);
+  j.run_until([&] { return j.rdzv.ends.size() == 2; });  // after the report (every stack read)
   REQUIRE(j.rdzv.ends.size() == 2);
   auto hang = j.rdzv.ends.back().why;
   CHECK(hang.failure->exit_code == 124);
   CHECK(hang.failure->hang);
   CHECK_THAT(hang.failure->reason, Catch::Contains("no heartbeat for"));
-  // Every worker's stack first (the fake runner answers as eu-stack would), then SIGTERM.
-  CHECK(j.runner.signals_to(pids[0]).empty());
+  // Every worker's stack was read for the report (the fake runner answers as eu-stack would),
+  // before the failure; then SIGTERM, with no second reading.
+  CHECK(j.runner.stacks_read == 2);
   j.run_until([&] { return !j.runner.signals_to(pids[0]).empty(); });
   CHECK(j.runner.stacks_read == 2);
   CHECK(j.runner.signals_to(pids[0]) == std::vector<int>{SIGTERM});
@@ -119,4 +127,128 @@ TEST_CASE("heartbeats: a beat expiring during a restart is ignored, one in the n
   j.reap();
   j.over(1, hang);
   CHECK(j.ctl->exit_code() == 124);
+}
+
+namespace {
+
+AgentOptions automatic(int nproc) {
+  auto o = options(nproc, 0);
+  o.worker_timeout_auto = true;
+  o.worker_start_timeout = 0s;
+  o.hang_floor = 30s;
+  o.hang_stop = 120s;
+  return o;
+}
+
+// A step as the progress hook writes it: the count, which also sets the mtime.
+void step(Job& j, int local_rank, int count) {
+  std::string file = j.group->workers().at(static_cast<std::size_t>(local_rank)).spec.heartbeat_file;
+  std::ofstream(file) << count << "\n";
+  j.beat(local_rank);  // a distinct mtime, whatever the file system's tick
+}
+
+}  // namespace
+
+TEST_CASE("heartbeats, auto: no bound before the first optimizer step, however long it takes", "[heartbeat][hang]") {
+  Job j(automatic(2));
+  j.ctl->start();
+  j.ready(0, 0);
+  auto t0 = Clock::now();
+  step(j, 0, 0);  // the hook attached ("0"), then forward passes before the first step
+  step(j, 1, 0);
+  j.beat(0);
+  j.beat(1);
+  j.group->check_heartbeats(t0 + 1s);
+  j.group->check_heartbeats(t0 + 24h);
+  CHECK(j.rdzv.ends.empty());
+  CHECK(j.ctl->hangs_reported() == 0);
+}
+
+TEST_CASE("heartbeats, auto: silent past the floor is reported first, stopped --hang_stop later", "[heartbeat][hang]") {
+  Job j(automatic(2));
+  j.ctl->start();
+  j.ready(0, 0);
+  auto t0 = Clock::now();
+  for (int i = 1; i <= 3; ++i) {
+    step(j, 0, i);
+    step(j, 1, i);
+    j.group->check_heartbeats(t0 + i * 100ms);
+  }
+  j.group->check_heartbeats(t0 + 29s);  // the floor is 30 s: quiet, not hung
+  CHECK(j.ctl->hangs_reported() == 0);
+  j.group->check_heartbeats(t0 + 31s);
+  j.run_until([&] { return j.ctl->hangs_reported() == 1; });
+  CHECK(j.ctl->hangs_reported() == 1);
+  CHECK(j.rdzv.ends.empty());  // reported, not stopped: the workers still run
+  CHECK(j.runner.signals.empty());
+  j.group->check_heartbeats(t0 + 31s + 119s);
+  CHECK(j.rdzv.ends.empty());
+  j.group->check_heartbeats(t0 + 31s + 121s);
+  j.run_until([&] { return j.rdzv.ends.size() == 1; });  // after the report (every stack read)
+  REQUIRE(j.rdzv.ends.size() == 1);
+  CHECK(j.rdzv.ends.back().why.failure->exit_code == 124);
+  CHECK_THAT(j.rdzv.ends.back().why.failure->reason, Catch::Contains("--hang_stop=120"));
+}
+
+TEST_CASE("heartbeats, auto: the bound scales with the worker's own steps", "[heartbeat][hang]") {
+  Job j(automatic(1));
+  j.ctl->start();
+  j.ready(0, 0);
+  auto t0 = Clock::now();
+  for (int i = 1; i <= 4; ++i) {  // a step every 20 s: the bound is 5 x 20 s = 100 s
+    step(j, 0, i);
+    j.group->check_heartbeats(t0 + i * 20s);
+  }
+  j.group->check_heartbeats(t0 + 80s + 99s);
+  CHECK(j.ctl->hangs_reported() == 0);
+  j.group->check_heartbeats(t0 + 80s + 101s);
+  j.run_until([&] { return j.ctl->hangs_reported() == 1; });
+  CHECK(j.ctl->hangs_reported() == 1);
+}
+
+TEST_CASE("heartbeats, auto: a forward pass between steps is progress, and progress clears a report",
+          "[heartbeat][hang]") {
+  Job j(automatic(1));
+  j.ctl->start();
+  j.ready(0, 0);
+  auto t0 = Clock::now();
+  step(j, 0, 1);
+  j.group->check_heartbeats(t0);
+  step(j, 0, 2);
+  j.group->check_heartbeats(t0 + 100ms);
+  for (int s = 20; s <= 100; s += 20) {  // an evaluation loop: forward passes, no step, for 100 s
+    j.beat(0);
+    j.group->check_heartbeats(t0 + std::chrono::seconds(s));
+  }
+  CHECK(j.ctl->hangs_reported() == 0);
+  j.group->check_heartbeats(t0 + 100s + 31s);
+  j.run_until([&] { return j.ctl->hangs_reported() == 1; });
+  REQUIRE(j.ctl->hangs_reported() == 1);
+  step(j, 0, 3);  // it was only slow
+  j.group->check_heartbeats(t0 + 100s + 40s);
+  j.group->check_heartbeats(t0 + 100s + 31s + 200s);
+  CHECK(j.rdzv.ends.empty());
+}
+
+TEST_CASE("heartbeats: a count in the file is a step, a touch without one is not", "[heartbeat][hang]") {
+  Heartbeat hb;
+  auto t0 = Clock::now();
+  hb.reset({}, t0);
+  HangRule rule{true, 0s, 0s, 30s};
+  CHECK(hb.bound(rule) == 0s);
+  hb.beat(t0 + 500ms, 0);  // the hook attached: no step
+  CHECK_FALSE(hb.beaten());
+  CHECK(hb.silent(t0 + 800ms) == 800ms);  // before the first step: since the start
+  hb.beat(t0 + 1s, 1);
+  hb.beat(t0 + 3s, 2);
+  hb.beat(t0 + 4s, 2);  // a forward pass
+  CHECK(hb.steps() == 2);
+  CHECK(hb.longest_step() == 2s);
+  CHECK(hb.bound(rule) == 30s);
+  hb.beat(t0 + 23s, 12);  // 10 steps between two looks: 2 s each
+  CHECK(hb.longest_step() == 2s);
+  hb.beat(t0 + 43s, 13);
+  CHECK(hb.bound(rule) == 100s);
+  hb.beat(t0 + 45s, -1);  // a touch without a count (a program that only touches): a step
+  CHECK(hb.steps() == 14);
 }

@@ -86,11 +86,12 @@ TEST_CASE("event log: a hang and a signal are told apart from an exit", "[events
     CHECK(r.code == 124);
     auto ev = read_events(path);
     REQUIRE(ev.size() == 6);
-    CHECK(ev[3]["event"] == "worker_failed");
-    CHECK(ev[3]["reason"] == "hang");
-    CHECK(ev[3]["exit_code"].is_null());
-    CHECK(ev[4]["event"] == "stacks_dumped");  // where the hung rank was, before it was stopped
-    CHECK(ev[4]["stacks"].contains("0"));
+    CHECK(ev[3]["event"] == "hang_reported");  // where the hung rank was, before it was stopped
+    CHECK(ev[3]["stacks"].contains("0"));
+    CHECK(ev[3]["rank"] == 0);
+    CHECK(ev[4]["event"] == "worker_failed");
+    CHECK(ev[4]["reason"] == "hang");
+    CHECK(ev[4]["exit_code"].is_null());
     CHECK(ev[5]["event"] == "job_finished");
     CHECK(ev[5]["exit_code"] == 124);
   }

@@ -40,8 +40,8 @@ TEST_CASE("stacks: a C++ worker stuck in a named function - every rank's stack, 
                .finish(60s);
   CHECK(r.code == 124);
   INFO(r.err);
-  CHECK_THAT(r.err, Catch::Contains("stacks of the workers on"));
-  CHECK_THAT(r.err, Catch::Contains("ranks 0,1: ddprun_test_stuck_in_all_reduce (test_worker.cpp:"));
+  CHECK_THAT(r.err, Catch::Contains("ddprun: hang on"));
+  CHECK_THAT(r.err, Catch::Contains("ranks 0-1 [sleeping]: ddprun_test_stuck_in_all_reduce (test_worker.cpp:"));
   CHECK_THAT(r.err, Catch::Contains("<- ddprun_test_train_step"));
   for (const char* rank : {"0", "1"}) {
     auto text = slurp(dir + "/hung/attempt_0/" + rank + "/stack.txt");
@@ -53,20 +53,22 @@ TEST_CASE("stacks: a C++ worker stuck in a named function - every rank's stack, 
   for (std::string l; std::getline(ev, l);) {
     auto j = json::parse(l);
     names.push_back(j["event"]);
-    if (j["event"] == "stacks_dumped") {
+    if (j["event"] == "hang_reported") {
       CHECK(j["files"].size() == 2);
       CHECK_THAT(j["stacks"]["1"].get<std::string>(), Catch::Contains("ddprun_test_stuck_in_all_reduce"));
     }
   }
-  // The hang is reported, then the stacks, then the job ends.
+  // The hang's report (every rank's stack, read without stopping any), then the failure, then
+  // the end; the stacks are not read twice.
   auto at = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) - names.begin(); };
-  CHECK(at("worker_failed") < at("stacks_dumped"));
-  CHECK(at("stacks_dumped") < at("job_finished"));
-  CHECK(at("stacks_dumped") < static_cast<long>(names.size()));
+  CHECK(at("hang_reported") < at("worker_failed"));
+  CHECK(at("worker_failed") < at("job_finished"));
+  CHECK(at("job_finished") < static_cast<long>(names.size()));
+  CHECK(std::count(names.begin(), names.end(), "stacks_dumped") == 0);
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("stacks: a Python worker stuck in a named function - its traceback, via faulthandler and SIGABRT", "[stacks]") {
+TEST_CASE("stacks: a Python worker stuck in a named function - its traceback, via the hook's stack signal, no crash banner", "[stacks]") {
   auto dir = fresh_dir();
   auto script = dir + "/train.py";
   std::ofstream(script) << "import os, time\n"
@@ -87,11 +89,13 @@ TEST_CASE("stacks: a Python worker stuck in a named function - its traceback, vi
   CHECK(r.code == 124);
   INFO(r.err);
   // Rank 1 missed its heartbeats; rank 0 was beating, in its loop: both stacks are shown.
-  CHECK_THAT(r.err, Catch::Contains("rank 1: stuck_in_all_reduce (train.py:4) <- train_step (train.py:6) <- <module> (train.py:9)"));
-  CHECK_THAT(r.err, Catch::Contains("rank 0: <module> (train.py:12)"));
+  CHECK_THAT(r.err, Catch::Contains("]: stuck_in_all_reduce (train.py:4) <- train_step (train.py:6) <- <module> (train.py:9)"));
+  CHECK_THAT(r.err, Catch::Contains("rank 0 [sleeping"));
+  CHECK_THAT(r.err, Catch::Contains("]: <module> (train.py:12)"));
   auto text = slurp(dir + "/py/attempt_0/1/stack.txt");
-  CHECK_THAT(text, Catch::Contains("Fatal Python error: Aborted"));
+  CHECK_THAT(text, !Catch::Contains("Fatal Python error"));  // read without ending it
   CHECK_THAT(text, Catch::Contains("in stuck_in_all_reduce"));
+  CHECK_THAT(r.err, !Catch::Contains("Fatal Python error"));
   std::filesystem::remove_all(dir);
 }
 
@@ -150,10 +154,8 @@ TEST_CASE("stacks: a warm and a cold rank stuck at the same line group together 
   INFO(r.err);
   CHECK(r.code == 124);
   CHECK_THAT(r.err, Catch::Contains("(1 warm, 1 cold)"));
-  CHECK_THAT(r.err, Catch::Contains("ranks 0,1: stuck (train.py:6) <- <module> (train.py:13)\n"));
-  // The summary's stderr tail neither (the worker's own stderr, echoed as it came, is left as is).
+  CHECK_THAT(r.err, Catch::Contains("ranks 0-1 [sleeping]: stuck (train.py:6) <- <module> (train.py:13)\n"));
   const auto summary = r.err.substr(r.err.find("ddprun: job failed"));
-  CHECK_THAT(summary, Catch::Contains("train.py\", line 13 in <module>"));
   CHECK_THAT(summary, !Catch::Contains("_ddprun_spare.py"));
   auto text = slurp(dir + "/warm/attempt_1/0/stack.txt");
   CHECK_THAT(text, Catch::Contains("in stuck"));
@@ -185,7 +187,8 @@ TEST_CASE("stacks: a hang on one node makes every node dump its own workers' sta
   INFO(r0.err << "\n----\n" << r1.err);
   CHECK(r0.code == 124);
   CHECK(r1.code == 124);
-  CHECK_THAT(r1.err, Catch::Contains("rank 1: ddprun_test_stuck_in_all_reduce"));
+  CHECK_THAT(r1.err, Catch::Contains("ddprun: hang on"));
+  CHECK_THAT(r1.err, Catch::Contains("]: ddprun_test_stuck_in_all_reduce"));
   // The healthy node shows where its rank was when the other one hung.
   CHECK_THAT(r0.err, Catch::Contains("stacks of the workers on"));
   CHECK_THAT(r0.err, Catch::Contains("rank 0: "));

@@ -47,7 +47,7 @@ TEST_CASE("start-up: a worker that never beats is caught by --worker_start_timeo
 TEST_CASE("start-up: --worker_start_timeout is in the option table (help, PET_ form, checked)", "[heartbeat]") {
   auto help = Launch(cmd({"--help"})).finish(10s);
   CHECK_THAT(help.out, Catch::Contains("--worker_start_timeout"));
-  CHECK_THAT(help.out, Catch::Contains("(=1800)"));
+  CHECK_THAT(help.out, Catch::Contains("1800"));
   auto pet = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.3", "--stack_dump_timeout=0",
                          kWorker, "block"}),
                     {{"PET_WORKER_START_TIMEOUT", "0.5"}})

@@ -134,11 +134,20 @@ TEST_CASE("help and completion list every option of the table, in both spellings
   }
 }
 
-TEST_CASE("heartbeat options: the start-up bound and the progress hook", "[units]") {
+TEST_CASE("heartbeat options: auto by default, the start-up bound and the progress hook", "[units]") {
+  auto a = parse({"/bin/true"});
+  CHECK(a.agent.worker_timeout_auto);
+  CHECK(a.agent.worker_start_timeout.count() == 0);  // auto: however long the first step takes
+  CHECK(a.agent.hang_floor == std::chrono::seconds(30));
+  CHECK(a.agent.hang_stop == std::chrono::seconds(120));
+  CHECK_FALSE(parse({"--worker_timeout=0", "/bin/true"}).agent.worker_timeout_auto);
+  CHECK(parse({"--worker_timeout=0", "/bin/true"}).agent.worker_timeout.count() == 0);
   auto d = parse({"--worker_timeout=5", "/bin/true"});
+  CHECK_FALSE(d.agent.worker_timeout_auto);
   CHECK(d.agent.worker_timeout == std::chrono::seconds(5));
   CHECK(d.agent.worker_start_timeout == std::chrono::seconds(1800));
   CHECK(parse({"--worker_start_timeout=0", "/bin/true"}).agent.worker_start_timeout.count() == 0);
+  CHECK(parse({"--worker_start_timeout=60", "/bin/true"}).agent.worker_start_timeout == std::chrono::seconds(60));
   // This test binary sits in the build tree beside share/ddprun/python, as ddprun does.
   CHECK_FALSE(d.agent.python_site_dir.empty());
   CHECK(parse({"--no_progress_hook", "/bin/true"}).agent.python_site_dir.empty());

@@ -61,6 +61,7 @@ void JobController::join(int round, int restart_count) {
   root_cause_.reset();
   failures_.clear();
   stuck_.reset();
+  verdict_.reset();
   joined_at_ = std::chrono::steady_clock::now();
   clock_.joining(joined_at_);
   enter(Phase::rendezvous);

@@ -75,6 +75,9 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   void on_group_ended() override;
   void on_stacks_dumped(const std::map<int, std::vector<StackFrame>>& by_rank,
                         const std::vector<std::string>& files) override;
+  void on_hang_report(const HangReport& report) override;
+  void on_hang_cleared(int rank, double after_s) override;
+  int hangs_reported() const { return hangs_reported_; }
   // Rendezvous::Listener
   void on_round_ready(const RoundInfo& info) override;
   void on_rendezvous_failed(const RendezvousFailure& failure) override;
@@ -115,6 +118,8 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   std::optional<FailureRecord> root_cause_;  // this node's first failure in the round
   std::vector<FailureRecord> failures_;      // this node's other failures
   std::optional<StuckRank> stuck_;           // from the stacks of a hang: the rank outside collectives
+  std::optional<HangVerdict> verdict_;       // this round's hang report's verdict
+  int hangs_reported_ = 0;
   rounds::Streak streak_;                    // the round's crash-loop streak, then the one after its failure
   std::vector<StreamOutput::FileLoss> log_losses_;  // log files left incomplete, for the end
   bool group_ended_ = true;

@@ -26,22 +26,58 @@ void JobController::on_stacks_dumped(const std::map<int, std::vector<StackFrame>
   }
 }
 
+void JobController::on_hang_report(const HangReport& report) {
+  auto ranks = report.ranks;
+  for (auto& r : ranks) r.host = node_name_;
+  verdict_ = decide_hang(ranks);
+  ++hangs_reported_;
+  write_to_console(format_hang_report(*verdict_, ranks, node_name_, report.reason, report.files, report.stop_in,
+                                      report.rank));
+  if (!events_.enabled()) return;
+  nlohmann::json stacks = nlohmann::json::object(), states = nlohmann::json::object();
+  for (const auto& r : ranks) {
+    stacks[std::to_string(r.rank)] = describe_frames(r.python.empty() ? r.native : r.python);
+    states[std::to_string(r.rank)] = std::string(1, r.state);
+  }
+  events_.emit("hang_reported", {{"attempt", attempt_}, {"round", round_}, {"rank", report.rank},
+                                 {"reason", report.reason}, {"silent_s", report.silent_s},
+                                 {"kind", to_string(verdict_->kind)}, {"blamed", verdict_->blamed},
+                                 {"verdict", verdict_->text}, {"stacks", stacks}, {"states", states},
+                                 {"files", report.files},
+                                 {"stop_in_s", std::chrono::duration<double>(report.stop_in).count()}});
+}
+
+void JobController::on_hang_cleared(int rank, double after_s) {
+  verdict_.reset();
+  events_.emit("hang_cleared", {{"attempt", attempt_}, {"rank", rank}, {"after_s", after_s}});
+}
+
 // A hang whose first lapsed heartbeat was a rank waiting in a collective, while another rank of
 // this node was outside any (its stack says so): that one is the root cause, and the waiting
 // rank a consequence. The blamed rank's own record (it was stopped) becomes the root.
 FailureRecord JobController::blame_stuck_rank(const FailureRecord& root) {
-  if (!root.hang || !stuck_ || !root_cause_ || root_cause_->pid != root.pid || root.host != node_name_) return root;
-  std::string waiting;
-  for (int r : stuck_->waiting) waiting += (waiting.empty() ? "" : ",") + std::to_string(r);
-  const std::string why = "hung outside any collective (" + stuck_->where + ") while rank" +
-                          (stuck_->waiting.size() == 1 ? " " : "s ") + waiting + " waited in one for it";
-  if (stuck_->rank == root.rank) {  // its own heartbeat lapsed first: say why
+  if (!root.hang || !root_cause_ || root_cause_->pid != root.pid || root.host != node_name_) return root;
+  std::string why;
+  int blamed_rank = -1;
+  if (verdict_ && !verdict_->blamed.empty()) {
+    why = verdict_->text;
+    blamed_rank = verdict_->blamed.front();
+  } else if (stuck_) {
+    std::string waiting;
+    for (int r : stuck_->waiting) waiting += (waiting.empty() ? "" : ",") + std::to_string(r);
+    why = "hung outside any collective (" + stuck_->where + ") while rank" + (stuck_->waiting.size() == 1 ? " " : "s ") +
+          waiting + " waited in one for it";
+    blamed_rank = stuck_->rank;
+  } else {
+    return root;
+  }
+  if (blamed_rank == root.rank) {  // its own heartbeat lapsed first: say why
     FailureRecord same = root;
     same.reason = why + "; " + root.reason;
     root_cause_->reason = same.reason;
     return same;
   }
-  auto it = std::find_if(failures_.begin(), failures_.end(), [&](const FailureRecord& f) { return f.rank == stuck_->rank; });
+  auto it = std::find_if(failures_.begin(), failures_.end(), [&](const FailureRecord& f) { return f.rank == blamed_rank; });
   if (it == failures_.end()) return root;
   FailureRecord blamed = *it;
   failures_.erase(it);

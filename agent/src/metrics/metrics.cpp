@@ -30,6 +30,8 @@ void declare_all(MetricText& m) {
   m.declare("ddprun_round", "rendezvous round");
   m.declare("ddprun_restart_count", "TORCHELASTIC_RESTART_COUNT");
   m.declare("ddprun_restarts_total", "worker group restarts seen", MetricText::Type::counter);
+  m.declare("ddprun_hangs_reported_total", "hang reports (a worker found silent, every rank read)",
+            MetricText::Type::counter);
   m.declare("ddprun_workers_running", "this node's workers alive");
   m.declare("ddprun_worker_heartbeat_age_seconds", "seconds since the worker's heartbeat file changed");
   m.declare("ddprun_worker_last_exit_code", "how the worker ended (128 + signal when killed)");
@@ -44,7 +46,8 @@ void declare_all(MetricText& m) {
   m.declare("ddprun_warm_spare_memory_bytes", "the waiting spares' memory (proportional set size)");
   m.declare_histogram("ddprun_recovery_seconds", "restarts by phase (detect, stop, rendezvous, spawn, ready, total)",
                       {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300});
-  for (const char* single : {"ddprun_round", "ddprun_restart_count", "ddprun_restarts_total", "ddprun_workers_running",
+  for (const char* single : {"ddprun_round", "ddprun_restart_count", "ddprun_restarts_total", "ddprun_hangs_reported_total",
+                             "ddprun_workers_running",
                              "ddprun_rendezvous_seconds", "ddprun_workers_start_seconds", "ddprun_loop_lag_seconds"}) {
     m.set(single, 0);
   }
@@ -105,6 +108,7 @@ void JobMetrics::refresh(const JobController& c, const WorkerGroup& group) {
   for (Phase p : kPhases) out.set("ddprun_phase", {{"phase", to_string(p)}}, c.phase() == p ? 1 : 0);
   out.set("ddprun_round", c.round());
   out.set("ddprun_restarts_total", c.restarts());
+  out.set("ddprun_hangs_reported_total", c.hangs_reported());
   out.set("ddprun_restart_count", c.restart_count());
   out.set("ddprun_rendezvous_seconds", c.last_rendezvous_seconds());
   out.set("ddprun_workers_start_seconds", c.last_start_seconds());

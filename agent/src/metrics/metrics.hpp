@@ -8,6 +8,7 @@
 //   ddprun_phase{phase}                      1 for the controller's phase, 0 for the others
 //   ddprun_round, ddprun_restart_count       the rendezvous round; TORCHELASTIC_RESTART_COUNT
 //   ddprun_restarts_total (counter)          restarts of the worker group seen by this agent
+//   ddprun_hangs_reported_total (counter)    hang reports: a worker found silent (README: Hangs)
 //   ddprun_workers_running                   this node's workers alive
 //   ddprun_worker_heartbeat_age_seconds{rank,local_rank}   since the heartbeat file last changed
 //   ddprun_worker_last_exit_code{rank,local_rank}          how each worker of the last group ended

@@ -1,5 +1,11 @@
 #include "workers/process_runner.hpp"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -97,6 +103,33 @@ std::vector<StackTargets> RealProcessRunner::stack_targets(const std::vector<pid
 }
 
 void RealProcessRunner::signal_process(pid_t pid, int sig) { ::kill(pid, sig); }
+
+void RealProcessRunner::signal_main_thread(pid_t pid, int sig) { ::syscall(SYS_tgkill, pid, pid, sig); }
+
+ProcSample RealProcessRunner::sample(pid_t pid) {
+  ProcSample p;
+  const std::string dir = "/proc/" + std::to_string(pid);
+  std::ifstream stat(dir + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return p;
+  // "PID (comm) S ppid ...": the name may hold spaces and parentheses; the state follows the last ')'.
+  auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return p;
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  std::vector<std::string> fields;
+  while (rest >> field) fields.push_back(field);
+  if (fields.size() < 13) return p;
+  p.state = fields[0][0];
+  std::ifstream sched(dir + "/schedstat");  // "ON_CPU_NS WAIT_NS SLICES": the main thread's
+  long long ns = -1;
+  if (sched >> ns) p.cpu_ns = ns;
+  std::ifstream status(dir + "/status");
+  while (std::getline(status, line)) {
+    if (line.rfind("SigCgt:", 0) == 0) p.caught = std::stoull(line.substr(7), nullptr, 16);
+  }
+  return p;
+}
 
 std::vector<std::string> RealProcessRunner::sweep() { return containment_.sweep(guardian_.pid()); }
 

@@ -22,6 +22,14 @@ class Containment;
 class Guardian;
 class SpawnPool;
 
+// A process as /proc shows it, read before ddprun sends it anything.
+struct ProcSample {
+  char state = '?';           // R S D T t Z; '?': unread (gone, or not this runner's to read)
+  long long cpu_ns = -1;      // its main thread's time on a CPU (/proc/PID/schedstat), in ns
+  unsigned long long caught = 0;  // SigCgt: bit (sig - 1) set when the process handles sig
+  bool catches(int sig) const { return sig > 0 && sig <= 64 && (caught >> (sig - 1) & 1ULL); }
+};
+
 class ProcessRunner {
  public:
   struct Started {
@@ -69,6 +77,11 @@ class ProcessRunner {
   virtual std::vector<StackTargets> stack_targets(const std::vector<pid_t>& workers) = 0;
   // Sends `sig` to the one process `pid` (not its group).
   virtual void signal_process(pid_t pid, int sig) = 0;
+  // Sends `sig` to the main thread of `pid` (which then handles it: faulthandler's "Current
+  // thread" is the main one).
+  virtual void signal_main_thread(pid_t pid, int sig) { signal_process(pid, sig); }
+  // `pid`'s state, CPU time and handled signals (/proc/PID/stat and status).
+  virtual ProcSample sample(pid_t pid) { (void)pid; return {}; }
   // Every worker ended: kills what they left running; returns "PID (name)" of each.
   virtual std::vector<std::string> sweep() { return {}; }
 
@@ -98,6 +111,8 @@ class RealProcessRunner : public ProcessRunner {
   std::string native_stack(pid_t pid, std::chrono::milliseconds limit) override;
   std::vector<StackTargets> stack_targets(const std::vector<pid_t>& workers) override;
   void signal_process(pid_t pid, int sig) override;
+  void signal_main_thread(pid_t pid, int sig) override;
+  ProcSample sample(pid_t pid) override;
   std::vector<std::string> sweep() override;
 
  private:

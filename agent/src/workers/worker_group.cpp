@@ -33,6 +33,8 @@ bool stops(int sig) { return sig == SIGTERM || sig == SIGKILL || sig == SIGINT |
 
 }  // namespace
 
+int stack_signal() { return SIGRTMIN + 6; }
+
 const char* to_string(FailureKind k) {
   switch (k) {
     case FailureKind::exit: return "exit";
@@ -46,7 +48,7 @@ const char* to_string(FailureKind k) {
 void WorkerGroup::Impl::prepare(Slot& s) {
   const auto& spec = s.w.spec;
   if (!spec.error_file.empty()) ::unlink(spec.error_file.c_str());
-  s.last_beat = SteadyClock::now();
+  s.hb.reset({}, SteadyClock::now());
   if (!spec.heartbeat_file.empty()) {
     // The start-up clock starts at spawn. O_NOFOLLOW: a link planted there is not followed.
     int hb = ::open(spec.heartbeat_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -57,8 +59,9 @@ void WorkerGroup::Impl::prepare(Slot& s) {
     const timespec long_ago[2] = {{0, UTIME_OMIT}, {1, 0}};
     ::futimens(hb, long_ago);
     struct stat st{};
-    if (::fstat(hb, &st) == 0) s.beat_mtime = st.st_mtim;
+    if (::fstat(hb, &st) == 0) s.hb.reset(st.st_mtim, SteadyClock::now());
     ::close(hb);
+    ::unlink((spec.heartbeat_file + ".stack").c_str());  // the last attempt's stacks
   }
   s.out = std::make_unique<StreamOutput>(spec.out);
   s.err = std::make_unique<StreamOutput>(spec.err);
@@ -78,6 +81,10 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   state = State::running;
   dump.reset();
   dump_started = false;
+  hang.reset();
+  inspection.reset();
+  inspect_timer.cancel();
+  unread_python.clear();
   swept = false;
   for (auto& spec : specs) {
     auto s = std::make_unique<Slot>();
@@ -201,6 +208,8 @@ void WorkerGroup::Impl::stop(int sig, Stacks stacks) {
   bool any = any_running();
   if (state == State::running) state = State::stopping;
   heartbeat_timer.cancel();
+  inspect_timer.cancel();
+  inspection.reset();
   if (stacks == Stacks::first && any && start_dump([this, sig] { stop(sig, Stacks::after_timeout); })) return;
   signal_running(sig);
   if (!any || state != State::stopping) return;
@@ -218,8 +227,9 @@ void WorkerGroup::Impl::stop(int sig, Stacks stacks) {
 }
 
 void WorkerGroup::Impl::arm_heartbeat_check() {
-  if (opt.worker_timeout.count() <= 0) return;
-  auto interval = std::clamp(opt.worker_timeout / 10, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
+  if (!opt.hang.on()) return;
+  auto basis = opt.hang.adaptive ? opt.hang.floor : opt.hang.fixed;
+  auto interval = std::clamp(basis / 10, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
   heartbeat_timer.expires_after(interval);
   heartbeat_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
     if (ec || gen != generation || stopping()) return;
@@ -228,29 +238,68 @@ void WorkerGroup::Impl::arm_heartbeat_check() {
   });
 }
 
+namespace {
+double secs(SteadyClock::duration d) { return std::chrono::duration<double>(d).count(); }
+}  // namespace
+
+std::string WorkerGroup::Impl::silence_reason(const Slot& s, SteadyClock::time_point now) const {
+  const auto silent = secs(s.hb.silent(now));
+  const auto bound = secs(s.hb.bound(opt.hang));
+  if (!opt.hang.adaptive && s.hb.beaten()) {
+    return fmt::format("no heartbeat for {:.1f} s (--worker_timeout={:.1f})", silent, secs(opt.hang.fixed));
+  }
+  if (!opt.hang.adaptive || s.hb.steps() == 0) {
+    return fmt::format("no first {} within {:.1f} s of its start (--worker_start_timeout={:.1f}; raise it if start-up "
+                       "takes longer)",
+                       opt.hang.adaptive ? "optimizer step" : "heartbeat", silent, bound);
+  }
+  return fmt::format("no progress for {:.1f} s (--worker_timeout=auto: its bound is {:.1f} s, the larger of "
+                     "--hang_floor={:.0f} and {}x its longest recent step, {:.2f} s)",
+                     silent, bound, secs(opt.hang.floor), kAutoFactor, secs(s.hb.longest_step()));
+}
+
+void WorkerGroup::Impl::fail_hung(Slot& s, SteadyClock::time_point now, const std::string& reason) {
+  s.w.raise(Standing::reported);
+  s.w.silent_s = secs(s.hb.silent(now));
+  listener->on_worker_failed(s.w, reason, kHeartbeatExitCode, FailureKind::hang);
+}
+
 void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
-  if (opt.worker_timeout.count() <= 0 || stopping()) return;
+  if (!opt.hang.on() || stopping()) return;
+  for (auto& s : slots) {
+    if (s->w.running() && !s->w.spec.heartbeat_file.empty()) look_at_beat(*s, now);
+  }
+  if (hang) {
+    Slot* s = nullptr;
+    for (auto& x : slots) {
+      if (x->w.spec.local_rank == hang->local_rank) s = x.get();
+    }
+    if (!s || !s->w.running() || s->w.standing != Standing::own) return;  // it ended: that is reported
+    if (s->hb.last() > hang->last_beat) {
+      if (!hang->reported) return;  // the report is being read: cleared once it is out
+      const double after = secs(now - hang->found);
+      spdlog::warn("ddprun: rank {} made progress again {:.1f} s after it was reported hung; the job goes on",
+                   s->w.spec.rank, after);
+      listener->on_hang_cleared(s->w.spec.rank, after);
+      hang.reset();
+      return;
+    }
+    if (hang->stop_at && now >= *hang->stop_at) {
+      fail_hung(*s, now, fmt::format("no progress for {:.1f} s (reported hung {:.1f} s earlier; --hang_stop={:.0f})",
+                                     secs(s->hb.silent(now)), secs(now - hang->found), secs(opt.hang_stop)));
+    }
+    return;
+  }
   for (auto& s : slots) {
     Worker& w = s->w;
     if (!w.running() || w.standing != Standing::own || w.spec.heartbeat_file.empty()) continue;
-    look_at_beat(*s, now);
-    auto bound = s->beaten ? opt.worker_timeout : opt.worker_start_timeout;
-    if (bound.count() <= 0 || now - s->last_beat <= bound) continue;
-    auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
-    char reason[192];
-    if (s->beaten) {
-      std::snprintf(reason, sizeof(reason), "no heartbeat for %.1f s (--worker_timeout=%.1f)", secs(now - s->last_beat),
-                    secs(opt.worker_timeout));
-    } else {
-      std::snprintf(reason, sizeof(reason),
-                    "no first heartbeat within %.1f s of its start (--worker_start_timeout=%.1f; raise it if "
-                    "start-up takes longer)",
-                    secs(now - s->last_beat), secs(opt.worker_start_timeout));
-    }
-    w.raise(Standing::reported);
-    w.silent_s = secs(now - s->last_beat);
-    listener->on_worker_failed(w, reason, kHeartbeatExitCode, FailureKind::hang);
-    return;  // the listener stops the group
+    auto bound = s->hb.bound(opt.hang);
+    if (bound.count() <= 0 || s->hb.silent(now) <= bound) continue;
+    hang = Hang{w.spec.local_rank, s->hb.last(), now, silence_reason(*s, now), false, std::nullopt};
+    w.silent_s = secs(s->hb.silent(now));
+    spdlog::warn("ddprun: rank {} (pid {}) looks hung: {}; reading every rank's stack", w.spec.rank, w.pid, hang->reason);
+    inspect();
+    return;
   }
 }
 
@@ -292,6 +341,7 @@ void WorkerGroup::Impl::end() {
   kill_timer.cancel();
   heartbeat_timer.cancel();
   first_beat_timer.cancel();
+  inspect_timer.cancel();
   for (auto& s : slots) {
     for (auto* o : {s->out.get(), s->err.get()}) {
       if (o && o->file_loss()) log_losses.push_back(*o->file_loss());
@@ -332,6 +382,20 @@ void WorkerGroup::Impl::announce_end(SteadyClock::time_point deadline, bool said
   gpu_timer.async_wait([this, deadline, gen = generation](boost::system::error_code ec) {
     if (!ec && gen == generation) announce_end(deadline, true);
   });
+}
+
+WorkerGroup::Options WorkerGroup::Options::from(const AgentOptions& a) {
+  Options o;
+  o.hang.adaptive = a.worker_timeout_auto;
+  o.hang.fixed = a.worker_timeout_auto ? std::chrono::milliseconds(0) : a.worker_timeout;
+  o.hang.start = a.worker_start_timeout;
+  o.hang.floor = a.hang_floor;
+  o.hang_stop = a.hang_stop;
+  o.stop_timeout = a.stop_timeout;
+  o.stack_dump_timeout = a.stack_dump_timeout;
+  o.stack_signal = a.python_site_dir.empty() ? 0 : agent::stack_signal();
+  o.spares = a.spares;
+  return o;
 }
 
 WorkerGroup::WorkerGroup(boost::asio::io_context& io, ProcessRunner& runner, Options options)

@@ -15,12 +15,14 @@
 #include <vector>
 
 #include "ddprun/common/exit_status.hpp"
-#include "workers/output.hpp"
-#include "observe/stack_dump.hpp"
 #include <map>
 #include <optional>
 
 #include "ddprun/agent/options.hpp"
+#include "observe/hang_verdict.hpp"
+#include "observe/stack_dump.hpp"
+#include "workers/heartbeat.hpp"
+#include "workers/output.hpp"
 #include "workers/spares.hpp"
 
 namespace boost::asio {
@@ -67,6 +69,21 @@ struct Worker {
   void raise(Standing s) { standing = std::max(standing, s); }
 };
 
+// A hang's report (README: Hangs): every running rank as read when one was found silent, before
+// the group is stopped.
+struct HangReport {
+  int rank = -1;           // the silent rank that started it (its heartbeat lapsed first)
+  std::string reason;      // why it is suspect ("no progress for 31.0 s ...")
+  double silent_s = 0;
+  std::vector<RankView> ranks;  // host left empty: the controller knows its node's name
+  std::vector<std::string> files;  // stack.txt of each rank read
+  std::chrono::milliseconds stop_in{0};  // the group is stopped this long after the report
+};
+
+// The signal on which the progress hook writes a Python worker's stacks (DDPRUN_STACK_SIGNAL): a
+// real-time one, SIGRTMIN + 6, which neither PyTorch nor Python's runtime uses.
+int stack_signal();
+
 // Why a worker is reported failed (the event log's "reason").
 enum class FailureKind { exit, signal, hang, oom };
 const char* to_string(FailureKind k);
@@ -85,19 +102,29 @@ class WorkerGroup {
     // stack.txt), collected before a hung group was stopped or SIGKILLed.
     virtual void on_stacks_dumped(const std::map<int, std::vector<StackFrame>>& by_rank,
                                   const std::vector<std::string>& files) = 0;
+    // A worker was found silent: every running rank's state and stacks, read without stopping
+    // them. The group is stopped (on_worker_failed, a hang) report.stop_in later unless the
+    // silent worker makes progress again, which on_hang_cleared tells.
+    virtual void on_hang_report(const HangReport& report) { (void)report; }
+    virtual void on_hang_cleared(int rank, double after_s) { (void)rank, (void)after_s; }
   };
   struct Options {
-    std::chrono::milliseconds worker_timeout{0};  // heartbeats: 0 = not watched
+    HangRule hang;  // heartbeats (heartbeat.hpp); off by default
+    // --worker_timeout=auto: from a hang's report to the group's stop (0: at once).
+    std::chrono::milliseconds hang_stop{0};
     std::chrono::milliseconds stop_timeout{std::chrono::seconds(5)};
     std::chrono::milliseconds stack_dump_timeout{std::chrono::seconds(10)};  // 0: no stacks
-    // Heartbeats watched: the bound on the time from spawn to the first beat (0 = none).
-    std::chrono::milliseconds worker_start_timeout{std::chrono::minutes(30)};
+    // The signal on which the progress hook's faulthandler writes a Python worker's stacks to
+    // HEARTBEAT.stack (0: none). Sent only to a process that catches it (/proc: SigCgt).
+    int stack_signal = 0;
     // Which of these processes a GPU still holds memory for (NVML); empty where there is no
     // GPU. A group with a worker that did not exit 0 ends (and so restarts) only once none is
     // held, or gpu_release_timeout later, so that the next attempt finds its memory free.
     std::function<std::vector<pid_t>(const std::vector<pid_t>&)> gpu_holders;
     std::chrono::milliseconds gpu_release_timeout{std::chrono::seconds(30)};
     SpareOptions spares;  // warm spares for Python workers (spares.hpp); off by default
+    // The agent's options as the group takes them (hang rule, stops, stacks, spares).
+    static Options from(const AgentOptions& agent);
   };
 
   WorkerGroup(boost::asio::io_context& io, ProcessRunner& runner, Options options);

@@ -36,13 +36,7 @@ struct Slot {
   std::unique_ptr<StreamOutput> out, err;
   std::unique_ptr<asio::posix::stream_descriptor> out_pipe, err_pipe;
   int open_pipes = 0;
-  // Heartbeats are timed on the monotonic clock: what counts is when the agent saw the file's
-  // mtime change, not the mtime's value, so a wall-clock step cannot kill or hide a worker.
-  // Until the first change (`beaten`), last_beat is the spawn and worker_start_timeout bounds
-  // the wait: imports, model loading and NCCL set-up are not a hang.
-  timespec beat_mtime{};
-  SteadyClock::time_point last_beat;
-  bool beaten = false;
+  Heartbeat hb;  // watched when spec.heartbeat_file is set (heartbeat.hpp)
 };
 
 struct WorkerGroup::Impl {
@@ -50,7 +44,8 @@ struct WorkerGroup::Impl {
   ProcessRunner& runner;
   Listener* listener = nullptr;
   Options opt;
-  asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io}, gpu_timer{io}, first_beat_timer{io};
+  asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io}, gpu_timer{io}, first_beat_timer{io},
+      inspect_timer{io};
   std::function<void()> first_beats;
   int warm = 0;  // workers of this group handed to warm spares
   std::unique_ptr<SparePool> spares;  // null: no spares
@@ -74,6 +69,33 @@ struct WorkerGroup::Impl {
   };
   std::optional<Dump> dump;
   bool dump_started = false;
+  // A hang found: the silent worker (local rank), since when, why; the report, then the stop.
+  struct Hang {
+    int local_rank = -1;
+    SteadyClock::time_point last_beat, found;
+    std::string reason;
+    bool reported = false;                         // the report is out (the stacks are read)
+    std::optional<SteadyClock::time_point> stop_at;
+  };
+  std::optional<Hang> hang;
+  // Reading every running worker for a hang's report, without stopping any (worker_group_stacks.cpp).
+  struct Inspection {
+    struct Target {
+      Slot* slot = nullptr;
+      pid_t pid = -1;
+      bool python = false;
+      ProcSample before;
+      std::string stack_file;   // HEARTBEAT.stack, signalled: its size before, and when it last grew
+      off_t offset = 0, seen = -1;
+      std::string python_note;
+      bool native_wanted = false;
+      std::optional<std::string> native;
+    };
+    std::vector<Target> targets;
+    SteadyClock::time_point started, deadline;
+  };
+  std::optional<Inspection> inspection;
+  std::set<int> unread_python;  // local ranks whose Python stack the report could not read
   std::vector<std::thread> dumpers;
   std::optional<long long> oom_kills_at_start;
   std::map<int, std::pair<int, int>> last_exits;  // local rank -> (rank, shell code), across groups
@@ -129,11 +151,19 @@ struct WorkerGroup::Impl {
 
   void arm_heartbeat_check();
 
-  // A worker beats by touching its file; the agent notices the mtime change at its next check
-  // (every worker_timeout/10, 20 ms to 1 s), so a beat counts at most one interval late.
+  // Looks at every watched worker's heartbeat; finds a silent one (then reads every worker for
+  // the report: inspect), stops the group at the report's bound, or clears the report when the
+  // silent worker beats again.
   void check_heartbeats(SteadyClock::time_point now);
-  // A beat seen (the mtime changed since the last look): recorded; true if it changed.
   bool look_at_beat(Slot& s, SteadyClock::time_point now);
+  std::string silence_reason(const Slot& s, SteadyClock::time_point now) const;
+  void fail_hung(Slot& s, SteadyClock::time_point now, const std::string& reason);
+
+  // The report: each running worker's state (/proc) first, then its stacks (the stack signal for
+  // Python, ddprun-stack for the native main thread), bounded by stack_dump_timeout.
+  void inspect();
+  void poll_inspection();
+  void finish_inspection();
   void poll_first_beats();
 
   void maybe_ended();

@@ -63,15 +63,7 @@ void WorkerGroup::Impl::spawn_all() {
 }
 
 bool WorkerGroup::Impl::look_at_beat(Slot& s, SteadyClock::time_point now) {
-  struct stat st{};
-  if (::stat(s.w.spec.heartbeat_file.c_str(), &st) != 0 ||
-      (st.st_mtim.tv_sec == s.beat_mtime.tv_sec && st.st_mtim.tv_nsec == s.beat_mtime.tv_nsec)) {
-    return false;
-  }
-  s.beat_mtime = st.st_mtim;
-  s.last_beat = now;
-  s.beaten = true;
-  return true;
+  return s.hb.look(s.w.spec.heartbeat_file, now);
 }
 
 void WorkerGroup::Impl::poll_first_beats() {
@@ -79,8 +71,8 @@ void WorkerGroup::Impl::poll_first_beats() {
   const auto now = SteadyClock::now();
   bool all = true;
   for (auto& s : slots) {
-    if (!s->beaten && !s->w.spec.heartbeat_file.empty()) look_at_beat(*s, now);
-    all = all && (s->beaten || s->w.spec.heartbeat_file.empty() || !s->w.running());
+    if (!s->hb.beaten() && !s->w.spec.heartbeat_file.empty()) look_at_beat(*s, now);
+    all = all && (s->hb.beaten() || s->w.spec.heartbeat_file.empty() || !s->w.running());
   }
   if (all) return std::exchange(first_beats, nullptr)();
   first_beat_timer.expires_after(5ms);
@@ -97,8 +89,8 @@ void WorkerGroup::Impl::arm_spares() {
     const auto now = SteadyClock::now();
     bool up = true;
     for (auto& s : slots) {
-      if (!s->beaten && !s->w.spec.heartbeat_file.empty()) look_at_beat(*s, now);
-      up = up && s->beaten;
+      if (!s->hb.beaten() && !s->w.spec.heartbeat_file.empty()) look_at_beat(*s, now);
+      up = up && s->hb.beaten();
     }
     if (!up && now < spares_due) return arm_spares();
     std::vector<WorkerSpec> specs;

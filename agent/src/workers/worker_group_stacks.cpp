@@ -1,9 +1,17 @@
-// Stacks of a hung group (README: Where every rank is stuck): the Python processes found below
-// each worker (whatever started them) by SIGABRT and faulthandler, native ones through the
-// ProcessRunner (ddprun-stack, eu-stack, gdb) on threads off the loop.
+// Stacks of a hung group (README: Hangs). A hang's report reads every running worker without
+// changing it: its state in /proc first (a SIGSTOPped process stays stopped), then the Python
+// stack through the progress hook's faulthandler (DDPRUN_STACK_SIGNAL, to HEARTBEAT.stack) and
+// the native main thread through the ProcessRunner (ddprun-stack, eu-stack, gdb) on threads off
+// the loop. When the group is stopped, a Python worker the report could not read (no hook) is
+// dumped by SIGABRT and faulthandler (PYTHONFAULTHANDLER), which ends it.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "ddprun/common/text.hpp"
 #include "workers/process_runner.hpp"
@@ -11,8 +19,169 @@
 
 namespace ddprun::agent {
 
+namespace {
+
+off_t file_size(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
+}
+
+std::string read_from(const std::string& path, off_t offset) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  in.seekg(offset);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+constexpr std::chrono::milliseconds kCpuWindow{500};
+
+bool stopped_or_gone(char state) { return state == 'T' || state == 't' || state == 'Z' || state == 'X'; }
+
+}  // namespace
+
+void WorkerGroup::Impl::inspect() {
+  dump_started = true;  // the stop after this report reads only what it could not
+  inspection.emplace();
+  auto& in = *inspection;
+  in.started = SteadyClock::now();
+  in.deadline = in.started + std::max(opt.stack_dump_timeout, std::chrono::milliseconds(500));
+  std::vector<Slot*> running;
+  std::vector<pid_t> pids;
+  for (auto& s : slots) {
+    if (!s->w.running()) continue;
+    running.push_back(s.get());
+    pids.push_back(s->w.pid);
+  }
+  auto targets = runner.stack_targets(pids);
+  for (std::size_t i = 0; i < running.size(); ++i) {
+    Inspection::Target t;
+    t.slot = running[i];
+    t.python = i < targets.size() && !targets[i].python.empty();
+    t.pid = !t.python ? (i < targets.size() && targets[i].native > 0 ? targets[i].native : running[i]->w.pid)
+                      : targets[i].python.front();
+    t.before = runner.sample(t.pid);  // before any signal
+    if (t.python) {
+      if (t.before.state == 'T' || t.before.state == 't') {
+        t.python_note = "stopped: it reads no signal until it is continued";
+      } else if (opt.stack_signal > 0 && t.before.catches(opt.stack_signal) && !t.slot->w.spec.heartbeat_file.empty()) {
+        t.stack_file = t.slot->w.spec.heartbeat_file + ".stack";
+        t.offset = file_size(t.stack_file);
+        runner.signal_main_thread(t.pid, opt.stack_signal);
+      } else {
+        t.python_note = "no Python stack without the progress hook";
+        unread_python.insert(t.slot->w.spec.local_rank);
+      }
+    }
+    // A stopped process is not attached to (a debugger's detach could continue it), nor one in
+    // uninterruptible sleep (the attach would wait on it).
+    t.native_wanted = opt.stack_dump_timeout.count() > 0 && !stopped_or_gone(t.before.state) && t.before.state != 'D';
+    in.targets.push_back(std::move(t));
+  }
+  for (std::size_t i = 0; i < in.targets.size(); ++i) {
+    if (!in.targets[i].native_wanted) continue;
+    dumpers.emplace_back([this, i, pid = in.targets[i].pid, gen = generation, limit = opt.stack_dump_timeout] {
+      std::string text = runner.native_stack(pid, limit);
+      asio::post(io, [this, i, gen, text = std::move(text)] {
+        if (gen != generation || !inspection || i >= inspection->targets.size()) return;
+        inspection->targets[i].native = text;
+      });
+    });
+  }
+  poll_inspection();
+}
+
+void WorkerGroup::Impl::poll_inspection() {
+  if (!inspection) return;
+  const auto now = SteadyClock::now();
+  bool done = now >= inspection->deadline;
+  // At least kCpuWindow: what share of a core each main thread uses needs a window to tell.
+  const bool measured = std::any_of(inspection->targets.begin(), inspection->targets.end(),
+                                    [](const auto& t) { return t.before.cpu_ns >= 0; });
+  if (!done && measured && now - inspection->started < kCpuWindow) {
+    done = false;
+  } else if (!done) {
+    done = true;
+    for (auto& t : inspection->targets) {
+      if (t.native_wanted && !t.native) done = false;
+      if (t.stack_file.empty()) continue;
+      // faulthandler's dump is in once the file grew and stopped growing for one poll.
+      off_t size = file_size(t.stack_file);
+      if (size <= t.offset || size != t.seen) done = false;
+      t.seen = size;
+    }
+  }
+  if (done) return finish_inspection();
+  inspect_timer.expires_after(std::chrono::milliseconds(30));
+  inspect_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
+    if (!ec && gen == generation) poll_inspection();
+  });
+}
+
+void WorkerGroup::Impl::finish_inspection() {
+  auto in = std::move(*inspection);
+  inspection.reset();
+  const double took = std::chrono::duration<double>(SteadyClock::now() - in.started).count();
+  HangReport report;
+  for (auto& t : in.targets) {
+    RankView v;
+    v.rank = t.slot->w.spec.rank;
+    v.pid = t.pid;
+    v.state = t.before.state;
+    ProcSample after = runner.sample(t.pid);
+    if (t.before.cpu_ns >= 0 && after.cpu_ns >= 0 && took > 0) {
+      v.cpu = static_cast<double>(after.cpu_ns - t.before.cpu_ns) / 1e9 / took;
+    }
+    v.silent = hang && hang->local_rank == t.slot->w.spec.local_rank;
+    std::string text;
+    if (!t.stack_file.empty()) {
+      std::string py = without_spare_driver(read_from(t.stack_file, t.offset));
+      v.python = parse_python_stack(py);
+      if (v.python.empty()) v.python_note = "the stack signal wrote nothing within " + duration_text(opt.stack_dump_timeout);
+      text += py;
+    } else {
+      v.python_note = t.python_note;
+    }
+    if (t.native) {
+      v.native = parse_native_stack(*t.native);
+      text += (text.empty() ? "" : "\nNative (ddprun-stack):\n");
+      if (t.pid != t.slot->w.pid) {
+        text += "(pid " + std::to_string(t.pid) + ", started by worker pid " + std::to_string(t.slot->w.pid) + ")\n";
+      }
+      text += *t.native;
+    }
+    if (!t.slot->w.spec.dir.empty() && write_stack_file(t.slot->w.spec.dir + "/stack.txt", text)) {
+      report.files.push_back(t.slot->w.spec.dir + "/stack.txt");
+    }
+    report.ranks.push_back(std::move(v));
+  }
+  if (!hang) return;
+  for (auto& s : slots) {
+    if (s->w.spec.local_rank == hang->local_rank) report.rank = s->w.spec.rank;
+  }
+  // Timed from when the silence was found (on the clock check_heartbeats was given).
+  const auto found = hang->found;
+  report.reason = hang->reason;
+  report.silent_s = std::chrono::duration<double>(found - hang->last_beat).count();
+  const bool at_once = !opt.hang.adaptive || opt.hang_stop.count() <= 0;
+  report.stop_in = at_once ? std::chrono::milliseconds(0) : opt.hang_stop;
+  hang->reported = true;
+  if (!at_once) hang->stop_at = found + opt.hang_stop;
+  listener->on_hang_report(report);
+  if (!at_once || !hang) return;
+  for (auto& s : slots) {
+    if (s->w.spec.local_rank == hang->local_rank && s->w.running() && s->w.standing == Standing::own) {
+      return fail_hung(*s, found, hang->reason);
+    }
+  }
+}
+
 bool WorkerGroup::Impl::start_dump(std::function<void()> then) {
-  if (opt.stack_dump_timeout.count() <= 0 || dump_started) return false;
+  if (opt.stack_dump_timeout.count() <= 0) return false;
+  // After a hang's report: only the Python workers it could not read (no hook), by SIGABRT.
+  const bool reported = dump_started && !dump;
+  if (dump_started && (!reported || unread_python.empty())) return false;
   dump_started = true;
   dump.emplace();
   dump->then = std::move(then);
@@ -20,6 +189,7 @@ bool WorkerGroup::Impl::start_dump(std::function<void()> then) {
   std::vector<pid_t> pids;
   for (auto& s : slots) {
     if (!s->w.running()) continue;
+    if (reported && !unread_python.count(s->w.spec.local_rank)) continue;
     running.push_back(s.get());
     pids.push_back(s->w.pid);
   }
@@ -86,6 +256,7 @@ void WorkerGroup::Impl::finish_dump() {
   dump_timer.cancel();
   std::map<int, std::vector<StackFrame>> by_rank;
   std::vector<std::string> files;
+  unread_python.clear();
   for (auto& s : slots) {
     int lr = s->w.spec.local_rank;
     bool python = dump->python.count(lr) > 0;

@@ -61,7 +61,10 @@ std::map<std::string, std::string> group_env(const AgentOptions& opt, const roun
   const bool user_chose = env.count("NCCL_ASYNC_ERROR_HANDLING") || env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING");
   if (!user_chose) env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
   if (!user_chose && !(opt.hook_sees_torch && !opt.python_site_dir.empty())) env["NCCL_ASYNC_ERROR_HANDLING"] = "1";
-  if (!opt.python_site_dir.empty()) prepend_path(env, "PYTHONPATH", opt.python_site_dir);
+  if (!opt.python_site_dir.empty()) {
+    prepend_path(env, "PYTHONPATH", opt.python_site_dir);
+    env["DDPRUN_STACK_SIGNAL"] = std::to_string(stack_signal());  // the hook's faulthandler (README: Hangs)
+  }
   env.try_emplace("PYTHONFAULTHANDLER", "1");  // a hung Python worker stopped with SIGABRT prints its stacks
   if (opt.nproc_per_node > 1) env.try_emplace("OMP_NUM_THREADS", "1");
   return env;

@@ -58,12 +58,17 @@ struct AgentOptions {
   // The same rank failing the same way (exit code or signal, or a hang) on this many consecutive
   // attempts ends the job with kCrashLoopExitCode instead of restarting again. 0 = off.
   int max_same_failures = 0;
-  // A worker that has not touched DDPRUN_HEARTBEAT_FILE for this long since its last touch is
-  // failed. 0 = off (and so is worker_start_timeout).
+  // Hangs (README: Hangs). --worker_timeout=auto (worker_timeout_auto, the default): a worker
+  // that has done a step is suspect once silent for max(hang_floor, 5x its longest recent step);
+  // --worker_timeout=S: once silent for S; 0: never. A suspect is reported (every rank's stack,
+  // a verdict), and the group stopped hang_stop later (auto; S: at once) unless it beats again.
+  bool worker_timeout_auto = true;
   std::chrono::milliseconds worker_timeout{0};
-  // With worker_timeout on: a worker that has not touched it once this long after its start is
-  // failed (imports, model loading, NCCL set-up come before the first step). 0 = no bound.
-  std::chrono::milliseconds worker_start_timeout{std::chrono::minutes(30)};
+  // Before the first beat (S) or optimizer step (auto): the bound on the silence from the start.
+  // 0 = no bound (auto's default: however long the first step takes).
+  std::chrono::milliseconds worker_start_timeout{0};
+  std::chrono::milliseconds hang_floor{std::chrono::seconds(30)};
+  std::chrono::milliseconds hang_stop{std::chrono::seconds(120)};
   // Grace period between SIGTERM and SIGKILL when stopping workers.
   std::chrono::milliseconds stop_timeout{std::chrono::seconds(5)};
   // Before a hung group is stopped (or workers ignoring SIGTERM are killed), every running

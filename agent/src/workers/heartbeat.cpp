@@ -1,0 +1,76 @@
+#include "workers/heartbeat.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace ddprun::agent {
+
+void Heartbeat::reset(timespec created, Clock::time_point now) {
+  *this = Heartbeat{};
+  mtime_ = created;
+  start_ = last_ = now;
+}
+
+bool Heartbeat::look(const std::string& file, Clock::time_point now) {
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return false;
+  struct stat st{};
+  bool changed = ::fstat(fd, &st) == 0 &&
+                 (st.st_mtim.tv_sec != mtime_.tv_sec || st.st_mtim.tv_nsec != mtime_.tv_nsec);
+  long long count = -1;
+  if (changed) {
+    mtime_ = st.st_mtim;
+    char buf[32];
+    ssize_t n = st.st_size > 0 ? ::pread(fd, buf, sizeof(buf) - 1, 0) : 0;
+    if (n > 0) {
+      buf[n] = 0;
+      char* end = nullptr;
+      long long v = std::strtoll(buf, &end, 10);
+      if (end != buf && v >= 0) count = v;
+    }
+  }
+  ::close(fd);
+  if (changed) beat(now, count);
+  return changed;
+}
+
+void Heartbeat::beat(Clock::time_point now, long long count) {
+  last_ = now;
+  if (count >= 0 && !counted_) {  // the first count read replaces what touches had counted
+    counted_ = true;
+    if (count < steps_) {
+      steps_ = count;
+      gaps_.clear();
+    }
+  }
+  const long long steps = count < 0 ? steps_ + 1 : count;
+  if (steps <= steps_) return;  // a touch between steps (a forward pass), or "0": no step yet
+  if (steps_ > 0) {
+    // Steps done between two looks share the interval.
+    gaps_.push_back((now - last_step_) / (steps - steps_));
+    if (gaps_.size() > kAutoSteps) gaps_.pop_front();
+  }
+  steps_ = steps;
+  last_step_ = now;
+}
+
+Heartbeat::Clock::duration Heartbeat::longest_step() const {
+  return gaps_.empty() ? Clock::duration::zero() : *std::max_element(gaps_.begin(), gaps_.end());
+}
+
+Heartbeat::Clock::duration Heartbeat::silent(Clock::time_point now) const {
+  return now - (steps_ > 0 ? last_ : start_);
+}
+
+std::chrono::milliseconds Heartbeat::bound(const HangRule& rule) const {
+  if (steps_ == 0) return rule.start;
+  if (!rule.adaptive) return rule.fixed;
+  auto scaled = std::chrono::duration_cast<std::chrono::milliseconds>(longest_step() * kAutoFactor);
+  return std::max(rule.floor, scaled);
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,70 @@
+#pragma once
+// A worker's heartbeat, as the agent reads it, and the rule that finds it hung (README: Hangs).
+//
+// The worker's file (DDPRUN_HEARTBEAT_FILE): its mtime changes at every beat; its content, when
+// there is one, is the number of optimizer steps done ("12\n"). The progress hook writes the count
+// after each step and, after the first, touches the file on forward passes; the runtime writes
+// "0\n" when a Reducer is made, the count after each gradient all-reduce, and touches the file
+// after other collectives. A touch of a file without a count (a program that only touches it) is
+// a step; the first count read replaces what such touches had counted.
+//
+// The rule: a worker is suspect once silent for longer than its bound. Before its first step
+// the silence counts from its start and the bound is --worker_start_timeout (0: none; auto's
+// default, however long the first step takes; S's default 1800 s). After it, the silence counts
+// from its last beat of any kind and the bound is:
+//   --worker_timeout=S     S;
+//   --worker_timeout=auto  max(floor, kAutoFactor x the longest of its last kAutoSteps steps).
+// Beats are timed on the monotonic clock when the agent sees them, so a wall-clock step cannot
+// kill or hide a worker; a beat counts at most one check interval late.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <deque>
+#include <string>
+#include <time.h>
+
+namespace ddprun::agent {
+
+struct HangRule {
+  bool adaptive = false;
+  std::chrono::milliseconds fixed{0};  // --worker_timeout=S; 0 (and not adaptive): off
+  std::chrono::milliseconds start{0};  // before the first beat (fixed) or step (adaptive); 0: none
+  std::chrono::milliseconds floor{std::chrono::seconds(30)};
+  bool on() const { return adaptive || fixed.count() > 0; }
+};
+
+// auto's factor and window: silence 5x longer than the longest of the last 32 steps is not a
+// slow step (a CPU hog that halves the speed, a step that loads more data).
+constexpr int kAutoFactor = 5;
+constexpr std::size_t kAutoSteps = 32;
+
+class Heartbeat {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // The file was just created (its mtime `created`) at `now`: the start-up clock starts.
+  void reset(timespec created, Clock::time_point now);
+  // Reads the file: true when it beat since the last look (its mtime changed).
+  bool look(const std::string& file, Clock::time_point now);
+  // A beat recorded directly (tests); `steps` < 0: a beat without a count.
+  void beat(Clock::time_point now, long long steps);
+
+  // How long it may stay silent before it is suspect; zero: no bound now.
+  std::chrono::milliseconds bound(const HangRule& rule) const;
+  // Since its last beat, or its start before its first step.
+  Clock::duration silent(Clock::time_point now) const;
+  bool beaten() const { return steps_ > 0; }  // its first step is done
+  long long steps() const { return steps_; }
+  Clock::time_point last() const { return last_; }
+  // The longest recent step, zero before two steps.
+  Clock::duration longest_step() const;
+
+ private:
+  timespec mtime_{};
+  Clock::time_point start_{}, last_{}, last_step_{};
+  long long steps_ = 0;
+  bool counted_ = false;  // a count was read: touches are progress, not steps
+  std::deque<Clock::duration> gaps_;  // the last kAutoSteps intervals between steps
+};
+
+}  // namespace ddprun::agent

@@ -1,0 +1,84 @@
+// The hang verdict (observe/hang_verdict.hpp): which rank holds the job up, from what ddprun read.
+#include <catch2/catch.hpp>
+
+#include "observe/hang_verdict.hpp"
+
+using namespace ddprun::agent;
+
+namespace {
+
+const std::vector<StackFrame> kBackward = {{"backward", "__init__.py", 197}, {"backward", "_tensor.py", 488},
+                                           {"main", "train.py", 12}};
+const std::vector<StackFrame> kReducer = {{"c10d::Reducer::finalize_backward()", "", 0}, {"??", "libtorch_cpu.so", 0}};
+const std::vector<StackFrame> kLoader = {{"load_batch", "train.py", 8}, {"main", "train.py", 11}};
+const std::vector<StackFrame> kEval = {{"_PyEval_EvalFrameDefault", "", 0}};
+
+RankView rank(int r, std::vector<StackFrame> py, std::vector<StackFrame> native, char state = 'S', double cpu = 0) {
+  RankView v;
+  v.rank = r;
+  v.host = "node-b";
+  v.pid = 100 + r;
+  v.state = state;
+  v.cpu = cpu;
+  v.python = std::move(py);
+  v.native = std::move(native);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("hang verdict: a rank stuck in Python is blamed, not the ones waiting in DDP's all-reduce under backward",
+          "[hang]") {
+  auto v = decide_hang({rank(0, kBackward, kReducer), rank(1, kLoader, kEval), rank(2, kBackward, kReducer),
+                        rank(3, kBackward, kReducer)});
+  CHECK(v.kind == HangKind::stuck);
+  CHECK(v.blamed == std::vector<int>{1});
+  CHECK(v.text == "rank 1 (host node-b, pid 101) is stuck outside any collective in load_batch (train.py:8); "
+                  "ranks 0, 2-3 wait for it in DDP's all-reduce");
+}
+
+TEST_CASE("hang verdict: backward() without DDP's Reducer in the native stack is not a collective", "[hang]") {
+  // (a rank computing a long backward pass, read while it runs)
+  auto v = decide_hang({rank(0, kBackward, {{"at::native::addmm", "", 0}}, 'R', 1.0), rank(1, kBackward, kReducer)});
+  CHECK(v.kind == HangKind::spinning);
+  CHECK(v.blamed == std::vector<int>{0});
+}
+
+TEST_CASE("hang verdict: spinning, stopped and uninterruptible ranks, each with its kind", "[hang]") {
+  auto spin = decide_hang({rank(0, kBackward, kReducer), rank(1, kLoader, kEval, 'R', 0.97)});
+  CHECK(spin.kind == HangKind::spinning);
+  CHECK_THAT(spin.text, Catch::Contains("rank 1 (host node-b, pid 101) is spinning (97% of a core) outside any collective"));
+  auto stopped = decide_hang({rank(0, kBackward, kReducer), rank(1, {}, {}, 'T')});
+  CHECK(stopped.kind == HangKind::stopped);
+  CHECK(stopped.blamed == std::vector<int>{1});
+  CHECK(stopped.text == "rank 1 (host node-b, pid 101) is stopped (SIGSTOP: state T); rank 0 waits for it in DDP's all-reduce");
+  auto d = decide_hang({rank(0, kBackward, kReducer), rank(1, {}, {}, 'D'), rank(2, kLoader, kEval)});
+  CHECK(d.kind == HangKind::uninterruptible);  // before a rank outside collectives: D says more
+  CHECK(d.blamed == std::vector<int>{1});
+  CHECK_THAT(d.text, Catch::Contains("uninterruptible sleep (D"));
+}
+
+TEST_CASE("hang verdict: ranks in different collectives are a mismatch, the odd group blamed", "[hang]") {
+  std::vector<StackFrame> bcast = {{"broadcast", "distributed_c10d.py", 1408}, {"main", "train.py", 20}};
+  auto v = decide_hang({rank(0, kBackward, kReducer), rank(1, bcast, {{"c10d::Work::wait", "", 0}}),
+                        rank(2, kBackward, kReducer)});
+  CHECK(v.kind == HangKind::mismatch);
+  CHECK(v.blamed == std::vector<int>{1});
+  CHECK_THAT(v.text, Catch::Contains("ranks wait in different collectives:"));
+  CHECK_THAT(v.text, Catch::Contains("ranks 0, 2 in DDP's all-reduce"));
+  CHECK_THAT(v.text, Catch::Contains("rank 1 (host node-b, pid 101) in torch.distributed.broadcast"));
+}
+
+TEST_CASE("hang verdict: every rank here waiting blames no one here, native programs by their function names",
+          "[hang]") {
+  auto v = decide_hang({rank(0, kBackward, kReducer), rank(1, kBackward, kReducer)});
+  CHECK(v.kind == HangKind::undecided);
+  CHECK(v.blamed.empty());
+  CHECK_THAT(v.text, Catch::Contains("not here (on another node)"));
+  auto native = decide_hang({rank(0, {}, {{"wait_for_peer", "comm.cpp", 42}, {"all_reduce", "comm.cpp", 80}}),
+                             rank(1, {}, {{"read_shard", "data.cpp", 7}, {"main", "train.cpp", 3}})});
+  CHECK(native.kind == HangKind::stuck);
+  CHECK(native.blamed == std::vector<int>{1});
+  CHECK_THAT(native.text, Catch::Contains("in read_shard (data.cpp:7); rank 0 waits for it in all_reduce"));
+  CHECK(rank_list({7, 0, 2, 3, 4, 5, 9}) == "0, 2-5, 7, 9");
+}

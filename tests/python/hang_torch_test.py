@@ -1,0 +1,230 @@
+#!/usr/bin/python3
+"""Hangs found by default and explained in one report (README: Hangs), on real PyTorch gloo DDP
+jobs (tests/python/hang_worker.py):
+
+  kinds        a rank stuck in Python outside any collective (2 and 4 workers), stopped by
+               SIGSTOP, spinning with the GIL held, and calling a broadcast while the others are
+               in DDP's all-reduce: one report, which blames that rank by rank, host and frame
+               with its kind, without changing any worker (the stopped one stays stopped), and
+               the job ends 124 --hang_stop after it;
+  false_alarms a first step of 8 s, an 8 s evaluation loop (forward passes, no optimizer step), a
+               2 s checkpoint save on rank 0 while the others wait in a barrier, and the whole job
+               beside two CPU hogs: each ends 0 with no report, event or metric;
+  default      the default flags (--worker_timeout=auto, --hang_floor=30) with a stuck rank: the
+               report within 60 s of the hang (--hang_stop=5 keeps the test short).
+
+The kinds and false alarms run with --hang_floor=3 (the floor scaled down 10x with the cases: a
+save shorter than the floor, phases longer than it). Exits 77 (skipped) without torch.
+Usage: hang_torch_test.py --ddprun PATH [kinds|false_alarms|default ...]
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import need_torch  # noqa: E402
+
+need_torch()
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hang_worker.py")
+HOST = os.uname().nodename
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    print(f"ok: {what}", flush=True)
+
+
+class Job:
+    """ddprun running a hang_worker job; its output read on threads, each line handed to `on_line`."""
+
+    def __init__(self, ddprun, tmp, name, flags, worker_args, on_line=None):
+        self.events = os.path.join(tmp, name + ".jsonl")
+        self.lines = []
+        self.on_line = on_line
+        env = dict(os.environ, PYTHON_EXEC="/usr/bin/python3")
+        self.t0 = time.time()
+        self.p = subprocess.Popen([ddprun, "--standalone", f"--events_file={self.events}",
+                                   f"--log_dir={os.path.join(tmp, name)}", *flags, WORKER, *worker_args],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.readers = [threading.Thread(target=self._read, args=(s,)) for s in (self.p.stdout, self.p.stderr)]
+        for r in self.readers:
+            r.start()
+
+    def _read(self, stream):
+        for line in stream:
+            self.lines.append((time.time(), line))
+            if self.on_line:
+                self.on_line(line)
+
+    def wait(self, timeout):
+        try:
+            self.p.wait(timeout=timeout)
+        finally:
+            if self.p.poll() is None:
+                self.p.kill()
+                self.p.wait()
+        for r in self.readers:
+            r.join()
+        self.ended = time.time()
+        self.text = "".join(l for _, l in self.lines)
+        return self.p.returncode
+
+    def event(self, name):
+        with open(self.events) as f:
+            return [json.loads(l) for l in f if f'"event":"{name}"' in l]
+
+    def hang_time(self):
+        for _, l in self.lines:
+            m = re.search(r"HANG \w+ ([0-9.]+)", l)
+            if m:
+                return float(m.group(1))
+        raise AssertionError(f"the worker never said it hung:\n{self.text[-2000:]}")
+
+
+def proc_state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+FAST = ["--hang_floor=3", "--hang_stop=3"]
+
+
+def hang_kind(ddprun, tmp, kind, nproc, rank, expect):
+    """`rank` hangs as `kind` at step 5; the report must blame it with `expect` (a regexp)."""
+    seen = {}
+
+    def on_line(line):  # the report is out: the stuck worker is untouched, the metric counts it
+        m = re.search(r"metrics on port (\d+)", line)
+        if m:
+            seen["port"] = m.group(1)
+        if "ddprun: hang on" in line and "port" in seen and "metrics" not in seen:
+            deadline = time.monotonic() + 3  # the metrics are refreshed once a second
+            while time.monotonic() < deadline and seen.get("metrics") != ["ddprun_hangs_reported_total 1"]:
+                with urllib.request.urlopen(f"http://127.0.0.1:{seen['port']}/metrics", timeout=5) as r:
+                    seen["metrics"] = [l for l in r.read().decode().splitlines()
+                                       if l.startswith("ddprun_hangs_reported")]
+                time.sleep(0.2)
+        if "ddprun: hang on" in line and "state" not in seen:
+            started = job.event("workers_started")[0]
+            pid = started["pids"][started["ranks"].index(rank)]
+            try:
+                seen["state"] = proc_state(pid)
+            except OSError:
+                seen["state"] = "gone"
+
+    name = f"{kind}{nproc}"
+    job = Job(ddprun, tmp, name, [f"--nproc_per_node={nproc}", "--metrics_port=0", *FAST],
+              ["--hang", kind, "--rank", str(rank), "--at", "5", "--steps", "100000"], on_line)
+    rc = job.wait(180)
+    what = f"{kind}, {nproc} workers, rank {rank}"
+    check(rc == 124, f"{what}: the job ends 124" + ("" if rc == 124 else f" (got {rc}; {job.text[-1500:]})"))
+    reports = job.event("hang_reported")
+    check(len(reports) == 1 and job.text.count("ddprun: hang on") == 1, f"{what}: one report ({len(reports)} events)")
+    r = reports[0]
+    check(r["blamed"] == [rank], f"{what}: it blames rank {rank} (blamed {r['blamed']}: {r['verdict']})")
+    check(re.search(expect, r["verdict"]) is not None, f"{what}: the verdict says '{expect}': {r['verdict']}")
+    check(f"host {HOST}, pid " in r["verdict"], f"{what}: the verdict names the host and pid")
+    took = r_time(r) - job.hang_time()
+    check(took < 3 + 6, f"{what}: reported {took:.1f} s after the hang (--hang_floor=3)")
+    check("Fatal Python error" not in job.text, f"{what}: no crash banner in the output")
+    expected_state = "T" if kind == "sigstop" else ("R" if kind == "spin" else None)
+    if expected_state:
+        check(seen.get("state") == expected_state,
+              f"{what}: after the report rank {rank} is still '{expected_state}' ({seen.get('state')}): unchanged")
+    else:
+        check(seen.get("state") not in (None, "gone", "Z"), f"{what}: after the report rank {rank} still runs")
+    stop = job.ended - r_time(r)
+    check(1.5 < stop < 3 + 10, f"{what}: the job stopped {stop:.1f} s after the report (--hang_stop=3 from when the "
+                               "silence was found)")
+    check(r["kind"] in expected_kinds(kind), f"{what}: kind {r['kind']}")
+    check(seen.get("metrics") == ["ddprun_hangs_reported_total 1"],
+          f"{what}: ddprun_hangs_reported_total is 1 while the workers still run ({seen.get('metrics')})")
+
+
+def expected_kinds(kind):
+    return {"stuck": ["stuck"], "spin": ["spinning"], "sigstop": ["stopped"], "mismatch": ["mismatch"]}[kind]
+
+
+def r_time(event):
+    """The event's time stamp as seconds since the epoch."""
+    from datetime import datetime, timezone
+    return datetime.strptime(event["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def kinds(ddprun, tmp):
+    stuck = r"rank 1 \(host .*\) is stuck outside any collective in load_batch \(hang_worker\.py:\d+\); rank 0 waits for it in DDP's all-reduce"
+    hang_kind(ddprun, tmp, "stuck", 2, 1, stuck)
+    hang_kind(ddprun, tmp, "stuck", 4, 2, r"rank 2 \(.*\) is stuck outside any collective in load_batch .*ranks 0-1, 3 wait for it in DDP's all-reduce")
+    hang_kind(ddprun, tmp, "sigstop", 2, 1, r"rank 1 \(.*\) is stopped \(SIGSTOP")
+    hang_kind(ddprun, tmp, "spin", 2, 1, r"rank 1 \(.*\) is spinning \(\d+% of a core\) outside any collective in load_batch")
+    hang_kind(ddprun, tmp, "mismatch", 2, 1, r"ranks wait in different collectives: rank 0 \(.*\) in DDP's all-reduce .*rank 1 \(.*\) in torch\.distributed\.broadcast")
+
+
+def no_alarm(ddprun, tmp, name, worker_args, flags=(), metrics=False):
+    port = {}
+
+    def on_line(line):
+        m = re.search(r"metrics on port (\d+)", line)
+        if m and "port" not in port:
+            port["port"] = m.group(1)
+        if metrics and "step 38" in line and "port" in port:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port['port']}/metrics", timeout=5) as r:
+                port["metrics"] = r.read().decode()
+
+    job = Job(ddprun, tmp, name, ["--nproc_per_node=2", *FAST, *flags, *(["--metrics_port=0"] if metrics else [])],
+              ["--steps", "40", *worker_args], on_line)
+    rc = job.wait(300)
+    check(rc == 0, f"{name}: the job ends 0" + ("" if rc == 0 else f" ({rc}; {job.text[-1500:]})"))
+    check("ddprun: hang on" not in job.text and not job.event("hang_reported"), f"{name}: no hang report, no event")
+    if metrics:
+        line = [l for l in port.get("metrics", "").splitlines() if l.startswith("ddprun_hangs_reported_total")]
+        check(line == ["ddprun_hangs_reported_total 0"], f"{name}: ddprun_hangs_reported_total is 0 near the end ({line})")
+
+
+def false_alarms(ddprun, tmp):
+    no_alarm(ddprun, tmp, "first_step", ["--first_step", "8"])
+    no_alarm(ddprun, tmp, "evaluation", ["--eval_at", "5", "--eval_s", "8"], metrics=True)
+    no_alarm(ddprun, tmp, "save", ["--save_at", "5", "--save_s", "2"])
+    hogs = [subprocess.Popen(["/usr/bin/python3", "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        no_alarm(ddprun, tmp, "under_load", [])
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def default(ddprun, tmp):
+    job = Job(ddprun, tmp, "default", ["--nproc_per_node=2", "--hang_stop=5"],
+              ["--hang", "stuck", "--rank", "1", "--at", "5", "--steps", "100000"])
+    rc = job.wait(240)
+    check(rc == 124, f"default flags: the job ends 124" + ("" if rc == 124 else f" ({rc}; {job.text[-1500:]})"))
+    r = job.event("hang_reported")
+    check(len(r) == 1 and r[0]["blamed"] == [1], f"default flags: one report blaming rank 1 ({r})")
+    took = r_time(r[0]) - job.hang_time()
+    check(took < 60, f"default flags: the report came {took:.1f} s after the hang (within 60 s)")
+    check("--hang_floor=30" in r[0]["reason"], f"default flags: the floor was 30 s ({r[0]['reason']})")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ddprun", required=True)
+    ap.add_argument("parts", nargs="*", default=["kinds", "false_alarms", "default"])
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in args.parts:
+            globals()[part](args.ddprun, tmp)
+    print("all hang checks passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+#!/usr/bin/python3
+"""A PyTorch gloo DDP training job that can hang, or pause without hanging, on purpose: the
+worker of the hang tests (hang_torch_test.py) and of bench/hang_bench.py.
+
+  --hang KIND --rank R --at STEP: at step STEP, rank R
+     stuck     loops in Python, sleeping, outside any collective (a data loader that never returns)
+     spin      loops in Python holding the GIL (busy, 100% CPU)
+     sigstop   stops itself with SIGSTOP
+     mismatch  calls a broadcast while the other ranks are in DDP's all-reduce
+  --first_step S   the first step takes S seconds longer (compilation, a large load)
+  --eval_at STEP --eval_s S   an evaluation loop (forward passes only, no optimizer step) of S s
+  --save_at STEP --save_s S   rank 0 "saves a checkpoint" for S s (no forward, no step) while the
+                              others wait in a barrier
+Prints "step N" on rank 0 after each step and "DONE rank=R" at the end.
+"""
+import argparse
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def say_hang(kind):
+    print(f"HANG {kind} {time.time():.3f}", flush=True)
+
+
+def load_batch(x, i, batch, hang, rank, at, step):
+    if hang in ("stuck", "spin", "sigstop", "mismatch") and rank == at[0] and step == at[1]:
+        say_hang(hang)
+    if hang == "stuck" and rank == at[0] and step == at[1]:
+        while True:
+            time.sleep(0.1)
+    if hang == "spin" and rank == at[0] and step == at[1]:
+        n = 0
+        while True:
+            n += 1
+    return x[i:i + batch]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--step_s", type=float, default=0.05)
+    ap.add_argument("--hang", default="")
+    ap.add_argument("--rank", type=int, default=1)
+    ap.add_argument("--at", type=int, default=5)
+    ap.add_argument("--first_step", type=float, default=0)
+    ap.add_argument("--eval_at", type=int, default=-1)
+    ap.add_argument("--eval_s", type=float, default=0)
+    ap.add_argument("--save_at", type=int, default=-1)
+    ap.add_argument("--save_s", type=float, default=0)
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    x, y = torch.randn(256, 16), torch.randn(256, 1)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(a.steps):
+        if step == 0 and a.first_step > 0:
+            time.sleep(a.first_step)
+        if step == a.eval_at:
+            end = time.monotonic() + a.eval_s
+            with torch.no_grad():
+                while time.monotonic() < end:
+                    model(x)
+                    time.sleep(0.05)
+        if step == a.save_at:
+            if rank == 0:
+                time.sleep(a.save_s)
+            dist.barrier()
+        i = (step * 16) % 240
+        batch = load_batch(x, i, 16, a.hang, rank, (a.rank, a.at), step)
+        if a.hang == "sigstop" and rank == a.rank and step == a.at:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if a.hang == "mismatch" and rank == a.rank and step == a.at:
+            dist.broadcast(torch.zeros(3), src=0)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(batch), y[i:i + 16]).backward()
+        opt.step()
+        time.sleep(a.step_s)
+        if rank == 0:
+            print(f"step {step}", flush=True)
+    dist.barrier()
+    print(f"DONE rank={rank}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
