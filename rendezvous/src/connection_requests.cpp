@@ -86,7 +86,17 @@ void Connection::apply() {
       ctx_.options.on_request(wire::op_name(request_.op),
                               request_.keys.empty() ? std::string_view() : std::string_view(request_.keys[0]));
     }
+    std::size_t request_bytes = 0;
+    if (ctx_.options.on_applied) {  // counted before handle() takes the values
+      for (const auto& k : request_.keys) request_bytes += k.size();
+      for (const auto& v : request_.values) request_bytes += v.size();
+    }
     ctx_.core.handle(session_, request_, ctx_.reply);
+    if (ctx_.options.on_applied) {
+      ctx_.options.on_applied(wire::op_name(request_.op),
+                              request_.keys.empty() ? std::string_view() : std::string_view(request_.keys[0]),
+                              request_bytes, ctx_.reply.size());
+    }
   } catch (const Error& e) {
     return close(e.what());
   } catch (const std::bad_alloc&) {

@@ -327,6 +327,7 @@ StoreStats StoreCore::stats() const {
   s.wait_lists = waiters_.size();
   waiters_.for_each([&](const auto& e) { s.wait_entries += e.second.entries.size(); });
   watchers_.for_each([&](const auto& e) { s.watch_entries += e.second.size(); });
+  s.waits_woken = woken_;
   return s;
 }
 

@@ -94,6 +94,7 @@ struct StoreStats {
   std::size_t wait_lists = 0;      // keys somebody waits on
   std::size_t wait_entries = 0;
   std::size_t watch_entries = 0;
+  std::size_t waits_woken = 0;     // since start (clear() keeps it)
 };
 
 class StoreCore {
@@ -172,6 +173,7 @@ class StoreCore {
   KeyMap<WaitList> waiters_;
   KeyMap<std::vector<Session*>> watchers_;  // 1.13 WATCH_KEY
   std::size_t bytes_ = 0;    // key and value bytes (stats)
+  std::size_t woken_ = 0;    // WAITs answered by a set (stats)
   std::size_t charged_ = 0;  // what the core charged to the budget, besides the shared buffers
 };
 

@@ -47,6 +47,7 @@ struct Config {
   int port = 0;
   std::string log_level, allow, secret_file;
   bool same_user = true;
+  bool count_requests = false;
   long keepalive = 0;
   std::map<std::string, std::size_t*> sizes;
   std::map<std::string, std::string> size_text;
@@ -125,6 +126,9 @@ po::options_description describe(Config& c) {
        "descriptors kept free under the open-file limit")
       ("tcp_keepalive_s", po::value(&c.keepalive)->default_value(c.keepalive),
        "probe a silent client after this many seconds and drop it if it vanished; 0 = off")
+      ("count_requests", po::bool_switch(&c.count_requests),
+       "at exit, print to stdout the requests served, by operation and key pattern (numbers in keys as <n>), "
+       "with their key and value bytes and reply bytes, and how many WAITs a set woke")
       ("log_level", po::value(&c.log_level)->default_value("info"), "trace, debug, info, warn, error or off");
   return desc;
 }
@@ -150,8 +154,50 @@ void finish(Config& c) {
   c.opts.tcp_keepalive_idle = std::chrono::seconds(c.keepalive);
 }
 
+// --count_requests: the requests served, by operation and key pattern.
+struct Tally {
+  std::size_t count = 0, request_bytes = 0, reply_bytes = 0;
+};
+using Tallies = std::map<std::pair<std::string, std::string>, Tally>;
+
+// "ddprun/rdzv/job/r12/node/3" -> "ddprun/rdzv/job/r<n>/node/<n>": a key's pattern.
+std::string key_pattern(std::string_view key) {
+  std::string out;
+  for (std::size_t i = 0; i < key.size();) {
+    if (key[i] >= '0' && key[i] <= '9') {
+      while (i < key.size() && key[i] >= '0' && key[i] <= '9') ++i;
+      out += "<n>";
+    } else {
+      out += key[i++];
+    }
+  }
+  return out;
+}
+
+void print_tallies(const Tallies& t, std::size_t woken) {
+  std::printf("%-12s %-48s %10s %14s %14s\n", "op", "key", "requests", "request_bytes", "reply_bytes");
+  Tally all;
+  for (const auto& [k, v] : t) {
+    std::printf("%-12s %-48s %10zu %14zu %14zu\n", k.first.c_str(), k.second.c_str(), v.count, v.request_bytes,
+                v.reply_bytes);
+    all.count += v.count, all.request_bytes += v.request_bytes, all.reply_bytes += v.reply_bytes;
+  }
+  std::printf("%-12s %-48s %10zu %14zu %14zu\n", "total", "", all.count, all.request_bytes, all.reply_bytes);
+  std::printf("waits_woken %zu\n", woken);
+  std::fflush(stdout);
+}
+
 // Serves until SIGINT or SIGTERM.
-int serve(const ddprun::rendezvous::StoreServerOptions& opts) {
+int serve(ddprun::rendezvous::StoreServerOptions opts, bool count_requests) {
+  Tallies tallies;  // written on the I/O thread, read once it is stopped
+  if (count_requests) {
+    opts.on_applied = [&tallies](std::string_view op, std::string_view key, std::size_t in, std::size_t out) {
+      Tally& t = tallies[{std::string(op), key_pattern(key)}];
+      ++t.count;
+      t.request_bytes += in;
+      t.reply_bytes += out;
+    };
+  }
   // Block the stop signals before any thread starts, then wait for them here.
   sigset_t signals;
   sigemptyset(&signals);
@@ -172,7 +218,9 @@ int serve(const ddprun::rendezvous::StoreServerOptions& opts) {
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("store: stopping on signal {}", sig);
+  const std::size_t woken = count_requests ? server.stats().waits_woken : 0;
   server.stop();
+  if (count_requests) print_tallies(tallies, woken);
   return 0;
 }
 
@@ -210,7 +258,7 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(c.log_level));
   try {
-    return serve(c.opts);
+    return serve(c.opts, c.count_requests);
   } catch (const std::exception& e) {
     std::cerr << "ddprun-store: " << e.what() << "\n";
     return ddprun::exit_code_for(e);

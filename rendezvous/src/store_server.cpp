@@ -351,6 +351,7 @@ StoreServerStats StoreServer::stats() {
     s.wait_lists = core.wait_lists;
     s.wait_entries = core.wait_entries;
     s.watch_entries = core.watch_entries;
+    s.waits_woken = core.waits_woken;
   });
   return s;
 }

@@ -100,6 +100,7 @@ void StoreCore::wake(const HashedKey& k) {
     woken.push_back(s.peer);
     take_waiter(s, w->slot);  // every key it waited for is set: no list holds it any more
   }
+  woken_ += woken.size();
   for (auto& p : woken) {
     if (auto peer = p.lock()) peer->deliver(stop_waiting());
   }

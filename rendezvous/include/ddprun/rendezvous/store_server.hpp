@@ -79,6 +79,12 @@ struct StoreServerOptions {
   // For tests: called on the I/O thread before each request is applied; an exception it throws
   // is handled as one thrown by the request.
   std::function<void(std::string_view op, std::string_view first_key)> on_request;
+  // For measurements (ddprun-store --count_requests): called on the I/O thread after each
+  // request was applied without error, with its operation, its first key, the key and value
+  // bytes it carried, and the bytes of its reply (0 for a WAIT that is not answered at once).
+  std::function<void(std::string_view op, std::string_view first_key, std::size_t request_bytes,
+                     std::size_t reply_bytes)>
+      on_applied;
 };
 
 struct StoreServerStats {
@@ -96,6 +102,7 @@ struct StoreServerStats {
   std::size_t wait_lists = 0;            // keys somebody waits on
   std::size_t wait_entries = 0;
   std::size_t watch_entries = 0;
+  std::size_t waits_woken = 0;           // since start: WAITs answered when their last key was set
 };
 
 class StoreServer {
