@@ -14,7 +14,6 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 #include <set>
 #include "ddprun/common/text.hpp"
 
@@ -103,9 +102,6 @@ bool carries_token(pid_t pid, const std::string& token) {
   return false;
 }
 
-std::mutex helpers_mu;
-std::set<pid_t> helpers;  // the agent's own helper processes: never swept
-
 // Every cgroup at or below `dir`, parents before children.
 std::vector<std::string> cgroup_subtree(const std::string& dir) {
   std::vector<std::string> out = {dir};
@@ -133,16 +129,6 @@ void pause_ms(long ms) {
 std::string new_token() { return fmt::format("{}-{}", ::getpid(), random_hex(16)); }
 
 }  // namespace
-
-void note_agent_helper(pid_t pid) {
-  std::lock_guard<std::mutex> lk(helpers_mu);
-  helpers.insert(pid);
-}
-
-void forget_agent_helper(pid_t pid) {
-  std::lock_guard<std::mutex> lk(helpers_mu);
-  helpers.erase(pid);
-}
 
 std::string job_token_list(const std::string& inherited, const std::string& token) {
   return inherited.empty() ? token : inherited + ":" + token;
@@ -228,18 +214,13 @@ std::string Containment::describe() const {
   return "subreaper (no cgroup of its own: " + why_not_ + ")";
 }
 
-std::vector<std::string> Containment::sweep(pid_t spare) const {
-  return mode_ == ContainmentMode::cgroup ? sweep_cgroup(false) : sweep_descendants(spare);
+std::vector<std::string> Containment::sweep(pid_t guardian, const std::set<pid_t>& exempt) const {
+  return mode_ == ContainmentMode::cgroup ? sweep_cgroup(false, exempt) : sweep_descendants(guardian, exempt);
 }
 
-std::vector<std::string> Containment::sweep_cgroup(bool final) const {
+std::vector<std::string> Containment::sweep_cgroup(bool final, const std::set<pid_t>& spared) const {
   // The whole subtree: a ddprun inside a worker made a cgroup of its own below this one.
   // Between attempts, the agent's helpers in it (warm spares) are spared; at the end, nothing.
-  std::set<pid_t> spared;
-  if (!final) {
-    std::lock_guard<std::mutex> lk(helpers_mu);
-    spared = helpers;
-  }
   auto in_subtree = [&] {
     std::vector<pid_t> all;
     for (const auto& dir : cgroup_subtree(cgroup_)) {
@@ -271,18 +252,15 @@ std::vector<std::string> Containment::sweep_cgroup(bool final) const {
   return killed;
 }
 
-std::vector<std::string> Containment::sweep_descendants(pid_t spare) const {
+std::vector<std::string> Containment::sweep_descendants(pid_t guardian, const std::set<pid_t>& exempt) const {
   // Everything below the agent is the job's (orphans become the agent's children), except the
-  // guardian and the agent's own helpers (stack readers), known by their pids.
+  // guardian and the agent's own processes the caller names (`exempt`: warm spares, stack readers).
   std::vector<std::string> killed;
   for (int pass = 0; pass < 50; ++pass) {
     auto tree = ProcessTree::read();
     std::set<pid_t> spared = {owner_};
-    std::vector<pid_t> roots = {spare};
-    {
-      std::lock_guard<std::mutex> lk(helpers_mu);
-      roots.insert(roots.end(), helpers.begin(), helpers.end());
-    }
+    std::vector<pid_t> roots = {guardian};
+    roots.insert(roots.end(), exempt.begin(), exempt.end());
     for (pid_t r : roots) {
       for (pid_t p : tree.subtree(r)) spared.insert(p);
     }

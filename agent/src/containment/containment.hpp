@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,9 +48,10 @@ class Containment {
   const CgroupTarget* cgroup_target() const { return mode_ == ContainmentMode::cgroup ? &target_ : nullptr; }
 
   // Kills every process of the job still alive (none of them a worker of a running group:
-  // called when all have ended), except `spare` (the guardian, a child of the agent). Returns
-  // what it killed, "PID (name)" each.
-  std::vector<std::string> sweep(pid_t spare) const;
+  // called when all have ended), except `guardian` (a child of the agent) and `exempt`: the
+  // agent's own processes that live beside the workers (warm spares, stack readers), with what
+  // they started. Returns what it killed, "PID (name)" each.
+  std::vector<std::string> sweep(pid_t guardian, const std::set<pid_t>& exempt) const;
 
   // For the guardian (a single-threaded process): kills every process of the job, by the cgroup
   // or by the token; when the agent is gone, also removes the cgroup.
@@ -67,8 +69,9 @@ class Containment {
   bool try_cgroup(std::string& why);
   void kill_by_token() const;
   // final: no worker starts in the cgroup afterwards (cgroup.kill may be used).
-  std::vector<std::string> sweep_cgroup(bool final) const;
-  std::vector<std::string> sweep_descendants(pid_t spare) const;
+  // `spared`: processes left alone (not at the end: `final` spares nothing).
+  std::vector<std::string> sweep_cgroup(bool final, const std::set<pid_t>& spared = {}) const;
+  std::vector<std::string> sweep_descendants(pid_t guardian, const std::set<pid_t>& exempt) const;
   void remove_cgroup() const;
 
   ContainmentMode mode_ = ContainmentMode::subreaper;
@@ -86,10 +89,6 @@ class Containment {
 // a mount of its root: /sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid machine) joined
 // with the path in /proc/self/cgroup ("0::PATH"). "" and `why` when there is none.
 std::string own_cgroup_dir(std::string& why);
-
-// The agent's own helper processes (stack readers), which a sweep spares. Thread-safe.
-void note_agent_helper(pid_t pid);
-void forget_agent_helper(pid_t pid);
 
 // The DDPRUN_JOB_TOKEN value for the workers: the inherited list (a ddprun inside a worker of
 // another) with this job's token appended.

@@ -1,6 +1,6 @@
 #include "observe/stack_dump.hpp"
 
-#include "containment/containment.hpp"
+#include "observe/agent_helpers.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -17,6 +17,7 @@
 #include "containment/containment.hpp"
 #include "containment/guardian.hpp"
 #include "workers/spawn_pool.hpp"
+#include "observe/agent_helpers.hpp"
 #include "observe/stack_dump.hpp"
 
 namespace ddprun::agent {
@@ -75,6 +76,10 @@ ProcessRunner::Started RealProcessRunner::start_spare(const std::vector<std::str
                                                       const std::vector<std::string>& env, const CpuBinding* binding,
                                                       int order_fd, int ready_fd) {
   auto p = spawn_process(argv, env, binding, containment_.cgroup_target(), order_fd, ready_fd);
+  {
+    std::lock_guard<std::mutex> lk(spares_mu_);
+    spares_.insert(p.pid);  // not swept between attempts
+  }
   return Started{p.pid, p.stdout_fd, p.stderr_fd};
 }
 
@@ -89,7 +94,16 @@ std::vector<ProcessRunner::Ended> RealProcessRunner::reap() {
 }
 
 void RealProcessRunner::watch(const std::vector<pid_t>& pgids) { guardian_.watch(pgids); }
-void RealProcessRunner::forget(pid_t pgid) { guardian_.forget(pgid); }
+void RealProcessRunner::forget(pid_t pgid) {
+  guardian_.forget(pgid);
+  std::lock_guard<std::mutex> lk(spares_mu_);
+  spares_.erase(pgid);
+}
+
+void RealProcessRunner::spare_runs_worker(pid_t pid) {
+  std::lock_guard<std::mutex> lk(spares_mu_);
+  spares_.erase(pid);
+}
 
 std::string RealProcessRunner::native_stack(pid_t pid, std::chrono::milliseconds limit) {
   return native_stack_text(pid, limit);
@@ -131,6 +145,13 @@ ProcSample RealProcessRunner::sample(pid_t pid) {
   return p;
 }
 
-std::vector<std::string> RealProcessRunner::sweep() { return containment_.sweep(guardian_.pid()); }
+std::vector<std::string> RealProcessRunner::sweep() {
+  std::set<pid_t> exempt = agent_helpers();
+  {
+    std::lock_guard<std::mutex> lk(spares_mu_);
+    exempt.insert(spares_.begin(), spares_.end());
+  }
+  return containment_.sweep(guardian_.pid(), exempt);
+}
 
 }  // namespace ddprun::agent

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,7 +55,8 @@ class ProcessRunner {
   virtual Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                         const CpuBinding* binding) = 0;
   // Starts a warm spare as start() starts a worker (the same containment), with `order_fd` and
-  // `ready_fd` as its descriptors 3 and 4. Throws ddprun::Error (this one: not supported).
+  // `ready_fd` as its descriptors 3 and 4. Until it is forgotten or runs a worker
+  // (spare_runs_worker), a sweep spares it. Throws ddprun::Error (this one: not supported).
   virtual Started start_spare(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                               const CpuBinding* binding, int order_fd, int ready_fd);
   // Starts every request, as start() each; `started` gets one entry a request, in order (pid -1:
@@ -70,6 +73,8 @@ class ProcessRunner {
   virtual void watch(const std::vector<pid_t>& pgids) { (void)pgids; }
   // The process group `pgid` is gone (reaped and killed): nothing needs to watch it any more.
   virtual void forget(pid_t pgid) = 0;
+  // The warm spare `pid` (start_spare) runs a worker now: a sweep kills it like any worker.
+  virtual void spare_runs_worker(pid_t pid) { (void)pid; }
   // The native stack of a running process, as text, within `limit` (called off the loop).
   virtual std::string native_stack(pid_t pid, std::chrono::milliseconds limit) = 0;
   // Where each worker's stack is read (by the workers' pids, in their order): the Python
@@ -113,11 +118,16 @@ class RealProcessRunner : public ProcessRunner {
   void signal_process(pid_t pid, int sig) override;
   void signal_main_thread(pid_t pid, int sig) override;
   ProcSample sample(pid_t pid) override;
+  void spare_runs_worker(pid_t pid) override;
   std::vector<std::string> sweep() override;
 
  private:
   Guardian& guardian_;
   const Containment& containment_;
+  // The warm spares started and not yet forgotten or handed a worker: passed to each sweep,
+  // with the stack readers running (observe/agent_helpers.hpp), as the pids it must spare.
+  std::mutex spares_mu_;
+  std::set<pid_t> spares_;
   std::unique_ptr<SpawnPool> pool_;  // threads that start workers beside the loop's, made at need
 };
 

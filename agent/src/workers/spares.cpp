@@ -17,7 +17,6 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
-#include "containment/containment.hpp"
 #include "ddprun/common/error.hpp"
 #include "workers/worker_group.hpp"
 
@@ -168,8 +167,7 @@ void SparePool::discard_all() {
 void SparePool::kill(Spare& s) {
   if (!s.dead && s.pid > 0) {
     runner_.signal_group(s.pid, SIGKILL);
-    runner_.forget(s.pid);
-    forget_agent_helper(s.pid);
+    runner_.forget(s.pid);  // (a sweep no longer spares it)
   }
   s.dead = true;
   s.close_all();
@@ -233,8 +231,7 @@ void SparePool::start_one(const WorkerSpec& spec, SpareKey key) {
   ::close(order[0]);
   ::close(ready[1]);
   s->order = order[1];
-  runner_.watch({s->pid});
-  note_agent_helper(s->pid);  // not swept between attempts (containment.hpp)
+  runner_.watch({s->pid});  // (a sweep spares it until it is forgotten or runs a worker)
   s->ready_pipe = std::make_unique<asio::posix::stream_descriptor>(io_, ready[0]);
   by_rank_[spec.local_rank] = s;
   spdlog::debug("ddprun: warm spare for local rank {} started (pid {})", spec.local_rank, s->pid);
@@ -388,7 +385,7 @@ std::vector<std::optional<ProcessRunner::Started>> SparePool::hand_over(const st
     }
     ::close(std::exchange(s.order, -1));  // the end of its order
     handed_.push_back(sent[j]);           // its ready pipe read on, for a late "cold" (until it ends)
-    forget_agent_helper(s.pid);
+    runner_.spare_runs_worker(s.pid);  // swept like any worker from now on
     out[index[j]] = ProcessRunner::Started{s.pid, std::exchange(s.out, -1), std::exchange(s.err, -1)};
     s.dead = true;  // not the pool's any more
   }
@@ -400,7 +397,6 @@ bool SparePool::on_exit(pid_t pid) {
     if (s->pid != pid || s->dead) continue;
     spdlog::debug("ddprun: the warm spare of local rank {} (pid {}) ended", rank, pid);
     runner_.forget(pid);
-    forget_agent_helper(pid);
     s->dead = true;
     s->close_all();
     return true;
