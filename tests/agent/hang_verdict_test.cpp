@@ -1,6 +1,7 @@
 // The hang verdict (observe/hang_verdict.hpp): which rank holds the job up, from what ddprun read.
 #include <catch2/catch.hpp>
 
+#include "control/hang_exchange.hpp"
 #include "observe/hang_verdict.hpp"
 
 using namespace ddprun::agent;
@@ -81,4 +82,26 @@ TEST_CASE("hang verdict: every rank here waiting blames no one here, native prog
   CHECK(native.blamed == std::vector<int>{1});
   CHECK_THAT(native.text, Catch::Contains("in read_shard (data.cpp:7); rank 0 waits for it in all_reduce"));
   CHECK(rank_list({7, 0, 2, 3, 4, 5, 9}) == "0, 2-5, 7, 9");
+}
+
+TEST_CASE("hang verdict: a node's summary for the other nodes keeps what the verdict needs, and refuses garbage",
+          "[hang]") {
+  auto mine = std::vector<RankView>{rank(2, kLoader, kEval, 'R', 0.93), rank(3, {}, {}, 'T')};
+  mine[1].python_note = "stopped";
+  auto back = hang_summary_from_json(hang_summary_json(mine));
+  REQUIRE(back.size() == 2);
+  CHECK(back[0].rank == 2);
+  CHECK(back[0].host == "node-b");
+  CHECK(back[0].pid == 102);
+  CHECK(back[0].state == 'R');
+  CHECK(back[0].cpu == Approx(0.93));
+  CHECK(describe_frames(back[0].python) == describe_frames(kLoader));
+  CHECK(back[1].state == 'T');
+  CHECK(back[1].python_note == "stopped");
+  // Gathered with another node's ranks, the verdict is the same as if one node had them all.
+  auto all = back;
+  all.push_back(rank(0, kBackward, kReducer));
+  CHECK(decide_hang(all).blamed == std::vector<int>{3});
+  CHECK_THROWS(hang_summary_from_json("[{\"rank\": 1}]"));
+  CHECK_THROWS(hang_summary_from_json("not json"));
 }

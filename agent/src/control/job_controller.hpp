@@ -35,6 +35,7 @@
 #include "ddprun/agent/options.hpp"
 #include "ddprun/rounds/rendezvous.hpp"
 #include "containment/fence_state.hpp"
+#include "control/hang_exchange.hpp"
 #include "control/recovery_clock.hpp"
 #include "observe/failure_report.hpp"
 #include "workers/worker_group.hpp"
@@ -77,6 +78,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
                         const std::vector<std::string>& files) override;
   void on_hang_report(const HangReport& report) override;
   void on_hang_cleared(int rank, double after_s) override;
+  void on_job_hang_verdict(int attempt, std::optional<JobHangVerdict> v, const std::string& error);
   int hangs_reported() const { return hangs_reported_; }
   // Rendezvous::Listener
   void on_round_ready(const RoundInfo& info) override;
@@ -118,8 +120,9 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   std::optional<FailureRecord> root_cause_;  // this node's first failure in the round
   std::vector<FailureRecord> failures_;      // this node's other failures
   std::optional<StuckRank> stuck_;           // from the stacks of a hang: the rank outside collectives
-  std::optional<HangVerdict> verdict_;       // this round's hang report's verdict
+  std::optional<HangVerdict> verdict_;       // this round's hang verdict: the job's (every node's), else this node's
   int hangs_reported_ = 0;
+  std::unique_ptr<HangExchange> exchange_;   // several nodes: one verdict from every node's summary
   rounds::Streak streak_;                    // the round's crash-loop streak, then the one after its failure
   std::vector<StreamOutput::FileLoss> log_losses_;  // log files left incomplete, for the end
   bool group_ended_ = true;

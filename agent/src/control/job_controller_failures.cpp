@@ -31,8 +31,22 @@ void JobController::on_hang_report(const HangReport& report) {
   for (auto& r : ranks) r.host = node_name_;
   verdict_ = decide_hang(ranks);
   ++hangs_reported_;
+  const bool several = info_.group_world > 1 && !info_.store_host.empty() && info_.store_port != 0;
   write_to_console(format_hang_report(*verdict_, ranks, node_name_, report.reason, report.files, report.stop_in,
-                                      report.rank));
+                                      report.rank, several));
+  if (several) {
+    if (!exchange_) exchange_ = std::make_unique<HangExchange>(group_.loop());
+    HangExchangeSetup s;
+    s.store_host = info_.store_host;
+    s.store_port = info_.store_port;
+    s.attempt = attempt_;
+    s.node = info_.group_rank;
+    s.nodes = info_.group_world;
+    s.wait = std::clamp<std::chrono::milliseconds>(report.stop_in / 2, std::chrono::seconds(2), std::chrono::seconds(15));
+    exchange_->start(s, ranks, [this, attempt = attempt_](std::optional<JobHangVerdict> v, std::string error) {
+      on_job_hang_verdict(attempt, std::move(v), error);
+    });
+  }
   if (!events_.enabled()) return;
   nlohmann::json stacks = nlohmann::json::object(), states = nlohmann::json::object();
   for (const auto& r : ranks) {
@@ -43,8 +57,25 @@ void JobController::on_hang_report(const HangReport& report) {
                                  {"reason", report.reason}, {"silent_s", report.silent_s},
                                  {"kind", to_string(verdict_->kind)}, {"blamed", verdict_->blamed},
                                  {"verdict", verdict_->text}, {"stacks", stacks}, {"states", states},
-                                 {"files", report.files},
+                                 {"files", report.files}, {"node_only", several},
                                  {"stop_in_s", std::chrono::duration<double>(report.stop_in).count()}});
+}
+
+void JobController::on_job_hang_verdict(int attempt, std::optional<JobHangVerdict> v, const std::string& error) {
+  if (attempt != attempt_) return;  // an earlier attempt's
+  if (!v) {
+    spdlog::warn("ddprun: no verdict from every node's summary ({}): this node's stands", error);
+    return;
+  }
+  verdict_ = v->verdict;
+  std::string missing;
+  for (int n : v->missing_nodes) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+  write_to_console("ddprun: hang verdict from every node's ranks" +
+                   (missing.empty() ? std::string() : " (no summary from node " + missing + ")") + ": " +
+                   v->verdict.text + "\n");
+  events_.emit("hang_verdict", {{"attempt", attempt_}, {"kind", to_string(v->verdict.kind)},
+                                {"blamed", v->verdict.blamed}, {"verdict", v->verdict.text},
+                                {"missing_nodes", v->missing_nodes}, {"gathered_here", v->gathered_here}});
 }
 
 void JobController::on_hang_cleared(int rank, double after_s) {
@@ -71,7 +102,8 @@ FailureRecord JobController::blame_stuck_rank(const FailureRecord& root) {
   } else {
     return root;
   }
-  if (blamed_rank == root.rank) {  // its own heartbeat lapsed first: say why
+  const bool here = std::any_of(failures_.begin(), failures_.end(), [&](const FailureRecord& f) { return f.rank == blamed_rank; });
+  if (blamed_rank == root.rank || !here) {  // its own heartbeat lapsed first, or it is on another node: say why
     FailureRecord same = root;
     same.reason = why + "; " + root.reason;
     root_cause_->reason = same.reason;

@@ -207,9 +207,13 @@ std::string state_words(char s) {
 
 std::string format_hang_report(const HangVerdict& verdict, const std::vector<RankView>& ranks, const std::string& host,
                                const std::string& why, const std::vector<std::string>& files,
-                               std::chrono::milliseconds stop_in, int silent_rank) {
+                               std::chrono::milliseconds stop_in, int silent_rank, bool node_only) {
   std::string out = "\n==================== ddprun: hang on " + host + " ====================\n";
-  out += (verdict.blamed.empty() ? "" : "verdict: ") + verdict.text + "\n";
+  if (node_only) {
+    out += "this node's ranks: " + verdict.text + " (the job's verdict, from every node, follows)\n";
+  } else {
+    out += (verdict.blamed.empty() ? "" : "verdict: ") + verdict.text + "\n";
+  }
   out += "found: rank " + std::to_string(silent_rank) + ": " + why + "\n";
   std::string where;
   if (!files.empty()) {

@@ -52,9 +52,10 @@ HangVerdict decide_hang(const std::vector<RankView>& ranks);
 
 // The report printed once when a worker is found silent: the verdict first, then why it was
 // suspect, each rank's state and stacks, and what follows. `stop_in` zero: the group is stopped now.
+// `node_only`: the job has other nodes; the verdict is this node's, the job's follows.
 std::string format_hang_report(const HangVerdict& verdict, const std::vector<RankView>& ranks, const std::string& host,
                                const std::string& why, const std::vector<std::string>& files,
-                               std::chrono::milliseconds stop_in, int silent_rank);
+                               std::chrono::milliseconds stop_in, int silent_rank, bool node_only = false);
 
 // "0, 2-7": ranks as a user reads them.
 std::string rank_list(std::vector<int> ranks);

@@ -384,6 +384,8 @@ void WorkerGroup::Impl::announce_end(SteadyClock::time_point deadline, bool said
   });
 }
 
+boost::asio::io_context& WorkerGroup::loop() const { return impl_->io; }
+
 WorkerGroup::Options WorkerGroup::Options::from(const AgentOptions& a) {
   Options o;
   o.hang.adaptive = a.worker_timeout_auto;

@@ -164,6 +164,7 @@ class WorkerGroup {
   // its workers of the round it will join, their per-rank variables to be sent at hand-over).
   void make_spares(const std::vector<WorkerSpec>& specs);
   bool stopping() const;
+  boost::asio::io_context& loop() const;  // the agent's loop, which the group runs on
   bool ended() const;  // every worker reaped and drained (true before the first start)
   std::vector<Worker> workers() const;  // a copy, as they are now
   // Log files that could not take all their output (a full disk), from groups ended since the

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# A hang across two namespaced hosts (README: Hangs): PyTorch gloo DDP, h1 and h2 with two
+# workers each (static node ranks: h1 holds ranks 0-1, h2 ranks 2-3; the store on h1's agent); at
+# step 5 rank R gets stuck in Python
+# outside any collective (tests/python/hang_worker.py). Every rank goes silent; each node reads
+# its own ranks, puts their summary in the workers' store, and one gathers them: both nodes must
+# print the same job-wide verdict, naming rank R and its host, the node holding rank R its stack,
+# and both end 124. Run once with the stuck rank on h1 (rank 1) and once on h2 (rank 3).
+# Usage: hang_test.sh DDPRUN
+set -u
+ddprun=$1
+here=$(cd "$(dirname "$0")" && pwd)
+worker=$here/../python/hang_worker.py
+source "$here/hosts.sh"
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null ||
+  skip_or_fail "PyTorch is not installed (scripts/setup.sh installs python3-torch)"
+hosts_up 2
+port=29400
+fail=0
+
+run_case() {  # STUCK_RANK STUCK_HOST
+  local rank=$1 host=$2 i r1 r2
+  for i in 1 2; do
+    start "$i" "r${rank}h$i" "$ddprun" --nnodes=2 --node_rank=$((i - 1)) --master_addr=h1 --master_port=$port \
+      --rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=10 --nproc_per_node=2 \
+      --hang_floor=3 --hang_stop=10 /usr/bin/python3 -u "$worker" --hang stuck --rank "$rank" --at 5 --steps 100000
+  done
+  local p1=pid_r${rank}h1 p2=pid_r${rank}h2
+  wait "${!p1}"; r1=$?
+  wait "${!p2}"; r2=$?
+  local e1=$out/r${rank}h1.err e2=$out/r${rank}h2.err ok=0
+  local v1 v2
+  v1=$(grep -h "ddprun: hang verdict from every node" "$e1")
+  v2=$(grep -h "ddprun: hang verdict from every node" "$e2")
+  echo "  exits $r1/$r2"
+  echo "  h1: $v1"
+  echo "  h2: $v2"
+  [ "$r1" -eq 124 ] && [ "$r2" -eq 124 ] || ok=1
+  [ -n "$v1" ] && [ "$v1" = "$v2" ] || ok=1
+  echo "$v1" | grep -q "rank $rank (host $host, pid [0-9]*) is stuck outside any collective in load_batch" || ok=1
+  local holder=$out/r${rank}h${host#h}.err
+  grep -q "load_batch (hang_worker.py" "$holder" || ok=1
+  [ $ok -eq 0 ] || cat "$e1" "$e2"
+  if [ $ok -eq 0 ]; then echo "ok: stuck rank $rank on $host: both nodes print the same verdict naming it"; else
+    echo "FAILED: stuck rank $rank on $host"; fail=1; fi
+}
+
+run_case 1 h1
+port=29401
+run_case 3 h2
+exit $fail
