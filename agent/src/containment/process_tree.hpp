@@ -12,7 +12,7 @@
 
 namespace ddprun::agent {
 
-// Where a worker's stack is read from (README: Where every rank is stuck).
+// Where a worker's stack is read from (README: Hangs).
 struct StackTargets {
   // The outermost Python processes at or below the worker (a Python process's own Python
   // children, e.g. DataLoader workers, are not listed): each prints its threads' tracebacks

@@ -4,7 +4,7 @@
 //   TID 4242:
 //   #0  0x00007f12a0e8a1d4 __GI___clock_nanosleep - /usr/lib/x86_64-linux-gnu/libc.so.6
 //       ./time/../sysdeps/unix/sysv/linux/clock_nanosleep.c:48:5
-// The agent runs it for a hung native worker (README: Where every rank is stuck) when it sits
+// The agent runs it for a hung native worker (README: Hangs) when it sits
 // beside ddprun; a program of its own, so that ddprun itself needs no libdw, and so that the
 // agent can bound it (killed after --stack_dump_timeout) and survive whatever it meets.
 // The main thread comes first. Exits 0 with at least one frame, 1 otherwise (the reason on stdout).
