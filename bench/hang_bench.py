@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -74,7 +75,7 @@ def false_alarm(a, name, extra, hogs=0):
     procs = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(hogs)]
     try:
         p, ev, took = run([a.ddprun, "--standalone", "--nproc_per_node=2", f"--hang_floor={a.hang_floor}",
-                           f"--events_file={events}", WORKER, "--steps", "40", *extra], events, 900)
+                           f"--events_file={events}", WORKER, "--steps", "40", *extra], events, 900)  # (a later --steps wins)
     finally:
         for h in procs:
             h.kill()
@@ -88,16 +89,20 @@ def torchrun_case(a, world):
     cmd = [PY, a.torchrun, "--standalone", f"--nproc_per_node={world}", WORKER, "--hang", "stuck", "--rank", "1",
            "--at", "5", "--steps", "100000"]
     t0 = time.time()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = f"/tmp/hang_bench.torchrun.{os.getpid()}.log"
+    with open(log, "w") as f:  # a file, not a pipe: the workers outlive a killed torchrun
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        out, _ = p.communicate(timeout=a.torchrun_wait)
-        return {"ended": True, "rc": p.returncode, "after_s": time.time() - t0}
+        p.wait(timeout=a.torchrun_wait)
+        result = {"ended": True, "rc": p.returncode, "after_s": time.time() - t0}
     except subprocess.TimeoutExpired:
-        p.kill()
-        out, _ = p.communicate()
-        subprocess.run(["pkill", "-KILL", "-f", WORKER], check=False)
-        hung = hang_time(out)
-        return {"ended": False, "silent_s": time.time() - (hung or t0), "said": "hang" in out.lower().replace("hang ", "")}
+        os.killpg(p.pid, signal.SIGKILL)  # torchrun and its workers
+        p.wait()
+        with open(log) as f:
+            hung = hang_time(f.read())
+        result = {"ended": False, "silent_s": time.time() - (hung or t0)}
+    os.unlink(log)
+    return result
 
 
 def main():
@@ -115,9 +120,10 @@ def main():
     print(f"{'kind':<9} {'world':>5} {'rank':>4} {'hang->report':>12} {'blamed':>7} {'right':>5} {'verdict kind':>12} {'hang->end':>9} {'exit':>4}")
     for world in [int(w) for w in a.worlds.split(",")]:
         for kind in ("stuck", "spin", "sigstop", "mismatch"):
-            for rank in sorted({0, world - 1}):
-                if kind == "mismatch" and rank == 0:
-                    rank = 1  # the broadcast's source is rank 0: the odd one out is another rank
+            # The first and the last rank; a mismatch's broadcast has rank 0 as its source, so the
+            # odd one out is another rank.
+            positions = sorted({1 if kind == "mismatch" else 0, world - 1})
+            for rank in positions:
                 r = ddprun_case(a, kind, world, rank)
                 rows.append(r)
                 rep = f"{r['report_s']:.1f} s" if r["report_s"] is not None else "none"
@@ -131,7 +137,7 @@ def main():
     for name, extra, hogs in [(f"first step {3 * f:g} s", ["--first_step", str(3 * f)], 0),
                               (f"evaluation loop {3 * f:g} s", ["--eval_at", "5", "--eval_s", str(3 * f)], 0),
                               (f"checkpoint save {2 * f / 3:g} s", ["--save_at", "5", "--save_s", str(2 * f / 3)], 0),
-                              ("two CPU hogs beside the job", [], 2)]:
+                              ("two CPU hogs beside the job, 200 steps", ["--steps", "200"], 2)]:
         r = false_alarm(a, name, extra, hogs)
         print(f"  {name:<30} exit {r['rc']}, reports {r['reports']}, {r['took_s']:.1f} s", flush=True)
     if a.torchrun:

@@ -48,7 +48,7 @@ TEST_CASE("hang verdict: backward() without DDP's Reducer in the native stack is
 TEST_CASE("hang verdict: spinning, stopped and uninterruptible ranks, each with its kind", "[hang]") {
   auto spin = decide_hang({rank(0, kBackward, kReducer), rank(1, kLoader, kEval, 'R', 0.97)});
   CHECK(spin.kind == HangKind::spinning);
-  CHECK_THAT(spin.text, Catch::Contains("rank 1 (host node-b, pid 101) is spinning (97% of a core) outside any collective"));
+  CHECK_THAT(spin.text, Catch::Contains("rank 1 (host node-b, pid 101) is spinning (busy 97% of the time) outside any collective"));
   auto stopped = decide_hang({rank(0, kBackward, kReducer), rank(1, {}, {}, 'T')});
   CHECK(stopped.kind == HangKind::stopped);
   CHECK(stopped.blamed == std::vector<int>{1});

@@ -10,6 +10,8 @@ jobs (tests/python/hang_worker.py):
   false_alarms a first step of 8 s, an 8 s evaluation loop (forward passes, no optimizer step), a
                2 s checkpoint save on rank 0 while the others wait in a barrier, and the whole job
                beside two CPU hogs: each ends 0 with no report, event or metric;
+  straggler    a rank busy 0.3 s in Python before each step: named a straggler (warning, event,
+               metric), no hang
   default      the default flags (--worker_timeout=auto, --hang_floor=30) with a stuck rank: the
                report within 60 s of the hang (--hang_stop=5 keeps the test short).
 
@@ -165,7 +167,7 @@ def kinds(ddprun, tmp):
     hang_kind(ddprun, tmp, "stuck", 2, 1, stuck)
     hang_kind(ddprun, tmp, "stuck", 4, 2, r"rank 2 \(.*\) is stuck outside any collective in load_batch .*ranks 0-1, 3 wait for it in DDP's all-reduce")
     hang_kind(ddprun, tmp, "sigstop", 2, 1, r"rank 1 \(.*\) is stopped \(SIGSTOP")
-    hang_kind(ddprun, tmp, "spin", 2, 1, r"rank 1 \(.*\) is spinning \(\d+% of a core\) outside any collective in load_batch")
+    hang_kind(ddprun, tmp, "spin", 2, 1, r"rank 1 \(.*\) is spinning \(busy \d+% of the time\) outside any collective in load_batch")
     hang_kind(ddprun, tmp, "mismatch", 2, 1, r"ranks wait in different collectives: rank 0 \(.*\) in DDP's all-reduce .*rank 1 \(.*\) in torch\.distributed\.broadcast")
 
 
@@ -185,6 +187,7 @@ def no_alarm(ddprun, tmp, name, worker_args, flags=(), metrics=False):
     rc = job.wait(300)
     check(rc == 0, f"{name}: the job ends 0" + ("" if rc == 0 else f" ({rc}; {job.text[-1500:]})"))
     check("ddprun: hang on" not in job.text and not job.event("hang_reported"), f"{name}: no hang report, no event")
+    check("straggler" not in job.text and not job.event("straggler"), f"{name}: no straggler named")
     if metrics:
         line = [l for l in port.get("metrics", "").splitlines() if l.startswith("ddprun_hangs_reported_total")]
         check(line == ["ddprun_hangs_reported_total 0"], f"{name}: ddprun_hangs_reported_total is 0 near the end ({line})")
@@ -201,6 +204,35 @@ def false_alarms(ddprun, tmp):
         for h in hogs:
             h.kill()
             h.wait()
+
+
+def straggler(ddprun, tmp):
+    """Rank 1 busy 0.3 s in Python before each step: named a straggler, in a warning, an event
+    and the metric; the job still ends 0."""
+    seen = {}
+
+    def on_line(line):
+        m = re.search(r"metrics on port (\d+)", line)
+        if m:
+            seen["port"] = m.group(1)
+        if "is a straggler" in line and "port" in seen and "metrics" not in seen:
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline and "ddprun_stragglers 1" not in seen.get("metrics", []):
+                with urllib.request.urlopen(f"http://127.0.0.1:{seen['port']}/metrics", timeout=5) as r:
+                    seen["metrics"] = [l for l in r.read().decode().splitlines() if "straggler" in l or "busy" in l]
+                time.sleep(0.2)
+
+    job = Job(ddprun, tmp, "straggler", ["--nproc_per_node=2", "--metrics_port=0", *FAST],
+              ["--steps", "70", "--slow_rank", "1", "--slow_s", "0.3"], on_line)
+    rc = job.wait(300)
+    check(rc == 0, "straggler: the job ends 0" + ("" if rc == 0 else f" ({rc}; {job.text[-1500:]})"))
+    ev = job.event("straggler")
+    check(len(ev) == 1 and ev[0]["rank"] == 1, f"straggler: rank 1 named once ({ev}; "
+          f"{[l for _, l in job.lines if 'straggler' in l]})")
+    check(ev[0]["busy"] > 0.6 and ev[0]["others_busy"] < 0.4, f"straggler: busy {ev[0]['busy']:.2f} vs "
+          f"{ev[0]['others_busy']:.2f}")
+    check("ddprun_stragglers 1" in seen.get("metrics", []), f"straggler: the metric says so ({seen.get('metrics')})")
+    check(not job.event("hang_reported"), "straggler: slow is no hang")
 
 
 def default(ddprun, tmp):

@@ -11,6 +11,7 @@ worker of the hang tests (hang_torch_test.py) and of bench/hang_bench.py.
   --eval_at STEP --eval_s S   an evaluation loop (forward passes only, no optimizer step) of S s
   --save_at STEP --save_s S   rank 0 "saves a checkpoint" for S s (no forward, no step) while the
                               others wait in a barrier
+  --slow_rank R --slow_s S    rank R is a straggler: busy S s in Python before each step
 Prints "step N" on rank 0 after each step and "DONE rank=R" at the end.
 """
 import argparse
@@ -52,6 +53,8 @@ def main():
     ap.add_argument("--eval_s", type=float, default=0)
     ap.add_argument("--save_at", type=int, default=-1)
     ap.add_argument("--save_s", type=float, default=0)
+    ap.add_argument("--slow_rank", type=int, default=-1)
+    ap.add_argument("--slow_s", type=float, default=0)
     a = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -78,6 +81,10 @@ def main():
             os.kill(os.getpid(), signal.SIGSTOP)
         if a.hang == "mismatch" and rank == a.rank and step == a.at:
             dist.broadcast(torch.zeros(3), src=0)
+        if rank == a.slow_rank:  # a straggler: busy in Python before each step
+            end = time.monotonic() + a.slow_s
+            while time.monotonic() < end:
+                pass
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(batch), y[i:i + 16]).backward()
         opt.step()

@@ -78,6 +78,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
                         const std::vector<std::string>& files) override;
   void on_hang_report(const HangReport& report) override;
   void on_hang_cleared(int rank, double after_s) override;
+  void on_straggler(const Worker& w, double busy, double others) override;
   void on_job_hang_verdict(int attempt, std::optional<JobHangVerdict> v, const std::string& error);
   int hangs_reported() const { return hangs_reported_; }
   // Rendezvous::Listener

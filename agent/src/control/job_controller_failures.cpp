@@ -78,6 +78,11 @@ void JobController::on_job_hang_verdict(int attempt, std::optional<JobHangVerdic
                                 {"missing_nodes", v->missing_nodes}, {"gathered_here", v->gathered_here}});
 }
 
+void JobController::on_straggler(const Worker& w, double busy, double others) {
+  events_.emit("straggler", {{"attempt", attempt_}, {"rank", w.spec.rank}, {"local_rank", w.spec.local_rank},
+                             {"pid", w.pid}, {"busy", busy}, {"others_busy", others}});
+}
+
 void JobController::on_hang_cleared(int rank, double after_s) {
   verdict_.reset();
   events_.emit("hang_cleared", {{"attempt", attempt_}, {"rank", rank}, {"after_s", after_s}});

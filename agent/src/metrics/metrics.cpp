@@ -33,6 +33,8 @@ void declare_all(MetricText& m) {
   m.declare("ddprun_hangs_reported_total", "hang reports (a worker found silent, every rank read)",
             MetricText::Type::counter);
   m.declare("ddprun_workers_running", "this node's workers alive");
+  m.declare("ddprun_worker_busy_ratio", "share of a core the worker's main thread used over the last window of steps");
+  m.declare("ddprun_stragglers", "this node's workers much busier than the others, window after window (the others wait)");
   m.declare("ddprun_worker_heartbeat_age_seconds", "seconds since the worker's heartbeat file changed");
   m.declare("ddprun_worker_last_exit_code", "how the worker ended (128 + signal when killed)");
   m.declare("ddprun_rendezvous_seconds", "the last rendezvous, joining to round ready");
@@ -71,13 +73,20 @@ struct JobMetrics::Impl {
 
   void refresh_workers(const std::vector<Worker>& workers) {
     std::map<Labels, std::string> files;
-    int alive = 0;
+    int alive = 0, stragglers = 0;
     for (const auto& w : workers) {
       Labels l{{"rank", std::to_string(w.spec.rank)}, {"local_rank", std::to_string(w.spec.local_rank)}};
       if (w.running()) ++alive;
       files[l] = w.running() ? w.spec.heartbeat_file : "";
+      if (w.running() && w.busy >= 0) {
+        metrics.set("ddprun_worker_busy_ratio", l, w.busy);
+      } else {
+        metrics.remove("ddprun_worker_busy_ratio", l);
+      }
+      stragglers += w.running() && w.straggler;
     }
     metrics.set("ddprun_workers_running", alive);
+    metrics.set("ddprun_stragglers", stragglers);
     std::lock_guard<std::mutex> lk(mu);
     for (auto& [l, f] : beat_files) {
       if (!files.count(l)) metrics.remove("ddprun_worker_heartbeat_age_seconds", l);

@@ -10,6 +10,8 @@
 //   ddprun_restarts_total (counter)          restarts of the worker group seen by this agent
 //   ddprun_hangs_reported_total (counter)    hang reports: a worker found silent (README: Hangs)
 //   ddprun_workers_running                   this node's workers alive
+//   ddprun_worker_busy_ratio{rank,local_rank}  its main thread's share of a core over the last window
+//   ddprun_stragglers                        this node's workers named stragglers (README: Hangs)
 //   ddprun_worker_heartbeat_age_seconds{rank,local_rank}   since the heartbeat file last changed
 //   ddprun_worker_last_exit_code{rank,local_rank}          how each worker of the last group ended
 //   ddprun_rendezvous_seconds                the last rendezvous, from joining to the round ready

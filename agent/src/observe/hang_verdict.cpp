@@ -144,8 +144,8 @@ HangVerdict decide_hang(const std::vector<RankView>& given) {
     const bool spinning = std::all_of(outside.begin(), outside.end(), [](auto* r) { return r->cpu >= 0.5; });
     blame(spinning ? HangKind::spinning : HangKind::stuck, outside, [](const RankView& r) {
       if (r.cpu >= 0.5) {
-        return who(r) + " is spinning (" + std::to_string(static_cast<int>(std::lround(r.cpu * 100))) +
-               "% of a core) outside any collective in " + where(r);
+        return who(r) + " is spinning (busy " + std::to_string(static_cast<int>(std::lround(r.cpu * 100))) +
+               "% of the time) outside any collective in " + where(r);
       }
       return who(r) + " is stuck outside any collective in " + where(r);
     });
@@ -249,7 +249,7 @@ std::string format_hang_report(const HangVerdict& verdict, const std::vector<Ran
     for (const auto* m : members) list.push_back(m->rank);
     std::string head = std::string(list.size() == 1 ? "  rank " : "  ranks ") + rank_list(list) + " [" +
                        state_words(r.state);
-    if (list.size() == 1 && r.cpu >= 0) head += ", " + std::to_string(static_cast<int>(std::lround(r.cpu * 100))) + "% CPU";
+    if (list.size() == 1 && r.cpu >= 0) head += ", busy " + std::to_string(static_cast<int>(std::lround(r.cpu * 100))) + "%";
     out += head + "]: " + key.substr(key.find('\n') + 1);
   }
   if (stop_in.count() > 0) {

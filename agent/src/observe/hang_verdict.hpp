@@ -8,7 +8,7 @@
 // under backward), or its native main thread is in Gloo or NCCL. The rules, in order:
 //   1. a rank stopped (SIGSTOP, state T) is to blame; then one in uninterruptible sleep (D);
 //   2. ranks outside every collective while others wait in one: the outside ones are to blame
-//      (spinning when they used most of a core while ddprun read them, else stuck);
+//      (spinning when busy most of the time before ddprun read them, else stuck);
 //   3. every read rank waits, in different collectives: a mismatch, each group named;
 //   4. otherwise no rank is blamed: what each does is said.
 
@@ -28,7 +28,7 @@ struct RankView {
   std::string host;
   pid_t pid = -1;      // the process read (the Python process below a wrapper, or the program)
   char state = '?';    // /proc/PID/stat's state: R S D T t Z, '?' when unread
-  double cpu = -1;     // share of one core it used while it was read; -1: unknown
+  double cpu = -1;     // share of the time its main thread was busy (on a CPU or runnable); -1: unknown
   bool silent = false; // its heartbeat lapsed (a suspect)
   std::vector<StackFrame> python;  // innermost first; empty: none read
   std::vector<StackFrame> native;  // its main thread, innermost first; empty: none read

@@ -136,8 +136,11 @@ ProcSample RealProcessRunner::sample(pid_t pid) {
   if (fields.size() < 13) return p;
   p.state = fields[0][0];
   std::ifstream sched(dir + "/schedstat");  // "ON_CPU_NS WAIT_NS SLICES": the main thread's
-  long long ns = -1;
-  if (sched >> ns) p.cpu_ns = ns;
+  long long on = -1, waiting = -1;
+  if (sched >> on >> waiting) {
+    p.cpu_ns = on;
+    p.busy_ns = on + waiting;
+  }
   std::ifstream status(dir + "/status");
   while (std::getline(status, line)) {
     if (line.rfind("SigCgt:", 0) == 0) p.caught = std::stoull(line.substr(7), nullptr, 16);

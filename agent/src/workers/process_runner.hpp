@@ -28,6 +28,7 @@ class SpawnPool;
 struct ProcSample {
   char state = '?';           // R S D T t Z; '?': unread (gone, or not this runner's to read)
   long long cpu_ns = -1;      // its main thread's time on a CPU (/proc/PID/schedstat), in ns
+  long long busy_ns = -1;     // the same plus its time waiting for a CPU: running or runnable
   unsigned long long caught = 0;  // SigCgt: bit (sig - 1) set when the process handles sig
   bool catches(int sig) const { return sig > 0 && sig <= 64 && (caught >> (sig - 1) & 1ULL); }
 };

@@ -84,6 +84,7 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   hang.reset();
   inspection.reset();
   inspect_timer.cancel();
+  pace_due = SteadyClock::now() + std::max(opt.hang.floor, std::chrono::milliseconds(1000));
   unread_python.clear();
   swept = false;
   for (auto& spec : specs) {
@@ -258,6 +259,61 @@ std::string WorkerGroup::Impl::silence_reason(const Slot& s, SteadyClock::time_p
                      silent, bound, secs(opt.hang.floor), kAutoFactor, secs(s.hb.longest_step()));
 }
 
+// A straggler: its main thread busier than kSlowFactor x the median of the node's other ranks, and
+// by at least kSlowMargin of a core, for kSlowWindows windows in a row, while every one of them
+// made steps. Under DDP every rank steps at the straggler's pace; the others sleep in the
+// gradient all-reduce, waiting for it, so its busy share stands out.
+constexpr double kSlowFactor = 1.5, kSlowMargin = 0.25;
+constexpr int kSlowWindows = 3;
+
+void WorkerGroup::Impl::watch_pace(SteadyClock::time_point now) {
+  if (now < pace_due) return;
+  pace_due = now + std::max(opt.hang.floor, std::chrono::milliseconds(1000));
+  std::vector<Slot*> running;
+  std::vector<pid_t> pids;
+  for (auto& s : slots) {
+    if (s->w.running() && s->w.standing == Standing::own && !s->w.spec.heartbeat_file.empty()) {
+      running.push_back(s.get());
+      pids.push_back(s->w.pid);
+    }
+  }
+  if (running.size() < 2) return;
+  auto targets = runner.stack_targets(pids);
+  for (std::size_t i = 0; i < running.size(); ++i) {
+    Slot& s = *running[i];
+    pid_t pid = i < targets.size() && !targets[i].python.empty() ? targets[i].python.front()
+                : i < targets.size() && targets[i].native > 0 ? targets[i].native : s.w.pid;
+    long long cpu = runner.sample(pid).busy_ns;
+    const bool stepped = s.hb.steps() > s.pace_steps && s.pace_steps > 0;
+    s.w.busy = pid == s.pace_pid && cpu >= 0 && s.pace_cpu >= 0 && stepped && now > s.pace_at
+                   ? static_cast<double>(cpu - s.pace_cpu) / 1e9 / secs(now - s.pace_at)
+                   : -1;
+    s.pace_pid = pid;
+    s.pace_cpu = cpu;
+    s.pace_at = now;
+    s.pace_steps = s.hb.steps();
+  }
+  for (auto* s : running) {
+    if (s->w.busy < 0) continue;
+    std::vector<double> others;
+    for (auto* o : running) {
+      if (o != s && o->w.busy >= 0) others.push_back(o->w.busy);
+    }
+    if (others.empty()) continue;
+    std::sort(others.begin(), others.end());
+    const double median = others[others.size() / 2];
+    const bool slow = s->w.busy > kSlowFactor * median && s->w.busy - median >= kSlowMargin;
+    s->slow_windows = slow ? s->slow_windows + 1 : 0;
+    s->w.straggler = s->slow_windows >= kSlowWindows;
+    if (s->slow_windows == kSlowWindows) {
+      spdlog::warn("ddprun: rank {} (pid {}) is a straggler: its main thread was busy {:.0f}% of the time over the last "
+                   "{} windows of {:.0f} s, the node's other ranks {:.0f}%: they wait for it in every collective",
+                   s->w.spec.rank, s->w.pid, s->w.busy * 100, kSlowWindows, secs(opt.hang.floor), median * 100);
+      listener->on_straggler(s->w, s->w.busy, median);
+    }
+  }
+}
+
 void WorkerGroup::Impl::fail_hung(Slot& s, SteadyClock::time_point now, const std::string& reason) {
   s.w.raise(Standing::reported);
   s.w.silent_s = secs(s.hb.silent(now));
@@ -269,6 +325,7 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
   for (auto& s : slots) {
     if (s->w.running() && !s->w.spec.heartbeat_file.empty()) look_at_beat(*s, now);
   }
+  if (!hang && opt.hang.adaptive) watch_pace(now);
   if (hang) {
     Slot* s = nullptr;
     for (auto& x : slots) {

@@ -63,6 +63,10 @@ struct Worker {
   ExitStatus status;
   std::chrono::system_clock::time_point started_wall, ended_wall;
   double silent_s = 0;  // found hung: seconds since its last heartbeat (or its start, before the first)
+  // Its pace (README: Hangs, stragglers): the share of a core its main thread used over the last
+  // window while it made steps (-1: unknown), and whether it is a straggler.
+  double busy = -1;
+  bool straggler = false;
 
   bool running() const { return life == Life::running; }
   bool stopped_by_agent() const { return standing == Standing::stopped; }
@@ -107,6 +111,9 @@ class WorkerGroup {
     // silent worker makes progress again, which on_hang_cleared tells.
     virtual void on_hang_report(const HangReport& report) { (void)report; }
     virtual void on_hang_cleared(int rank, double after_s) { (void)rank, (void)after_s; }
+    // A worker much busier than the node's others, window after window, while all make steps:
+    // the others wait for it in each collective.
+    virtual void on_straggler(const Worker& w, double busy, double others) { (void)w, (void)busy, (void)others; }
   };
   struct Options {
     HangRule hang;  // heartbeats (heartbeat.hpp); off by default

@@ -37,6 +37,12 @@ struct Slot {
   std::unique_ptr<asio::posix::stream_descriptor> out_pipe, err_pipe;
   int open_pipes = 0;
   Heartbeat hb;  // watched when spec.heartbeat_file is set (heartbeat.hpp)
+  // Its pace at the last window: the process read, its CPU time, its steps; windows in a row it
+  // was much busier than the others.
+  pid_t pace_pid = -1;
+  long long pace_cpu = -1, pace_steps = 0;
+  SteadyClock::time_point pace_at;
+  int slow_windows = 0;
 };
 
 struct WorkerGroup::Impl {
@@ -84,7 +90,7 @@ struct WorkerGroup::Impl {
       Slot* slot = nullptr;
       pid_t pid = -1;
       bool python = false;
-      ProcSample before;
+      ProcSample before, after;  // the busy window's ends
       std::string stack_file;   // HEARTBEAT.stack, signalled: its size before, and when it last grew
       off_t offset = 0, seen = -1;
       std::string python_note;
@@ -93,6 +99,7 @@ struct WorkerGroup::Impl {
     };
     std::vector<Target> targets;
     SteadyClock::time_point started, deadline;
+    double window = 0;  // seconds between the samples
   };
   std::optional<Inspection> inspection;
   std::set<int> unread_python;  // local ranks whose Python stack the report could not read
@@ -156,12 +163,16 @@ struct WorkerGroup::Impl {
   // silent worker beats again.
   void check_heartbeats(SteadyClock::time_point now);
   bool look_at_beat(Slot& s, SteadyClock::time_point now);
+  // Once a window (--hang_floor): each worker's busy share; a straggler is named once.
+  void watch_pace(SteadyClock::time_point now);
+  SteadyClock::time_point pace_due{};
   std::string silence_reason(const Slot& s, SteadyClock::time_point now) const;
   void fail_hung(Slot& s, SteadyClock::time_point now, const std::string& reason);
 
   // The report: each running worker's state (/proc) first, then its stacks (the stack signal for
   // Python, ddprun-stack for the native main thread), bounded by stack_dump_timeout.
   void inspect();
+  void read_stacks();
   void poll_inspection();
   void finish_inspection();
   void poll_first_beats();

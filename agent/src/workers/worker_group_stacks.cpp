@@ -35,7 +35,9 @@ std::string read_from(const std::string& path, off_t offset) {
   return ss.str();
 }
 
-constexpr std::chrono::milliseconds kCpuWindow{500};
+// How busy each worker's main thread is (on a CPU or waiting for one: a spinning process on a
+// crowded machine is runnable all the time, whatever share it gets) is measured over this.
+constexpr std::chrono::milliseconds kBusyWindow{500};
 
 bool stopped_or_gone(char state) { return state == 'T' || state == 't' || state == 'Z' || state == 'X'; }
 
@@ -46,7 +48,6 @@ void WorkerGroup::Impl::inspect() {
   inspection.emplace();
   auto& in = *inspection;
   in.started = SteadyClock::now();
-  in.deadline = in.started + std::max(opt.stack_dump_timeout, std::chrono::milliseconds(500));
   std::vector<Slot*> running;
   std::vector<pid_t> pids;
   for (auto& s : slots) {
@@ -55,6 +56,7 @@ void WorkerGroup::Impl::inspect() {
     pids.push_back(s->w.pid);
   }
   auto targets = runner.stack_targets(pids);
+  bool measured = false;
   for (std::size_t i = 0; i < running.size(); ++i) {
     Inspection::Target t;
     t.slot = running[i];
@@ -62,6 +64,24 @@ void WorkerGroup::Impl::inspect() {
     t.pid = !t.python ? (i < targets.size() && targets[i].native > 0 ? targets[i].native : running[i]->w.pid)
                       : targets[i].python.front();
     t.before = runner.sample(t.pid);  // before any signal
+    measured = measured || t.before.busy_ns >= 0;
+    in.targets.push_back(std::move(t));
+  }
+  // First how busy each main thread is, over kBusyWindow, before anything reads (and pauses) it.
+  if (!measured) return read_stacks();
+  inspect_timer.expires_after(kBusyWindow);
+  inspect_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
+    if (!ec && gen == generation && inspection) read_stacks();
+  });
+}
+
+void WorkerGroup::Impl::read_stacks() {
+  auto& in = *inspection;
+  const auto now = SteadyClock::now();
+  in.window = std::chrono::duration<double>(now - in.started).count();
+  in.deadline = now + std::max(opt.stack_dump_timeout, std::chrono::milliseconds(500));
+  for (auto& t : in.targets) {
+    t.after = runner.sample(t.pid);
     if (t.python) {
       if (t.before.state == 'T' || t.before.state == 't') {
         t.python_note = "stopped: it reads no signal until it is continued";
@@ -77,7 +97,6 @@ void WorkerGroup::Impl::inspect() {
     // A stopped process is not attached to (a debugger's detach could continue it), nor one in
     // uninterruptible sleep (the attach would wait on it).
     t.native_wanted = opt.stack_dump_timeout.count() > 0 && !stopped_or_gone(t.before.state) && t.before.state != 'D';
-    in.targets.push_back(std::move(t));
   }
   for (std::size_t i = 0; i < in.targets.size(); ++i) {
     if (!in.targets[i].native_wanted) continue;
@@ -94,14 +113,8 @@ void WorkerGroup::Impl::inspect() {
 
 void WorkerGroup::Impl::poll_inspection() {
   if (!inspection) return;
-  const auto now = SteadyClock::now();
-  bool done = now >= inspection->deadline;
-  // At least kCpuWindow: what share of a core each main thread uses needs a window to tell.
-  const bool measured = std::any_of(inspection->targets.begin(), inspection->targets.end(),
-                                    [](const auto& t) { return t.before.cpu_ns >= 0; });
-  if (!done && measured && now - inspection->started < kCpuWindow) {
-    done = false;
-  } else if (!done) {
+  bool done = SteadyClock::now() >= inspection->deadline;
+  if (!done) {
     done = true;
     for (auto& t : inspection->targets) {
       if (t.native_wanted && !t.native) done = false;
@@ -122,16 +135,14 @@ void WorkerGroup::Impl::poll_inspection() {
 void WorkerGroup::Impl::finish_inspection() {
   auto in = std::move(*inspection);
   inspection.reset();
-  const double took = std::chrono::duration<double>(SteadyClock::now() - in.started).count();
   HangReport report;
   for (auto& t : in.targets) {
     RankView v;
     v.rank = t.slot->w.spec.rank;
     v.pid = t.pid;
     v.state = t.before.state;
-    ProcSample after = runner.sample(t.pid);
-    if (t.before.cpu_ns >= 0 && after.cpu_ns >= 0 && took > 0) {
-      v.cpu = static_cast<double>(after.cpu_ns - t.before.cpu_ns) / 1e9 / took;
+    if (t.before.busy_ns >= 0 && t.after.busy_ns >= 0 && in.window > 0) {
+      v.cpu = std::min(1.0, static_cast<double>(t.after.busy_ns - t.before.busy_ns) / 1e9 / in.window);
     }
     v.silent = hang && hang->local_rank == t.slot->w.spec.local_rank;
     std::string text;
