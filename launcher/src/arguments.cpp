@@ -4,7 +4,7 @@
 
 #include <boost/program_options.hpp>
 
-#include "options.hpp"
+#include "option_table.hpp"
 
 namespace ddprun::launcher {
 namespace {

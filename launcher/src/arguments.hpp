@@ -1,5 +1,5 @@
 #pragma once
-// ddprun's own command line, read against the option table (options.hpp): torchrun's spellings
+// ddprun's own command line, read against the option table (option_table.hpp): torchrun's spellings
 // (--name=value, --name value, -r3, -r 3, --name-with-hyphens), the training program from the first
 // argument that is not an option (or after --), and the --help text. Read by Boost.Program_options,
 // as ddprun-store's command line is; the table is the one description of both the parser and

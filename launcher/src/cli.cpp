@@ -12,7 +12,7 @@
 #include "ddprun/common/text.hpp"
 #include "ddprun/rendezvous/auth.hpp"
 #include "arguments.hpp"
-#include "options.hpp"
+#include "option_table.hpp"
 #include "rdzv_flags.hpp"
 #include "slurm.hpp"
 

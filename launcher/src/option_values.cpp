@@ -4,9 +4,9 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/net.hpp"
 #include "ddprun/common/text.hpp"
-#include "options.hpp"
+#include "option_table.hpp"
 
-// The parsers of one kind of value that options.cpp's table, cli.cpp and rdzv_flags.cpp share.
+// The parsers of one kind of value that option_table.cpp's table, cli.cpp and rdzv_flags.cpp share.
 namespace ddprun::launcher {
 
 std::string shorten(const std::string& v) { return v.size() <= 64 ? v : v.substr(0, 60) + "..."; }

@@ -5,8 +5,8 @@
 #include <map>
 #include <string>
 
-#include "ddprun/agent/options.hpp"
-#include "options.hpp"
+#include "ddprun/agent/agent_options.hpp"
+#include "option_table.hpp"
 
 namespace ddprun::launcher {
 

@@ -13,7 +13,7 @@
 #include <sstream>
 #include <string>
 
-#include "ddprun/agent/options.hpp"
+#include "ddprun/agent/agent_options.hpp"
 #include "ddprun/agent/spawn.hpp"
 #include "containment/containment.hpp"
 #include "skip.hpp"

@@ -4,7 +4,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
 #include "ddprun/launcher/cli.hpp"
-#include "options.hpp"
+#include "option_table.hpp"
 #include <set>
 #include <sys/stat.h>
 #include <filesystem>

@@ -10,7 +10,7 @@
 #include <spdlog/spdlog.h>
 #include <vector>
 
-#include "ddprun/agent/options.hpp"
+#include "ddprun/agent/agent_options.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/system.hpp"
 #include "containment/private_files.hpp"

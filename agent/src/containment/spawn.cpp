@@ -15,7 +15,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "ddprun/agent/options.hpp"
+#include "ddprun/agent/agent_options.hpp"
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/thread.hpp"
 

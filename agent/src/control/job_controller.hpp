@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/agent/options.hpp"
+#include "ddprun/agent/agent_options.hpp"
 #include "ddprun/rounds/rendezvous.hpp"
 #include "containment/fence_state.hpp"
 #include "control/hang_exchange.hpp"

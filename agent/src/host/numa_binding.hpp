@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "ddprun/agent/gpus.hpp"
-#include "ddprun/agent/options.hpp"
+#include "ddprun/agent/agent_options.hpp"
 
 namespace ddprun::agent {
 

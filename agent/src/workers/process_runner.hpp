@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "ddprun/agent/options.hpp"
+#include "ddprun/agent/agent_options.hpp"
 #include "ddprun/common/exit_status.hpp"
 #include "containment/process_tree.hpp"
 

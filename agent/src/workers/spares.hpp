@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/agent/options.hpp"
+#include "ddprun/agent/agent_options.hpp"
 #include "workers/process_runner.hpp"
 
 namespace boost::asio {

@@ -18,7 +18,7 @@
 #include <map>
 #include <optional>
 
-#include "ddprun/agent/options.hpp"
+#include "ddprun/agent/agent_options.hpp"
 #include "observe/hang_verdict.hpp"
 #include "observe/stack_dump.hpp"
 #include "workers/heartbeat.hpp"

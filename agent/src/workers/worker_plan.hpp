@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "ddprun/agent/options.hpp"
+#include "ddprun/agent/agent_options.hpp"
 #include "ddprun/rounds/rendezvous.hpp"
 #include "containment/run_dir.hpp"
 #include "workers/worker_group.hpp"

@@ -12,7 +12,7 @@
 
 #include <memory>
 
-#include "ddprun/agent/options.hpp"
+#include "ddprun/agent/agent_options.hpp"
 
 namespace ddprun::agent {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/agent/options.hpp"
+#include "ddprun/agent/agent_options.hpp"
 
 namespace ddprun::launcher {
 

@@ -1,4 +1,4 @@
-#include "options.hpp"
+#include "option_table.hpp"
 
 #include <algorithm>
 #include <cctype>

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/agent/options.hpp"
+#include "ddprun/agent/agent_options.hpp"
 
 namespace ddprun::launcher {
 
