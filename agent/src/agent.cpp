@@ -63,7 +63,7 @@ class LoopGate {
 rounds::WhenReadable when_readable(asio::io_context& io) {
   return [&io](int fd, std::function<void()> f) {
     int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (copy < 0) return f();  // (no descriptor to spare: at once, as without the wait)
+    if (copy < 0) return f();  // (no descriptor left to copy: at once, as without the wait)
     auto d = std::make_shared<asio::posix::stream_descriptor>(io, copy);
     d->async_wait(asio::posix::stream_descriptor::wait_read, [d, f = std::move(f)](boost::system::error_code ec) {
       if (!ec) f();

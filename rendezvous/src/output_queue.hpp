@@ -37,8 +37,8 @@ class OutputQueue {
         return;
       }
       std::string fresh;
-      if (spare_.capacity() >= chunk_capacity(size_, bytes.size())) {
-        fresh.swap(spare_);
+      if (kept_.capacity() >= chunk_capacity(size_, bytes.size())) {
+        fresh.swap(kept_);
       } else {
         fresh.reserve(chunk_capacity(size_, bytes.size()));
       }
@@ -64,7 +64,7 @@ class OutputQueue {
   // How much appending `m` will add to held_bytes().
   std::size_t cost_of(const Message& m) const {
     std::size_t grow = 0;
-    std::size_t room = tail_room(), spare = spare_.capacity(), queued = size_;
+    std::size_t room = tail_room(), kept = kept_.capacity(), queued = size_;
     m.visit(
         [&](std::string_view b) {
           if (b.size() <= room) {
@@ -74,8 +74,8 @@ class OutputQueue {
             room = 0;
           } else {
             std::size_t cap = chunk_capacity(queued, b.size());
-            grow += cost::kOutputChunk + (spare >= cap ? 0 : cost::string_heap(cap));
-            spare = spare >= cap ? 0 : spare;
+            grow += cost::kOutputChunk + (kept >= cap ? 0 : cost::string_heap(cap));
+            kept = kept >= cap ? 0 : kept;
             room = cap - b.size();
           }
           queued += b.size();
@@ -90,7 +90,7 @@ class OutputQueue {
 
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  std::size_t held_bytes() const { return owned_ + cost::string_heap(spare_) + chunks_.size() * cost::kOutputChunk; }
+  std::size_t held_bytes() const { return owned_ + cost::string_heap(kept_) + chunks_.size() * cost::kOutputChunk; }
 
   // Fills `iov` with up to `max` pieces of what is queued; returns how many.
   int gather(iovec* iov, int max) const {
@@ -118,9 +118,9 @@ class OutputQueue {
       n -= left;
       offset_ = 0;
       owned_ -= cost::string_heap(front.own);
-      if (front.open && front.own.capacity() > spare_.capacity()) {
-        spare_.swap(front.own);  // keep one small chunk (the largest) for the next replies
-        spare_.clear();
+      if (front.open && front.own.capacity() > kept_.capacity()) {
+        kept_.swap(front.own);  // keep one small chunk (the largest) for the next replies
+        kept_.clear();
       }
       chunks_.pop_front();
     }
@@ -128,7 +128,7 @@ class OutputQueue {
 
   void clear() {
     std::deque<Chunk>().swap(chunks_);
-    std::string().swap(spare_);
+    std::string().swap(kept_);
     offset_ = size_ = owned_ = 0;
   }
 
@@ -156,7 +156,7 @@ class OutputQueue {
   }
 
   std::deque<Chunk> chunks_;
-  std::string spare_;
+  std::string kept_;
   std::size_t offset_ = 0;  // bytes of chunks_.front() already sent
   std::size_t size_ = 0;    // bytes queued
   std::size_t owned_ = 0;   // heap bytes of the chunks' own strings

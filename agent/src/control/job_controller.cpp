@@ -75,7 +75,7 @@ void JobController::on_round_ready(const RoundInfo& info) {
   info_ = info;
   rendezvous_s_ = seconds_since(joined_at_);
   if (std::exchange(waiting_, false)) {
-    // A hot spare node given a place: its start is timed as a recovery (from the place, its
+    // A standby node given a place: its start is timed as a recovery (from the place, its
     // workers handed to the spares made while it waited).
     const auto now = std::chrono::steady_clock::now();
     clock_.fault(0, fmt::format("a place in round {} (this node waited {:.1f} s for one)", info.round,

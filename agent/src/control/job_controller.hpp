@@ -133,7 +133,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   std::chrono::steady_clock::time_point attempt_started_, joined_at_;
   double rendezvous_s_ = 0, start_s_ = 0;
   int restarts_ = 0;
-  bool waiting_ = false;  // beyond MAX, waiting for a place (a hot spare node) since `waited_from_`
+  bool waiting_ = false;  // beyond MAX, waiting for a place (a standby node) since `waited_from_`
   std::chrono::steady_clock::time_point waited_from_;
   RecoveryClock clock_;
 };

@@ -126,7 +126,7 @@ class RealProcessRunner : public ProcessRunner {
   Guardian& guardian_;
   const Containment& containment_;
   // The warm spares started and not yet forgotten or handed a worker: passed to each sweep,
-  // with the stack readers running (observe/agent_helpers.hpp), as the pids it must spare.
+  // with the stack readers running (observe/agent_helpers.hpp), as the pids it must exempt.
   std::mutex spares_mu_;
   std::set<pid_t> spares_;
   std::unique_ptr<SpawnPool> pool_;  // threads that start workers beside the loop's, made at need
