@@ -9,8 +9,9 @@ PyTorch, and then
    into the file, through torch.optim.optimizer.register_optimizer_step_post_hook (PyTorch 2.0
    and later); PyTorch 1.13 has no such hook, but every optimizer's step() calls
    Optimizer._optimizer_step_code() when it is done (the profiler's entry point), which is
-   wrapped instead. After the first step, a forward pass of any module touches the file (at most
-   once a second; a global forward pre-hook), so an evaluation loop without optimizer steps is
+   wrapped instead. After the first step, each batch a DataLoader hands out and (PyTorch 1.x: a
+   global forward pre-hook; 2.x would warn under torch.compile) each forward pass of any module
+   touches the file, at most once a second, so an evaluation loop without optimizer steps is
    progress;
 2. registers faulthandler on DDPRUN_STACK_SIGNAL (a real-time signal), writing every thread's
    traceback to HEARTBEAT.stack: ddprun reads a hung worker's Python stack without ending it,
@@ -58,6 +59,7 @@ class _Beat:
 
     path = None
     fd = -1
+    pid = -1  # the process that opened fd
     steps = 0
     last = 0.0
     stack_file = None
@@ -65,10 +67,10 @@ class _Beat:
 
 def _beat_file():
     path = os.environ.get("DDPRUN_HEARTBEAT_FILE")
-    if path != _Beat.path:  # a new attempt: its own file, steps counted from 0
+    if path != _Beat.path or os.getpid() != _Beat.pid:  # a new attempt (or a forked child): steps from 0
         if _Beat.fd >= 0:
             os.close(_Beat.fd)
-        _Beat.path, _Beat.fd, _Beat.steps = path, -1, 0
+        _Beat.path, _Beat.fd, _Beat.steps, _Beat.pid = path, -1, 0, os.getpid()
         if path:
             try:
                 _Beat.fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -108,6 +110,13 @@ def _touch(*_args):
         _report_modules(heartbeat)
     _Beat.steps += 1
     _Beat.last = time.monotonic()
+    if _Beat.steps == 1:  # the process that trains, for ddprun to read (a wrapper may stand above it)
+        try:
+            with open(heartbeat + ".pid.tmp", "w") as f:
+                f.write("%d\n" % os.getpid())
+            os.replace(heartbeat + ".pid.tmp", heartbeat + ".pid")
+        except OSError:
+            pass
     try:
         os.pwrite(fd, b"%d\n" % _Beat.steps, 0)
     except OSError:
@@ -115,10 +124,11 @@ def _touch(*_args):
 
 
 def _forward(*_args):
-    """A forward pass (any module's): progress without a step, at most one touch a second; none
-    before the first step (a touch of the file while it holds no count is a step)."""
+    """A forward pass (any module's) or a batch from a DataLoader: progress without a step, at
+    most one touch a second; none before the first step (a touch of the file while it holds no
+    count is a step), nor from a forked child (a DataLoader worker runs the parent's hooks)."""
     now = time.monotonic()
-    if now - _Beat.last < 1.0 or _Beat.steps == 0:
+    if now - _Beat.last < 1.0 or _Beat.steps == 0 or os.getpid() != _Beat.pid:
         return
     _Beat.last = now
     fd = _beat_file()
@@ -138,9 +148,26 @@ def _on_torch_version(module):
 
 
 def _on_module(module):
+    """PyTorch 1.x: a global forward pre-hook. Not on 2.x, where any global hook makes
+    torch.compile warn and slows every module call: there a DataLoader's batches are the progress."""
+    major = str(getattr(sys.modules.get("torch.version"), "__version__", "")).split(".", 1)[0]
     register = getattr(module, "register_module_forward_pre_hook", None)
-    if register is not None:
+    if register is not None and major.isdigit() and int(major) < 2:
         register(_forward)
+
+
+def _on_dataloader(module):
+    """Every batch a DataLoader hands out is progress (an evaluation loop without optimizer steps)."""
+    iterator = getattr(module, "_BaseDataLoaderIter", None)
+    next_batch = getattr(iterator, "__next__", None)
+    if next_batch is None:
+        return
+
+    def __next__(self):
+        _forward()
+        return next_batch(self)
+
+    iterator.__next__ = __next__
 
 
 def _on_optimizer(module):
@@ -173,6 +200,7 @@ _WATCHED = {
     "torch.version": _on_torch_version,
     "torch.optim.optimizer": _on_optimizer,
     "torch.nn.modules.module": _on_module,
+    "torch.utils.data.dataloader": _on_dataloader,
 }
 
 

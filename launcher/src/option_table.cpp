@@ -214,7 +214,7 @@ std::vector<OptionSpec> failure_options() {
   return {
     {"worker_timeout", "", kFault, K::value, "auto",
      "when a worker that beats (Python workers beat through ddprun's progress hook, native ones through the "
-     "runtime) counts as hung: 'auto' once silent for the larger of --hang_floor and 5x its longest recent step, "
+     "runtime) counts as hung: 'auto' once silent for the larger of --hang_floor and 5x its recent long steps, "
      "after its first step; S seconds after its last beat; 0 = never. A hung worker is reported first (every "
      "rank's stack and a verdict), then stopped (exit 124)",
      [](const std::string& v, Settings& s) {

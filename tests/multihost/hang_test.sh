@@ -5,7 +5,9 @@
 # outside any collective (tests/python/hang_worker.py). Every rank goes silent; each node reads
 # its own ranks, puts their summary in the workers' store, and one gathers them: both nodes must
 # print the same job-wide verdict, naming rank R and its host, the node holding rank R its stack,
-# and both end 124. Run once with the stuck rank on h1 (rank 1) and once on h2 (rank 3).
+# and both end 124, their failure summaries naming rank R as the root cause. Run with the stuck
+# rank on h1 (rank 1), on h2 (rank 3), and on h2 after a false alarm (a 7 s save on rank 0 at step
+# 8, reported and cleared on both nodes): the second report's verdict is its own, not the first's.
 # Usage: hang_test.sh DDPRUN
 set -u
 ddprun=$1
@@ -18,34 +20,43 @@ hosts_up 2
 port=29400
 fail=0
 
-run_case() {  # STUCK_RANK STUCK_HOST
+run_case() {  # STUCK_RANK STUCK_HOST [WORKER FLAGS...]
   local rank=$1 host=$2 i r1 r2
+  shift 2
+  local extra=("$@") tag=r${rank}p$port
   for i in 1 2; do
-    start "$i" "r${rank}h$i" "$ddprun" --nnodes=2 --node_rank=$((i - 1)) --master_addr=h1 --master_port=$port \
+    start "$i" "${tag}h$i" "$ddprun" --nnodes=2 --node_rank=$((i - 1)) --master_addr=h1 --master_port=$port \
       --rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=10 --nproc_per_node=2 \
-      --hang_floor=3 --hang_stop=10 /usr/bin/python3 -u "$worker" --hang stuck --rank "$rank" --at 5 --steps 100000
+      --hang_floor=3 --hang_stop=10 /usr/bin/python3 -u "$worker" --hang stuck --rank "$rank" --at 5 --steps 100000 \
+      "${extra[@]}"
   done
-  local p1=pid_r${rank}h1 p2=pid_r${rank}h2
+  local p1=pid_${tag}h1 p2=pid_${tag}h2
   wait "${!p1}"; r1=$?
   wait "${!p2}"; r2=$?
-  local e1=$out/r${rank}h1.err e2=$out/r${rank}h2.err ok=0
+  local e1=$out/${tag}h1.err e2=$out/${tag}h2.err ok=0
   local v1 v2
-  v1=$(grep -h "ddprun: hang verdict from every node" "$e1")
-  v2=$(grep -h "ddprun: hang verdict from every node" "$e2")
+  v1=$(grep -h "ddprun: hang verdict from every node" "$e1" | tail -1)
+  v2=$(grep -h "ddprun: hang verdict from every node" "$e2" | tail -1)
   echo "  exits $r1/$r2"
   echo "  h1: $v1"
   echo "  h2: $v2"
   [ "$r1" -eq 124 ] && [ "$r2" -eq 124 ] || ok=1
   [ -n "$v1" ] && [ "$v1" = "$v2" ] || ok=1
   echo "$v1" | grep -q "rank $rank (host $host, pid [0-9]*) is stuck outside any collective in load_batch" || ok=1
-  local holder=$out/r${rank}h${host#h}.err
-  grep -q "load_batch (hang_worker.py" "$holder" || ok=1
+  grep -q "load_batch (hang_worker.py" "$out/${tag}h${host#h}.err" || ok=1
+  for i in 1 2; do  # both summaries name the stuck rank as the root cause
+    grep -A4 "Root cause" "$out/${tag}h$i.err" | grep -q "rank       : $rank " || { echo "  h$i: another root cause"; ok=1; }
+  done
   [ $ok -eq 0 ] || cat "$e1" "$e2"
-  if [ $ok -eq 0 ]; then echo "ok: stuck rank $rank on $host: both nodes print the same verdict naming it"; else
-    echo "FAILED: stuck rank $rank on $host"; fail=1; fi
+  if [ $ok -eq 0 ]; then echo "ok: stuck rank $rank on $host${extra[*]:+ (${extra[*]})}: both nodes print the same verdict naming it"; else
+    echo "FAILED: stuck rank $rank on $host ${extra[*]}"; fail=1; fi
+  last_tag=$tag
 }
 
 run_case 1 h1
 port=29401
 run_case 3 h2
+port=29402
+run_case 3 h2 --at 40 --save_at 8 --save_s 7
+grep -q "made progress again" "$out/${last_tag}h1.err" || { echo "FAILED: the save was not reported and cleared"; fail=1; }
 exit $fail

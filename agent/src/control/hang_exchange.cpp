@@ -1,6 +1,8 @@
 #include "control/hang_exchange.hpp"
 
 #include <algorithm>
+#include <random>
+#include <stdexcept>
 #include <boost/asio.hpp>
 #include <nlohmann/json.hpp>
 
@@ -25,8 +27,8 @@ std::vector<StackFrame> frames_from(const nlohmann::json& j) {
   return out;
 }
 
-std::string key(int attempt, const std::string& rest) {
-  return "ddprun/hang/" + std::to_string(attempt) + "/" + rest;
+std::string key(const HangExchangeSetup& s, const std::string& rest) {
+  return "ddprun/hang/" + std::to_string(s.attempt) + "/" + std::to_string(s.report) + "/" + rest;
 }
 
 }  // namespace
@@ -34,7 +36,7 @@ std::string key(int attempt, const std::string& rest) {
 std::string hang_summary_json(const std::vector<RankView>& ranks) {
   auto out = nlohmann::json::array();
   for (const auto& r : ranks) {
-    out.push_back({{"rank", r.rank}, {"host", r.host}, {"pid", r.pid}, {"state", std::string(1, r.state)},
+    out.push_back({{"rank", r.rank}, {"local_rank", r.local_rank}, {"host", r.host}, {"pid", r.pid}, {"state", std::string(1, r.state)},
                    {"cpu", r.cpu}, {"silent", r.silent}, {"python", frames_json(r.python)},
                    {"native", frames_json(r.native)}, {"note", r.python_note}});
   }
@@ -46,6 +48,7 @@ std::vector<RankView> hang_summary_from_json(const std::string& text) {
   for (const auto& j : nlohmann::json::parse(text)) {
     RankView r;
     r.rank = j.at("rank").get<int>();
+    r.local_rank = j.value("local_rank", -1);
     r.host = j.at("host").get<std::string>();
     r.pid = j.at("pid").get<pid_t>();
     auto state = j.at("state").get<std::string>();
@@ -61,11 +64,22 @@ std::vector<RankView> hang_summary_from_json(const std::string& text) {
 }
 
 HangExchange::~HangExchange() {
-  for (auto& t : threads_) t.join();  // each bounded by its store time-out
+  for (auto& t : threads_) t.thread.join();  // each bounded by its store time-out
 }
 
 void HangExchange::start(HangExchangeSetup s, std::vector<RankView> mine, Done done) {
-  threads_.emplace_back([this, s, mine = std::move(mine), done = std::move(done)] {
+  for (auto it = threads_.begin(); it != threads_.end();) {
+    if (it->done->load()) {
+      it->thread.join();
+      it = threads_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  std::random_device seed;
+  const std::string nonce = std::to_string(seed()) + "-" + std::to_string(seed());
+  threads_.push_back({std::thread([this, s, nonce, finished, mine = std::move(mine), done = std::move(done)] {
     std::optional<JobHangVerdict> result;
     std::string error;
     try {
@@ -74,12 +88,14 @@ void HangExchange::start(HangExchangeSetup s, std::vector<RankView> mine, Done d
       o.port = s.store_port;
       o.timeout = s.wait + std::chrono::seconds(5);
       rendezvous::TcpStore store(o);
-      store.set(key(s.attempt, "node/" + std::to_string(s.node)), hang_summary_json(mine));
+      nlohmann::json summary = {{"nonce", nonce}, {"ranks", nlohmann::json::parse(hang_summary_json(mine))}};
+      store.set(key(s, "node/" + std::to_string(s.node)), summary.dump());
       JobHangVerdict v;
-      if (store.add(key(s.attempt, "gather"), 1) == 1) {
+      if (store.add(key(s, "gather"), 1) == 1) {
         v.gathered_here = true;
+        std::vector<std::string> nonces;
         std::vector<std::string> keys;
-        for (int n = 0; n < s.nodes; ++n) keys.push_back(key(s.attempt, "node/" + std::to_string(n)));
+        for (int n = 0; n < s.nodes; ++n) keys.push_back(key(s, "node/" + std::to_string(n)));
         try {
           store.wait(keys, s.wait);
         } catch (const std::exception&) {  // some never came: decide over those that did
@@ -89,18 +105,23 @@ void HangExchange::start(HangExchangeSetup s, std::vector<RankView> mine, Done d
             v.missing_nodes.push_back(n);
             continue;
           }
-          for (auto& r : hang_summary_from_json(store.get(keys[static_cast<std::size_t>(n)]))) {
-            v.ranks.push_back(std::move(r));
-          }
+          auto j = nlohmann::json::parse(store.get(keys[static_cast<std::size_t>(n)]));
+          nonces.push_back(j.at("nonce").get<std::string>());
+          for (auto& r : hang_summary_from_json(j.at("ranks").dump())) v.ranks.push_back(std::move(r));
         }
         v.verdict = decide_hang(v.ranks);
         nlohmann::json j = {{"kind", to_string(v.verdict.kind)}, {"blamed", v.verdict.blamed},
-                            {"text", v.verdict.text}, {"missing", v.missing_nodes},
+                            {"text", v.verdict.text}, {"missing", v.missing_nodes}, {"nonces", nonces},
                             {"ranks", nlohmann::json::parse(hang_summary_json(v.ranks))}};
-        store.set(key(s.attempt, "verdict"), j.dump());
+        store.set(key(s, "verdict"), j.dump());
       } else {
-        store.wait({key(s.attempt, "verdict")}, s.wait + std::chrono::seconds(3));
-        auto j = nlohmann::json::parse(store.get(key(s.attempt, "verdict")));
+        store.wait({key(s, "verdict")}, s.wait + std::chrono::seconds(3));
+        auto j = nlohmann::json::parse(store.get(key(s, "verdict")));
+        const auto nonces = j.at("nonces").get<std::vector<std::string>>();
+        if (std::find(nonces.begin(), nonces.end(), nonce) == nonces.end()) {
+          throw std::runtime_error("the job's verdict was decided without this node's summary (report " +
+                                   std::to_string(s.report) + " of this attempt here is another one there)");
+        }
         v.verdict.text = j.at("text").get<std::string>();
         v.verdict.blamed = j.at("blamed").get<std::vector<int>>();
         const auto kind = j.at("kind").get<std::string>();
@@ -118,7 +139,9 @@ void HangExchange::start(HangExchangeSetup s, std::vector<RankView> mine, Done d
     boost::asio::post(io_, [done, result = std::move(result), error = std::move(error)]() mutable {
       done(std::move(result), std::move(error));
     });
-  });
+    finished->store(true);
+  }),
+                      finished});
 }
 
 }  // namespace ddprun::agent

@@ -2,10 +2,13 @@
 // One hang verdict across nodes (README: Hangs). In a hang every rank of the job goes silent
 // (the stuck one, and the others waiting for it in a collective), so each node finds its own
 // ranks silent within a check or two and reads them (its hang report). Each then puts a summary
-// of its ranks (state, innermost frames) in the workers' store, under ddprun/hang/ATTEMPT/:
-//   node/GROUP_RANK   that node's summary (JSON), written once
+// of its ranks (state, innermost frames) in the workers' store, under ddprun/hang/ATTEMPT/N/ (N:
+// the node's report number in the attempt, 1 for the first; a cleared report, a false alarm, is
+// one on every node, as every node was silent):
+//   node/GROUP_RANK   that node's summary (JSON, with a nonce), written once
 //   gather            an add: the node that makes it 1 gathers
-//   verdict           the gatherer's verdict (JSON), written once
+//   verdict           the gatherer's verdict (JSON, with the nonces of the summaries it read)
+// A node whose nonce is not in the verdict (its numbering went another way) keeps its own.
 // The gatherer waits (bounded) for every node's summary, reads them once, decides over all ranks
 // (observe/hang_verdict.hpp) and writes the verdict; every node waits for it and prints it.
 // Per node: its summary, one add, one wait and one read; the gatherer alone reads N summaries.
@@ -13,7 +16,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -31,7 +36,8 @@ struct HangExchangeSetup {
   std::string store_host;  // the workers' store
   std::uint16_t store_port = 0;
   int attempt = 0;
-  int node = 0;   // this node's group rank
+  int report = 1;  // this node's report number in the attempt
+  int node = 0;    // this node's group rank
   int nodes = 1;  // the round's nodes
   std::chrono::milliseconds wait{std::chrono::seconds(10)};  // for the other nodes' summaries
 };
@@ -59,7 +65,11 @@ class HangExchange {
 
  private:
   boost::asio::io_context& io_;
-  std::vector<std::thread> threads_;
+  struct Running {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Running> threads_;  // finished ones joined at the next start
 };
 
 }  // namespace ddprun::agent

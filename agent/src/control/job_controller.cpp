@@ -62,6 +62,9 @@ void JobController::join(int round, int restart_count) {
   failures_.clear();
   stuck_.reset();
   verdict_.reset();
+  verdict_ranks_.clear();
+  hang_reports_in_attempt_ = 0;
+  ++hang_seq_;
   joined_at_ = std::chrono::steady_clock::now();
   clock_.joining(joined_at_);
   enter(Phase::rendezvous);

@@ -79,7 +79,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   void on_hang_report(const HangReport& report) override;
   void on_hang_cleared(int rank, double after_s) override;
   void on_straggler(const Worker& w, double busy, double others) override;
-  void on_job_hang_verdict(int attempt, std::optional<JobHangVerdict> v, const std::string& error);
+  void on_job_hang_verdict(int seq, std::optional<JobHangVerdict> v, const std::string& error);
   int hangs_reported() const { return hangs_reported_; }
   // Rendezvous::Listener
   void on_round_ready(const RoundInfo& info) override;
@@ -124,6 +124,9 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   std::optional<HangVerdict> verdict_;       // this round's hang verdict: the job's (every node's), else this node's
   int hangs_reported_ = 0;
   std::unique_ptr<HangExchange> exchange_;   // several nodes: one verdict from every node's summary
+  std::vector<RankView> verdict_ranks_;      // the ranks the verdict was decided over (every node's)
+  int hang_reports_in_attempt_ = 0;          // numbers this node's reports (the exchange's keys)
+  int hang_seq_ = 0;                         // +1 per report and per clearing: a stale exchange is dropped
   rounds::Streak streak_;                    // the round's crash-loop streak, then the one after its failure
   std::vector<StreamOutput::FileLoss> log_losses_;  // log files left incomplete, for the end
   bool group_ended_ = true;

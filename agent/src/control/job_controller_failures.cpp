@@ -30,7 +30,10 @@ void JobController::on_hang_report(const HangReport& report) {
   auto ranks = report.ranks;
   for (auto& r : ranks) r.host = node_name_;
   verdict_ = decide_hang(ranks);
+  verdict_ranks_ = ranks;
   ++hangs_reported_;
+  ++hang_reports_in_attempt_;
+  const int seq = ++hang_seq_;
   const bool several = info_.group_world > 1 && !info_.store_host.empty() && info_.store_port != 0;
   write_to_console(format_hang_report(*verdict_, ranks, node_name_, report.reason, report.files, report.stop_in,
                                       report.rank, several));
@@ -40,11 +43,12 @@ void JobController::on_hang_report(const HangReport& report) {
     s.store_host = info_.store_host;
     s.store_port = info_.store_port;
     s.attempt = attempt_;
+    s.report = hang_reports_in_attempt_;
     s.node = info_.group_rank;
     s.nodes = info_.group_world;
     s.wait = std::clamp<std::chrono::milliseconds>(report.stop_in / 2, std::chrono::seconds(2), std::chrono::seconds(15));
-    exchange_->start(s, ranks, [this, attempt = attempt_](std::optional<JobHangVerdict> v, std::string error) {
-      on_job_hang_verdict(attempt, std::move(v), error);
+    exchange_->start(s, ranks, [this, seq](std::optional<JobHangVerdict> v, std::string error) {
+      on_job_hang_verdict(seq, std::move(v), error);
     });
   }
   if (!events_.enabled()) return;
@@ -61,13 +65,14 @@ void JobController::on_hang_report(const HangReport& report) {
                                  {"stop_in_s", std::chrono::duration<double>(report.stop_in).count()}});
 }
 
-void JobController::on_job_hang_verdict(int attempt, std::optional<JobHangVerdict> v, const std::string& error) {
-  if (attempt != attempt_) return;  // an earlier attempt's
+void JobController::on_job_hang_verdict(int seq, std::optional<JobHangVerdict> v, const std::string& error) {
+  if (seq != hang_seq_) return;  // an earlier report's (cleared since, or of an earlier attempt)
   if (!v) {
     spdlog::warn("ddprun: no verdict from every node's summary ({}): this node's stands", error);
     return;
   }
   verdict_ = v->verdict;
+  verdict_ranks_ = v->ranks;
   std::string missing;
   for (int n : v->missing_nodes) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
   write_to_console("ddprun: hang verdict from every node's ranks" +
@@ -85,6 +90,8 @@ void JobController::on_straggler(const Worker& w, double busy, double others) {
 
 void JobController::on_hang_cleared(int rank, double after_s) {
   verdict_.reset();
+  verdict_ranks_.clear();
+  ++hang_seq_;
   events_.emit("hang_cleared", {{"attempt", attempt_}, {"rank", rank}, {"after_s", after_s}});
 }
 
@@ -92,13 +99,14 @@ void JobController::on_hang_cleared(int rank, double after_s) {
 // this node was outside any (its stack says so): that one is the root cause, and the waiting
 // rank a consequence. The blamed rank's own record (it was stopped) becomes the root.
 FailureRecord JobController::blame_stuck_rank(const FailureRecord& root) {
-  if (!root.hang || !root_cause_ || root_cause_->pid != root.pid || root.host != node_name_) return root;
+  if (!root.hang) return root;
+  const bool root_here = root_cause_ && root_cause_->pid == root.pid && root.host == node_name_;
   std::string why;
   int blamed_rank = -1;
-  if (verdict_ && !verdict_->blamed.empty()) {
+  if (verdict_ && !verdict_->blamed.empty()) {  // the job's verdict, or this node's
     why = verdict_->text;
     blamed_rank = verdict_->blamed.front();
-  } else if (stuck_) {
+  } else if (stuck_ && root_here) {
     std::string waiting;
     for (int r : stuck_->waiting) waiting += (waiting.empty() ? "" : ",") + std::to_string(r);
     why = "hung outside any collective (" + stuck_->where + ") while rank" + (stuck_->waiting.size() == 1 ? " " : "s ") +
@@ -107,22 +115,37 @@ FailureRecord JobController::blame_stuck_rank(const FailureRecord& root) {
   } else {
     return root;
   }
-  const bool here = std::any_of(failures_.begin(), failures_.end(), [&](const FailureRecord& f) { return f.rank == blamed_rank; });
-  if (blamed_rank == root.rank || !here) {  // its own heartbeat lapsed first, or it is on another node: say why
+  if (blamed_rank == root.rank) {  // its own heartbeat lapsed first: say why
     FailureRecord same = root;
     same.reason = why + "; " + root.reason;
-    root_cause_->reason = same.reason;
+    if (root_here) root_cause_->reason = same.reason;
     return same;
   }
   auto it = std::find_if(failures_.begin(), failures_.end(), [&](const FailureRecord& f) { return f.rank == blamed_rank; });
-  if (it == failures_.end()) return root;
-  FailureRecord blamed = *it;
-  failures_.erase(it);
-  blamed.reason = why + "; rank " + std::to_string(root.rank) + ": " + root.reason;
-  blamed.hang = true;
-  blamed.exit_code = root.exit_code;
-  root_cause_ = blamed;
-  failures_.push_back(root);
+  if (it != failures_.end() && root_here) {  // this node's: its own record becomes the root
+    FailureRecord blamed = *it;
+    failures_.erase(it);
+    blamed.reason = why + "; rank " + std::to_string(root.rank) + ": " + root.reason;
+    blamed.hang = true;
+    blamed.exit_code = root.exit_code;
+    root_cause_ = blamed;
+    failures_.push_back(root);
+    return blamed;
+  }
+  // On another node (or this one, the round's root on another): the rank as the verdict read it.
+  FailureRecord blamed = root;
+  blamed.rank = blamed_rank;
+  auto view = std::find_if(verdict_ranks_.begin(), verdict_ranks_.end(), [&](const RankView& v) { return v.rank == blamed_rank; });
+  if (view != verdict_ranks_.end()) {
+    blamed.host = view->host;
+    blamed.pid = view->pid;
+    blamed.local_rank = view->local_rank;
+  }
+  blamed.reason = why + "; rank " + std::to_string(root.rank) + " (host " + root.host + "): " + root.reason;
+  blamed.stderr_tail.clear();
+  blamed.message.clear();
+  blamed.traceback.clear();
+  blamed.error_file.clear();
   return blamed;
 }
 

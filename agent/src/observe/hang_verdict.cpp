@@ -130,7 +130,9 @@ HangVerdict decide_hang(const std::vector<RankView>& given) {
     });
     return v;
   }
-  if (auto d = pick([](const RankView& r) { return r.state == 'D'; }); !d.empty()) {
+  // In D and outside every collective (a rank caught in D while it waits in one, on a page fault
+  // say, holds nobody up).
+  if (auto d = pick([](const RankView& r) { return r.state == 'D' && collective_of(r).empty(); }); !d.empty()) {
     blame(HangKind::uninterruptible, d, [](const RankView& r) {
       return who(r) + "'s process is in uninterruptible sleep (D: waiting in the kernel, often on I/O or a driver)" +
              (r.native.empty() ? "" : " in " + describe_frames(r.native, 1));

@@ -6,7 +6,8 @@
 // A rank waits inside a collective when its Python stack is in torch.distributed, or in
 // backward() while its native main thread is in DDP's Reducer (a gradient all-reduce runs in C++
 // under backward), or its native main thread is in Gloo or NCCL. The rules, in order:
-//   1. a rank stopped (SIGSTOP, state T) is to blame; then one in uninterruptible sleep (D);
+//   1. a rank stopped (SIGSTOP, state T) is to blame; then one in uninterruptible sleep (D)
+//      outside every collective;
 //   2. ranks outside every collective while others wait in one: the outside ones are to blame
 //      (spinning when busy most of the time before ddprun read them, else stuck);
 //   3. every read rank waits, in different collectives: a mismatch, each group named;
@@ -25,6 +26,7 @@ namespace ddprun::agent {
 // One rank as read at a hang report, before any signal was sent to it.
 struct RankView {
   int rank = -1;
+  int local_rank = -1;
   std::string host;
   pid_t pid = -1;      // the process read (the Python process below a wrapper, or the program)
   char state = '?';    // /proc/PID/stat's state: R S D T t Z, '?' when unread

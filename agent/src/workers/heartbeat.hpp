@@ -13,7 +13,8 @@
 // default, however long the first step takes; S's default 1800 s). After it, the silence counts
 // from its last beat of any kind and the bound is:
 //   --worker_timeout=S     S;
-//   --worker_timeout=auto  max(floor, kAutoFactor x the longest of its last kAutoSteps steps).
+//   --worker_timeout=auto  max(floor, kAutoFactor x its long steps: the 90th percentile of its
+//                          last kAutoSteps steps, so that one pause does not stretch it).
 // Beats are timed on the monotonic clock when the agent sees them, so a wall-clock step cannot
 // kill or hide a worker; a beat counts at most one check interval late.
 
@@ -56,7 +57,7 @@ class Heartbeat {
   bool beaten() const { return steps_ > 0; }  // its first step is done
   long long steps() const { return steps_; }
   Clock::time_point last() const { return last_; }
-  // The longest recent step, zero before two steps.
+  // Its long steps (the 90th percentile of the recent ones), zero before two steps.
   Clock::duration longest_step() const;
 
  private:

@@ -61,7 +61,8 @@ void WorkerGroup::Impl::prepare(Slot& s) {
     struct stat st{};
     if (::fstat(hb, &st) == 0) s.hb.reset(st.st_mtim, SteadyClock::now());
     ::close(hb);
-    ::unlink((spec.heartbeat_file + ".stack").c_str());  // the last attempt's stacks
+    ::unlink((spec.heartbeat_file + ".stack").c_str());  // the last attempt's stacks and trainer
+    ::unlink((spec.heartbeat_file + ".pid").c_str());
   }
   s.out = std::make_unique<StreamOutput>(spec.out);
   s.err = std::make_unique<StreamOutput>(spec.err);
@@ -210,7 +211,10 @@ void WorkerGroup::Impl::stop(int sig, Stacks stacks) {
   if (state == State::running) state = State::stopping;
   heartbeat_timer.cancel();
   inspect_timer.cancel();
-  inspection.reset();
+  if (inspection) {  // a report cut short: this stop reads the stacks itself
+    inspection.reset();
+    dump_started = false;
+  }
   if (stacks == Stacks::first && any && start_dump([this, sig] { stop(sig, Stacks::after_timeout); })) return;
   signal_running(sig);
   if (!any || state != State::stopping) return;
@@ -255,7 +259,7 @@ std::string WorkerGroup::Impl::silence_reason(const Slot& s, SteadyClock::time_p
                        opt.hang.adaptive ? "optimizer step" : "heartbeat", silent, bound);
   }
   return fmt::format("no progress for {:.1f} s (--worker_timeout=auto: its bound is {:.1f} s, the larger of "
-                     "--hang_floor={:.0f} and {}x its longest recent step, {:.2f} s)",
+                     "--hang_floor={:.0f} and {}x its recent long step, {:.2f} s)",
                      silent, bound, secs(opt.hang.floor), kAutoFactor, secs(s.hb.longest_step()));
 }
 
@@ -283,6 +287,7 @@ void WorkerGroup::Impl::watch_pace(SteadyClock::time_point now) {
     Slot& s = *running[i];
     pid_t pid = i < targets.size() && !targets[i].python.empty() ? targets[i].python.front()
                 : i < targets.size() && targets[i].native > 0 ? targets[i].native : s.w.pid;
+    if (pid_t trainer = training_process(s.w.spec.heartbeat_file, s.w.pid); trainer > 0) pid = trainer;
     long long cpu = runner.sample(pid).busy_ns;
     const bool stepped = s.hb.steps() > s.pace_steps && s.pace_steps > 0;
     s.w.busy = pid == s.pace_pid && cpu >= 0 && s.pace_cpu >= 0 && stepped && now > s.pace_at
@@ -331,7 +336,11 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
     for (auto& x : slots) {
       if (x->w.spec.local_rank == hang->local_rank) s = x.get();
     }
-    if (!s || !s->w.running() || s->w.standing != Standing::own) return;  // it ended: that is reported
+    if (!s || !s->w.running() || s->w.standing != Standing::own) {
+      // It ended (its end is reported on its own): the others are watched again.
+      if (hang->reported) hang.reset(), dump_started = false;
+      return;
+    }
     if (s->hb.last() > hang->last_beat) {
       if (!hang->reported) return;  // the report is being read: cleared once it is out
       const double after = secs(now - hang->found);
@@ -339,6 +348,8 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
                    s->w.spec.rank, after);
       listener->on_hang_cleared(s->w.spec.rank, after);
       hang.reset();
+      dump_started = false;  // a later stop reads the stacks again
+      unread_python.clear();
       return;
     }
     if (hang->stop_at && now >= *hang->stop_at) {

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <boost/asio.hpp>
 #include <cerrno>
 #include <cstring>
@@ -44,6 +45,10 @@ struct Slot {
   SteadyClock::time_point pace_at;
   int slow_windows = 0;
 };
+
+// The process that trains below `worker`, as the progress hook wrote it at its first step
+// (HEARTBEAT.pid); -1 when there is none, or it is no longer below the worker.
+pid_t training_process(const std::string& heartbeat, pid_t worker);
 
 struct WorkerGroup::Impl {
   asio::io_context& io;
@@ -103,7 +108,29 @@ struct WorkerGroup::Impl {
   };
   std::optional<Inspection> inspection;
   std::set<int> unread_python;  // local ranks whose Python stack the report could not read
-  std::vector<std::thread> dumpers;
+  // Stack readers, off the loop (each bounded by stack_dump_timeout); finished ones are joined
+  // when the next starts, the rest at the end.
+  struct Dumper {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Dumper> dumpers;
+  void off_loop(std::function<void()> work) {
+    for (auto it = dumpers.begin(); it != dumpers.end();) {
+      if (it->done->load()) {
+        it->thread.join();
+        it = dumpers.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    dumpers.push_back({std::thread([work = std::move(work), done] {
+                         work();
+                         done->store(true);
+                       }),
+                       done});
+  }
   std::optional<long long> oom_kills_at_start;
   std::map<int, std::pair<int, int>> last_exits;  // local rank -> (rank, shell code), across groups
   std::vector<StreamOutput::FileLoss> log_losses;  // from ended groups, until taken
@@ -112,7 +139,7 @@ struct WorkerGroup::Impl {
     if (opt.spares.on) spares = std::make_unique<SparePool>(io, runner, opt.spares);
   }
   ~Impl() {
-    for (auto& t : dumpers) t.join();  // each bounded by stack_dump_timeout
+    for (auto& d : dumpers) d.thread.join();  // each bounded by stack_dump_timeout
   }
 
 

@@ -43,6 +43,29 @@ bool stopped_or_gone(char state) { return state == 'T' || state == 't' || state 
 
 }  // namespace
 
+// The process that trains, as the progress hook wrote it at its first step (HEARTBEAT.pid), when
+// it still runs below `worker` (a Python wrapper, `python -m launcher`, mp.spawn: the outermost
+// Python process is not the one that trains); -1 otherwise.
+pid_t training_process(const std::string& heartbeat, pid_t worker) {
+  std::ifstream in(heartbeat + ".pid");
+  long long v = -1;
+  if (!(in >> v) || v <= 1) return -1;
+  for (pid_t p = static_cast<pid_t>(v), depth = 0; p > 1 && depth < 64; ++depth) {
+    if (p == worker) return static_cast<pid_t>(v);
+    std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return -1;
+    auto close = line.rfind(')');
+    if (close == std::string::npos) return -1;
+    std::istringstream rest(line.substr(close + 2));
+    std::string state;
+    long long parent = 0;
+    if (!(rest >> state >> parent)) return -1;
+    p = static_cast<pid_t>(parent);
+  }
+  return -1;
+}
+
 void WorkerGroup::Impl::inspect() {
   dump_started = true;  // the stop after this report reads only what it could not
   inspection.emplace();
@@ -63,6 +86,9 @@ void WorkerGroup::Impl::inspect() {
     t.python = i < targets.size() && !targets[i].python.empty();
     t.pid = !t.python ? (i < targets.size() && targets[i].native > 0 ? targets[i].native : running[i]->w.pid)
                       : targets[i].python.front();
+    if (t.python && !t.slot->w.spec.heartbeat_file.empty()) {
+      if (pid_t trainer = training_process(t.slot->w.spec.heartbeat_file, t.slot->w.pid); trainer > 0) t.pid = trainer;
+    }
     t.before = runner.sample(t.pid);  // before any signal
     measured = measured || t.before.busy_ns >= 0;
     in.targets.push_back(std::move(t));
@@ -100,7 +126,7 @@ void WorkerGroup::Impl::read_stacks() {
   }
   for (std::size_t i = 0; i < in.targets.size(); ++i) {
     if (!in.targets[i].native_wanted) continue;
-    dumpers.emplace_back([this, i, pid = in.targets[i].pid, gen = generation, limit = opt.stack_dump_timeout] {
+    off_loop([this, i, pid = in.targets[i].pid, gen = generation, limit = opt.stack_dump_timeout] {
       std::string text = runner.native_stack(pid, limit);
       asio::post(io, [this, i, gen, text = std::move(text)] {
         if (gen != generation || !inspection || i >= inspection->targets.size()) return;
@@ -139,6 +165,7 @@ void WorkerGroup::Impl::finish_inspection() {
   for (auto& t : in.targets) {
     RankView v;
     v.rank = t.slot->w.spec.rank;
+    v.local_rank = t.slot->w.spec.local_rank;
     v.pid = t.pid;
     v.state = t.before.state;
     if (t.before.busy_ns >= 0 && t.after.busy_ns >= 0 && in.window > 0) {
@@ -237,7 +264,7 @@ void WorkerGroup::Impl::dump_native(Slot& s, pid_t program) {
   int lr = s.w.spec.local_rank;
   dump->native.insert(lr);
   pid_t worker = s.w.pid;
-  dumpers.emplace_back([this, worker, program, lr, gen = generation, limit = opt.stack_dump_timeout] {
+  off_loop([this, worker, program, lr, gen = generation, limit = opt.stack_dump_timeout] {
     std::string text = runner.native_stack(program, limit);
     if (program != worker) {
       text = "(pid " + std::to_string(program) + ", started by worker pid " + std::to_string(worker) + ")\n" + text;

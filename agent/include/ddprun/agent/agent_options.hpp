@@ -59,7 +59,7 @@ struct AgentOptions {
   // attempts ends the job with kCrashLoopExitCode instead of restarting again. 0 = off.
   int max_same_failures = 0;
   // Hangs (README: Hangs). --worker_timeout=auto (worker_timeout_auto, the default): a worker
-  // that has done a step is suspect once silent for max(hang_floor, 5x its longest recent step);
+  // that has done a step is suspect once silent for max(hang_floor, 5x its recent long steps);
   // --worker_timeout=S: once silent for S; 0: never. A suspect is reported (every rank's stack,
   // a verdict), and the group stopped hang_stop later (auto; S: at once) unless it beats again.
   bool worker_timeout_auto = true;
