@@ -97,7 +97,7 @@ def proc_state(pid):
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
-FAST = ["--hang_floor=3", "--hang_stop=3"]
+FAST = ["--hang_floor=3", "--hang_stop=5"]
 
 
 def hang_kind(ddprun, tmp, kind, nproc, rank, expect):
@@ -108,20 +108,26 @@ def hang_kind(ddprun, tmp, kind, nproc, rank, expect):
         m = re.search(r"metrics on port (\d+)", line)
         if m:
             seen["port"] = m.group(1)
-        if "ddprun: hang on" in line and "port" in seen and "metrics" not in seen:
-            deadline = time.monotonic() + 3  # the metrics are refreshed once a second
-            while time.monotonic() < deadline and seen.get("metrics") != ["ddprun_hangs_reported_total 1"]:
-                with urllib.request.urlopen(f"http://127.0.0.1:{seen['port']}/metrics", timeout=5) as r:
-                    seen["metrics"] = [l for l in r.read().decode().splitlines()
-                                       if l.startswith("ddprun_hangs_reported")]
-                time.sleep(0.2)
-        if "ddprun: hang on" in line and "state" not in seen:
+        if "ddprun: hang on" not in line:
+            return
+        if "state" not in seen:  # first: the workers are stopped --hang_stop after the report
             started = job.event("workers_started")[0]
             pid = started["pids"][started["ranks"].index(rank)]
             try:
                 seen["state"] = proc_state(pid)
             except OSError:
                 seen["state"] = "gone"
+        if "port" in seen and "metrics" not in seen:
+            deadline = time.monotonic() + 2.5  # the metrics are refreshed once a second
+            while time.monotonic() < deadline and seen.get("metrics") != ["ddprun_hangs_reported_total 1"]:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{seen['port']}/metrics", timeout=5) as r:
+                        seen["metrics"] = [l for l in r.read().decode().splitlines()
+                                           if l.startswith("ddprun_hangs_reported")]
+                except OSError as e:
+                    seen["metrics"] = [f"unreadable: {e}"]
+                    break
+                time.sleep(0.2)
 
     name = f"{kind}{nproc}"
     job = Job(ddprun, tmp, name, [f"--nproc_per_node={nproc}", "--metrics_port=0", *FAST],
@@ -145,7 +151,7 @@ def hang_kind(ddprun, tmp, kind, nproc, rank, expect):
     else:
         check(seen.get("state") not in (None, "gone", "Z"), f"{what}: after the report rank {rank} still runs")
     stop = job.ended - r_time(r)
-    check(1.5 < stop < 3 + 10, f"{what}: the job stopped {stop:.1f} s after the report (--hang_stop=3 from when the "
+    check(3.5 < stop < 5 + 10, f"{what}: the job stopped {stop:.1f} s after the report (--hang_stop=5 from when the "
                                "silence was found)")
     check(r["kind"] in expected_kinds(kind), f"{what}: kind {r['kind']}")
     check(seen.get("metrics") == ["ddprun_hangs_reported_total 1"],
@@ -162,12 +168,28 @@ def r_time(event):
     return datetime.strptime(event["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
 
 
+def wrapped(ddprun, tmp):
+    """The trainer below a Python wrapper (subprocess.call, as `poetry run` or a launcher script):
+    read where it trains (the hook's HEARTBEAT.pid), not at the wrapper waiting for its child."""
+    wrapper = os.path.join(tmp, "wrap.py")
+    with open(wrapper, "w") as f:
+        f.write("import subprocess, sys\nsys.exit(subprocess.call([sys.executable, '-u', *sys.argv[1:]]))\n")
+    job = Job(ddprun, tmp, "wrapped", ["--nproc_per_node=2", *FAST, "--no_python", "/usr/bin/python3", wrapper],
+              ["--hang", "stuck", "--rank", "1", "--at", "5", "--steps", "100000"])
+    rc = job.wait(180)
+    check(rc == 124, "wrapped: the job ends 124" + ("" if rc == 124 else f" ({rc}; {job.text[-1500:]})"))
+    r = job.event("hang_reported")
+    check(len(r) == 1 and r[0]["blamed"] == [1] and "load_batch" in r[0]["verdict"],
+          f"wrapped: the trainer below the wrapper is read and blamed ({r[0]['verdict'] if r else r})")
+
+
 def kinds(ddprun, tmp):
     stuck = r"rank 1 \(host .*\) is stuck outside any collective in load_batch \(hang_worker\.py:\d+\); rank 0 waits for it in DDP's all-reduce"
     hang_kind(ddprun, tmp, "stuck", 2, 1, stuck)
     hang_kind(ddprun, tmp, "stuck", 4, 2, r"rank 2 \(.*\) is stuck outside any collective in load_batch .*ranks 0-1, 3 wait for it in DDP's all-reduce")
     hang_kind(ddprun, tmp, "sigstop", 2, 1, r"rank 1 \(.*\) is stopped \(SIGSTOP")
     hang_kind(ddprun, tmp, "spin", 2, 1, r"rank 1 \(.*\) is spinning \(busy \d+% of the time\) outside any collective in load_batch")
+    wrapped(ddprun, tmp)
     hang_kind(ddprun, tmp, "mismatch", 2, 1, r"ranks wait in different collectives: rank 0 \(.*\) in DDP's all-reduce .*rank 1 \(.*\) in torch\.distributed\.broadcast")
 
 
