@@ -208,13 +208,14 @@ std::optional<RoundRules::Joined> RoundRules::enter_round(int round, int idx, in
   }
 }
 
-// The records of the round's `closed` arrivals, in arrival order: one wait naming them all, one
-// read of them all. Throws MemberGone for one that never came or went with its lease.
-std::vector<NodeInfo> RoundRules::read_arrivals(int round, int closed) {
+// The records of the round's `closed` arrivals, in arrival order: one wait naming them all (up
+// to read_timeout; none with `at_once`), one read of them all. Throws MemberGone for one that
+// never came or went with its lease.
+std::vector<NodeInfo> RoundRules::read_arrivals(int round, int closed, bool at_once) {
   auto& c = *conn_;
   std::vector<Key> records;
   for (int i = 0; i < closed; ++i) records.push_back(round_key(round, Name::node, i));
-  const bool came = c.wait(records, Clock::now() + opt_.read_timeout);
+  const bool came = at_once || c.wait(records, Clock::now() + opt_.read_timeout);
   // A record on a lease (etcd) goes with a member that died since the wait.
   const auto values = c.get_many(records);
   std::vector<NodeInfo> arrivals;
@@ -235,7 +236,8 @@ std::vector<NodeInfo> RoundRules::read_arrivals(int round, int closed) {
 // group rank.
 RoundRules::Placed RoundRules::assign(int round, int idx, int closed, bool stand_in) {
   auto& c = *conn_;
-  const std::vector<NodeInfo> arrivals = read_arrivals(round, closed);
+  // A stand-in comes read_timeout after the round closed: a record missing now never came.
+  const std::vector<NodeInfo> arrivals = read_arrivals(round, closed, stand_in);
   Placed p;
   Lineup lineup;
   std::string refused;
@@ -330,6 +332,7 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
   // were written is seen here, and a node of it that was stopped meanwhile does not start it again.
   throw_if_job_finished();
   const Assignment a = parse_assignment(c.name(ak), p.mine);
+  if (a.stopped) throw_stopped(c, round);
   if (!a.refused.empty()) throw RendezvousError(K::usage, a.refused);
   if (!p.lineup) throw ProtocolError("rendezvous: " + c.name(mk) + " is missing beside " + c.name(ak));
   const Lineup lineup = parse_lineup(c.name(mk), *p.lineup, closed);

@@ -125,7 +125,7 @@ class RoundRules {
     std::optional<std::string> lineup;
     std::vector<NodeInfo> nodes;
   };
-  std::vector<NodeInfo> read_arrivals(int round, int closed);
+  std::vector<NodeInfo> read_arrivals(int round, int closed, bool at_once = false);
   Placed assign(int round, int idx, int closed, bool stand_in);
   Joined read_round(int round, int idx, int closed);
   void publish_store(Joined& j, bool have_records);

@@ -45,6 +45,7 @@ StoreAddress parse_store(const std::string& key, const std::string& value) {
 }
 
 std::string assignment_json(const Assignment& a) {
+  if (a.stopped) return text(json{{"stopped", true}});
   if (!a.refused.empty()) return text(json{{"refused", a.refused}});
   return text(json{{"group_rank", a.group_rank},
                    {"offset", a.offset},
@@ -56,6 +57,8 @@ std::string assignment_json(const Assignment& a) {
 Assignment parse_assignment(const std::string& key, const std::string& value) {
   auto j = object(key, value);
   Assignment a;
+  a.stopped = field<bool>(j, key, "stopped", false);
+  if (a.stopped) return a;
   a.refused = field<std::string>(j, key, "refused", "");
   if (!a.refused.empty()) return a;
   a.group_rank = field<int>(j, key, "group_rank", -1);

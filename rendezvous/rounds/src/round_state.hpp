@@ -39,7 +39,8 @@ StoreAddress parse_store(const std::string& key, const std::string& value);
 // r<R>/assign/<i>: the i-th arrival's place in round R, computed for every member by one node
 // from the members' records. `rc` is r<R>/rc's text as it stood ("finished": the job ended
 // before the round). `refused`: the records cannot make a round (a static node rank out of
-// range or used twice): every member fails with that message.
+// range or used twice): every member fails with that message. `stopped`: a member was stopped
+// before the round ran (written by it, first writer wins, to wake the members waiting for theirs).
 struct Assignment {
   int group_rank = 0;
   int offset = 0;  // the sum of nproc over the group ranks below
@@ -47,6 +48,7 @@ struct Assignment {
   std::string rc;
   std::string streak;  // Streak's JSON (records.hpp)
   std::string refused;
+  bool stopped = false;
 };
 std::string assignment_json(const Assignment& a);
 Assignment parse_assignment(const std::string& key, const std::string& value);
