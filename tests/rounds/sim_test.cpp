@@ -100,6 +100,9 @@ const std::vector<Found> kLivenessRegression = {
     {24, "a node of a finished job waits in a round until join_timeout instead of being told it finished"},
     {980, "a node of a finished job waits in a round until join_timeout instead of being told it finished"},
     {17547, "the first acknowledger crashes between counting and writing the finished marker: spares wait on"},
+    // Found with the assignments: a running round's static rank whose holder died (its claim gone
+    // with its lease) refused to its replacement as "already held".
+    {7633, "a static rank's replacement refused while its dead holder's round runs (etcd)"},
 };
 struct Sweep {
   std::uint64_t schedules = 0, steps = 0;

@@ -215,7 +215,7 @@ std::vector<NodeInfo> RoundRules::read_arrivals(int round, int closed, bool at_o
   auto& c = *conn_;
   std::vector<Key> records;
   for (int i = 0; i < closed; ++i) records.push_back(round_key(round, Name::node, i));
-  const bool came = at_once || c.wait(records, Clock::now() + opt_.read_timeout);
+  const bool came = !at_once && c.wait(records, Clock::now() + opt_.read_timeout);
   // A record on a lease (etcd) goes with a member that died since the wait.
   const auto values = c.get_many(records);
   std::vector<NodeInfo> arrivals;
