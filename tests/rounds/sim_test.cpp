@@ -122,6 +122,8 @@ const std::vector<Found> kLivenessRegression = {
     {106447, "members keep the restart count they brought instead of the round's (etcd; beyond the CI sweep)"},
     {35291, "a member waits for its round's end without looking at the finished marker (etcd; beyond the CI sweep)"},
     {38940, "a member waits for its round's end without looking at the finished marker (etcd; beyond the CI sweep)"},
+    {52852, "the finished marker not read again after the assignment (static, store; beyond the CI sweep)"},
+    {95772, "the finished marker not read again after the assignment (etcd; beyond the CI sweep)"},
 };
 struct Sweep {
   std::uint64_t schedules = 0, steps = 0;
