@@ -8,8 +8,9 @@ tally, by operation and key, is divided by K.
                                 [--keep_alive_interval 5] [--raw] [--check]
 
 --worker_s S runs `sleep S` as the worker (the keep-alive ring then runs S seconds). --raw also
-prints the store's own table. --check exits 1 unless each node made exactly one arrival and read
-the round's records with 1 + 3K requests (one WAIT naming K keys, then CHECK, WAIT, GET of each).
+prints the store's own table. --check exits 1 unless each node made exactly one arrival, the
+round's records were read with 3 requests in all (the last arrival's WAIT naming K keys and its
+MULTI_GET of them, group rank 0's MULTI_GET; 2 when K = 1), and each node made 27 + 8/K requests.
 """
 import argparse
 import os
@@ -105,9 +106,13 @@ def main():
         bad = []
         for k in ks:
             arrivals = table[("ADD", "r<R>/join")].get(k, (0, 0, 0))[0]
-            reads = sum(table[(op, "r<R>/node/<n>")].get(k, (0, 0, 0))[0] for op in ("WAIT", "CHECK", "GET"))
-            if arrivals != 1 or reads != 1 + 3 * k:
-                bad.append(f"K={k}: {arrivals} arrivals and {reads} record reads per node (want 1 and {1 + 3 * k})")
+            reads = round(k * sum(table[(op, "r<R>/node/<n>")].get(k, (0, 0, 0))[0]
+                                  for op in ("WAIT", "CHECK", "GET", "MULTI_GET")))
+            want = 3 if k > 1 else 2
+            per_node = totals[k][0]
+            if arrivals != 1 or reads != want or abs(per_node - (27 + 8 / k)) > 1e-6:
+                bad.append(f"K={k}: {arrivals} arrivals, {reads} record reads in all, {per_node:.2f} requests per node "
+                           f"(want 1, {want}, {27 + 8 / k:.2f})")
         if bad:
             raise SystemExit("; ".join(bad))
 

@@ -59,7 +59,17 @@ TEST_CASE("etcd: keys, prefixes in creation order, create-if-absent, deletion", 
   CHECK(c.create("/ddprun/t/closed", "first", 0, &existing));
   CHECK_FALSE(c.create("/ddprun/t/closed", "second", 0, &existing));
   CHECK(existing.value == "first");
-  CHECK(c.delete_prefix("/ddprun/t/") == 4);
+  // Many keys at once: transactions of up to EtcdClient::kTxnPuts puts.
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < 300; ++i) {
+    keys.push_back("/ddprun/t/many/" + std::to_string(i));
+    values.push_back("v" + std::to_string(i));
+  }
+  c.put_all(keys, values);
+  auto many = c.get_prefix("/ddprun/t/many/");
+  REQUIRE(many.size() == 300);
+  for (const auto& kv : many) CHECK(kv.value == "v" + kv.key.substr(kv.key.rfind('/') + 1));
+  CHECK(c.delete_prefix("/ddprun/t/") == 304);
   CHECK(c.get_prefix("/ddprun/t/").empty());
   CHECK(c.get("/ddprun/t0")->value == "outside");
 }

@@ -48,7 +48,7 @@ TEST_CASE("round records: each kind round-trips, anything malformed names the ke
   CHECK_THROWS_AS(parse_node("k", "{\"nproc\": 0}"), ddprun::ProtocolError);
 }
 
-TEST_CASE("round state: closed, store and config records round-trip - numbers are read strictly", "[records]") {
+TEST_CASE("round state: closed, store, config, assignment and members records round-trip - numbers are read strictly", "[records]") {
   CHECK(parse_closed("k", closed_json(Closed::of_nodes(3))).nodes == 3);
   CHECK(parse_closed("k", closed_json(Closed::stopped())).kind == Closed::Kind::stopped);
   CHECK(parse_closed("k", closed_json(Closed::abandoned(2))).kind == Closed::Kind::abandoned);
@@ -66,6 +66,26 @@ TEST_CASE("round state: closed, store and config records round-trip - numbers ar
   CHECK(parse_config("k", config_json(c)) == c);
   CHECK(parse_config("k", R"({"backend": "static", "min_nodes": 2, "max_nodes": 2})").protocol == 1);  // an older ddprun
   CHECK(c.describe() == "static, 2 nodes");
+  Assignment as;
+  as.group_rank = 1;
+  as.offset = 4;
+  as.world = 8;
+  as.rc = "3";
+  as.streak = streak_json(Streak{});
+  auto ab = parse_assignment("k", assignment_json(as));
+  CHECK((ab.group_rank == 1 && ab.offset == 4 && ab.world == 8 && ab.rc == "3" && ab.refused.empty()));
+  CHECK(parse_streak("k", ab.streak).same == 0);
+  as.refused = "node_rank 5 is out of range";
+  CHECK(parse_assignment("k", assignment_json(as)).refused == as.refused);
+  CHECK_THROWS_AS(parse_assignment("k", R"({"group_rank": 2, "offset": 8, "world": 8, "rc": "0", "streak": {}})"),
+                  ddprun::ProtocolError);  // an offset at or past the world size
+  CHECK_THROWS_AS(parse_assignment("k", R"({"group_rank": 0, "offset": 0, "world": 1, "rc": "0"})"), ddprun::ProtocolError);
+  Lineup l{{"a", "b"}, {1, 0}};
+  auto lb = parse_lineup("k", lineup_json(l), 2);
+  CHECK((lb.hosts == l.hosts && lb.arrivals == l.arrivals));
+  CHECK_THROWS_WITH(parse_lineup("ddprun/rdzv/x/r0/members", lineup_json(l), 3),
+                    Catch::Contains("malformed value at key 'ddprun/rdzv/x/r0/members'"));
+  CHECK_THROWS_AS(parse_lineup("k", R"({"hosts": ["a"], "arrivals": [1]})", 1), ddprun::ProtocolError);
   CHECK(parse_number("k", "12", 0, 20) == 12);
   for (const char* bad : {"", "12x", "0x10", " 1", "-1", "99"}) {
     CHECK_THROWS_WITH(parse_number("ddprun/rdzv/x/r0/expect", bad, 0, 20),
@@ -77,6 +97,8 @@ TEST_CASE("keys: typed, each kind with its text", "[records]") {
   CHECK(round_key(3, Name::end).text() == "r3/end");
   CHECK(round_key(0, Name::node, 2).text() == "r0/node/2");
   CHECK(round_key(0, Name::node, 2).family() == "r0/node/");
+  CHECK(round_key(1, Name::assign, 3).text() == "r1/assign/3");
+  CHECK(round_key(1, Name::members).text() == "r1/members");
   CHECK(run_key(Name::config).text() == "config");
 }
 

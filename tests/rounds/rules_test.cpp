@@ -52,7 +52,7 @@ TEST_CASE("rules: a run id used by a job with other settings, or finished, is re
   REQUIRE(n.rec[older]->wait_failed());
   CHECK(n.rec[older]->failed.front().kind == FK::in_use);
   CHECK_THAT(n.rec[older]->failed.front().message,
-             Catch::Contains("another ddprun version (round records version 1; this node: 2)") &&
+             Catch::Contains("another ddprun version (round records version 1; this node: 3)") &&
                  Catch::Contains("run the same ddprun on every node"));
   n.world->set("config", config_json(RunConfig{BackendKind::c10d, 1, 2}));
   // The job ends; a node started later with its run id is told so.

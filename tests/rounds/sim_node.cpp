@@ -19,9 +19,20 @@ class SimConnection : public Connection {
     w_.call("get", &k);
     return w_.get(k.text());
   }
+  // One request, applied at once, as a store's MULTI_GET and MULTI_SET.
+  std::vector<std::optional<std::string>> get_many(const std::vector<Key>& keys) override {
+    w_.call("get_many", keys.empty() ? nullptr : &keys[0]);
+    std::vector<std::optional<std::string>> out;
+    for (const auto& k : keys) out.push_back(w_.get(k.text()));
+    return out;
+  }
   void put(const Key& k, const std::string& v, Lifetime life) override {
     w_.call("put", &k);
     w_.put(k.text(), v, life, n_);
+  }
+  void put_many(const std::vector<Key>& keys, const std::vector<std::string>& values, Lifetime life) override {
+    w_.call("put_many", keys.empty() ? nullptr : &keys[0]);
+    for (std::size_t i = 0; i < keys.size(); ++i) w_.put(keys[i].text(), values[i], life, n_);
   }
   std::string create(const Key& k, const std::string& v, Lifetime life) override {
     w_.call("create", &k);
@@ -216,7 +227,7 @@ void node_main(World& w, Node& n) {
 }
 
 // The node's liveness watch of round `m.round`: its keep-alive ring (store) or its lease's
-// keeper and a watch of the members' records (etcd).
+// keeper and a watch of the next member's record (etcd).
 void ring_main(World& w, Node& n, const Members& m) {
   try {
     SimConnection c(w, n);
@@ -237,12 +248,12 @@ void ring_main(World& w, Node& n, const Members& m) {
         const Time sent = w.now();
         w.call("keep_alive");
         w.renewed(n, sent);
-        for (std::size_t g = 0; g < m.records.size(); ++g) {
-          if (static_cast<int>(g) != m.group_rank && !c.get(m.records[g])) {
-            n.events.push_back({Event::Kind::peer_lost, m.round, static_cast<int>(g)});
-            while (n.watching == m.round) w.sleep_until(w.now() + every);
-            return;
-          }
+        // The next member's record, as EtcdBackend's watch (a round of one watches none).
+        const int g = (m.group_rank + 1) % static_cast<int>(m.records.size());
+        if (g != m.group_rank && !c.get(m.records[g])) {
+          n.events.push_back({Event::Kind::peer_lost, m.round, g});
+          while (n.watching == m.round) w.sleep_until(w.now() + every);
+          return;
         }
       }
     }

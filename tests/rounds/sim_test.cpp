@@ -70,6 +70,13 @@ const std::vector<Found> kRegression = {
     // Found in seeds 100,000 to 300,000 on the rules before the merge: the first to acknowledge a
     // failure with no restart left crashed before marking the job finished.
     {278974, "the job marked finished by the first acknowledgement only (it crashed before its mark)"},
+    // The holes' seeds on the rules with assignments (the schedules moved with them).
+    {310, "crash-loop streaks kept per node: the members decide differently (etcd)"},
+    {26539, "the ring's changed time taken before the read (static, store, keep-alive delays)"},
+    {28746, "the job marked finished only at the last acknowledgement (etcd)"},
+    {131, "a member skips a round the others ended while it read it (etcd)"},
+    {63, "the latest round kept in a key a stale write moves back (store)"},
+    {72, "the latest round kept in a key a stale write moves back (etcd)"},
 };
 
 const std::vector<Found> kLivenessRegression = {
@@ -100,6 +107,23 @@ const std::vector<Found> kLivenessRegression = {
     {24, "a node of a finished job waits in a round until join_timeout instead of being told it finished"},
     {980, "a node of a finished job waits in a round until join_timeout instead of being told it finished"},
     {17547, "the first acknowledger crashes between counting and writing the finished marker: spares wait on"},
+    // Found with the assignments: a running round's static rank whose holder died (its claim gone
+    // with its lease) refused to its replacement as "already held".
+    {7633, "a static rank's replacement refused while its dead holder's round runs (etcd)"},
+    // The holes' seeds on the rules with assignments (the schedules moved with them).
+    {10418, "the ring's changed time taken before the read (store, keep-alive delays)"},
+    {27, "a spare never ends a running round whose members have all been silent (store)"},
+    {349, "a relaunch refused as long as the old job's finished marker exists (etcd: ten minutes)"},
+    {950, "a relaunch refused as long as the old job's finished marker exists (store)"},
+    {1551, "the run cleared before the job is marked finished (static, etcd)"},
+    {7409, "a node of a finished job joins again: the marker read neither at join nor after the assignment (etcd)"},
+    {13403, "the finished marker not looked at again at join (store)"},
+    {33724, "members keep the restart count they brought instead of the round's (static, etcd; beyond the CI sweep)"},
+    {106447, "members keep the restart count they brought instead of the round's (etcd; beyond the CI sweep)"},
+    {35291, "a member waits for its round's end without looking at the finished marker (etcd; beyond the CI sweep)"},
+    {38940, "a member waits for its round's end without looking at the finished marker (etcd; beyond the CI sweep)"},
+    {52852, "the finished marker not read again after the assignment (static, store; beyond the CI sweep)"},
+    {95772, "the finished marker not read again after the assignment (etcd; beyond the CI sweep)"},
 };
 struct Sweep {
   std::uint64_t schedules = 0, steps = 0;

@@ -59,6 +59,18 @@ class Connection {
   virtual std::int64_t add(const Key& k, std::int64_t delta) = 0;
   // Waits until every key of `keys` exists; false when `deadline` passes first.
   virtual bool wait(const std::vector<Key>& keys, Clock::time_point deadline) = 0;
+  // The values of `keys`, in their order (none: missing), read at once where the backend can
+  // (a store: one MULTI_GET; etcd: one range read of keys of one family).
+  virtual std::vector<std::optional<std::string>> get_many(const std::vector<Key>& keys) {
+    std::vector<std::optional<std::string>> out;
+    for (const auto& k : keys) out.push_back(get(k));
+    return out;
+  }
+  // Overwrites each of `keys` with its value of `values`, at once where the backend can (a
+  // store: one MULTI_SET).
+  virtual void put_many(const std::vector<Key>& keys, const std::vector<std::string>& values, Lifetime life = Lifetime::run) {
+    for (std::size_t i = 0; i < keys.size(); ++i) put(keys[i], values.at(i), life);
+  }
   // Removes every key of the run but its `finished` marker: the job is over. Markers written
   // after it stay.
   virtual void clear_run() = 0;

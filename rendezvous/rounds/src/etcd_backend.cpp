@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/error.hpp"
@@ -37,8 +38,33 @@ class EtcdConnection : public Connection {
     if (!kv) return std::nullopt;
     return kv->value;
   }
+  // Keys of one family (a round's records): one range read of the family's prefix.
+  std::vector<std::optional<std::string>> get_many(const std::vector<Key>& keys) override {
+    const bool family = keys.size() > 1 && std::all_of(keys.begin(), keys.end(), [&](const Key& k) {
+      return k.index >= 0 && k.family() == keys[0].family();
+    });
+    if (!family) return Connection::get_many(keys);
+    std::map<std::string, std::string> present;
+    for (auto& kv : c_->get_prefix(prefix_ + "/" + keys[0].family())) present[kv.key] = std::move(kv.value);
+    std::vector<std::optional<std::string>> out;
+    for (const auto& k : keys) {
+      auto it = present.find(name(k));
+      if (it == present.end()) {
+        out.emplace_back();
+      } else {
+        out.emplace_back(it->second);
+      }
+    }
+    return out;
+  }
   void put(const Key& k, const std::string& value, Lifetime life) override {
     with_lease(life, [&](std::int64_t lease) { c_->put(name(k), value, lease); });
+  }
+  // One transaction (per 128 keys).
+  void put_many(const std::vector<Key>& keys, const std::vector<std::string>& values, Lifetime life) override {
+    std::vector<std::string> names;
+    for (const auto& k : keys) names.push_back(name(k));
+    with_lease(life, [&](std::int64_t lease) { c_->put_all(names, values, lease); });
   }
   std::string create(const Key& k, const std::string& value, Lifetime life) override {
     EtcdKv existing;
@@ -117,7 +143,9 @@ class EtcdConnection : public Connection {
   static std::string random_token() { return random_hex(16); }
 };
 
-// A round's members watched for their node records vanishing (their leases expired).
+// The next member of the round (by group rank, as the store's keep-alive ring) watched for its
+// node record vanishing (its lease expired). One key per member: a lost member is seen by the
+// one before it, which ends the round for all.
 struct RecordWatch {
   std::unique_ptr<EtcdClient> c;
   Members m;
@@ -132,24 +160,21 @@ struct RecordWatch {
     spdlog::warn("ddprun: round {}: node {} ({}) lost its etcd lease", m.round, g, escape_for_log(m.hosts.at(g)));
     if (auto e = events.lock()) e->peer_lost(m.round, g, std::chrono::duration<double>(ttl).count());
   }
-  // Reads the members' records (a record gone is a member lost: at once, also one that died as
-  // the round closed), then waits for the next change under them, at most a second. The state
-  // is read anew each time rather than pieced together from events: a watch from a revision
-  // etcd has compacted away is cancelled, and events could be missed that way.
+  // Reads the next member's record (gone: that member is lost, at once, also one that died as
+  // the round closed), then waits for the next change of it, at most a second. The state is
+  // read anew each time rather than pieced together from events: a watch from a revision etcd
+  // has compacted away is cancelled, and events could be missed that way.
   void run() {
+    const int next = (m.group_rank + 1) % static_cast<int>(m.records.size());
+    const std::string key = full(m.records[next].text());
     auto failing_since = Clock::now();
     bool failing = false;
     while (!stop.stopped()) {
       try {
-        auto present = c->get_prefix(full(m.records[0].family()));
+        const bool present = c->get(key).has_value();
         from = c->revision() + 1;
-        for (std::size_t g = 0; g < m.records.size(); ++g) {
-          const std::string k = full(m.records[g].text());
-          if (std::none_of(present.begin(), present.end(), [&](const EtcdKv& kv) { return kv.key == k; })) {
-            return lost_member(static_cast<int>(g));
-          }
-        }
-        c->watch(full(m.records[0].family()), true, from, 1s);
+        if (!present) return lost_member(next);
+        c->watch(key, false, from, 1s);
         failing = false;
       } catch (const Error& e) {
         if (!failing) failing_since = Clock::now();

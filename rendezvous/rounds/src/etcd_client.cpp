@@ -210,6 +210,19 @@ std::int64_t EtcdClient::put(const std::string& key, const std::string& value, s
   return revision_ = num(j["header"], "revision");
 }
 
+void EtcdClient::put_all(const std::vector<std::string>& keys, const std::vector<std::string>& values, std::int64_t lease) {
+  for (std::size_t from = 0; from < keys.size(); from += kTxnPuts) {
+    json puts = json::array();
+    for (std::size_t i = from; i < keys.size() && i < from + kTxnPuts; ++i) {
+      json put = {{"key", b64(keys[i])}, {"value", b64(values.at(i))}};
+      if (lease) put["lease"] = std::to_string(lease);
+      puts.push_back({{"request_put", put}});
+    }
+    auto j = impl_->call("/v3/kv/txn", {{"success", puts}});
+    revision_ = num(j["header"], "revision");
+  }
+}
+
 bool EtcdClient::create(const std::string& key, const std::string& value, std::int64_t lease, EtcdKv* existing) {
   json put = {{"key", b64(key)}, {"value", b64(value)}};
   if (lease) put["lease"] = std::to_string(lease);

@@ -77,6 +77,10 @@ class EtcdClient {
   // Every key under `prefix`, in creation order.
   std::vector<EtcdKv> get_prefix(const std::string& prefix);
   std::int64_t put(const std::string& key, const std::string& value, std::int64_t lease = 0);
+  // Puts each key with its value, in order, in transactions of up to kTxnPuts puts (etcd's
+  // --max-txn-ops is 128 by default): one request for up to that many keys.
+  static constexpr std::size_t kTxnPuts = 128;
+  void put_all(const std::vector<std::string>& keys, const std::vector<std::string>& values, std::int64_t lease = 0);
   // Creates `key` unless it exists (one transaction): true when this call created it; else
   // `existing` (when given) receives the current entry. A member that timed out may have applied
   // the transaction before the retry on another: make values unique (a node id) and compare.

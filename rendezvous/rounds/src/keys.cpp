@@ -6,7 +6,6 @@ namespace {
 const char* name_of(Name n) {
   switch (n) {
     case Name::config: return "config";
-    case Name::round: return "round";
     case Name::finished: return "finished";
     case Name::rc: return "rc";
     case Name::streak: return "streak";
@@ -16,6 +15,8 @@ const char* name_of(Name n) {
     case Name::rank: return "rank";
     case Name::held: return "held";
     case Name::closed: return "closed";
+    case Name::members: return "members";
+    case Name::assign: return "assign";
     case Name::store: return "store";
     case Name::alive: return "alive";
     case Name::end: return "end";

@@ -4,7 +4,6 @@
 //
 // Run-wide:
 //   config             RunConfig of the first node: a node whose settings differ is another job
-//   round              (no longer written: the latest round is the last with arrivals)
 //   finished           the job ended (a node arriving later is told so)
 // Round R (r<R>/...):
 //   rc                 the restart count of round R (first writer wins)
@@ -20,6 +19,10 @@
 //                      close (a store has no other sign of its life before a round runs)
 //   closed             Closed: the first K arrivals are the round; or stopped; or abandoned (a
 //                      static rank's holder died in it before it closed: meet in the next)
+//   members            Lineup: the members' hosts and arrival indices by group rank (written
+//                      with the assignments, by the round's last member, or first writer wins)
+//   assign/<i>         Assignment of the i-th arrival: its group rank, rank offset, the world
+//                      size, the round's restart count and streak (one writer computes them all)
 //   store              StoreAddress of the workers' store, published by group rank 0; or a stop,
 //                      or a member giving the round up before it ran (first writer wins)
 //   alive/<g>          keep-alive counter of group rank g (store backend); static: a node claiming
@@ -33,14 +36,14 @@
 namespace ddprun::rounds {
 
 enum class Name {
-  config, round, finished,
-  rc, streak, expect, join, node, rank, held, closed, store, alive, end, succeeded, acked, all_acked, stop_acks, stop_seen,
+  config, finished,
+  rc, streak, expect, join, node, rank, held, closed, members, assign, store, alive, end, succeeded, acked, all_acked, stop_acks, stop_seen,
 };
 
 struct Key {
   Name name;
   int round = -1;  // -1: a run-wide key
-  int index = -1;  // node/<i>, rank/<n>, alive/<g>
+  int index = -1;  // node/<i>, rank/<n>, held/<n>, assign/<i>, alive/<g>
 
   // The key relative to the run's prefix: "r3/node/1", "config".
   std::string text() const;

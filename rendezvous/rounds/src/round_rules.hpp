@@ -118,9 +118,17 @@ class RoundRules {
   void throw_if_finished(Connection& c, int round, const char* while_ = "waited for a place in it");
   void throw_if_job_finished();
   std::optional<Joined> enter_round(int round, int idx, int closed);
-  std::vector<NodeInfo> read_arrivals(int round, int closed, std::vector<Key>& records);
+  // What assign() leaves this node: its assignment and the lineup as they stand, and the
+  // records by group rank (none when refused).
+  struct Placed {
+    std::string mine;
+    std::optional<std::string> lineup;
+    std::vector<NodeInfo> nodes;
+  };
+  std::vector<NodeInfo> read_arrivals(int round, int closed, bool at_once = false);
+  Placed assign(int round, int idx, int closed, bool stand_in);
   Joined read_round(int round, int idx, int closed);
-  void publish_store(Joined& j);
+  void publish_store(Joined& j, bool have_records);
   // `member`: this node arrived in the round (it acknowledges a stop); false for a claimer.
   void throw_if_stopped(Connection& c, int round, bool member = true);
   [[noreturn]] void throw_stopped(Connection& c, int round, bool member = true);

@@ -179,7 +179,9 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
     if (moved(beat)) throw_held(round, holder.host, "its keep-alive counter moved within the last " + within());
     // A closed round whose members all died on their way in (a crashed launch) is ended too.
     if (waited && closed && members_gone(round)) return false;  // it ended the round: try the next one
-    if (waited && running) throw_held(round, holder.host, "its round runs, its members renewing their liveness");
+    // The claim is on the holder's lease (etcd): gone, the holder is, and its round ends without
+    // it (the member before it watches its record): wait for that end.
+    if (waited && running && c.get(k)) throw_held(round, holder.host, "its round runs, its members renewing their liveness");
     if (!closed && holder_gone(round, held)) {
       spdlog::warn("ddprun: node rank {} is held in round {} by host {}, which stopped showing it is alive before the "
                    "round closed; meeting in the next round", opt_.node_rank, round, escape_for_log(holder.host));

@@ -54,6 +54,7 @@ void RoundRules::announce_stop(Connection& c, int round, int signal) {
   // still on its way) must not stop a group that runs without it.
   const std::string stop = closed_json(Closed::stopped());
   const std::string stood = c.create(round_key(round, Name::closed), stop);
+  int members = 0;  // the round's members, when it closed with this node in it
   if (stood != stop) {
     const Closed closed = parse_closed(c.name(round_key(round, Name::closed)), stood);
     // Its nodes went on to the next round (this one too, after this call): they wait there.
@@ -61,12 +62,18 @@ void RoundRules::announce_stop(Connection& c, int round, int signal) {
     if (closed.kind == Closed::Kind::abandoned) return announce_stop(c, round + 1, signal);
     const int idx = told_ == round ? told_idx_.load() : -1;
     if (closed.kind == Closed::Kind::nodes && (idx < 0 || idx >= closed.nodes)) return;
+    if (closed.kind == Closed::Kind::nodes) members = closed.nodes;
   }
   c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_stop(signal, self_.info.host, self_.node_id)));
   // Wake whoever waits for its workers' store.
   StoreAddress stopped;
   stopped.stopped = true;
   c.create(round_key(round, Name::store), store_json(stopped));
+  // And whoever waits for its place (this node may be the round's assigner): an assignment
+  // already written stands, and leads its member to the store's stop.
+  Assignment none;
+  none.stopped = true;
+  for (int i = 0; i < members; ++i) c.create(round_key(round, Name::assign, i), assignment_json(none));
   if (!backend_.holds_records()) return;
   bool others = c.add(round_key(round, Name::join), 0) > 1;
   if (!c.wait({round_key(round, Name::stop_seen)}, Clock::now() + (others ? 1500ms : 300ms))) {

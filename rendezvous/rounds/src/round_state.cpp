@@ -44,6 +44,59 @@ StoreAddress parse_store(const std::string& key, const std::string& value) {
   return s;
 }
 
+std::string assignment_json(const Assignment& a) {
+  if (a.stopped) return text(json{{"stopped", true}});
+  if (!a.refused.empty()) return text(json{{"refused", a.refused}});
+  return text(json{{"group_rank", a.group_rank},
+                   {"offset", a.offset},
+                   {"world", a.world},
+                   {"rc", a.rc},
+                   {"streak", json::parse(a.streak)}});
+}
+
+Assignment parse_assignment(const std::string& key, const std::string& value) {
+  auto j = object(key, value);
+  Assignment a;
+  a.stopped = field<bool>(j, key, "stopped", false);
+  if (a.stopped) return a;
+  a.refused = field<std::string>(j, key, "refused", "");
+  if (!a.refused.empty()) return a;
+  a.group_rank = field<int>(j, key, "group_rank", -1);
+  a.offset = field<int>(j, key, "offset", -1);
+  a.world = field<int>(j, key, "world", 0);
+  a.rc = field<std::string>(j, key, "rc", "");
+  if (a.group_rank < 0 || a.offset < 0 || a.world < 1 || a.offset >= a.world || a.rc.empty()) {
+    malformed(key, "group_rank, offset, world or rc missing or out of range");
+  }
+  auto s = j.find("streak");
+  if (s == j.end() || !s->is_object()) malformed(key, "field 'streak' is missing or not an object");
+  a.streak = text(*s);
+  return a;
+}
+
+std::string lineup_json(const Lineup& l) { return text(json{{"hosts", l.hosts}, {"arrivals", l.arrivals}}); }
+
+Lineup parse_lineup(const std::string& key, const std::string& value, int members) {
+  auto j = object(key, value);
+  Lineup l;
+  auto h = j.find("hosts"), a = j.find("arrivals");
+  if (h == j.end() || a == j.end() || !h->is_array() || !a->is_array() || static_cast<int>(h->size()) != members ||
+      static_cast<int>(a->size()) != members) {
+    malformed(key, "fields 'hosts' and 'arrivals' must be lists of " + std::to_string(members));
+  }
+  for (const auto& x : *h) {
+    if (!x.is_string()) malformed(key, "a host that is not a string");
+    l.hosts.push_back(x.get<std::string>());
+  }
+  for (const auto& x : *a) {
+    if (!x.is_number_integer() || x.get<long long>() < 0 || x.get<long long>() >= members) {
+      malformed(key, "an arrival index out of range");
+    }
+    l.arrivals.push_back(x.get<int>());
+  }
+  return l;
+}
+
 std::string RunConfig::describe() const {
   return std::string(to_string(backend)) + ", " + std::to_string(min_nodes) +
          (min_nodes == max_nodes ? "" : " to " + std::to_string(max_nodes)) + " node" + (max_nodes == 1 ? "" : "s");

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ddprun/rounds/options.hpp"
 
@@ -35,10 +36,37 @@ struct StoreAddress {
 std::string store_json(const StoreAddress& s);
 StoreAddress parse_store(const std::string& key, const std::string& value);
 
+// r<R>/assign/<i>: the i-th arrival's place in round R, computed for every member by one node
+// from the members' records. `rc` is r<R>/rc's text as it stood ("finished": the job ended
+// before the round). `refused`: the records cannot make a round (a static node rank out of
+// range or used twice): every member fails with that message. `stopped`: a member was stopped
+// before the round ran (written by it, first writer wins, to wake the members waiting for theirs).
+struct Assignment {
+  int group_rank = 0;
+  int offset = 0;  // the sum of nproc over the group ranks below
+  int world = 0;   // the sum of nproc over the members
+  std::string rc;
+  std::string streak;  // Streak's JSON (records.hpp)
+  std::string refused;
+  bool stopped = false;
+};
+std::string assignment_json(const Assignment& a);
+Assignment parse_assignment(const std::string& key, const std::string& value);
+
+// r<R>/members: the members' hosts (for messages) and arrival indices, by group rank.
+struct Lineup {
+  std::vector<std::string> hosts;
+  std::vector<int> arrivals;
+};
+std::string lineup_json(const Lineup& l);
+// `members`: the round's size (each list holds that many entries).
+Lineup parse_lineup(const std::string& key, const std::string& value, int members);
+
 // config: the settings every node of a job shares.
 // The round records' version: a node reading records of another one would misread them (1: no
-// field, before the crash-loop streak, the given-up and abandoned marks, the held counters).
-constexpr int kRoundProtocol = 2;
+// field, before the crash-loop streak, the given-up and abandoned marks, the held counters; 2:
+// before the assignments, when every member read every member's record).
+constexpr int kRoundProtocol = 3;
 
 struct RunConfig {
   BackendKind backend = BackendKind::c10d;

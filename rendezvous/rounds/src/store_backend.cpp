@@ -24,12 +24,27 @@ class StoreConnection : public Connection {
  public:
   explicit StoreConnection(std::shared_ptr<rendezvous::PrefixStore> s) : s_(std::move(s)) {}
 
-  std::optional<std::string> get(const Key& k) override {
-    auto t = k.text();
-    if (!s_->check({t})) return std::nullopt;
-    return s_->get(t);
+  // One MULTI_GET: a missing key reads as empty, and no value of the protocol is empty.
+  std::optional<std::string> get(const Key& k) override { return get_many({k}).front(); }
+  std::vector<std::optional<std::string>> get_many(const std::vector<Key>& keys) override {
+    std::vector<std::string> texts;
+    for (const auto& k : keys) texts.push_back(k.text());
+    std::vector<std::optional<std::string>> out;
+    for (auto& v : s_->multi_get(texts)) {
+      if (v.empty()) {
+        out.emplace_back();
+      } else {
+        out.emplace_back(std::move(v));
+      }
+    }
+    return out;
   }
   void put(const Key& k, const std::string& value, Lifetime) override { s_->set(k.text(), value); }
+  void put_many(const std::vector<Key>& keys, const std::vector<std::string>& values, Lifetime) override {
+    std::vector<std::string> texts;
+    for (const auto& k : keys) texts.push_back(k.text());
+    s_->multi_set(texts, values);
+  }
   std::string create(const Key& k, const std::string& value, Lifetime) override {
     return s_->compare_set(k.text(), "", value);
   }
