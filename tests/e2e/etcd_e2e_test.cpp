@@ -111,13 +111,19 @@ TEST_CASE("etcd backend: kill -9 of the agent hosting the workers' store - the o
     REQUIRE(logged(*agents[i], "rendezvous round 1 complete: 2 nodes"));
   }
   CHECK(Clock::now() - t0 < 3s);
+  // Each member watches the next one's record: the member before the lost one sees its lease go
+  // and ends the round; the other reads the round's end.
+  int saw_lease = 0;
   for (int i = 0; i < 3; ++i) {
     if (i == host) continue;
     auto r = agents[i]->finish(60s);
     INFO(r.err);
     CHECK(r.code == 0);
-    CHECK_THAT(r.err, Catch::Contains("lost its etcd lease"));
+    saw_lease += r.err.find("lost its etcd lease") != std::string::npos;
+    CHECK((r.err.find("lost its etcd lease") != std::string::npos ||
+           r.err.find("stopped answering") != std::string::npos));
   }
+  CHECK(saw_lease >= 1);
 }
 
 TEST_CASE("etcd backend: exhausted restarts end every node with the same root cause", "[etcd]") {
