@@ -7,7 +7,7 @@ jobs (tests/python/hang_worker.py):
                in DDP's all-reduce: one report, which blames that rank by rank, host and frame
                with its kind, without changing any worker (the stopped one stays stopped), and
                the job ends 124 --hang_stop after it;
-  false_alarms a first step of 8 s, an 8 s evaluation loop (forward passes, no optimizer step), a
+  false_alarms a first step of 6 s, a 6 s evaluation loop (forward passes, no optimizer step), a
                2 s checkpoint save on rank 0 while the others wait in a barrier, and the whole job
                beside two CPU hogs: each ends 0 with no report, event or metric;
   straggler    a rank busy 0.3 s in Python before each step: named a straggler (warning, event,
@@ -216,8 +216,8 @@ def no_alarm(ddprun, tmp, name, worker_args, flags=(), metrics=False):
 
 
 def false_alarms(ddprun, tmp):
-    no_alarm(ddprun, tmp, "first_step", ["--first_step", "8"])
-    no_alarm(ddprun, tmp, "evaluation", ["--eval_at", "5", "--eval_s", "8"], metrics=True)
+    no_alarm(ddprun, tmp, "first_step", ["--first_step", "6"])
+    no_alarm(ddprun, tmp, "evaluation", ["--eval_at", "5", "--eval_s", "6"], metrics=True)
     no_alarm(ddprun, tmp, "save", ["--save_at", "5", "--save_s", "2"])
     hogs = [subprocess.Popen(["/usr/bin/python3", "-c", "while True: pass"]) for _ in range(2)]
     try:
