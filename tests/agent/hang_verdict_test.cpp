@@ -45,6 +45,16 @@ TEST_CASE("hang verdict: backward() without DDP's Reducer in the native stack is
   CHECK(v.blamed == std::vector<int>{0});
 }
 
+TEST_CASE("hang verdict: a rank asleep in backward() waits in DDP's all-reduce, whatever its native stack shows",
+          "[hang]") {
+  // (a loaded machine: its native main thread read in the autograd engine's wait, or not read)
+  auto v = decide_hang({rank(0, kBackward, {{"torch::autograd::Engine::execute", "", 0}}, 'S', 0.01),
+                        rank(1, kBackward, {}, 'S', 0.0), rank(2, kLoader, kEval, 'S', 0.0)});
+  CHECK(v.kind == HangKind::stuck);
+  CHECK(v.blamed == std::vector<int>{2});
+  CHECK_THAT(v.text, Catch::Contains("ranks 0-1 wait for it in DDP's all-reduce"));
+}
+
 TEST_CASE("hang verdict: spinning, stopped and uninterruptible ranks, each with its kind", "[hang]") {
   auto spin = decide_hang({rank(0, kBackward, kReducer), rank(1, kLoader, kEval, 'R', 0.97)});
   CHECK(spin.kind == HangKind::spinning);

@@ -90,6 +90,13 @@ std::string collective_of(const RankView& r) {
   }
   std::string native = native_collective(r.native);
   if (!native.empty()) return native;
+  // Asleep in autograd's backward(): under DDP it waits for the gradient all-reduce, though its
+  // native main thread may be read in the autograd engine's wait, or not at all (a busy machine).
+  if (!r.python.empty() && r.python.front().function == "backward" &&
+      (r.python.front().file == "__init__.py" || r.python.front().file == "_tensor.py") && r.state == 'S' &&
+      r.cpu >= 0 && r.cpu < 0.3) {
+    return "DDP's all-reduce";
+  }
   if (r.native.empty() && in_collective(r.python)) {  // no native stack: the Python names say it
     for (const auto& f : r.python) {
       if (in_collective({f})) return f.function;

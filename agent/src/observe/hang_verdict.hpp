@@ -5,7 +5,7 @@
 //
 // A rank waits inside a collective when its Python stack is in torch.distributed, or in
 // backward() while its native main thread is in DDP's Reducer (a gradient all-reduce runs in C++
-// under backward), or its native main thread is in Gloo or NCCL. The rules, in order:
+// under backward) or it sleeps there, or its native main thread is in Gloo or NCCL. The rules, in order:
 //   1. a rank stopped (SIGSTOP, state T) is to blame; then one in uninterruptible sleep (D)
 //      outside every collective;
 //   2. ranks outside every collective while others wait in one: the outside ones are to blame
