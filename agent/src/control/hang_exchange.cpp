@@ -64,22 +64,13 @@ std::vector<RankView> hang_summary_from_json(const std::string& text) {
 }
 
 HangExchange::~HangExchange() {
-  for (auto& t : threads_) t.thread.join();  // each bounded by its store time-out
+  threads_.join_all();  // each bounded by its store time-out
 }
 
 void HangExchange::start(HangExchangeSetup s, std::vector<RankView> mine, Done done) {
-  for (auto it = threads_.begin(); it != threads_.end();) {
-    if (it->done->load()) {
-      it->thread.join();
-      it = threads_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  auto finished = std::make_shared<std::atomic<bool>>(false);
   std::random_device seed;
   const std::string nonce = std::to_string(seed()) + "-" + std::to_string(seed());
-  threads_.push_back({std::thread([this, s, nonce, finished, mine = std::move(mine), done = std::move(done)] {
+  threads_.run("the hang exchange", [this, s, nonce, mine = std::move(mine), done = std::move(done)] {
     std::optional<JobHangVerdict> result;
     std::string error;
     try {
@@ -139,9 +130,7 @@ void HangExchange::start(HangExchangeSetup s, std::vector<RankView> mine, Done d
     boost::asio::post(io_, [done, result = std::move(result), error = std::move(error)]() mutable {
       done(std::move(result), std::move(error));
     });
-    finished->store(true);
-  }),
-                      finished});
+  });
 }
 
 }  // namespace ddprun::agent

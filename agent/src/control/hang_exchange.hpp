@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "ddprun/common/thread.hpp"
 #include "observe/hang_verdict.hpp"
 
 namespace boost::asio {
@@ -65,11 +66,7 @@ class HangExchange {
 
  private:
   boost::asio::io_context& io_;
-  struct Running {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  std::vector<Running> threads_;  // finished ones joined at the next start
+  ThreadSet threads_;  // one exchange at a time; a finished one joined at the next start
 };
 
 }  // namespace ddprun::agent

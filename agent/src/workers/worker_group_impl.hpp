@@ -23,6 +23,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
+#include "ddprun/common/thread.hpp"
 #include "observe/event_log.hpp"
 #include "workers/process_runner.hpp"
 
@@ -108,29 +109,9 @@ struct WorkerGroup::Impl {
   };
   std::optional<Inspection> inspection;
   std::set<int> unread_python;  // local ranks whose Python stack the report could not read
-  // Stack readers, off the loop (each bounded by stack_dump_timeout); finished ones are joined
-  // when the next starts, the rest at the end.
-  struct Dumper {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  std::vector<Dumper> dumpers;
-  void off_loop(std::function<void()> work) {
-    for (auto it = dumpers.begin(); it != dumpers.end();) {
-      if (it->done->load()) {
-        it->thread.join();
-        it = dumpers.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    auto done = std::make_shared<std::atomic<bool>>(false);
-    dumpers.push_back({std::thread([work = std::move(work), done] {
-                         work();
-                         done->store(true);
-                       }),
-                       done});
-  }
+  // Stack readers, off the loop (each bounded by stack_dump_timeout).
+  ThreadSet dumpers;
+  void off_loop(std::function<void()> work) { dumpers.run("a stack reader", std::move(work)); }
   std::optional<long long> oom_kills_at_start;
   std::map<int, std::pair<int, int>> last_exits;  // local rank -> (rank, shell code), across groups
   std::vector<StreamOutput::FileLoss> log_losses;  // from ended groups, until taken
@@ -139,7 +120,7 @@ struct WorkerGroup::Impl {
     if (opt.spares.on) spares = std::make_unique<SparePool>(io, runner, opt.spares);
   }
   ~Impl() {
-    for (auto& d : dumpers) d.thread.join();  // each bounded by stack_dump_timeout
+    dumpers.join_all();  // each bounded by stack_dump_timeout
   }
 
 
