@@ -6,12 +6,17 @@
 // ddprun-store runs as shipped: access control on (same_user: every connection's owner is
 // looked up); a barrier row without it shows that cost.
 // Usage: store_bench [--duration S] [--conns 1,64,1024] [--barrier 1000,10000] [--rounds R]
-//                    [--abuse_conns N] [--store PATH] [--python PATH] [--baseline PATH]
-//                    [--only baseline]
+//                    [--abuse_conns N] [--store PATH] [--python "CMD..."] [--baseline PATH]
+//                    [--only baseline] [--barrier_limit S] [--open_row 0|1]
+// --python is the command that runs bench/torch_store_server.py (split at spaces). The generator
+// speaks 1.13's numbering, which a 2.x server refuses: bench/torch_barrier.py measures 2.x's
+// barrier with PyTorch's own clients.
+// Barrier clients connect from ports and loopback addresses of their own (127.0.0.2 up, 20,000 each).
 
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fmt/core.h>
@@ -37,6 +42,8 @@ struct Options {
   std::string store = DDPRUN_STORE_BIN;
   std::string torch_py = DDPRUN_TORCH_STORE_PY;
   std::string python = "/usr/bin/python3";
+  double barrier_limit = 300;  // seconds before a barrier is given up, reported as such
+  bool open_row = true;        // the barrier again with access control off
   std::string baseline;     // another ddprun-store to compare this one with
   bool only_baseline = false;
 };
@@ -68,13 +75,36 @@ Options parse_options(int argc, char** argv) {
     else if (a == "--python") o.python = v;
     else if (a == "--baseline") o.baseline = v;
     else if (a == "--only" && v == "baseline") o.only_baseline = true;
+    else if (a == "--barrier_limit") o.barrier_limit = std::stod(v);
+    else if (a == "--open_row") o.open_row = v != "0";
     else throw std::invalid_argument("unknown option " + a);
   }
   return o;
 }
 
-Server ddprun_store(const std::string& bin, const std::string& name, std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv = {bin, "--host", "127.0.0.1", "--port", "0", "--log_level", "warn"};
+std::vector<std::string> split_spaces(const std::string& s) {
+  std::vector<std::string> v;
+  std::size_t pos = 0;
+  while ((pos = s.find_first_not_of(' ', pos)) != std::string::npos) {
+    auto end = s.find(' ', pos);
+    v.push_back(s.substr(pos, end - pos));
+    pos = end;
+  }
+  return v;
+}
+
+int most_clients(const Options& o) {
+  int n = o.abuse_conns;
+  for (int c : o.conns) n = std::max(n, c);
+  for (int c : o.barriers) n = std::max(n, c);
+  return n;
+}
+
+Server ddprun_store(const Options& o, const std::string& bin, const std::string& name,
+                    std::vector<std::string> extra = {}) {
+  // The default --max_connections (65,536) is a guard a bigger job raises, as here.
+  std::vector<std::string> argv = {bin, "--host", "127.0.0.1", "--port", "0", "--log_level", "warn",
+                                   "--max_connections", std::to_string(std::max(65536, most_clients(o) + 1024))};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return Server::spawn(name, argv);
 }
@@ -107,9 +137,9 @@ template <typename Row>
 void barriers(const Options& o, Server& a, Server& b, int& run, Row&& row) {
   for (int n : o.barriers) {
     for (int r = 0; r < o.rounds; ++r) {
-      auto x = barrier(a.port, n, ++run);
+      auto x = barrier(a.port, n, ++run, o.barrier_limit);
       a.wait_idle();
-      auto y = barrier(b.port, n, ++run);
+      auto y = barrier(b.port, n, ++run, o.barrier_limit);
       b.wait_idle();
       row(n, x, y);
       std::fflush(stdout);
@@ -121,12 +151,16 @@ void report_barriers(const Options& o, Server& ours, Server& theirs, int& run) {
   fmt::print("\nBarrier: N clients connect, ADD, the last SETs, all WAIT (time from first connect to last release)\n");
   fmt::print("{:>6} | {:>16} | {:>16} | {:>6}\n", "N", "ddprun s", "torch s", "ratio");
   barriers(o, ours, theirs, run, [](int n, const BarrierResult& a, const BarrierResult& b) {
-    fmt::print("{:>6} | {:>16} | {:>16} | {:>5.1f}x\n", n, fmt::format("{:.3f} (conn {:.3f})", a.total_s, a.connect_s),
-               fmt::format("{:.3f} (conn {:.3f})", b.total_s, b.connect_s), b.total_s / a.total_s);
+    auto text = [](const BarrierResult& r) {
+      return r.error.empty() ? fmt::format("{:.3f} (conn {:.3f})", r.total_s, r.connect_s) : "failed: " + r.error;
+    };
+    auto ratio = a.error.empty() && b.error.empty() ? fmt::format("{:>5.1f}x", b.total_s / a.total_s) : "-";
+    fmt::print("{:>6} | {:>16} | {:>16} | {:>6}\n", n, text(a), text(b), ratio);
   });
+  if (!o.open_row) return;
   fmt::print("\nBarrier with access control off (--same_user false): the cost of the per-connection owner lookup\n");
   fmt::print("{:>6} | {:>16} | {:>16} | {:>6}\n", "N", "same_user on s", "off s", "ratio");
-  Server open = ddprun_store(o.store, "ddprun-store (no access control)", {"--same_user", "false"});
+  Server open = ddprun_store(o, o.store, "ddprun-store (no access control)", {"--same_user", "false"});
   barriers(o, ours, open, run, [](int n, const BarrierResult& a, const BarrierResult& b) {
     fmt::print("{:>6} | {:>16.3f} | {:>16.3f} | {:>5.2f}x\n", n, a.total_s, b.total_s, a.total_s / b.total_s);
   });
@@ -175,8 +209,8 @@ void report_abuse(const Options& o, Server& ours, Server& theirs, int& run) {
 
 // This build's store against --baseline, points interleaved (baseline, this, baseline, ...).
 void report_baseline(const Options& o, int& run) {
-  Server before = ddprun_store(o.baseline, "ddprun-store (baseline)");
-  Server after = ddprun_store(o.store, "ddprun-store (this build)");
+  Server before = ddprun_store(o, o.baseline, "ddprun-store (baseline)");
+  Server after = ddprun_store(o, o.store, "ddprun-store (this build)");
   fmt::print("\nThis build vs the baseline ({}), interleaved, {:.1f} s per point\n", o.baseline, o.duration);
   fmt::print("{:>6} | {:>15} | {:>15} | {:>6} | {:>21}\n", "conns", "baseline ops/s", "this ops/s", "ratio",
              "server CPU us/op b/t");
@@ -200,8 +234,11 @@ void report_baseline(const Options& o, int& run) {
 void run(const Options& o) {
   int run = 0;
   if (!o.only_baseline) {
-    Server ours = ddprun_store(o.store, "ddprun-store");
-    Server theirs = Server::spawn("torch 1.13 TCPStore", {o.python, o.torch_py});
+    Server ours = ddprun_store(o, o.store, "ddprun-store");
+    auto torch_argv = split_spaces(o.python);
+    torch_argv.push_back(o.torch_py);
+    Server theirs = Server::spawn("torch TCPStore", torch_argv);
+    fmt::print("torch's server: {}\n", theirs.banner);
     report_throughput(o, ours, theirs, run);
     report_barriers(o, ours, theirs, run);
     if (o.abuse_conns > 0) report_abuse(o, ours, theirs, run);
@@ -220,16 +257,27 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     fmt::print(stderr,
                "store_bench: {}\nusage: store_bench [--duration S] [--conns 1,64,1024] [--barrier 1000,10000] "
-               "[--rounds R] [--abuse_conns N (0: skip)] [--store PATH] [--python PATH] [--baseline PATH] "
-               "[--only baseline]\n",
+               "[--rounds R] [--abuse_conns N (0: skip)] [--store PATH] [--python \"CMD...\"] [--baseline PATH] "
+               "[--only baseline] [--barrier_limit S] [--open_row 0|1]\n",
                e.what());
     return 2;
   }
   pin_to_cpu(0);
+  // Each client and the server's end of it hold a descriptor; as root, raise the hard limit too.
   rlimit lim{};
   getrlimit(RLIMIT_NOFILE, &lim);
+  auto need = static_cast<rlim_t>(most_clients(o)) + 512;
+  if (lim.rlim_max < need) {
+    rlimit raised{need, need};
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
   lim.rlim_cur = lim.rlim_max;
   setrlimit(RLIMIT_NOFILE, &lim);
+  if (lim.rlim_cur < need) {
+    fmt::print(stderr, "store_bench: {} clients need {} descriptors, the limit is {} (run as root, or raise ulimit -Hn)\n",
+               most_clients(o), need, lim.rlim_cur);
+    return 2;
+  }
   signal(SIGPIPE, SIG_IGN);
   try {
     run(o);

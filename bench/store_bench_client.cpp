@@ -63,7 +63,25 @@ int make_socket() {
   return fd;
 }
 
-void start_connect(int fd, std::uint16_t port) {
+void start_connect(int fd, std::uint16_t port, int source) {
+  if (source >= 0) {
+    // An explicit source: the kernel's own port choice searches the ephemeral range, which is
+    // quadratic once thousands of ports are taken (or in TIME_WAIT from the last barrier).
+    // 127.0.0.(2 + source / 20000), port 10000 + source % 20000, the next one where taken.
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in s{};
+    s.sin_family = AF_INET;
+    s.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1 + static_cast<std::uint32_t>(source / 20000));
+    int tries = 0;
+    for (int p = source % 20000;; p = (p + 1) % 20000) {
+      s.sin_port = htons(static_cast<std::uint16_t>(10000 + p));
+      if (bind(fd, reinterpret_cast<sockaddr*>(&s), sizeof(s)) == 0) break;
+      if (errno != EADDRINUSE || ++tries == 20000) {
+        throw std::runtime_error(std::string("bind 127.0.0.x: ") + strerror(errno));
+      }
+    }
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);

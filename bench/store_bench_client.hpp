@@ -19,8 +19,9 @@ std::string frame_wait(const std::string& key);
 
 // A non-blocking TCP socket with TCP_NODELAY; throws std::runtime_error.
 int make_socket();
-// Starts connecting to 127.0.0.1:port (EINPROGRESS is fine); throws std::runtime_error.
-void start_connect(int fd, std::uint16_t port);
+// Starts connecting to 127.0.0.1:port (EINPROGRESS is fine); throws std::runtime_error. From a
+// source address and port of its own for source >= 0 (0 to 20,000 x 253), the kernel's choice for -1.
+void start_connect(int fd, std::uint16_t port, int source = -1);
 // Connects, waiting up to 5 s for the connection.
 int connect_blocking(std::uint16_t port);
 // Sends all of `b` (polling on EAGAIN); throws std::runtime_error.

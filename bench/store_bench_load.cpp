@@ -126,7 +126,7 @@ class ThroughputRun {
 
 class BarrierRun {
  public:
-  BarrierRun(std::uint16_t port, int n, int run) : port_(port), n_(n), conns_(n) {
+  BarrierRun(std::uint16_t port, int n, int run, double limit_s) : port_(port), n_(n), limit_s_(limit_s), conns_(n) {
     ep_ = epoll_create1(EPOLL_CLOEXEC);
     add_ = frame_add(fmt::format("/barrier{}/count", run), 1);
     wait_ = frame_wait(fmt::format("/barrier{}/go", run));
@@ -143,10 +143,14 @@ class BarrierRun {
     std::vector<epoll_event> events(4096);
     while (released_ < n_) {
       int k = epoll_wait(ep_, events.data(), static_cast<int>(events.size()), 30000);
-      if (k <= 0) throw std::runtime_error(fmt::format("barrier: stuck with {}/{} released", released_, n_));
+      if (k <= 0) throw std::runtime_error(fmt::format("nothing for 30 s with {}/{} released", released_, n_));
+      if (seconds_since(t0_) > limit_s_) {
+        throw std::runtime_error(fmt::format("over {:.0f} s, {}/{} connected, {}/{} released", limit_s_, connected_,
+                                             n_, released_, n_));
+      }
       for (int j = 0; j < k; ++j) on_event(events[j].data.u32, events[j].events);
     }
-    return BarrierResult{connect_s_, seconds_since(t0_)};
+    return BarrierResult{connect_s_, seconds_since(t0_), {}};
   }
 
  private:
@@ -158,7 +162,7 @@ class BarrierRun {
     while (next_ < n_ && connecting_ < kConnectWindow) {
       auto& c = conns_[next_];
       c.fd = make_socket();
-      start_connect(c.fd, port_);
+      start_connect(c.fd, port_, next_);
       watch(ep_, EPOLL_CTL_ADD, c.fd, EPOLLOUT | EPOLLIN, static_cast<std::uint32_t>(next_));
       ++next_;
       ++connecting_;
@@ -171,7 +175,7 @@ class BarrierRun {
     if (!(events & EPOLLIN)) return;
     char buf[4096];
     ssize_t got = recv(c.fd, buf, sizeof(buf), 0);
-    if (got <= 0) throw std::runtime_error("barrier: server closed a connection");
+    if (got <= 0) throw std::runtime_error("the server closed a connection");
     c.in.append(buf, static_cast<std::size_t>(got));
     if (c.phase == 1 && c.in.size() >= 8) {
       std::int64_t v;
@@ -202,6 +206,7 @@ class BarrierRun {
 
   std::uint16_t port_;
   int n_;
+  double limit_s_;
   int ep_ = -1;
   std::vector<Conn> conns_;
   std::string add_, wait_, release_;
@@ -216,6 +221,14 @@ ThroughputResult throughput(const Server& server, int nconns, double duration, i
   return ThroughputRun(server, nconns, duration, run).measure();
 }
 
-BarrierResult barrier(std::uint16_t port, int n, int run) { return BarrierRun(port, n, run).measure(); }
+BarrierResult barrier(std::uint16_t port, int n, int run, double limit_s) {
+  try {
+    return BarrierRun(port, n, run, limit_s).measure();
+  } catch (const std::runtime_error& e) {
+    BarrierResult r;
+    r.error = e.what();
+    return r;
+  }
+}
 
 }  // namespace store_bench

@@ -29,9 +29,11 @@ ThroughputResult throughput(const Server& server, int nconns, double duration, i
 
 struct BarrierResult {
   double connect_s = 0, total_s = 0;
+  std::string error;  // why it did not complete; empty when it did
 };
 
-// Throws std::runtime_error when nobody is released for 30 s.
-BarrierResult barrier(std::uint16_t port, int n, int run);
+// `error` says why when nothing happens for 30 s, the server closes a connection, or the barrier
+// takes longer than limit_s.
+BarrierResult barrier(std::uint16_t port, int n, int run, double limit_s);
 
 }  // namespace store_bench

@@ -65,6 +65,7 @@ Server Server::spawn(std::string name, std::vector<std::string> argv) {
   s.stdin_fd = in[1];
   std::string line = first_line(out[0], s.name);
   close(out[0]);
+  s.banner = line;
   auto at = line.find("127.0.0.1:");
   auto colon = at != std::string::npos ? at + 9 : line.rfind(':');
   s.port = static_cast<std::uint16_t>(std::stoi(line.substr(colon + 1)));

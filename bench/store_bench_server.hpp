@@ -17,6 +17,7 @@ void pin_to_cpu(int cpu);
 
 struct Server {
   std::string name;
+  std::string banner;  // the first line it printed
   pid_t pid = -1;
   int stdin_fd = -1;
   std::uint16_t port = 0;
