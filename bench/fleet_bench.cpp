@@ -4,17 +4,20 @@
 // rendezvous and a listener that does what the agent does with the events.
 //
 //   fleet_bench --store build/rendezvous/ddprun-store [--nodes 256,1024,4096] [--steady_s 5]
-//               [--one_round_keep_alive_s 60] [--check_requests]
+//               [--one_round_keep_alive_s 60] [--keep_alive_s 5] [--check_requests]
 //
 // For each K, two stores and runs. One round: meet round 0, end it (success, acknowledged), with
 // --one_round_keep_alive_s (60 s: no keep-alive but the first falls in the round, whose cost is
-// then the round's own). Then, at the default keep_alive_interval (5 s): (1) meet: all K join
-// round 0 -> all ready; (2) steady state: keep-alives only for --steady_s; (3) restart: one node reports a worker failure (end_round, as
-// the agent does) and every node joins round 1 on the round's end -> all ready; (4) end: every
-// node reports success, reads the end and acknowledges it. Each phase prints its wall time, the
-// store process's CPU (every thread's run time, /proc/PID/task/*/schedstat, and utime+stime of
-// /proc/PID/stat) and the store's requests per node (its SIGUSR1 tally, diffed), keep-alive
-// ADDs apart. Then the fit of the store's CPU for one round (meet + end) against K.
+// then the round's own). Then, at keep_alive_interval --keep_alive_s (5 s, the default; the
+// liveness TTL is 3 intervals), with MIN = K-1: (1) meet: all K join round 0 -> all ready;
+// (2) steady state: keep-alives only for --steady_s; (3) restart: one node reports a worker
+// failure (end_round, as the agent does) and every node joins round 1 on the round's end -> all
+// ready; (4) a node crashes (its rendezvous destroyed) -> its ring neighbour finds it silent for a
+// TTL and ends the round -> the K-1 others met in round 2; (5) end: every node reports success,
+// reads the end and acknowledges it. Each phase prints its wall time, the store process's CPU
+// (every thread's run time, /proc/PID/task/*/schedstat, and utime+stime of /proc/PID/stat) and
+// the store's requests per node (its SIGUSR1 tally, diffed), keep-alive ADDs apart. Then the fit
+// of the store's CPU for one round (meet + end) against K.
 //
 // Each node has 3 threads (the coordinator, the end watch, the keep-alive ring) and 3
 // connections: 3K threads (small stacks, set here) and 3K descriptors on each side. With
@@ -88,6 +91,7 @@ struct Fleet {
   std::mutex mu;
   std::condition_variable cv;
   std::map<int, int> ready, over, failed_over;  // by round
+  std::map<int, Clock::time_point> first_over;  // when the first node learnt of the round's end
   int finished = 0, failed = 0;
   Clock::time_point last;  // of the last event counted
   std::string first_error;
@@ -123,9 +127,15 @@ struct Node : Rendezvous::Listener {
   }
   void on_round_over(const RoundOutcome& o) override {
     const bool failure = o.end && o.end->kind == RoundEnd::Kind::failure;
-    fleet->count([&] { ++(failure ? fleet->failed_over : fleet->over)[o.round]; });
-    // As the agent does: a failed round is followed by the next, with the restart count + 1.
+    const bool lost = o.end && o.end->kind == RoundEnd::Kind::node_lost;
+    fleet->count([&] {
+      ++(failure || lost ? fleet->failed_over : fleet->over)[o.round];
+      fleet->first_over.emplace(o.round, Clock::now());
+    });
+    // As the agent does: a failed round is followed by the next, with the restart count + 1; a
+    // round that lost a node, by the next without it, with the same count.
     if (failure) rdv->join(o.round + 1, info.restart_count + 1, info.streak.after(*o.end->failure));
+    if (lost) rdv->join(o.round + 1, info.restart_count, info.streak);
   }
   void on_finished() override {
     fleet->count([&] { ++fleet->finished; });
@@ -140,12 +150,14 @@ struct Phase {
 
 struct Result {
   int k = 0;
-  Phase meet, steady, restart, end;
+  Phase meet, steady, restart, lost, end;
+  double detect_s = 0;  // lost: from the crash to the first node's learning of the round's end
   Tally all;  // from before the first join to the store's exit
 };
 
-// One store, K nodes. full: meet round 0, keep-alives only for steady_s, a failure -> round 1
-// met, its end. Else one round: meet round 0 and its end (the cost of a round, as
+// One store, K nodes. full (MIN = K-1): meet round 0, keep-alives only for steady_s, a failure
+// -> round 1 met, a node's crash (its rendezvous destroyed: its keep-alives stop, its connections
+// close) -> round 2 met without it, its end. Else one round: meet round 0 and its end (the cost of a round, as
 // docs/rounds-protocol.md counts it).
 Result run_fleet(const std::string& store_bin, int k, double steady_s, Loop& loop, bool full,
                  std::chrono::milliseconds keep_alive) {
@@ -157,6 +169,7 @@ Result run_fleet(const std::string& store_bin, int k, double steady_s, Loop& loo
     o.backend = BackendKind::c10d;
     o.run_id = "fleet" + std::to_string(k);
     o.min_nodes = o.max_nodes = k;
+    if (full && k > 1) o.min_nodes = k - 1;
     // Every (source, destination) pair of addresses has ~28k ephemeral ports: a destination of
     // its own per 8,192 connections (127.0.0.1, .2, ...).
     o.endpoint_host = "127.0.0." + std::to_string(1 + (3 * i) / 8192);
@@ -205,13 +218,22 @@ Result run_fleet(const std::string& store_bin, int k, double steady_s, Loop& loo
       nodes[k / 2]->rdv->end_round(0, RoundEnd::of_failure(f), k);
       return fleet.until([&] { return fleet.ready[1] == k; }, limit, "restart");
     });
-    last = 1;
+    phase(r.lost, [&] {
+      const auto crash = Clock::now();
+      nodes[k / 3].reset();
+      const auto met = fleet.until([&] { return fleet.ready[2] == k - 1; }, limit + 60s, "node lost");
+      r.detect_s = secs(fleet.first_over[1] - crash);
+      return met;
+    });
+    nodes.erase(nodes.begin() + k / 3);
+    last = 2;
   }
   phase(r.end, [&] {
     for (auto& n : nodes) n->rdv->report_success(last);
-    fleet.until([&] { return fleet.over[last] == k; }, limit, "end");
+    const int n = static_cast<int>(nodes.size());
+    fleet.until([&] { return fleet.over[last] == n; }, limit, "end");
     for (auto& n : nodes) n->rdv->finish(last, Rendezvous::Ack::yes);
-    return fleet.until([&] { return fleet.finished == k; }, limit, "acknowledge");
+    return fleet.until([&] { return fleet.finished == n; }, limit, "acknowledge");
   });
   for (auto& n : nodes) n->rdv->shutdown();
   nodes.clear();
@@ -232,7 +254,7 @@ void print_phase(const char* name, int k, const Phase& p, bool per_second) {
 
 int main(int argc, char** argv) {
   std::string store_bin, ks_text = "256,1024,4096";
-  double steady_s = 5, one_round_keep_alive_s = 60;
+  double steady_s = 5, one_round_keep_alive_s = 60, keep_alive_s = 5;
   bool check = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -244,9 +266,10 @@ int main(int argc, char** argv) {
     else if (a == "--nodes") ks_text = next();
     else if (a == "--steady_s") steady_s = std::stod(next());
     else if (a == "--one_round_keep_alive_s") one_round_keep_alive_s = std::stod(next());
+    else if (a == "--keep_alive_s") keep_alive_s = std::stod(next());
     else if (a == "--check_requests") check = true;
     else {
-      std::fprintf(stderr, "usage: fleet_bench --store PATH [--nodes 256,1024,4096] [--steady_s 5] [--one_round_keep_alive_s 60] "
+      std::fprintf(stderr, "usage: fleet_bench --store PATH [--nodes 256,1024,4096] [--steady_s 5] [--one_round_keep_alive_s 60] [--keep_alive_s 5] "
                            "[--check_requests]\n");
       return 2;
     }
@@ -285,11 +308,12 @@ int main(int argc, char** argv) {
     print_phase("one round: meet (round 0)", k, one.meet, false);
     print_phase("one round: end (success, acknowledged)", k, one.end, false);
     std::fflush(stdout);
-    auto r = run_fleet(store_bin, k, steady_s, loop, true, 5s);
+    auto r = run_fleet(store_bin, k, steady_s, loop, true, std::chrono::milliseconds(static_cast<long>(keep_alive_s * 1000)));
     print_phase("meet (round 0)", k, r.meet, false);
     print_phase("steady state, per node per s", k, r.steady, true);
     print_phase("restart (a failure -> round 1 met)", k, r.restart, false);
-    print_phase("end of round 1", k, r.end, false);
+    print_phase("a node crashed -> round 2 met without it", k, r.lost, false);
+    print_phase("end of round 2", k - 1, r.end, false);
     std::fflush(stdout);
     // The first keep-alive is the round's; later ones come with time, not with the round.
     const double per_node = (one.all.requests - one.all.alive) / k + 1;
@@ -300,16 +324,21 @@ int main(int argc, char** argv) {
     }
     one.restart = r.restart;
     one.steady = r.steady;
+    one.lost = r.lost;
+    one.detect_s = r.detect_s;
     rounds.push_back(one);
   }
   std::printf("\n| K | one round (meet, end): wall s | store CPU s | requests per node, whole store life (keep-alives aside but the first) | "
-              "bytes in / out per node | restart: wall s | store CPU s | steady state: store CPU %% |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+              "bytes in / out per node | restart: wall s | store CPU s | steady state: store CPU %% | "
+              "a node crashed -> met without it: wall s (of which its loss found) | store CPU s |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n");
   auto round_cpu = [](const Result& r) { return r.meet.cpu.run_s + r.end.cpu.run_s; };
   for (const auto& r : rounds) {
-    std::printf("| %d | %.3f | %.3f | %.3f | %.0f / %.0f | %.3f | %.3f | %.2f |\n", r.k, r.meet.wall_s + r.end.wall_s,
+    std::printf("| %d | %.3f | %.3f | %.3f | %.0f / %.0f | %.3f | %.3f | %.2f | %.3f (%.3f) | %.3f |\n", r.k,
+                r.meet.wall_s + r.end.wall_s,
                 round_cpu(r), (r.all.requests - r.all.alive) / r.k + 1, r.all.bytes_in / r.k, r.all.bytes_out / r.k,
-                r.restart.wall_s, r.restart.cpu.run_s, 100 * r.steady.cpu.run_s / r.steady.wall_s);
+                r.restart.wall_s, r.restart.cpu.run_s, 100 * r.steady.cpu.run_s / r.steady.wall_s, r.lost.wall_s,
+                r.detect_s, r.lost.cpu.run_s);
   }
   if (rounds.size() >= 2) {
     // Least squares: the store's CPU for one round = a x K + c.
