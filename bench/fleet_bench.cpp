@@ -115,9 +115,13 @@ struct Fleet {
 struct Node : Rendezvous::Listener {
   Fleet* fleet = nullptr;
   std::unique_ptr<Rendezvous> rdv;
-  RoundInfo info;
+  // What the agent keeps of its round for the next (not RoundInfo::nodes: K of them on each of the
+  // K nodes of this process would be K^2).
+  int restart_count = 0;
+  Streak streak;
   void on_round_ready(const RoundInfo& i) override {
-    info = i;
+    restart_count = i.restart_count;
+    streak = i.streak;
     fleet->count([&] { ++fleet->ready[i.round]; });
   }
   void on_rendezvous_failed(const RendezvousFailure& f) override {
@@ -134,8 +138,8 @@ struct Node : Rendezvous::Listener {
     });
     // As the agent does: a failed round is followed by the next, with the restart count + 1; a
     // round that lost a node, by the next without it, with the same count.
-    if (failure) rdv->join(o.round + 1, info.restart_count + 1, info.streak.after(*o.end->failure));
-    if (lost) rdv->join(o.round + 1, info.restart_count, info.streak);
+    if (failure) rdv->join(o.round + 1, restart_count + 1, streak.after(*o.end->failure));
+    if (lost) rdv->join(o.round + 1, restart_count, streak);
   }
   void on_finished() override {
     fleet->count([&] { ++fleet->finished; });
