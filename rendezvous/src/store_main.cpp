@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <mutex>
 
 #include <boost/program_options.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -127,8 +128,8 @@ po::options_description describe(Config& c) {
       ("tcp_keepalive_s", po::value(&c.keepalive)->default_value(c.keepalive),
        "probe a silent client after this many seconds and drop it if it vanished; 0 = off")
       ("count_requests", po::bool_switch(&c.count_requests),
-       "at exit, print to stdout the requests served, by operation and key pattern (numbers in keys as <n>), "
-       "with their key and value bytes and reply bytes, and how many WAITs a set woke")
+       "at exit (and at each SIGUSR1, the tally so far), print to stdout the requests served, by operation and key "
+       "pattern (numbers in keys as <n>), with their key and value bytes and reply bytes, and how many WAITs a set woke")
       ("log_level", po::value(&c.log_level)->default_value("info"), "trace, debug, info, warn, error or off");
   return desc;
 }
@@ -187,11 +188,14 @@ void print_tallies(const Tallies& t, std::size_t woken) {
   std::fflush(stdout);
 }
 
-// Serves until SIGINT or SIGTERM.
+// Serves until SIGINT or SIGTERM; with count_requests, SIGUSR1 prints the tally so far (a
+// benchmark's snapshot between phases: bench/fleet_bench.cpp).
 int serve(ddprun::rendezvous::StoreServerOptions opts, bool count_requests) {
-  Tallies tallies;  // written on the I/O thread, read once it is stopped
+  Tallies tallies;  // written on the I/O thread, read on this one under tallies_mu
+  std::mutex tallies_mu;
   if (count_requests) {
-    opts.on_applied = [&tallies](std::string_view op, std::string_view key, std::size_t in, std::size_t out) {
+    opts.on_applied = [&tallies, &tallies_mu](std::string_view op, std::string_view key, std::size_t in, std::size_t out) {
+      std::lock_guard<std::mutex> lk(tallies_mu);
       Tally& t = tallies[{std::string(op), key_pattern(key)}];
       ++t.count;
       t.request_bytes += in;
@@ -203,6 +207,7 @@ int serve(ddprun::rendezvous::StoreServerOptions opts, bool count_requests) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  if (count_requests) sigaddset(&signals, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
   ddprun::rendezvous::StoreServer server(opts);
@@ -216,7 +221,11 @@ int serve(ddprun::rendezvous::StoreServerOptions opts, bool count_requests) {
   }
   server.start();
   int sig = 0;
-  sigwait(&signals, &sig);
+  while (sigwait(&signals, &sig) == 0 && sig == SIGUSR1) {
+    const std::size_t woken = server.stats().waits_woken;
+    std::lock_guard<std::mutex> lk(tallies_mu);
+    print_tallies(tallies, woken);
+  }
   spdlog::info("store: stopping on signal {}", sig);
   const std::size_t woken = count_requests ? server.stats().waits_woken : 0;
   server.stop();

@@ -1,0 +1,362 @@
+// fleet_bench: K lightweight nodes in one process, each a real c10d Rendezvous
+// (make_rendezvous: the round rules, ThreadedRendezvous, StoreBackend) against a real
+// `ddprun-store --count_requests` this bench starts. Nodes run no workers: a node is its
+// rendezvous and a listener that does what the agent does with the events.
+//
+//   fleet_bench --store build/rendezvous/ddprun-store [--nodes 256,1024,4096] [--steady_s 5]
+//               [--one_round_keep_alive_s 60] [--keep_alive_s 5] [--check_requests]
+//
+// For each K, two stores and runs. One round: meet round 0, end it (success, acknowledged), with
+// --one_round_keep_alive_s (60 s: no keep-alive but the first falls in the round, whose cost is
+// then the round's own). Then, at keep_alive_interval --keep_alive_s (5 s, the default; the
+// liveness TTL is 3 intervals), with MIN = K-1: (1) meet: all K join round 0 -> all ready;
+// (2) steady state: keep-alives only for --steady_s; (3) restart: one node reports a worker
+// failure (end_round, as the agent does) and every node joins round 1 on the round's end -> all
+// ready; (4) a node crashes (its rendezvous destroyed) -> its ring neighbour finds it silent for a
+// TTL and ends the round -> the K-1 others met in round 2; (5) end: every node reports success,
+// reads the end and acknowledges it. Each phase prints its wall time, the store process's CPU
+// (every thread's run time, /proc/PID/task/*/schedstat, and utime+stime of /proc/PID/stat) and
+// the store's requests per node (its SIGUSR1 tally, diffed), keep-alive ADDs apart. Then the fit
+// of the store's CPU for one round (meet + end) against K.
+//
+// Each node has 3 threads (the coordinator, the end watch, the keep-alive ring) and 3
+// connections: 3K threads (small stacks, set here) and 3K descriptors on each side. With
+// --check_requests it exits 1 unless one round costs 27 + 8/K requests per node (keep-alives
+// aside but the first; docs/rounds-protocol.md, "Cost per round").
+#include <pthread.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddprun/rounds/rendezvous.hpp"
+#include "fleet_bench_store.hpp"
+
+using namespace ddprun::rounds;
+using namespace fleet;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+namespace {
+
+double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The agent's loop: results posted by the rendezvous threads run here, in order.
+struct Loop {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> q;
+  bool stop = false;
+  std::thread t{[this] { run(); }};
+  void post(std::function<void()> f) {
+    std::lock_guard<std::mutex> lk(mu);
+    q.push_back(std::move(f));
+    cv.notify_one();
+  }
+  void run() {
+    std::unique_lock<std::mutex> lk(mu);
+    for (;;) {
+      cv.wait(lk, [&] { return stop || !q.empty(); });
+      if (q.empty()) return;
+      auto f = std::move(q.front());
+      q.pop_front();
+      lk.unlock();
+      f();
+      lk.lock();
+    }
+  }
+  ~Loop() {
+    { std::lock_guard<std::mutex> lk(mu); stop = true; cv.notify_one(); }
+    t.join();
+  }
+};
+
+// What happened to the fleet, counted on the loop thread; the main thread waits on it.
+struct Fleet {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<int, int> ready, over, failed_over;  // by round
+  std::map<int, Clock::time_point> first_over;  // when the first node learnt of the round's end
+  int finished = 0, failed = 0;
+  Clock::time_point last;  // of the last event counted
+  std::string first_error;
+  void count(const std::function<void()>& f) {
+    std::lock_guard<std::mutex> lk(mu);
+    f();
+    last = Clock::now();
+    cv.notify_all();
+  }
+  // Waits until pred() or a failure; returns the time of the event that made pred() true.
+  Clock::time_point until(const std::function<bool()>& pred, std::chrono::seconds limit, const char* what) {
+    std::unique_lock<std::mutex> lk(mu);
+    if (!cv.wait_for(lk, limit, [&] { return pred() || failed > 0; }) || failed > 0) {
+      std::fprintf(stderr, "fleet_bench: %s: %s\n", what, failed ? first_error.c_str() : "timed out");
+      std::exit(1);
+    }
+    return last;
+  }
+};
+
+struct Node : Rendezvous::Listener {
+  Fleet* fleet = nullptr;
+  std::unique_ptr<Rendezvous> rdv;
+  // What the agent keeps of its round for the next (not RoundInfo::nodes: K of them on each of the
+  // K nodes of this process would be K^2).
+  int restart_count = 0;
+  Streak streak;
+  void on_round_ready(const RoundInfo& i) override {
+    restart_count = i.restart_count;
+    streak = i.streak;
+    fleet->count([&] { ++fleet->ready[i.round]; });
+  }
+  void on_rendezvous_failed(const RendezvousFailure& f) override {
+    fleet->count([&] {
+      if (!fleet->failed++) fleet->first_error = f.message;
+    });
+  }
+  void on_round_over(const RoundOutcome& o) override {
+    const bool failure = o.end && o.end->kind == RoundEnd::Kind::failure;
+    const bool lost = o.end && o.end->kind == RoundEnd::Kind::node_lost;
+    fleet->count([&] {
+      ++(failure || lost ? fleet->failed_over : fleet->over)[o.round];
+      fleet->first_over.emplace(o.round, Clock::now());
+    });
+    // As the agent does: a failed round is followed by the next, with the restart count + 1; a
+    // round that lost a node, by the next without it, with the same count.
+    if (failure) rdv->join(o.round + 1, restart_count + 1, streak.after(*o.end->failure));
+    if (lost) rdv->join(o.round + 1, restart_count, streak);
+  }
+  void on_finished() override {
+    fleet->count([&] { ++fleet->finished; });
+  }
+};
+
+struct Phase {
+  double wall_s = 0;
+  Cpu cpu;
+  Tally t;
+};
+
+struct Result {
+  int k = 0;
+  Phase meet, steady, restart, lost, end;
+  double detect_s = 0;  // lost: from the crash to the first node's learning of the round's end
+  Tally all;  // from before the first join to the store's exit
+};
+
+// One store, K nodes. full (MIN = K-1): meet round 0, keep-alives only for steady_s, a failure
+// -> round 1 met, a node's crash (its rendezvous destroyed: its keep-alives stop, its connections
+// close) -> round 2 met without it, its end. Else one round: meet round 0 and its end (the cost of a round, as
+// docs/rounds-protocol.md counts it).
+Result run_fleet(const std::string& store_bin, int k, double steady_s, Loop& loop, bool full,
+                 std::chrono::milliseconds keep_alive) {
+  Store store = start_store(store_bin);
+  Fleet fleet;
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (int i = 0; i < k; ++i) {
+    RendezvousOptions o;
+    o.backend = BackendKind::c10d;
+    o.run_id = "fleet" + std::to_string(k);
+    o.min_nodes = o.max_nodes = k;
+    if (full && k > 1) o.min_nodes = k - 1;
+    // Every (source, destination) pair of addresses has ~28k ephemeral ports: a destination of
+    // its own per 8,192 connections (127.0.0.1, .2, ...).
+    o.endpoint_host = "127.0.0." + std::to_string(1 + (3 * i) / 8192);
+    o.endpoint_port = static_cast<std::uint16_t>(std::stoi(store.port));
+    o.host_role = HostRole::never;
+    o.local_addr = "127.0.0.1";
+    o.join_timeout = 300s;
+    o.read_timeout = 300s;
+    o.keep_alive_interval = keep_alive;
+    auto n = std::make_unique<Node>();
+    n->fleet = &fleet;
+    n->rdv = make_rendezvous(o, [&loop](std::function<void()> f) { loop.post(std::move(f)); }, nullptr);
+    n->rdv->set_listener(*n);
+    nodes.push_back(std::move(n));
+  }
+  auto phase = [&](Phase& p, const std::function<Clock::time_point()>& body) {
+    const Tally t0 = read_tally(store, SIGUSR1);
+    const Cpu c0 = cpu_of(store.pid);
+    const auto start = Clock::now();
+    const auto done = body();
+    p.wall_s = secs(done - start);
+    p.cpu = cpu_of(store.pid) - c0;
+    p.t = read_tally(store, SIGUSR1) - t0;
+  };
+  Result r;
+  r.k = k;
+  const Tally before = read_tally(store, SIGUSR1);
+  // Time limits: generous, scaled with K (a failure says which phase).
+  const auto limit = std::chrono::seconds(60 + k / 20);
+  phase(r.meet, [&] {
+    for (auto& n : nodes) n->rdv->join(0, -1);
+    return fleet.until([&] { return fleet.ready[0] == k; }, limit, "meet");
+  });
+  int last = 0;
+  if (full) {
+    phase(r.steady, [&] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(steady_s));
+      return Clock::now();
+    });
+    phase(r.restart, [&] {
+      FailureRecord f;
+      f.rank = k / 2;
+      f.host = "node" + std::to_string(k / 2);
+      f.reason = "exit code 1";
+      f.time = std::chrono::system_clock::now();
+      nodes[k / 2]->rdv->end_round(0, RoundEnd::of_failure(f), k);
+      return fleet.until([&] { return fleet.ready[1] == k; }, limit, "restart");
+    });
+    phase(r.lost, [&] {
+      const auto crash = Clock::now();
+      nodes[k / 3].reset();
+      const auto met = fleet.until([&] { return fleet.ready[2] == k - 1; }, limit + 60s, "node lost");
+      r.detect_s = secs(fleet.first_over[1] - crash);
+      return met;
+    });
+    nodes.erase(nodes.begin() + k / 3);
+    last = 2;
+  }
+  phase(r.end, [&] {
+    for (auto& n : nodes) n->rdv->report_success(last);
+    const int n = static_cast<int>(nodes.size());
+    fleet.until([&] { return fleet.over[last] == n; }, limit, "end");
+    for (auto& n : nodes) n->rdv->finish(last, Rendezvous::Ack::yes);
+    return fleet.until([&] { return fleet.finished == n; }, limit, "acknowledge");
+  });
+  for (auto& n : nodes) n->rdv->shutdown();
+  nodes.clear();
+  r.all = read_tally(store, SIGTERM) - before;  // every node's connections closed
+  fclose(store.out);
+  waitpid(store.pid, nullptr, 0);
+  return r;
+}
+
+void print_phase(const char* name, int k, const Phase& p, bool per_second) {
+  const double per = per_second ? k * p.wall_s : k;
+  std::printf("| %d | %s | %.3f | %.3f | %.2f (%.2f) | %.3f | %.3f | %.0f / %.0f | %.2f |\n", k, name, p.wall_s,
+              p.cpu.run_s, p.cpu.ticks_s, p.cpu.user_s, p.t.requests / per, p.t.alive / per, p.t.bytes_in / per, p.t.bytes_out / per,
+              p.t.woken / per);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string store_bin, ks_text = "256,1024,4096";
+  double steady_s = 5, one_round_keep_alive_s = 60, keep_alive_s = 5;
+  bool check = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--store") store_bin = next();
+    else if (a == "--nodes") ks_text = next();
+    else if (a == "--steady_s") steady_s = std::stod(next());
+    else if (a == "--one_round_keep_alive_s") one_round_keep_alive_s = std::stod(next());
+    else if (a == "--keep_alive_s") keep_alive_s = std::stod(next());
+    else if (a == "--check_requests") check = true;
+    else {
+      std::fprintf(stderr, "usage: fleet_bench --store PATH [--nodes 256,1024,4096] [--steady_s 5] [--one_round_keep_alive_s 60] [--keep_alive_s 5] "
+                           "[--check_requests]\n");
+      return 2;
+    }
+  }
+  if (store_bin.empty()) store_bin = DDPRUN_STORE_BIN;
+  std::vector<int> ks;
+  for (std::stringstream in(ks_text); in.good();) {
+    std::string w;
+    std::getline(in, w, ',');
+    ks.push_back(std::stoi(w));
+  }
+  spdlog::set_level(spdlog::level::err);
+  signal(SIGPIPE, SIG_IGN);
+  // 3 descriptors and 3 threads a node, on each side (the store inherits the limit).
+  rlimit nofile{};
+  getrlimit(RLIMIT_NOFILE, &nofile);
+  rlimit want{1 << 20, 1 << 20};
+  if (setrlimit(RLIMIT_NOFILE, &want) != 0) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+  getrlimit(RLIMIT_NOFILE, &nofile);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  pthread_setattr_default_np(&attr);
+  std::printf("open files limit %llu; thread stacks 256 KiB\n\n", static_cast<unsigned long long>(nofile.rlim_cur));
+  std::printf("| K | phase | wall s | store CPU s (schedstat) | store CPU s, utime+stime (utime) | requests per node | "
+              "of which keep-alive ADDs | bytes in / out per node | waits woken per node |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<Result> rounds;
+  Loop loop;
+  bool bad = false;
+  for (int k : ks) {
+    auto one = run_fleet(store_bin, k, steady_s, loop, false,
+                         std::chrono::milliseconds(static_cast<long>(one_round_keep_alive_s * 1000)));
+    print_phase("one round: meet (round 0)", k, one.meet, false);
+    print_phase("one round: end (success, acknowledged)", k, one.end, false);
+    std::fflush(stdout);
+    auto r = run_fleet(store_bin, k, steady_s, loop, true, std::chrono::milliseconds(static_cast<long>(keep_alive_s * 1000)));
+    print_phase("meet (round 0)", k, r.meet, false);
+    print_phase("steady state, per node per s", k, r.steady, true);
+    print_phase("restart (a failure -> round 1 met)", k, r.restart, false);
+    print_phase("a node crashed -> round 2 met without it", k, r.lost, false);
+    print_phase("end of round 2", k - 1, r.end, false);
+    std::fflush(stdout);
+    // The first keep-alive is the round's; later ones come with time, not with the round.
+    const double per_node = (one.all.requests - one.all.alive) / k + 1;
+    if (std::abs(per_node - (27 + 8.0 / k)) > 1e-6) {
+      std::fprintf(stderr, "K=%d: one round: %.4f requests per node (keep-alives aside but the first); want 27 + 8/K = %.4f\n",
+                   k, per_node, 27 + 8.0 / k);
+      bad = true;
+    }
+    one.restart = r.restart;
+    one.steady = r.steady;
+    one.lost = r.lost;
+    one.detect_s = r.detect_s;
+    rounds.push_back(one);
+  }
+  std::printf("\n| K | one round (meet, end): wall s | store CPU s | requests per node, whole store life (keep-alives aside but the first) | "
+              "bytes in / out per node | restart: wall s | store CPU s | steady state: store CPU %% | "
+              "a node crashed -> met without it: wall s (of which its loss found) | store CPU s |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n");
+  auto round_cpu = [](const Result& r) { return r.meet.cpu.run_s + r.end.cpu.run_s; };
+  for (const auto& r : rounds) {
+    std::printf("| %d | %.3f | %.3f | %.3f | %.0f / %.0f | %.3f | %.3f | %.2f | %.3f (%.3f) | %.3f |\n", r.k,
+                r.meet.wall_s + r.end.wall_s,
+                round_cpu(r), (r.all.requests - r.all.alive) / r.k + 1, r.all.bytes_in / r.k, r.all.bytes_out / r.k,
+                r.restart.wall_s, r.restart.cpu.run_s, 100 * r.steady.cpu.run_s / r.steady.wall_s, r.lost.wall_s,
+                r.detect_s, r.lost.cpu.run_s);
+  }
+  if (rounds.size() >= 2) {
+    // Least squares: the store's CPU for one round = a x K + c.
+    double n = rounds.size(), sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (const auto& r : rounds) {
+      double x = r.k, y = round_cpu(r);
+      sx += x, sy += y, sxx += x * x, sxy += x * y;
+    }
+    const double a = (n * sxy - sx * sy) / (n * sxx - sx * sx), c = (sy - a * sx) / n;
+    std::printf("\nstore CPU per round (meet, end; least squares): %.4f ms x K + %.1f ms\n", a * 1e3, c * 1e3);
+    for (std::size_t i = 0; i + 1 < rounds.size(); ++i) {
+      std::printf("CPU(K=%d) / CPU(K=%d) = %.2f (nodes x %.0f)\n", rounds[i + 1].k, rounds[i].k,
+                  round_cpu(rounds[i + 1]) / round_cpu(rounds[i]), static_cast<double>(rounds[i + 1].k) / rounds[i].k);
+    }
+  }
+  return check && bad ? 1 : 0;
+}

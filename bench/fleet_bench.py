@@ -1,0 +1,180 @@
+#!/usr/bin/python3
+"""Issue 44's fleet benchmark with real agents: K ddprun agents on loopback, each a separate
+process (c10d, --nnodes=K, one worker each). The lightweight-node half (thousands of nodes
+in one process, against a real ddprun-store) is bench/fleet_bench.cpp.
+
+  round    K agents, one /bin/true worker each: wall from starting the K-1 non-host agents (the
+           host agent already listens) until every agent has exited 0 (meet, run, end); the host
+           agent's CPU over that time (it serves the rendezvous store: the serial part a real
+           cluster cannot spread), from /proc/PID/stat at the start to its rusage at exit; all
+           agents' CPU per agent. Then a least-squares fit of the host's CPU against K and the
+           ratio CPU(4K)/CPU(K).
+  crash    K agents (--max_restarts=1), each worker prints its pid and time.time() and sleeps;
+           kill -9 of one worker (not its agent) -> the last of the K new workers has started
+           (the latest timestamp the new workers print).
+  torchrun torchrun's c10d rendezvous (--torchrun_py: ../shared/tools/torchrun_fixed.py, run with
+           this script's python) at --torchrun K, one run each.
+
+  bench/fleet_bench.py [--ddprun build/launcher/ddprun] [--agents 64,256,1024] [--crash 256]
+                       [--torchrun 64] [--repeat 3]
+
+The open-file limit is raised to the hard limit (the host agent holds 3 connections per agent).
+"""
+import argparse
+import os
+import re
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import multinode_bench  # noqa: E402  (wait_for_port, torchrun_rendezvous)
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def drain(stream):
+    threading.Thread(target=lambda: [None for _ in stream], daemon=True).start()
+
+
+def reap(procs, timeout):
+    """Waits for every process; returns (exit codes, CPU seconds of each from its rusage)."""
+    deadline = time.monotonic() + timeout
+    codes, cpus = [], []
+    for p in procs:
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit("agents did not end in time")
+            time.sleep(0.01)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        codes.append(p.returncode)
+        cpus.append(ru.ru_utime + ru.ru_stime)
+    return codes, cpus
+
+
+def agents_round(ddprun, k):
+    common = [f"--nnodes={k}", "--rdzv_backend=c10d", "--rdzv_id=fleet", "--nproc_per_node=1",
+              "--rdzv_conf=join_timeout=300", "--log_level", "info", "--no_python", "/bin/true"]
+    host = subprocess.Popen([ddprun, "--rdzv_endpoint=127.0.0.1:0"] + common, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    port = multinode_bench.wait_for_port(host)
+    drain(host.stderr)
+    cpu0 = proc_cpu(host.pid)
+    t0 = time.monotonic()
+    others = [subprocess.Popen([ddprun, f"--rdzv_endpoint=127.0.0.1:{port}"] + common, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL) for _ in range(k - 1)]
+    codes, cpus = reap([host] + others, 600)
+    wall = time.monotonic() - t0
+    if any(codes):
+        raise SystemExit(f"ddprun: {k} agents: exit codes {sorted(set(codes))}")
+    return wall, cpus[0] - cpu0, sum(cpus) / k
+
+
+def crash_restart(ddprun, k):
+    worker = 'echo "start $$ $(date +%s.%N)"; exec sleep 1000'
+    common = [f"--nnodes={k}", "--rdzv_backend=c10d", "--rdzv_id=crash", "--nproc_per_node=1", "--max_restarts=1",
+              "--rdzv_conf=join_timeout=300", "--log_level", "info", "--no_python", "/bin/sh", "-c", worker]
+    host = subprocess.Popen([ddprun, "--rdzv_endpoint=127.0.0.1:0"] + common, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    port = multinode_bench.wait_for_port(host)
+    drain(host.stderr)
+    agents = [host] + [subprocess.Popen([ddprun, f"--rdzv_endpoint=127.0.0.1:{port}"] + common,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                       for _ in range(k - 1)]
+
+    def start(a):
+        line = a.stdout.readline()
+        m = re.search(r"start (\d+) (\d+\.\d+)", line)
+        if not m:
+            raise SystemExit(f"crash: a worker printed {line!r}")
+        return int(m.group(1)), float(m.group(2))
+
+    first = [start(a) for a in agents]  # every worker of round 0 runs
+    time.sleep(0.5)
+    victim = first[k // 2][0]
+    t_kill = time.time()
+    os.kill(victim, signal.SIGKILL)
+    again = [start(a)[1] for a in agents]
+    took = max(again) - t_kill
+    for a in agents:
+        a.send_signal(signal.SIGTERM)
+    reap(agents, 120)
+    return took
+
+
+def fit(points):
+    n = len(points)
+    sx = sum(x for x, _ in points)
+    sy = sum(y for _, y in points)
+    sxx = sum(x * x for x, _ in points)
+    sxy = sum(x * y for x, y in points)
+    a = (n * sxy - sx * sy) / (n * sxx - sx * sx)
+    return a, (sy - a * sx) / n
+
+
+def med(xs):
+    return f"{statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ddprun", default=os.path.join(ROOT, "build", "launcher", "ddprun"))
+    ap.add_argument("--agents", default="64,256,1024")
+    ap.add_argument("--crash", type=int, default=256, help="agents in the crash case (0: none)")
+    ap.add_argument("--torchrun", default="64", help="K for torchrun's c10d ('' for none)")
+    ap.add_argument("--torchrun_limit", type=float, default=300)
+    ap.add_argument("--torchrun_py", default=multinode_bench.TORCHRUN if os.path.exists(multinode_bench.TORCHRUN)
+                    else "/work/shared/tools/torchrun_fixed.py", help="torchrun with the c10d fixes")
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    print(f"open files limit raised to {hard} (was {soft}); processes limit "
+          f"{resource.getrlimit(resource.RLIMIT_NPROC)[0]}; load {os.getloadavg()[0]:.2f}")
+    print("\nK agents on loopback (c10d, one /bin/true worker each): start -> every agent exited 0; "
+          f"median of {a.repeat} (min-max)\n")
+    print("| K | wall s | host agent's CPU s | all agents' CPU per agent ms |")
+    print("|---|---|---|---|")
+    host_cpu = {}
+    for k in [int(x) for x in a.agents.split(",")]:
+        runs = [agents_round(a.ddprun, k) for _ in range(a.repeat)]
+        host_cpu[k] = statistics.median(r[1] for r in runs)
+        print(f"| {k} | {med([r[0] for r in runs])} | {med([r[1] for r in runs])} | "
+              f"{med([1e3 * r[2] for r in runs])} |", flush=True)
+    if len(host_cpu) >= 2:
+        slope, c = fit(sorted(host_cpu.items()))
+        print(f"\nhost agent's CPU per round (least squares over medians): {slope * 1e3:.3f} ms x K + {c * 1e3:.0f} ms")
+        ks = sorted(host_cpu)
+        for lo, hi in zip(ks, ks[1:]):
+            print(f"CPU(K={hi}) / CPU(K={lo}) = {host_cpu[hi] / host_cpu[lo]:.2f} (nodes x {hi / lo:.0f})")
+    if a.crash:
+        runs = [crash_restart(a.ddprun, a.crash) for _ in range(a.repeat)]
+        print(f"\nkill -9 of one worker of {a.crash} nodes (--max_restarts=1) -> every node's new worker started: "
+              f"{med(runs)} s", flush=True)
+    for k in [int(x) for x in a.torchrun.split(",") if x]:
+        if not os.path.exists(a.torchrun_py):
+            print(f"torchrun: {a.torchrun_py} not found")
+            break
+        multinode_bench.TORCHRUN = a.torchrun_py
+        took = multinode_bench.torchrun_rendezvous(k, a.torchrun_limit)
+        print(f"torchrun c10d, {k} agents, /bin/true: " +
+              (f"{took:.2f} s" if took else f"did not complete within {a.torchrun_limit:.0f} s"), flush=True)
+    print(f"load at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
