@@ -220,7 +220,7 @@ std::vector<std::string> Containment::sweep(pid_t guardian, const std::set<pid_t
 
 std::vector<std::string> Containment::sweep_cgroup(bool final, const std::set<pid_t>& spared) const {
   // The whole subtree: a ddprun inside a worker made a cgroup of its own below this one.
-  // Between attempts, the agent's helpers in it (warm spares) are spared; at the end, nothing.
+  // Between attempts, the agent's helpers in it (warm spares) are left alone; at the end, nothing.
   auto in_subtree = [&] {
     std::vector<pid_t> all;
     for (const auto& dir : cgroup_subtree(cgroup_)) {

@@ -1,7 +1,7 @@
 #pragma once
 // Metrics in Prometheus' text exposition format (version 0.0.4): families of gauges and counters,
 // each value under its labels. What the agent shows (metrics.hpp) needs no more than this, and
-// writing it here spares every launch the loading of a C++ metrics library.
+// writing it here saves every launch the loading of a C++ metrics library.
 // Thread-safe: one mutex; the loop sets values, the HTTP server's thread writes the text.
 
 #include <map>
