@@ -1,69 +1,92 @@
 #!/usr/bin/env python3
-"""Lists the largest source files and functions of ddprun (the README's size budget: no file
-over ~400 lines, no function over ~60). A heuristic, not a parser: a function is a brace block
-opened on a line that looks like a signature (a name followed by a parameter list), lambdas and
-control statements excluded.
-Usage: scripts/size_report.py [--files N] [--functions N] [--limit-file L] [--limit-function L]"""
-import argparse, os, re, sys
+"""Functions over ~60 lines and files over ~400 in the project's code (not tests), each with the
+one-line reason it stays whole, from REASONS below; one without a reason is a prompt to look.
+
+  scripts/size_report.py [--strict]    # --strict: exit 1 if any has no reason
+
+Functions are found with Universal Ctags (`apt-get install universal-ctags`; C++ and Python, from
+the end line it gives each definition).
+A size is a prompt to look, never a reason to split one idea across files (docs/architecture.md).
+"""
+import json
+import os
+import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DIRS = ["common", "rendezvous", "agent", "launcher", "runtime", "tests", "bench", "examples"]
-CONTROL = re.compile(r"^\s*(?:\}\s*)?(?:if|for|while|switch|catch|else|do|try|return|namespace|struct|class|enum|union)\b")
-SIGNATURE = re.compile(r"[\w:~>\]]+\s*\([^;]*\)\s*(?:const\s*)?(?:noexcept\s*)?(?:override\s*)?(?:->\s*[\w:<>]+\s*)?(?::[^;{]*)?\{\s*$")
+FOLDERS = ["agent", "launcher", "rendezvous", "runtime", "common", "bench", "examples"]
+FUNCTION_LINES, FILE_LINES = 60, 400
 
-def sources():
-    for d in DIRS:
-        for base, _, files in os.walk(os.path.join(ROOT, d)):
-            for f in files:
-                if f.endswith((".cpp", ".hpp", ".cu")):
-                    yield os.path.join(base, f)
+# "path::name" (name as ctags gives it, its enclosing scope's last part first) -> why it is whole.
+REASONS = {
+    "agent/src/observe/hang_verdict.cpp::agent::decide_hang":
+        "the verdict's cases one after another in priority order (stopped, D, stuck, spinning, mismatch)",
+    "agent/src/control/hang_exchange.cpp::HangExchange::start":
+        "the exchange on its one thread: publish, gather, decide, read the verdict, in the protocol's order",
+    "agent/src/control/hang_exchange.cpp::start::<lambda>":
+        "the body of HangExchange::start's thread (the entry above)",
+    "rendezvous/rounds/src/round_rules.cpp::RoundRules::assign":
+        "the assigner's rule step by step, as docs/rounds-protocol.md states it",
+    "rendezvous/rounds/src/round_rules.cpp::RoundRules::read_round":
+        "one MULTI_GET and the parse of each key it names",
+    "launcher/src/option_table.cpp::::failure_options":
+        "one table of flags (a single add_options chain)",
+    "bench/fleet_bench.cpp::::main":
+        "the bench's phases in the order they run, each a few lines",
+    "bench/fleet_bench.cpp::::run_fleet":
+        "one K's phases in order, each timed the same way",
+    "bench/runtime_bench.py::::main":
+        "the bench's arguments and the table it prints",
+}
 
-def functions(path):
-    lines = open(path, encoding="utf-8", errors="replace").read().split("\n")
-    out = []
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        text = line.split("//")[0]
-        # a signature may span lines: join with the previous line when it ends in ',' or '('
-        sig = text
-        j = i
-        while j > 0 and lines[j - 1].rstrip().endswith((",", "(")) and i - j < 4:
-            j -= 1
-            sig = lines[j].split("//")[0] + " " + sig
-        if SIGNATURE.search(sig) and not CONTROL.search(sig) and "[" not in sig.split("(")[0] and "=" not in sig.split("(")[0]:
-            depth = 0
-            for k in range(i, len(lines)):
-                depth += lines[k].count("{") - lines[k].count("}")
-                if depth <= 0:
-                    name = re.search(r"([\w:~]+)\s*\(", sig)
-                    out.append((k - j + 1, name.group(1) if name else "?", j + 1))
-                    i = k
-                    break
-        i += 1
-    return out
+
+def ctags():
+    for name in ("ctags-universal", "ctags"):
+        for d in os.environ.get("PATH", "").split(os.pathsep):
+            if os.access(os.path.join(d, name), os.X_OK):
+                return name
+    sys.exit("size_report.py: needs Universal Ctags: apt-get install universal-ctags")
+
+
+def functions():
+    out = subprocess.run([ctags(), "--output-format=json", "--fields=+ne", "--kinds-C++=f", "-R", "-f", "-"] + FOLDERS,
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        t = json.loads(line)
+        if t.get("kind") not in ("function", "member") or "end" not in t:
+            continue
+        lines = t["end"] - t["line"] + 1
+        if lines > FUNCTION_LINES:
+            scope = t.get("scope", "").split("::")[-1]
+            scope = "" if scope.startswith("__anon") else scope
+            name = "<lambda>" if t["name"].startswith("__anon") else t["name"]
+            yield lines, t["path"], t["line"], f"{scope}::{name}"
+
+
+def files():
+    listed = subprocess.run(["git", "ls-files"] + FOLDERS, cwd=ROOT, capture_output=True, text=True, check=True)
+    for path in listed.stdout.splitlines():
+        if path.endswith((".cpp", ".hpp", ".py", ".c")):
+            with open(os.path.join(ROOT, path), errors="replace") as f:
+                n = sum(1 for _ in f)
+            if n > FILE_LINES:
+                yield n, path
+
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--files", type=int, default=10)
-    ap.add_argument("--functions", type=int, default=10)
-    ap.add_argument("--limit-file", type=int, default=400)
-    ap.add_argument("--limit-function", type=int, default=60)
-    a = ap.parse_args()
-    files, funcs = [], []
-    for p in sources():
-        rel = os.path.relpath(p, ROOT)
-        n = sum(1 for _ in open(p, encoding="utf-8", errors="replace"))
-        files.append((n, rel))
-        funcs += [(n, f"{rel}:{line} {name}") for n, name, line in functions(p)]
-    files.sort(reverse=True)
-    funcs.sort(reverse=True)
-    print(f"largest files (budget ~{a.limit_file} lines):")
-    for n, rel in files[: a.files]:
-        print(f"  {n:5d}  {rel}{'  OVER' if n > a.limit_file else ''}")
-    print(f"largest functions (budget ~{a.limit_function} lines):")
-    for n, what in funcs[: a.functions]:
-        print(f"  {n:5d}  {what}{'  OVER' if n > a.limit_function else ''}")
+    missing = 0
+    print(f"Functions over {FUNCTION_LINES} lines:")
+    for lines, path, line, name in sorted(functions(), reverse=True):
+        why = REASONS.get(f"{path}::{name}")
+        missing += why is None
+        print(f"  {lines:4} {path}:{line} {name}: {why or 'NO REASON - look'}")
+    print(f"Files over {FILE_LINES} lines:")
+    for n, path in sorted(files(), reverse=True):
+        print(f"  {n:4} {path}")
+    if missing:
+        print(f"{missing} function(s) without a reason: split by meaning, or say here why not")
+    return 1 if missing and "--strict" in sys.argv[1:] else 0
+
 
 if __name__ == "__main__":
     sys.exit(main())
