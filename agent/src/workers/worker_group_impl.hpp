@@ -2,7 +2,7 @@
 // WorkerGroup's state, shared by worker_group.cpp (workers, pipes, reaping, stopping, heartbeats),
 // worker_group_spares.cpp (handing attempts to warm spares) and worker_group_stacks.cpp
 // (collecting stacks). Why one state in three files: each is a different use of the same live
-// workers (their pids, pipes and exit states, read and changed only on the agent's loop), and a
+// workers (their pids, pipes and exit states), and a
 // spare's hand-over and a stack read each need the group's view of a worker at that instant; a
 // class of their own would have to copy or lock that view. Private to the agent: Asio is here.
 
