@@ -3,7 +3,14 @@
 // the start-up (imports, model loading, NCCL set-up), so a slow start is not a hang.
 #include "controller_job.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <filesystem>
 #include <fstream>
+
+#include "workers/heartbeat.hpp"
+#include "workers/worker_group_impl.hpp"
 
 using namespace ddprun::agent;
 using namespace ddprun::agent::testing;
@@ -254,4 +261,88 @@ TEST_CASE("heartbeats: a count in the file is a step, a touch without one is not
   CHECK(hb.bound(rule) == 100s);
   hb.beat(t0 + 104s, -1);  // a touch without a count (a program that only touches): a step
   CHECK(hb.steps() == 17);
+}
+
+namespace {
+
+// A file written by the worker, with an mtime of its own for each write (look() goes by mtime).
+void write_beat(const std::string& path, const std::string& text, int second) {
+  std::ofstream(path, std::ios::trunc) << text;
+  timespec times[2] = {{second, 0}, {second, 0}};
+  REQUIRE(::utimensat(AT_FDCWD, path.c_str(), times, 0) == 0);
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/ddprun-heartbeat-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+}  // namespace
+
+TEST_CASE("heartbeats: a garbled count is a touch; a count that goes back counts on from there", "[heartbeat][hang]") {
+  TempDir dir;
+  const std::string file = dir.path + "/HEARTBEAT";
+  Heartbeat hb;
+  auto t0 = Clock::now();
+  hb.reset({}, t0);
+  write_beat(file, "1\n", 1);
+  REQUIRE(hb.look(file, t0 + 1s));
+  write_beat(file, "2\n", 2);
+  hb.look(file, t0 + 2s);
+  CHECK(hb.steps() == 2);
+  write_beat(file, "99999999999999999999999\n", 3);  // past long long: garbled, not a jump
+  CHECK(hb.look(file, t0 + 3s));
+  CHECK(hb.steps() == 3);
+  write_beat(file, "x7\n", 4);  // no number at all: a touch too
+  hb.look(file, t0 + 4s);
+  CHECK(hb.steps() == 4);
+  write_beat(file, "900\n", 5);  // a jump ahead (a bad write), then the trainer counts on
+  hb.look(file, t0 + 5s);
+  CHECK(hb.steps() == 900);
+  write_beat(file, "5\n", 6);
+  CHECK(hb.look(file, t0 + 6s));  // still a beat: progress
+  CHECK(hb.steps() == 5);
+  write_beat(file, "6\n", 8);
+  hb.look(file, t0 + 8s);
+  CHECK(hb.steps() == 6);
+  CHECK(hb.longest_step() == 1s);  // no interval across the jump; the step 5 -> 6 took 2 s
+  write_beat(file, "0\n", 9);       // "0" (a Reducer made) is no step and moves nothing back
+  hb.look(file, t0 + 9s);
+  CHECK(hb.steps() == 6);
+}
+
+TEST_CASE("heartbeats: HEARTBEAT.pid is believed only for a process below the worker, and never blocks",
+          "[heartbeat][hang]") {
+  TempDir dir;
+  const std::string proc = dir.path + "/proc", hb = dir.path + "/HEARTBEAT";
+  // worker 100 -> wrapper 200 -> trainer 300; 400 is elsewhere (its parent is 1).
+  for (auto [pid, parent] : {std::pair{100, 1}, {200, 100}, {300, 200}, {400, 1}}) {
+    std::filesystem::create_directories(proc + "/" + std::to_string(pid));
+    std::ofstream(proc + "/" + std::to_string(pid) + "/stat") << pid << " (a) b) S " << parent << " 0 0\n";
+  }
+  auto named = [&](const std::string& text) {
+    std::filesystem::remove(hb + ".pid");
+    std::ofstream(hb + ".pid") << text;
+    return training_process(hb, 100, proc);
+  };
+  CHECK(named("300\n") == 300);
+  CHECK(named("100") == 100);
+  CHECK(named("400\n") == -1);  // not below the worker
+  CHECK(named("1\n") == -1);
+  CHECK(named("-300\n") == -1);
+  CHECK(named("trainer\n") == -1);
+  CHECK(named("99999999999999999999\n") == -1);
+  CHECK(named("") == -1);
+  std::filesystem::remove(hb + ".pid");
+  std::ofstream(dir.path + "/elsewhere") << "300\n";
+  std::filesystem::create_symlink(dir.path + "/elsewhere", hb + ".pid");
+  CHECK(training_process(hb, 100, proc) == -1);  // a link is not followed
+  std::filesystem::remove(hb + ".pid");
+  REQUIRE(::mkfifo((hb + ".pid").c_str(), 0600) == 0);
+  CHECK(training_process(hb, 100, proc) == -1);  // a FIFO with no writer: not read, not waited on
 }

@@ -102,6 +102,10 @@ ProcessTree ProcessTree::read(const std::string& proc_root) {
   return t;
 }
 
+pid_t parent_pid(pid_t pid, const std::string& proc_root) {
+  return parent_of(proc_root + "/" + std::to_string(pid) + "/stat");
+}
+
 std::vector<pid_t> ProcessTree::subtree(pid_t root) const {
   std::vector<pid_t> out;
   if (!procs_.count(root)) return out;

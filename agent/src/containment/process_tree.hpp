@@ -33,6 +33,9 @@ bool is_wrapper_executable(const std::string& exe);
 // The name (comm) of `pid`, "" if it is gone.
 std::string process_name(pid_t pid, const std::string& proc_root = "/proc");
 
+// The parent of `pid` from PROC_ROOT/PID/stat; -1 when it is gone or unreadable.
+pid_t parent_pid(pid_t pid, const std::string& proc_root = "/proc");
+
 // The pids under `proc_root` (/proc), in no order.
 std::vector<pid_t> process_ids(const std::string& proc_root = "/proc");
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <vector>
 
@@ -30,8 +31,9 @@ bool Heartbeat::look(const std::string& file, Clock::time_point now) {
     if (n > 0) {
       buf[n] = 0;
       char* end = nullptr;
+      errno = 0;
       long long v = std::strtoll(buf, &end, 10);
-      if (end != buf && v >= 0) count = v;
+      if (end != buf && errno == 0 && v >= 0) count = v;  // else garbled: a touch
     }
   }
   ::close(fd);
@@ -47,6 +49,13 @@ void Heartbeat::beat(Clock::time_point now, long long count) {
       steps_ = count;
       gaps_.clear();
     }
+  } else if (count > 0 && count < steps_) {
+    // Counting again from lower (the trainer restarted inside the worker, or a garbled count
+    // had jumped ahead): from here on, without a step's interval across the jump. ("0", a
+    // Reducer made, is no step and changes nothing.)
+    steps_ = count;
+    last_step_ = now;
+    return;
   }
   const long long steps = count < 0 ? steps_ + 1 : count;
   if (steps <= steps_) return;  // a touch between steps (a forward pass), or "0": no step yet

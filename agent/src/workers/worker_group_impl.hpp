@@ -53,7 +53,7 @@ struct Slot {
 
 // The process that trains below `worker`, as the progress hook wrote it at its first step
 // (HEARTBEAT.pid); -1 when there is none, or it is no longer below the worker.
-pid_t training_process(const std::string& heartbeat, pid_t worker);
+pid_t training_process(const std::string& heartbeat, pid_t worker, const std::string& proc_root = "/proc");
 
 struct WorkerGroup::Impl {
   asio::io_context& io;

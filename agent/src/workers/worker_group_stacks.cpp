@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
 #include <fstream>
 #include <sstream>
 
@@ -46,22 +49,23 @@ bool stopped_or_gone(char state) { return state == 'T' || state == 't' || state 
 // The process that trains, as the progress hook wrote it at its first step (HEARTBEAT.pid), when
 // it still runs below `worker` (a Python wrapper, `python -m launcher`, mp.spawn: the outermost
 // Python process is not the one that trains); -1 otherwise.
-pid_t training_process(const std::string& heartbeat, pid_t worker) {
-  std::ifstream in(heartbeat + ".pid");
-  long long v = -1;
-  if (!(in >> v) || v <= 1) return -1;
+// The worker writes the file: a FIFO or a link there must not block or redirect the agent, so
+// it is opened without following links and without blocking, and read only if a regular file.
+pid_t training_process(const std::string& heartbeat, pid_t worker, const std::string& proc_root) {
+  int fd = ::open((heartbeat + ".pid").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return -1;
+  struct stat st{};
+  char buf[24] = {};
+  ssize_t n = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? ::pread(fd, buf, sizeof(buf) - 1, 0) : -1;
+  ::close(fd);
+  if (n <= 0) return -1;
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(buf, &end, 10);
+  if (end == buf || errno != 0 || v <= 1 || v > std::numeric_limits<pid_t>::max()) return -1;
   for (pid_t p = static_cast<pid_t>(v), depth = 0; p > 1 && depth < 64; ++depth) {
     if (p == worker) return static_cast<pid_t>(v);
-    std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
-    std::string line;
-    if (!std::getline(stat, line)) return -1;
-    auto close = line.rfind(')');
-    if (close == std::string::npos) return -1;
-    std::istringstream rest(line.substr(close + 2));
-    std::string state;
-    long long parent = 0;
-    if (!(rest >> state >> parent)) return -1;
-    p = static_cast<pid_t>(parent);
+    p = parent_pid(p, proc_root);
   }
   return -1;
 }
