@@ -6,7 +6,9 @@
 #  2. an events file another user made (mode 0666), or a link, is refused: the job's command line
 #     (with its --api-key=...) is not written there;
 #  3. --log_dir on a full 1 MiB filesystem: the job still ends 0, every line reaches the console,
-#     and ddprun says which log files lack how many bytes (and writes log_write_failed events).
+#     and ddprun says which log files lack how many bytes (and writes log_write_failed events);
+#  4. two nodes sharing one --log_dir (as on a network filesystem): each agent's files go below
+#     RUN_ID/HOST.PID, so node 1's rank 0 does not overwrite node 0's.
 # Usage: tests/log_files_test.sh DDPRUN
 set -u
 source "$(dirname "$0")/lib.sh"
@@ -82,5 +84,30 @@ if [ $rc -eq 0 ] && [ "$lines" -eq 40000 ] && [ "$lost" -ge 2 ] && grep -q "is i
   ok "a full disk: the job ends 0, the console has every line, the incomplete log files are named with what they lack"
 else
   bad "a full disk (exit $rc): $(cat /tmp/err)"
+fi
+
+# 4. Two nodes, one --log_dir: each agent's own directory below the run id.
+two=(--rdzv_backend=c10d --nnodes=2 --nproc_per_node=1 --rdzv_id=job9 --log_dir=/tmp/two --tee=3 --no_python
+     sh -c 'echo "from group rank $GROUP_RANK"')
+"$ddprun" --rdzv_endpoint=127.0.0.1:0 "${two[@]}" >/tmp/two0.out 2>/tmp/two0.err &
+first=$!
+port=""
+for _ in $(seq 200); do
+  port=$(sed -n 's/.*hosting the rendezvous store on port \([0-9]*\).*/\1/p' /tmp/two0.err | head -1)
+  [ -n "$port" ] && break
+  kill -0 $first 2>/dev/null || break
+  sleep 0.05
+done
+"$ddprun" --rdzv_endpoint=127.0.0.1:${port:-1} "${two[@]}" >/tmp/two1.out 2>/tmp/two1.err
+rc1=$?
+wait $first
+rc0=$?
+nodes=$(find /tmp/two/job9 -mindepth 1 -maxdepth 1 -type d | wc -l)
+logs=$(cat /tmp/two/job9/*/attempt_0/0/stdout.log 2>/dev/null | sort | tr '\n' ' ')
+if [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && [ "$nodes" -eq 2 ] && [ "$logs" = "from group rank 0 from group rank 1 " ] &&
+   [ "$(find /tmp/two/job9 -mindepth 1 -maxdepth 1 -name "$(hostname).*" | wc -l)" -eq 2 ]; then
+  ok "two nodes sharing --log_dir: RUN_ID/HOST.PID each, both ranks 0's logs kept"
+else
+  bad "two nodes sharing --log_dir (exits $rc0 $rc1, $nodes node directories, logs: $logs): $(cat /tmp/two0.err /tmp/two1.err | tail -5)"
 fi
 finish

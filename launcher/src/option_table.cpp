@@ -290,7 +290,7 @@ std::vector<OptionSpec> program_options() {
 // Where output goes.
 std::vector<OptionSpec> output_options() {
   return {
-    {"log_dir", "", kOutput, K::value, "", "per-rank logs: LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log",
+    {"log_dir", "", kOutput, K::value, "", "per-rank logs: LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log (several nodes: LOG_DIR/RUN_ID/HOST.PID/...)",
      [](const std::string& v, Settings& s) { s.log_dir = v; }},
     {"redirects", "r", kOutput, K::value, "0",
      "streams to files only: 0 none, 1 stdout, 2 stderr, 3 both; per rank as 0:1,1:2",

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -51,6 +52,19 @@ std::string make_temp_root(const AgentOptions& opt, bool keep, const std::functi
               " (set TMPDIR, or give --log_dir)");
 }
 
+// HOST.PID: this agent's directory in a --log_dir that nodes share ('/' cannot be in a host name;
+// anything else but the portable file name characters becomes '_').
+std::string node_dir_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') std::strcpy(host, "host");
+  std::string name = host;
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+  }
+  if (name == "." || name == "..") name = "host";
+  return name + "." + std::to_string(::getpid());
+}
+
 }  // namespace
 
 RunDir::RunDir(const AgentOptions& opt, const std::function<void(const std::string&)>& announce)
@@ -63,7 +77,14 @@ RunDir::RunDir(const AgentOptions& opt, const std::function<void(const std::stri
     // The base is the user's choice (or ddprun's own temporary one): made where missing, and
     // reached through no other user's link planted in a shared directory.
     Fd base_fd = open_dir_refusing_planted_links(base);
-    open_private_dir(base_fd.get(), opt.rdzv.run_id, run_dir_);
+    Fd run = open_private_dir(base_fd.get(), opt.rdzv.run_id, run_dir_);
+    // Several nodes may share one --log_dir (a network filesystem, or agents on one host): each
+    // agent's files go below a directory of its own, named by its host and pid.
+    if (!opt.log_dir.empty() && opt.rdzv.max_nodes > 1) {
+      const std::string node = node_dir_name();
+      run_dir_ += "/" + node;
+      open_private_dir(run.get(), node, run_dir_);
+    }
   } catch (...) {
     if (!temp_root_.empty()) ::rmdir(temp_root_.c_str());
     throw;
