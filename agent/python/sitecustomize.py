@@ -12,7 +12,8 @@ PyTorch, and then
    wrapped instead. After the first step, each batch a DataLoader hands out and (PyTorch 1.x: a
    global forward pre-hook; 2.x would warn under torch.compile) each forward pass of any module
    touches the file, at most once a second, so an evaluation loop without optimizer steps is
-   progress;
+   progress; while torch.save runs, the file says "12 save" and is touched every 2 s, so the
+   other ranks, waiting for this one in a collective, are not taken for hung;
 2. registers faulthandler on DDPRUN_STACK_SIGNAL (a real-time signal), writing every thread's
    traceback to HEARTBEAT.stack: ddprun reads a hung worker's Python stack without ending it,
    even while a thread spins holding the GIL (faulthandler writes from its signal handler);
@@ -139,6 +140,66 @@ def _forward(*_args):
             pass
 
 
+class _Saving:
+    """torch.save under way in the process that trains: the file says "N save" and is touched
+    every 2 s until it ends, so that ddprun takes the other ranks' silence (they wait for this
+    one in a collective) for what it is. Not nested, not in a forked child."""
+
+    active = False
+
+    def __enter__(self):
+        fd = _beat_file()
+        self.on = fd >= 0 and os.getpid() == _Beat.pid and not _Saving.active
+        if not self.on:
+            return self
+        import threading
+
+        _Saving.active = True
+        self.fd, self.done = fd, threading.Event()
+        self._write(b"%d save\n" % _Beat.steps)
+        self.ticker = threading.Thread(target=self._tick, name="ddprun-save-beat", daemon=True)
+        self.ticker.start()
+        return self
+
+    def __exit__(self, *_exc):
+        if self.on:
+            self.done.set()
+            self.ticker.join()
+            self._write(b"%d\n" % _Beat.steps)
+            _Saving.active = False
+        return False
+
+    def _write(self, text):
+        try:
+            os.pwrite(self.fd, text, 0)
+            os.ftruncate(self.fd, len(text))
+        except OSError:
+            pass
+
+    def _tick(self):
+        while not self.done.wait(2.0):
+            try:
+                os.utime(self.fd)
+            except OSError:
+                return
+
+
+def _on_serialization(module):
+    """torch.save beats while it writes (a checkpoint may take minutes); torch's own
+    `from .serialization import save` runs after this, so torch.save is this one too."""
+    import functools
+
+    save = getattr(module, "save", None)
+    if save is None:
+        return
+
+    def save_beating(*args, **kwargs):
+        with _Saving():
+            return save(*args, **kwargs)
+
+    module.save = functools.wraps(save)(save_beating)
+
+
 def _on_torch_version(module):
     major = str(getattr(module, "__version__", "")).split(".", 1)[0]
     if major.isdigit() and int(major) < 2 and "NCCL_ASYNC_ERROR_HANDLING" not in os.environ:
@@ -201,6 +262,7 @@ _WATCHED = {
     "torch.optim.optimizer": _on_optimizer,
     "torch.nn.modules.module": _on_module,
     "torch.utils.data.dataloader": _on_dataloader,
+    "torch.serialization": _on_serialization,
 }
 
 

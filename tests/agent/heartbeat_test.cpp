@@ -314,6 +314,12 @@ TEST_CASE("heartbeats: a garbled count is a touch; a count that goes back counts
   write_beat(file, "0\n", 9);       // "0" (a Reducer made) is no step and moves nothing back
   hb.look(file, t0 + 9s);
   CHECK(hb.steps() == 6);
+  write_beat(file, "6 save\n", 10);  // torch.save under way: a beat, no step
+  CHECK(hb.look(file, t0 + 10s));
+  CHECK((hb.saving() && hb.steps() == 6));
+  write_beat(file, "6\n", 11);
+  hb.look(file, t0 + 11s);
+  CHECK_FALSE(hb.saving());
 }
 
 TEST_CASE("heartbeats: HEARTBEAT.pid is believed only for a process below the worker, and never blocks",

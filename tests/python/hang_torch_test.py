@@ -8,15 +8,16 @@ jobs (tests/python/hang_worker.py):
                with its kind, without changing any worker (the stopped one stays stopped), and
                the job ends 124 --hang_stop after it;
   false_alarms a first step of 6 s, a 6 s evaluation loop (forward passes, no optimizer step), a
-               2 s checkpoint save on rank 0 while the others wait in a barrier, and the whole job
+               checkpoint save of 8 s (torch.save) on rank 0 while the others wait in a barrier (a
+               save longer than the floor, as a long one is longer than 30 s), and the whole job
                beside two CPU hogs: each ends 0 with no report, event or metric;
   straggler    a rank busy 0.3 s in Python before each step: named a straggler (warning, event,
                metric), no hang
   default      the default flags (--worker_timeout=auto, --hang_floor=30) with a stuck rank: the
                report within 60 s of the hang (--hang_stop=5 keeps the test short).
 
-The kinds and false alarms run with --hang_floor=3 (the floor scaled down 10x with the cases: a
-save shorter than the floor, phases longer than it). Exits 77 (skipped) without torch.
+The kinds and false alarms run with --hang_floor=3 (the floor scaled down 10x with the cases:
+phases and a save longer than it). Exits 77 (skipped) without torch.
 Usage: hang_torch_test.py --ddprun PATH [kinds|false_alarms|default ...]
 """
 import argparse
@@ -218,7 +219,7 @@ def no_alarm(ddprun, tmp, name, worker_args, flags=(), metrics=False):
 def false_alarms(ddprun, tmp):
     no_alarm(ddprun, tmp, "first_step", ["--first_step", "6"])
     no_alarm(ddprun, tmp, "evaluation", ["--eval_at", "5", "--eval_s", "6"], metrics=True)
-    no_alarm(ddprun, tmp, "save", ["--save_at", "5", "--save_s", "2"])
+    no_alarm(ddprun, tmp, "save", ["--save_at", "5", "--save_s", "8"])  # longer than the floor: the others wait
     hogs = [subprocess.Popen(["/usr/bin/python3", "-c", "while True: pass"]) for _ in range(2)]
     try:
         no_alarm(ddprun, tmp, "under_load", [])

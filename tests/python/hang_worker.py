@@ -9,8 +9,8 @@ worker of the hang tests (hang_torch_test.py) and of bench/hang_bench.py.
      mismatch  calls a broadcast while the other ranks are in DDP's all-reduce
   --first_step S   the first step takes S seconds longer (compilation, a large load)
   --eval_at STEP --eval_s S   an evaluation loop (forward passes only, no optimizer step) of S s
-  --save_at STEP --save_s S   rank 0 "saves a checkpoint" for S s (no forward, no step) while the
-                              others wait in a barrier
+  --save_at STEP --save_s S   rank 0 saves a checkpoint with torch.save to a file that takes S s
+                              to write (no forward, no step) while the others wait in a barrier
   --slow_rank R --slow_s S    rank R is a straggler: busy S s in Python before each step
 Prints "step N" on rank 0 after each step and "DONE rank=R" at the end.
 """
@@ -22,6 +22,22 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class SlowFile:
+    """A file-like object torch.save writes to, as slow as a loaded network filesystem."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def write(self, data):
+        if self.seconds:
+            time.sleep(self.seconds)
+            self.seconds = 0
+        return len(data)
+
+    def flush(self):
+        pass
 
 
 def say_hang(kind):
@@ -73,7 +89,7 @@ def main():
                     time.sleep(0.05)
         if step == a.save_at:
             if rank == 0:
-                time.sleep(a.save_s)
+                torch.save(model.state_dict(), SlowFile(a.save_s))
             dist.barrier()
         i = (step * 16) % 240
         batch = load_batch(x, i, 16, a.hang, rank, (a.rank, a.at), step)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <vector>
 
@@ -26,6 +27,7 @@ bool Heartbeat::look(const std::string& file, Clock::time_point now) {
   long long count = -1;
   if (changed) {
     mtime_ = st.st_mtim;
+    saving_ = false;
     char buf[32];
     ssize_t n = st.st_size > 0 ? ::pread(fd, buf, sizeof(buf) - 1, 0) : 0;
     if (n > 0) {
@@ -34,6 +36,7 @@ bool Heartbeat::look(const std::string& file, Clock::time_point now) {
       errno = 0;
       long long v = std::strtoll(buf, &end, 10);
       if (end != buf && errno == 0 && v >= 0) count = v;  // else garbled: a touch
+      saving_ = count >= 0 && std::strncmp(end, " save", 5) == 0;
     }
   }
   ::close(fd);

@@ -3,7 +3,8 @@
 //
 // The worker's file (DDPRUN_HEARTBEAT_FILE): its mtime changes at every beat; its content, when
 // there is one, is the number of optimizer steps done ("12\n"). The progress hook writes the count
-// after each step and, after the first, touches the file on forward passes; the runtime writes
+// after each step and, after the first, touches the file on forward passes, and "12 save" while
+// torch.save runs (touched every 2 s: the other ranks wait for it); the runtime writes
 // "0\n" when a Reducer is made, the count after each gradient all-reduce, and touches the file
 // after other collectives. A touch of a file without a count (a program that only touches it) is
 // a step; the first count read replaces what such touches had counted.
@@ -56,6 +57,8 @@ class Heartbeat {
   Clock::duration silent(Clock::time_point now) const;
   bool beaten() const { return steps_ > 0; }  // its first step is done
   long long steps() const { return steps_; }
+  // The last read said "N save": torch.save under way (it beats every 2 s while it lasts).
+  bool saving() const { return saving_; }
   Clock::time_point last() const { return last_; }
   // Its long steps (the 90th percentile of the recent ones), zero before two steps.
   Clock::duration longest_step() const;
@@ -65,6 +68,7 @@ class Heartbeat {
   Clock::time_point start_{}, last_{}, last_step_{};
   long long steps_ = 0;
   bool counted_ = false;  // a count was read: touches are progress, not steps
+  bool saving_ = false;
   std::deque<Clock::duration> gaps_;  // the last kAutoSteps intervals between steps
 };
 

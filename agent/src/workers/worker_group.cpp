@@ -325,6 +325,15 @@ void WorkerGroup::Impl::fail_hung(Slot& s, SteadyClock::time_point now, const st
   listener->on_worker_failed(s.w, reason, kHeartbeatExitCode, FailureKind::hang);
 }
 
+// A rank in torch.save now: its file says so and it beat within the last 10 s (it beats every 2 s
+// while saving; a save whose process hangs stops beating and is a hang like any other).
+const Slot* WorkerGroup::Impl::saving(SteadyClock::time_point now) const {
+  for (const auto& s : slots) {
+    if (s->w.running() && s->hb.saving() && s->hb.silent(now) < std::chrono::seconds(10)) return s.get();
+  }
+  return nullptr;
+}
+
 void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
   if (!opt.hang.on() || stopping()) return;
   for (auto& s : slots) {
@@ -358,6 +367,16 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
     }
     return;
   }
+  if (const Slot* saver = saving(now)) {
+    // The others wait for it in a collective: their silence is not a hang while it saves.
+    if (saver->w.spec.local_rank != logged_saver) {
+      spdlog::info("ddprun: rank {} is saving a checkpoint (torch.save); the other ranks' silence is not taken "
+                   "for a hang until it ends", saver->w.spec.rank);
+    }
+    logged_saver = saver->w.spec.local_rank;
+    return;
+  }
+  logged_saver = -1;
   for (auto& s : slots) {
     Worker& w = s->w;
     if (!w.running() || w.standing != Standing::own || w.spec.heartbeat_file.empty()) continue;

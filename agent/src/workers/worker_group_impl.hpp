@@ -175,6 +175,9 @@ struct WorkerGroup::Impl {
   // silent worker beats again.
   void check_heartbeats(SteadyClock::time_point now);
   bool look_at_beat(Slot& s, SteadyClock::time_point now);
+  // The rank in torch.save now (heartbeat.hpp), if one is; nobody is taken for hung meanwhile.
+  const Slot* saving(SteadyClock::time_point now) const;
+  int logged_saver = -1;  // the local rank whose save was announced
   // Once a window (--hang_floor): each worker's busy share; a straggler is named once.
   void watch_pace(SteadyClock::time_point now);
   SteadyClock::time_point pace_due{};
