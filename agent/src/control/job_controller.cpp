@@ -203,6 +203,7 @@ void JobController::start_workers() {
   const auto t0 = std::chrono::steady_clock::now();
   if (fence_) fence_->reset();
   try {
+    group_.set_nodes(info_.group_world);
     group_.start(plan_workers(opt_, info_, dir_));
   } catch (const Error& e) {
     spdlog::error("ddprun: {}", e.what());

@@ -367,7 +367,7 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
     }
     return;
   }
-  if (const Slot* saver = saving(now)) {
+  if (const Slot* saver = nodes == 1 ? saving(now) : nullptr) {
     // The others wait for it in a collective: their silence is not a hang while it saves.
     if (saver->w.spec.local_rank != logged_saver) {
       spdlog::info("ddprun: rank {} is saving a checkpoint (torch.save); the other ranks' silence is not taken "
@@ -501,6 +501,7 @@ void WorkerGroup::forward(int sig) {
   }
 }
 void WorkerGroup::check_heartbeats(std::chrono::steady_clock::time_point now) { impl_->check_heartbeats(now); }
+void WorkerGroup::set_nodes(int nodes) { impl_->nodes = nodes; }
 int WorkerGroup::warm_started() const { return impl_->warm; }
 bool WorkerGroup::stopping() const { return impl_->stopping(); }
 bool WorkerGroup::ended() const { return impl_->state == Impl::State::ended; }

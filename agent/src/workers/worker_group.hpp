@@ -154,6 +154,9 @@ class WorkerGroup {
   void kill_now();
   // Passes `sig` on to every running worker without stopping the group (SIGUSR1, ...).
   void forward(int sig);
+  // The round's nodes (1 by default). A rank in torch.save pauses the hang watch only on a job of
+  // one node: across nodes, every node must count a silence as the others do (hang_exchange.hpp).
+  void set_nodes(int nodes);
   // Checks the heartbeat files (the group's timer calls this; tests call it with their own clock).
   void check_heartbeats(std::chrono::steady_clock::time_point now);
   // Calls `ready` once every worker of the current group has touched its heartbeat file once
