@@ -27,7 +27,7 @@ import statistics
 
 # Mean time to a job-interrupting failure, hours, by GPUs.
 MTTF_H = {
-    1024: (7.9, "published: Meta, 'Revisiting Reliability in Large-Scale ML Research Clusters' (Kokolis et al., 2024): 7.9 h at 1,024 GPUs"),
+    1024: (7.9, "published: Meta, 'Revisiting Reliability in Large-Scale ML Research Clusters' (Kokolis et al., HPCA 2025), its failure model's projection: 7.9 h at 1,024 GPUs"),
     16384: (1.8, "published: the same paper, 1.8 h at 16,384 GPUs (Llama 3: 419 interruptions in 54 days on 16,384 GPUs, 3.1 h)"),
     131072: (1.8 * 16384 / 131072, "assumed: the 16,384-GPU rate per GPU, x8 GPUs (13.5 min)"),
 }
