@@ -30,6 +30,11 @@ attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 if MODE == "mid_copy" and attempt == 0:
     os.environ["DDPRUN_STATE_TEST_KILL_AT_STEP"] = str(CRASH)
 
+if os.environ.get("USE_LIBUV") == "0":  # PyTorch 2.x built without libuv (Debian trixie's 2.6)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
+    import torch_no_libuv
+
+    torch_no_libuv.apply()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
