@@ -20,8 +20,9 @@ The commit word (equal to the generation) is written last, after the CRC-32 of t
 the tensor bytes; a save first clears it. A worker killed mid-copy leaves that slot uncommitted
 and the other slot's state whole, so a reader never sees a torn state.
 
-save() pickles the skeleton and copies small tensors at once; larger tensors are copied on a
-background thread while the next forward and backward run. Their copy must end before anything
+save() pickles the skeleton and clones small tensors at once; the slot is written (larger
+tensors copied, the CRC-32, the commit) on a background thread while the next forward and
+backward run. Their copy must end before anything
 changes them: before the next optimizer step (a pre-step hook, PyTorch 2.x; each optimizer
 class's step() wrapped, PyTorch 1.x), the next save(), and the process's normal exit. A large
 tensor changed outside optimizer.step() (a big buffer updated in forward) must be given as a
@@ -54,6 +55,7 @@ _ALIGN = 64
 # Tensors of fewer bytes are copied inside save() itself: a small buffer that forward updates
 # (BatchNorm's statistics) is then copied before forward runs. Larger ones go to the thread.
 _SYNC_BELOW = 1 << 16
+_MADV_POPULATE_WRITE = 23  # <linux/mman.h>; Python's mmap module names it from 3.13 on only
 
 
 class StateError(Exception):
@@ -127,10 +129,15 @@ class _Area:
 
     def keep_loaded(self, slot):
         """Before `slot` is written again: tensors load() made over it that are still in use get
-        their own copy of its pages (each page written once in the private mapping), so they keep
-        the state they were loaded with (an optimizer's load_state_dict keeps them as they are)."""
+        their own copy of its pages (copy-on-write broken page by page in the private mapping), so
+        they keep the state they were loaded with (PyTorch 2.x's Optimizer.load_state_dict keeps
+        the tensors it is given)."""
         for private, refs, length in self.loaded.pop(slot, []):
-            if any(r() is not None for r in refs):
+            if not any(r() is not None for r in refs):
+                continue
+            try:
+                private.madvise(_MADV_POPULATE_WRITE, 0, length)  # Linux 5.14: no write to race with
+            except (OSError, ValueError):
                 import torch
 
                 torch.frombuffer(private, dtype=torch.uint8, count=length)[::_PAGE].add_(0)
@@ -222,15 +229,20 @@ def _view(buf, offset, tensor):
     return torch.frombuffer(buf, dtype=tensor.dtype, count=tensor.numel(), offset=offset).view(tensor.shape)
 
 
-def _copy(area, base, tensors, skeleton_bytes, data_bytes, step, gen, slot):
-    """Copies `tensors` into the slot, then writes its CRC-32 and commits it (the thread's part)."""
+def _write(area, slot, gen, step, skeleton, tensors, data_bytes):
+    """Writes the slot, then its CRC-32, then commits it: the save's thread. `tensors`: [(tensor,
+    offset)], the small ones already cloned."""
     t0 = time.perf_counter()
     import torch
 
-    data_at = base + _PAGE + _align(skeleton_bytes)
+    area.keep_loaded(slot)
+    base = area.offset(slot)
+    _SLOT.pack_into(area.map, base, 0, 0, 0, 0, 0, 0)  # uncommitted from here on
+    area.map[base + _PAGE:base + _PAGE + len(skeleton)] = skeleton
+    data_at = base + _PAGE + _align(len(skeleton))
     die = os.environ.get("DDPRUN_STATE_TEST_KILL_AT_STEP") == str(step)
     with torch.no_grad():
-        for i, (t, offset, _nbytes) in enumerate(tensors):
+        for i, (t, offset) in enumerate(tensors):
             if die and i == len(tensors) // 2:
                 os.kill(os.getpid(), 9)  # tests: a worker killed halfway through its copy
             dst = _view(area.map, data_at + offset, t)
@@ -241,8 +253,8 @@ def _copy(area, base, tensors, skeleton_bytes, data_bytes, step, gen, slot):
         crc = zlib.crc32(payload)
     finally:
         payload.release()
-    _SLOT.pack_into(area.map, base, 0, gen, step, skeleton_bytes, data_bytes, crc)
-    _SLOT.pack_into(area.map, base, gen, gen, step, skeleton_bytes, data_bytes, crc)  # the commit word, last
+    _SLOT.pack_into(area.map, base, 0, gen, step, len(skeleton), data_bytes, crc)
+    _SLOT.pack_into(area.map, base, gen, gen, step, len(skeleton), data_bytes, crc)  # the commit word, last
     _HEADER.pack_into(area.map, 0, _MAGIC, _VERSION, _SLOTS, area.slot_bytes, gen << 1 | slot)
     _Stats.copy_s += time.perf_counter() - t0
 
@@ -293,7 +305,7 @@ def save(step, obj, blocking=False):
         if area is None:
             return
         _install_fence()
-        _fence()  # the previous save's copy reads tensors this one may share
+        wait()  # the previous save's thread still writes the slot this one picks (counted as save()'s time)
         _save(area, int(step), obj)
         if blocking:
             wait()
@@ -302,38 +314,29 @@ def save(step, obj, blocking=False):
 
 
 def _save(area, step, obj):
+    """The part of a save that runs before save() returns: the skeleton pickled and the small
+    tensors cloned (what can change before the next optimizer step); the thread does the rest."""
     import io
+
+    import torch
 
     global _pending
     out = io.BytesIO()
     pickler = _Skeleton(out)
     pickler.dump(obj)
-    skeleton = out.getbuffer()
+    skeleton = out.getvalue()
     needed = _align(len(skeleton)) + pickler.data
     if needed > area.capacity():
         raise StateTooLarge(needed, area.capacity())
     found = area.committed()
     slot = 1 - found[0][2] if found else 0
     gen = (found[0][0] if found else 0) + 1
-    base = area.offset(slot)
-    area.keep_loaded(slot)
-    _SLOT.pack_into(area.map, base, 0, 0, 0, 0, 0, 0)  # uncommitted from here on
-    area.map[base + _PAGE:base + _PAGE + len(skeleton)] = skeleton
-    data_at = base + _PAGE + _align(len(skeleton))
-    import torch
-
-    later = []
     with torch.no_grad():
-        for t, offset, nbytes in pickler.tensors:
-            if nbytes < _SYNC_BELOW:
-                dst = _view(area.map, data_at + offset, t)
-                if dst is not None:
-                    dst.copy_(t.detach())
-            else:
-                later.append((t, offset, nbytes))
+        tensors = [(t.detach().clone() if nbytes < _SYNC_BELOW else t, offset)
+                   for t, offset, nbytes in pickler.tensors]
     _Stats.saves += 1
     _Stats.last_bytes = needed
-    _pending = _Pending(_copy, (area, base, later, len(skeleton), pickler.data, step, gen, slot))
+    _pending = _Pending(_write, (area, slot, gen, step, skeleton, tensors, pickler.data))
 
 
 def steps():
