@@ -77,12 +77,12 @@ rounds::WhenReadable when_readable(asio::io_context& io) {
 // each growth waits for an RCU grace period (expand_fdtable): 20-30 ms each on a machine of 16
 // CPUs, where 64 workers started from several threads took 52-57 ms instead of 17 (their pipes
 // crossed 64 and 128), and where a store thread or a metrics thread also makes the agent
-// several threads. Each worker takes two pipes and a store connection; the rest, 48 (about 20
-// at the start).
+// several threads. Each worker takes two pipes, a store connection and its state area; the rest,
+// 48 (about 20 at the start).
 void reserve_descriptors(int workers) {
   rlimit lim{};
   if (workers <= 0 || ::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
-  long want = 3L * workers + 48;
+  long want = 4L * workers + 48;
   if (lim.rlim_cur != RLIM_INFINITY) want = std::min<long>(want, static_cast<long>(lim.rlim_cur) - 1);
   if (want < 64) return;  // within the table every process starts with
   for (int fd : {STDERR_FILENO, STDOUT_FILENO, STDIN_FILENO}) {
@@ -190,7 +190,7 @@ struct Agent::Impl {
     try {
       auto areas = std::make_unique<StateAreas>(opt.nproc_per_node, budget);
       if (areas->ranks() == 0) return nullptr;
-      spdlog::info("ddprun: in-memory state: {} MB per local rank ({} MB for the node{}; a save holds at most half)",
+      spdlog::debug("ddprun: in-memory state: {} MB per local rank ({} MB for the node{}; a save holds at most half)",
                    areas->bytes_per_rank() >> 20, budget >> 20,
                    opt.state_memory > 0 ? "" : fmt::format(", a quarter of {} MB", usable >> 20));
       return areas;

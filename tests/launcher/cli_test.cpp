@@ -95,7 +95,7 @@ TEST_CASE("every option of the table reads PET_NAME and is validated by the tabl
   CHECK(parse({"/bin/true"}, {{"PET_NO_PYTHON", "1"}, {"PYTHON_EXEC", "false"}}).agent.command[0] == "/bin/true");
 }
 
-TEST_CASE("--state_memory takes sizes; --no_state and 0 turn the state off", "[units]") {
+TEST_CASE("in-memory state: --state_memory takes sizes, and --no_state or 0 turn the state off", "[units]") {
   CHECK(parse({"/bin/true"}).agent.state_memory == -1);  // the default: the agent's quarter of memory
   CHECK(parse({"--state_memory=4G", "/bin/true"}).agent.state_memory == 4LL << 30);
   CHECK(parse({"--state_memory", "1.5GiB", "/bin/true"}).agent.state_memory == 3LL << 29);
