@@ -72,7 +72,7 @@ def one(a, setup, mb, step_s):
                 "recover": first - crash, "stall": stall, "share": stall / step if step else 0, "step": step,
                 "memory": disk + sum(int(r["area"]) for r in after),
                 "rss": max(int(r["rss"]) for r in after), "where": "disk" if mode == "disk" else "memfd",
-                "copy": max(float(r["copy"]) for r in after)}
+                "copy": max(float(r["copy"]) for r in after), "load": max(float(r["load"]) for r in after)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -103,14 +103,14 @@ def main():
     rows = [one(a, s, mb, t) for mb, t in zip(sizes, step_s) for s in setups]
     print(f"\n2 workers, gloo, a step of {', '.join(f'{t:g} s' for t in step_s[:len(sizes)])} (a sleep for the "
           f"accelerator's part), rank 1 lost halfway through step {a.crash_step + 1}; torch.save every {a.every} steps\n")
-    print("| state per rank | set-up | steps lost | crash -> every rank's next step | stall per step (share) | "
-          "state's memory | workers' peak RSS | save thread per save |")
+    print("| state per rank | set-up | steps lost | crash -> every rank's next step (of it: the state's load) | "
+          "stall per step (share) | state's memory | workers' peak RSS | save thread per save |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "failed" in r:
             print(f"| {r['mb']} MB | {r['setup']} | failed: {r['failed']} | | | | | |")
             continue
-        print(f"| {r['mb']} MB | {r['setup']} | {r['lost']} | {r['recover']:.2f} s | {r['stall'] * 1000:.1f} ms "
+        print(f"| {r['mb']} MB | {r['setup']} | {r['lost']} | {r['recover']:.2f} s ({r['load']:.2f} s) | {r['stall'] * 1000:.1f} ms "
               f"({r['share'] * 100:.1f}% of {r['step']:.2f} s) | {r['memory'] / 2**20:.0f} MB ({r['where']}) | "
               f"{r['rss'] / 2**20:.0f} MB | {copy_text(r['copy'])} |")
 

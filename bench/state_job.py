@@ -10,7 +10,8 @@ Writes DIR/crash (time.time() before the crash), DIR/first.RANK (time.time() aft
 step of attempt 1) and prints "STEP rank=R attempt=A step=S save=SECONDS fence=SECONDS
 time=SECONDS" a step (what the save took; what the step's optimizer waited for the last save's
 copy: in the step's time) and at the end "RESULT rank=R attempt=A resumed=S stall=SECONDS saves=N
-step=SECONDS rss=BYTES area=BYTES copy=SECONDS" (copy: the save thread's time per save, in attempt 1).
+step=SECONDS rss=BYTES area=BYTES copy=SECONDS load=SECONDS" (copy: the save thread's time per
+save, in attempt 1; load: the state's load, into the model and optimizer included).
 """
 import argparse
 import os
@@ -44,6 +45,7 @@ big = [torch.zeros(int(a.state_mb * 2**20) // 4 // chunks) for _ in range(chunks
 ckpt = os.path.join(a.dir, f"ckpt.{rank}.pt")
 
 start = 0
+load_s = time.perf_counter()
 if a.mode == "memory":
     found = ddprun.state.load()
     if found is not None:
@@ -60,6 +62,8 @@ elif os.path.exists(ckpt):
     for b, s in zip(big, saved["big"]):
         b.copy_(s)
     start = saved["step"] + 1
+    del saved
+load_s = time.perf_counter() - load_s  # the state's load, into the model and optimizer
 
 stall, saves, step_times, fenced = 0.0, 0, [], 0.0
 for step in range(start, a.steps):
@@ -106,5 +110,5 @@ if a.mode == "memory":
 steps_run = max(1, len(step_times))
 print(f"RESULT rank={rank} attempt={attempt} resumed={start} stall={stall / steps_run:.5f} saves={saves} "
       f"step={sorted(step_times)[len(step_times) // 2] if step_times else 0:.4f} "
-      f"rss={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024} area={area} copy={copy:.4f}", flush=True)
+      f"rss={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024} area={area} copy={copy:.4f} load={load_s:.4f}", flush=True)
 dist.destroy_process_group()
