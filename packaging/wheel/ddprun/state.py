@@ -12,12 +12,13 @@ last committed state:
 
     header (4 KiB):  magic "DDPRUNST", version, slot count, slot bytes, latest (generation << 1 | slot)
     slot:            slot header (4 KiB): commit word, generation, step, skeleton length,
-                                          data length, CRC-32
+                                          data length, chunk length, chunk count, then a
+                                          CRC-32 per chunk (64 MiB) of skeleton and data
                      skeleton: a pickle of `obj` with each tensor replaced by (dtype, shape, offset)
                      tensor bytes, each at a 64-byte aligned offset after the skeleton
 
-The commit word (equal to the generation) is written last, after the CRC-32 of the skeleton and
-the tensor bytes; a save first clears it. A worker killed mid-copy leaves that slot uncommitted
+The commit word (equal to the generation) is written last, after the CRC-32s of the skeleton and
+the tensor bytes (load() checks the chunks on every CPU at once); a save first clears it. A worker killed mid-copy leaves that slot uncommitted
 and the other slot's state whole, so a reader never sees a torn state.
 
 save() pickles the skeleton and clones small tensors at once; the slot is written (larger
@@ -50,7 +51,11 @@ _VERSION = 1
 _SLOTS = 2
 _PAGE = mmap.PAGESIZE
 _HEADER = struct.Struct("<8sIIQQ")  # magic, version, slots, slot bytes, latest (generation << 1 | slot)
-_SLOT = struct.Struct("<QQqQQI")    # commit word, generation, step, skeleton bytes, data bytes, CRC-32
+# commit word, generation, step, skeleton bytes, data bytes, chunk bytes, chunks; then a CRC-32
+# per chunk of the payload (skeleton and data), so that load() checks the chunks on every CPU.
+_SLOT = struct.Struct("<QQqQQQI")
+_CHUNK = 64 << 20
+_MAX_CHUNKS = (_PAGE - _SLOT.size) // 4
 _ALIGN = 64
 # Tensors of fewer bytes are copied inside save() itself: a small buffer that forward updates
 # (BatchNorm's statistics) is then copied before forward runs. Larger ones go to the thread.
@@ -115,10 +120,11 @@ class _Area:
         return latest
 
     def slot(self, i):
-        commit, gen, step, skel, data, crc = _SLOT.unpack_from(self.map, self.offset(i))
-        if commit == 0 or commit != gen or _align(skel) + data > self.capacity():
+        commit, gen, step, skel, data, chunk, n = _SLOT.unpack_from(self.map, self.offset(i))
+        if commit == 0 or commit != gen or _align(skel) + data > self.capacity() or n > _MAX_CHUNKS:
             return None
-        return gen, step, skel, data, crc
+        crcs = struct.unpack_from(f"<{n}I", self.map, self.offset(i) + _SLOT.size)
+        return gen, step, skel, data, chunk, crcs
 
     def committed(self):
         """[(generation, step, slot)] of the committed slots, newest first."""
@@ -229,6 +235,28 @@ def _view(buf, offset, tensor):
     return torch.frombuffer(buf, dtype=tensor.dtype, count=tensor.numel(), offset=offset).view(tensor.shape)
 
 
+def _chunk_bytes(payload):
+    """64 MiB, or more where a slot's payload would need more chunks than its header holds."""
+    least = -(-payload // _MAX_CHUNKS)
+    return max(_CHUNK, -(-least // _PAGE) * _PAGE)
+
+
+def _verified(payload, chunk, crcs):
+    """Whether every chunk of `payload` has its CRC-32, checked on every CPU this process may use
+    (zlib.crc32 lets go of the GIL): the training waits for the load."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    parts = [payload[i:i + chunk] for i in range(0, len(payload), chunk)]
+    if len(parts) != len(crcs):
+        return False
+    try:
+        with ThreadPoolExecutor(max_workers=min(len(parts), len(os.sched_getaffinity(0))) or 1) as pool:
+            return list(pool.map(zlib.crc32, parts)) == list(crcs)
+    finally:
+        for p in parts:
+            p.release()
+
+
 def _write(area, slot, gen, step, skeleton, tensors, data_bytes):
     """Writes the slot, then its CRC-32, then commits it: the save's thread. `tensors`: [(tensor,
     offset)], the small ones already cloned."""
@@ -237,7 +265,7 @@ def _write(area, slot, gen, step, skeleton, tensors, data_bytes):
 
     area.keep_loaded(slot)
     base = area.offset(slot)
-    _SLOT.pack_into(area.map, base, 0, 0, 0, 0, 0, 0)  # uncommitted from here on
+    _SLOT.pack_into(area.map, base, 0, 0, 0, 0, 0, 0, 0)  # uncommitted from here on
     area.map[base + _PAGE:base + _PAGE + len(skeleton)] = skeleton
     data_at = base + _PAGE + _align(len(skeleton))
     die = os.environ.get("DDPRUN_STATE_TEST_KILL_AT_STEP") == str(step)
@@ -250,11 +278,13 @@ def _write(area, slot, gen, step, skeleton, tensors, data_bytes):
                 dst.copy_(t.detach())
     payload = memoryview(area.map)[base + _PAGE:data_at + data_bytes]
     try:
-        crc = zlib.crc32(payload)
+        chunk = _chunk_bytes(len(payload))
+        crcs = [zlib.crc32(payload[i:i + chunk]) for i in range(0, len(payload), chunk)]
     finally:
         payload.release()
-    _SLOT.pack_into(area.map, base, 0, gen, step, len(skeleton), data_bytes, crc)
-    _SLOT.pack_into(area.map, base, gen, gen, step, len(skeleton), data_bytes, crc)  # the commit word, last
+    struct.pack_into(f"<{len(crcs)}I", area.map, base + _SLOT.size, *crcs)
+    _SLOT.pack_into(area.map, base, 0, gen, step, len(skeleton), data_bytes, chunk, len(crcs))
+    _SLOT.pack_into(area.map, base, gen, gen, step, len(skeleton), data_bytes, chunk, len(crcs))  # the commit, last
     _HEADER.pack_into(area.map, 0, _MAGIC, _VERSION, _SLOTS, area.slot_bytes, gen << 1 | slot)
     _Stats.copy_s += time.perf_counter() - t0
 
@@ -379,13 +409,13 @@ def load(verify=True):
         return None
     wait()
     _gen, step, slot = next(h for h in held if h[1] == step)
-    _gen, _step, skel, data, crc = area.slot(slot)
+    _gen, _step, skel, data, chunk, crcs = area.slot(slot)
     base = area.offset(slot)
     private = mmap.mmap(area.fd, area.slot_bytes, flags=mmap.MAP_PRIVATE,
                         prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
     payload = memoryview(private)[_PAGE:_PAGE + _align(skel) + data]
     try:
-        if verify and zlib.crc32(payload) != crc:
+        if verify and not _verified(payload, chunk, crcs):
             raise StateError(f"ddprun.state.load: the state of step {step} fails its CRC-32 check (memory written "
                              f"outside ddprun.state?); not loading it")
         refs = []
