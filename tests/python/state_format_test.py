@@ -44,14 +44,8 @@ def same(a, b):
     return a == b
 
 
-def main():
-    need_torch()
-    sys.path.insert(0, os.path.abspath(sys.argv[1]))
-    fd = area()
-    os.environ.update(DDPRUN_STATE_FD=str(fd), DDPRUN_STATE_BYTES=str(SIZE))
+def round_trips(st):
     import torch
-
-    import ddprun.state as st
 
     check(st.available() and st.load() is None and st.steps() == [], "a fresh area: available, nothing to load")
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
@@ -70,13 +64,17 @@ def main():
     got[1]["big"].add_(1)
     again = st.load()
     check(torch.equal(again[1]["big"], obj["big"]), "writing a loaded tensor leaves the saved state as it was")
+    return again[1]["big"], obj["big"]
+
+
+def slots(st, held, want):
+    import torch
 
     # Loaded tensors stay as loaded when their slot is written again (two saves later).
-    held = again[1]["big"]
     for step in (1, 2):
         st.save(step, {"big": torch.full((100_000,), float(step))})
     st.wait()
-    check(torch.equal(held, obj["big"]), "a loaded tensor kept alive keeps its values when its slot is reused")
+    check(torch.equal(held, want), "a loaded tensor kept alive keeps its values when its slot is reused")
     check(st.steps() == [2, 1], f"the area holds the last two steps: {st.steps()}")
 
     # A save left uncommitted (its commit word cleared, as by a death mid-copy): the one before.
@@ -97,6 +95,10 @@ def main():
     except st.StateError as e:
         check("CRC-32" in str(e), f"a corrupted slot raises StateError: {e}")
     st._area.map[at] = st._area.map[at] ^ 0xFF
+
+
+def too_large_and_fence(st):
+    import torch
 
     # Too large: a clear error, and the state before is kept.
     try:
@@ -119,6 +121,8 @@ def main():
     opt.step()
     check(st._pending is None and st.stats()["saves"] >= 6, "... also when stepped through an LR scheduler's wrapper")
 
+
+def not_an_area():
     # A descriptor that is not an area (a subprocess that inherited the variables, not the memfd).
     code = ("import warnings, ddprun.state as s; warnings.simplefilter('always'); "
             "print(s.load(), s.available(), s.save(0, {}))")
@@ -127,6 +131,19 @@ def main():
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, pass_fds=[null.fileno()])
     check(r.stdout.strip() == "None False None" and r.stderr.count("is not this process's state area") == 1,
           f"DDPRUN_STATE_FD on another file: one warning, nothing loaded or saved: {r.stdout!r} {r.stderr[-200:]!r}")
+
+
+def main():
+    need_torch()
+    sys.path.insert(0, os.path.abspath(sys.argv[1]))
+    fd = area()
+    os.environ.update(DDPRUN_STATE_FD=str(fd), DDPRUN_STATE_BYTES=str(SIZE))
+    import ddprun.state as st
+
+    held, want = round_trips(st)
+    slots(st, held, want)
+    too_large_and_fence(st)
+    not_an_area()
     print(f"{len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)
 
