@@ -20,6 +20,8 @@ add_custom_target(ddprun_programs)
 add_dependencies(ddprun_programs ${DDPRUN_PROGRAMS})
 install(FILES ${PROJECT_SOURCE_DIR}/agent/python/sitecustomize.py ${PROJECT_SOURCE_DIR}/agent/python/_ddprun_spare.py DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python
   COMPONENT bin)
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/wheel/ddprun/__init__.py ${PROJECT_SOURCE_DIR}/packaging/wheel/ddprun/__main__.py
+  ${PROJECT_SOURCE_DIR}/packaging/wheel/ddprun/state.py DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python/ddprun COMPONENT bin)
 install(TARGETS ddprun_common ddprun_log ddprun_rendezvous ddprun_runtime EXPORT ddprunTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT bin

@@ -104,14 +104,18 @@ ln -s /tmp/victim /tmp/links/linkjob/attempt_0/0/stdout.log
 [ "$(cat /tmp/victim)" = precious ] && ok "a link planted at a log file's path is not followed" \
   || bad "the victim of a planted link was overwritten: $(cat /tmp/victim)"
 
-# 4. A worker starts with exactly 0, 1 and 2 (no store socket, no pipe of another worker).
+# 4. A worker starts with exactly 0, 1 and 2 (no store socket, no pipe of another worker), and 5:
+# its own rank's state area (docs/usage.md: In-memory state), none with --no_state.
 # (No pipe in the worker's shell: the shell would hold the pipe's descriptor while ls lists it.)
-out=$("$ddprun" --standalone --nproc_per_node=2 --log_level warn --no_python /bin/sh -c 'ls /proc/$$/fd' 2>&1)
+out=$("$ddprun" --standalone --nproc_per_node=2 --log_level warn --no_python /bin/sh -c 'ls /proc/$$/fd; readlink /proc/$$/fd/5' 2>&1)
 fds=$(for r in 0 1; do echo "$out" | sed -n "s/^\[default$r\]://p" | sort -n | tr '\n' ' '; echo; done | sort -u)
-if [ "$fds" = "0 1 2 " ]; then
-  ok "each worker starts with exactly descriptors 0, 1 and 2"
+if [ "$fds" = "$(printf '/memfd:ddprun-state-0 (deleted) 0 1 2 5 \n/memfd:ddprun-state-1 (deleted) 0 1 2 5 ')" ]; then
+  ok "each worker starts with exactly descriptors 0, 1 and 2, and 5: its rank's state area"
 else
   bad "worker descriptors: $fds"
 fi
+out=$("$ddprun" --standalone --nproc_per_node=2 --log_level warn --no_state --no_python /bin/sh -c 'ls /proc/$$/fd' 2>&1)
+fds=$(for r in 0 1; do echo "$out" | sed -n "s/^\[default$r\]://p" | sort -n | tr '\n' ' '; echo; done | sort -u)
+[ "$fds" = "0 1 2 " ] && ok "with --no_state, exactly 0, 1 and 2" || bad "worker descriptors with --no_state: $fds"
 intact && ok "the sentinel files survived everything" || bad "sentinel files damaged"
 finish

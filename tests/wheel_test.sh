@@ -101,6 +101,19 @@ got=$(cd "$work" && timeout 60 "$venv/bin/ddprun" --standalone --log_level warn 
   ok "the hook is at bin/../share/ddprun/python, and ddprun's Python workers (the environment's python3) load it" ||
   bad "the hook: want '$want', got '$got'"
 
+# ddprun.state: the package beside the hook, which the workers import, is the one pip installed.
+cat >"$work/state_probe.py" <<'PY'
+import hashlib, os, sys, sysconfig
+import ddprun.state
+installed = os.path.join(sysconfig.get_paths()["purelib"], "ddprun", "state.py")
+same = hashlib.sha256(open(ddprun.state.__file__, "rb").read()).digest() == hashlib.sha256(open(installed, "rb").read()).digest()
+print("STATE", os.path.dirname(os.path.dirname(ddprun.state.__file__)), same, ddprun.state.available(), ddprun.state.load())
+PY
+got=$(cd "$work" && timeout 60 "$venv/bin/ddprun" --standalone --log_level warn "$work/state_probe.py" 2>&1 | sed -n 's/^\[default0\]://; /^STATE /p')
+[ "$got" = "STATE $venv/share/ddprun/python True True None" ] &&
+  ok "workers import ddprun.state from beside the hook, the same file as the installed package's, with their state area" ||
+  bad "ddprun.state in a worker: want 'STATE $venv/share/ddprun/python True True None', got '$got'"
+
 if (cd "$work" && timeout 240 "$venv/bin/ddprun" --standalone --nproc_per_node=2 --log_level warn \
       "$src/examples/ddp_train.py" --epochs 2 --samples 512) >"$work/ddp.txt" 2>&1 &&
    [ "$(grep -c '^\[default[01]\]:RESULT rank=[01] world=2 ' "$work/ddp.txt")" = 2 ] &&

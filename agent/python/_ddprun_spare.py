@@ -328,9 +328,17 @@ def _become_cold(order, why):
     for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):  # as the interpreter found them
         signal.signal(s, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, _STARTED_MASK)
-    os.closerange(3, 1 << 16)
-    os.chdir(order.cwd)
     env = dict(kv.split(b"=", 1) for kv in order.env if b"=" in kv and not kv.startswith(b"="))
+    # Its rank's state area (DDPRUN_STATE_FD) stays: ddprun gave it to this process for the worker.
+    keep = env.get(b"DDPRUN_STATE_FD", b"")
+    keep = int(keep) if keep.isdigit() else -1
+    if keep >= 3:
+        os.set_inheritable(keep, True)
+        os.closerange(3, keep)
+        os.closerange(keep + 1, 1 << 16)
+    else:
+        os.closerange(3, 1 << 16)
+    os.chdir(order.cwd)
     os.execve(order.argv[0], order.argv, env)
 
 

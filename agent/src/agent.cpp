@@ -27,6 +27,7 @@
 #include "host/numa_binding.hpp"
 #include "workers/output.hpp"
 #include "workers/process_runner.hpp"
+#include "workers/state_areas.hpp"
 #include "containment/run_dir.hpp"
 #include "workers/worker_group.hpp"
 
@@ -76,12 +77,12 @@ rounds::WhenReadable when_readable(asio::io_context& io) {
 // each growth waits for an RCU grace period (expand_fdtable): 20-30 ms each on a machine of 16
 // CPUs, where 64 workers started from several threads took 52-57 ms instead of 17 (their pipes
 // crossed 64 and 128), and where a store thread or a metrics thread also makes the agent
-// several threads. Each worker takes two pipes and a store connection; the rest, 48 (about 20
-// at the start).
+// several threads. Each worker takes two pipes, a store connection and its state area; the rest,
+// 48 (about 20 at the start).
 void reserve_descriptors(int workers) {
   rlimit lim{};
   if (workers <= 0 || ::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
-  long want = 3L * workers + 48;
+  long want = 4L * workers + 48;
   if (lim.rlim_cur != RLIM_INFINITY) want = std::min<long>(want, static_cast<long>(lim.rlim_cur) - 1);
   if (want < 64) return;  // within the table every process starts with
   for (int fd : {STDERR_FILENO, STDOUT_FILENO, STDIN_FILENO}) {
@@ -179,6 +180,26 @@ struct Agent::Impl {
     return code;
   }
 
+  // Each local rank's state area, made now to outlive every attempt (docs/usage.md: In-memory
+  // state); none with --no_state, or where memfd is refused (then the job runs without).
+  std::unique_ptr<StateAreas> make_state_areas() const {
+    if (opt.state_memory == 0) return nullptr;
+    const auto usable = usable_memory_bytes();
+    const auto budget = opt.state_memory > 0 ? static_cast<std::uint64_t>(opt.state_memory)
+                                              : static_cast<std::uint64_t>(static_cast<double>(usable) * kDefaultStateShare);
+    try {
+      auto areas = std::make_unique<StateAreas>(opt.nproc_per_node, budget);
+      if (areas->ranks() == 0) return nullptr;
+      spdlog::debug("ddprun: in-memory state: {} MB per local rank ({} MB for the node{}; a save holds at most half)",
+                   areas->bytes_per_rank() >> 20, budget >> 20,
+                   opt.state_memory > 0 ? "" : fmt::format(", a quarter of {} MB", usable >> 20));
+      return areas;
+    } catch (const Error& e) {
+      spdlog::warn("ddprun: no in-memory state for the workers: {}", e.what());
+      return nullptr;
+    }
+  }
+
   int run_loop(asio::io_context& io, asio::signal_set& signals, ProcessRunner& runner, Rendezvous& rdzv,
                EventLog& events, RunDir& dir, const std::string& node_name, JobMetrics* metrics) {
     WorkerGroup::Options wo = WorkerGroup::Options::from(opt);
@@ -190,7 +211,8 @@ struct Agent::Impl {
       };
     }
     WorkerGroup group(io, runner, wo);
-    JobController controller(opt, group, rdzv, events, dir, node_name, &fence);
+    auto state = make_state_areas();
+    JobController controller(opt, group, rdzv, events, dir, node_name, &fence, state.get());
     // Once a second the loop shows the job to the metrics: /healthz also proves the loop turns.
     asio::steady_timer tick(io);
     std::function<void()> refresh = [&] {

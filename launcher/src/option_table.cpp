@@ -246,6 +246,16 @@ std::vector<OptionSpec> failure_options() {
        if (v != "0" && v != "1") usage("--warm_spares must be 0 or 1 (got '" + v + "')");
        s.warm_spares = v == "1";
      }},
+    {"state_memory", "", kFault, K::value, "",
+     "memory for the workers' in-memory state (ddprun.state.save) on this node, split evenly between its local "
+     "ranks, e.g. 8G; a save holds at most half its rank's share (two slots); pages are used only as saves write "
+     "them. Default: a quarter of the node's memory (or of ddprun's cgroup memory limit if lower); 0 = none",
+     [](const std::string& v, Settings& s) {
+       if (!v.empty()) s.state_memory = parse_size("state_memory", v);
+     }},
+    {"no_state", "", kFault, K::flag, "",
+     "give the workers no in-memory state (as --state_memory=0): ddprun.state.load() returns None",
+     [](const std::string& v, Settings& s) { s.no_state = truthy(v); }},
     {"preload", "", kFault, K::value, "",
      "comma-separated modules each warm spare imports besides torch, before the script runs; 'auto' adds those the "
      "last attempt's worker had imported (installed ones) at its first optimizer step",

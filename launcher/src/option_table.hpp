@@ -39,6 +39,8 @@ struct Settings {
   bool no_progress_hook = false;
   bool warm_spares = true;     // for Python workers (docs: Warm spares)
   std::string preload;         // modules each warm spare imports besides torch
+  long long state_memory = -1; // bytes for the node's state areas; -1: the default; 0: none
+  bool no_state = false;
   std::string log_dir;
   agent::StreamSelection redirects, tee;
   std::string local_ranks_filter;
@@ -81,6 +83,9 @@ std::string get_env(const std::map<std::string, std::string>& env, const std::st
 [[noreturn]] void usage(const std::string& what);
 std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& v, bool allow_zero);
 int parse_count(const std::string& flag, const std::string& v, bool allow_zero);
+// "4G", "512M", "1.5G", "65536" (bytes), "0": a size in bytes (K, M, G, T: powers of 1024; an
+// optional "B" or "iB" after them).
+long long parse_size(const std::string& flag, const std::string& v);
 // A value cut to about 60 characters for a message.
 std::string shorten(const std::string& v);
 // Comma-separated Python module names (--preload); throws UsageError naming the flag.

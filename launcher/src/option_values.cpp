@@ -26,6 +26,28 @@ int parse_count(const std::string& flag, const std::string& v, bool allow_zero) 
   return static_cast<int>(*n);
 }
 
+long long parse_size(const std::string& flag, const std::string& v) {
+  std::string number = v, unit;
+  while (!number.empty() && std::isalpha(static_cast<unsigned char>(number.back()))) {
+    unit.insert(unit.begin(), static_cast<char>(std::toupper(static_cast<unsigned char>(number.back()))));
+    number.pop_back();
+  }
+  if (unit.size() > 1 && (unit.substr(1) == "B" || unit.substr(1) == "IB")) unit = unit.substr(0, 1);
+  if (unit == "B") unit.clear();
+  const std::string units = "KMGT";
+  const auto at = unit.empty() ? std::string::npos : units.find(unit);
+  auto d = parse_double(number);
+  if (!d || *d < 0 || (unit.size() > 1 || (!unit.empty() && at == std::string::npos))) {
+    usage("--" + flag + " must be a size such as 4G, 512M or 1073741824 (bytes), or 0 (got '" + shorten(v) + "')");
+  }
+  double bytes = *d;
+  if (at != std::string::npos) {
+    for (std::size_t i = 0; i <= at; ++i) bytes *= 1024;
+  }
+  if (bytes > 9.0e18) usage("--" + flag + " is too large (got '" + shorten(v) + "')");
+  return static_cast<long long>(bytes);
+}
+
 // "host", "host:port", "[v6]:port", "[v6]".
 std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& v, std::uint16_t default_port) {
   auto bad = [&](const std::string& why) {

@@ -35,7 +35,7 @@ class FakeRunner : public ProcessRunner {
   pid_t next_pid = 1000;
 
   Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                const CpuBinding* binding) override {
+                const CpuBinding* binding, int /*state_fd*/) override {
     if (static_cast<int>(started.size()) == fail_start_at) throw Error("fork failed: Resource temporarily unavailable");
     Process p{argv, {}, binding ? std::optional<CpuBinding>(*binding) : std::nullopt};
     for (const auto& kv : env) p.env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);

@@ -128,7 +128,7 @@ TEST_CASE("start-up: the agent's descriptor table is sized for the job before an
                .finish(30s);
   INFO(r.out << r.err);
   REQUIRE(r.code == 0);
-  CHECK(std::regex_search(r.out, std::regex("\\[default0\\]:FDSize:\\s+128\\n")));  // 3 * 8 + 48 = 72 slots
+  CHECK(std::regex_search(r.out, std::regex("\\[default0\\]:FDSize:\\s+128\\n")));  // 4 * 8 + 48 = 80 slots
   auto one = Launch(cmd({"--standalone", "--nproc_per_node=1", "/bin/sh", "-c", "grep FDSize /proc/$PPID/status"}))
                  .finish(30s);
   CHECK(std::regex_search(one.out, std::regex("\\[default0\\]:FDSize:\\s+64\\n")));

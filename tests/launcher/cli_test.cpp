@@ -95,6 +95,21 @@ TEST_CASE("every option of the table reads PET_NAME and is validated by the tabl
   CHECK(parse({"/bin/true"}, {{"PET_NO_PYTHON", "1"}, {"PYTHON_EXEC", "false"}}).agent.command[0] == "/bin/true");
 }
 
+TEST_CASE("in-memory state: --state_memory takes sizes, and --no_state or 0 turn the state off", "[units]") {
+  CHECK(parse({"/bin/true"}).agent.state_memory == -1);  // the default: the agent's quarter of memory
+  CHECK(parse({"--state_memory=4G", "/bin/true"}).agent.state_memory == 4LL << 30);
+  CHECK(parse({"--state_memory", "1.5GiB", "/bin/true"}).agent.state_memory == 3LL << 29);
+  CHECK(parse({"--state_memory=512m", "/bin/true"}).agent.state_memory == 512LL << 20);
+  CHECK(parse({"--state_memory=65536", "/bin/true"}).agent.state_memory == 65536);
+  CHECK(parse({"--state_memory=0", "/bin/true"}).agent.state_memory == 0);
+  CHECK(parse({"--no_state", "--state_memory=4G", "/bin/true"}).agent.state_memory == 0);
+  CHECK(parse({"/bin/true"}, {{"PET_STATE_MEMORY", "2T"}}).agent.state_memory == 2LL << 40);
+  for (const char* bad : {"4X", "-1G", "G", "4GG", "1e30", "4 G"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH(parse({std::string("--state_memory=") + bad, "/bin/true"}), Catch::Contains("--state_memory"));
+  }
+}
+
 TEST_CASE("PET_ values are parsed as strictly as flags (issue 18, case 8)", "[units]") {
   // Numbers: decimal only, whole, in range; no hex, no sign games, no spaces, no trailing junk.
   for (const char* bad : {"0x10", "1e3", " 4", "4 ", "+4", "4.0", "010x", "-1", "99999999999"}) {

@@ -60,6 +60,7 @@ struct ChildPlan {
   int out = -1, err = -1;        // the pipes' write ends
   int cgroup_procs = -1;         // the job's cgroup, joined by the child (when clone3 could not)
   int pass[2] = {-1, -1};        // become the child's 3 and 4 (both or neither)
+  int state = -1;                // becomes the child's kStateFd (its rank's state area)
   pid_t parent = -1;
   int max_fd = 1024;
   // Set when the kernel has reset every handled signal (clone3's CLONE_CLEAR_SIGHAND): the
@@ -109,6 +110,14 @@ ChildPlan plan_child(const std::vector<std::string>& argv, const std::vector<std
   return c;
 }
 
+// Closes [first, last] (close_range, else one by one below `max_fd`): async-signal-safe.
+void close_from(unsigned first, unsigned last, int max_fd) {
+  if (first > last) return;
+  if (::syscall(SYS_close_range, first, last, 0U) != 0) {
+    for (long fd = first; fd <= static_cast<long>(last) && fd < max_fd; ++fd) ::close(static_cast<int>(fd));
+  }
+}
+
 // The child's steps, in order, from the clone to exec. Only system calls: no allocation, no
 // locks, nothing that writes the agent's memory (it is shared until exec).
 [[noreturn]] void run_child(const ChildPlan& c) {
@@ -144,15 +153,20 @@ ChildPlan plan_child(const std::vector<std::string>& argv, const std::vector<std
   // The worker starts with exactly 0, 1 and 2 (a spare: and its two pipes): nothing of the agent
   // (the store's sockets, other workers' pipes, log files) may leak into it, or into
   // grandchildren that outlive it.
+  // (and its rank's state area, as kStateFd, which a spare keeps when it becomes the worker).
   unsigned first_closed = 3;
+  const int state = c.state >= 0 ? ::fcntl(c.state, F_DUPFD, 10) : -1;  // out of 3, 4 and 5's way
   if (c.pass[0] >= 0) {
-    int a = ::fcntl(c.pass[0], F_DUPFD, 10), b = ::fcntl(c.pass[1], F_DUPFD, 10);  // out of 3 and 4's way
+    int a = ::fcntl(c.pass[0], F_DUPFD, 10), b = ::fcntl(c.pass[1], F_DUPFD, 10);
     if (a < 0 || b < 0 || ::dup2(a, 3) != 3 || ::dup2(b, 4) != 4) ::_exit(127);
     first_closed = 5;
   }
-  if (::syscall(SYS_close_range, first_closed, ~0U, 0U) != 0) {
-    for (int fd = static_cast<int>(first_closed); fd < c.max_fd; ++fd) ::close(fd);
+  if (c.state >= 0) {
+    if (state < 0 || ::dup2(state, kStateFd) != kStateFd) ::_exit(127);
+    close_from(first_closed, kStateFd - 1, c.max_fd);
+    first_closed = kStateFd + 1;
   }
+  close_from(first_closed, ~0U, c.max_fd);
   ::execve(c.argv[0], c.argv.data(), c.env.data());
   const char* why = ::strerrordesc_np(errno);  // a constant string: no locale, no allocation
   write_str(STDERR_FILENO, "ddprun: cannot execute '");
@@ -261,8 +275,10 @@ pid_t start_child(ChildPlan& plan, int cgroup_dir) {
 }  // namespace
 
 SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                             const CpuBinding* binding, const CgroupTarget* cgroup, int fd3, int fd4) {
+                             const CpuBinding* binding, const CgroupTarget* cgroup, int fd3, int fd4,
+                             int state_fd) {
   ChildPlan child = plan_child(argv, env, binding);
+  child.state = state_fd;
   child.cgroup_procs = cgroup ? cgroup->procs : -1;
   if (fd3 >= 0 && fd4 >= 0) {
     child.pass[0] = fd3;

@@ -37,9 +37,9 @@ const char* to_string(Phase p) {
 }
 
 JobController::JobController(const AgentOptions& opt, WorkerGroup& group, Rendezvous& rdzv, EventLog& events,
-                             const RunDir& dir, std::string node_name, FenceState* fence)
+                             const RunDir& dir, std::string node_name, FenceState* fence, const StateAreas* state)
     : opt_(opt), group_(group), rdzv_(rdzv), events_(events), dir_(dir), node_name_(std::move(node_name)), fence_(fence),
-      clock_(events) {
+      state_(state), clock_(events) {
   rdzv_.set_listener(*this);
   group_.set_listener(*this);
 }
@@ -158,7 +158,7 @@ void JobController::on_waiting_for_place() {
   place.group_world = opt_.rdzv.max_nodes;
   place.world_size = opt_.rdzv.max_nodes * opt_.nproc_per_node;
   try {
-    group_.make_spares(plan_workers(opt_, place, dir_));
+    group_.make_spares(plan_workers(opt_, place, dir_, state_));
   } catch (const Error& e) {
     spdlog::warn("ddprun: no warm spares while this node waits for a place: {}", e.what());
   }
@@ -204,7 +204,7 @@ void JobController::start_workers() {
   if (fence_) fence_->reset();
   try {
     group_.set_nodes(info_.group_world);
-    group_.start(plan_workers(opt_, info_, dir_));
+    group_.start(plan_workers(opt_, info_, dir_, state_));
   } catch (const Error& e) {
     spdlog::error("ddprun: {}", e.what());
     finish(1, Rendezvous::Ack::no);

@@ -44,6 +44,7 @@ namespace ddprun::agent {
 
 class EventLog;
 class RunDir;
+class StateAreas;
 using rounds::Rendezvous;
 using rounds::RendezvousFailure;
 using rounds::RoundEnd;
@@ -57,7 +58,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
  public:
   // `node_name`: how the other nodes know this one (failure summaries).
   JobController(const AgentOptions& opt, WorkerGroup& group, Rendezvous& rdzv, EventLog& events, const RunDir& dir,
-                std::string node_name, FenceState* fence = nullptr);
+                std::string node_name, FenceState* fence = nullptr, const StateAreas* state = nullptr);
 
   void start();             // joins the first round
   void on_signal(int sig);  // a signal ddprun handles, SIGCHLD excepted (that one goes to the group)
@@ -112,6 +113,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   const RunDir& dir_;
   std::string node_name_;
   FenceState* fence_;
+  const StateAreas* state_;  // each local rank's state area, handed to its workers; may be null
 
   Phase phase_ = Phase::rendezvous;
   int round_ = 0;

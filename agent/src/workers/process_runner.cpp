@@ -37,7 +37,7 @@ std::string ProcessRunner::start_each(const std::vector<Request>& requests, std:
   run(requests.size(), [&](std::size_t i) {
     if (failed.load(std::memory_order_relaxed)) return;  // after a failure, nothing more starts
     try {
-      started[i] = start(*requests[i].argv, *requests[i].env, requests[i].binding);
+      started[i] = start(*requests[i].argv, *requests[i].env, requests[i].binding, requests[i].state_fd);
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lk(mu);
       if (failure.empty()) failure = e.what();
@@ -48,7 +48,7 @@ std::string ProcessRunner::start_each(const std::vector<Request>& requests, std:
 }
 
 ProcessRunner::Started ProcessRunner::start_spare(const std::vector<std::string>&, const std::vector<std::string>&,
-                                                  const CpuBinding*, int, int) {
+                                                  const CpuBinding*, int, int, int) {
   throw Error("this process runner cannot start warm spares");
 }
 
@@ -67,15 +67,16 @@ std::string RealProcessRunner::start_all(const std::vector<Request>& requests, s
 }
 
 ProcessRunner::Started RealProcessRunner::start(const std::vector<std::string>& argv,
-                                                const std::vector<std::string>& env, const CpuBinding* binding) {
-  auto p = spawn_process(argv, env, binding, containment_.cgroup_target());
+                                                const std::vector<std::string>& env, const CpuBinding* binding,
+                                                int state_fd) {
+  auto p = spawn_process(argv, env, binding, containment_.cgroup_target(), -1, -1, state_fd);
   return Started{p.pid, p.stdout_fd, p.stderr_fd};
 }
 
 ProcessRunner::Started RealProcessRunner::start_spare(const std::vector<std::string>& argv,
                                                       const std::vector<std::string>& env, const CpuBinding* binding,
-                                                      int order_fd, int ready_fd) {
-  auto p = spawn_process(argv, env, binding, containment_.cgroup_target(), order_fd, ready_fd);
+                                                      int order_fd, int ready_fd, int state_fd) {
+  auto p = spawn_process(argv, env, binding, containment_.cgroup_target(), order_fd, ready_fd, state_fd);
   {
     std::lock_guard<std::mutex> lk(spares_mu_);
     spares_.insert(p.pid);  // not swept between attempts

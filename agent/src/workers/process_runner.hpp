@@ -49,17 +49,19 @@ class ProcessRunner {
     const std::vector<std::string>* argv;
     const std::vector<std::string>* env;
     const CpuBinding* binding;
+    int state_fd = -1;  // its local rank's state area (state_areas.hpp); -1: none
   };
 
   virtual ~ProcessRunner() = default;
-  // Starts `argv` with exactly `env` ("K=V"). Throws ddprun::Error.
+  // Starts `argv` with exactly `env` ("K=V"), with `state_fd` (the agent's, not given away) as
+  // its descriptor kStateFd unless -1. Throws ddprun::Error.
   virtual Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                        const CpuBinding* binding) = 0;
+                        const CpuBinding* binding, int state_fd) = 0;
   // Starts a warm spare as start() starts a worker (the same containment), with `order_fd` and
-  // `ready_fd` as its descriptors 3 and 4. Until it is forgotten or runs a worker
+  // `ready_fd` as its descriptors 3 and 4 (and `state_fd` as kStateFd, as start()). Until it is forgotten or runs a worker
   // (spare_runs_worker), a sweep spares it. Throws ddprun::Error (this one: not supported).
   virtual Started start_spare(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                              const CpuBinding* binding, int order_fd, int ready_fd);
+                              const CpuBinding* binding, int order_fd, int ready_fd, int state_fd);
   // Starts every request, as start() each; `started` gets one entry a request, in order (pid -1:
   // not started). Returns the first failure's message, empty when all started. This one starts
   // them in order and stops at the first failure; the real runner may start them in parallel.
@@ -106,10 +108,10 @@ class RealProcessRunner : public ProcessRunner {
   RealProcessRunner(Guardian& guardian, const Containment& containment);
   ~RealProcessRunner() override;
   Started start(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                const CpuBinding* binding) override;
+                const CpuBinding* binding, int state_fd) override;
   std::string start_all(const std::vector<Request>& requests, std::vector<Started>& started) override;
   Started start_spare(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                      const CpuBinding* binding, int order_fd, int ready_fd) override;
+                      const CpuBinding* binding, int order_fd, int ready_fd, int state_fd) override;
   void signal_group(pid_t pgid, int sig) override;
   std::vector<Ended> reap() override;
   void watch(const std::vector<pid_t>& pgids) override;

@@ -219,7 +219,7 @@ void SparePool::start_one(const WorkerSpec& spec, SpareKey key) {
   s->key = std::move(key);
   s->started = std::chrono::steady_clock::now();
   try {
-    auto st = runner_.start_spare(argv, env, spec.binding ? &*spec.binding : nullptr, order[0], ready[1]);
+    auto st = runner_.start_spare(argv, env, spec.binding ? &*spec.binding : nullptr, order[0], ready[1], spec.state_fd);
     s->pid = st.pid;
     s->out = st.stdout_fd;
     s->err = st.stderr_fd;

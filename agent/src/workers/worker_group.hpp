@@ -44,6 +44,7 @@ struct WorkerSpec {
   std::string heartbeat_file;    // DDPRUN_HEARTBEAT_FILE; empty: not watched
   StreamRoute out, err;
   std::optional<CpuBinding> binding;  // --numa_binding
+  int state_fd = -1;  // the agent's descriptor of its local rank's state area (not owned); -1: none
 };
 
 // A worker's life, as its group sees it.

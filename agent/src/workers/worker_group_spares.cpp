@@ -30,7 +30,7 @@ void WorkerGroup::Impl::spawn_all() {
   std::vector<ProcessRunner::Request> requests;
   for (std::size_t i : cold) {
     const auto& spec = slots[i]->w.spec;
-    requests.push_back({&spec.argv, &spec.env, spec.binding ? &*spec.binding : nullptr});
+    requests.push_back({&spec.argv, &spec.env, spec.binding ? &*spec.binding : nullptr, spec.state_fd});
   }
   std::vector<ProcessRunner::Started> started_cold;
   std::string failure = requests.empty() ? "" : runner.start_all(requests, started_cold);

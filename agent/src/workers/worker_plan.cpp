@@ -7,6 +7,7 @@
 
 #include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/text.hpp"
+#include "workers/state_areas.hpp"
 
 namespace ddprun::agent {
 namespace {
@@ -109,7 +110,8 @@ StreamRoute route(const AgentOptions& opt, const WorkerSpec& w, const std::strin
 
 }  // namespace
 
-std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const rounds::RoundInfo& round, const RunDir& dir) {
+std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const rounds::RoundInfo& round, const RunDir& dir,
+                                     const StateAreas* state) {
   std::vector<WorkerSpec> specs(opt.nproc_per_node);
   const auto dirs = dir.worker_dirs(round.round, opt.nproc_per_node);
   // The group's environment as "K=V", built once for all: without the variables each worker
@@ -121,6 +123,12 @@ std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const rounds::Roun
   for (const auto& kv : own_vars(opt, devices, WorkerSpec{})) group.erase(kv.first);
   std::vector<std::string> shared;
   shared.reserve(group.size());
+  group.erase("DDPRUN_STATE_FD");  // a nested ddprun's: not this job's area
+  group.erase("DDPRUN_STATE_BYTES");
+  if (state && state->ranks() >= opt.nproc_per_node) {
+    group["DDPRUN_STATE_FD"] = std::to_string(kStateFd);
+    group["DDPRUN_STATE_BYTES"] = std::to_string(state->bytes_per_rank());
+  }
   for (const auto& [k, v] : group) shared.push_back(k + "=" + v);
   for (int i = 0; i < opt.nproc_per_node; ++i) {
     auto& w = specs[i];
@@ -136,6 +144,7 @@ std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const rounds::Roun
     w.out = route(opt, w, wdir, 1);
     w.err = route(opt, w, wdir, 2);
     if (static_cast<std::size_t>(i) < opt.bindings.size()) w.binding = opt.bindings[static_cast<std::size_t>(i)];
+    if (state && state->ranks() >= opt.nproc_per_node) w.state_fd = state->fd(i);
   }
   return specs;
 }

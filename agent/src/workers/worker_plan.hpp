@@ -11,7 +11,11 @@
 
 namespace ddprun::agent {
 
-// Creates the workers' directories. Throws ddprun::Error.
-std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const rounds::RoundInfo& round, const RunDir& dir);
+class StateAreas;
+
+// Creates the workers' directories. Throws ddprun::Error. `state`: each local rank's state area,
+// passed to its worker as DDPRUN_STATE_FD (with its size, DDPRUN_STATE_BYTES); nullptr: none.
+std::vector<WorkerSpec> plan_workers(const AgentOptions& opt, const rounds::RoundInfo& round, const RunDir& dir,
+                                     const StateAreas* state = nullptr);
 
 }  // namespace ddprun::agent

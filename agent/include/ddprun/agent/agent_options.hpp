@@ -88,6 +88,10 @@ struct AgentOptions {
   // unknown, and ddprun sets both names, as torchrun 1.13 did, unless the user set either.
   bool hook_sees_torch = false;
   SpareOptions spares;
+  // In-memory state (docs/usage.md: In-memory state): the node's budget for its local ranks'
+  // state areas, in bytes, split evenly between them. -1: the default, a quarter of the memory
+  // the agent may use (MemTotal, or its cgroup's memory.max if lower); 0: none (--no_state).
+  long long state_memory = -1;
 
   StreamSelection redirects;  // to files only
   StreamSelection tee;        // to files and the console

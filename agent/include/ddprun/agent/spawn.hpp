@@ -12,6 +12,10 @@ namespace ddprun::agent {
 
 struct CpuBinding;  // agent.hpp
 
+// The descriptor a worker finds its local rank's state area on (DDPRUN_STATE_FD): the same for
+// a warm spare, which has it from its start beside its order and ready pipes (3 and 4).
+constexpr int kStateFd = 5;
+
 struct SpawnedProcess {
   pid_t pid = -1;  // also its process group id
   int stdout_fd = -1;
@@ -35,9 +39,11 @@ struct CgroupTarget {
 // `cgroup`: the cgroup the child runs in; nullptr: the agent's.
 // `fd3`, `fd4`: descriptors of the agent the child gets as 3 and 4 (a warm spare's order and
 // ready pipes); -1: the child has only 0, 1 and 2.
+// `state_fd`: a descriptor the child gets as kStateFd (its local rank's state area,
+// DDPRUN_STATE_FD); -1: none.
 SpawnedProcess spawn_process(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                              const CpuBinding* binding = nullptr, const CgroupTarget* cgroup = nullptr, int fd3 = -1,
-                             int fd4 = -1);
+                             int fd4 = -1, int state_fd = -1);
 
 // Finds `program` the way execvp would (a name without '/' is looked up in PATH). Returns the
 // path, or an empty string when there is no such executable.

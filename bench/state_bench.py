@@ -1,0 +1,119 @@
+#!/usr/bin/python3
+"""What a crash costs a job's state, side by side in one run (docs/benchmarks.md): a PyTorch DDP
+job over gloo, 2 workers, --sizes MB of state per rank, rank 1 dying halfway through the step
+after --crash_step (bench/state_job.py), in three set-ups:
+
+  torchrun + torch.save    torchrun (--torchrun) with a torch.save every --every steps
+  ddprun + torch.save      the same job under ddprun
+  ddprun + ddprun.state    ddprun.state.save after every step
+
+For each: the steps lost (done before the crash and done again), the time from the crash to every
+rank's first step after it (restart, imports, init_process_group and the state's load included),
+the stall a save adds per step before the crash (torch.save's time over the steps, or the time
+ddprun.state.save blocked plus the time the next optimizer step waited for its copy) and its
+share of a step (without the stall), and the memory the state
+takes (the checkpoint files; ddprun's areas, as written pages) with the workers' peak RSS.
+
+Usage: bench/state_bench.py [--ddprun build/launcher/ddprun] [--torchrun ../shared/tools/torchrun_fixed.py]
+           [--sizes 256,1024] [--step_s 1,4] [--crash_step 8] [--every 5]
+"""
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(ROOT, "bench", "state_job.py")
+
+
+def run(cmd, tmp, timeout=600):
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    results = [dict(kv.split("=") for kv in m.group(1).split())
+               for m in re.finditer(r"RESULT (.*)", p.stdout)]
+    return p.returncode, p.stdout, results
+
+
+def one(a, setup, mb, step_s):
+    tmp = tempfile.mkdtemp(prefix="state_bench_", dir=a.tmp)
+    try:
+        mode = "memory" if setup == "ddprun + ddprun.state" else "disk"
+        job = [a.python, JOB, "--mode", mode, "--state_mb", str(mb), "--step_s", str(step_s),
+               "--crash_step", str(a.crash_step), "--every", str(a.every), "--dir", tmp, "--steps", str(a.crash_step + 4)]
+        if setup.startswith("torchrun"):
+            cmd = [a.python, a.torchrun, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1"] + job[1:]
+        else:
+            cmd = [a.ddprun, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1"] + job
+        rc, out, results = run(cmd, tmp)
+        after = [r for r in results if r["attempt"] == "1"]
+        if rc != 0 or len(after) != 2:
+            print(out[-3000:])
+            return {"setup": setup, "mb": mb, "failed": f"rc {rc}"}
+        with open(os.path.join(tmp, "crash")) as f:
+            crash = float(f.read())
+        first = max(float(open(p).read()) for p in glob.glob(os.path.join(tmp, "first.*")))
+        disk = sum(os.path.getsize(p) for p in glob.glob(os.path.join(tmp, "ckpt.*.pt")))
+        # The stall before the crash, in the steady state (from the third step: the first saves
+        # also fault the area's pages in): what a save adds to each step, the worse rank's.
+        steady = [dict(kv.split("=") for kv in m.group(1).split()) for m in re.finditer(r"STEP (.*)", out)]
+        steady = [s for s in steady if s["attempt"] == "0" and int(s["step"]) >= 2]
+        per_rank = {}
+        for s in steady:
+            per_rank.setdefault(s["rank"], []).append((float(s["save"]) + float(s["fence"]),
+                                                       float(s["time"]) - float(s["fence"])))
+        stall = max(sum(x for x, _ in v) / len(v) for v in per_rank.values())
+        step = max(sorted(t for _, t in v)[len(v) // 2] for v in per_rank.values())
+        return {"setup": setup, "mb": mb, "lost": a.crash_step + 1 - int(after[0]["resumed"]),
+                "recover": first - crash, "stall": stall, "share": stall / step if step else 0, "step": step,
+                "memory": disk + sum(int(r["area"]) for r in after),
+                "rss": max(int(r["rss"]) for r in after), "where": "disk" if mode == "disk" else "memfd",
+                "copy": max(float(r["copy"]) for r in after), "load": max(float(r["load"]) for r in after)}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def copy_text(seconds):
+    return f"{seconds:.2f} s" if seconds else ""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ddprun", default=os.path.join(ROOT, "build", "launcher", "ddprun"))
+    ap.add_argument("--torchrun", default=next(
+        (p for p in (os.path.join(up, "shared", "tools", "torchrun_fixed.py")
+                     for up in (os.path.dirname(ROOT), os.path.dirname(os.path.dirname(ROOT)))) if os.path.exists(p)), ""))
+    ap.add_argument("--python", default="/usr/bin/python3")
+    ap.add_argument("--sizes", default="256,1024")
+    ap.add_argument("--step_s", default="1,4", help="a step's seconds for each size (the last for the rest)")
+    ap.add_argument("--crash_step", type=int, default=8)
+    ap.add_argument("--every", type=int, default=5)
+    ap.add_argument("--tmp", default="/tmp", help="where torch.save writes (a disk, not tmpfs)")
+    a = ap.parse_args()
+    setups = ["torchrun + torch.save", "ddprun + torch.save", "ddprun + ddprun.state"]
+    if not a.torchrun or not os.path.exists(a.torchrun):
+        setups = setups[1:]
+    sizes = [int(mb) for mb in a.sizes.split(",")]
+    step_s = [float(x) for x in a.step_s.split(",")]
+    step_s += [step_s[-1]] * (len(sizes) - len(step_s))
+    rows = [one(a, s, mb, t) for mb, t in zip(sizes, step_s) for s in setups]
+    print(f"\n2 workers, gloo, a step of {', '.join(f'{t:g} s' for t in step_s[:len(sizes)])} (a sleep for the "
+          f"accelerator's part), rank 1 lost halfway through step {a.crash_step + 1}; torch.save every {a.every} steps\n")
+    print("| state per rank | set-up | steps lost | crash -> every rank's next step (of it: the state's load) | "
+          "stall per step (share) | state's memory | workers' peak RSS | save thread per save |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "failed" in r:
+            print(f"| {r['mb']} MB | {r['setup']} | failed: {r['failed']} | | | | | |")
+            continue
+        print(f"| {r['mb']} MB | {r['setup']} | {r['lost']} | {r['recover']:.2f} s ({r['load']:.2f} s) | {r['stall'] * 1000:.1f} ms "
+              f"({r['share'] * 100:.1f}% of {r['step']:.2f} s) | {r['memory'] / 2**20:.0f} MB ({r['where']}) | "
+              f"{r['rss'] / 2**20:.0f} MB | {copy_text(r['copy'])} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

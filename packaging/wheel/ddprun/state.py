@@ -1,0 +1,508 @@
+"""Training state kept in memory by ddprun, across a worker's crash (docs/usage.md: In-memory state).
+
+    import ddprun.state
+    found = ddprun.state.load()          # (step, obj) or None; after init_process_group
+    ...
+    ddprun.state.save(step, {"model": model.state_dict(), "optim": optimizer.state_dict(), ...})
+
+ddprun's agent owns one memory area per local rank (a memfd, DDPRUN_STATE_FD, of
+DDPRUN_STATE_BYTES bytes) that outlives the worker and is handed to the next attempt's worker of
+that rank. The area holds a header and two slots; a save writes the slot that does not hold the
+last committed state:
+
+    header (4 KiB):  magic "DDPRUNST", version, slot count, slot bytes, latest (generation << 1 | slot)
+    slot:            slot header (4 KiB): commit word, generation, step, skeleton length,
+                                          data length, chunk length, chunk count, then a
+                                          CRC-32 per chunk (64 MiB) of skeleton and data
+                     skeleton: a pickle of `obj` with each tensor replaced by (dtype, shape, offset)
+                     tensor bytes, each at a 64-byte aligned offset after the skeleton
+
+The commit word (equal to the generation) is written last, after the CRC-32s of the skeleton and
+the tensor bytes (load() checks the chunks on every CPU at once); a save first clears it. A worker killed mid-copy leaves that slot uncommitted
+and the other slot's state whole, so a reader never sees a torn state.
+
+save() pickles the skeleton and clones small tensors at once; the slot is written (larger
+tensors copied, the CRC-32, the commit) on a background thread while the next forward and
+backward run. Their copy must end before anything
+changes them: before the next optimizer step (a pre-step hook, PyTorch 2.x; each optimizer
+class's step() wrapped, PyTorch 1.x), the next save(), and the process's normal exit. A large
+tensor changed outside optimizer.step() (a big buffer updated in forward) must be given as a
+clone, or saved with save(..., blocking=True).
+
+Under torchrun (no DDPRUN_STATE_FD), or ddprun --no_state, this module warns once; load()
+returns None and save() does nothing, so a script written for ddprun runs elsewhere.
+"""
+import atexit
+import mmap
+import os
+import pickle
+import struct
+import sys
+import threading
+import time
+import warnings
+import weakref
+import zlib
+
+__all__ = ["save", "load", "wait", "steps", "available", "capacity", "stats", "StateError", "StateTooLarge"]
+
+_MAGIC = b"DDPRUNST"
+_VERSION = 1
+_SLOTS = 2
+_PAGE = mmap.PAGESIZE
+_HEADER = struct.Struct("<8sIIQQ")  # magic, version, slots, slot bytes, latest (generation << 1 | slot)
+# commit word, generation, step, skeleton bytes, data bytes, chunk bytes, chunks; then a CRC-32
+# per chunk of the payload (skeleton and data), so that load() checks the chunks on every CPU.
+_SLOT = struct.Struct("<QQqQQQI")
+_CHUNK = 64 << 20
+_MAX_CHUNKS = (_PAGE - _SLOT.size) // 4
+_ALIGN = 64
+# Tensors of fewer bytes are copied inside save() itself: a small buffer that forward updates
+# (BatchNorm's statistics) is then copied before forward runs. Larger ones go to the thread.
+_SYNC_BELOW = 1 << 16
+_MADV_POPULATE_WRITE = 23  # <linux/mman.h>; Python's mmap module names it from 3.13 on only
+
+
+class StateError(Exception):
+    """The in-memory state cannot be saved or loaded (the message says why)."""
+
+
+class StateTooLarge(StateError):
+    """A save does not fit its rank's share of --state_memory. The previous state is kept."""
+
+    def __init__(self, needed, capacity):
+        self.needed, self.capacity = needed, capacity
+        super().__init__(
+            f"ddprun.state.save: the state needs {needed} bytes ({needed / 2**20:.2f} MiB) but a slot of this "
+            f"rank's area holds {capacity} bytes ({capacity / 2**20:.2f} MiB: half its share of --state_memory, two slots); raise ddprun's "
+            f"--state_memory to at least {-(-(2 * (needed + _PAGE) + _PAGE) * _local_world() // 2**20)}M for this node")
+
+
+def _local_world():
+    n = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    return int(n) if n.isdigit() and int(n) > 0 else 1
+
+
+class _Stats:
+    saves = 0
+    save_blocked_s = 0.0  # time save() itself took (pickling, small copies, waiting on the last save)
+    fence_waited_s = 0.0  # time optimizer steps (and exit) waited for a copy to end
+    copy_s = 0.0          # the background copies' own time (copy and CRC)
+    last_bytes = 0
+
+
+def stats():
+    """What the saves cost so far: {saves, save_blocked_s, fence_waited_s, stall_s, copy_s, last_bytes}."""
+    s = {k: getattr(_Stats, k) for k in ("saves", "save_blocked_s", "fence_waited_s", "copy_s", "last_bytes")}
+    s["stall_s"] = s["save_blocked_s"] + s["fence_waited_s"]
+    return s
+
+
+class _Area:
+    """This rank's area, mapped shared for the process's life (tensors made over it hold it)."""
+
+    def __init__(self, fd, size):
+        self.fd, self.size = fd, size
+        self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.slot_bytes = (size - _PAGE) // _SLOTS // _PAGE * _PAGE
+        self.loaded = {}  # slot: [(private mapping, [weakrefs to the tensors load() made over it], bytes)]
+
+    def offset(self, slot):
+        return _PAGE + slot * self.slot_bytes
+
+    def capacity(self):
+        return self.slot_bytes - _PAGE
+
+    def header(self):
+        magic, version, slots, slot_bytes, latest = _HEADER.unpack_from(self.map, 0)
+        if magic != _MAGIC or version != _VERSION or slots != _SLOTS or slot_bytes != self.slot_bytes:
+            return None
+        return latest
+
+    def slot(self, i):
+        commit, gen, step, skel, data, chunk, n = _SLOT.unpack_from(self.map, self.offset(i))
+        if commit == 0 or commit != gen or _align(skel) + data > self.capacity() or n > _MAX_CHUNKS:
+            return None
+        crcs = struct.unpack_from(f"<{n}I", self.map, self.offset(i) + _SLOT.size)
+        return gen, step, skel, data, chunk, crcs
+
+    def committed(self):
+        """[(generation, step, slot)] of the committed slots, newest first."""
+        if self.header() is None:
+            return []
+        found = [(s[0], s[1], i) for i in range(_SLOTS) for s in [self.slot(i)] if s is not None]
+        return sorted(found, reverse=True)
+
+    def keep_loaded(self, slot):
+        """Before `slot` is written again: tensors load() made over it that are still in use get
+        their own copy of its pages (copy-on-write broken page by page in the private mapping), so
+        they keep the state they were loaded with (PyTorch 2.x's Optimizer.load_state_dict keeps
+        the tensors it is given)."""
+        for private, refs, length in self.loaded.pop(slot, []):
+            if not any(r() is not None for r in refs):
+                continue
+            try:
+                private.madvise(_MADV_POPULATE_WRITE, 0, length)  # Linux 5.14: no write to race with
+            except (OSError, ValueError):
+                import torch
+
+                torch.frombuffer(private, dtype=torch.uint8, count=length)[::_PAGE].add_(0)
+
+
+_area = None
+_area_checked = False
+_warned = False
+_pending = None  # the save being copied: a thread, or None
+
+
+def _warn_once(why):
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(f"ddprun.state: {why}: load() returns None and save() does nothing", RuntimeWarning,
+                      stacklevel=4)  # the caller of load(), save(), available()
+
+
+def _open_area():
+    """This rank's area, or None (said once)."""
+    global _area, _area_checked
+    if _area_checked:
+        return _area
+    _area_checked = True
+    fd_text, size_text = os.environ.get("DDPRUN_STATE_FD", ""), os.environ.get("DDPRUN_STATE_BYTES", "")
+    if not fd_text:
+        _warn_once("no in-memory state here (not started by ddprun, or ddprun --no_state)")
+        return None
+    try:
+        fd, size = int(fd_text), int(size_text)
+        # A process that inherited the variables but not the descriptor (a subprocess, a nested
+        # launcher) must not write into whatever file now has that number.
+        if not os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:ddprun-state-"):
+            raise OSError("not ddprun's state area")
+        if os.fstat(fd).st_size != size or size < 4 * _PAGE:
+            raise OSError(f"its size is not {size} bytes")
+        _area = _Area(fd, size)
+    except (OSError, ValueError) as e:
+        _warn_once(f"DDPRUN_STATE_FD={fd_text} is not this process's state area ({e})")
+    return _area
+
+
+def available():
+    """True when ddprun holds this rank's state (save() and load() do something)."""
+    return _open_area() is not None
+
+
+def capacity():
+    """The largest state a save can hold, in bytes (0 when unavailable)."""
+    area = _open_area()
+    return area.capacity() if area else 0
+
+
+def _align(n):
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class _Skeleton(pickle.Pickler):
+    """Pickles `obj` with every tensor replaced by (dtype, shape, offset): its bytes are copied
+    into the slot, not pickled. `tensors`: [(tensor, offset, bytes)]."""
+
+    def __init__(self, file):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        import torch
+
+        self.torch = torch
+        self.tensors = []
+        self.data = 0
+
+    def persistent_id(self, obj):
+        if not isinstance(obj, self.torch.Tensor):
+            return None
+        if obj.layout != self.torch.strided or obj.is_quantized:
+            raise StateError(f"ddprun.state.save: a {obj.layout} tensor cannot be saved (dense tensors only)")
+        nbytes = obj.numel() * obj.element_size()
+        offset = self.data
+        self.tensors.append((obj, offset, nbytes))
+        self.data = _align(offset + nbytes)
+        return ("t", str(obj.dtype).replace("torch.", ""), tuple(obj.shape), offset, bool(obj.requires_grad))
+
+
+def _view(buf, offset, tensor):
+    """A tensor over `buf` at `offset`, shaped and typed as `tensor`."""
+    import torch
+
+    if tensor.numel() == 0:
+        return None
+    return torch.frombuffer(buf, dtype=tensor.dtype, count=tensor.numel(), offset=offset).view(tensor.shape)
+
+
+def _chunk_bytes(payload):
+    """64 MiB, or more where a slot's payload would need more chunks than its header holds."""
+    least = -(-payload // _MAX_CHUNKS)
+    return max(_CHUNK, -(-least // _PAGE) * _PAGE)
+
+
+def _verified(payload, chunk, crcs):
+    """Whether every chunk of `payload` has its CRC-32, checked on every CPU this process may use
+    (zlib.crc32 lets go of the GIL): the training waits for the load."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    parts = [payload[i:i + chunk] for i in range(0, len(payload), chunk)]
+    if len(parts) != len(crcs):
+        return False
+    try:
+        with ThreadPoolExecutor(max_workers=min(len(parts), len(os.sched_getaffinity(0))) or 1) as pool:
+            return list(pool.map(zlib.crc32, parts)) == list(crcs)
+    finally:
+        for p in parts:
+            p.release()
+
+
+def _write(area, slot, gen, step, skeleton, tensors, data_bytes):
+    """Writes the slot, then its CRC-32, then commits it: the save's thread. `tensors`: [(tensor,
+    offset)], the small ones already cloned."""
+    t0 = time.perf_counter()
+    import torch
+
+    area.keep_loaded(slot)
+    base = area.offset(slot)
+    _SLOT.pack_into(area.map, base, 0, 0, 0, 0, 0, 0, 0)  # uncommitted from here on
+    area.map[base + _PAGE:base + _PAGE + len(skeleton)] = skeleton
+    data_at = base + _PAGE + _align(len(skeleton))
+    die = os.environ.get("DDPRUN_STATE_TEST_KILL_AT_STEP") == str(step)
+    with torch.no_grad():
+        for i, (t, offset) in enumerate(tensors):
+            if die and i == len(tensors) // 2:
+                os.kill(os.getpid(), 9)  # tests: a worker killed halfway through its copy
+            dst = _view(area.map, data_at + offset, t)
+            if dst is not None:
+                dst.copy_(t.detach())
+    payload = memoryview(area.map)[base + _PAGE:data_at + data_bytes]
+    try:
+        chunk = _chunk_bytes(len(payload))
+        crcs = [zlib.crc32(payload[i:i + chunk]) for i in range(0, len(payload), chunk)]
+    finally:
+        payload.release()
+    struct.pack_into(f"<{len(crcs)}I", area.map, base + _SLOT.size, *crcs)
+    _SLOT.pack_into(area.map, base, 0, gen, step, len(skeleton), data_bytes, chunk, len(crcs))
+    _SLOT.pack_into(area.map, base, gen, gen, step, len(skeleton), data_bytes, chunk, len(crcs))  # the commit, last
+    _HEADER.pack_into(area.map, 0, _MAGIC, _VERSION, _SLOTS, area.slot_bytes, gen << 1 | slot)
+    _Stats.copy_s += time.perf_counter() - t0
+
+
+class _Pending:
+    def __init__(self, target, args):
+        self.error = None
+        self.thread = threading.Thread(target=self._run, args=(target, args), name="ddprun-state-save", daemon=True)
+        self.thread.start()
+
+    def _run(self, target, args):
+        try:
+            target(*args)
+        except BaseException as e:  # noqa: BLE001  (raised by wait(), on the training thread)
+            self.error = e
+
+
+def wait():
+    """Blocks until the last save is committed. Raises what its copy raised."""
+    global _pending
+    pending = _pending
+    if pending is None:
+        return
+    pending.thread.join()
+    _pending = None
+    if pending.error is not None:
+        raise StateError(f"ddprun.state.save: the copy failed: {pending.error}") from pending.error
+
+
+def _fence(*_args):
+    if _pending is None:
+        return
+    t0 = time.perf_counter()
+    try:
+        wait()
+    finally:
+        _Stats.fence_waited_s += time.perf_counter() - t0
+
+
+def save(step, obj, blocking=False):
+    """Saves `obj` (nested dicts, lists, tuples, tensors, numbers, strings, anything picklable)
+    as the state at `step` (an int). Returns once what can change before the next optimizer
+    step is copied; the tensors' bytes follow on a thread (blocking=True: returns once
+    committed). Raises StateTooLarge when it does not fit (the previous state is kept)."""
+    t0 = time.perf_counter()
+    try:
+        area = _open_area()
+        if area is None:
+            return
+        _install_fence()
+        wait()  # the previous save's thread still writes the slot this one picks (counted as save()'s time)
+        _save(area, int(step), obj)
+        if blocking:
+            wait()
+    finally:
+        _Stats.save_blocked_s += time.perf_counter() - t0
+
+
+def _save(area, step, obj):
+    """The part of a save that runs before save() returns: the skeleton pickled and the small
+    tensors cloned (what can change before the next optimizer step); the thread does the rest."""
+    import io
+
+    import torch
+
+    global _pending
+    out = io.BytesIO()
+    pickler = _Skeleton(out)
+    pickler.dump(obj)
+    skeleton = out.getvalue()
+    needed = _align(len(skeleton)) + pickler.data
+    if needed > area.capacity():
+        raise StateTooLarge(needed, area.capacity())
+    found = area.committed()
+    slot = 1 - found[0][2] if found else 0
+    gen = (found[0][0] if found else 0) + 1
+    with torch.no_grad():
+        tensors = [(t.detach().clone() if nbytes < _SYNC_BELOW else t, offset)
+                   for t, offset, nbytes in pickler.tensors]
+    _Stats.saves += 1
+    _Stats.last_bytes = needed
+    _pending = _Pending(_write, (area, slot, gen, step, skeleton, tensors, pickler.data))
+
+
+def steps():
+    """The steps this rank holds committed, newest first (at most two)."""
+    area = _open_area()
+    return [step for _gen, step, _slot in area.committed()] if area else []
+
+
+def _agree(held):
+    """The newest step every rank holds (torch.distributed initialized), else this rank's newest;
+    None when there is none."""
+    try:
+        import torch.distributed as dist
+
+        together = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    except Exception:  # noqa: BLE001
+        together = False
+    if not together:
+        return held[0] if held else None
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, list(held))
+    common = set(every[0]).intersection(*map(set, every[1:]))
+    if held and not common:
+        print(f"ddprun.state.load: rank {dist.get_rank()} holds steps {held} but the ranks hold no step in common "
+              f"({every}); starting without in-memory state", file=sys.stderr)
+    return max(common) if common else None
+
+
+def load(verify=True):
+    """(step, obj) of the newest state every rank holds, or None. With torch.distributed
+    initialized every rank must call it (it agrees on the step with the others). Tensors come
+    back on the CPU, mapped over the area copy-on-write (no copy until written);
+    model.load_state_dict copies them into the model. verify: check the CRC-32 first."""
+    area = _open_area()
+    if area is None and not os.environ.get("DDPRUN_STATE_FD"):
+        return None  # not under ddprun, on any rank: nothing to agree on
+    held = area.committed() if area else []
+    step = _agree([s for _gen, s, _slot in held])
+    if area is None or step is None:
+        return None
+    wait()
+    _gen, step, slot = next(h for h in held if h[1] == step)
+    _gen, _step, skel, data, chunk, crcs = area.slot(slot)
+    base = area.offset(slot)
+    private = mmap.mmap(area.fd, area.slot_bytes, flags=mmap.MAP_PRIVATE,
+                        prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
+    payload = memoryview(private)[_PAGE:_PAGE + _align(skel) + data]
+    try:
+        if verify and not _verified(payload, chunk, crcs):
+            raise StateError(f"ddprun.state.load: the state of step {step} fails its CRC-32 check (memory written "
+                             f"outside ddprun.state?); not loading it")
+        refs = []
+        obj = _Unpickler(payload[:skel], private, _PAGE + _align(skel), refs).load()
+    finally:
+        payload.release()
+    area.loaded.setdefault(slot, []).append((private, refs, _PAGE + _align(skel) + data))
+    return step, obj
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, skeleton, buf, data_at, refs):
+        import io
+
+        super().__init__(io.BytesIO(skeleton))
+        self.buf, self.data_at, self.refs = buf, data_at, refs
+
+    def persistent_load(self, pid):
+        import torch
+
+        _tag, dtype, shape, offset, requires_grad = pid
+        dtype = getattr(torch, dtype)
+        count = 1
+        for n in shape:
+            count *= n
+        if count == 0:
+            t = torch.empty(shape, dtype=dtype)
+        else:
+            t = torch.frombuffer(self.buf, dtype=dtype, count=count, offset=self.data_at + offset).view(shape)
+            self.refs.append(weakref.ref(t))
+        return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+# ---- the fence: every optimizer step waits for the copy of the last save ------------------
+
+_fenced = False
+
+
+def _install_fence():
+    """PyTorch 2.x: a global optimizer step pre-hook. 1.x has none: each Optimizer class's step()
+    is wrapped (again at each save, for classes defined since); import this module before making
+    an LR scheduler, which keeps the step() it found."""
+    global _fenced
+    import torch.optim
+
+    if not _fenced:
+        _fenced = True
+        register = getattr(sys.modules.get("torch.optim.optimizer"), "register_optimizer_step_pre_hook", None)
+        if register is not None:
+            register(lambda optimizer, args, kwargs: _fence())
+            _wrap_steps.done = True
+    if not getattr(_wrap_steps, "done", False):
+        _wrap_steps(torch.optim.Optimizer)
+
+
+def _wrap_steps(cls):
+    import functools
+
+    step = cls.__dict__.get("step")
+    if step is not None and not getattr(step, "_ddprun_fenced", False):
+        @functools.wraps(step)
+        def fenced_step(*args, **kwargs):
+            _fence()
+            return step(*args, **kwargs)
+
+        fenced_step._ddprun_fenced = True  # (functools.wraps keeps 1.x's profiler mark, `hooked`)
+        cls.step = fenced_step
+    for sub in cls.__subclasses__():
+        _wrap_steps(sub)
+
+
+def _early_fence():
+    """At import, where ddprun holds state: the fence, before any optimizer or LR scheduler is
+    made (a script that saves state trains with torch: importing it now costs nothing more)."""
+    if os.environ.get("DDPRUN_STATE_FD"):
+        try:
+            _install_fence()
+        except Exception:  # noqa: BLE001  (no torch: save() installs it, and says what fails)
+            pass
+
+
+def _at_exit():
+    try:
+        _fence()
+    except StateError as e:
+        print(e, file=sys.stderr)
+
+
+atexit.register(_at_exit)
+_early_fence()

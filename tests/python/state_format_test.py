@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""ddprun.state's format and fence, in one process, without ddprun: a memfd made here as the
+agent makes it stands in for the rank's area. Round trips of every kind of value, a save left
+uncommitted, a corrupted slot, a save too large, copy-on-write loads, loaded tensors kept when
+their slot is written again, the optimizer fence (with an LR scheduler made after the import),
+and a DDPRUN_STATE_FD that is not an area.
+
+Usage: state_format_test.py PACKAGE_DIR (where the `ddprun` package is: build/share/ddprun/python)"""
+import fcntl
+import os
+import subprocess
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import need_torch  # noqa: E402
+
+FAILURES = []
+SIZE = 16 << 20
+
+
+def check(cond, what):
+    print(("ok: " if cond else "FAILED: ") + what, flush=True)
+    if not cond:
+        FAILURES.append(what)
+
+
+def area():
+    fd = os.memfd_create("ddprun-state-0", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, SIZE)
+    fcntl.fcntl(fd, 1033, 0x0001 | 0x0002 | 0x0004)  # F_ADD_SEALS: SEAL, SHRINK, GROW
+    return fd
+
+
+def same(a, b):
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def round_trips(st):
+    import torch
+
+    check(st.available() and st.load() is None and st.steps() == [], "a fresh area: available, nothing to load")
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    obj = {"f32": base, "t": base.t(), "view": base[1:3, 2:], "f64": torch.randn(3, dtype=torch.float64),
+           "bf16": torch.randn(5).bfloat16(), "bool": torch.tensor([True, False]), "i64": torch.arange(5),
+           "c64": torch.randn(2, dtype=torch.complex64), "empty": torch.zeros(0, 3), "scalar": torch.tensor(7.5),
+           "big": torch.randn(100_000), "nested": [1, 2.5, "s", None, b"b", (3, {"x": torch.ones(2)})]}
+    st.save(0, obj)
+    st.wait()
+    got = st.load()
+    check(got is not None and got[0] == 0 and same(obj, got[1]), "every kind of value comes back as saved")
+    check(got[1]["nested"][5][1]["x"].dtype == torch.float32 and got[1]["t"].is_contiguous(),
+          "tensors come back typed, contiguous")
+
+    # Copy-on-write: a loaded tensor written changes nothing in the area.
+    got[1]["big"].add_(1)
+    again = st.load()
+    check(torch.equal(again[1]["big"], obj["big"]), "writing a loaded tensor leaves the saved state as it was")
+    return again[1]["big"], obj["big"]
+
+
+def slots(st, held, want):
+    import torch
+
+    # Loaded tensors stay as loaded when their slot is written again (two saves later).
+    for step in (1, 2):
+        st.save(step, {"big": torch.full((100_000,), float(step))})
+    st.wait()
+    check(torch.equal(held, want), "a loaded tensor kept alive keeps its values when its slot is reused")
+    check(st.steps() == [2, 1], f"the area holds the last two steps: {st.steps()}")
+
+    # A save left uncommitted (its commit word cleared, as by a death mid-copy): the one before.
+    latest = st._area.committed()[0]
+    st._area.map[st._area.offset(latest[2]):st._area.offset(latest[2]) + 8] = bytes(8)  # the commit word
+    got = st.load()
+    check(got is not None and got[0] == 1 and float(got[1]["big"][0]) == 1.0, "an uncommitted slot: the step before")
+
+    # A corrupted committed slot: the CRC-32 says so, not a silent load.
+    st.save(3, {"big": torch.full((100_000,), 3.0)})
+    st.wait()
+    slot = st._area.committed()[0][2]
+    at = st._area.offset(slot) + st._PAGE + 4096
+    st._area.map[at] = st._area.map[at] ^ 0xFF
+    try:
+        st.load()
+        check(False, "a corrupted slot raises StateError")
+    except st.StateError as e:
+        check("CRC-32" in str(e), f"a corrupted slot raises StateError: {e}")
+    st._area.map[at] = st._area.map[at] ^ 0xFF
+
+
+def too_large_and_fence(st):
+    import torch
+
+    # Too large: a clear error, and the state before is kept.
+    try:
+        st.save(4, {"huge": torch.zeros(SIZE // 4)})
+        check(False, "a save over the capacity raises StateTooLarge")
+    except st.StateTooLarge as e:
+        check(e.needed > e.capacity == st.capacity() and "--state_memory" in str(e), f"StateTooLarge: {e}")
+    check(st.load()[0] == 3, "after StateTooLarge the last state is still there")
+
+    # The fence: an optimizer's step (and an LR scheduler's, made after the import) waits for the copy.
+    model = torch.nn.Linear(512, 512)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 10)
+    st.save(5, {"model": model.state_dict()})
+    model(torch.randn(2, 512)).sum().backward()
+    opt.step()
+    check(st._pending is None, "optimizer.step() waited for the save's copy")
+    st.save(6, {"model": model.state_dict()})
+    sched.step()
+    opt.step()
+    check(st._pending is None and st.stats()["saves"] >= 6, "... also when stepped through an LR scheduler's wrapper")
+
+
+def not_an_area():
+    # A descriptor that is not an area (a subprocess that inherited the variables, not the memfd).
+    code = ("import warnings, ddprun.state as s; warnings.simplefilter('always'); "
+            "print(s.load(), s.available(), s.save(0, {}))")
+    with open(os.devnull) as null:
+        env = dict(os.environ, DDPRUN_STATE_FD=str(null.fileno()), PYTHONPATH=os.path.abspath(sys.argv[1]))
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, pass_fds=[null.fileno()])
+    check(r.stdout.strip() == "None False None" and r.stderr.count("is not this process's state area") == 1,
+          f"DDPRUN_STATE_FD on another file: one warning, nothing loaded or saved: {r.stdout!r} {r.stderr[-200:]!r}")
+
+
+def main():
+    need_torch()
+    sys.path.insert(0, os.path.abspath(sys.argv[1]))
+    fd = area()
+    os.environ.update(DDPRUN_STATE_FD=str(fd), DDPRUN_STATE_BYTES=str(SIZE))
+    import ddprun.state as st
+
+    held, want = round_trips(st)
+    slots(st, held, want)
+    too_large_and_fence(st)
+    not_an_area()
+    print(f"{len(FAILURES)} failed")
+    sys.exit(1 if FAILURES else 0)
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("default")
+    main()

@@ -1,0 +1,105 @@
+"""Run by tests/python/state_torch_test.py under ddprun (or alone, as under torchrun): a gloo DDP
+job that saves its state with ddprun.state.save after every step and resumes from
+ddprun.state.load(), as docs/usage.md's example does (model, optimizer, RNG states, the data's
+position). STATE_MODE says what else it does:
+
+  crash        at STATE_CRASH_STEP of attempt 0, once every rank's save of it is committed,
+               rank 1 dies (os._exit), once STATE_GO exists if set
+  none         runs to the end: the uninterrupted run
+  too_large    a save over the rank's capacity: StateTooLarge caught, the job goes on
+  mid_copy     attempt 0 is killed halfway through the copy of STATE_CRASH_STEP's save
+  hold         after the first save, prints its pids and waits for STATE_GO (another user tries
+               to read the state meanwhile)
+
+It prints "RESUMED <step>" (the step loaded), "FINAL <sha256 of the parameters>", "STALL <s>".
+STATE_MB: the size of the extra state tensor (MB)."""
+import hashlib
+import os
+import random
+import sys
+import time
+
+import ddprun.state
+import torch
+import torch.distributed as dist
+
+MODE = os.environ.get("STATE_MODE", "none")
+STEPS = int(os.environ.get("STATE_STEPS", "8"))
+CRASH = int(os.environ.get("STATE_CRASH_STEP", "4"))
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+if MODE == "mid_copy" and attempt == 0:
+    os.environ["DDPRUN_STATE_TEST_KILL_AT_STEP"] = str(CRASH)
+
+if os.environ.get("USE_LIBUV") == "0":  # PyTorch 2.x built without libuv (Debian trixie's 2.6)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
+    import torch_no_libuv
+
+    torch_no_libuv.apply()
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+random.seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Dropout(0.1), torch.nn.Linear(256, 8))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+data = torch.Generator().manual_seed(1000 + rank)  # this rank's data order
+extra = torch.zeros(int(float(os.environ.get("STATE_MB", "4")) * 2**20) // 4)  # a few MB of state
+
+start = 0
+found = ddprun.state.load()
+if found is not None:
+    step, state = found
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["python_rng"])
+    data.set_state(state["data_rng"])
+    extra.copy_(state["extra"])
+    start = state["next_step"]
+    print(f"RESUMED {step} steps={ddprun.state.steps()} extra={float(extra[0])}", flush=True)
+
+
+def hash_params():
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.numpy().tobytes())
+    return h.hexdigest()
+
+
+for step in range(start, STEPS):
+    x = torch.randn(32, 64, generator=data)
+    y = torch.randn(32, 8, generator=data) + random.random()
+    loss = torch.nn.functional.mse_loss(ddp(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    extra.fill_(step)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+             "python_rng": random.getstate(), "data_rng": data.get_state(), "next_step": step + 1, "extra": extra}
+    if MODE == "too_large" and step == 1:
+        try:
+            ddprun.state.save(step, {"big": torch.zeros(ddprun.state.capacity() // 4 + 1024)})
+            print("NOT RAISED", flush=True)
+        except ddprun.state.StateTooLarge as e:
+            print(f"CAUGHT {type(e).__name__}: {e}", flush=True)
+    ddprun.state.save(step, state)
+    if MODE == "crash" and attempt == 0 and step == CRASH:
+        ddprun.state.wait()
+        dist.barrier()  # every rank's save of CRASH committed
+        if rank == 1:
+            while os.environ.get("STATE_GO") and not os.path.exists(os.environ["STATE_GO"]):
+                time.sleep(0.02)  # the test's go: the warm spares are ready
+            print(f"CRASHING after step {step}", flush=True)
+            os._exit(1)
+    if MODE == "hold" and step == 0:
+        ddprun.state.wait()
+        print(f"PIDS {os.getpid()} {os.getppid()}", flush=True)
+        while not os.path.exists(os.environ["STATE_GO"]):
+            time.sleep(0.02)
+
+ddprun.state.wait()
+print(f"FINAL {hash_params()}", flush=True)
+s = ddprun.state.stats()
+print(f"STALL {s['stall_s']:.4f} saves={s['saves']} copy={s['copy_s']:.4f}", flush=True)
+dist.destroy_process_group()
