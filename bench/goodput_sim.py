@@ -37,8 +37,8 @@ STEP_S = (10.0, "assumed: a 10 s step (large models; the stall and the lost step
 INTERVAL_S = (5400.0, "published: DLRover, ~1.5 h between disk checkpoints on ~1k-GPU jobs")
 LOAD_DISK_S = (480.0, "published: DLRover, 8 minutes to load a checkpoint on ~1k-GPU jobs")
 SAVE_STALL_S = (60.0, "assumed: 60 s of training stalled per disk checkpoint (measured here at 1 GB a rank: 0.8-1.1 s; at scale the shared filesystem dominates)")
-STATE_TAX = (0.003, "measured here: ddprun.state.save every step stalls 0.1-0.3% of a step (docs/benchmarks.md, in-memory state)")
-LOAD_MEMORY_S = (2.2, "measured here: 2.17 s to load 1 GB a rank from ddprun.state (docs/benchmarks.md)")
+STATE_TAX = (0.006, "measured here: ddprun.state.save every step stalls 0.1-0.6% of a step (docs/benchmarks.md, in-memory state)")
+LOAD_MEMORY_S = (0.84, "measured here: 0.84 s to load 1 GB a rank from ddprun.state (docs/benchmarks.md; 2.17 s in a loaded run)")
 LOAD_BUDDY_S = (12.0, "assumed: a lost node's state from its buddy, 100 GB a node at 10 GB/s (planned, issue 42)")
 
 # Per failure kind: detection + restart, seconds, by launcher. (crash: a worker dies; node: a host is lost.)
