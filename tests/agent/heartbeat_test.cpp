@@ -284,7 +284,7 @@ struct TempDir {
 
 }  // namespace
 
-TEST_CASE("heartbeats: a garbled count is a touch; a count that goes back counts on from there", "[heartbeat][hang]") {
+TEST_CASE("heartbeats: a garbled count is a touch, and a count that goes back counts on from there", "[heartbeat][hang]") {
   TempDir dir;
   const std::string file = dir.path + "/HEARTBEAT";
   Heartbeat hb;
