@@ -20,6 +20,10 @@ def _scripts_folders():
         folders.append(sysconfig.get_path("scripts", user_scheme))
     here = Path(__file__).resolve().parent
     folders += [str(here.parents[3] / "bin"), str(here.parent / "bin")]  # PREFIX/lib/pythonX.Y/site-packages/ddprun; TARGET/ddprun
+    # The copy ddprun's workers import (PREFIX/share/ddprun/python/ddprun: PREFIX/bin above), and
+    # in a build tree (BUILD/share/ddprun/python/ddprun) the programs where the build makes them.
+    build = here.parents[3]
+    folders += [str(build / "launcher"), str(build / "rendezvous"), str(build / "agent")]
     return folders
 
 
