@@ -72,34 +72,22 @@ class EtcdConnection : public Connection {
     with_lease(life, [&](std::int64_t lease) { made = c_->create(name(k), value, lease, &existing); });
     return made ? value : existing.value;
   }
-  // Read, then replace if nobody wrote in between; again otherwise. Each write carries a token
-  // of its own ("N token"): a transaction a member applied but answered too late, so that the
-  // client tried it again on another member, is then recognised as ours, not counted twice.
+  // One transaction per add, whatever the contention (EtcdClient::counter_add). Each add carries
+  // a token of its own: a transaction a member applied but answered too late, so that the client
+  // tried it again on another member, is then recognised as ours, not counted twice.
   std::int64_t add(const Key& k, std::int64_t delta) override {
-    const std::string key = name(k);
-    const std::string token = token_ + "-" + std::to_string(++writes_);
-    for (;;) {
-      auto kv = c_->get(key);
-      if (!kv) {
-        if (delta == 0) return 0;
-        if (c_->create(key, std::to_string(delta) + " " + token)) return delta;
-        continue;
-      }
-      auto space = kv->value.find(' ');
-      auto now = parse_int(kv->value.substr(0, space));
-      if (!now) throw ProtocolError("rendezvous: malformed value at key '" + key + "': not a counter");
-      if (delta == 0 || (space != std::string::npos && kv->value.substr(space + 1) == token)) return *now;
-      if (c_->replace(key, std::to_string(*now + delta) + " " + token, kv->mod_revision)) return *now + delta;
-    }
+    if (delta == 0) return c_->counter(name(k));
+    return c_->counter_add(name(k), delta, token_ + "-" + std::to_string(++writes_));
   }
+  // The keys read at once (a family's: one range read, as get_many), then a watch on the first
+  // missing one, at most a second, again and again.
   bool wait(const std::vector<Key>& keys, Clock::time_point deadline) override {
+    if (keys.empty()) return true;
     for (;;) {
       const Key* missing = nullptr;
-      for (const auto& k : keys) {
-        if (!c_->get(name(k))) {
-          missing = &k;
-          break;
-        }
+      const auto values = keys.size() > 1 ? get_many(keys) : std::vector<std::optional<std::string>>{get(keys.at(0))};
+      for (std::size_t i = 0; i < keys.size() && !missing; ++i) {
+        if (!values[i]) missing = &keys[i];
       }
       if (!missing) return true;
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
