@@ -297,6 +297,7 @@ void EtcdBackend::start_lease(EtcdClient& c) {
     auto counted = Clock::time_point::min();  // the latest time the lease counts from
     bool holding = false;                     // held by a leaderless majority (said once)
     std::int64_t renewing = lease->id;
+    std::chrono::milliseconds retry = 20ms;  // doubled at each round that renewed nowhere
     auto count_from = [&](Clock::time_point t) {
       counted = std::max(counted, t);
       lease->renewed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(counted.time_since_epoch()).count();
@@ -307,7 +308,11 @@ void EtcdBackend::start_lease(EtcdClient& c) {
       if (id != renewing) keeper->restart(lease->term);  // replaced by a write that found it expired
       renewing = id;
       auto r = keeper->renew(id);
-      pause = r.sent ? every : 20ms;
+      // After a round that renewed nowhere, the next at once (20 ms), then twice as long each
+      // time, up to the renewal interval: a cluster too loaded to answer in time is not sent
+      // each node's renewal (and its who-leads questions) fifty times a second.
+      retry = r.sent ? 20ms : std::min<std::chrono::milliseconds>(every, retry * 2);
+      pause = r.sent ? every : retry / 2;
       if (r.sent) {
         count_from(*r.sent);
         holding = false;
