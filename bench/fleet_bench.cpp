@@ -176,6 +176,7 @@ struct Result {
 // etcd, lease_ttl --lease_ttl (5 s, the default); its CPU and tally are the 3 members'
 // (fleet_bench_etcd.hpp).
 std::chrono::seconds lease_ttl{5};
+std::string etcd_data = "/tmp";
 
 Result run_fleet(const std::string& store_bin, const std::string& etcd_bin, int k, double steady_s, Loop& loop, bool full,
                  std::chrono::milliseconds keep_alive, std::map<std::string, double>* by_kind = nullptr) {
@@ -183,7 +184,7 @@ Result run_fleet(const std::string& store_bin, const std::string& etcd_bin, int 
   Store store;
   Etcd etcd;
   if (on_etcd) {
-    etcd = start_etcd(etcd_bin);
+    etcd = start_etcd(etcd_bin, etcd_data);
   } else {
     store = start_store(store_bin);
   }
@@ -309,6 +310,7 @@ int main(int argc, char** argv) {
     if (a == "--store") store_bin = next();
     else if (a == "--etcd") etcd_bin = next();
     else if (a == "--lease_ttl") lease_ttl = std::chrono::seconds(std::stoi(next()));
+    else if (a == "--etcd_data") etcd_data = next();  // where the members keep their data (/tmp)
     else if (a == "--nodes") ks_text = next();
     else if (a == "--steady_s") steady_s = std::stod(next());
     else if (a == "--one_round_keep_alive_s") one_round_keep_alive_s = std::stod(next());
@@ -316,7 +318,7 @@ int main(int argc, char** argv) {
     else if (a == "--check_requests") check = true;
     else if (a == "--one_round") one_round_only = true;  // the one-round run of each K, nothing else
     else {
-      std::fprintf(stderr, "usage: fleet_bench [--store PATH | --etcd PATH [--lease_ttl 5]] [--nodes 256,1024,4096] [--steady_s 5] [--one_round_keep_alive_s 60] [--keep_alive_s 5] "
+      std::fprintf(stderr, "usage: fleet_bench [--store PATH | --etcd PATH [--lease_ttl 5] [--etcd_data /tmp]] [--one_round] [--nodes 256,1024,4096] [--steady_s 5] [--one_round_keep_alive_s 60] [--keep_alive_s 5] "
                            "[--check_requests]\n");
       return 2;
     }

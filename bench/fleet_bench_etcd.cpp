@@ -64,10 +64,10 @@ std::string label(const std::string& line, const std::string& name) {
 
 }  // namespace
 
-Etcd start_etcd(const std::string& bin) {
+Etcd start_etcd(const std::string& bin, const std::string& under) {
   Etcd e;
-  char tmpl[] = "/tmp/fleet_etcd.XXXXXX";
-  if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp");
+  std::string tmpl = under + "/fleet_etcd.XXXXXX";
+  if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp under " + under);
   e.dir = tmpl;
   std::vector<int> peers;
   for (int i = 0; i < 3; ++i) e.client_ports.push_back(free_port()), peers.push_back(free_port());
@@ -85,7 +85,7 @@ Etcd start_etcd(const std::string& bin) {
       dup2(err, 2);
       execlp(bin.c_str(), bin.c_str(), "--name", name.c_str(), "--data-dir", data.c_str(), "--listen-client-urls", c.c_str(),
              "--advertise-client-urls", c.c_str(), "--listen-peer-urls", p.c_str(), "--initial-advertise-peer-urls", p.c_str(),
-             "--initial-cluster", initial.c_str(), "--heartbeat-interval", "50", "--election-timeout", "500", "--log-level",
+             "--initial-cluster", initial.c_str(), "--log-level",
              "error", static_cast<char*>(nullptr));
       _exit(127);
     }
