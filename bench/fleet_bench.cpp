@@ -23,6 +23,13 @@
 // connections: 3K threads (small stacks, set here) and 3K descriptors on each side. With
 // --check_requests it exits 1 unless one round costs 27 + 8/K requests per node (keep-alives
 // aside but the first; docs/rounds-protocol.md, "Cost per round").
+//
+// --etcd PATH (etcd's binary): the same phases against a 3-member etcd cluster on loopback, each
+// node the real etcd rendezvous (its lease, renewed by a keeper thread; lease_ttl --lease_ttl, 5 s
+// by default, and --one_round_keep_alive_s in the one-round run; the crashed node's lease expires
+// after it). The CPU is the 3 members' summed; the
+// requests, watch events ("waits woken") and bytes come from their /metrics, and each K prints
+// the requests of one round by kind (gRPC method).
 #include <pthread.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -45,6 +52,7 @@
 #include <vector>
 
 #include "ddprun/rounds/rendezvous.hpp"
+#include "fleet_bench_etcd.hpp"
 #include "fleet_bench_store.hpp"
 
 using namespace ddprun::rounds;
@@ -106,6 +114,7 @@ struct Fleet {
     std::unique_lock<std::mutex> lk(mu);
     if (!cv.wait_for(lk, limit, [&] { return pred() || failed > 0; }) || failed > 0) {
       std::fprintf(stderr, "fleet_bench: %s: %s\n", what, failed ? first_error.c_str() : "timed out");
+      for (auto& [r, n] : ready) std::fprintf(stderr, "  round %d: %d ready, %d over, %d over on a failure or loss\n", r, n, over[r], failed_over[r]);
       std::exit(1);
     }
     return last;
@@ -163,26 +172,49 @@ struct Result {
 // -> round 1 met, a node's crash (its rendezvous destroyed: its keep-alives stop, its connections
 // close) -> round 2 met without it, its end. Else one round: meet round 0 and its end (the cost of a round, as
 // docs/rounds-protocol.md counts it).
-Result run_fleet(const std::string& store_bin, int k, double steady_s, Loop& loop, bool full,
-                 std::chrono::milliseconds keep_alive) {
-  Store store = start_store(store_bin);
+// With `etcd_bin` (--etcd), a 3-member etcd cluster in place of the store: the nodes' backend is
+// etcd, lease_ttl --lease_ttl (5 s, the default); its CPU and tally are the 3 members'
+// (fleet_bench_etcd.hpp).
+std::chrono::seconds lease_ttl{5};
+std::string etcd_data = "/tmp";
+
+Result run_fleet(const std::string& store_bin, const std::string& etcd_bin, int k, double steady_s, Loop& loop, bool full,
+                 std::chrono::milliseconds keep_alive, std::map<std::string, double>* by_kind = nullptr) {
+  const bool on_etcd = !etcd_bin.empty();
+  Store store;
+  Etcd etcd;
+  if (on_etcd) {
+    etcd = start_etcd(etcd_bin, etcd_data);
+  } else {
+    store = start_store(store_bin);
+  }
+  auto tally = [&](int signal, std::map<std::string, double>* kinds = nullptr) {
+    return on_etcd ? etcd_tally(etcd, kinds) : read_tally(store, signal);
+  };
+  auto cpu = [&] { return on_etcd ? etcd_cpu(etcd) : cpu_of(store.pid); };
   Fleet fleet;
   std::vector<std::unique_ptr<Node>> nodes;
   for (int i = 0; i < k; ++i) {
     RendezvousOptions o;
-    o.backend = BackendKind::c10d;
+    o.backend = on_etcd ? BackendKind::etcd : BackendKind::c10d;
     o.run_id = "fleet" + std::to_string(k);
     o.min_nodes = o.max_nodes = k;
     if (full && k > 1) o.min_nodes = k - 1;
     // Every (source, destination) pair of addresses has ~28k ephemeral ports: a destination of
     // its own per 8,192 connections (127.0.0.1, .2, ...).
     o.endpoint_host = "127.0.0." + std::to_string(1 + (3 * i) / 8192);
-    o.endpoint_port = static_cast<std::uint16_t>(std::stoi(store.port));
+    if (!on_etcd) o.endpoint_port = static_cast<std::uint16_t>(std::stoi(store.port));
     o.host_role = HostRole::never;
     o.local_addr = "127.0.0.1";
     o.join_timeout = 300s;
     o.read_timeout = 300s;
     o.keep_alive_interval = keep_alive;
+    if (on_etcd) {
+      o.etcd_endpoints = etcd.endpoints;
+      // One round: the lease renewed as rarely as the store's ring (--one_round_keep_alive_s),
+      // so that the round's cost is the round's own.
+      o.lease_ttl = full ? lease_ttl : std::chrono::duration_cast<std::chrono::seconds>(keep_alive);
+    }
     auto n = std::make_unique<Node>();
     n->fleet = &fleet;
     n->rdv = make_rendezvous(o, [&loop](std::function<void()> f) { loop.post(std::move(f)); }, nullptr);
@@ -190,17 +222,18 @@ Result run_fleet(const std::string& store_bin, int k, double steady_s, Loop& loo
     nodes.push_back(std::move(n));
   }
   auto phase = [&](Phase& p, const std::function<Clock::time_point()>& body) {
-    const Tally t0 = read_tally(store, SIGUSR1);
-    const Cpu c0 = cpu_of(store.pid);
+    const Tally t0 = tally(SIGUSR1);
+    const Cpu c0 = cpu();
     const auto start = Clock::now();
     const auto done = body();
     p.wall_s = secs(done - start);
-    p.cpu = cpu_of(store.pid) - c0;
-    p.t = read_tally(store, SIGUSR1) - t0;
+    p.cpu = cpu() - c0;
+    p.t = tally(SIGUSR1) - t0;
   };
   Result r;
   r.k = k;
-  const Tally before = read_tally(store, SIGUSR1);
+  std::map<std::string, double> kinds_before;
+  const Tally before = tally(SIGUSR1, &kinds_before);
   // Time limits: generous, scaled with K (a failure says which phase).
   const auto limit = std::chrono::seconds(60 + k / 20);
   phase(r.meet, [&] {
@@ -241,9 +274,17 @@ Result run_fleet(const std::string& store_bin, int k, double steady_s, Loop& loo
   });
   for (auto& n : nodes) n->rdv->shutdown();
   nodes.clear();
-  r.all = read_tally(store, SIGTERM) - before;  // every node's connections closed
-  fclose(store.out);
-  waitpid(store.pid, nullptr, 0);
+  if (by_kind) by_kind->clear();
+  r.all = tally(SIGTERM, by_kind) - before;  // every node's connections closed
+  if (by_kind) {
+    for (auto& [kind, n] : *by_kind) n -= kinds_before[kind];
+  }
+  if (on_etcd) {
+    stop_etcd(etcd);
+  } else {
+    fclose(store.out);
+    waitpid(store.pid, nullptr, 0);
+  }
   return r;
 }
 
@@ -257,9 +298,9 @@ void print_phase(const char* name, int k, const Phase& p, bool per_second) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string store_bin, ks_text = "256,1024,4096";
+  std::string store_bin, etcd_bin, ks_text = "256,1024,4096";
   double steady_s = 5, one_round_keep_alive_s = 60, keep_alive_s = 5;
-  bool check = false;
+  bool check = false, one_round_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -267,13 +308,17 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--store") store_bin = next();
+    else if (a == "--etcd") etcd_bin = next();
+    else if (a == "--lease_ttl") lease_ttl = std::chrono::seconds(std::stoi(next()));
+    else if (a == "--etcd_data") etcd_data = next();  // where the members keep their data (/tmp)
     else if (a == "--nodes") ks_text = next();
     else if (a == "--steady_s") steady_s = std::stod(next());
     else if (a == "--one_round_keep_alive_s") one_round_keep_alive_s = std::stod(next());
     else if (a == "--keep_alive_s") keep_alive_s = std::stod(next());
     else if (a == "--check_requests") check = true;
+    else if (a == "--one_round") one_round_only = true;  // the one-round run of each K, nothing else
     else {
-      std::fprintf(stderr, "usage: fleet_bench --store PATH [--nodes 256,1024,4096] [--steady_s 5] [--one_round_keep_alive_s 60] [--keep_alive_s 5] "
+      std::fprintf(stderr, "usage: fleet_bench [--store PATH | --etcd PATH [--lease_ttl 5] [--etcd_data /tmp]] [--one_round] [--nodes 256,1024,4096] [--steady_s 5] [--one_round_keep_alive_s 60] [--keep_alive_s 5] "
                            "[--check_requests]\n");
       return 2;
     }
@@ -285,7 +330,7 @@ int main(int argc, char** argv) {
     std::getline(in, w, ',');
     ks.push_back(std::stoi(w));
   }
-  spdlog::set_level(spdlog::level::err);
+  spdlog::set_level(std::getenv("FLEET_LOG") ? spdlog::level::from_str(std::getenv("FLEET_LOG")) : spdlog::level::err);
   signal(SIGPIPE, SIG_IGN);
   // 3 descriptors and 3 threads a node, on each side (the store inherits the limit).
   rlimit nofile{};
@@ -307,12 +352,24 @@ int main(int argc, char** argv) {
   Loop loop;
   bool bad = false;
   for (int k : ks) {
-    auto one = run_fleet(store_bin, k, steady_s, loop, false,
-                         std::chrono::milliseconds(static_cast<long>(one_round_keep_alive_s * 1000)));
+    std::map<std::string, double> kinds;
+    auto one = run_fleet(store_bin, etcd_bin, k, steady_s, loop, false,
+                         std::chrono::milliseconds(static_cast<long>(one_round_keep_alive_s * 1000)), &kinds);
     print_phase("one round: meet (round 0)", k, one.meet, false);
     print_phase("one round: end (success, acknowledged)", k, one.end, false);
     std::fflush(stdout);
-    auto r = run_fleet(store_bin, k, steady_s, loop, true, std::chrono::milliseconds(static_cast<long>(keep_alive_s * 1000)));
+    if (!kinds.empty()) {
+      std::printf("| %d | one round, requests per node by kind: ", k);
+      for (const auto& [kind, n] : kinds) {
+        if (n > 0) std::printf("%s %.2f; ", kind.c_str(), n / k);
+      }
+      std::printf("|\n");
+    }
+    if (one_round_only) {
+      rounds.push_back(one);
+      continue;
+    }
+    auto r = run_fleet(store_bin, etcd_bin, k, steady_s, loop, true, std::chrono::milliseconds(static_cast<long>(keep_alive_s * 1000)));
     print_phase("meet (round 0)", k, r.meet, false);
     print_phase("steady state, per node per s", k, r.steady, true);
     print_phase("restart (a failure -> round 1 met)", k, r.restart, false);
@@ -321,7 +378,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     // The first keep-alive is the round's; later ones come with time, not with the round.
     const double per_node = (one.all.requests - one.all.alive) / k + 1;
-    if (std::abs(per_node - (27 + 8.0 / k)) > 1e-6) {
+    if (etcd_bin.empty() && std::abs(per_node - (27 + 8.0 / k)) > 1e-6) {
       std::fprintf(stderr, "K=%d: one round: %.4f requests per node (keep-alives aside but the first); want 27 + 8/K = %.4f\n",
                    k, per_node, 27 + 8.0 / k);
       bad = true;

@@ -15,7 +15,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_etcd(tmp):
+def start_etcd(tmp, heartbeat_ms=50, election_ms=500):
     clients, peers = [free_port() for _ in range(3)], [free_port() for _ in range(3)]
     initial = ",".join(f"m{i}=http://127.0.0.1:{peers[i]}" for i in range(3))
     procs = []
@@ -24,7 +24,7 @@ def start_etcd(tmp):
             ["etcd", "--name", f"m{i}", "--data-dir", os.path.join(tmp, f"m{i}"),
              "--listen-client-urls", f"http://127.0.0.1:{clients[i]}", "--advertise-client-urls", f"http://127.0.0.1:{clients[i]}",
              "--listen-peer-urls", f"http://127.0.0.1:{peers[i]}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peers[i]}",
-             "--initial-cluster", initial, "--heartbeat-interval", "50", "--election-timeout", "500", "--log-level", "error"],
+             "--initial-cluster", initial, "--heartbeat-interval", str(heartbeat_ms), "--election-timeout", str(election_ms), "--log-level", "error"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     endpoints = ",".join(f"127.0.0.1:{p}" for p in clients)
     for _ in range(100):

@@ -74,6 +74,12 @@ class Connection {
   // Removes every key of the run but its `finished` marker: the job is over. Markers written
   // after it stay.
   virtual void clear_run() = 0;
+  // Why `k`, a record on a node's lifetime, is missing, when the backend can tell (etcd: it went
+  // with its lease), as a clause to append to a message; "" when it cannot.
+  virtual std::string missing_why(const Key& k) {
+    (void)k;
+    return "";
+  }
   // The key's full name in the backend, for messages.
   virtual std::string name(const Key& k) const = 0;
 };
@@ -141,6 +147,9 @@ class Backend {
   virtual std::unique_ptr<Connection> connect(std::chrono::milliseconds timeout) = 0;
   // The job is over here: ends this node's session (etcd: revokes its lease). Bounded.
   virtual void close() {}
+  // This node's rendezvous is shut down: its liveness is renewed no more (etcd: the lease keeper
+  // stops, and the lease expires a TTL later unless close() revoked it). Bounded.
+  virtual void stop_renewals() {}
   // The job ended here on an error, which no node acknowledges: a host keeps the records up at
   // exit, bounded, until the other nodes have left, so that they read the same cause and not a
   // lost store.

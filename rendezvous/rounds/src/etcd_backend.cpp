@@ -72,34 +72,22 @@ class EtcdConnection : public Connection {
     with_lease(life, [&](std::int64_t lease) { made = c_->create(name(k), value, lease, &existing); });
     return made ? value : existing.value;
   }
-  // Read, then replace if nobody wrote in between; again otherwise. Each write carries a token
-  // of its own ("N token"): a transaction a member applied but answered too late, so that the
-  // client tried it again on another member, is then recognised as ours, not counted twice.
+  // One transaction per add, whatever the contention (EtcdClient::counter_add). Each add carries
+  // a token of its own: a transaction a member applied but answered too late, so that the client
+  // tried it again on another member, is then recognised as ours, not counted twice.
   std::int64_t add(const Key& k, std::int64_t delta) override {
-    const std::string key = name(k);
-    const std::string token = token_ + "-" + std::to_string(++writes_);
-    for (;;) {
-      auto kv = c_->get(key);
-      if (!kv) {
-        if (delta == 0) return 0;
-        if (c_->create(key, std::to_string(delta) + " " + token)) return delta;
-        continue;
-      }
-      auto space = kv->value.find(' ');
-      auto now = parse_int(kv->value.substr(0, space));
-      if (!now) throw ProtocolError("rendezvous: malformed value at key '" + key + "': not a counter");
-      if (delta == 0 || (space != std::string::npos && kv->value.substr(space + 1) == token)) return *now;
-      if (c_->replace(key, std::to_string(*now + delta) + " " + token, kv->mod_revision)) return *now + delta;
-    }
+    if (delta == 0) return c_->counter(name(k));
+    return c_->counter_add(name(k), delta, token_ + "-" + std::to_string(++writes_));
   }
+  // The keys read at once (a family's: one range read, as get_many), then a watch on the first
+  // missing one, at most a second, again and again.
   bool wait(const std::vector<Key>& keys, Clock::time_point deadline) override {
+    if (keys.empty()) return true;
     for (;;) {
       const Key* missing = nullptr;
-      for (const auto& k : keys) {
-        if (!c_->get(name(k))) {
-          missing = &k;
-          break;
-        }
+      const auto values = keys.size() > 1 ? get_many(keys) : std::vector<std::optional<std::string>>{get(keys.at(0))};
+      for (std::size_t i = 0; i < keys.size() && !missing; ++i) {
+        if (!values[i]) missing = &keys[i];
       }
       if (!missing) return true;
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -108,6 +96,22 @@ class EtcdConnection : public Connection {
     }
   }
   void clear_run() override { c_->delete_prefix(prefix_ + "/"); }
+  // A record on a lease that is missing now was either never written or went with its lease:
+  // the key's history (a watch from the first revision, while etcd has not compacted it) tells.
+  std::string missing_why(const Key& k) override {
+    try {
+      for (const auto& e : c_->watch(name(k), false, 1, 200ms)) {
+        if (!e.deleted) continue;
+        return "; its record was written, then went with its etcd lease: etcd heard no renewal from that node for "
+               "lease_ttl (" + duration_text(std::chrono::duration_cast<std::chrono::milliseconds>(lease_->ttl)) +
+               "): it died, was cut off, or its machine was too loaded to run its lease keeper (then raise --rdzv_conf "
+               "lease_ttl)";
+      }
+    } catch (const Error& e) {
+      spdlog::debug("ddprun: the history of {}: {}", name(k), e.what());
+    }
+    return "";
+  }
   // The finished marker lives beside the run's keys (<prefix>/<run_id>.finished): clearing the
   // run keeps it.
   std::string name(const Key& k) const override {
@@ -157,7 +161,10 @@ struct RecordWatch {
 
   std::string full(const std::string& rel) const { return prefix + "/" + rel; }
   void lost_member(int g) {
-    spdlog::warn("ddprun: round {}: node {} ({}) lost its etcd lease", m.round, g, escape_for_log(m.hosts.at(g)));
+    spdlog::warn("ddprun: round {}: node {} ({}) lost its etcd lease: etcd heard no renewal from it for lease_ttl ({}): "
+                 "it died, was cut off, or its machine was too loaded to run its lease keeper (then raise --rdzv_conf "
+                 "lease_ttl)",
+                 m.round, g, escape_for_log(m.hosts.at(g)), duration_text(ttl));
     if (auto e = events.lock()) e->peer_lost(m.round, g, std::chrono::duration<double>(ttl).count());
   }
   // Reads the next member's record (gone: that member is lost, at once, also one that died as
@@ -191,13 +198,24 @@ struct RecordWatch {
 
 }  // namespace
 
+static std::string expired_text(const EtcdBackend::Lease& lease) {
+  const auto renewed = Clock::time_point(std::chrono::nanoseconds(lease.renewed_ns.load()));
+  const auto unheard = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - renewed);
+  const auto ttl = std::chrono::duration_cast<std::chrono::milliseconds>(lease.ttl);
+  return "this node's etcd lease expired: its last renewal that got through was sent " + duration_text(unheard) +
+         " ago, past lease_ttl (" + duration_text(ttl) + "; renewed every " + duration_text(etcd_renewal_interval(ttl)) +
+         "): this machine did not run its lease keeper, or it could not reach etcd, for that long (a loaded or paused "
+         "machine, or a network cut). The other nodes count this node as lost; it joins again on a new lease. On a loaded "
+         "machine, raise --rdzv_conf lease_ttl (docs/multi-node.md: the lease TTL you can trust)";
+}
+
 std::int64_t EtcdBackend::Lease::replace(EtcdClient& c, std::int64_t stale) {
   std::lock_guard<std::mutex> lk(mu);
   if (id != stale) return id;
-  spdlog::warn("ddprun: this node's etcd lease expired (etcd did not hear from it for {}): the other nodes count it "
-               "as lost; it joins again on a new one", duration_text(ttl));
+  spdlog::warn("ddprun: {}", expired_text(*this));
   id = c.grant_lease(ttl);
   term = c.lease_term();
+  renewed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(c.last_sent().time_since_epoch()).count();
   return id;
 }
 
@@ -267,6 +285,7 @@ void EtcdBackend::start_lease(EtcdClient& c) {
   lease_->ttl = opt_.lease_ttl;
   lease_->id = c.grant_lease(opt_.lease_ttl);
   lease_->term = c.lease_term();
+  lease_->renewed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(c.last_sent().time_since_epoch()).count();
   if (auto r = renewals_.lock()) r->renewed(c.last_sent());
   EtcdOptions each(endpoints_, etcd_keepalive_attempt(opt_.lease_ttl));
   each.user = opt_.etcd_user;
@@ -278,8 +297,10 @@ void EtcdBackend::start_lease(EtcdClient& c) {
     auto counted = Clock::time_point::min();  // the latest time the lease counts from
     bool holding = false;                     // held by a leaderless majority (said once)
     std::int64_t renewing = lease->id;
+    std::chrono::milliseconds retry = 20ms;  // doubled at each round that renewed nowhere
     auto count_from = [&](Clock::time_point t) {
       counted = std::max(counted, t);
+      lease->renewed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(counted.time_since_epoch()).count();
       if (auto rn = renewals.lock()) rn->renewed(counted);
     };
     for (auto pause = every; !lease->stop.wait_for(pause);) {
@@ -287,7 +308,11 @@ void EtcdBackend::start_lease(EtcdClient& c) {
       if (id != renewing) keeper->restart(lease->term);  // replaced by a write that found it expired
       renewing = id;
       auto r = keeper->renew(id);
-      pause = r.sent ? every : 20ms;
+      // After a round that renewed nowhere, the next at once (20 ms), then twice as long each
+      // time, up to the renewal interval: a cluster too loaded to answer in time is not sent
+      // each node's renewal (and its who-leads questions) fifty times a second.
+      retry = r.sent ? 20ms : std::min<std::chrono::milliseconds>(every, retry * 2);
+      pause = r.sent ? every : retry / 2;
       if (r.sent) {
         count_from(*r.sent);
         holding = false;
@@ -312,6 +337,11 @@ void EtcdBackend::start_lease(EtcdClient& c) {
       }
     }
   });
+}
+
+void EtcdBackend::stop_renewals() {
+  lease_->stop.stop();
+  keeper_.join_within(1s);
 }
 
 void EtcdBackend::close() {

@@ -1,7 +1,7 @@
 #pragma once
 // The round records in an etcd v3 cluster (--rdzv_backend=etcd): keys under
 // <prefix>/<run_id>/, first-writer-wins through transactions, counters through compare-and-swap,
-// waits through watches. Each node holds one lease for the job, renewed every TTL/10 through every member at once; its node
+// waits through watches. Each node holds one lease for the job, renewed every TTL/10 (through the member that renewed it last, else every member at once); its node
 // records live on it, so a node that dies loses them when its lease expires, which every other
 // member of its round sees through a watch. No node holds the records: the cluster does.
 //
@@ -42,6 +42,7 @@ class EtcdBackend : public Backend {
   // Waits (within `timeout`) for one member's name to resolve first.
   std::unique_ptr<Connection> connect(std::chrono::milliseconds timeout) override;
   void close() override;
+  void stop_renewals() override;
   std::string reach() const override;
   bool holds_records() const override { return false; }
   std::chrono::milliseconds liveness_ttl() const override { return opt_.lease_ttl; }
@@ -59,6 +60,9 @@ class EtcdBackend : public Backend {
     std::atomic<std::int64_t> id{0};
     std::atomic<std::int64_t> term{0};  // the raft term it was granted in
     std::chrono::seconds ttl{5};
+    // When the latest renewal that counts was sent (steady clock, ns): how long this node went
+    // unheard, for the message when the lease expired anyway.
+    std::atomic<std::int64_t> renewed_ns{0};
     StopSignal stop;  // the keeper's pause, cut short at the end
     std::mutex mu;    // one replacement at a time
     // A new lease through `c` in place of `stale`, which etcd no longer has (it expired): once,

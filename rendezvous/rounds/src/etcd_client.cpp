@@ -58,6 +58,7 @@ EtcdKv kv_of(const json& j) {
   kv.create_revision = num(j, "create_revision");
   kv.mod_revision = num(j, "mod_revision");
   kv.lease = num(j, "lease");
+  kv.version = num(j, "version");
   return kv;
 }
 
@@ -254,6 +255,64 @@ std::int64_t EtcdClient::delete_prefix(const std::string& prefix) {
   auto j = impl_->call("/v3/kv/deleterange", {{"key", b64(prefix)}, {"range_end", b64(prefix_end(prefix))}});
   revision_ = num(j["header"], "revision");
   return num(j, "deleted");
+}
+
+namespace {
+// A counter_add() counter from the reads of its key and of its d/ marks (in a transaction's
+// responses, or plain range responses).
+std::int64_t counter_of(const json& key_range, const json& marks) {
+  std::int64_t n = 0;
+  for (const auto& kv : key_range.value("kvs", json::array())) n += num(kv, "version");
+  for (const auto& kv : marks.value("kvs", json::array())) {
+    auto d = parse_int(unb64(kv.value("value", "")));
+    if (!d) throw ProtocolError("etcd: malformed counter mark at key '" + unb64(kv.value("key", "")) + "'");
+    n += *d - 1;
+  }
+  return n;
+}
+json range_of(const std::string& key, bool prefix, std::int64_t revision = 0) {
+  json r = {{"key", b64(key)}};
+  if (prefix) r["range_end"] = b64(prefix_end(key));
+  if (revision) r["revision"] = std::to_string(revision);
+  return r;
+}
+json response_range(const json& txn, std::size_t i) {
+  auto rs = txn.find("responses");
+  if (rs == txn.end() || !rs->is_array() || i >= rs->size()) return json::object();
+  auto r = (*rs)[i].find("response_range");
+  return r == (*rs)[i].end() || !r->is_object() ? json::object() : *r;
+}
+}  // namespace
+
+std::int64_t EtcdClient::counter_add(const std::string& key, std::int64_t delta, const std::string& token) {
+  const std::string mark = key + (delta == 1 ? "/+1/" : "/d/") + token, marks = key + "/d/";
+  const json txn = {
+      {"compare", json::array({{{"key", b64(mark)}, {"target", "CREATE"}, {"result", "EQUAL"}, {"create_revision", "0"}}})},
+      {"success", json::array({{{"request_put", {{"key", b64(key)}, {"value", b64(std::to_string(delta))}}}},
+                               {{"request_put", {{"key", b64(mark)}, {"value", b64(std::to_string(delta))}}}},
+                               {{"request_range", range_of(key, false)}},
+                               {{"request_range", range_of(marks, true)}}})},
+      {"failure", json::array({{{"request_range", range_of(mark, false)}}})}};
+  for (;;) {
+    auto j = impl_->call("/v3/kv/txn", txn);
+    revision_ = num(j["header"], "revision");
+    if (j.value("succeeded", false)) return counter_of(response_range(j, 2), response_range(j, 3));
+    // Applied before (a retry): the counter as of that transaction's revision.
+    const json was = response_range(j, 0).value("kvs", json::array());
+    if (was.empty()) continue;  // the run's keys were cleared in between: add anew
+    const std::int64_t at = num(was[0], "mod_revision");
+    auto k = impl_->call("/v3/kv/range", range_of(key, false, at));
+    auto d = impl_->call("/v3/kv/range", range_of(marks, true, at));
+    return counter_of(k, d);
+  }
+}
+
+std::int64_t EtcdClient::counter(const std::string& key) {
+  const json txn = {{"success", json::array({{{"request_range", range_of(key, false)}},
+                                             {{"request_range", range_of(key + "/d/", true)}}})}};
+  auto j = impl_->call("/v3/kv/txn", txn);
+  revision_ = num(j["header"], "revision");
+  return counter_of(response_range(j, 0), response_range(j, 1));
 }
 
 std::int64_t EtcdClient::grant_lease(std::chrono::seconds ttl) {

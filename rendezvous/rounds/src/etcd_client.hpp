@@ -51,6 +51,7 @@ struct EtcdOptions {
 struct EtcdKv {
   std::string key, value;
   std::int64_t create_revision = 0, mod_revision = 0, lease = 0;
+  std::int64_t version = 0;  // puts since it was created (1: only the first)
 };
 
 struct EtcdEvent {
@@ -89,6 +90,18 @@ class EtcdClient {
   // when this call replaced it. The building block of counters (read, then replace).
   bool replace(const std::string& key, const std::string& value, std::int64_t mod_revision);
   std::int64_t delete_prefix(const std::string& prefix);
+
+  // A counter at `key` that takes no retries under contention (etcd has no atomic add; a
+  // compare-and-swap counter costs up to K^2 transactions when K nodes add at once). Each add
+  // is one transaction that puts `key` (its version, which etcd raises by one per put, orders the
+  // adds), puts a mark `key`/+1/`token` (delta 1) or `key`/d/`token` (any other delta, as its
+  // value), and reads back `key` and the d/ marks: the counter is the version plus the sum of
+  // (delta - 1) over the d/ marks. The mark makes it idempotent: the same `token` again (a
+  // member that applied the transaction but answered too late) reads back the counter as of
+  // that transaction, not a second add. Returns the counter after this add.
+  std::int64_t counter_add(const std::string& key, std::int64_t delta, const std::string& token);
+  // The counter at `key` as counter_add() keeps it (absent: 0): one read-only transaction.
+  std::int64_t counter(const std::string& key);
 
   std::int64_t grant_lease(std::chrono::seconds ttl);
   // Renews `lease`; false when it has expired already.

@@ -1,5 +1,6 @@
 #pragma once
-// Renews one etcd lease through every member at once. A renewal sent to one member at a time
+// Renews one etcd lease through the member that renewed it last, and, where that one does not
+// within its attempt, through every member at once. A renewal sent to one member at a time
 // waits out each member that cannot answer (paused, cut off, forwarding to a leader that is
 // gone); sent to all at once, it gets through as soon as any member can serve it, so that the
 // only time a renewal cannot be had is while etcd has no leader at all.
@@ -51,7 +52,8 @@ class EtcdLeaseKeeper {
     bool expired = false;                   // a member said the lease is gone
     std::string why;                        // when none of these: what the members said
   };
-  // One keep-alive of `lease` to every member at once; returns when all have answered or timed out.
+  // One keep-alive of `lease` to the member that renewed it last; where it does not renew it
+  // within `each.timeout`, to every member at once, returning when all have answered or timed out.
   Renewal renew(std::int64_t lease);
   // A new lease, granted in `term`.
   void restart(std::int64_t term) { renewed_term_ = term; }
@@ -60,6 +62,7 @@ class EtcdLeaseKeeper {
   std::vector<std::unique_ptr<EtcdClient>> members_;  // one each; used by one thread at a time
   std::int64_t renewed_term_;
   std::size_t voting_ = 0;  // the most voting members any member listed
+  std::size_t preferred_ = 0;  // the member that renewed it last: asked alone first
 };
 
 }  // namespace ddprun::rounds

@@ -221,8 +221,9 @@ std::vector<NodeInfo> RoundRules::read_arrivals(int round, int closed, bool at_o
   std::vector<NodeInfo> arrivals;
   for (int i = 0; i < closed; ++i) {
     if (!values[i]) {
-      throw MemberGone{i, "?", came ? "was lost as the round closed"
-                                    : "did not describe itself within " + duration_text(opt_.read_timeout)};
+      throw MemberGone{i, "?", (came ? "was lost as the round closed"
+                                     : "did not describe itself within " + duration_text(opt_.read_timeout)) +
+                                    c.missing_why(records[i])};
     }
     arrivals.push_back(parse_node(c.name(records[i]), *values[i]));
   }

@@ -262,6 +262,7 @@ void ThreadedRendezvous::shutdown() {
   core_->thread.join_within(2s);
   core_->announcer.join_within(2s);
   core_->watcher.join_within(1500ms);
+  core_->backend->stop_renewals();
   std::lock_guard<std::mutex> lk(core_->listener_mu);
   core_->listener = nullptr;
 }
