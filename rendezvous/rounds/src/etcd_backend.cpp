@@ -157,7 +157,7 @@ struct RecordWatch {
 
   std::string full(const std::string& rel) const { return prefix + "/" + rel; }
   void lost_member(int g) {
-    spdlog::warn("ddprun: round {}: node {} ({}) lost its etcd lease", m.round, g, escape_for_log(m.hosts.at(g)));
+    spdlog::warn("ddprun: round {}: node {} ({}) lost its etcd lease", m.round, g, escape_for_log(m.next_host));
     if (auto e = events.lock()) e->peer_lost(m.round, g, std::chrono::duration<double>(ttl).count());
   }
   // Reads the next member's record (gone: that member is lost, at once, also one that died as
@@ -165,8 +165,8 @@ struct RecordWatch {
   // read anew each time rather than pieced together from events: a watch from a revision etcd
   // has compacted away is cancelled, and events could be missed that way.
   void run() {
-    const int next = (m.group_rank + 1) % static_cast<int>(m.records.size());
-    const std::string key = full(m.records[next].text());
+    const int next = m.next();
+    const std::string key = full(m.next_record.text());
     auto failing_since = Clock::now();
     bool failing = false;
     while (!stop.stopped()) {
