@@ -22,7 +22,9 @@
 // Each node has 3 threads (the coordinator, the end watch, the keep-alive ring) and 3
 // connections: 3K threads (small stacks, set here) and 3K descriptors on each side. With
 // --check_requests it exits 1 unless one round costs 27 + 8/K requests per node (keep-alives
-// aside but the first; docs/rounds-protocol.md, "Cost per round").
+// aside but the first; docs/rounds-protocol.md, "Cost per round"), and, over the K given, the
+// bytes a node sends and receives in it differ by less than kBytesSpread (O(1) bytes per node:
+// a member that read the member list, h bytes x K, would add 8-17 bytes per node of K).
 //
 // --etcd PATH (etcd's binary): the same phases against a 3-member etcd cluster on loopback, each
 // node the real etcd rendezvous (its lease, renewed by a keeper thread; lease_ttl --lease_ttl, 5 s
@@ -63,6 +65,30 @@ using namespace std::chrono_literals;
 namespace {
 
 double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// How far apart the bytes per node of one round may be between any two K (--check_requests):
+// the numbers in a node's assignment grow a digit or two; a list of K entries per node would
+// add ~1.5 kB from K = 64 to K = 256.
+constexpr double kBytesSpread = 64;
+
+// The bytes per node of one round (sent, received) over the K run: false (and says so) when they
+// spread by kBytesSpread or more.
+bool bytes_flat(const std::vector<std::pair<int, std::pair<double, double>>>& per_k) {
+  bool ok = true;
+  for (int side = 0; side < 2; ++side) {
+    double lo = 1e300, hi = 0;
+    for (const auto& [k, b] : per_k) {
+      const double v = side == 0 ? b.first : b.second;
+      lo = std::min(lo, v), hi = std::max(hi, v);
+    }
+    if (hi - lo >= kBytesSpread) {
+      std::fprintf(stderr, "one round: bytes %s per node range from %.0f to %.0f over K = %d..%d; want O(1), within %.0f\n",
+                   side == 0 ? "sent" : "received", lo, hi, per_k.front().first, per_k.back().first, kBytesSpread);
+      ok = false;
+    }
+  }
+  return ok;
+}
 
 // The agent's loop: results posted by the rendezvous threads run here, in order.
 struct Loop {
@@ -124,8 +150,8 @@ struct Fleet {
 struct Node : Rendezvous::Listener {
   Fleet* fleet = nullptr;
   std::unique_ptr<Rendezvous> rdv;
-  // What the agent keeps of its round for the next (not RoundInfo::nodes: K of them on each of the
-  // K nodes of this process would be K^2).
+  // What the agent keeps of its round for the next (RoundInfo::nodes: K records on group rank 0,
+  // none on the others).
   int restart_count = 0;
   Streak streak;
   void on_round_ready(const RoundInfo& i) override {
@@ -349,6 +375,7 @@ int main(int argc, char** argv) {
   std::printf("| K | phase | wall s | store CPU s (schedstat) | store CPU s, utime+stime (utime) | requests per node | "
               "of which keep-alive ADDs | bytes in / out per node | waits woken per node |\n|---|---|---|---|---|---|---|---|---|\n");
   std::vector<Result> rounds;
+  std::vector<std::pair<int, std::pair<double, double>>> bytes;  // one round, per node: K, (sent, received)
   Loop loop;
   bool bad = false;
   for (int k : ks) {
@@ -383,6 +410,7 @@ int main(int argc, char** argv) {
                    k, per_node, 27 + 8.0 / k);
       bad = true;
     }
+    bytes.push_back({k, {one.all.bytes_in / k, one.all.bytes_out / k}});
     one.restart = r.restart;
     one.steady = r.steady;
     one.lost = r.lost;
@@ -415,5 +443,6 @@ int main(int argc, char** argv) {
                   round_cpu(rounds[i + 1]) / round_cpu(rounds[i]), static_cast<double>(rounds[i + 1].k) / rounds[i].k);
     }
   }
+  if (check && !bytes_flat(bytes)) bad = true;
   return check && bad ? 1 : 0;
 }

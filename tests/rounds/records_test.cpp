@@ -70,16 +70,23 @@ TEST_CASE("round state: closed, store, config, assignment and members records ro
   as.group_rank = 1;
   as.offset = 4;
   as.world = 8;
+  as.next = 2;
+  as.next_host = "h2";
   as.rc = "3";
   as.streak = streak_json(Streak{});
   auto ab = parse_assignment("k", assignment_json(as));
   CHECK((ab.group_rank == 1 && ab.offset == 4 && ab.world == 8 && ab.rc == "3" && ab.refused.empty()));
+  CHECK((ab.next == 2 && ab.next_host == "h2"));
+  // Version 3's assignment names no ring neighbour: malformed here (the config's version says so first).
+  CHECK_THROWS_AS(parse_assignment("k", R"({"group_rank": 0, "offset": 0, "world": 1, "rc": "0", "streak": {}})"),
+                  ddprun::ProtocolError);
   CHECK(parse_streak("k", ab.streak).same == 0);
   as.refused = "node_rank 5 is out of range";
   CHECK(parse_assignment("k", assignment_json(as)).refused == as.refused);
-  CHECK_THROWS_AS(parse_assignment("k", R"({"group_rank": 2, "offset": 8, "world": 8, "rc": "0", "streak": {}})"),
+  CHECK_THROWS_AS(parse_assignment("k", R"({"group_rank": 2, "offset": 8, "world": 8, "next": 0, "rc": "0", "streak": {}})"),
                   ddprun::ProtocolError);  // an offset at or past the world size
-  CHECK_THROWS_AS(parse_assignment("k", R"({"group_rank": 0, "offset": 0, "world": 1, "rc": "0"})"), ddprun::ProtocolError);
+  CHECK_THROWS_AS(parse_assignment("k", R"({"group_rank": 0, "offset": 0, "world": 1, "next": 0, "rc": "0"})"),
+                  ddprun::ProtocolError);  // no streak
   Lineup l{{"a", "b"}, {1, 0}};
   auto lb = parse_lineup("k", lineup_json(l), 2);
   CHECK((lb.hosts == l.hosts && lb.arrivals == l.arrivals));

@@ -22,7 +22,7 @@ TEST_CASE("rules: nodes form one world - distinct ranks, one workers' store from
     const auto& i = r->ready.front();
     CHECK(i.group_world == 3);
     CHECK(i.world_size == 6);
-    CHECK(i.nodes.size() == 3);
+    CHECK(i.nodes.size() == (i.group_rank == 0 ? 3u : 0u));  // the records: group rank 0's alone
     CHECK(i.store_host == "127.0.0.1");  // group rank 0 reaches the others over loopback
     ports.insert(i.store_port);
     group_ranks.insert(i.group_rank);
@@ -52,8 +52,14 @@ TEST_CASE("rules: a run id used by a job with other settings, or finished, is re
   REQUIRE(n.rec[older]->wait_failed());
   CHECK(n.rec[older]->failed.front().kind == FK::in_use);
   CHECK_THAT(n.rec[older]->failed.front().message,
-             Catch::Contains("another ddprun version (round records version 1; this node: 3)") &&
+             Catch::Contains("another ddprun version (round records version 1; this node: 4)") &&
                  Catch::Contains("run the same ddprun on every node"));
+  // Version 3: every member read r<R>/members, and its assignments name no ring neighbour.
+  n.world->set("config", R"({"backend": "c10d", "min_nodes": 1, "max_nodes": 2, "protocol": 3})");
+  int v3 = n.add();
+  n.nodes[v3]->join(0, 0);
+  REQUIRE(n.rec[v3]->wait_failed());
+  CHECK_THAT(n.rec[v3]->failed.front().message, Catch::Contains("round records version 3; this node: 4"));
   n.world->set("config", config_json(RunConfig{BackendKind::c10d, 1, 2}));
   // The job ends; a node started later with its run id is told so.
   n.nodes[0]->report_success(0);

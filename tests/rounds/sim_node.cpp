@@ -6,6 +6,7 @@
 #include "keep_alive_ring.hpp"
 #include "rendezvous_error.hpp"
 #include "round_rules.hpp"
+#include "round_state.hpp"
 #include "sim_world.hpp"
 #include "workers_store.hpp"
 
@@ -24,6 +25,7 @@ class SimConnection : public Connection {
     w_.call("get_many", keys.empty() ? nullptr : &keys[0]);
     std::vector<std::optional<std::string>> out;
     for (const auto& k : keys) out.push_back(w_.get(k.text()));
+    if (!keys.empty()) saw(keys[0]);
     return out;
   }
   void put(const Key& k, const std::string& v, Lifetime life) override {
@@ -33,10 +35,13 @@ class SimConnection : public Connection {
   void put_many(const std::vector<Key>& keys, const std::vector<std::string>& values, Lifetime life) override {
     w_.call("put_many", keys.empty() ? nullptr : &keys[0]);
     for (std::size_t i = 0; i < keys.size(); ++i) w_.put(keys[i].text(), values[i], life, n_);
+    if (!keys.empty()) saw(keys[0]);
   }
   std::string create(const Key& k, const std::string& v, Lifetime life) override {
     w_.call("create", &k);
-    return w_.create(k.text(), v, life, n_);
+    std::string stands = w_.create(k.text(), v, life, n_);
+    saw(k);
+    return stands;
   }
   std::int64_t add(const Key& k, std::int64_t d) override {
     w_.call("add", &k);
@@ -53,6 +58,13 @@ class SimConnection : public Connection {
   bool interruptible_ = false;
 
  private:
+  // A read or write of round R's assignments or lineup: the lineup as it stands, in the same
+  // step (the invariants compare it across members; the member itself reads only its own place).
+  void saw(const Key& k) {
+    if (k.name != Name::assign && k.name != Name::members) return;
+    if (auto v = w_.get(round_key(k.round, Name::members).text())) n_.lineups[k.round] = *v;
+  }
+
   World& w_;
   Node& n_;
 };
@@ -116,6 +128,29 @@ class SimWorkers : public WorkersStore {
   int slot_;
 };
 
+// The round's lineup as the store held it when this member read (or wrote) its assignment (taken
+// beside the protocol: a member reads only its own place): its hosts by group rank, for the
+// invariants over memberships. The member's ring neighbour (its assignment's `next`) must be the
+// lineup's next group rank.
+std::vector<std::string> lineup_of(World& w, const Node& n, const RoundRules::Joined& j) {
+  const Key mk = round_key(j.info.round, Name::members);
+  const auto v = n.lineups.find(j.info.round);
+  if (v == n.lineups.end()) {
+    w.violate("round " + std::to_string(j.info.round) + ": " + n.id + " joined it, but no lineup stood beside its assignment");
+    return {};
+  }
+  const Lineup l = parse_lineup(mk.text(), v->second, j.info.group_world);
+  const Members& m = j.members;
+  const int next = (j.info.group_rank + 1) % j.info.group_world;
+  if (m.round != j.info.round || m.group_rank != j.info.group_rank || m.group_world != j.info.group_world ||
+      m.next() != next || m.next_record.index != l.arrivals[next] || m.next_host != l.hosts[next]) {
+    w.violate("round " + std::to_string(j.info.round) + ": " + n.id + " (group rank " + std::to_string(j.info.group_rank) +
+              ") watches arrival " + std::to_string(m.next_record.index) + " (" + m.next_host + "), the lineup's next is " +
+              std::to_string(l.arrivals[next]) + " (" + l.hosts[next] + ")");
+  }
+  return l.hosts;
+}
+
 RendezvousOptions options_of(const World& w, const Node& n) {
   RendezvousOptions o = w.settings().opt;
   o.node_rank = n.slot;
@@ -131,7 +166,7 @@ RoundEnd run_round(World& w, Node& n, RoundRules& rules, SimConnection& watch, c
       n.events.pop_front();
       if (e.round != round) continue;
       if (e.kind == Event::Kind::peer_lost) {
-        rules.end_round(round, RoundEnd::of_node_lost(e.g, j.members.hosts.at(e.g), 1.0), world - 1);
+        rules.end_round(round, RoundEnd::of_node_lost(e.g, e.g == j.members.next() ? j.members.next_host : "?", 1.0), world - 1);
       } else if (e.kind == Event::Kind::workers_failed) {
         FailureRecord f;
         f.host = n.id;
@@ -164,7 +199,7 @@ void play(World& w, Node& n) {
     n.state = Node::State::joining;
     auto j = rules.join(round, rc, streak);
     streak = j.info.streak;
-    w.joined(n, j.info, j.members.hosts);
+    w.joined(n, j.info, lineup_of(w, n, j));
     RoundEnd end;
     {
       auto live = backend.watch(j.members, {});
@@ -249,8 +284,8 @@ void ring_main(World& w, Node& n, const Members& m) {
         w.call("keep_alive");
         w.renewed(n, sent);
         // The next member's record, as EtcdBackend's watch (a round of one watches none).
-        const int g = (m.group_rank + 1) % static_cast<int>(m.records.size());
-        if (g != m.group_rank && !c.get(m.records[g])) {
+        const int g = m.next();
+        if (g != m.group_rank && !c.get(m.next_record)) {
           n.events.push_back({Event::Kind::peer_lost, m.round, g});
           while (n.watching == m.round) w.sleep_until(w.now() + every);
           return;

@@ -79,6 +79,9 @@ struct Node {
   Time ring_slow_until{};  // its keep-alive requests do not get through before then
   std::deque<Event> events;
   int watching = -1;  // the round its liveness watch runs for
+  // r<R>/members as it stood when this node read or wrote round R's assignments (sim_node.cpp):
+  // what a member that read the lineup with its assignment would have read.
+  std::map<int, std::string> lineups;
 };
 
 // A fiber of a node, parked on one backend call.

@@ -95,10 +95,15 @@ void JobController::on_round_ready(const RoundInfo& info) {
                  info.world_size);
   }
   if (events_.enabled()) {
-    nlohmann::json members = nlohmann::json::array();
-    for (const auto& n : info.nodes) members.push_back(n.host);
-    events_.emit("rendezvous_complete", {{"round", round_}, {"world_size", info.world_size},
-                                         {"nodes", info.group_world}, {"members", members}});
+    nlohmann::json e = {{"round", round_}, {"world_size", info.world_size}, {"nodes", info.group_world},
+                        {"group_rank", info.group_rank}};
+    // Every member's host: known on group rank 0 only (a member reads its own place, not the others').
+    if (!info.nodes.empty()) {
+      nlohmann::json members = nlohmann::json::array();
+      for (const auto& n : info.nodes) members.push_back(n.host);
+      e["members"] = members;
+    }
+    events_.emit("rendezvous_complete", e);
   }
   start_workers();
 }

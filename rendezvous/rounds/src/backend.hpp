@@ -84,12 +84,15 @@ class Connection {
   virtual std::string name(const Key& k) const = 0;
 };
 
-// The members of a running round, for watching their liveness.
+// This member's place in a running round, for its liveness watch: each member watches the next
+// one (group rank + 1, mod the round's size), and knows nothing else of the others.
 struct Members {
   int round = 0;
   int group_rank = 0;
-  std::vector<Key> records;        // each member's node record, by group rank
-  std::vector<std::string> hosts;  // by group rank, for messages
+  int group_world = 1;
+  Key next_record{Name::node};  // the next member's node record (etcd: on its lease)
+  std::string next_host;        // its host, for messages
+  int next() const { return (group_rank + 1) % group_world; }
 };
 
 // What a liveness watch reports, from its own thread.

@@ -164,7 +164,7 @@ struct RecordWatch {
     spdlog::warn("ddprun: round {}: node {} ({}) lost its etcd lease: etcd heard no renewal from it for lease_ttl ({}): "
                  "it died, was cut off, or its machine was too loaded to run its lease keeper (then raise --rdzv_conf "
                  "lease_ttl)",
-                 m.round, g, escape_for_log(m.hosts.at(g)), duration_text(ttl));
+                 m.round, g, escape_for_log(m.next_host), duration_text(ttl));
     if (auto e = events.lock()) e->peer_lost(m.round, g, std::chrono::duration<double>(ttl).count());
   }
   // Reads the next member's record (gone: that member is lost, at once, also one that died as
@@ -172,8 +172,8 @@ struct RecordWatch {
   // read anew each time rather than pieced together from events: a watch from a revision etcd
   // has compacted away is cancelled, and events could be missed that way.
   void run() {
-    const int next = (m.group_rank + 1) % static_cast<int>(m.records.size());
-    const std::string key = full(m.records[next].text());
+    const int next = m.next();
+    const std::string key = full(m.next_record.text());
     auto failing_since = Clock::now();
     bool failing = false;
     while (!stop.stopped()) {

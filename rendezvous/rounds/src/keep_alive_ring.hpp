@@ -16,7 +16,7 @@ class KeepAliveRing {
   using Renewed = std::function<void(Clock::time_point sent)>;
   KeepAliveRing(Members m, std::chrono::milliseconds interval, std::chrono::milliseconds ttl)
       : m_(std::move(m)), interval_(interval), ttl_(ttl), changed_(Clock::now()), next_beat_(changed_ + interval) {
-    watching_ = m_.records.size() > 1;
+    watching_ = m_.group_world > 1;
   }
 
   // How often check() is called.
@@ -32,7 +32,7 @@ class KeepAliveRing {
   // Beats when due and reads the next member's counter. Returns how long it was idle once it is
   // lost (once: then it is not watched any more). Throws what the connection throws.
   std::optional<double> check(Connection& c, const Renewed& renewed) {
-    const int world = static_cast<int>(m_.records.size()), next = (m_.group_rank + 1) % world;
+    const int next = m_.next();
     auto now = Clock::now();
     if (now >= next_beat_) {
       beat(c, renewed);
@@ -53,7 +53,7 @@ class KeepAliveRing {
   }
 
   int round() const { return m_.round; }
-  int next() const { return (m_.group_rank + 1) % static_cast<int>(m_.records.size()); }
+  int next() const { return m_.next(); }
 
  private:
   Members m_;

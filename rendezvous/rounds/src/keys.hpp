@@ -22,7 +22,8 @@
 //   members            Lineup: the members' hosts and arrival indices by group rank (written
 //                      with the assignments, by the round's last member, or first writer wins)
 //   assign/<i>         Assignment of the i-th arrival: its group rank, rank offset, the world
-//                      size, the round's restart count and streak (one writer computes them all)
+//                      size, the round's restart count and streak, the ring's next member (one
+//                      writer computes them all; all a member reads of the round)
 //   store              StoreAddress of the workers' store, published by group rank 0; or a stop,
 //                      or a member giving the round up before it ran (first writer wins)
 //   alive/<g>          keep-alive counter of group rank g (store backend); static: a node claiming

@@ -208,138 +208,21 @@ std::optional<RoundRules::Joined> RoundRules::enter_round(int round, int idx, in
   }
 }
 
-// The records of the round's `closed` arrivals, in arrival order: one wait naming them all (up
-// to read_timeout; none with `at_once`), one read of them all. Throws MemberGone for one that
-// never came or went with its lease.
-std::vector<NodeInfo> RoundRules::read_arrivals(int round, int closed, bool at_once) {
-  auto& c = *conn_;
-  std::vector<Key> records;
-  for (int i = 0; i < closed; ++i) records.push_back(round_key(round, Name::node, i));
-  const bool came = !at_once && c.wait(records, Clock::now() + opt_.read_timeout);
-  // A record on a lease (etcd) goes with a member that died since the wait.
-  const auto values = c.get_many(records);
-  std::vector<NodeInfo> arrivals;
-  for (int i = 0; i < closed; ++i) {
-    if (!values[i]) {
-      throw MemberGone{i, "?", (came ? "was lost as the round closed"
-                                     : "did not describe itself within " + duration_text(opt_.read_timeout)) +
-                                    c.missing_why(records[i])};
-    }
-    arrivals.push_back(parse_node(c.name(records[i]), *values[i]));
-  }
-  return arrivals;
-}
-
-// Every member's place in round `round`, computed from the records and written for all: by the
-// round's last member, which overwrites (one request: the values are a function of the records,
-// which never change, and of the count and streak that stand), or by a stand-in for it, which
-// creates (first writer wins). Returns what stands for this node (`idx`), and the records by
-// group rank.
-RoundRules::Placed RoundRules::assign(int round, int idx, int closed, bool stand_in) {
-  auto& c = *conn_;
-  // A stand-in comes read_timeout after the round closed: a record missing now never came.
-  const std::vector<NodeInfo> arrivals = read_arrivals(round, closed, stand_in);
-  Placed p;
-  Lineup lineup;
-  std::string refused;
-  if (opt_.backend != BackendKind::static_ranks) {
-    p.nodes = arrivals;
-    for (int i = 0; i < closed; ++i) lineup.arrivals.push_back(i);
-  } else {
-    // Static: group rank = --node_rank, unique (claimed) and below --nnodes.
-    p.nodes.resize(closed);
-    lineup.arrivals.resize(closed, -1);
-    for (int i = 0; i < closed && refused.empty(); ++i) {
-      const NodeInfo& n = arrivals[i];
-      if (n.node_rank < 0 || n.node_rank >= closed || lineup.arrivals[n.node_rank] >= 0) {
-        refused = "rendezvous: node_rank " + std::to_string(n.node_rank) + " (host " + n.host +
-                  ") is out of range or used twice; give each node a distinct --node_rank in 0.." +
-                  std::to_string(closed - 1);
-        p.nodes.clear();
-      } else {
-        lineup.arrivals[n.node_rank] = i;
-        p.nodes[n.node_rank] = n;
-      }
-    }
-  }
-  // The round's count and streak, the same on every member (a node new to the job has none of
-  // its own). Both read with a create: a node that is not a member (it arrives late) cannot
-  // change them after.
-  const Key rck = round_key(round, Name::rc), sk = round_key(round, Name::streak);
-  const std::string rc = c.create(rck, "0");
-  if (rc != kFinished) parse_number(c.name(rck), rc, 0, INT32_MAX);
-  const std::string streak = streak_json(parse_streak(c.name(sk), c.create(sk, streak_json(Streak{}))));
-  std::vector<Key> keys;
-  std::vector<std::string> values;
-  if (refused.empty()) {
-    for (const auto& n : p.nodes) lineup.hosts.push_back(n.host);
-    keys.push_back(round_key(round, Name::members));  // first: whoever reads an assignment finds it
-    values.push_back(lineup_json(lineup));
-  }
-  int world = 0;
-  for (const auto& n : p.nodes) world += n.nproc;
-  int offset = 0;
-  for (int g = 0; g < closed; ++g) {
-    Assignment a;
-    a.refused = refused;
-    a.group_rank = g;
-    a.offset = offset;
-    a.world = world;
-    a.rc = rc;
-    a.streak = streak;
-    if (refused.empty()) offset += p.nodes[g].nproc;
-    keys.push_back(round_key(round, Name::assign, refused.empty() ? lineup.arrivals[g] : g));
-    values.push_back(assignment_json(a));
-  }
-  if (!stand_in) {
-    c.put_many(keys, values);
-  } else {
-    for (std::size_t k = 0; k < keys.size(); ++k) values[k] = c.create(keys[k], values[k]);
-  }
-  for (std::size_t k = 0; k < keys.size(); ++k) {
-    if (keys[k].name == Name::members) p.lineup = values[k];
-    if (keys[k].name == Name::assign && keys[k].index == idx) p.mine = values[k];
-  }
-  return p;
-}
-
-// In round `round` as its idx-th arrival: this node's place, as the round's last member assigned
-// it (or, when that has not come within read_timeout, as this node assigns it).
+// In round `round` as its idx-th arrival: this node's place, as its assignment says.
 RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
   auto& c = *conn_;
-  const Key ak = round_key(round, Name::assign, idx), mk = round_key(round, Name::members);
+  const Key ak = round_key(round, Name::assign, idx);
   Placed p;
-  if (idx == closed - 1) {
-    p = assign(round, idx, closed, false);
-  } else {
-    if (c.wait({ak}, Clock::now() + opt_.read_timeout)) {
-      auto v = c.get_many({ak, mk});
-      if (v[0]) p.mine = *v[0];
-      p.lineup = v[1];
-    }
-    if (p.mine.empty()) {
-      // No assignment: the last member died, or a record never came. A member that gave the
-      // round up, or a stop, says so on the store key; otherwise this node assigns.
-      const Key sk = round_key(round, Name::store);
-      if (auto v = c.get(sk)) {
-        const StoreAddress s = parse_store(c.name(sk), *v);
-        if (s.stopped) throw_stopped(c, round);
-        if (s.gone >= 0) throw MemberGone{s.gone, "?", "was given up by another member before the round ran"};
-      }
-      p = assign(round, idx, closed, true);
-    }
-  }
+  const std::string mine = own_assignment(round, idx, closed, p);
   // Read after the assignment: a job that finished and cleared its rounds (etcd) before they
   // were written is seen here, and a node of it that was stopped meanwhile does not start it again.
   throw_if_job_finished();
-  const Assignment a = parse_assignment(c.name(ak), p.mine);
+  const Assignment a = parse_assignment(c.name(ak), mine);
   if (a.stopped) throw_stopped(c, round);
   if (!a.refused.empty()) throw RendezvousError(K::usage, a.refused);
-  if (!p.lineup) throw ProtocolError("rendezvous: " + c.name(mk) + " is missing beside " + c.name(ak));
-  const Lineup lineup = parse_lineup(c.name(mk), *p.lineup, closed);
-  if (a.group_rank >= closed || lineup.arrivals[a.group_rank] != idx) {
+  if (a.group_rank >= closed || a.next >= closed) {
     throw ProtocolError("rendezvous: " + c.name(ak) + " names group rank " + std::to_string(a.group_rank) +
-                        ", which " + c.name(mk) + " gives to another arrival");
+                        " or next member " + std::to_string(a.next) + ", beyond the round's " + std::to_string(closed));
   }
   if (a.rc == kFinished) throw_finished();
   Joined j;
@@ -351,35 +234,27 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
   info.world_size = a.world;
   info.restart_count = static_cast<int>(parse_number(c.name(round_key(round, Name::rc)), a.rc, 0, INT32_MAX));
   info.streak = parse_streak(c.name(ak), a.streak);
-  if (!p.nodes.empty()) {
-    info.nodes = p.nodes;
-  } else {
-    // The others' records were not read here: their hosts, for messages.
-    info.nodes.resize(closed);
-    for (int g = 0; g < closed; ++g) info.nodes[g].host = lineup.hosts[g];
-    info.nodes[a.group_rank] = self_.info;
-  }
-  for (int g = 0; g < closed; ++g) j.members.records.push_back(round_key(round, Name::node, lineup.arrivals[g]));
-  j.members.hosts = lineup.hosts;
+  if (a.group_rank == 0) info.nodes = std::move(p.nodes);  // the assigner's, when it is group rank 0
   j.members.round = round;
-  j.members.group_rank = info.group_rank;
-  publish_store(j, !p.nodes.empty());
+  j.members.group_rank = a.group_rank;
+  j.members.group_world = closed;
+  j.members.next_record = round_key(round, Name::node, a.next);
+  j.members.next_host = a.next_host;
+  publish_store(j);
   return j;
 }
 
 // The workers' store: hosted by group rank 0 (emptied for the round), published, read by all.
-// Group rank 0 reads every member's record for its allow-list, unless it has (`have_records`).
-void RoundRules::publish_store(Joined& j, bool have_records) {
+// Group rank 0 reads every member's record for its allow-list (one read), unless it assigned.
+void RoundRules::publish_store(Joined& j) {
   auto& c = *conn_;
   RoundInfo& info = j.info;
   const Key k = round_key(info.round, Name::store);
   if (info.group_rank == 0) {
-    if (!have_records) {
-      const auto values = c.get_many(j.members.records);
-      for (int g = 0; g < info.group_world; ++g) {
-        if (!values[g]) throw MemberGone{j.members.records[g].index, j.members.hosts[g], "was lost as the round closed"};
-        info.nodes[g] = parse_node(c.name(j.members.records[g]), *values[g]);
-      }
+    if (info.nodes.empty()) {
+      std::vector<int> order;
+      const std::string refused = order_members(read_arrivals(info.round, info.group_world, true, true), info.nodes, order);
+      if (!refused.empty()) throw ProtocolError(refused + " (in a round already assigned)");
     }
     // First writer wins: a member may have given the round up (or a stop ended it) first.
     c.create(k, store_json(workers_.host(info)));
@@ -387,7 +262,7 @@ void RoundRules::publish_store(Joined& j, bool have_records) {
     workers_.release();
   }
   if (!c.wait({k}, Clock::now() + opt_.read_timeout)) {
-    throw MemberGone{0, info.nodes[0].host,
+    throw MemberGone{0, lineup_host(info.round, info.group_world, -1),
                      "did not publish the workers' store within " + duration_text(opt_.read_timeout)};
   }
   const StoreAddress s = parse_store(c.name(k), existing(c, k));

@@ -118,17 +118,20 @@ class RoundRules {
   void throw_if_finished(Connection& c, int round, const char* while_ = "waited for a place in it");
   void throw_if_job_finished();
   std::optional<Joined> enter_round(int round, int idx, int closed);
-  // What assign() leaves this node: its assignment and the lineup as they stand, and the
-  // records by group rank (none when refused).
+  // What assign() leaves this node: its assignment as it stands, and the records by group rank
+  // (none when refused).
   struct Placed {
     std::string mine;
-    std::optional<std::string> lineup;
     std::vector<NodeInfo> nodes;
   };
-  std::vector<NodeInfo> read_arrivals(int round, int closed, bool at_once = false);
+  std::vector<NodeInfo> read_arrivals(int round, int closed, bool at_once = false, bool assigned = false);
+  std::string order_members(const std::vector<NodeInfo>& arrivals, std::vector<NodeInfo>& nodes,
+                            std::vector<int>& order) const;
+  std::string lineup_host(int round, int closed, int arrival);
   Placed assign(int round, int idx, int closed, bool stand_in);
+  std::string own_assignment(int round, int idx, int closed, Placed& p);
   Joined read_round(int round, int idx, int closed);
-  void publish_store(Joined& j, bool have_records);
+  void publish_store(Joined& j);
   // `member`: this node arrived in the round (it acknowledges a stop); false for a claimer.
   void throw_if_stopped(Connection& c, int round, bool member = true);
   [[noreturn]] void throw_stopped(Connection& c, int round, bool member = true);

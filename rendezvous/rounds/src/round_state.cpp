@@ -50,6 +50,8 @@ std::string assignment_json(const Assignment& a) {
   return text(json{{"group_rank", a.group_rank},
                    {"offset", a.offset},
                    {"world", a.world},
+                   {"next", a.next},
+                   {"next_host", a.next_host},
                    {"rc", a.rc},
                    {"streak", json::parse(a.streak)}});
 }
@@ -64,9 +66,11 @@ Assignment parse_assignment(const std::string& key, const std::string& value) {
   a.group_rank = field<int>(j, key, "group_rank", -1);
   a.offset = field<int>(j, key, "offset", -1);
   a.world = field<int>(j, key, "world", 0);
+  a.next = field<int>(j, key, "next", -1);
+  a.next_host = field<std::string>(j, key, "next_host", "");
   a.rc = field<std::string>(j, key, "rc", "");
-  if (a.group_rank < 0 || a.offset < 0 || a.world < 1 || a.offset >= a.world || a.rc.empty()) {
-    malformed(key, "group_rank, offset, world or rc missing or out of range");
+  if (a.group_rank < 0 || a.offset < 0 || a.world < 1 || a.offset >= a.world || a.next < 0 || a.rc.empty()) {
+    malformed(key, "group_rank, offset, world, next or rc missing or out of range");
   }
   auto s = j.find("streak");
   if (s == j.end() || !s->is_object()) malformed(key, "field 'streak' is missing or not an object");

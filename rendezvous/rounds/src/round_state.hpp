@@ -41,10 +41,16 @@ StoreAddress parse_store(const std::string& key, const std::string& value);
 // before the round). `refused`: the records cannot make a round (a static node rank out of
 // range or used twice): every member fails with that message. `stopped`: a member was stopped
 // before the round ran (written by it, first writer wins, to wake the members waiting for theirs).
+// All a member reads of the round (O(1) bytes, whatever its size): the others' records and
+// hosts stay in r<R>/node/<i> and r<R>/members.
 struct Assignment {
   int group_rank = 0;
   int offset = 0;  // the sum of nproc over the group ranks below
   int world = 0;   // the sum of nproc over the members
+  // The member after this one (group rank + 1, mod the round's size), which this one watches
+  // (the keep-alive ring; etcd: its record): its arrival index and its host (for messages).
+  int next = 0;
+  std::string next_host;
   std::string rc;
   std::string streak;  // Streak's JSON (records.hpp)
   std::string refused;
@@ -53,7 +59,9 @@ struct Assignment {
 std::string assignment_json(const Assignment& a);
 Assignment parse_assignment(const std::string& key, const std::string& value);
 
-// r<R>/members: the members' hosts (for messages) and arrival indices, by group rank.
+// r<R>/members: the members' hosts and arrival indices, by group rank. Written with the
+// assignments; read by no member on a round's way (each reads its own assignment), only for a
+// host to name when a member is lost (lineup_host) and by whoever inspects a round.
 struct Lineup {
   std::vector<std::string> hosts;
   std::vector<int> arrivals;
@@ -65,8 +73,9 @@ Lineup parse_lineup(const std::string& key, const std::string& value, int member
 // config: the settings every node of a job shares.
 // The round records' version: a node reading records of another one would misread them (1: no
 // field, before the crash-loop streak, the given-up and abandoned marks, the held counters; 2:
-// before the assignments, when every member read every member's record).
-constexpr int kRoundProtocol = 3;
+// before the assignments, when every member read every member's record; 3: before the ring's
+// next member in the assignment, when every member read r<R>/members).
+constexpr int kRoundProtocol = 4;
 
 struct RunConfig {
   BackendKind backend = BackendKind::c10d;

@@ -38,7 +38,8 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
   // Coordinator thread only.
   bool connected = false;
   int group_world = 1;
-  std::vector<std::string> hosts;  // of the current round, by group rank
+  std::string next_host;  // of the member after this one in the current round (the one it watches)
+  int next = -1;          // its group rank
   std::unique_ptr<Liveness> liveness;
   int liveness_round = -1;  // the round `liveness` watches
   // Watch thread only.
@@ -88,7 +89,8 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
       }
       auto j = rules->join(round, rc, streak);
       group_world = j.info.group_world;
-      hosts = j.members.hosts;
+      next_host = j.members.next_host;
+      next = j.members.next();
       liveness = backend->watch(j.members, weak_from_this());
       liveness_round = j.info.round;
       tell([info = j.info](Listener& l) { l.on_round_ready(info); });
@@ -157,7 +159,7 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
                                            std::chrono::duration<double>(idle_s));
     tasks.submit([this, round, g, idle_s, since] {
       if (ended.over(round)) return;
-      std::string host = g < static_cast<int>(hosts.size()) ? hosts[g] : "?";
+      std::string host = g == next ? next_host : "?";
       spdlog::warn("ddprun: round {}: no sign of life from node {} ({}) for {:.1f} s", round, g, escape_for_log(host), idle_s);
       guarded(round, "end",
               [&] { rules->end_round(round, RoundEnd::of_node_lost(g, host, idle_s, since), group_world - 1); });

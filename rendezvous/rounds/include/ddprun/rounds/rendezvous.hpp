@@ -33,7 +33,9 @@ struct RoundInfo {
   int rank_offset = 0;     // RANK of this node's local rank 0
   std::string store_host;  // the workers' store (MASTER_ADDR:MASTER_PORT)
   std::uint16_t store_port = 0;
-  std::vector<NodeInfo> nodes;  // by group rank
+  // Every member's record, by group rank: on group rank 0 only (it reads them once, for the
+  // workers' store's allow-list); empty on the others, which read their own place alone.
+  std::vector<NodeInfo> nodes;
 };
 
 // Why the rendezvous cannot go on: the job ends (the controller picks the exit code by kind).
