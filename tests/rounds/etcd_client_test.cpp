@@ -131,6 +131,27 @@ TEST_CASE("etcd: kill -9 of the leader - the client carries on with the other me
   CHECK(cluster.leader() != leader);
 }
 
+TEST_CASE("etcd: requests share one connection to a member - one the member closed since is replaced at once", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  const auto port = cluster.client_port(0);
+  EtcdClient c({{{"127.0.0.1", port}}, 10s});
+  c.put("/k/0", "v");
+  const auto first = connections_to(port);
+  CHECK(first.size() == 1);
+  for (int i = 1; i < 20; ++i) c.put("/k/" + std::to_string(i), "v");
+  CHECK(c.get_prefix("/k/").size() == 20);
+  CHECK(connections_to(port) == first);  // the 21 requests went over the first one's connection
+  // The member restarted: the kept connection is dead, and the next request takes a new one
+  // without waiting for a time-out.
+  cluster.kill(0);
+  REQUIRE(cluster.restart(0));
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(c.get("/k/3")->value == "v");
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  CHECK(connections_to(port).size() == 1);
+}
+
 TEST_CASE("etcd: a cluster with authentication on - the right user is served, a wrong one is refused clearly", "[etcd]") {
   SKIP_WITHOUT_ETCD();
   SKIP_UNLESS(std::filesystem::exists("/usr/bin/etcdctl"), "etcdctl is not installed (scripts/setup.sh installs etcd-client)");

@@ -61,9 +61,10 @@ struct EtcdServerTls {
   bool enabled() const { return !cert.empty(); }
 };
 
-// True while this process has an established TCP connection to 127.0.0.1:port (its sockets,
+// This process's established TCP connections to 127.0.0.1:port, by local address (its sockets,
 // found in /proc/net/tcp by inode).
-inline bool connected_to(std::uint16_t port) {
+inline std::set<std::string> connections_to(std::uint16_t port) {
+  std::set<std::string> found;
   std::set<std::string> mine;
   for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
     std::error_code ec;
@@ -78,10 +79,11 @@ inline bool connected_to(std::uint16_t port) {
     std::string slot, local, remote, state, queues, timer, retr, uid, timeout, inode;
     f >> slot >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
     if (state != "01" || !mine.count(inode)) continue;
-    if (std::stoul(remote.substr(remote.find(':') + 1), nullptr, 16) == port) return true;
+    if (std::stoul(remote.substr(remote.find(':') + 1), nullptr, 16) == port) found.insert(local);
   }
-  return false;
+  return found;
 }
+inline bool connected_to(std::uint16_t port) { return !connections_to(port).empty(); }
 
 class EtcdCluster {
  public:

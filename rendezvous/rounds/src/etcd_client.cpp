@@ -3,9 +3,9 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
+#include <boost/asio/error.hpp>
+#include <boost/asio/ssl/error.hpp>
+#include <boost/beast/http/error.hpp>
 #include <thread>
 
 #include "ddprun/common/error.hpp"
@@ -111,19 +111,41 @@ EtcdClient::Impl::Request EtcdClient::Impl::request(const EtcdEndpoint& e, const
 }
 
 json EtcdClient::Impl::post(const EtcdEndpoint& e, const std::string& path, const json& body, Clock::time_point deadline) {
-  auto s = connect(e, deadline);
   auto req = request(e, path, body);
-  beast::flat_buffer buf;
-  http::response<http::string_body> res;
-  boost::system::error_code ec;
-  s.visit([&](auto& stream) {
-    http::async_write(stream, req, [&](boost::system::error_code c, std::size_t) {
+  EtcdStream::Response res;
+  for (;;) {
+    const bool reused = conn && conn_to == &e;
+    if (!reused) {
+      conn.reset();
+      conn.emplace(connect(e, deadline));
+      conn_to = &e;
+    }
+    auto& s = *conn;
+    beast::flat_buffer buf;
+    res = {};
+    boost::system::error_code ec;
+    s.async_write(req, [&](boost::system::error_code c, std::size_t) {
       ec = c;
-      if (!c) http::async_read(stream, buf, res, [&](boost::system::error_code r, std::size_t) { ec = r; });
+      if (!c) s.async_read(buf, res, [&](boost::system::error_code r, std::size_t) { ec = r; });
     });
-  });
-  if (!s.run(io, deadline)) throw TimeoutError("no answer from " + where(e) + " in time");
-  if (ec) throw NetworkError("talking to " + where(e) + ": " + s.explain(ec));
+    if (!s.run(io, deadline)) {
+      conn.reset();
+      throw TimeoutError("no answer from " + where(e) + " in time");
+    }
+    if (ec) {
+      auto why = s.explain(ec);
+      conn.reset();
+      // A kept connection that the member has closed since (it restarted, or dropped an idle
+      // one) ends before any answer: the request goes once more, on a new connection.
+      if (reused && (ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset ||
+                     ec == asio::error::broken_pipe || ec == asio::ssl::error::stream_truncated)) {
+        continue;
+      }
+      throw NetworkError("talking to " + where(e) + ": " + why);
+    }
+    if (!res.keep_alive()) conn.reset();
+    break;
+  }
   auto j = json::parse(res.body(), nullptr, false);
   if (j.is_discarded()) throw NetworkError(where(e) + " answered with something other than JSON (not etcd's gateway?)");
   if (res.result() != http::status::ok || j.contains("error")) throw refused_of(j, res.result_int());

@@ -5,16 +5,31 @@
 #include <openssl/x509v3.h>
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 #include <boost/beast/http/error.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/write.hpp>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <variant>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/net.hpp"
 #include "ddprun/common/text.hpp"
 
 namespace ddprun::rounds {
+
+struct EtcdStream::State {
+  using Plain = boost::beast::tcp_stream;
+  using Tls = boost::beast::ssl_stream<Plain>;
+  std::variant<Plain, Tls> s;
+  EtcdEndpoint endpoint;
+  std::shared_ptr<CertProblem> problem;  // written by the verify callback
+};
+
 namespace {
 
 namespace asio = boost::asio;
@@ -76,17 +91,17 @@ void connect_tcp(asio::io_context& io, beast::tcp_stream& s, const tcp::resolver
   s.async_connect(addrs, [&](error_code c, const tcp::endpoint&) { ec = c; });
   if (!run_until(io, deadline, s)) throw TimeoutError("connecting to " + etcd_detail::where(e) + " timed out");
   if (ec) throw NetworkError("cannot connect to " + etcd_detail::where(e) + ": " + ec.message());
-  // Each request has a connection of its own, closed by this side once answered (or abandoned):
-  // an orderly close would leave the connection in TIME-WAIT here for 60 s, holding its local
-  // port, and K nodes' requests (6 a second per node at rest) use up the ~28k ports towards a
-  // member within a minute at K = 256, after which connecting fails or crawls. Closing with a
-  // reset leaves nothing behind.
+  // A connection is kept for the client's next request to the same member, and closed by this
+  // side when the client moves to another member or gives up on an answer: an orderly close
+  // would leave it in TIME-WAIT here for 60 s, holding its local port (K nodes' requests once
+  // used up the ~28k ports towards a member within a minute at K = 256, a connection a
+  // request). Closing with a reset leaves nothing behind.
   s.socket().set_option(tcp::socket::linger(true, 0), ec);
 }
 
 // The member's name is checked the way it was written: a DNS name against the certificate's
 // DNS names (and sent as SNI), an address against its IP addresses.
-void expect_name(EtcdStream::Tls& s, const std::string& host, std::shared_ptr<CertProblem> problem) {
+void expect_name(EtcdStream::State::Tls& s, const std::string& host, std::shared_ptr<CertProblem> problem) {
   SSL* native = s.native_handle();
   if (is_ip_literal(host)) {
     X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(native), host.c_str());
@@ -209,12 +224,12 @@ EtcdStream EtcdStream::open(asio::io_context& io, const EtcdEndpoint& e, ssl::co
   if (ec) throw NetworkError("cannot resolve " + e.host + ": " + ec.message());
   auto problem = std::make_shared<CertProblem>();
   if (!e.tls) {
-    Plain s(io);
+    State::Plain s(io);
     connect_tcp(io, s, addrs, e, deadline);
-    return EtcdStream(std::move(s), e, problem);
+    return EtcdStream(std::make_unique<State>(State{std::move(s), e, problem}));
   }
   if (tls == nullptr) throw UsageError("etcd endpoint https://" + etcd_detail::where(e) + " needs --rdzv_conf cacert=PATH");
-  Tls s(io, *tls);
+  State::Tls s(io, *tls);
   expect_name(s, e.host, problem);
   connect_tcp(io, beast::get_lowest_layer(s), addrs, e, deadline);
   s.async_handshake(ssl::stream_base::client, [&](error_code c) { ec = c; });
@@ -226,25 +241,42 @@ EtcdStream EtcdStream::open(asio::io_context& io, const EtcdEndpoint& e, ssl::co
                        (problem->code != 0 ? describe_cert_problem(e, *problem)
                                              : describe_tls_error(e, ec, true, SSL_get_certificate(s.native_handle()) != nullptr)));
   }
-  return EtcdStream(std::move(s), e, problem);
+  return EtcdStream(std::make_unique<State>(State{std::move(s), e, problem}));
+}
+
+EtcdStream::EtcdStream(std::unique_ptr<State> s) : s_(std::move(s)) {}
+EtcdStream::EtcdStream(EtcdStream&&) noexcept = default;
+EtcdStream& EtcdStream::operator=(EtcdStream&&) noexcept = default;
+EtcdStream::~EtcdStream() = default;
+
+void EtcdStream::async_write(const Request& req, Handler done) {
+  std::visit([&](auto& s) { beast::http::async_write(s, req, std::move(done)); }, s_->s);
+}
+
+void EtcdStream::async_read(beast::flat_buffer& buf, Response& res, Handler done) {
+  std::visit([&](auto& s) { beast::http::async_read(s, buf, res, std::move(done)); }, s_->s);
+}
+
+void EtcdStream::async_read_some(beast::flat_buffer& buf, Parser& parser, Handler done) {
+  std::visit([&](auto& s) { beast::http::async_read_some(s, buf, parser, std::move(done)); }, s_->s);
 }
 
 bool EtcdStream::run(asio::io_context& io, Clock::time_point deadline) {
-  return visit([&](auto& s) { return run_until(io, deadline, beast::get_lowest_layer(s)); });
+  return std::visit([&](auto& s) { return run_until(io, deadline, beast::get_lowest_layer(s)); }, s_->s);
 }
 
 void EtcdStream::cancel() {
-  visit([](auto& s) { beast::get_lowest_layer(s).cancel(); });
+  std::visit([](auto& s) { beast::get_lowest_layer(s).cancel(); }, s_->s);
 }
 
 std::string EtcdStream::explain(const error_code& ec) {
-  if (auto* tls = std::get_if<Tls>(&s_)) {
-    return describe_tls_error(endpoint_, ec, false, SSL_get_certificate(tls->native_handle()) != nullptr);
+  if (auto* tls = std::get_if<State::Tls>(&s_->s)) {
+    return describe_tls_error(s_->endpoint, ec, false, SSL_get_certificate(tls->native_handle()) != nullptr);
   }
   // A TLS-only member closes a plain-HTTP connection without an answer.
   if (ec == beast::http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset) {
     return "it closed the connection without an answer (" + ec.message() + "); etcd with TLS does that: write https://" +
-           etcd_detail::where(endpoint_) + " and give --rdzv_conf cacert=PATH (etcdctl's --cacert)";
+           etcd_detail::where(s_->endpoint) + " and give --rdzv_conf cacert=PATH (etcdctl's --cacert)";
   }
   return ec.message();
 }

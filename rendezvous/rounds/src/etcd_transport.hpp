@@ -6,15 +6,21 @@
 // with the certificate's own dates and names, instead of OpenSSL's "certificate verify failed".
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/ssl.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/ssl.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/buffer_body.hpp>
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/string_body.hpp>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
-#include <variant>
 
 #include "etcd_client.hpp"
+
+namespace boost::asio::ssl {
+class context;
+}
 
 namespace ddprun::rounds {
 
@@ -33,24 +39,30 @@ struct CertProblem {
   std::string subject, issuer, not_before, not_after;
 };
 
-// One connection to one member. Movable; not shared between threads.
+// One connection to one member, plain TCP or TLS. Movable; not shared between threads. Beast's
+// stream types and their HTTP operations are in etcd_transport.cpp alone: instantiated in each
+// file that uses them, they cost about a minute of compilation there.
 class EtcdStream {
  public:
-  using Plain = boost::beast::tcp_stream;
-  using Tls = boost::beast::ssl_stream<Plain>;
   using Clock = std::chrono::steady_clock;
+  using Request = boost::beast::http::request<boost::beast::http::string_body>;
+  using Response = boost::beast::http::response<boost::beast::http::string_body>;
+  using Parser = boost::beast::http::response_parser<boost::beast::http::buffer_body>;
+  using Handler = std::function<void(boost::system::error_code, std::size_t)>;
 
   // Connects to `e` and, for a TLS endpoint (`tls` set), completes the handshake, all by
   // `deadline`. Throws TimeoutError or NetworkError naming the endpoint; a TLS failure says
   // what to check (the CA, the certificate's dates or names, the client certificate).
   static EtcdStream open(boost::asio::io_context& io, const EtcdEndpoint& e, boost::asio::ssl::context* tls,
                          Clock::time_point deadline);
+  EtcdStream(EtcdStream&&) noexcept;
+  EtcdStream& operator=(EtcdStream&&) noexcept;
+  ~EtcdStream();
 
-  // Runs `f` on the stream, whichever it is (Beast's HTTP operations take either).
-  template <class F>
-  decltype(auto) visit(F&& f) {
-    return std::visit(std::forward<F>(f), s_);
-  }
+  // Beast's HTTP operations on this stream; what they are given must outlive them.
+  void async_write(const Request& req, Handler done);
+  void async_read(boost::beast::flat_buffer& buf, Response& res, Handler done);
+  void async_read_some(boost::beast::flat_buffer& buf, Parser& parser, Handler done);
   // Runs `io` until the operations started on this stream finish, or until `deadline`: then
   // they are cancelled (and complete with operation_aborted) and false is returned.
   bool run(boost::asio::io_context& io, Clock::time_point deadline);
@@ -60,13 +72,11 @@ class EtcdStream {
   // refuses a missing client certificate after the handshake) says what to give.
   std::string explain(const boost::system::error_code& ec);
 
- private:
-  EtcdStream(std::variant<Plain, Tls> s, EtcdEndpoint e, std::shared_ptr<CertProblem> p)
-      : s_(std::move(s)), endpoint_(std::move(e)), problem_(std::move(p)) {}
+  struct State;  // the stream (etcd_transport.cpp)
 
-  std::variant<Plain, Tls> s_;
-  EtcdEndpoint endpoint_;
-  std::shared_ptr<CertProblem> problem_;  // written by the verify callback
+ private:
+  explicit EtcdStream(std::unique_ptr<State> s);
+  std::unique_ptr<State> s_;
 };
 
 }  // namespace ddprun::rounds

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/beast/http.hpp>
+#include <boost/beast/http/error.hpp>
 #include <functional>
 #include <thread>
 
@@ -99,7 +99,7 @@ EtcdClient::Impl::WatchRead EtcdClient::Impl::read_watch(EtcdStream& s, const Et
   auto read_more = [&] {
     parser.get().body().data = chunk;
     parser.get().body().size = sizeof(chunk);
-    s.visit([&](auto& stream) { http::async_read_some(stream, buf, parser, on_read); });
+    s.async_read_some(buf, parser, on_read);
   };
   auto done = [&](std::string why) {
     if (out.broke.empty()) out.broke = std::move(why);
@@ -121,11 +121,9 @@ EtcdClient::Impl::WatchRead EtcdClient::Impl::read_watch(EtcdStream& s, const Et
     out.broke = "it did not confirm the watch in time";
     s.cancel();
   });
-  s.visit([&](auto& stream) {
-    http::async_write(stream, req, [&](boost::system::error_code c, std::size_t) {
-      if (c) return done(c == asio::error::operation_aborted ? "" : "sending the watch: " + c.message());
-      read_more();
-    });
+  s.async_write(req, [&](boost::system::error_code c, std::size_t) {
+    if (c) return done(c == asio::error::operation_aborted ? "" : "sending the watch: " + c.message());
+    read_more();
   });
   s.run(io, deadline);
   if (oversized) {
