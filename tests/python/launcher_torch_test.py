@@ -101,12 +101,17 @@ def error_file(ddprun, env, tmp):
     check("raise ValueError" in p.stderr, "summary shows the traceback")
 
 
-def two_nodes_same_as_one(ddprun, env):
-    """A PyTorch DDP gloo job across 2 agents x 2 workers gives the result of 1 node x 4 workers."""
+def one_node_of_four(ddprun, env):
+    """The result of the DDP job on 1 node x 4 workers, which the multi-agent runs must give."""
     script = os.path.join(ROOT, "examples", "ddp_train.py")
     p, _ = run([ddprun, "--standalone", "--nproc_per_node=4", script, "--epochs", "2"], env)
     check(p.returncode == 0, f"1 node x 4 workers ran ({p.stderr[-300:]})")
-    single = results(p.stdout)
+    return results(p.stdout)
+
+
+def two_nodes_same_as_one(ddprun, env, single):
+    """A PyTorch DDP gloo job across 2 agents x 2 workers gives the result of 1 node x 4 workers."""
+    script = os.path.join(ROOT, "examples", "ddp_train.py")
     n0 = subprocess.Popen([ddprun, "--nnodes=2", "--node_rank=0", "--master_port=0", "--nproc_per_node=2", script,
                            "--epochs", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     port = None
@@ -135,11 +140,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def two_etcd_agents_same_as_one(ddprun, env, tmp):
+def two_etcd_agents_same_as_one(ddprun, env, tmp, single):
     """The same DDP job across 2 agents meeting through etcd (--rdzv_backend=etcd)."""
     script = os.path.join(ROOT, "examples", "ddp_train.py")
-    p, _ = run([ddprun, "--standalone", "--nproc_per_node=4", script, "--epochs", "2"], env)
-    single = results(p.stdout)
     client, peer = free_port(), free_port()
     etcd = subprocess.Popen(["/usr/bin/etcd", "--name", "e0", "--data-dir", os.path.join(tmp, "etcd"),
                              "--listen-client-urls", f"http://127.0.0.1:{client}",
@@ -175,8 +178,9 @@ def main():
         ddp_same_as_torchrun(args.ddprun, env)
         tcpstore_script(args.ddprun, env, tmp)
         error_file(args.ddprun, env, tmp)
-        two_nodes_same_as_one(args.ddprun, env)
-        two_etcd_agents_same_as_one(args.ddprun, env, tmp)
+        single = one_node_of_four(args.ddprun, env)
+        two_nodes_same_as_one(args.ddprun, env, single)
+        two_etcd_agents_same_as_one(args.ddprun, env, tmp, single)
     print("all launcher PyTorch checks passed")
 
 

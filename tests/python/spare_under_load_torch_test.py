@@ -3,14 +3,14 @@
 
 Two CPU hogs at normal priority keep this machine's cores busy (a node whose data loaders do);
 bench/recovery_job.py (PyTorch DDP over gloo, 2 workers) loses rank 1 as soon as it reaches
-step 10, long before spares importing at nice 19 beside the hogs could be ready. Warm
-(the default) and cold (--warm_spares=0) runs alternate; each is timed from the crash to every
-rank's first step of the next attempt. The warm restart must not be slower than the cold one by
-more than noise: within 1.5 x the cold one + 1 s per pair, where a spare left at nice 19 takes
-minutes. docs/benchmarks.md has the bench's medians of 5 (bench/recovery_bench.py --hogs 2
+step 10, long before spares importing at nice 19 beside the hogs could be ready. A warm
+(the default) and a cold (--warm_spares=0) run, each timed from the crash to every rank's first
+step of the next attempt: the warm restart must not be slower than the cold one by more than
+noise, within 1.5 x the cold one + 1 s, where a spare left at nice 19 takes minutes (--pairs N
+alternates N pairs and compares their medians). docs/benchmarks.md has the bench's medians of 5 (bench/recovery_bench.py --hogs 2
 --crash_after 2).
 
-Usage: spare_under_load_torch_test.py --ddprun PATH [--pairs 2]"""
+Usage: spare_under_load_torch_test.py --ddprun PATH [--pairs 1]"""
 import argparse
 import os
 import shutil
@@ -30,7 +30,7 @@ import recovery_bench as rb  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
-    ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=1)
     a = ap.parse_args()
     need_torch()
     env = dict(os.environ, PYTHON_EXEC="/usr/bin/python3")

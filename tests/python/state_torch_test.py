@@ -14,46 +14,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testlib import need_torch, skip  # noqa: E402
+from testlib import FAILURES, check, need_torch, run, show, skip  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "state_worker.py")
-FAILURES = []
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAILED: ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
-
-
-def run(cmd, env_extra, timeout=120, on_line=None, cwd=None):
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    env.update(env_extra)
-    env = {k: v for k, v in env.items() if v is not None}  # None: unset
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
-    lines = []
-
-    def read():
-        for line in p.stdout:
-            lines.append(line.rstrip("\n"))
-            if on_line:
-                on_line(line)
-
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
-    try:
-        rc = p.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        rc = p.wait()
-        lines.append(f"TEST: killed after {timeout} s")
-    t.join(10)
-    return rc, lines
 
 
 def ddprun(path, nproc, env_extra, flags=(), prefix=(), **kw):
@@ -64,10 +30,6 @@ def ddprun(path, nproc, env_extra, flags=(), prefix=(), **kw):
 
 def found(lines, pattern):
     return [m for m in (re.search(pattern, l) for l in lines) if m]
-
-
-def show(lines):
-    print("\n".join("    " + l for l in lines[-40:]), flush=True)
 
 
 def finals(lines):

@@ -1,8 +1,14 @@
 """What the Python tests share: skip() as tests/lib.sh's (exit 77, which ctest shows as skipped;
-under CI=true a failure, since CI installs every tool a test needs). A test skips whole or not
-at all."""
+under CI=true a failure, since CI installs every tool a test needs; a test skips whole or not
+at all); check() that records a failure and goes on; run() of a command, its output read as it
+comes."""
 import os
+import subprocess
 import sys
+import threading
+
+FAILURES = []  # what check() found false
+PASSED = [0]
 
 
 def skip(why):
@@ -19,3 +25,45 @@ def need_torch():
         import torch  # noqa: F401
     except ImportError as e:
         skip(f"torch is not importable with {sys.executable}: {e}")
+
+
+def check(cond, what):
+    """Prints "ok: WHAT" or "FAILED: WHAT"; a failure is recorded in FAILURES, and the test goes on."""
+    print(("ok: " if cond else "FAILED: ") + what, flush=True)
+    if cond:
+        PASSED[0] += 1
+    else:
+        FAILURES.append(what)
+
+
+def show(lines):
+    print("\n".join("    " + l for l in lines[-40:]), flush=True)
+
+
+def run(cmd, env_extra=None, timeout=120, on_line=None, cwd=None):
+    """Runs `cmd` with this environment less PYTHONPATH, plus `env_extra` (a value of None unsets);
+    each line of its output (stdout and stderr) is handed to `on_line` as it comes. Killed after
+    `timeout` s. Returns (exit code, lines)."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.update(env_extra or {})
+    env = {k: v for k, v in env.items() if v is not None}
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+    lines = []
+
+    def read():
+        for line in p.stdout:
+            lines.append(line.rstrip("\n"))
+            if on_line:
+                on_line(line)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    try:
+        rc = p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = p.wait()
+        lines.append(f"TEST: killed after {timeout} s")
+    t.join(10)
+    return rc, lines

@@ -13,64 +13,39 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testlib import need_torch  # noqa: E402
+from testlib import FAILURES, PASSED, check, need_torch, run, show  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-FAILURES = []
-PASSED = [0]
 # Per job, not per interpreter: may differ between the warm and the cold run.
 PER_JOB = {"TORCHELASTIC_RUN_ID", "DDPRUN_JOB_TOKEN"}
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAILED: ") + what, flush=True)
-    if cond:
-        PASSED[0] += 1
-    else:
-        FAILURES.append(what)
 
 
 def launch(ddprun, args, cwd, go, warm, nproc=2, on_ready=None, timeout=240, env_extra=None, prefix=()):
     """ddprun ARGS in `cwd` (after `prefix`: setpriv, for another user); `go` is created once every
     warm spare is ready (at once when cold)."""
-    env = dict(os.environ, PYTHON_EXEC=sys.executable, PROBE_GO=go)
-    env.pop("PYTHONPATH", None)
-    env.update(env_extra or {})
+    env = dict(env_extra or {}, PYTHON_EXEC=sys.executable, PROBE_GO=go)
     cmd = list(prefix) + [ddprun, "--standalone", "--nproc_per_node", str(nproc), "--max_restarts", "1", "--warm_spares", "1" if warm else "0"] + args
     for old in glob.glob(glob.escape(go) + ".fp*"):  # spare_probe.py's: which ranks have printed
         os.unlink(old)
-    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, ready = [], set()
+    ready = set()
     if not warm:
         open(go, "w").close()
 
-    def read():
-        for line in p.stdout:
-            lines.append(line.rstrip("\n"))
-            m = re.search(r"warm spare for local rank (\d+) ready", line)
-            if m and warm:
-                ready.add(int(m.group(1)))
-                if len(ready) == nproc and not os.path.exists(go):
-                    if on_ready:
-                        on_ready()
-                    open(go, "w").close()
+    def on_line(line):
+        m = re.search(r"warm spare for local rank (\d+) ready", line)
+        if m and warm:
+            ready.add(int(m.group(1)))
+            if len(ready) == nproc and not os.path.exists(go):
+                if on_ready:
+                    on_ready()
+                open(go, "w").close()
 
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
-    try:
-        rc = p.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        rc = p.wait()
-        lines.append("TEST: ddprun killed after %d s" % timeout)
-    t.join(10)
+    rc, lines = run(cmd, env, timeout=timeout, on_line=on_line, cwd=cwd)
     if os.path.exists(go):
         os.unlink(go)
     return rc, lines
@@ -107,20 +82,20 @@ def dynamo_preloaded(warm, cold):
               f"PyTorch 1.x: no torch._dynamo, and no warning about it: {seen}")
 
 
-def show(lines):
-    print("\n".join("    " + l for l in lines[-40:]), flush=True)
-
-
-def same_as_fresh(ddprun, tmp, args, what, env_extra=None):
+def same_as_fresh(ddprun, tmp, args, what, env_extra=None, nproc=2):
+    """The job run warm and cold: what the script sees, its output and the exit code are the same.
+    Two workers where a rank other than 0 matters (its end: stopped by ddprun), else one (each
+    worker and its spare import PyTorch: most of this test's time)."""
     go = os.path.join(tmp, "go")
-    warm_rc, warm = launch(ddprun, args, tmp, go, warm=True, env_extra=env_extra)
-    cold_rc, cold = launch(ddprun, args, tmp, go, warm=False, env_extra=env_extra)
-    used = any(re.search(r"restarted .*\(2 warm\)", l) for l in warm)
-    check(used, f"{what}: both workers of attempt 1 were warm spares")
+    warm_rc, warm = launch(ddprun, args, tmp, go, warm=True, env_extra=env_extra, nproc=nproc)
+    cold_rc, cold = launch(ddprun, args, tmp, go, warm=False, env_extra=env_extra, nproc=nproc)
+    used = any(re.search(rf"restarted .*\({nproc} warm\)", l) for l in warm)
+    check(used, f"{what}: every worker of attempt 1 was a warm spare")
     if not used:
         show(warm)
     fw, fc = fingerprints(warm), fingerprints(cold)
-    check(sorted(fw) == [0, 1] and sorted(fc) == [0, 1], f"{what}: both runs printed what the script sees")
+    ranks = list(range(nproc))
+    check(sorted(fw) == ranks and sorted(fc) == ranks, f"{what}: both runs printed what the script sees")
     for rank in sorted(set(fw) & set(fc)):
         diff = sorted(k for k in fc[rank] if fw[rank].get(k) != fc[rank][k])
         envs = (fw[rank].get("env", {}), fc[rank]["env"])
@@ -129,7 +104,7 @@ def same_as_fresh(ddprun, tmp, args, what, env_extra=None):
               (": " + "; ".join(f"{k}: warm {fw[rank].get(k)!r} cold {fc[rank][k]!r}" for k in diff if k != "env") +
                f" env: {[(k, envs[0].get(k), envs[1].get(k)) for k in env_diff]}" if diff else ""))
     check(warm_rc == cold_rc, f"{what}: ddprun's exit code is the same ({warm_rc} warm, {cold_rc} cold)")
-    for rank in (0, 1):
+    for rank in ranks:
         tw, tc = traceback_of(warm, rank), traceback_of(cold, rank)
         check(tw == tc, f"{what}: rank {rank}'s stderr/stdout is the same" + ("" if tw == tc else f": warm {tw} cold {tc}"))
     return warm, cold
@@ -145,8 +120,8 @@ def main():
         shutil.copy(os.path.join(HERE, "spare_probe.py"), tmp)
         # A script, its traceback and exit code 1; -m, exit code 7; KeyboardInterrupt (SIGINT).
         dynamo_preloaded(*same_as_fresh(a.ddprun, tmp, ["spare_probe.py", "raise"], "script, uncaught exception"))
-        same_as_fresh(a.ddprun, tmp, ["-m", "spare_probe", "exit7"], "-m module, sys.exit(7)")
-        warm, _ = same_as_fresh(a.ddprun, tmp, ["spare_probe.py", "interrupt"], "KeyboardInterrupt")
+        same_as_fresh(a.ddprun, tmp, ["-m", "spare_probe", "exit7"], "-m module, sys.exit(7)", nproc=1)
+        warm, _ = same_as_fresh(a.ddprun, tmp, ["spare_probe.py", "interrupt"], "KeyboardInterrupt", nproc=1)
         check(any("SIGINT" in l for l in warm), "KeyboardInterrupt: the warm worker died of SIGINT, as a fresh one does")
         unusual_interpreters(a.ddprun, tmp)
         unprivileged(a.ddprun)
@@ -162,8 +137,9 @@ def unusual_interpreters(ddprun, tmp):
     """What a spare must carry over exactly, each seen differing before: an argument and a
     variable that are not UTF-8 (bytes, legal on Linux); variables that interpreter start-up code
     (a sitecustomize) sets and removes; a thread that a preloaded module starts at import (at the
-    worker's priority, not the import thread's nice 19); /proc's cmdline and environ; and
-    PYTHONSAFEPATH (no script folder on sys.path, ddprun's hook folder kept)."""
+    worker's priority, not the import thread's nice 19); /proc's cmdline and environ; with
+    PYTHONSAFEPATH (no script folder on sys.path, ddprun's hook folder kept). The other cases
+    compare sys.path with the script's folder on it."""
     site = os.path.join(tmp, "site")
     os.makedirs(site, exist_ok=True)
     with open(os.path.join(site, "sitecustomize.py"), "w") as f:
@@ -171,10 +147,10 @@ def unusual_interpreters(ddprun, tmp):
                 "os.environ.pop('PROBE_REMOVED_AT_STARTUP', None)\n")
     with open(os.path.join(site, "probe_threads.py"), "w") as f:
         f.write("import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n")
-    env = {"PYTHONPATH": site, "PROBE_LATIN1": "caf\udce9", "PROBE_REMOVED_AT_STARTUP": "1"}
+    env = {"PYTHONPATH": site, "PROBE_LATIN1": "caf\udce9", "PROBE_REMOVED_AT_STARTUP": "1", "PYTHONSAFEPATH": "1"}
     args = ["--preload", "probe_threads", "spare_probe.py", "exit0", "caf\udce9"]
-    same_as_fresh(ddprun, tmp, args, "bytes in argv and environment, start-up code, a thread started at import", env)
-    same_as_fresh(ddprun, tmp, ["spare_probe.py", "exit0"], "PYTHONSAFEPATH=1", dict(env, PYTHONSAFEPATH="1"))
+    same_as_fresh(ddprun, tmp, args, "bytes in argv and environment, start-up code, a thread started at import, "
+                  "PYTHONSAFEPATH=1", env, nproc=1)
 
 
 def unprivileged(ddprun):
