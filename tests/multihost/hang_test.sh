@@ -7,7 +7,7 @@
 # print the same job-wide verdict, naming rank R and its host, the node holding rank R its stack,
 # and both end 124, their failure summaries naming rank R as the root cause. Run with the stuck
 # rank on h1 (rank 1), and on h2 (rank 3) after a false alarm (a 7 s save on rank 0 at step 8,
-# reported and cleared on both nodes): the second report's verdict is its own, not the first's.
+# reported and cleared on both nodes), the two jobs side by side: each report's verdict is its own.
 # Usage: hang_test.sh DDPRUN
 set -u
 ddprun=$1
@@ -17,19 +17,23 @@ source "$here/hosts.sh"
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null ||
   skip_or_fail "PyTorch is not installed (scripts/setup.sh installs python3-torch)"
 hosts_up 2
-port=29400
 fail=0
 
-run_case() {  # STUCK_RANK STUCK_HOST [WORKER FLAGS...]
-  local rank=$1 host=$2 i r1 r2
-  shift 2
-  local extra=("$@") tag=r${rank}p$port
+start_case() {  # STUCK_RANK [WORKER FLAGS...]: both nodes' agents, on master port $port
+  local rank=$1 i
+  shift
   for i in 1 2; do
-    start "$i" "${tag}h$i" "$ddprun" --nnodes=2 --node_rank=$((i - 1)) --master_addr=h1 --master_port=$port \
+    start "$i" "r${rank}p${port}h$i" "$ddprun" --nnodes=2 --node_rank=$((i - 1)) --master_addr=h1 --master_port=$port \
       --rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=10 --nproc_per_node=2 \
       --hang_floor=3 --hang_stop=10 /usr/bin/python3 -u "$worker" --hang stuck --rank "$rank" --at 5 --steps 100000 \
-      "${extra[@]}"
+      "$@"
   done
+}
+
+check_case() {  # STUCK_RANK STUCK_HOST PORT [WORKER FLAGS...]: waits for that case's agents
+  local rank=$1 host=$2 tag=r$1p$3 r1 r2
+  shift 3
+  local extra=("$@")
   local p1=pid_${tag}h1 p2=pid_${tag}h2
   wait "${!p1}"; r1=$?
   wait "${!p2}"; r2=$?
@@ -37,7 +41,7 @@ run_case() {  # STUCK_RANK STUCK_HOST [WORKER FLAGS...]
   local v1 v2
   v1=$(grep -h "ddprun: hang verdict from every node" "$e1" | tail -1)
   v2=$(grep -h "ddprun: hang verdict from every node" "$e2" | tail -1)
-  echo "  exits $r1/$r2"
+  echo "  rank $rank on $host: exits $r1/$r2"
   echo "  h1: $v1"
   echo "  h2: $v2"
   [ "$r1" -eq 124 ] && [ "$r2" -eq 124 ] || ok=1
@@ -50,11 +54,15 @@ run_case() {  # STUCK_RANK STUCK_HOST [WORKER FLAGS...]
   [ $ok -eq 0 ] || cat "$e1" "$e2"
   if [ $ok -eq 0 ]; then echo "ok: stuck rank $rank on $host${extra[*]:+ (${extra[*]})}: both nodes print the same verdict naming it"; else
     echo "FAILED: stuck rank $rank on $host ${extra[*]}"; fail=1; fi
-  last_tag=$tag
 }
 
-run_case 1 h1
+# The two cases are two jobs side by side (master ports 29400 and 29401): each mostly waits for
+# its floor and its --hang_stop.
+port=29400
+start_case 1
 port=29401
-run_case 3 h2 --at 40 --save_at 8 --save_s 7
-grep -q "made progress again" "$out/${last_tag}h1.err" || { echo "FAILED: the save was not reported and cleared"; fail=1; }
+start_case 3 --at 40 --save_at 8 --save_s 7
+check_case 1 h1 29400
+check_case 3 h2 29401 --at 40 --save_at 8 --save_s 7
+grep -q "made progress again" "$out/r3p29401h1.err" || { echo "FAILED: the save was not reported and cleared"; fail=1; }
 exit $fail

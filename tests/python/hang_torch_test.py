@@ -17,8 +17,8 @@ jobs (tests/python/hang_worker.py):
                report within 60 s of the hang (--hang_stop=5 keeps the test short).
 
 The kinds and false alarms run with --hang_floor=3 (the floor scaled down 10x with the cases:
-phases and a save longer than it). The parts named run at once, and so do the long first step
-and the evaluation loop: jobs that mostly wait, wait side by side. Exits 77 (skipped) without torch.
+phases and a save longer than it). The parts named run at once, the kinds two jobs at a time,
+and the long first step beside the evaluation loop: jobs that mostly wait, wait side by side. Exits 77 (skipped) without torch.
 Usage: hang_torch_test.py --ddprun PATH [kinds|false_alarms|straggler|default ...]
 """
 import argparse
@@ -187,13 +187,20 @@ def wrapped(ddprun, tmp):
 
 
 def kinds(ddprun, tmp):
+    """Two jobs at a time: each mostly waits for its floor and its --hang_stop."""
     stuck = r"rank 1 \(host .*\) is stuck outside any collective in load_batch \(hang_worker\.py:\d+\); rank 0 waits for it in DDP's all-reduce"
-    hang_kind(ddprun, tmp, "stuck", 2, 1, stuck)
-    hang_kind(ddprun, tmp, "stuck", 4, 2, r"rank 2 \(.*\) is stuck outside any collective in load_batch .*ranks 0-1, 3 wait for it in DDP's all-reduce")
-    hang_kind(ddprun, tmp, "sigstop", 2, 1, r"rank 1 \(.*\) is stopped \(SIGSTOP")
-    hang_kind(ddprun, tmp, "spin", 2, 1, r"rank 1 \(.*\) is spinning \(busy \d+% of the time\) outside any collective in load_batch")
-    wrapped(ddprun, tmp)
-    hang_kind(ddprun, tmp, "mismatch", 2, 1, r"ranks wait in different collectives: rank 0 \(.*\) in DDP's all-reduce .*rank 1 \(.*\) in torch\.distributed\.broadcast")
+
+    def first():
+        hang_kind(ddprun, tmp, "stuck", 2, 1, stuck)
+        hang_kind(ddprun, tmp, "sigstop", 2, 1, r"rank 1 \(.*\) is stopped \(SIGSTOP")
+        hang_kind(ddprun, tmp, "mismatch", 2, 1, r"ranks wait in different collectives: rank 0 \(.*\) in DDP's all-reduce .*rank 1 \(.*\) in torch\.distributed\.broadcast")
+
+    def second():
+        hang_kind(ddprun, tmp, "stuck", 4, 2, r"rank 2 \(.*\) is stuck outside any collective in load_batch .*ranks 0-1, 3 wait for it in DDP's all-reduce")
+        wrapped(ddprun, tmp)
+        hang_kind(ddprun, tmp, "spin", 2, 1, r"rank 1 \(.*\) is spinning \(busy \d+% of the time\) outside any collective in load_batch")
+
+    together(first, second)
 
 
 def no_alarm(ddprun, tmp, name, worker_args, flags=(), metrics=False):
