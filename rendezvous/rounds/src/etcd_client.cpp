@@ -3,9 +3,6 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
-#include <boost/asio/error.hpp>
-#include <boost/asio/ssl/error.hpp>
-#include <boost/beast/http/error.hpp>
 #include <thread>
 
 #include "ddprun/common/error.hpp"
@@ -112,39 +109,36 @@ EtcdClient::Impl::Request EtcdClient::Impl::request(const EtcdEndpoint& e, const
 
 json EtcdClient::Impl::post(const EtcdEndpoint& e, const std::string& path, const json& body, Clock::time_point deadline) {
   auto req = request(e, path, body);
+  // The kept connection serves this request if it is to this member, was answered on lately, and
+  // the member has not closed it since (it restarted): a look at the socket, before anything is
+  // sent, so that no request is sent twice. A connection idle longer may have been dropped on
+  // the way without a word (a NAT or firewall forgetting it): a new one costs less than a wait.
+  if (conn && (conn_to != &e || Clock::now() - conn_used > kKeptIdle || !conn->open_while_idle())) conn.reset();
+  if (!conn) {
+    conn.emplace(connect(e, deadline));
+    conn_to = &e;
+  }
+  auto& s = *conn;
+  beast::flat_buffer buf;
   EtcdStream::Response res;
-  for (;;) {
-    const bool reused = conn && conn_to == &e;
-    if (!reused) {
-      conn.reset();
-      conn.emplace(connect(e, deadline));
-      conn_to = &e;
-    }
-    auto& s = *conn;
-    beast::flat_buffer buf;
-    res = {};
-    boost::system::error_code ec;
-    s.async_write(req, [&](boost::system::error_code c, std::size_t) {
-      ec = c;
-      if (!c) s.async_read(buf, res, [&](boost::system::error_code r, std::size_t) { ec = r; });
-    });
-    if (!s.run(io, deadline)) {
-      conn.reset();
-      throw TimeoutError("no answer from " + where(e) + " in time");
-    }
-    if (ec) {
-      auto why = s.explain(ec);
-      conn.reset();
-      // A kept connection that the member has closed since (it restarted, or dropped an idle
-      // one) ends before any answer: the request goes once more, on a new connection.
-      if (reused && (ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset ||
-                     ec == asio::error::broken_pipe || ec == asio::ssl::error::stream_truncated)) {
-        continue;
-      }
-      throw NetworkError("talking to " + where(e) + ": " + why);
-    }
-    if (!res.keep_alive()) conn.reset();
-    break;
+  boost::system::error_code ec;
+  s.async_write(req, [&](boost::system::error_code c, std::size_t) {
+    ec = c;
+    if (!c) s.async_read(buf, res, [&](boost::system::error_code r, std::size_t) { ec = r; });
+  });
+  if (!s.run(io, deadline)) {
+    conn.reset();
+    throw TimeoutError("no answer from " + where(e) + " in time");
+  }
+  if (ec) {
+    auto why = s.explain(ec);
+    conn.reset();
+    throw NetworkError("talking to " + where(e) + ": " + why);
+  }
+  if (res.keep_alive()) {
+    conn_used = Clock::now();
+  } else {
+    conn.reset();
   }
   auto j = json::parse(res.body(), nullptr, false);
   if (j.is_discarded()) throw NetworkError(where(e) + " answered with something other than JSON (not etcd's gateway?)");

@@ -52,6 +52,8 @@ struct EtcdClient::Impl {
   // socket left in TIME_WAIT for each (at hundreds of nodes, thousands a second).
   std::optional<EtcdStream> conn;
   const EtcdEndpoint* conn_to = nullptr;  // its member, one of opt.endpoints
+  Clock::time_point conn_used{};           // when it last brought an answer
+  static constexpr std::chrono::seconds kKeptIdle{30};
 
   // The longest one member is given to answer (the first time round the members: attempt).
   std::chrono::milliseconds most() const;

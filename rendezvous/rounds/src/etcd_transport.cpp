@@ -3,6 +3,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <sys/socket.h>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
@@ -14,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <type_traits>
 #include <variant>
 
 #include "ddprun/common/error.hpp"
@@ -267,6 +269,17 @@ bool EtcdStream::run(asio::io_context& io, Clock::time_point deadline) {
 
 void EtcdStream::cancel() {
   std::visit([](auto& s) { beast::get_lowest_layer(s).cancel(); }, s_->s);
+}
+
+bool EtcdStream::open_while_idle() {
+  return std::visit(
+      [](auto& s) {
+        char c;
+        const ssize_t n = ::recv(beast::get_lowest_layer(s).socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n > 0) return std::is_same_v<std::decay_t<decltype(s)>, State::Tls>;
+        return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+      },
+      s_->s);
 }
 
 std::string EtcdStream::explain(const error_code& ec) {

@@ -68,6 +68,10 @@ class EtcdStream {
   bool run(boost::asio::io_context& io, Clock::time_point deadline);
   // Cancels the operations started on this stream (they complete with operation_aborted).
   void cancel();
+  // Whether a connection idle since its last answer is still open: the member has not closed or
+  // reset it. A look at the socket; nothing is read. Bytes waiting on a plain connection (none
+  // were asked for) count as broken; on a TLS one they may be a session ticket.
+  bool open_while_idle();
   // An error of a request on this stream in words: a TLS alert from the member (TLS 1.3
   // refuses a missing client certificate after the handshake) says what to give.
   std::string explain(const boost::system::error_code& ec);
