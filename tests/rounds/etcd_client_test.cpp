@@ -145,7 +145,10 @@ TEST_CASE("etcd: requests share one connection to a member - one the member clos
   CHECK(first.size() == 1);
   for (int i = 1; i < 20; ++i) c.put("/k/" + std::to_string(i), "v");
   CHECK(c.get_prefix("/k/").size() == 20);
-  CHECK(connections_to(port) == first);  // the 21 requests went over the first one's connection
+  std::vector<int> fds;
+  CHECK(connections_to(port, &fds) == first);  // the 21 requests went over the first one's connection
+  REQUIRE(fds.size() == 1);
+  CHECK((::fcntl(fds[0], F_GETFD) & FD_CLOEXEC) != 0);  // kept open, but not inherited by programs run meanwhile
   // The member restarted: its kept connection is closed. The next request sees that before it
   // sends anything and takes a new connection to the same member; sent on the old one, it would
   // have failed and gone to the other member.

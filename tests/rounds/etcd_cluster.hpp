@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -62,14 +63,16 @@ struct EtcdServerTls {
 };
 
 // This process's established TCP connections to 127.0.0.1:port, by local address (its sockets,
-// found in /proc/net/tcp by inode).
-inline std::set<std::string> connections_to(std::uint16_t port) {
+// found in /proc/net/tcp by inode); their descriptors into `fds` when given.
+inline std::set<std::string> connections_to(std::uint16_t port, std::vector<int>* fds = nullptr) {
   std::set<std::string> found;
-  std::set<std::string> mine;
+  std::map<std::string, int> mine;  // socket inode -> descriptor
   for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
     std::error_code ec;
     auto target = std::filesystem::read_symlink(fd.path(), ec).string();
-    if (!ec && target.rfind("socket:[", 0) == 0) mine.insert(target.substr(8, target.size() - 9));
+    if (!ec && target.rfind("socket:[", 0) == 0) {
+      mine[target.substr(8, target.size() - 9)] = std::stoi(fd.path().filename().string());
+    }
   }
   std::ifstream tcp("/proc/self/net/tcp");
   std::string line;
@@ -79,7 +82,10 @@ inline std::set<std::string> connections_to(std::uint16_t port) {
     std::string slot, local, remote, state, queues, timer, retr, uid, timeout, inode;
     f >> slot >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
     if (state != "01" || !mine.count(inode)) continue;
-    if (std::stoul(remote.substr(remote.find(':') + 1), nullptr, 16) == port) found.insert(local);
+    if (std::stoul(remote.substr(remote.find(':') + 1), nullptr, 16) == port) {
+      found.insert(local);
+      if (fds) fds->push_back(mine[inode]);
+    }
   }
   return found;
 }

@@ -3,6 +3,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -99,6 +100,9 @@ void connect_tcp(asio::io_context& io, beast::tcp_stream& s, const tcp::resolver
   // used up the ~28k ports towards a member within a minute at K = 256, a connection a
   // request). Closing with a reset leaves nothing behind.
   s.socket().set_option(tcp::socket::linger(true, 0), ec);
+  // Kept for the next requests: not inherited by a program the agent starts meanwhile (Asio
+  // opens sockets without SOCK_CLOEXEC), which would hold it open past its close.
+  ::fcntl(s.socket().native_handle(), F_SETFD, FD_CLOEXEC);
 }
 
 // The member's name is checked the way it was written: a DNS name against the certificate's
