@@ -115,3 +115,15 @@ TEST_CASE("hang verdict: a node's summary for the other nodes keeps what the ver
   CHECK_THROWS(hang_summary_from_json("[{\"rank\": 1}]"));
   CHECK_THROWS(hang_summary_from_json("not json"));
 }
+
+TEST_CASE("hang report: ranks waiting alike are one line, whether /proc caught one of them awake or not", "[hang]") {
+  // Rank 0 was sampled running (between two short sleeps) but was busy 1% of the window.
+  std::vector<RankView> ranks = {rank(0, kLoader, kEval, 'R', 0.01), rank(1, kLoader, kEval, 'S', 0.0),
+                                 rank(2, kLoader, kEval, 'R', 0.97), rank(3, kLoader, kEval, 'T', 0.0)};
+  auto text = format_hang_report(decide_hang(ranks), ranks, "node-b", "no heartbeat for 3.0 s", {},
+                                 std::chrono::milliseconds(0), 0, false);
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("ranks 0-1 [sleeping]: load_batch (train.py:8)"));
+  CHECK_THAT(text, Catch::Contains("rank 2 [running, busy 97%]: load_batch (train.py:8)"));
+  CHECK_THAT(text, Catch::Contains("rank 3 [stopped (T), busy 0%]"));
+}

@@ -212,6 +212,14 @@ std::string state_words(char s) {
   }
 }
 
+// Running or sleeping as the busy window measured it, when it did: one /proc sample catches a
+// rank that sleeps between short wake-ups running now and then, and ranks waiting alike would
+// then read as two groups. Stopped, uninterruptible and exited are the sample's.
+char seen_state(const RankView& r) {
+  if ((r.state == 'R' || r.state == 'S') && r.cpu >= 0) return r.cpu >= 0.5 ? 'R' : 'S';
+  return r.state;
+}
+
 }  // namespace
 
 std::string format_hang_report(const HangVerdict& verdict, const std::vector<RankView>& ranks, const std::string& host,
@@ -244,7 +252,7 @@ std::string format_hang_report(const HangVerdict& verdict, const std::vector<Ran
     } else {
       body = "(no stack" + (r->python_note.empty() ? "" : ": " + r->python_note) + ")\n";
     }
-    std::string key = state_words(r->state) + "\n" + body;
+    std::string key = state_words(seen_state(*r)) + "\n" + body;
     auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
     if (it == groups.end()) {
       groups.push_back({key, {r}});
@@ -257,7 +265,7 @@ std::string format_hang_report(const HangVerdict& verdict, const std::vector<Ran
     std::vector<int> list;
     for (const auto* m : members) list.push_back(m->rank);
     std::string head = std::string(list.size() == 1 ? "  rank " : "  ranks ") + rank_list(list) + " [" +
-                       state_words(r.state);
+                       state_words(seen_state(r));
     if (list.size() == 1 && r.cpu >= 0) head += ", busy " + std::to_string(static_cast<int>(std::lround(r.cpu * 100))) + "%";
     out += head + "]: " + key.substr(key.find('\n') + 1);
   }

@@ -104,11 +104,13 @@ struct WorkerGroup::Impl {
       std::string stack_file;   // HEARTBEAT.stack, signalled: its size before, and when it last grew
       off_t offset = 0, seen = -1;
       std::string python_note;
-      bool native_wanted = false;
+      bool native_wanted = false, native_started = false;
       std::optional<std::string> native;
     };
     std::vector<Target> targets;
-    SteadyClock::time_point started, deadline;
+    // The native stacks are read once the Python dump is in (read during it, they show
+    // faulthandler's own frames), or from python_by on, whichever comes first.
+    SteadyClock::time_point started, python_by, deadline;
     double window = 0;  // seconds between the samples
   };
   std::optional<Inspection> inspection;
@@ -190,6 +192,7 @@ struct WorkerGroup::Impl {
   void inspect();
   void read_stacks();
   void poll_inspection();
+  void read_native(std::size_t target);  // off the loop, bounded by the inspection's deadline
   void finish_inspection();
   void poll_first_beats();
 

@@ -110,6 +110,7 @@ void WorkerGroup::Impl::read_stacks() {
   const auto now = SteadyClock::now();
   in.window = std::chrono::duration<double>(now - in.started).count();
   in.deadline = now + std::max(opt.stack_dump_timeout, std::chrono::milliseconds(500));
+  in.python_by = now + (in.deadline - now) / 2;
   for (auto& t : in.targets) {
     t.after = runner.sample(t.pid);
     if (t.python) {
@@ -128,31 +129,41 @@ void WorkerGroup::Impl::read_stacks() {
     // uninterruptible sleep (the attach would wait on it).
     t.native_wanted = opt.stack_dump_timeout.count() > 0 && !stopped_or_gone(t.before.state) && t.before.state != 'D';
   }
-  for (std::size_t i = 0; i < in.targets.size(); ++i) {
-    if (!in.targets[i].native_wanted) continue;
-    off_loop([this, i, pid = in.targets[i].pid, gen = generation, limit = opt.stack_dump_timeout] {
-      std::string text = runner.native_stack(pid, limit);
-      asio::post(io, [this, i, gen, text = std::move(text)] {
-        if (gen != generation || !inspection || i >= inspection->targets.size()) return;
-        inspection->targets[i].native = text;
-      });
-    });
-  }
   poll_inspection();
+}
+
+void WorkerGroup::Impl::read_native(std::size_t i) {
+  auto& t = inspection->targets[i];
+  t.native_started = true;
+  // The time left, not the whole stack_dump_timeout: the inspection ends at its deadline.
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(inspection->deadline - SteadyClock::now());
+  off_loop([this, i, pid = t.pid, gen = generation, limit = std::max(left, std::chrono::milliseconds(100))] {
+    std::string text = runner.native_stack(pid, limit);
+    asio::post(io, [this, i, gen, text = std::move(text)] {
+      if (gen != generation || !inspection || i >= inspection->targets.size()) return;
+      inspection->targets[i].native = text;
+    });
+  });
 }
 
 void WorkerGroup::Impl::poll_inspection() {
   if (!inspection) return;
-  bool done = SteadyClock::now() >= inspection->deadline;
+  const auto now = SteadyClock::now();
+  bool done = now >= inspection->deadline;
   if (!done) {
     done = true;
-    for (auto& t : inspection->targets) {
+    for (std::size_t i = 0; i < inspection->targets.size(); ++i) {
+      auto& t = inspection->targets[i];
+      bool python_in = true;
+      if (!t.stack_file.empty()) {
+        // faulthandler's dump is in once the file grew and stopped growing for one poll.
+        off_t size = file_size(t.stack_file);
+        python_in = size > t.offset && size == t.seen;
+        t.seen = size;
+      }
+      if (!python_in) done = false;
+      if (t.native_wanted && !t.native_started && (python_in || now >= inspection->python_by)) read_native(i);
       if (t.native_wanted && !t.native) done = false;
-      if (t.stack_file.empty()) continue;
-      // faulthandler's dump is in once the file grew and stopped growing for one poll.
-      off_t size = file_size(t.stack_file);
-      if (size <= t.offset || size != t.seen) done = false;
-      t.seen = size;
     }
   }
   if (done) return finish_inspection();
