@@ -18,7 +18,8 @@ jobs (tests/python/hang_worker.py):
 
 The kinds and false alarms run with --hang_floor=3 (the floor scaled down 10x with the cases:
 phases and a save longer than it). The parts named run at once, the kinds two jobs at a time,
-and the long first step beside the evaluation loop: jobs that mostly wait, wait side by side. Exits 77 (skipped) without torch.
+and the long first step beside the evaluation loop: jobs that mostly wait, wait side by side.
+Exits 77 (skipped) without torch.
 Usage: hang_torch_test.py --ddprun PATH [kinds|false_alarms|straggler|default ...]
 """
 import argparse

@@ -13,16 +13,9 @@ import sys
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testlib import need_torch  # noqa: E402
+from testlib import FAILURES, check, need_torch  # noqa: E402
 
-FAILURES = []
 SIZE = 16 << 20
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAILED: ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
 
 
 def area():
