@@ -74,6 +74,44 @@ TEST_CASE("etcd backend: 2 agents x 2 workers form one world - nothing is left i
   CHECK_THAT(late.err, Catch::Contains("run id 'job1' already finished"));
 }
 
+TEST_CASE("etcd backend: a job at rest costs etcd a few requests a second per node - not one a second per key watched", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  // Default lease (5 s): renewed every 0.5 s. Each node also watches the round's end and the
+  // next member's record; a quiet watch is renewed without reading the key again, and the
+  // record's watch is held a TTL.
+  const std::string conf = "last_call_timeout=1,join_timeout=30";
+  Launch a(agent(cluster, "rest", "2", {"--nproc_per_node=1", kWorker, "heartbeat:200:50"}, conf));
+  Launch b(agent(cluster, "rest", "2", {"--nproc_per_node=1", kWorker, "heartbeat:200:50"}, conf));
+  REQUIRE(logged(a, "started ranks"));
+  REQUIRE(logged(b, "started ranks"));
+  std::this_thread::sleep_for(1s);  // the watches set up (a window of rest, not a wait for a state)
+  const auto before = cluster.requests();
+  const auto t0 = Clock::now();
+  std::this_thread::sleep_for(5s);
+  const auto after = cluster.requests();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  double total = 0;
+  std::string kinds;
+  for (const auto& [kind, n] : after) {
+    const double per = (n - (before.count(kind) ? before.at(kind) : 0.0)) / s / 2;
+    total += per;
+    if (per > 0) kinds += kind + " " + std::to_string(per) + "/s; ";
+  }
+  INFO("per node: " << kinds);
+  CHECK(total > 1.5);  // the lease's renewals are counted: the metrics are read
+  CHECK(total < 4.5);  // was 6-7 a second: a read and a new watch each second, twice
+  // The watches held for a TTL end at once with the job: each agent is gone within moments.
+  const auto stopped = Clock::now();
+  a.signal(SIGTERM);
+  b.signal(SIGTERM);
+  a.finish(30s);
+  b.finish(30s);
+  const double exit_s = std::chrono::duration<double>(Clock::now() - stopped).count();
+  INFO("both agents exited " << exit_s << " s after SIGTERM");
+  CHECK(exit_s < 1.2);  // a watch left to run out its TTL: the liveness thread is given up on at 1.5 s
+}
+
 TEST_CASE("etcd backend: kill -9 of the etcd leader mid-job - the job finishes without a restart", "[etcd]") {
   SKIP_WITHOUT_ETCD();
   EtcdCluster cluster;

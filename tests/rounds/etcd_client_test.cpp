@@ -115,6 +115,39 @@ TEST_CASE("etcd: a watch wakes on the next change, and times out without one", "
   CHECK(c.watch("/w/x", false, rev, 1s).size() == 1);
 }
 
+TEST_CASE("etcd: a watch held to its limit is quiet - not one with an event or a cancel - and an interrupt ends it at once", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  EtcdClient c({cluster.endpoints(), 5s}), writer({cluster.endpoints(), 5s});
+  auto rev = writer.put("/q/x", "0");
+  bool quiet = false;
+  CHECK(c.watch("/q/x", false, rev + 1, 200ms, &quiet).empty());
+  CHECK(quiet);  // watched again from rev + 1, nothing can be missed: no read needed
+  CHECK(c.watch("/q/x", false, rev, 1s, &quiet).size() == 1);
+  CHECK_FALSE(quiet);
+  // A compacted revision: etcd cancels the watch at once; not quiet, so the caller reads anew.
+  auto later = writer.put("/q/x", "1");
+  writer.put("/q/x", "2");
+  REQUIRE(cluster.compact(later + 1));
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(c.watch("/q/x", false, rev, 5s, &quiet).empty());
+  CHECK_FALSE(quiet);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  // interrupt() from another thread ends a long watch within moments, and every later one.
+  std::thread t([&] {
+    std::this_thread::sleep_for(300ms);
+    c.interrupt();
+  });
+  t0 = std::chrono::steady_clock::now();
+  CHECK(c.watch("/q/x", false, later + 2, 30s, &quiet).empty());
+  t.join();
+  CHECK_FALSE(quiet);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  t0 = std::chrono::steady_clock::now();
+  CHECK(c.watch("/q/x", false, later + 2, 30s, &quiet).empty());
+  CHECK(std::chrono::steady_clock::now() - t0 < 100ms);
+}
+
 TEST_CASE("etcd: kill -9 of the leader - the client carries on with the other members", "[etcd]") {
   SKIP_WITHOUT_ETCD();
   EtcdCluster cluster;

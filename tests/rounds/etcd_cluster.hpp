@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -53,6 +54,27 @@ inline bool listening(std::uint16_t port, std::chrono::steady_clock::time_point 
     backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
   }
   return false;
+}
+
+// GET /metrics from 127.0.0.1:port (plain HTTP/1.0: the answer ends with the connection).
+inline std::string get_metrics(std::uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  std::string out;
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+      char buf[65536];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  return out;
 }
 
 // The members' TLS: their certificate and key (for clients and peers) and the CA they trust.
@@ -174,6 +196,29 @@ class EtcdCluster {
   // nothing (a disk stall, a long GC pause).
   void pause(int i) { ::kill(pids_[i], SIGSTOP); }
   void resume(int i) { ::kill(pids_[i], SIGCONT); }
+  // The requests the members received (gRPC messages, the JSON gateway's included) by method
+  // ("Range", "Watch", "LeaseKeepAlive", ...), summed over the members (their /metrics).
+  std::map<std::string, double> requests() const {
+    std::map<std::string, double> by;
+    for (auto port : clients_) {
+      std::istringstream in(get_metrics(port));
+      const std::string head = "grpc_server_msg_received_total{";
+      for (std::string line; std::getline(in, line);) {
+        if (line.rfind(head, 0) != 0) continue;
+        auto at = line.find("grpc_method=\"");
+        if (at == std::string::npos) continue;
+        at += 13;
+        by[line.substr(at, line.find('"', at) - at)] += std::stod(line.substr(line.rfind(' ') + 1));
+      }
+    }
+    return by;
+  }
+  // Compacts the history up to `revision` (etcdctl compact): a watch from before it is cancelled.
+  bool compact(std::int64_t revision) const {
+    const std::string cmd = "ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:" + std::to_string(clients_.at(0)) +
+                            " compact " + std::to_string(revision) + " >/dev/null";
+    return !tls_.enabled() && std::system(cmd.c_str()) == 0;
+  }
   // Starts a member that was killed again, on its data; true once its client port accepts.
   bool restart(int i) {
     pids_[i] = start(i);

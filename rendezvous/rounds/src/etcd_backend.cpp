@@ -80,19 +80,26 @@ class EtcdConnection : public Connection {
     return c_->counter_add(name(k), delta, token_ + "-" + std::to_string(++writes_));
   }
   // The keys read at once (a family's: one range read, as get_many), then a watch on the first
-  // missing one, at most a second, again and again.
+  // missing one, at most a second, again and again; read anew only after a watch that was not
+  // quiet (an event, a cancel, no member serving it): at rest, one watch a second.
   bool wait(const std::vector<Key>& keys, Clock::time_point deadline) override {
     if (keys.empty()) return true;
+    const Key* missing = nullptr;
+    std::int64_t from = 0;
+    bool quiet = false;
     for (;;) {
-      const Key* missing = nullptr;
-      const auto values = keys.size() > 1 ? get_many(keys) : std::vector<std::optional<std::string>>{get(keys.at(0))};
-      for (std::size_t i = 0; i < keys.size() && !missing; ++i) {
-        if (!values[i]) missing = &keys[i];
+      if (!quiet) {
+        missing = nullptr;
+        const auto values = keys.size() > 1 ? get_many(keys) : std::vector<std::optional<std::string>>{get(keys.at(0))};
+        for (std::size_t i = 0; i < keys.size() && !missing; ++i) {
+          if (!values[i]) missing = &keys[i];
+        }
+        if (!missing) return true;
+        from = c_->revision() + 1;
       }
-      if (!missing) return true;
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left <= 0ms) return false;
-      c_->watch(name(*missing), false, c_->revision() + 1, std::min<std::chrono::milliseconds>(left, 1s));
+      c_->watch(name(*missing), false, from, std::min<std::chrono::milliseconds>(left, 1s), &quiet);
     }
   }
   void clear_run() override { c_->delete_prefix(prefix_ + "/"); }
@@ -168,20 +175,24 @@ struct RecordWatch {
     if (auto e = events.lock()) e->peer_lost(m.round, g, std::chrono::duration<double>(ttl).count());
   }
   // Reads the next member's record (gone: that member is lost, at once, also one that died as
-  // the round closed), then waits for the next change of it, at most a second. The state is
-  // read anew each time rather than pieced together from events: a watch from a revision etcd
-  // has compacted away is cancelled, and events could be missed that way.
+  // the round closed), then watches it for a change, a lease TTL at a time (a stop interrupts
+  // the watch). The record is read anew after anything but a quiet watch, rather than the state
+  // pieced together from events: a watch from a revision etcd has compacted away is cancelled,
+  // and events could be missed that way. So a member at rest costs etcd one watch per TTL.
   void run() {
     const int next = m.next();
     const std::string key = full(m.next_record.text());
     auto failing_since = Clock::now();
-    bool failing = false;
+    bool failing = false, quiet = false;
+    stop.also_on_stop([client = c.get()] { client->interrupt(); });
     while (!stop.stopped()) {
       try {
-        const bool present = c->get(key).has_value();
-        from = c->revision() + 1;
-        if (!present) return lost_member(next);
-        c->watch(key, false, from, 1s);
+        if (!quiet) {
+          const bool present = c->get(key).has_value();
+          from = c->revision() + 1;
+          if (!present) return lost_member(next);
+        }
+        c->watch(key, false, from, ttl, &quiet);
         failing = false;
       } catch (const Error& e) {
         if (!failing) failing_since = Clock::now();

@@ -112,7 +112,14 @@ class EtcdClient {
   // `limit` for the first one, then returns what arrived with it (empty: none in time). A member
   // that does not confirm the watch within `attempt`, has no leader, or whose stream breaks is
   // left for the next one, where the watch starts again from `from`: no event is lost.
-  std::vector<EtcdEvent> watch(const std::string& key, bool prefix, std::int64_t from, std::chrono::milliseconds limit);
+  // `quiet` (when given) is set when a member held the watch to the limit with no event: the
+  // caller may watch again from `from` without reading the key (else it was cancelled, a
+  // compacted revision or an interrupt(), or no member served it: read the state anew).
+  std::vector<EtcdEvent> watch(const std::string& key, bool prefix, std::int64_t from, std::chrono::milliseconds limit,
+                               bool* quiet = nullptr);
+  // Ends the watch running now on another thread at once (as if its limit had come), and every
+  // later one: for a thread that holds a watch long and must stop within a bound. Thread-safe.
+  void interrupt();
 
   // The member that answered, the cluster's leader as that member knows it ("0": none), as
   // etcd ids, and that member's raft term. Served by the member alone, leader or not.

@@ -2,6 +2,7 @@
 // What the etcd client's request code (etcd_client.cpp) and its watches (etcd_watch.cpp) share:
 // the connection state, one request to one member, and the JSON helpers. Private to the client.
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <memory>
@@ -54,6 +55,9 @@ struct EtcdClient::Impl {
   const EtcdEndpoint* conn_to = nullptr;  // its member, one of opt.endpoints
   Clock::time_point conn_used{};           // when it last brought an answer
   static constexpr std::chrono::seconds kKeptIdle{30};
+  // interrupt(): set once, from any thread; the watch stream being read, cancelled on `io`.
+  std::atomic<bool> interrupted{false};
+  EtcdStream* watching = nullptr;
 
   // The longest one member is given to answer (the first time round the members: attempt).
   std::chrono::milliseconds most() const;

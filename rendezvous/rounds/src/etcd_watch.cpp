@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/http/error.hpp>
 #include <functional>
@@ -81,6 +82,10 @@ class MessageSplitter {
 struct EtcdClient::Impl::WatchRead {
   WatchSaid said;
   std::string broke;  // why the member is left before the deadline (empty: it served the watch)
+  // It confirmed the watch and held it to the deadline with no event, uninterrupted.
+  bool quiet(Clock::time_point deadline) const {
+    return broke.empty() && said.created && said.events.empty() && !said.canceled && Clock::now() >= deadline;
+  }
 };
 
 // Reads until the first events arrive or `deadline` (then none). A member that has not
@@ -125,7 +130,9 @@ EtcdClient::Impl::WatchRead EtcdClient::Impl::read_watch(EtcdStream& s, const Et
     if (c) return done(c == asio::error::operation_aborted ? "" : "sending the watch: " + c.message());
     read_more();
   });
-  s.run(io, deadline);
+  watching = &s;
+  if (!interrupted) s.run(io, deadline);
+  watching = nullptr;
   if (oversized) {
     throw ProtocolError("etcd at " + where(e) + " sent a watch message of over " + std::to_string(kMaxWatchMessage) +
                         " bytes (not etcd's gateway?)");
@@ -137,8 +144,10 @@ EtcdClient::Impl::WatchRead EtcdClient::Impl::read_watch(EtcdStream& s, const Et
 // each time round) to confirm it. None by `limit`: no events (the caller reads the state anew;
 // its reads say whether etcd can be reached at all).
 std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, std::int64_t from,
-                                         std::chrono::milliseconds limit) {
+                                         std::chrono::milliseconds limit, bool* quiet) {
   auto& im = *impl_;
+  if (quiet) *quiet = false;
+  if (im.interrupted) return {};
   json create = {{"key", b64(key)}, {"start_revision", std::to_string(from)}};
   if (prefix) create["range_end"] = b64(prefix_end(key));
   const auto deadline = Clock::now() + limit;
@@ -154,7 +163,8 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
       auto req = im.request(e, "/v3/watch", {{"create_request", create}});
       req.set("Grpc-Metadata-hasleader", "true");  // etcd's require-leader: no watch on a member cut off
       auto r = im.read_watch(s, e, std::move(req), answer_by, deadline);
-      if (r.broke.empty()) return std::move(r.said.events);
+      if (quiet) *quiet = r.quiet(deadline);
+      if (r.broke.empty() || im.interrupted) return std::move(r.said.events);
       why = r.broke;
     } catch (const ProtocolError&) {
       throw;
@@ -170,6 +180,16 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
       std::this_thread::sleep_for(std::min<Clock::duration>(50ms, deadline - now));
     }
   }
+}
+
+// The flag first: a watch not yet started returns at once. Then the stream being read (if any:
+// the handler runs on the watching thread, inside its run) is cancelled.
+void EtcdClient::interrupt() {
+  auto& im = *impl_;
+  im.interrupted = true;
+  asio::post(im.io, [&im] {
+    if (im.watching) im.watching->cancel();
+  });
 }
 
 }  // namespace ddprun::rounds

@@ -58,11 +58,26 @@ class TaskQueue {
 class StopSignal {
  public:
   void stop() {
+    std::function<void()> also;
     {
       std::lock_guard<std::mutex> lk(mu_);
       stopped_ = true;
+      also = std::move(also_);
     }
     cv_.notify_all();
+    if (also) also();
+  }
+  // `f` is run by stop() (at once if stopped already): it wakes a thread blocked elsewhere than
+  // in wait_for (a watch), which must stay valid until then. One at a time.
+  void also_on_stop(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!stopped_) {
+        also_ = std::move(f);
+        return;
+      }
+    }
+    f();
   }
   bool stopped() {
     std::lock_guard<std::mutex> lk(mu_);
@@ -78,6 +93,7 @@ class StopSignal {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopped_ = false;
+  std::function<void()> also_;
 };
 
 // The rounds whose end was posted to the loop: each one once.
