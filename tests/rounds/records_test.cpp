@@ -127,3 +127,24 @@ TEST_CASE("round records: the crash-loop streak counts the same root cause and h
                     Catch::Contains("malformed value at key 'ddprun/rdzv/x/r1/streak'"));
   CHECK(round_key(1, Name::streak).text() == "r1/streak");
 }
+
+TEST_CASE("round records: the restart policy - a crash loop first, then no restart left, else a restart", "[records]") {
+  FailureRecord f;
+  f.rank = 0;
+  f.host = "n0";
+  f.status.code = 1;
+  using V = AfterFailure::Verdict;
+  const Streak once = Streak{}.after(f);
+  // --max_same_failures=2: the second same failure in a row is a crash loop, restarts left or not.
+  CHECK(after_failure(Streak{}, f, 0, 5, 2).verdict == V::restart);
+  auto loop = after_failure(once, f, 1, 5, 2);
+  CHECK(loop.verdict == V::crash_loop);
+  CHECK(loop.streak.same == 2);
+  CHECK(after_failure(once, f, 9, 1, 2).verdict == V::crash_loop);
+  // --max_restarts=1: restart 0 failing may restart once; restart 1 failing may not.
+  CHECK(after_failure(Streak{}, f, 0, 1, 0).verdict == V::restart);
+  CHECK(after_failure(once, f, 1, 1, 0).verdict == V::no_restart_left);
+  CHECK(after_failure(once, f, 1, 0, 0).verdict == V::no_restart_left);
+  // Below 0: unlimited; a max_same_failures of 0: no crash-loop limit.
+  CHECK(after_failure(once.after(f).after(f), f, 1000, -1, 0).verdict == V::restart);
+}

@@ -222,15 +222,17 @@ void play(World& w, Node& n) {
       return;
     }
     if (end.kind == RoundEnd::Kind::failure) {
-      // As ddprun's agent: a crash loop, or no restart left, ends the job here, on every node
-      // that saw this end; else the job restarts.
-      streak = j.info.streak.after(*end.failure);
-      const int max_restarts = w.settings().max_restarts, max_same = w.settings().max_same_failures;
-      const char* verdict = max_same > 0 && streak.same >= max_same                ? "crash loop"
-                            : max_restarts >= 0 && rcount + 1 > max_restarts ? "no restart left"
-                                                                              : "restart";
+      // ddprun's restart policy: a crash loop, or no restart left, ends the job here, on every
+      // node that saw this end; else the job restarts.
+      const auto after = after_failure(j.info.streak, *end.failure, rcount, w.settings().max_restarts,
+                                       w.settings().max_same_failures);
+      streak = after.streak;
+      using V = AfterFailure::Verdict;
+      const char* verdict = after.verdict == V::crash_loop        ? "crash loop"
+                            : after.verdict == V::no_restart_left ? "no restart left"
+                                                                  : "restart";
       w.decided(n, j.info.round, verdict);
-      if (verdict != std::string("restart")) {
+      if (after.verdict != V::restart) {
         rules.acknowledge_end(j.info.round, j.info.group_world);
         n.state = Node::State::done;
         w.finished(n);

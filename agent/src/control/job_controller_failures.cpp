@@ -154,12 +154,14 @@ void JobController::decide_failure(const FailureRecord& given) {
   // The streak from the round's (the same on every member) and, with several nodes, the round's
   // end as every member read it (not this node's blame of a stuck rank): every member of the
   // round reaches the same crash-loop verdict.
-  streak_ = info_.streak.after(opt_.rdzv.multi_node() ? given : root);
+  const auto after = rounds::after_failure(info_.streak, opt_.rdzv.multi_node() ? given : root, attempt_, opt_.max_restarts,
+                                   opt_.max_same_failures);
+  streak_ = after.streak;
   std::vector<std::string> notes;
   if (streak_.host_same > 1) {
     notes.push_back("Host " + streak_.host + " caused the last " + std::to_string(streak_.host_same) + " failures.");
   }
-  if (opt_.max_same_failures > 0 && streak_.same >= opt_.max_same_failures) {
+  if (after.verdict == rounds::AfterFailure::Verdict::crash_loop) {
     notes.push_back("Crash loop: rank " + std::to_string(root.rank) + " failed the same way (" + root.reason + ") on " +
                     std::to_string(streak_.same) + " consecutive attempts (--max_same_failures=" +
                     std::to_string(opt_.max_same_failures) + "): restarting will not mend it, and the exit code " +
@@ -169,7 +171,7 @@ void JobController::decide_failure(const FailureRecord& given) {
     report_failure(root, notes, kCrashLoopExitCode);
     return finish(kCrashLoopExitCode, Rendezvous::Ack::yes);
   }
-  if (attempt_ + 1 > opt_.max_restarts) {
+  if (after.verdict == rounds::AfterFailure::Verdict::no_restart_left) {
     report_failure(root, notes, root.exit_code);
     return finish(root.exit_code, Rendezvous::Ack::yes);
   }

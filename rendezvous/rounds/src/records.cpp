@@ -179,6 +179,18 @@ Streak Streak::after(const FailureRecord& f) const {
   return s;
 }
 
+AfterFailure after_failure(const Streak& round_streak, const FailureRecord& root_cause, int restart_count,
+                           int max_restarts, int max_same_failures) {
+  AfterFailure a;
+  a.streak = round_streak.after(root_cause);
+  if (max_same_failures > 0 && a.streak.same >= max_same_failures) {
+    a.verdict = AfterFailure::Verdict::crash_loop;
+  } else if (max_restarts >= 0 && restart_count + 1 > max_restarts) {
+    a.verdict = AfterFailure::Verdict::no_restart_left;
+  }
+  return a;
+}
+
 std::string streak_json(const Streak& s) {
   return text(json{{"cause", s.cause}, {"same", s.same}, {"host", s.host}, {"host_same", s.host_same}});
 }

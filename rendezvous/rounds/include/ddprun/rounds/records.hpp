@@ -88,6 +88,19 @@ struct Streak {
   bool operator==(const Streak&) const = default;
 };
 
+// The restart policy: what a member decides when its round ended in a failure, from what every
+// member of the round read alike (the round's streak and restart count, the end's root cause),
+// so that all reach the same verdict. A crash loop first (--max_same_failures failed rounds in a
+// row with the same root cause; 0 or less: never), then no restart left (--max_restarts; below
+// 0: unlimited), else a restart.
+struct AfterFailure {
+  enum class Verdict { restart, crash_loop, no_restart_left };
+  Streak streak;  // what the next round is joined with
+  Verdict verdict = Verdict::restart;
+};
+AfterFailure after_failure(const Streak& round_streak, const FailureRecord& root_cause, int restart_count,
+                           int max_restarts, int max_same_failures);
+
 // Writers and readers. Readers throw
 // ddprun::ProtocolError("rendezvous: malformed value at key 'KEY': ...").
 std::string node_json(const NodeInfo& n);
