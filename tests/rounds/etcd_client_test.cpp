@@ -121,7 +121,7 @@ TEST_CASE("etcd: a watch held to its limit is quiet - not one with an event or a
   EtcdClient c({cluster.endpoints(), 5s}), writer({cluster.endpoints(), 5s});
   auto rev = writer.put("/q/x", "0");
   bool quiet = false;
-  CHECK(c.watch("/q/x", false, rev + 1, 200ms, &quiet).empty());
+  CHECK(c.watch("/q/x", false, rev + 1, 1s, &quiet).empty());
   CHECK(quiet);  // watched again from rev + 1, nothing can be missed: no read needed
   CHECK(c.watch("/q/x", false, rev, 1s, &quiet).size() == 1);
   CHECK_FALSE(quiet);

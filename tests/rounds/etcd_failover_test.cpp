@@ -3,6 +3,7 @@
 // another member within its attempt time, and a watch resumes there from the same revision.
 // Skipped where etcd is not installed (scripts/setup.sh installs etcd-server).
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <thread>
 
 #include "etcd_backend.hpp"
@@ -153,4 +154,67 @@ TEST_CASE("etcd failover: a watch whose member is killed under it goes on on ano
   INFO("the watch answered " << millis(SteadyClock::now() - t0) << " ms after the write");
   REQUIRE(events.size() == 1);
   CHECK(events[0].kv.value == "1");
+}
+
+namespace {
+
+struct SeenLost : LivenessEvents {
+  std::atomic<int> lost_g{-1};
+  std::atomic<bool> unreachable{false};
+  void peer_lost(int, int g, double) override { lost_g = g; }
+  void lost(int, const std::string&) override { unreachable = true; }
+};
+
+}  // namespace
+
+TEST_CASE("etcd liveness: the next member's record watched a TTL at a time - its loss seen at once, a stop ends the watch at once", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  RendezvousOptions opt;
+  opt.run_id = "ring";
+  opt.etcd_endpoints = cluster.endpoint_list();
+  opt.lease_ttl = std::chrono::seconds(30);  // the watch is held 30 s at a time
+  EtcdBackend backend(opt, {});
+  auto c = backend.connect(5s);
+  Members m;
+  m.group_world = 2;
+  m.next_record = round_key(0, Name::node, 1);
+  m.next_host = "h1";
+  auto events = std::make_shared<SeenLost>();
+  c->put(m.next_record, "{}", Lifetime::run);
+  {
+    // A stop while the watch is held: the liveness is gone within moments, not after its
+    // bounded join (1.5 s) gives the thread up.
+    auto live = backend.watch(m, events);
+    std::this_thread::sleep_for(500ms);  // the record read, the watch confirmed (not a wait for a state)
+    const auto t0 = SteadyClock::now();
+    live.reset();
+    CHECK(millis(SteadyClock::now() - t0) < 500);
+  }
+  CHECK(events->lost_g == -1);
+  {
+    auto live = backend.watch(m, events);
+    std::this_thread::sleep_for(500ms);
+    EtcdClient other({cluster.endpoints(), 5s});
+    const auto t0 = SteadyClock::now();
+    other.delete_prefix(c->name(m.next_record));  // as its lease expiring would
+    while (events->lost_g == -1 && SteadyClock::now() - t0 < 10s) std::this_thread::sleep_for(10ms);
+    CHECK(events->lost_g == 1);
+    CHECK(millis(SteadyClock::now() - t0) < 1000);  // the held watch woke: no second read needed
+  }
+  // Gone after the round's end: the member left with the job done (its lease revoked) before
+  // this node read the end. Not a loss, and not said to be one.
+  auto after_end = std::make_shared<SeenLost>();
+  c->put(m.next_record, "{}", Lifetime::run);
+  {
+    auto live = backend.watch(m, after_end);
+    std::this_thread::sleep_for(500ms);
+    EtcdClient other({cluster.endpoints(), 5s});
+    other.put(c->name(round_key(0, Name::end)), "{}");
+    other.delete_prefix(c->name(m.next_record));
+    std::this_thread::sleep_for(1s);  // what the watch would report, it has by now (above: within 1 s)
+  }
+  CHECK(after_end->lost_g == -1);
+  CHECK_FALSE(events->unreachable);
+  backend.close();
 }

@@ -178,19 +178,25 @@ struct RecordWatch {
   // the round closed), then watches it for a change, a lease TTL at a time (a stop interrupts
   // the watch). The record is read anew after anything but a quiet watch, rather than the state
   // pieced together from events: a watch from a revision etcd has compacted away is cancelled,
-  // and events could be missed that way. So a member at rest costs etcd one watch per TTL.
+  // and events could be missed that way. So a member at rest costs etcd one watch per TTL; the
+  // record is read at least once a minute all the same, so that a watch never starts from a
+  // revision far behind (etcd replays the history since it to a new watch).
   void run() {
     const int next = m.next();
     const std::string key = full(m.next_record.text());
-    auto failing_since = Clock::now();
+    auto failing_since = Clock::now(), read_at = Clock::now();
     bool failing = false, quiet = false;
     stop.also_on_stop([client = c.get()] { client->interrupt(); });
     while (!stop.stopped()) {
       try {
-        if (!quiet) {
+        if (!quiet || Clock::now() - read_at > 1min) {
           const bool present = c->get(key).has_value();
           from = c->revision() + 1;
-          if (!present) return lost_member(next);
+          read_at = Clock::now();
+          // Gone after the round's end was written: that member left when the job was done
+          // (its lease revoked), before this node read the end; it was not lost.
+          if (!present && !c->get(full(round_key(m.round, Name::end).text()))) return lost_member(next);
+          if (!present) return;
         }
         c->watch(key, false, from, ttl, &quiet);
         failing = false;

@@ -98,6 +98,7 @@ EtcdClient::Impl::WatchRead EtcdClient::Impl::read_watch(EtcdStream& s, const Et
   MessageSplitter messages;
   WatchRead out;
   bool oversized = false;
+  std::string malformed;  // why a message could not be read (thrown out of no handler)
   char chunk[16384];
   asio::steady_timer answer(io);
   std::function<void(boost::system::error_code, std::size_t)> on_read;
@@ -112,7 +113,12 @@ EtcdClient::Impl::WatchRead EtcdClient::Impl::read_watch(EtcdStream& s, const Et
   };
   on_read = [&](boost::system::error_code c, std::size_t) {
     if (c && c != http::error::need_buffer) return done(c == asio::error::operation_aborted ? "" : "its stream broke: " + c.message());
-    messages.feed(chunk, sizeof(chunk) - parser.get().body().size, out.said);
+    try {
+      messages.feed(chunk, sizeof(chunk) - parser.get().body().size, out.said);
+    } catch (const std::exception& ex) {
+      malformed = ex.what();
+      return done("");
+    }
     // A message never completed (a broken or hostile server) is not buffered without bound.
     if (messages.buffered() > kMaxWatchMessage) oversized = true;
     if (oversized || !out.said.events.empty() || out.said.canceled) return done("");
@@ -130,9 +136,13 @@ EtcdClient::Impl::WatchRead EtcdClient::Impl::read_watch(EtcdStream& s, const Et
     if (c) return done(c == asio::error::operation_aborted ? "" : "sending the watch: " + c.message());
     read_more();
   });
+  // Every handler above completes inside this run (they refer to this frame): an interrupt that
+  // came before it cancels what was started, and none throws.
   watching = &s;
-  if (!interrupted) s.run(io, deadline);
+  if (interrupted) s.cancel();
+  s.run(io, deadline);
   watching = nullptr;
+  if (!malformed.empty()) throw ProtocolError("etcd at " + where(e) + " sent a watch message that is not etcd's: " + malformed);
   if (oversized) {
     throw ProtocolError("etcd at " + where(e) + " sent a watch message of over " + std::to_string(kMaxWatchMessage) +
                         " bytes (not etcd's gateway?)");
@@ -154,6 +164,7 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
   const std::size_t first = im.current;
   auto share = im.first_share();
   for (;;) {
+    if (im.interrupted) return {};  // also while no member serves it: a stop is not kept waiting
     const auto& e = im.opt.endpoints[im.current];
     std::string why;
     try {
@@ -174,7 +185,7 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
     spdlog::debug("ddprun: etcd watch on {}: {}; trying the next member", where(e), why);
     im.next_member();
     auto now = Clock::now();
-    if (now >= deadline) return {};
+    if (now >= deadline || im.interrupted) return {};
     if (im.current == first) {
       share = std::min(share * 2, im.most());
       std::this_thread::sleep_for(std::min<Clock::duration>(50ms, deadline - now));
