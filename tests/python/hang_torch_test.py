@@ -35,18 +35,12 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testlib import need_torch  # noqa: E402
+from testlib import need_torch, require  # noqa: E402
 
 need_torch()
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hang_worker.py")
 HOST = os.uname().nodename
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    print(f"ok: {what}", flush=True)
 
 
 class Job:
@@ -138,27 +132,27 @@ def hang_kind(ddprun, tmp, kind, nproc, rank, expect):
               ["--hang", kind, "--rank", str(rank), "--at", "5", "--steps", "100000"], on_line)
     rc = job.wait(180)
     what = f"{kind}, {nproc} workers, rank {rank}"
-    check(rc == 124, f"{what}: the job ends 124" + ("" if rc == 124 else f" (got {rc}; {job.text[-1500:]})"))
+    require(rc == 124, f"{what}: the job ends 124" + ("" if rc == 124 else f" (got {rc}; {job.text[-1500:]})"))
     reports = job.event("hang_reported")
-    check(len(reports) == 1 and job.text.count("ddprun: hang on") == 1, f"{what}: one report ({len(reports)} events)")
+    require(len(reports) == 1 and job.text.count("ddprun: hang on") == 1, f"{what}: one report ({len(reports)} events)")
     r = reports[0]
-    check(r["blamed"] == [rank], f"{what}: it blames rank {rank} (blamed {r['blamed']}: {r['verdict']})")
-    check(re.search(expect, r["verdict"]) is not None, f"{what}: the verdict says '{expect}': {r['verdict']}")
-    check(f"host {HOST}, pid " in r["verdict"], f"{what}: the verdict names the host and pid")
+    require(r["blamed"] == [rank], f"{what}: it blames rank {rank} (blamed {r['blamed']}: {r['verdict']})")
+    require(re.search(expect, r["verdict"]) is not None, f"{what}: the verdict says '{expect}': {r['verdict']}")
+    require(f"host {HOST}, pid " in r["verdict"], f"{what}: the verdict names the host and pid")
     took = r_time(r) - job.hang_time()
-    check(took < 3 + 6, f"{what}: reported {took:.1f} s after the hang (--hang_floor=3)")
-    check("Fatal Python error" not in job.text, f"{what}: no crash banner in the output")
+    require(took < 3 + 6, f"{what}: reported {took:.1f} s after the hang (--hang_floor=3)")
+    require("Fatal Python error" not in job.text, f"{what}: no crash banner in the output")
     expected_state = "T" if kind == "sigstop" else ("R" if kind == "spin" else None)
     if expected_state:
-        check(seen.get("state") == expected_state,
+        require(seen.get("state") == expected_state,
               f"{what}: after the report rank {rank} is still '{expected_state}' ({seen.get('state')}): unchanged")
     else:
-        check(seen.get("state") not in (None, "gone", "Z"), f"{what}: after the report rank {rank} still runs")
+        require(seen.get("state") not in (None, "gone", "Z"), f"{what}: after the report rank {rank} still runs")
     stop = job.ended - r_time(r)
-    check(3.5 < stop < 5 + 10, f"{what}: the job stopped {stop:.1f} s after the report (--hang_stop=5 from when the "
+    require(3.5 < stop < 5 + 10, f"{what}: the job stopped {stop:.1f} s after the report (--hang_stop=5 from when the "
                                "silence was found)")
-    check(r["kind"] in expected_kinds(kind), f"{what}: kind {r['kind']}")
-    check(seen.get("metrics") == ["ddprun_hangs_reported_total 1"],
+    require(r["kind"] in expected_kinds(kind), f"{what}: kind {r['kind']}")
+    require(seen.get("metrics") == ["ddprun_hangs_reported_total 1"],
           f"{what}: ddprun_hangs_reported_total is 1 while the workers still run ({seen.get('metrics')})")
 
 
@@ -181,9 +175,9 @@ def wrapped(ddprun, tmp):
     job = Job(ddprun, tmp, "wrapped", ["--nproc_per_node=2", *FAST, "--no_python", "/usr/bin/python3", wrapper],
               ["--hang", "stuck", "--rank", "1", "--at", "5", "--steps", "100000"])
     rc = job.wait(180)
-    check(rc == 124, "wrapped: the job ends 124" + ("" if rc == 124 else f" ({rc}; {job.text[-1500:]})"))
+    require(rc == 124, "wrapped: the job ends 124" + ("" if rc == 124 else f" ({rc}; {job.text[-1500:]})"))
     r = job.event("hang_reported")
-    check(len(r) == 1 and r[0]["blamed"] == [1] and "load_batch" in r[0]["verdict"],
+    require(len(r) == 1 and r[0]["blamed"] == [1] and "load_batch" in r[0]["verdict"],
           f"wrapped: the trainer below the wrapper is read and blamed ({r[0]['verdict'] if r else r})")
 
 
@@ -218,14 +212,14 @@ def no_alarm(ddprun, tmp, name, worker_args, flags=(), metrics=False):
     job = Job(ddprun, tmp, name, ["--nproc_per_node=2", *FAST, *flags, *(["--metrics_port=0"] if metrics else [])],
               ["--steps", "40", *worker_args], on_line)
     rc = job.wait(300)
-    check(rc == 0, f"{name}: the job ends 0" + ("" if rc == 0 else f" ({rc}; {job.text[-1500:]})"))
+    require(rc == 0, f"{name}: the job ends 0" + ("" if rc == 0 else f" ({rc}; {job.text[-1500:]})"))
     reports = job.event("hang_reported")
-    check("ddprun: hang on" not in job.text and not reports,
+    require("ddprun: hang on" not in job.text and not reports,
           f"{name}: no hang report, no event" + (f" ({[(r['reason'], r['verdict']) for r in reports]})" if reports else ""))
-    check("straggler" not in job.text and not job.event("straggler"), f"{name}: no straggler named")
+    require("straggler" not in job.text and not job.event("straggler"), f"{name}: no straggler named")
     if metrics:
         line = [l for l in port.get("metrics", "").splitlines() if l.startswith("ddprun_hangs_reported_total")]
-        check(line == ["ddprun_hangs_reported_total 0"], f"{name}: ddprun_hangs_reported_total is 0 near the end ({line})")
+        require(line == ["ddprun_hangs_reported_total 0"], f"{name}: ddprun_hangs_reported_total is 0 near the end ({line})")
 
 
 def together(*calls):
@@ -272,26 +266,26 @@ def straggler(ddprun, tmp):
     job = Job(ddprun, tmp, "straggler", ["--nproc_per_node=2", "--metrics_port=0", *FAST],
               ["--steps", "70", "--slow_rank", "1", "--slow_s", "0.3"], on_line)
     rc = job.wait(300)
-    check(rc == 0, "straggler: the job ends 0" + ("" if rc == 0 else f" ({rc}; {job.text[-1500:]})"))
+    require(rc == 0, "straggler: the job ends 0" + ("" if rc == 0 else f" ({rc}; {job.text[-1500:]})"))
     ev = job.event("straggler")
-    check(len(ev) == 1 and ev[0]["rank"] == 1, f"straggler: rank 1 named once ({ev}; "
+    require(len(ev) == 1 and ev[0]["rank"] == 1, f"straggler: rank 1 named once ({ev}; "
           f"{[l for _, l in job.lines if 'straggler' in l]})")
-    check(ev[0]["busy"] > 0.6 and ev[0]["others_busy"] < 0.4, f"straggler: busy {ev[0]['busy']:.2f} vs "
+    require(ev[0]["busy"] > 0.6 and ev[0]["others_busy"] < 0.4, f"straggler: busy {ev[0]['busy']:.2f} vs "
           f"{ev[0]['others_busy']:.2f}")
-    check("ddprun_stragglers 1" in seen.get("metrics", []), f"straggler: the metric says so ({seen.get('metrics')})")
-    check(not job.event("hang_reported"), "straggler: slow is no hang")
+    require("ddprun_stragglers 1" in seen.get("metrics", []), f"straggler: the metric says so ({seen.get('metrics')})")
+    require(not job.event("hang_reported"), "straggler: slow is no hang")
 
 
 def default(ddprun, tmp):
     job = Job(ddprun, tmp, "default", ["--nproc_per_node=2", "--hang_stop=5"],
               ["--hang", "stuck", "--rank", "1", "--at", "5", "--steps", "100000"])
     rc = job.wait(240)
-    check(rc == 124, f"default flags: the job ends 124" + ("" if rc == 124 else f" ({rc}; {job.text[-1500:]})"))
+    require(rc == 124, f"default flags: the job ends 124" + ("" if rc == 124 else f" ({rc}; {job.text[-1500:]})"))
     r = job.event("hang_reported")
-    check(len(r) == 1 and r[0]["blamed"] == [1], f"default flags: one report blaming rank 1 ({r})")
+    require(len(r) == 1 and r[0]["blamed"] == [1], f"default flags: one report blaming rank 1 ({r})")
     took = r_time(r[0]) - job.hang_time()
-    check(took < 60, f"default flags: the report came {took:.1f} s after the hang (within 60 s)")
-    check("--hang_floor=30" in r[0]["reason"], f"default flags: the floor was 30 s ({r[0]['reason']})")
+    require(took < 60, f"default flags: the report came {took:.1f} s after the hang (within 60 s)")
+    require("--hang_floor=30" in r[0]["reason"], f"default flags: the floor was 30 s ({r[0]['reason']})")
 
 
 def main():

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testlib import need_torch, skip  # noqa: E402
+from testlib import need_torch, require, skip  # noqa: E402
 import tempfile
 import time
 
@@ -24,12 +24,6 @@ need_torch()
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TORCHRUN = os.path.join(os.path.dirname(ROOT), "shared", "tools", "torchrun_fixed.py")
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    print(f"ok: {what}")
 
 
 def run(cmd, env=None, timeout=300):
@@ -45,14 +39,14 @@ def results(text):
 def ddp_same_as_torchrun(ddprun, env):
     script = os.path.join(ROOT, "examples", "ddp_train.py")
     p, t_ours = run([ddprun, "--standalone", "--nproc_per_node=2", script, "--epochs", "2"], env)
-    check(p.returncode == 0, f"ddprun ran the DDP script (exit {p.returncode}; {p.stderr[-500:]})")
+    require(p.returncode == 0, f"ddprun ran the DDP script (exit {p.returncode}; {p.stderr[-500:]})")
     ours = results(p.stdout)
-    check(sorted(ours) == [0, 1], f"both ranks reported under ddprun: {ours}")
-    check(len(set(ours.values())) == 1, "ranks agree under ddprun")
+    require(sorted(ours) == [0, 1], f"both ranks reported under ddprun: {ours}")
+    require(len(set(ours.values())) == 1, "ranks agree under ddprun")
     p, t_theirs = run([sys.executable, TORCHRUN, "--standalone", "--nproc_per_node=2", script, "--epochs", "2"], env)
-    check(p.returncode == 0, f"torchrun ran the DDP script (exit {p.returncode}; {p.stderr[-500:]})")
+    require(p.returncode == 0, f"torchrun ran the DDP script (exit {p.returncode}; {p.stderr[-500:]})")
     theirs = results(p.stdout)
-    check(ours == theirs, f"same parameters under ddprun and torchrun: {ours} vs {theirs}")
+    require(ours == theirs, f"same parameters under ddprun and torchrun: {ours} vs {theirs}")
     print(f"wall time: ddprun {t_ours:.2f} s, torchrun {t_theirs:.2f} s")
 
 
@@ -86,9 +80,9 @@ def tcpstore_script(ddprun, env, tmp):
     with open(path, "w") as f:
         f.write(STORE_SCRIPT)
     p, _ = run([ddprun, "--standalone", "--nproc_per_node=3", path], env)
-    check(p.returncode == 0, f"TCPStore script exit 0 ({p.stderr[-500:]})")
-    check(p.stdout.count("got hello from rank 0") == 3, "every rank read rank 0's key")
-    check(p.stdout.count("arrivals 3") == 3, "counter reached 3 on every rank")
+    require(p.returncode == 0, f"TCPStore script exit 0 ({p.stderr[-500:]})")
+    require(p.stdout.count("got hello from rank 0") == 3, "every rank read rank 0's key")
+    require(p.stdout.count("arrivals 3") == 3, "counter reached 3 on every rank")
 
 
 def error_file(ddprun, env, tmp):
@@ -96,16 +90,16 @@ def error_file(ddprun, env, tmp):
     with open(path, "w") as f:
         f.write(RECORD_SCRIPT)
     p, _ = run([ddprun, "--standalone", "--nproc_per_node=1", path], env)
-    check(p.returncode == 1, f"a raising script exits 1 (got {p.returncode})")
-    check("ValueError: the learning rate is negative" in p.stderr, "summary shows the exception message")
-    check("raise ValueError" in p.stderr, "summary shows the traceback")
+    require(p.returncode == 1, f"a raising script exits 1 (got {p.returncode})")
+    require("ValueError: the learning rate is negative" in p.stderr, "summary shows the exception message")
+    require("raise ValueError" in p.stderr, "summary shows the traceback")
 
 
 def one_node_of_four(ddprun, env):
     """The result of the DDP job on 1 node x 4 workers, which the multi-agent runs must give."""
     script = os.path.join(ROOT, "examples", "ddp_train.py")
     p, _ = run([ddprun, "--standalone", "--nproc_per_node=4", script, "--epochs", "2"], env)
-    check(p.returncode == 0, f"1 node x 4 workers ran ({p.stderr[-300:]})")
+    require(p.returncode == 0, f"1 node x 4 workers ran ({p.stderr[-300:]})")
     return results(p.stdout)
 
 
@@ -127,10 +121,10 @@ def two_nodes_same_as_one(ddprun, env, single):
     p1, _ = run([ddprun, "--nnodes=2", "--node_rank=1", f"--master_port={port}", "--nproc_per_node=2", script,
                  "--epochs", "2"], env)
     out0, rest0 = n0.communicate(timeout=300)
-    check(n0.returncode == 0 and p1.returncode == 0, f"both agents exit 0 ({rest0[-300:]} {p1.stderr[-300:]})")
+    require(n0.returncode == 0 and p1.returncode == 0, f"both agents exit 0 ({rest0[-300:]} {p1.stderr[-300:]})")
     multi = results(out0 + p1.stdout)
-    check(sorted(multi) == [0, 1, 2, 3], f"ranks 0-3 reported across the two agents: {sorted(multi)}")
-    check(multi == single, f"2 agents x 2 workers == 1 node x 4 workers: {multi} vs {single}")
+    require(sorted(multi) == [0, 1, 2, 3], f"ranks 0-3 reported across the two agents: {sorted(multi)}")
+    require(multi == single, f"2 agents x 2 workers == 1 node x 4 workers: {multi} vs {single}")
 
 
 def free_port():
@@ -157,9 +151,9 @@ def two_etcd_agents_same_as_one(ddprun, env, tmp, single):
         a = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         b, _ = run(args, env)
         out_a, err_a = a.communicate(timeout=300)
-        check(a.returncode == 0 and b.returncode == 0, f"both etcd agents exit 0 ({err_a[-300:]} {b.stderr[-300:]})")
+        require(a.returncode == 0 and b.returncode == 0, f"both etcd agents exit 0 ({err_a[-300:]} {b.stderr[-300:]})")
         multi = results(out_a + b.stdout)
-        check(multi == single, f"2 agents via etcd x 2 workers == 1 node x 4 workers: {multi} vs {single}")
+        require(multi == single, f"2 agents via etcd x 2 workers == 1 node x 4 workers: {multi} vs {single}")
     finally:
         etcd.kill()
         etcd.wait()

@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testlib import need_torch  # noqa: E402
+from testlib import need_torch, require  # noqa: E402
 import tempfile
 import time
 
@@ -34,12 +34,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DDP_SCRIPT = os.path.join(ROOT, "examples", "ddp_train.py")
 FAKE_TORCH2 = os.path.join(ROOT, "tests", "python", "fake_torch2")
 DEPRECATED = "NCCL_ASYNC_ERROR_HANDLING is deprecated"
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    print(f"ok: {what}")
 
 
 def heartbeats(log_dir):
@@ -58,11 +52,11 @@ def unhung_run_completes(ddprun, env, tmp):
     p = subprocess.run([ddprun, "--standalone", "--nproc_per_node=2", "--worker_timeout=3", f"--log_dir={logs}",
                         DDP_SCRIPT, "--epochs", "150"], env=env, capture_output=True, text=True, timeout=300)
     took = time.time() - t0
-    check(p.returncode == 0, f"an unmodified DDP script under --worker_timeout=3 exits 0 ({took:.1f} s; "
+    require(p.returncode == 0, f"an unmodified DDP script under --worker_timeout=3 exits 0 ({took:.1f} s; "
                              f"{p.stderr[-800:]})")
-    check(took > 6, f"it ran longer than 2x the time-out ({took:.1f} s)")
+    require(took > 6, f"it ran longer than 2x the time-out ({took:.1f} s)")
     beats = heartbeats(logs)
-    check(sorted(beats) == ["0", "1"] and all(m > t0 + 1 for m in beats.values()),
+    require(sorted(beats) == ["0", "1"] and all(m > t0 + 1 for m in beats.values()),
           f"both ranks' heartbeat files were touched during training: {beats} (start {t0:.1f})")
 
 
@@ -95,11 +89,11 @@ def sigstop_is_caught(ddprun, env, tmp):
             p.kill()
             p.wait()
     took = time.monotonic() - t_stop
-    check(p.returncode == 124, f"rank 1 stopped by SIGSTOP is caught as hung: exit {p.returncode} "
+    require(p.returncode == 124, f"rank 1 stopped by SIGSTOP is caught as hung: exit {p.returncode} "
                                f"({err[-1500:]})")
-    check("no heartbeat for" in err, "the summary says no heartbeat")
-    check(took < 30, f"within --worker_timeout plus the stack dump ({took:.1f} s after SIGSTOP)")
-    check("ddprun: hang on" in err and re.search(r"rank 1 \(host .*, pid \d+\) is stopped \(SIGSTOP", err),
+    require("no heartbeat for" in err, "the summary says no heartbeat")
+    require(took < 30, f"within --worker_timeout plus the stack dump ({took:.1f} s after SIGSTOP)")
+    require("ddprun: hang on" in err and re.search(r"rank 1 \(host .*, pid \d+\) is stopped \(SIGSTOP", err),
           "the hang report blames rank 1, stopped")
 
 
@@ -109,10 +103,10 @@ def hook_off_leaves_heartbeat(ddprun, env, tmp):
     p = subprocess.run([ddprun, "--standalone", "--nproc_per_node=1", "--worker_timeout=1", "--no_progress_hook",
                         "--worker_start_timeout=120", f"--log_dir={logs}", DDP_SCRIPT, "--epochs", "2"],
                        env=env, capture_output=True, text=True, timeout=300)
-    check(p.returncode == 0, f"--no_progress_hook: the job runs ({p.stderr[-500:]})")
+    require(p.returncode == 0, f"--no_progress_hook: the job runs ({p.stderr[-500:]})")
     beats = heartbeats(logs)
     # Created at spawn; importing torch alone takes longer than a second.
-    check(beats["0"] < t0 + 1, f"--no_progress_hook: nothing touched the heartbeat file ({beats}, start {t0:.1f})")
+    require(beats["0"] < t0 + 1, f"--no_progress_hook: nothing touched the heartbeat file ({beats}, start {t0:.1f})")
 
 
 ENV_SCRIPT = r"""
@@ -138,18 +132,18 @@ def nccl_variable(ddprun, env, tmp):
     run = lambda extra, e: subprocess.run([ddprun, "--standalone", "--nproc_per_node=2", *extra, script], env=e,
                                           capture_output=True, text=True, timeout=120)
     p = run([], env)
-    check(p.returncode == 0 and p.stdout.count("VERSION 1 BEFORE unset AFTER 1") == 2,
+    require(p.returncode == 0 and p.stdout.count("VERSION 1 BEFORE unset AFTER 1") == 2,
           f"PyTorch 1.13: NCCL_ASYNC_ERROR_HANDLING=1 once torch is imported, not before ({p.stdout}{p.stderr[-300:]})")
     p = run(["--no_progress_hook"], env)
-    check(p.stdout.count("VERSION 1 BEFORE 1 AFTER 1") == 2, f"--no_progress_hook: ddprun sets it itself ({p.stdout})")
+    require(p.stdout.count("VERSION 1 BEFORE 1 AFTER 1") == 2, f"--no_progress_hook: ddprun sets it itself ({p.stdout})")
     env2 = dict(env, PYTHONPATH=FAKE_TORCH2)
     p = run([], env2)
-    check(p.returncode == 0 and p.stdout.count("VERSION 2 BEFORE unset AFTER unset") == 2,
+    require(p.returncode == 0 and p.stdout.count("VERSION 2 BEFORE unset AFTER unset") == 2,
           f"PyTorch 2.x: NCCL_ASYNC_ERROR_HANDLING stays unset ({p.stdout}{p.stderr[-300:]})")
-    check(DEPRECATED not in p.stderr, f"PyTorch 2.x: no deprecation line on any rank ({p.stderr[-500:]})")
-    check(p.stdout.count("STEP_TOUCHED True") == 2, "PyTorch 2.x: register_optimizer_step_post_hook touches the heartbeat")
+    require(DEPRECATED not in p.stderr, f"PyTorch 2.x: no deprecation line on any rank ({p.stderr[-500:]})")
+    require(p.stdout.count("STEP_TOUCHED True") == 2, "PyTorch 2.x: register_optimizer_step_post_hook touches the heartbeat")
     p = run(["--no_progress_hook"], env2)
-    check(p.stderr.count(DEPRECATED) == 2, f"without the hook the 2.x stand-in warns on every rank ({p.stderr[-500:]})")
+    require(p.stderr.count(DEPRECATED) == 2, f"without the hook the 2.x stand-in warns on every rank ({p.stderr[-500:]})")
 
 
 def main():

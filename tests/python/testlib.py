@@ -1,6 +1,6 @@
 """What the Python tests share: skip() as tests/lib.sh's (exit 77, which ctest shows as skipped;
 under CI=true a failure, since CI installs every tool a test needs; a test skips whole or not
-at all); check() that records a failure and goes on; run() of a command, its output read as it
+at all); check() that records a failure and goes on, require() that raises; run() of a command, its output read as it
 comes."""
 import os
 import subprocess
@@ -34,6 +34,13 @@ def check(cond, what):
         PASSED[0] += 1
     else:
         FAILURES.append(what)
+
+
+def require(cond, what):
+    """Prints "ok: WHAT", or raises AssertionError(WHAT): for a test whose later steps need it."""
+    if not cond:
+        raise AssertionError(what)
+    print(f"ok: {what}", flush=True)
 
 
 def show(lines):

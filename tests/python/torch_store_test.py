@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testlib import skip  # noqa: E402
+from testlib import require, skip  # noqa: E402
 import threading
 
 try:
@@ -33,45 +33,39 @@ def start_store(binary, *extra):
     return proc, port
 
 
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    print(f"ok: {what}")
-
-
 def store_methods(port):
     t = datetime.timedelta(seconds=10)
     s = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=t)
-    check(s.host == "127.0.0.1" and s.port == port, "host and port")
-    check(s.timeout == t, "timeout")
+    require(s.host == "127.0.0.1" and s.port == port, "host and port")
+    require(s.timeout == t, "timeout")
     s.set("key", "value")
-    check(s.get("key") == b"value", "set/get")
+    require(s.get("key") == b"value", "set/get")
     s.set("bin", b"\x00\xff\x01")
-    check(s.get("bin") == b"\x00\xff\x01", "binary value")
-    check(s.add("ctr", 5) == 5 and s.add("ctr", -2) == 3, "add")
-    check(s.get("ctr") == b"3", "add stores decimal ASCII")
-    check(s.compare_set("key", "value", "new") == b"new", "compare_set swaps on match")
-    check(s.compare_set("key", "wrong", "x") == b"new", "compare_set keeps on mismatch")
-    check(s.compare_set("fresh", "", "created") == b"created", "compare_set creates with empty expected")
-    check(s.compare_set("absent", "e", "x") == b"e", "compare_set on missing key with expected")
+    require(s.get("bin") == b"\x00\xff\x01", "binary value")
+    require(s.add("ctr", 5) == 5 and s.add("ctr", -2) == 3, "add")
+    require(s.get("ctr") == b"3", "add stores decimal ASCII")
+    require(s.compare_set("key", "value", "new") == b"new", "compare_set swaps on match")
+    require(s.compare_set("key", "wrong", "x") == b"new", "compare_set keeps on mismatch")
+    require(s.compare_set("fresh", "", "created") == b"created", "compare_set creates with empty expected")
+    require(s.compare_set("absent", "e", "x") == b"e", "compare_set on missing key with expected")
     n = s.num_keys()
-    check(n >= 4, f"num_keys counts keys ({n})")
-    check(s.delete_key("fresh") is True and s.delete_key("fresh") is False, "delete_key")
-    check(s.num_keys() == n - 1, "num_keys after delete")
+    require(n >= 4, f"num_keys counts keys ({n})")
+    require(s.delete_key("fresh") is True and s.delete_key("fresh") is False, "delete_key")
+    require(s.num_keys() == n - 1, "num_keys after delete")
     s.wait(["key", "ctr"])
     s.wait(["key"], datetime.timedelta(seconds=1))
-    check(True, "wait on present keys")
+    require(True, "wait on present keys")
     s.set_timeout(datetime.timedelta(milliseconds=300))
     try:
         s.wait(["never"])
-        check(False, "wait on a missing key times out")
+        require(False, "wait on a missing key times out")
     except RuntimeError as e:
-        check("imeout" in str(e) or "timed out" in str(e), f"wait times out ({e})")
+        require("imeout" in str(e) or "timed out" in str(e), f"wait times out ({e})")
     try:
         s.get("never2")
-        check(False, "get on a missing key times out")
+        require(False, "get on a missing key times out")
     except RuntimeError:
-        check(True, "get on a missing key times out")
+        require(True, "get on a missing key times out")
 
     # a second client's set wakes a waiting get
     s2 = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=t)
@@ -81,7 +75,7 @@ def store_methods(port):
     th.start()
     s2.set("later", "arrived")
     th.join(10)
-    check(result.get("v") == b"arrived", "get woken by another client's set")
+    require(result.get("v") == b"arrived", "get woken by another client's set")
 
     # many clients adding at once give the exact total
     def adder():
@@ -91,7 +85,7 @@ def store_methods(port):
     ths = [threading.Thread(target=adder) for _ in range(8)]
     [x.start() for x in ths]
     [x.join(60) for x in ths]
-    check(s.get("many") == b"1600", "8 clients x 200 adds")
+    require(s.get("many") == b"1600", "8 clients x 200 adds")
 
 
 WORKER = r"""
@@ -118,9 +112,9 @@ def process_group(port):
     for p in procs:
         out, _ = p.communicate(timeout=120)
         outs.append(out)
-        check(p.returncode == 0, f"worker exited 0 (output: {out.strip()})")
+        require(p.returncode == 0, f"worker exited 0 (output: {out.strip()})")
     for rank, out in enumerate(outs):
-        check(f"rank={rank} world=2 sum=[3.0, 3.0, 3.0, 3.0]" in out, f"rank {rank} all_reduce result")
+        require(f"rank={rank} world=2 sum=[3.0, 3.0, 3.0, 3.0]" in out, f"rank {rank} all_reduce result")
 
 
 def ddprun_authenticated_get(port, secret, key):
@@ -145,9 +139,9 @@ def ddprun_authenticated_get(port, secret, key):
     assert challenge[0] == 0
     snonce, sproof = challenge[1:33], challenge[33:]
     expect = hmac.new(secret, b"ddprun-store-server" + cnonce + snonce, hashlib.sha256).digest()
-    check(hmac.compare_digest(sproof, expect), "the server proves it knows the secret")
+    require(hmac.compare_digest(sproof, expect), "the server proves it knows the secret")
     s.sendall(hmac.new(secret, b"ddprun-store-client" + snonce + cnonce, hashlib.sha256).digest())
-    check(recv(1) == b"\x00", "the server accepts our proof")
+    require(recv(1) == b"\x00", "the server accepts our proof")
     s.sendall(bytes([0]) + struct.pack("<I", 0x3C85F7CE) + bytes([3]) + struct.pack("<Q", len(key)) + key)
     n = struct.unpack("<Q", recv(8))[0]
     value = recv(n) if n else b""
@@ -172,15 +166,15 @@ def secured_store(binary):
         except Exception as e:  # noqa: BLE001 - any failure is the refusal we expect
             refused = True
             print(f"  (PyTorch client error: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
-        check(refused, "a PyTorch TCPStore client cannot use a secured store")
-        check(ddprun_authenticated_get(port, b"job-secret-123", b"/round") == b"",
+        require(refused, "a PyTorch TCPStore client cannot use a secured store")
+        require(ddprun_authenticated_get(port, b"job-secret-123", b"/round") == b"",
               "its SET was never applied (read back through an authenticated connection)")
-        check(proc.poll() is None, "the secured store is still running")
+        require(proc.poll() is None, "the secured store is still running")
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=10)
         os.unlink(path)
-    check("did not authenticate" in err, "the store logged the refusal")
+    require("did not authenticate" in err, "the store logged the refusal")
 
 
 def main():
@@ -192,11 +186,11 @@ def main():
     try:
         store_methods(port)
         process_group(port)
-        check(proc.poll() is None, "ddprun-store still running")
+        require(proc.poll() is None, "ddprun-store still running")
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=10)
-    check(proc.returncode == 0, "ddprun-store exits 0 on SIGTERM")
+    require(proc.returncode == 0, "ddprun-store exits 0 on SIGTERM")
     secured_store(args.store)
     print("all PyTorch checks passed")
 
