@@ -3,6 +3,7 @@
 
 #include "control/hang_exchange.hpp"
 #include "observe/hang_verdict.hpp"
+#include "observe/pace_judge.hpp"
 
 using namespace ddprun::agent;
 
@@ -126,4 +127,32 @@ TEST_CASE("hang report: ranks waiting alike are one line, whether /proc caught o
   CHECK_THAT(text, Catch::Contains("ranks 0-1 [sleeping]: load_batch (train.py:8)"));
   CHECK_THAT(text, Catch::Contains("rank 2 [running, busy 97%]: load_batch (train.py:8)"));
   CHECK_THAT(text, Catch::Contains("rank 3 [stopped (T), busy 0%]"));
+}
+
+TEST_CASE("stragglers: a rank 1.5x the others' median and 25 points above it, 3 windows in a row, named once", "[hang]") {
+  PaceJudge judge;
+  const std::map<int, double> slow = {{0, 0.10}, {1, 0.90}, {2, 0.12}};
+  CHECK(judge.window(slow).empty());
+  CHECK(judge.window(slow).empty());
+  auto named = judge.window(slow);
+  REQUIRE(named.size() == 1);
+  CHECK(named[0].rank == 1);
+  CHECK(named[0].busy == Approx(0.90));
+  CHECK(named[0].others == Approx(0.12));  // the median of the others
+  CHECK(judge.straggler(1));
+  CHECK(judge.window(slow).empty());  // once per run of slow windows
+  CHECK(judge.straggler(1));
+  // A window it is not slow in ends the run; one it is missing from (no steps) keeps it.
+  CHECK(judge.window({{0, 0.5}, {1, 0.5}, {2, 0.5}}).empty());
+  CHECK_FALSE(judge.straggler(1));
+  CHECK(judge.window(slow).empty());
+  CHECK(judge.window({{0, 0.1}, {2, 0.1}}).empty());
+  CHECK(judge.window(slow).empty());
+  CHECK(judge.window(slow).size() == 1);
+  // Busy, but not by a quarter of a core over the others (all nearly idle): nobody is named.
+  PaceJudge idle;
+  for (int i = 0; i < 5; ++i) CHECK(idle.window({{0, 0.01}, {1, 0.20}}).empty());
+  // One rank alone has nobody to be slower than.
+  PaceJudge alone;
+  for (int i = 0; i < 5; ++i) CHECK(alone.window({{0, 0.99}}).empty());
 }

@@ -88,6 +88,42 @@ void JobController::on_straggler(const Worker& w, double busy, double others) {
                              {"pid", w.pid}, {"busy", busy}, {"others_busy", others}});
 }
 
+// Across nodes (control/pace_exchange.hpp): each window of this node's ranks goes to the workers'
+// store, and group rank 0 judges the job's ranks over every node's: a straggler that no node can
+// see among its own ranks (one rank a node, a slow host) is named there.
+void JobController::on_pace(const std::map<int, double>& busy) {
+  if (info_.group_world < 2 || info_.store_host.empty() || info_.store_port == 0) return;
+  if (!pace_exchange_) pace_exchange_ = std::make_unique<PaceExchange>(group_.loop());
+  PaceSetup s{info_.store_host, info_.store_port, attempt_, info_.group_rank, info_.group_world, node_name_};
+  pace_exchange_->window(s, busy, [this, attempt = attempt_](JobPace job) { on_job_pace(attempt, std::move(job)); });
+}
+
+void JobController::on_job_pace(int attempt, JobPace job) {
+  if (attempt != attempt_ || job.empty()) return;
+  if (job_pace_attempt_ != attempt) {
+    job_pace_ = PaceJudge();
+    job_pace_attempt_ = attempt;
+  }
+  std::map<int, double> busy;
+  for (const auto& [rank, at] : job) busy[rank] = at.second;
+  for (const auto& n : job_pace_.window(busy)) {
+    const std::string& host = job.at(n.rank).first;
+    spdlog::warn("ddprun: rank {} (host {}) is a straggler across the job's {} nodes: its main thread was busy {:.0f}% of "
+                 "the time over the last {} windows, the job's other ranks {:.0f}% (median): they wait for it in every "
+                 "collective",
+                 n.rank, escape_for_log(host), info_.group_world, n.busy * 100, PaceJudge::kSlowWindows, n.others * 100);
+    events_.emit("straggler", {{"attempt", attempt_}, {"rank", n.rank}, {"host", host}, {"busy", n.busy},
+                               {"others_busy", n.others}, {"across_nodes", true}});
+  }
+}
+
+int JobController::job_stragglers() const {
+  if (job_pace_attempt_ != attempt_) return 0;
+  int n = 0;
+  for (int r = 0; r < info_.world_size; ++r) n += job_pace_.straggler(r);
+  return n;
+}
+
 void JobController::on_hang_cleared(int rank, double after_s) {
   verdict_.reset();
   verdict_ranks_.clear();

@@ -35,6 +35,8 @@ void declare_all(MetricText& m) {
   m.declare("ddprun_workers_running", "this node's workers alive");
   m.declare("ddprun_worker_busy_ratio", "share of a core the worker's main thread used over the last window of steps");
   m.declare("ddprun_stragglers", "this node's workers much busier than the others, window after window (the others wait)");
+  m.declare("ddprun_job_stragglers",
+            "the job's ranks much busier than all the others, across nodes (on the node of group rank 0; 0 elsewhere)");
   m.declare("ddprun_worker_heartbeat_age_seconds", "seconds since the worker's heartbeat file changed");
   m.declare("ddprun_worker_last_exit_code", "how the worker ended (128 + signal when killed)");
   m.declare("ddprun_rendezvous_seconds", "the last rendezvous, joining to round ready");
@@ -118,6 +120,7 @@ void JobMetrics::refresh(const JobController& c, const WorkerGroup& group) {
   out.set("ddprun_round", c.round());
   out.set("ddprun_restarts_total", c.restarts());
   out.set("ddprun_hangs_reported_total", c.hangs_reported());
+  out.set("ddprun_job_stragglers", c.job_stragglers());
   out.set("ddprun_restart_count", c.restart_count());
   out.set("ddprun_rendezvous_seconds", c.last_rendezvous_seconds());
   out.set("ddprun_workers_start_seconds", c.last_start_seconds());

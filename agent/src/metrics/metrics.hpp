@@ -12,6 +12,7 @@
 //   ddprun_workers_running                   this node's workers alive
 //   ddprun_worker_busy_ratio{rank,local_rank}  its main thread's share of a core over the last window
 //   ddprun_stragglers                        this node's workers named stragglers (README: Hangs)
+//   ddprun_job_stragglers                    the job's ranks named stragglers across nodes (group rank 0)
 //   ddprun_worker_heartbeat_age_seconds{rank,local_rank}   since the heartbeat file last changed
 //   ddprun_worker_last_exit_code{rank,local_rank}          how each worker of the last group ended
 //   ddprun_rendezvous_seconds                the last rendezvous, from joining to the round ready

@@ -263,16 +263,12 @@ std::string WorkerGroup::Impl::silence_reason(const Slot& s, SteadyClock::time_p
                      silent, bound, secs(opt.hang.floor), kAutoFactor, secs(s.hb.longest_step()));
 }
 
-// A straggler: its main thread busier than kSlowFactor x the median of the node's other ranks, and
-// by at least kSlowMargin of a core, for kSlowWindows windows in a row, while every one of them
-// made steps. Under DDP every rank steps at the straggler's pace; the others sleep in the
-// gradient all-reduce, waiting for it, so its busy share stands out.
-constexpr double kSlowFactor = 1.5, kSlowMargin = 0.25;
-constexpr int kSlowWindows = 3;
-
+// Each window, the share of a core each rank's main thread used while it made steps: judged
+// over the node's ranks (observe/pace_judge.hpp), and told to the listener (across nodes).
 void WorkerGroup::Impl::watch_pace(SteadyClock::time_point now) {
   if (now < pace_due) return;
-  pace_due = now + std::max(opt.hang.floor, std::chrono::milliseconds(1000));
+  const auto every = std::max(opt.hang.floor, std::chrono::milliseconds(1000));
+  pace_due = now + every;
   std::vector<Slot*> running;
   std::vector<pid_t> pids;
   for (auto& s : slots) {
@@ -281,7 +277,7 @@ void WorkerGroup::Impl::watch_pace(SteadyClock::time_point now) {
       pids.push_back(s->w.pid);
     }
   }
-  if (running.size() < 2) return;
+  if (running.empty()) return;
   auto targets = runner.stack_targets(pids);
   for (std::size_t i = 0; i < running.size(); ++i) {
     Slot& s = *running[i];
@@ -298,25 +294,22 @@ void WorkerGroup::Impl::watch_pace(SteadyClock::time_point now) {
     s.pace_at = now;
     s.pace_steps = s.hb.steps();
   }
+  std::map<int, double> busy;
   for (auto* s : running) {
-    if (s->w.busy < 0) continue;
-    std::vector<double> others;
-    for (auto* o : running) {
-      if (o != s && o->w.busy >= 0) others.push_back(o->w.busy);
-    }
-    if (others.empty()) continue;
-    std::sort(others.begin(), others.end());
-    const double median = others[others.size() / 2];
-    const bool slow = s->w.busy > kSlowFactor * median && s->w.busy - median >= kSlowMargin;
-    s->slow_windows = slow ? s->slow_windows + 1 : 0;
-    s->w.straggler = s->slow_windows >= kSlowWindows;
-    if (s->slow_windows == kSlowWindows) {
+    if (s->w.busy >= 0) busy[s->w.spec.rank] = s->w.busy;
+  }
+  for (const auto& n : pace.window(busy)) {
+    for (auto* s : running) {
+      if (s->w.spec.rank != n.rank) continue;
       spdlog::warn("ddprun: rank {} (pid {}) is a straggler: its main thread was busy {:.0f}% of the time over the last "
                    "{} windows of {:.0f} s, the node's other ranks {:.0f}%: they wait for it in every collective",
-                   s->w.spec.rank, s->w.pid, s->w.busy * 100, kSlowWindows, secs(opt.hang.floor), median * 100);
-      listener->on_straggler(s->w, s->w.busy, median);
+                   n.rank, s->w.pid, n.busy * 100, PaceJudge::kSlowWindows, secs(every),
+                   n.others * 100);
+      listener->on_straggler(s->w, n.busy, n.others);
     }
   }
+  for (auto* s : running) s->w.straggler = pace.straggler(s->w.spec.rank);
+  if (!busy.empty()) listener->on_pace(busy);
 }
 
 void WorkerGroup::Impl::fail_hung(Slot& s, SteadyClock::time_point now, const std::string& reason) {

@@ -115,6 +115,9 @@ class WorkerGroup {
     // A worker much busier than the node's others, window after window, while all make steps:
     // the others wait for it in each collective.
     virtual void on_straggler(const Worker& w, double busy, double others) { (void)w, (void)busy, (void)others; }
+    // Each pace window (the hang floor, at least 1 s): the share of a core each rank's main
+    // thread used, of the ranks that made steps in it (for the job's stragglers across nodes).
+    virtual void on_pace(const std::map<int, double>& busy) { (void)busy; }
   };
   struct Options {
     HangRule hang;  // heartbeats (heartbeat.hpp); off by default

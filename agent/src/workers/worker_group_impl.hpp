@@ -29,6 +29,7 @@
 #include "ddprun/common/text.hpp"
 #include "ddprun/common/thread.hpp"
 #include "observe/event_log.hpp"
+#include "observe/pace_judge.hpp"
 #include "workers/process_runner.hpp"
 
 namespace ddprun::agent {
@@ -43,12 +44,10 @@ struct Slot {
   std::unique_ptr<asio::posix::stream_descriptor> out_pipe, err_pipe;
   int open_pipes = 0;
   Heartbeat hb;  // watched when spec.heartbeat_file is set (heartbeat.hpp)
-  // Its pace at the last window: the process read, its CPU time, its steps; windows in a row it
-  // was much busier than the others.
+  // Its pace at the last window: the process read, its CPU time, its steps.
   pid_t pace_pid = -1;
   long long pace_cpu = -1, pace_steps = 0;
   SteadyClock::time_point pace_at;
-  int slow_windows = 0;
 };
 
 // The process that trains below `worker`, as the progress hook wrote it at its first step
@@ -184,6 +183,7 @@ struct WorkerGroup::Impl {
   // Once a window (--hang_floor): each worker's busy share; a straggler is named once.
   void watch_pace(SteadyClock::time_point now);
   SteadyClock::time_point pace_due{};
+  PaceJudge pace;  // the node's stragglers
   std::string silence_reason(const Slot& s, SteadyClock::time_point now) const;
   void fail_hung(Slot& s, SteadyClock::time_point now, const std::string& reason);
 

@@ -1,0 +1,61 @@
+#pragma once
+// The job's stragglers across nodes (README: Hangs, stragglers). A node sees only its own ranks'
+// pace; with one rank a node, or a slow host, no node can tell its ranks from the others'. So at
+// each pace window every node puts its ranks' busy shares in the workers' store, overwriting its
+// entry, ddprun/pace/ATTEMPT/node/GROUP_RANK = {"seq": N, "host": H, "busy": {"RANK": SHARE}},
+// and the node of group rank 0 then reads every node's entry at once (one CHECK, one MULTI_GET)
+// and hands on the ranks of the entries written since its last read, with their hosts, to be
+// judged over the whole job (observe/pace_judge.hpp). Per node and window: one SET; group rank 0
+// alone reads the K entries. On a thread of its own (the store client blocks), one window at a
+// time (a window whose last one still runs is skipped); the result is posted to the loop.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "ddprun/common/thread.hpp"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::agent {
+
+struct PaceSetup {
+  std::string store_host;  // the workers' store
+  std::uint16_t store_port = 0;
+  int attempt = 0;
+  int node = 0;   // this node's group rank
+  int nodes = 1;  // the round's nodes
+  std::string host;  // this node's name, for the message
+};
+
+// Rank -> (its host, its busy share), fresh from every node that wrote since the last read.
+using JobPace = std::map<int, std::pair<std::string, double>>;
+
+class PaceExchange {
+ public:
+  using Done = std::function<void(JobPace)>;
+  explicit PaceExchange(boost::asio::io_context& io) : io_(io) {}
+  ~PaceExchange();
+  PaceExchange(const PaceExchange&) = delete;
+  PaceExchange& operator=(const PaceExchange&) = delete;
+
+  // Puts this node's window in; on group rank 0, `done` gets the job's (on the loop). A store
+  // that cannot be reached costs this window only (a debug line).
+  void window(const PaceSetup& s, const std::map<int, double>& busy, Done done);
+
+ private:
+  boost::asio::io_context& io_;
+  std::atomic<bool> running_{false};
+  std::int64_t seq_ = 0;
+  std::map<int, std::int64_t> read_seq_;  // group rank 0: each node's seq at the last read (its thread's)
+  ThreadSet threads_;
+};
+
+}  // namespace ddprun::agent
