@@ -19,6 +19,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/runtime/checkpoint.hpp"
+#include "ddprun/runtime/memory_state.hpp"
 #include "ddprun/runtime/env.hpp"
 #include "ddprun/runtime/process_group.hpp"
 #include "ddprun/runtime/reducer.hpp"
@@ -39,13 +40,14 @@ struct Args {
   std::string checkpoint;
   int checkpoint_every = 10;
   int crash_at_step = -1;
+  bool memory_state = false;
   std::string backend = "gloo";
 };
 
 [[noreturn]] void usage(const std::string& msg) {
   std::fprintf(stderr,
                "train_mlp: %s\nusage: train_mlp [--steps N] [--global_batch B] [--bucket_cap_mb MB] [--lr X]\n"
-               "                 [--checkpoint PATH] [--checkpoint_every K] [--crash_at_step K]\n",
+               "                 [--checkpoint PATH] [--checkpoint_every K] [--crash_at_step K] [--memory_state]\n",
                msg.c_str());
   std::exit(2);
 }
@@ -71,6 +73,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--checkpoint") a.checkpoint = val();
     else if (k == "--checkpoint_every") a.checkpoint_every = static_cast<int>(num(val()));
     else if (k == "--crash_at_step") a.crash_at_step = static_cast<int>(num(val()));
+    else if (k == "--memory_state") a.memory_state = true;
     else usage("unknown argument '" + k + "'");
   }
   if (a.steps < 0 || a.global_batch < 1 || a.bucket_cap_mb <= 0 || a.checkpoint_every < 1) usage("invalid value");
@@ -286,6 +289,20 @@ int train(const Args& args) {
       if (t.rank == 0) std::printf("resumed from %s at step %d (attempt %d)\n", args.checkpoint.c_str(), start_step, env.restart_count);
     }
   }
+  // --memory_state: the parameters after each step, kept by ddprun's agent (docs/usage.md:
+  // In-memory state); a restarted rank goes on from the newest step every rank holds.
+  MemoryState state;
+  if (args.memory_state) {
+    if (auto found = state.load(*t.pg)) {
+      for (std::size_t k = 0; k < t.params.size(); ++k) {
+        const auto& b = found->buffers.at("p" + std::to_string(k));
+        if (b.size() != t.params[k].size() * sizeof(float)) throw ddprun::Error("the in-memory state is of another model");
+        std::memcpy(t.params[k].data(), b.data(), b.size());
+      }
+      start_step = static_cast<int>(found->step) + 1;
+      if (t.rank == 0) std::printf("resumed from memory at step %d (attempt %d)\n", start_step, env.restart_count);
+    }
+  }
   t.broadcast();
   float loss = 0;
   for (int step = start_step; step < args.steps; ++step) {
@@ -298,6 +315,13 @@ int train(const Args& args) {
     t.backward();
     t.sgd();
     if (t.rank == 0 && (step + 1) % 50 == 0) std::printf("step %d loss %.6f (rank 0's share of the batch)\n", step + 1, loss);
+    if (args.memory_state) {
+      std::vector<StateBuffer> buffers;
+      for (std::size_t k = 0; k < t.params.size(); ++k) {
+        buffers.push_back({"p" + std::to_string(k), t.params[k].data(), t.params[k].size() * sizeof(float)});
+      }
+      state.save(step, buffers);
+    }
     if (!args.checkpoint.empty() && (step + 1) % args.checkpoint_every == 0) {
       save_checkpoint_on_rank0(*t.pg, args.checkpoint, serialize(step + 1, t.params));
     }

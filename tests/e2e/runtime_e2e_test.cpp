@@ -91,3 +91,27 @@ TEST_CASE("train_mlp: a crash and a resume from the checkpoint end like an unint
   CHECK(a[0].checksum == b[0].checksum);  // bit for bit: same steps, same data, same world
   CHECK(a[0].loss == b[0].loss);
 }
+
+TEST_CASE("train_mlp: a native trainer's in-memory state - a rank lost at step 37 resumes there, no disk, like an uninterrupted run", "[e2e][train_mlp]") {
+  auto plain = train(2, {kTrain, "--steps", "100"});
+  auto crashed = train(2, {"--max_restarts=1", kTrain, "--steps", "100", "--memory_state", "--crash_at_step", "37"});
+  INFO(crashed.out << crashed.err);
+  REQUIRE(plain.code == 0);
+  REQUIRE(crashed.code == 0);
+  CHECK_THAT(crashed.err, Catch::Contains("restarting the worker group"));
+  // Rank 1 died before step 37; both ranks had committed step 36: the next attempt starts at 37.
+  CHECK_THAT(crashed.out, Catch::Contains("resumed from memory at step 37 (attempt 1)"));
+  auto a = results(plain.out), b = results(crashed.out);
+  REQUIRE(a.size() == 2);
+  REQUIRE(b.size() == 2);
+  CHECK(a[0].checksum == b[0].checksum);  // bit for bit
+  CHECK(b[1].checksum == b[0].checksum);
+  CHECK(a[0].loss == b[0].loss);
+  // Without ddprun's area (--no_state) the trainer runs from step 0 again, and says nothing of memory.
+  auto without = train(2, {"--max_restarts=1", "--no_state", kTrain, "--steps", "100", "--memory_state", "--crash_at_step", "37"});
+  CHECK(without.code == 0);
+  CHECK_THAT(without.out, !Catch::Contains("resumed from memory"));
+  auto c = results(without.out);
+  REQUIRE(c.size() == 2);
+  CHECK(c[0].checksum == a[0].checksum);
+}

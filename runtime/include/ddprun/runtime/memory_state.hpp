@@ -1,0 +1,68 @@
+#pragma once
+// A native trainer's training state kept in memory by ddprun across a worker's crash
+// (docs/usage.md: In-memory state). ddprun's agent owns one memory area per local rank (a memfd,
+// DDPRUN_STATE_FD) that outlives the worker and is handed to the next attempt's worker of that
+// rank: the same area, header and two slots as Python's ddprun.state, each slot written whole,
+// then its CRC-32s, then its commit word, so that a worker killed mid-save leaves the previous
+// state whole. A slot holds named byte buffers (the model's parameters, the optimizer's moments,
+// the data's position), saved as they are.
+//
+//   ddprun::runtime::MemoryState state;
+//   if (auto found = state.load(*pg)) { restore(found->buffers); start = found->step + 1; }
+//   for (step = start; ...) { train(step); state.save(step, {{"params", p.data(), p.size() * 4}}); }
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::runtime {
+
+class ProcessGroup;
+
+struct StateBuffer {
+  std::string name;
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+class MemoryState {
+ public:
+  // This rank's area (DDPRUN_STATE_FD, DDPRUN_STATE_BYTES). Without one (not started by ddprun,
+  // or ddprun --no_state), available() is false, save() does nothing and load() finds nothing.
+  // Throws ddprun::Error when the variables name something that is not ddprun's state area.
+  MemoryState();
+  ~MemoryState();
+  MemoryState(const MemoryState&) = delete;
+  MemoryState& operator=(const MemoryState&) = delete;
+
+  bool available() const { return map_ != nullptr; }
+  // The largest state a save holds, in bytes: half this rank's share of --state_memory.
+  std::size_t capacity() const;
+
+  // Copies `buffers` into the slot that does not hold the last committed state and commits them
+  // as the state after `step`. Blocking. Throws ddprun::Error when they do not fit (saying the
+  // --state_memory that would); the previous state is kept.
+  void save(std::int64_t step, const std::vector<StateBuffer>& buffers);
+  // The steps this rank holds committed, newest first (at most two).
+  std::vector<std::int64_t> steps() const;
+
+  struct Loaded {
+    std::int64_t step = -1;
+    std::map<std::string, std::vector<unsigned char>> buffers;  // copied out of the area
+  };
+  // The newest step every rank of `group` holds (a collective: every rank calls it), checked
+  // against its CRC-32s; nullopt when the ranks hold none in common (a fresh start). Throws
+  // ddprun::Error when the state fails its check, or was saved by Python's ddprun.state.
+  std::optional<Loaded> load(ProcessGroup& group);
+  // The state of `step` on this rank alone (one of steps()), or nullopt.
+  std::optional<Loaded> load_step(std::int64_t step) const;
+
+ private:
+  unsigned char* map_ = nullptr;
+  std::size_t size_ = 0, slot_bytes_ = 0;
+};
+
+}  // namespace ddprun::runtime

@@ -1,0 +1,283 @@
+#include "ddprun/runtime/memory_state.hpp"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/crc.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <tuple>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/runtime/process_group.hpp"
+
+// The area's layout is ddprun.state's (packaging/wheel/ddprun/state.py), byte for byte:
+//   header (a page): magic "DDPRUNST", u32 version 1, u32 slots 2, u64 slot bytes,
+//                    u64 latest (generation << 1 | slot)
+//   slot i at page + i * slot bytes: its header (a page): u64 commit, u64 generation, i64 step,
+//                    u64 skeleton bytes, u64 data bytes, u64 chunk bytes, u32 chunks, then a
+//                    CRC-32 (zlib's) per chunk of the payload (the skeleton, then the data, at
+//                    the next 64-byte boundary)
+// A native trainer's skeleton: "DDPRUNN1", u32 buffers, then each buffer's u32 name length, its
+// name, u64 offset in the data, u64 bytes. (Python's is a pickle: each side refuses the other's.)
+namespace ddprun::runtime {
+namespace memory_state_layout {
+
+constexpr char kAreaMagic[8] = {'D', 'D', 'P', 'R', 'U', 'N', 'S', 'T'};
+constexpr char kNativeMagic[8] = {'D', 'D', 'P', 'R', 'U', 'N', 'N', '1'};
+constexpr std::uint32_t kVersion = 1, kSlots = 2;
+constexpr std::size_t kHeaderBytes = 32, kSlotHeaderBytes = 52, kAlign = 64;
+constexpr std::uint64_t kChunk = 64ull << 20;
+
+std::size_t page() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
+std::size_t align(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+std::size_t max_chunks() { return (page() - kSlotHeaderBytes) / 4; }
+
+template <class T>
+T read_at(const unsigned char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+template <class T>
+void write_at(unsigned char* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
+
+std::uint32_t crc32(const unsigned char* p, std::size_t n) {
+  boost::crc_32_type c;
+  c.process_bytes(p, n);
+  return c.checksum();
+}
+
+struct SlotHeader {
+  std::uint64_t commit = 0, gen = 0;
+  std::int64_t step = 0;
+  std::uint64_t skel = 0, data = 0, chunk = 0;
+  std::uint32_t chunks = 0;
+};
+
+SlotHeader slot_header(const unsigned char* p) {
+  SlotHeader h;
+  h.commit = read_at<std::uint64_t>(p);
+  h.gen = read_at<std::uint64_t>(p + 8);
+  h.step = read_at<std::int64_t>(p + 16);
+  h.skel = read_at<std::uint64_t>(p + 24);
+  h.data = read_at<std::uint64_t>(p + 32);
+  h.chunk = read_at<std::uint64_t>(p + 40);
+  h.chunks = read_at<std::uint32_t>(p + 48);
+  return h;
+}
+
+void write_slot_header(unsigned char* p, const SlotHeader& h) {
+  write_at(p + 8, h.gen);
+  write_at(p + 16, h.step);
+  write_at(p + 24, h.skel);
+  write_at(p + 32, h.data);
+  write_at(p + 40, h.chunk);
+  write_at(p + 48, h.chunks);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the commit word last
+  write_at(p, h.commit);
+}
+
+// 64 MiB, or more where the payload would need more chunks than a slot header holds.
+std::uint64_t chunk_bytes(std::uint64_t payload) {
+  const std::uint64_t least = (payload + max_chunks() - 1) / max_chunks();
+  return std::max<std::uint64_t>(kChunk, (least + page() - 1) / page() * page());
+}
+
+}  // namespace memory_state_layout
+
+using namespace memory_state_layout;
+
+MemoryState::MemoryState() {
+  const char* fd_text = std::getenv("DDPRUN_STATE_FD");
+  const char* size_text = std::getenv("DDPRUN_STATE_BYTES");
+  if (!fd_text || !*fd_text) return;
+  const std::string where = std::string("DDPRUN_STATE_FD=") + fd_text;
+  char* end = nullptr;
+  const long fd = std::strtol(fd_text, &end, 10);
+  const unsigned long long size = size_text ? std::strtoull(size_text, nullptr, 10) : 0;
+  // A process that inherited the variables but not the descriptor must not write into whatever
+  // file now has that number.
+  char link[256] = {};
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = *end == '\0' ? ::readlink(proc.c_str(), link, sizeof(link) - 1) : -1;
+  if (n <= 0 || std::string(link, static_cast<std::size_t>(n)).rfind("/memfd:ddprun-state-", 0) != 0) {
+    throw Error(where + " is not this process's ddprun state area (not started by ddprun, or a descriptor not inherited)");
+  }
+  struct stat st {};
+  if (::fstat(static_cast<int>(fd), &st) != 0 || static_cast<unsigned long long>(st.st_size) != size ||
+      size < 4 * page()) {
+    throw Error(where + ": its size is not DDPRUN_STATE_BYTES (" + (size_text ? size_text : "") + ")");
+  }
+  void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, static_cast<int>(fd), 0);
+  if (m == MAP_FAILED) throw Error(where + ": mmap: " + std::strerror(errno));
+  map_ = static_cast<unsigned char*>(m);
+  size_ = size;
+  slot_bytes_ = (size - page()) / kSlots / page() * page();
+}
+
+MemoryState::~MemoryState() {
+  if (map_) ::munmap(map_, size_);
+}
+
+std::size_t MemoryState::capacity() const { return map_ ? slot_bytes_ - page() : 0; }
+
+namespace memory_state_layout {
+
+// (generation, step, slot) of the committed slots, newest first.
+std::vector<std::tuple<std::uint64_t, std::int64_t, int>> committed(const unsigned char* map, std::size_t slot_bytes) {
+  std::vector<std::tuple<std::uint64_t, std::int64_t, int>> out;
+  if (!map || std::memcmp(map, kAreaMagic, 8) != 0 || read_at<std::uint32_t>(map + 8) != kVersion ||
+      read_at<std::uint32_t>(map + 12) != kSlots || read_at<std::uint64_t>(map + 16) != slot_bytes) {
+    return out;
+  }
+  for (int i = 0; i < static_cast<int>(kSlots); ++i) {
+    const auto h = slot_header(map + page() + static_cast<std::size_t>(i) * slot_bytes);
+    if (h.commit == 0 || h.commit != h.gen || align(h.skel) + h.data > slot_bytes - page() || h.chunks > max_chunks()) {
+      continue;
+    }
+    out.emplace_back(h.gen, h.step, i);
+  }
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
+}  // namespace memory_state_layout
+
+std::vector<std::int64_t> MemoryState::steps() const {
+  std::vector<std::int64_t> out;
+  for (const auto& [gen, step, slot] : committed(map_, slot_bytes_)) out.push_back(step);
+  return out;
+}
+
+void MemoryState::save(std::int64_t step, const std::vector<StateBuffer>& buffers) {
+  if (!map_) return;
+  std::string skeleton(kNativeMagic, 8);
+  auto put = [&](auto v) { skeleton.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(static_cast<std::uint32_t>(buffers.size()));
+  std::uint64_t data = 0;
+  for (const auto& b : buffers) {
+    put(static_cast<std::uint32_t>(b.name.size()));
+    skeleton += b.name;
+    put(data);
+    put(static_cast<std::uint64_t>(b.bytes));
+    data = align(data + b.bytes);
+  }
+  const std::size_t needed = align(skeleton.size()) + data;
+  if (needed > capacity()) {
+    throw Error("ddprun state: the state of step " + std::to_string(step) + " needs " + std::to_string(needed) +
+                " bytes but a slot holds " + std::to_string(capacity()) +
+                " (half this rank's share of --state_memory, two slots); raise ddprun's --state_memory");
+  }
+  const auto held = committed(map_, slot_bytes_);
+  const int slot = held.empty() ? 0 : 1 - std::get<2>(held.front());
+  const std::uint64_t gen = (held.empty() ? 0 : std::get<0>(held.front())) + 1;
+  unsigned char* base = map_ + page() + static_cast<std::size_t>(slot) * slot_bytes_;
+  write_slot_header(base, SlotHeader{});  // uncommitted from here on
+  unsigned char* payload = base + page();
+  std::memcpy(payload, skeleton.data(), skeleton.size());
+  unsigned char* at = payload + align(skeleton.size());
+  std::uint64_t offset = 0;
+  for (const auto& b : buffers) {
+    if (b.bytes) std::memcpy(at + offset, b.data, b.bytes);
+    offset = align(offset + b.bytes);
+  }
+  SlotHeader h;
+  h.gen = gen;
+  h.step = step;
+  h.skel = skeleton.size();
+  h.data = data;
+  const std::uint64_t total = align(skeleton.size()) + data;
+  h.chunk = chunk_bytes(total);
+  for (std::uint64_t i = 0; i < total; i += h.chunk, ++h.chunks) {
+    write_at(base + kSlotHeaderBytes + 4 * h.chunks, crc32(payload + i, std::min<std::uint64_t>(h.chunk, total - i)));
+  }
+  write_slot_header(base, h);  // commit 0 still
+  h.commit = gen;
+  write_slot_header(base, h);  // the commit, last
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::memcpy(map_, kAreaMagic, 8);
+  write_at(map_ + 8, kVersion);
+  write_at(map_ + 12, kSlots);
+  write_at(map_ + 16, static_cast<std::uint64_t>(slot_bytes_));
+  write_at(map_ + 24, gen << 1 | static_cast<std::uint64_t>(slot));
+}
+
+std::optional<MemoryState::Loaded> MemoryState::load_step(std::int64_t step) const {
+  for (const auto& [gen, held, slot] : committed(map_, slot_bytes_)) {
+    if (held != step) continue;
+    const unsigned char* base = map_ + page() + static_cast<std::size_t>(slot) * slot_bytes_;
+    const auto h = slot_header(base);
+    const unsigned char* payload = base + page();
+    const std::uint64_t total = align(h.skel) + h.data;
+    std::uint32_t n = 0;
+    for (std::uint64_t i = 0; i < total; i += h.chunk, ++n) {
+      if (n >= h.chunks || crc32(payload + i, std::min<std::uint64_t>(h.chunk, total - i)) !=
+                               read_at<std::uint32_t>(base + kSlotHeaderBytes + 4 * n)) {
+        throw Error("ddprun state: the state of step " + std::to_string(step) +
+                    " fails its CRC-32 check (memory written outside MemoryState?); not loading it");
+      }
+    }
+    if (h.skel < 12 || std::memcmp(payload, kNativeMagic, 8) != 0) {
+      throw Error("ddprun state: the state of step " + std::to_string(step) +
+                  " was saved by Python's ddprun.state, not by a native trainer");
+    }
+    Loaded out;
+    out.step = step;
+    const unsigned char* p = payload + 8;
+    const unsigned char* skel_end = payload + h.skel;
+    const auto count = read_at<std::uint32_t>(p);
+    p += 4;
+    const unsigned char* data = payload + align(h.skel);
+    for (std::uint32_t i = 0; i < count; ++i) {
+      if (p + 4 > skel_end) throw Error("ddprun state: a malformed native skeleton");
+      const auto len = read_at<std::uint32_t>(p);
+      if (p + 4 + len + 16 > skel_end) throw Error("ddprun state: a malformed native skeleton");
+      std::string name(reinterpret_cast<const char*>(p + 4), len);
+      p += 4 + len;
+      const auto off = read_at<std::uint64_t>(p), bytes = read_at<std::uint64_t>(p + 8);
+      p += 16;
+      if (off + bytes > h.data) throw Error("ddprun state: a malformed native skeleton");
+      out.buffers[name].assign(data + off, data + off + bytes);
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
+std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group) {
+  // Each rank's two newest steps (-1: none), gathered: the newest step every rank holds.
+  auto held = steps();
+  held.resize(2, -1);
+  const auto world = static_cast<std::size_t>(group.size());
+  std::vector<std::int64_t> every(2 * world);
+  void* in = group.allocate(2 * sizeof(std::int64_t));
+  void* out = group.allocate(every.size() * sizeof(std::int64_t));
+  try {
+    group.copy_to_device(in, held.data(), 2 * sizeof(std::int64_t));
+    group.all_gather(in, out, 2, DataType::kInt64);
+    group.copy_to_host(every.data(), out, every.size() * sizeof(std::int64_t));
+  } catch (...) {
+    group.deallocate(in);
+    group.deallocate(out);
+    throw;
+  }
+  group.deallocate(in);
+  group.deallocate(out);
+  // Every rank decides over the same gathered steps, so all agree.
+  std::int64_t agreed = -1;
+  for (std::int64_t s : every) {
+    bool all = s > agreed;
+    for (std::size_t r = 0; r < world && all; ++r) all = every[2 * r] == s || every[2 * r + 1] == s;
+    if (all) agreed = s;
+  }
+  if (agreed < 0) return std::nullopt;
+  return load_step(agreed);
+}
+
+}  // namespace ddprun::runtime

@@ -1,0 +1,121 @@
+// A native trainer's in-memory state (ddprun/runtime/memory_state.hpp) in one process, without
+// ddprun: a memfd made here as the agent makes it, handed through DDPRUN_STATE_FD/_BYTES.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/runtime/memory_state.hpp"
+
+using namespace ddprun::runtime;
+
+namespace {
+
+// An area of `bytes`, as the agent makes one (memfd "ddprun-state-..."), in the environment.
+struct Area {
+  int fd;
+  std::size_t bytes;
+  explicit Area(std::size_t b) : fd(::memfd_create("ddprun-state-0", MFD_CLOEXEC)), bytes(b) {
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, static_cast<off_t>(b)) == 0);
+    ::setenv("DDPRUN_STATE_FD", std::to_string(fd).c_str(), 1);
+    ::setenv("DDPRUN_STATE_BYTES", std::to_string(b).c_str(), 1);
+  }
+  ~Area() {
+    ::unsetenv("DDPRUN_STATE_FD");
+    ::unsetenv("DDPRUN_STATE_BYTES");
+    ::close(fd);
+  }
+  // The byte at `offset` of the area, flipped.
+  void flip(std::size_t offset) {
+    unsigned char c;
+    REQUIRE(::pread(fd, &c, 1, static_cast<off_t>(offset)) == 1);
+    c ^= 0xff;
+    REQUIRE(::pwrite(fd, &c, 1, static_cast<off_t>(offset)) == 1);
+  }
+  void zero(std::size_t offset, std::size_t n) {
+    std::vector<unsigned char> z(n, 0);
+    REQUIRE(::pwrite(fd, z.data(), n, static_cast<off_t>(offset)) == static_cast<ssize_t>(n));
+  }
+};
+
+std::vector<float> values(float from, std::size_t n) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = from + static_cast<float>(i);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("memory state: saves alternate between two slots, the newest two steps held, each loaded as saved", "[state]") {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  Area area(1 << 20);
+  MemoryState s;
+  REQUIRE(s.available());
+  CHECK(s.capacity() == (area.bytes - page) / 2 / page * page - page);
+  CHECK(s.steps().empty());
+  auto w = values(1, 1000), m = values(-5, 3);
+  s.save(0, {{"w", w.data(), w.size() * 4}, {"moments", m.data(), m.size() * 4}, {"empty", nullptr, 0}});
+  w[0] = 42;
+  s.save(1, {{"w", w.data(), w.size() * 4}, {"moments", m.data(), m.size() * 4}, {"empty", nullptr, 0}});
+  w[0] = 43;
+  s.save(2, {{"w", w.data(), w.size() * 4}, {"moments", m.data(), m.size() * 4}, {"empty", nullptr, 0}});
+  CHECK(s.steps() == std::vector<std::int64_t>{2, 1});
+  auto one = s.load_step(1);
+  REQUIRE(one);
+  CHECK(one->step == 1);
+  REQUIRE(one->buffers.at("w").size() == w.size() * 4);
+  float first;
+  std::memcpy(&first, one->buffers.at("w").data(), 4);
+  CHECK(first == 42);
+  CHECK(std::memcmp(one->buffers.at("moments").data(), m.data(), m.size() * 4) == 0);
+  CHECK(one->buffers.at("empty").empty());
+  CHECK_FALSE(s.load_step(0));  // overwritten by step 2
+  // A second MemoryState over the same area (the next worker) sees what this one committed.
+  MemoryState next;
+  CHECK(next.steps() == std::vector<std::int64_t>{2, 1});
+}
+
+TEST_CASE("memory state: a save killed midway leaves the previous state whole; a flipped byte fails the CRC-32; too large is refused", "[state]") {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  Area area(1 << 20);
+  MemoryState s;
+  auto w = values(1, 100);
+  s.save(7, {{"w", w.data(), w.size() * 4}});
+  s.save(8, {{"w", w.data(), w.size() * 4}});
+  const std::size_t slot_bytes = (area.bytes - page) / 2 / page * page;
+  // Step 8 is in slot 1. A save's first write clears its slot's commit word: killed after it,
+  // that slot holds nothing, and step 7 is whole.
+  area.zero(page + slot_bytes, 8);
+  CHECK(s.steps() == std::vector<std::int64_t>{7});
+  REQUIRE(s.load_step(7));
+  // The next save goes to the slot that does not hold step 7.
+  s.save(9, {{"w", w.data(), w.size() * 4}});
+  CHECK(s.steps() == std::vector<std::int64_t>{9, 7});
+  area.flip(2 * page + 100);  // a byte of step 7's payload (slot 0 at a page, its payload a page after)
+  CHECK_THROWS_WITH(s.load_step(7), Catch::Contains("fails its CRC-32 check"));
+  // Too large for a slot: refused, naming --state_memory; what was held stays.
+  std::vector<unsigned char> big(s.capacity() + 1);
+  CHECK_THROWS_WITH(s.save(10, {{"big", big.data(), big.size()}}), Catch::Contains("--state_memory"));
+  CHECK(s.steps() == std::vector<std::int64_t>{9, 7});
+}
+
+TEST_CASE("memory state: without an area nothing is saved or loaded; a descriptor that is not one is refused", "[state]") {
+  {
+    MemoryState none;
+    CHECK_FALSE(none.available());
+    float x = 1;
+    none.save(1, {{"x", &x, 4}});
+    CHECK(none.steps().empty());
+    CHECK_FALSE(none.load_step(1));
+  }
+  ::setenv("DDPRUN_STATE_FD", "0", 1);  // stdin: inherited variables, not the memfd
+  ::setenv("DDPRUN_STATE_BYTES", "1048576", 1);
+  CHECK_THROWS_WITH(MemoryState(), Catch::Contains("is not this process's ddprun state area"));
+  ::unsetenv("DDPRUN_STATE_FD");
+  ::unsetenv("DDPRUN_STATE_BYTES");
+}
