@@ -17,8 +17,8 @@ hosts_up 2
 fail=0
 for i in 1 2; do
   start "$i" "h$i" "$ddprun" --nnodes=2 --node_rank=$((i - 1)) --master_addr=h1 --master_port=29400 \
-    --nproc_per_node=1 --hang_floor=2 --hang_stop=5 --events_file="$out/events$i.jsonl" --metrics_port=0 \
-    /usr/bin/python3 -u "$worker" --steps 60 --slow_rank 1 --slow_s 0.3
+    --nproc_per_node=1 --hang_floor=3 --hang_stop=5 --events_file="$out/events$i.jsonl" --metrics_port=0 \
+    /usr/bin/python3 -u "$worker" --steps 90 --slow_rank 1 --slow_s 0.3
 done
 # While the job runs on, h1's metrics count it (read until they do, at most 3 s: the metrics are
 # refreshed on the agent's tick): ddprun_job_stragglers 1.

@@ -83,7 +83,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   void on_hang_cleared(int rank, double after_s) override;
   void on_straggler(const Worker& w, double busy, double others) override;
   void on_pace(const std::map<int, double>& busy) override;
-  void on_job_pace(int attempt, JobPace job);
+  void on_job_pace(int round, JobPace job);
   // The job's ranks named stragglers across nodes now (group rank 0 judges them; 0 elsewhere).
   int job_stragglers() const;
   void on_job_hang_verdict(int seq, std::optional<JobHangVerdict> v, const std::string& error);
@@ -133,8 +133,8 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   int hangs_reported_ = 0;
   std::unique_ptr<HangExchange> exchange_;   // several nodes: one verdict from every node's summary
   std::unique_ptr<PaceExchange> pace_exchange_;  // several nodes: every node's pace, judged at group rank 0
-  PaceJudge job_pace_;                           // there: the job's ranks, this attempt
-  int job_pace_attempt_ = -1;
+  PaceJudge job_pace_;                           // there: the job's ranks, this round
+  int job_pace_round_ = -1;
   std::vector<RankView> verdict_ranks_;      // the ranks the verdict was decided over (every node's)
   int hang_reports_in_attempt_ = 0;          // numbers this node's reports (the exchange's keys)
   int hang_seq_ = 0;                         // +1 per report and per clearing: a stale exchange is dropped

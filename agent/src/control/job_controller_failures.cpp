@@ -94,15 +94,15 @@ void JobController::on_straggler(const Worker& w, double busy, double others) {
 void JobController::on_pace(const std::map<int, double>& busy) {
   if (info_.group_world < 2 || info_.store_host.empty() || info_.store_port == 0) return;
   if (!pace_exchange_) pace_exchange_ = std::make_unique<PaceExchange>(group_.loop());
-  PaceSetup s{info_.store_host, info_.store_port, attempt_, info_.group_rank, info_.group_world, node_name_};
-  pace_exchange_->window(s, busy, [this, attempt = attempt_](JobPace job) { on_job_pace(attempt, std::move(job)); });
+  PaceSetup s{info_.store_host, info_.store_port, round_, info_.group_rank, info_.group_world, node_name_};
+  pace_exchange_->window(s, busy, [this, round = round_](JobPace job) { on_job_pace(round, std::move(job)); });
 }
 
-void JobController::on_job_pace(int attempt, JobPace job) {
-  if (attempt != attempt_ || job.empty()) return;
-  if (job_pace_attempt_ != attempt) {
+void JobController::on_job_pace(int round, JobPace job) {
+  if (round != round_ || job.empty()) return;  // of a round that ended since
+  if (job_pace_round_ != round) {
     job_pace_ = PaceJudge();
-    job_pace_attempt_ = attempt;
+    job_pace_round_ = round;
   }
   std::map<int, double> busy;
   for (const auto& [rank, at] : job) busy[rank] = at.second;
@@ -118,7 +118,7 @@ void JobController::on_job_pace(int attempt, JobPace job) {
 }
 
 int JobController::job_stragglers() const {
-  if (job_pace_attempt_ != attempt_) return 0;
+  if (job_pace_round_ != round_ || info_.group_rank != 0) return 0;
   int n = 0;
   for (int r = 0; r < info_.world_size; ++r) n += job_pace_.straggler(r);
   return n;

@@ -10,8 +10,8 @@
 namespace ddprun::agent {
 namespace {
 
-std::string key(int attempt, int node) {
-  return "ddprun/pace/" + std::to_string(attempt) + "/node/" + std::to_string(node);
+std::string key(int round, int node) {
+  return "ddprun/pace/" + std::to_string(round) + "/node/" + std::to_string(node);
 }
 
 }  // namespace
@@ -25,18 +25,18 @@ void PaceExchange::window(const PaceSetup& s, const std::map<int, double>& busy,
   nlohmann::json shares = nlohmann::json::object();
   for (const auto& [rank, share] : busy) shares[std::to_string(rank)] = share;
   const std::string mine = nlohmann::json{{"seq", ++seq_}, {"host", s.host}, {"busy", shares}}.dump();
-  threads_.run("the pace exchange", [this, s, mine, done = std::move(done)] {
+  auto work = [this, s, mine, done = std::move(done)] {
     JobPace job;
     try {
       rendezvous::TcpStoreOptions o;
       o.host = s.store_host;
       o.port = s.store_port;
-      o.timeout = std::chrono::seconds(5);
+      o.timeout = std::chrono::seconds(2);  // bounds the agent's exit, which joins this thread
       rendezvous::TcpStore store(o);
-      store.set(key(s.attempt, s.node), mine);
+      store.set(key(s.round, s.node), mine);
       if (s.node == 0) {
         std::vector<std::string> keys;
-        for (int n = 0; n < s.nodes; ++n) keys.push_back(key(s.attempt, n));
+        for (int n = 0; n < s.nodes; ++n) keys.push_back(key(s.round, n));
         if (store.check(keys)) {  // every node has written once (a MULTI_GET waits for missing keys)
           const auto values = store.multi_get(keys);
           for (int n = 0; n < s.nodes; ++n) {
@@ -56,7 +56,13 @@ void PaceExchange::window(const PaceSetup& s, const std::map<int, double>& busy,
     }
     running_ = false;
     if (s.node == 0) boost::asio::post(io_, [done, job = std::move(job)]() mutable { done(std::move(job)); });
-  });
+  };
+  try {
+    threads_.run("the pace exchange", std::move(work));
+  } catch (const std::exception& e) {  // no thread to be had: this window is skipped, nothing more
+    running_ = false;
+    spdlog::debug("ddprun: the pace exchange: {}", e.what());
+  }
 }
 
 }  // namespace ddprun::agent

@@ -2,12 +2,14 @@
 // The job's stragglers across nodes (README: Hangs, stragglers). A node sees only its own ranks'
 // pace; with one rank a node, or a slow host, no node can tell its ranks from the others'. So at
 // each pace window every node puts its ranks' busy shares in the workers' store, overwriting its
-// entry, ddprun/pace/ATTEMPT/node/GROUP_RANK = {"seq": N, "host": H, "busy": {"RANK": SHARE}},
+// entry, ddprun/pace/ROUND/node/GROUP_RANK = {"seq": N, "host": H, "busy": {"RANK": SHARE}},
 // and the node of group rank 0 then reads every node's entry at once (one CHECK, one MULTI_GET)
 // and hands on the ranks of the entries written since its last read, with their hosts, to be
-// judged over the whole job (observe/pace_judge.hpp). Per node and window: one SET; group rank 0
-// alone reads the K entries. On a thread of its own (the store client blocks), one window at a
-// time (a window whose last one still runs is skipped); the result is posted to the loop.
+// judged over the whole job (observe/pace_judge.hpp). Per node and window: a connection to the
+// store and one SET; group rank 0 alone reads the K entries. The whole job is judged only once
+// every node has written (a node whose ranks never make steps leaves it to each node's own
+// check). On a thread of its own (the store client blocks, at most 2 s a request), one window at
+// a time (a window whose last one still runs is skipped); the result is posted to the loop.
 
 #include <atomic>
 #include <chrono>
@@ -29,7 +31,7 @@ namespace ddprun::agent {
 struct PaceSetup {
   std::string store_host;  // the workers' store
   std::uint16_t store_port = 0;
-  int attempt = 0;
+  int round = 0;
   int node = 0;   // this node's group rank
   int nodes = 1;  // the round's nodes
   std::string host;  // this node's name, for the message

@@ -86,6 +86,7 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   inspection.reset();
   inspect_timer.cancel();
   pace_due = SteadyClock::now() + std::max(opt.hang.floor, std::chrono::milliseconds(1000));
+  pace = PaceJudge();  // a new group's ranks start their runs afresh
   unread_python.clear();
   swept = false;
   for (auto& spec : specs) {
