@@ -3,7 +3,7 @@
 agent makes it stands in for the rank's area. Round trips of every kind of value, a save left
 uncommitted, a corrupted slot, a save too large, copy-on-write loads, loaded tensors kept when
 their slot is written again, the optimizer fence (with an LR scheduler made after the import),
-and a DDPRUN_STATE_FD that is not an area.
+a native trainer's state (refused), and a DDPRUN_STATE_FD that is not an area.
 
 Usage: state_format_test.py PACKAGE_DIR (where the `ddprun` package is: build/share/ddprun/python)"""
 import fcntl
@@ -115,6 +115,18 @@ def too_large_and_fence(st):
     check(st._pending is None and st.stats()["saves"] >= 6, "... also when stepped through an LR scheduler's wrapper")
 
 
+def native_state(st):
+    # A native trainer's state (ddprun::runtime::MemoryState: its skeleton is not a pickle) in
+    # the area: refused with a clear error, not unpickled.
+    newest = st._area.committed()[0]
+    st._write(st._area, 1 - newest[2], newest[0] + 1, 9, b"DDPRUNN1" + bytes(4), [], 0)
+    try:
+        st.load()
+        check(False, "a native trainer's state raises StateError")
+    except st.StateError as e:
+        check("native trainer" in str(e), f"a native trainer's state raises StateError: {e}")
+
+
 def not_an_area():
     # A descriptor that is not an area (a subprocess that inherited the variables, not the memfd).
     code = ("import warnings, ddprun.state as s; warnings.simplefilter('always'); "
@@ -136,6 +148,7 @@ def main():
     held, want = round_trips(st)
     slots(st, held, want)
     too_large_and_fence(st)
+    native_state(st)
     not_an_area()
     print(f"{len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)

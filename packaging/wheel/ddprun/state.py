@@ -47,6 +47,7 @@ import zlib
 __all__ = ["save", "load", "wait", "steps", "available", "capacity", "stats", "StateError", "StateTooLarge"]
 
 _MAGIC = b"DDPRUNST"
+_NATIVE = b"DDPRUNN1"  # a native trainer's skeleton (ddprun/runtime/memory_state.hpp), not a pickle
 _VERSION = 1
 _SLOTS = 2
 _PAGE = mmap.PAGESIZE
@@ -418,6 +419,9 @@ def load(verify=True):
         if verify and not _verified(payload, chunk, crcs):
             raise StateError(f"ddprun.state.load: the state of step {step} fails its CRC-32 check (memory written "
                              f"outside ddprun.state?); not loading it")
+        if bytes(payload[:8]) == _NATIVE:
+            raise StateError(f"ddprun.state.load: the state of step {step} was saved by a native trainer "
+                             f"(ddprun::runtime::MemoryState), not by ddprun.state; not loading it")
         refs = []
         obj = _Unpickler(payload[:skel], private, _PAGE + _align(skel), refs).load()
     finally:
