@@ -46,7 +46,7 @@ install(FILES ${PROJECT_BINARY_DIR}/ddprunConfig.cmake ${PROJECT_BINARY_DIR}/ddp
 # ---- pkg-config ---------------------------------------------------------------------------------
 # No CUDA or NCCL here even with the nccl backend: ddprun::runtime loads its NCCL plugin (the
 # one part that links them) at run time, so programs on gloo run where CUDA is not installed.
-set(DDPRUN_PC_PRIVATE_LIBS "-lgloo -lcrypto -lpthread -ldl")
+set(DDPRUN_PC_PRIVATE_LIBS "-lgloo -lcrypto -lz -lpthread -ldl")
 if(DDPRUN_WITH_NCCL)
   set(DDPRUN_PC_NCCL_PLUGIN "\${libdir}/${DDPRUN_NCCL_PLUGIN_NAME}")
 else()
@@ -128,7 +128,7 @@ set(CPACK_DEBIAN_DEV_DESCRIPTION "ddprun's worker runtime for native trainers (d
  rendezvous store client, with a CMake package (find_package(ddprun)) and pkg-config.")
 set(_dev_depends "ddprun (= ${PROJECT_VERSION})")
 if(NOT BUILD_SHARED_LIBS)
-  string(APPEND _dev_depends ", libgloo-dev, libspdlog-dev, libfmt-dev, libssl-dev")
+  string(APPEND _dev_depends ", libgloo-dev, libspdlog-dev, libfmt-dev, libssl-dev, zlib1g-dev")
 else()
   set(CPACK_DEBIAN_DEV_PACKAGE_SHLIBDEPS ON)
 endif()

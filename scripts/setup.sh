@@ -19,6 +19,7 @@ build_packages=(
   libboost1.81-dev libboost-program-options1.81-dev
   libspdlog-dev libfmt-dev catch2 libgloo-dev nlohmann-json3-dev
   libssl-dev                   # OpenSSL: HMAC-SHA256 for the store handshake, TLS to etcd
+  zlib1g-dev                   # zlib's CRC-32: the in-memory state's checks (ddprun::runtime::MemoryState)
   libdw-dev                    # ddprun-stack: native stacks of hung workers without eu-stack or gdb
   libbz2-dev                   # libbz2.a: libdw's static link (libdw-dev brings libelf's, zlib's and
                                # liblzma's archives, not this one); without it ddprun-stack loads libdw

@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <boost/crc.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <tuple>
+#include <zlib.h>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/runtime/process_group.hpp"
@@ -47,10 +47,15 @@ void write_at(unsigned char* p, T v) {
   std::memcpy(p, &v, sizeof(T));
 }
 
-std::uint32_t crc32(const unsigned char* p, std::size_t n) {
-  boost::crc_32_type c;
-  c.process_bytes(p, n);
-  return c.checksum();
+// zlib's CRC-32 (as Python's zlib.crc32), over sizes beyond its uInt.
+std::uint32_t checksum(const unsigned char* p, std::size_t n) {
+  uLong c = ::crc32(0L, Z_NULL, 0);
+  for (std::size_t done = 0; done < n;) {
+    const auto part = static_cast<uInt>(std::min<std::size_t>(n - done, 1u << 30));
+    c = ::crc32(c, p + done, part);
+    done += part;
+  }
+  return static_cast<std::uint32_t>(c);
 }
 
 struct SlotHeader {
@@ -195,7 +200,7 @@ void MemoryState::save(std::int64_t step, const std::vector<StateBuffer>& buffer
   const std::uint64_t total = align(skeleton.size()) + data;
   h.chunk = chunk_bytes(total);
   for (std::uint64_t i = 0; i < total; i += h.chunk, ++h.chunks) {
-    write_at(base + kSlotHeaderBytes + 4 * h.chunks, crc32(payload + i, std::min<std::uint64_t>(h.chunk, total - i)));
+    write_at(base + kSlotHeaderBytes + 4 * h.chunks, checksum(payload + i, std::min<std::uint64_t>(h.chunk, total - i)));
   }
   write_slot_header(base, h);  // commit 0 still
   h.commit = gen;
@@ -217,7 +222,7 @@ std::optional<MemoryState::Loaded> MemoryState::load_step(std::int64_t step) con
     const std::uint64_t total = align(h.skel) + h.data;
     std::uint32_t n = 0;
     for (std::uint64_t i = 0; i < total; i += h.chunk, ++n) {
-      if (n >= h.chunks || crc32(payload + i, std::min<std::uint64_t>(h.chunk, total - i)) !=
+      if (n >= h.chunks || checksum(payload + i, std::min<std::uint64_t>(h.chunk, total - i)) !=
                                read_at<std::uint32_t>(base + kSlotHeaderBytes + 4 * n)) {
         throw Error("ddprun state: the state of step " + std::to_string(step) +
                     " fails its CRC-32 check (memory written outside MemoryState?); not loading it");

@@ -80,7 +80,7 @@ TEST_CASE("memory state: saves alternate between two slots, the newest two steps
   CHECK(next.steps() == std::vector<std::int64_t>{2, 1});
 }
 
-TEST_CASE("memory state: a save killed midway leaves the previous state whole; a flipped byte fails the CRC-32; too large is refused", "[state]") {
+TEST_CASE("memory state: a save killed midway leaves the previous state whole, a flipped byte fails the CRC-32, too large is refused", "[state]") {
   const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   Area area(1 << 20);
   MemoryState s;
@@ -104,7 +104,7 @@ TEST_CASE("memory state: a save killed midway leaves the previous state whole; a
   CHECK(s.steps() == std::vector<std::int64_t>{9, 7});
 }
 
-TEST_CASE("memory state: without an area nothing is saved or loaded; a descriptor that is not one is refused", "[state]") {
+TEST_CASE("memory state: without an area nothing is saved or loaded, and a descriptor that is not one is refused", "[state]") {
   {
     MemoryState none;
     CHECK_FALSE(none.available());
