@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <tuple>
@@ -102,25 +103,34 @@ MemoryState::MemoryState() {
   const char* fd_text = std::getenv("DDPRUN_STATE_FD");
   const char* size_text = std::getenv("DDPRUN_STATE_BYTES");
   if (!fd_text || !*fd_text) return;
-  const std::string where = std::string("DDPRUN_STATE_FD=") + fd_text;
+  // A process that inherited the variables but not the descriptor (a subprocess, a nested
+  // launcher) must not write into whatever file now has that number: it says so, once, and
+  // goes on without a state, as ddprun.state does.
+  auto refuse = [&](const std::string& why) {
+    std::fprintf(stderr, "ddprun state: DDPRUN_STATE_FD=%s is not this process's state area (%s); no in-memory state\n",
+                 fd_text, why.c_str());
+  };
   char* end = nullptr;
   const long fd = std::strtol(fd_text, &end, 10);
   const unsigned long long size = size_text ? std::strtoull(size_text, nullptr, 10) : 0;
-  // A process that inherited the variables but not the descriptor must not write into whatever
-  // file now has that number.
   char link[256] = {};
   const std::string proc = "/proc/self/fd/" + std::to_string(fd);
   const ssize_t n = *end == '\0' ? ::readlink(proc.c_str(), link, sizeof(link) - 1) : -1;
   if (n <= 0 || std::string(link, static_cast<std::size_t>(n)).rfind("/memfd:ddprun-state-", 0) != 0) {
-    throw Error(where + " is not this process's ddprun state area (not started by ddprun, or a descriptor not inherited)");
+    refuse("not ddprun's memfd");
+    return;
   }
   struct stat st {};
   if (::fstat(static_cast<int>(fd), &st) != 0 || static_cast<unsigned long long>(st.st_size) != size ||
       size < 4 * page()) {
-    throw Error(where + ": its size is not DDPRUN_STATE_BYTES (" + (size_text ? size_text : "") + ")");
+    refuse(std::string("its size is not DDPRUN_STATE_BYTES=") + (size_text ? size_text : ""));
+    return;
   }
   void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, static_cast<int>(fd), 0);
-  if (m == MAP_FAILED) throw Error(where + ": mmap: " + std::strerror(errno));
+  if (m == MAP_FAILED) {
+    refuse(std::string("mmap: ") + std::strerror(errno));
+    return;
+  }
   map_ = static_cast<unsigned char*>(m);
   size_ = size;
   slot_bytes_ = (size - page()) / kSlots / page() * page();

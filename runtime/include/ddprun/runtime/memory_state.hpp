@@ -31,8 +31,9 @@ struct StateBuffer {
 class MemoryState {
  public:
   // This rank's area (DDPRUN_STATE_FD, DDPRUN_STATE_BYTES). Without one (not started by ddprun,
-  // or ddprun --no_state), available() is false, save() does nothing and load() finds nothing.
-  // Throws ddprun::Error when the variables name something that is not ddprun's state area.
+  // or ddprun --no_state), available() is false, save() does nothing and load() finds nothing;
+  // so too, after one line on stderr, where the variables name something that is not ddprun's
+  // state area (a process that inherited them, not the descriptor).
   MemoryState();
   ~MemoryState();
   MemoryState(const MemoryState&) = delete;
