@@ -440,8 +440,13 @@ TEST_CASE("controller: a hang's detection is the worker's silence, --worker_star
   Job j(o);
   j.ctl->start();
   j.ready(0, 0, 2);
-  j.group->check_heartbeats(std::chrono::steady_clock::now() + 31s);  // never beat: hung at start-up
-  j.run_until([&] { return j.rdzv.ends.size() == 1; });  // after the report (every stack read)
+  // Never beat: hung at start-up. Across nodes the silence is first held against the workers'
+  // store's count of saves (a read; none here answers: nobody saves), so a later check reports it.
+  const auto later = std::chrono::steady_clock::now() + 31s;
+  j.run_until([&] {
+    j.group->check_heartbeats(later);
+    return j.rdzv.ends.size() == 1;  // after the report (every stack read)
+  });
   REQUIRE(j.rdzv.ends.size() == 1);
   CHECK(ddprun::rounds::round_end_json(j.written(0)).find("\"silent_s\":31") != std::string::npos);
   j.over(0, j.written(0));

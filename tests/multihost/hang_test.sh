@@ -6,8 +6,9 @@
 # its own ranks, puts their summary in the workers' store, and one gathers them: both nodes must
 # print the same job-wide verdict, naming rank R and its host, the node holding rank R its stack,
 # and both end 124, their failure summaries naming rank R as the root cause. Run with the stuck
-# rank on h1 (rank 1), and on h2 (rank 3) after a false alarm (a 7 s save on rank 0 at step 8,
-# reported and cleared on both nodes), the two jobs side by side: each report's verdict is its own.
+# rank on h1 (rank 1), and on h2 (rank 3) after a 7 s save on rank 0 at step 8 (longer than the
+# 3 s floor): h1 knows its rank saves, h2 reads the workers' store's count of saves before it
+# reports its silent ranks, so neither takes the save for a hang. The two jobs side by side.
 # Usage: hang_test.sh DDPRUN
 set -u
 ddprun=$1
@@ -64,5 +65,11 @@ port=29401
 start_case 3 --at 40 --save_at 8 --save_s 7
 check_case 1 h1 29400
 check_case 3 h2 29401 --at 40 --save_at 8 --save_s 7
-grep -q "made progress again" "$out/r3p29401h1.err" || { echo "FAILED: the save was not reported and cleared"; fail=1; }
+if grep -q "rank 0 is saving a checkpoint" "$out/r3p29401h1.err" &&
+  grep -q "a rank of another node is saving a checkpoint" "$out/r3p29401h2.err" &&
+  ! grep -q "made progress again" "$out/r3p29401h1.err" "$out/r3p29401h2.err"; then
+  echo "ok: the 7 s save on h1 was taken for a hang on neither node"
+else
+  echo "FAILED: the save on h1 was reported as a hang, or not seen saving on both nodes"; fail=1
+fi
 exit $fail

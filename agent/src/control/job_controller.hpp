@@ -37,6 +37,7 @@
 #include "containment/fence_state.hpp"
 #include "control/hang_exchange.hpp"
 #include "control/pace_exchange.hpp"
+#include "control/saving_exchange.hpp"
 #include "control/recovery_clock.hpp"
 #include "observe/failure_report.hpp"
 #include "observe/pace_judge.hpp"
@@ -83,6 +84,8 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   void on_hang_cleared(int rank, double after_s) override;
   void on_straggler(const Worker& w, double busy, double others) override;
   void on_pace(const std::map<int, double>& busy) override;
+  void on_saving(bool saving) override;
+  std::optional<bool> others_saving() override;
   void on_job_pace(int round, JobPace job);
   // The job's ranks named stragglers across nodes now (group rank 0 judges them; 0 elsewhere).
   int job_stragglers() const;
@@ -133,6 +136,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   int hangs_reported_ = 0;
   std::unique_ptr<HangExchange> exchange_;   // several nodes: one verdict from every node's summary
   std::unique_ptr<PaceExchange> pace_exchange_;  // several nodes: every node's pace, judged at group rank 0
+  std::unique_ptr<SavingExchange> saves_;        // several nodes: who is in torch.save (the store's counter)
   PaceJudge job_pace_;                           // there: the job's ranks, this round
   int job_pace_round_ = -1;
   std::vector<RankView> verdict_ranks_;      // the ranks the verdict was decided over (every node's)

@@ -361,7 +361,10 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
     }
     return;
   }
-  if (const Slot* saver = nodes == 1 ? saving(now) : nullptr) {
+  const Slot* saver = saving(now);
+  if ((saver != nullptr) != told_saving && nodes > 1) listener->on_saving(saver != nullptr);
+  told_saving = saver != nullptr;
+  if (saver) {
     // The others wait for it in a collective: their silence is not a hang while it saves.
     if (saver->w.spec.local_rank != logged_saver) {
       spdlog::info("ddprun: rank {} is saving a checkpoint (torch.save); the other ranks' silence is not taken "
@@ -376,12 +379,27 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
     if (!w.running() || w.standing != Standing::own || w.spec.heartbeat_file.empty()) continue;
     auto bound = s->hb.bound(opt.hang);
     if (bound.count() <= 0 || s->hb.silent(now) <= bound) continue;
+    if (nodes > 1) {
+      // A rank of another node in torch.save: this node's ranks wait for it (asked only now, at
+      // a silence: one request a check while it lasts).
+      const auto remote = listener->others_saving();
+      if (!remote) return;
+      if (*remote) {
+        if (!logged_remote) {
+          spdlog::info("ddprun: a rank of another node is saving a checkpoint (torch.save); this node's ranks' "
+                       "silence is not taken for a hang until it ends");
+        }
+        logged_remote = true;
+        return;
+      }
+    }
     hang = Hang{w.spec.local_rank, s->hb.last(), now, silence_reason(*s, now), false, std::nullopt};
     w.silent_s = secs(s->hb.silent(now));
     spdlog::warn("ddprun: rank {} (pid {}) looks hung: {}; reading every rank's stack", w.spec.rank, w.pid, hang->reason);
     inspect();
     return;
   }
+  logged_remote = false;  // nobody silent: a later save is said again
 }
 
 void WorkerGroup::Impl::maybe_ended() {

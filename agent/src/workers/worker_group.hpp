@@ -118,6 +118,12 @@ class WorkerGroup {
     // Each pace window (the hang floor, at least 1 s): the share of a core each rank's main
     // thread used, of the ranks that made steps in it (for the job's stragglers across nodes).
     virtual void on_pace(const std::map<int, double>& busy) { (void)busy; }
+    // Across nodes: a rank of this node started (true) or ended (false) a torch.save.
+    virtual void on_saving(bool saving) { (void)saving; }
+    // Across nodes, before a silent rank is reported: whether a rank of another node is saving
+    // (then the silence is its wait, not a hang); nullopt while the answer is being fetched (the
+    // next check asks again).
+    virtual std::optional<bool> others_saving() { return false; }
   };
   struct Options {
     HangRule hang;  // heartbeats (heartbeat.hpp); off by default
@@ -158,8 +164,8 @@ class WorkerGroup {
   void kill_now();
   // Passes `sig` on to every running worker without stopping the group (SIGUSR1, ...).
   void forward(int sig);
-  // The round's nodes (1 by default). A rank in torch.save pauses the hang watch only on a job of
-  // one node: across nodes, every node must count a silence as the others do (hang_exchange.hpp).
+  // The round's nodes (1 by default). A rank in torch.save pauses the hang watch on its node and,
+  // across nodes, on every node that asks (Listener::others_saving) before it reports a silence.
   void set_nodes(int nodes);
   // Checks the heartbeat files (the group's timer calls this; tests call it with their own clock).
   void check_heartbeats(std::chrono::steady_clock::time_point now);
