@@ -84,7 +84,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   void on_hang_cleared(int rank, double after_s) override;
   void on_straggler(const Worker& w, double busy, double others) override;
   void on_pace(const std::map<int, double>& busy) override;
-  void on_saving(bool saving) override;
+  void on_saving() override;
   std::optional<bool> others_saving() override;
   void on_job_pace(int round, JobPace job);
   // The job's ranks named stragglers across nodes now (group rank 0 judges them; 0 elsewhere).

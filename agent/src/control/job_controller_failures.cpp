@@ -98,13 +98,13 @@ void JobController::on_pace(const std::map<int, double>& busy) {
   pace_exchange_->window(s, busy, [this, round = round_](JobPace job) { on_job_pace(round, std::move(job)); });
 }
 
-// Saves across nodes (control/saving_exchange.hpp): a rank of this node in torch.save is counted
-// in the workers' store, and this node's silent ranks are not reported while another node's is.
-void JobController::on_saving(bool saving) {
+// Saves across nodes (control/saving_exchange.hpp): a rank of this node in torch.save beats a
+// count in the workers' store, and this node's silent ranks are not reported while another's does.
+void JobController::on_saving() {
   if (info_.group_world < 2 || info_.store_host.empty() || info_.store_port == 0) return;
   if (!saves_) saves_ = std::make_unique<SavingExchange>(group_.loop());
   saves_->use(info_.store_host, info_.store_port, round_);
-  saves_->saving(saving);
+  saves_->saving();
 }
 
 std::optional<bool> JobController::others_saving() {

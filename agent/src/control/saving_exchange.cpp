@@ -6,6 +6,13 @@
 #include "ddprun/rendezvous/tcp_store.hpp"
 
 namespace ddprun::agent {
+namespace {
+
+constexpr auto kBeat = std::chrono::seconds(2);
+constexpr auto kReadApart = std::chrono::milliseconds(2500);
+constexpr auto kMoved = std::chrono::seconds(5);
+
+}  // namespace
 
 SavingExchange::SavingExchange(boost::asio::io_context& io) : io_(io), thread_([this] { run(); }) {}
 
@@ -15,39 +22,46 @@ SavingExchange::~SavingExchange() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();  // at most the request in flight: 2 s
+  thread_.join();  // at most the request in flight
 }
 
 void SavingExchange::use(const std::string& host, std::uint16_t port, int round) {
   if (host == host_ && port == port_ && round == round_) return;
   host_ = host, port_ = port, round_ = round;
-  answer_.reset();
+  count_.reset();
+  failed_ = false;
 }
 
-void SavingExchange::saving(bool on) {
-  if (host_.empty()) return;
+void SavingExchange::queue(int delta) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    ops_.push_back({host_, port_, round_, on ? 1 : -1});
+    ops_.push_back({host_, port_, round_, delta});
   }
   cv_.notify_all();
 }
 
+void SavingExchange::saving() {
+  const auto now = Clock::now();
+  if (host_.empty() || now - beat_at_ < kBeat) return;
+  beat_at_ = now;
+  queue(1);
+}
+
 std::optional<bool> SavingExchange::others() {
   if (host_.empty()) return false;
-  if (answer_ && std::chrono::steady_clock::now() - answered_at_ < std::chrono::seconds(1)) return answer_;
-  if (!reading_) {
+  const auto now = Clock::now();
+  if (!reading_ && (!count_ || now - read_at_ >= kReadApart)) {
     reading_ = true;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      ops_.push_back({host_, port_, round_, 0});
-    }
-    cv_.notify_all();
+    queue(0);
   }
-  return std::nullopt;
+  if (failed_) return false;
+  if (!count_ || moved_at_ == Clock::time_point{}) return std::nullopt;  // read once: not known yet
+  return now - moved_at_ < kMoved;
 }
 
 void SavingExchange::run() {
+  std::unique_ptr<rendezvous::TcpStore> store;
+  std::string at;
   for (;;) {
     Op op;
     {
@@ -57,24 +71,40 @@ void SavingExchange::run() {
       op = ops_.front();
       ops_.pop_front();
     }
-    std::int64_t count = 0;
+    std::optional<std::int64_t> count;
     try {
-      rendezvous::TcpStoreOptions o;
-      o.host = op.host;
-      o.port = op.port;
-      o.timeout = std::chrono::seconds(2);
-      rendezvous::TcpStore store(o);
-      count = store.add("ddprun/saving/" + std::to_string(op.round), op.delta);
+      const std::string where = op.host + ":" + std::to_string(op.port);
+      if (!store || at != where) {
+        store.reset();
+        rendezvous::TcpStoreOptions o;
+        o.host = op.host;
+        o.port = op.port;
+        o.timeout = std::chrono::seconds(2);
+        store = std::make_unique<rendezvous::TcpStore>(o);
+        at = where;
+      }
+      count = store->add("ddprun/saving/" + std::to_string(op.round), op.delta);
     } catch (const std::exception& e) {
-      spdlog::debug("ddprun: the saves' counter in the workers' store: {}", e.what());
-      count = 0;  // unknown: nobody is taken to be saving, so that a hang is still found
+      spdlog::debug("ddprun: the saves' count in the workers' store: {}", e.what());
+      store.reset();  // a new connection next time
     }
     if (op.delta != 0) continue;
     boost::asio::post(io_, [this, round = op.round, count] {
       reading_ = false;
       if (round != round_) return;
-      answer_ = count > 0;
-      answered_at_ = std::chrono::steady_clock::now();
+      const auto now = Clock::now();
+      failed_ = !count;
+      if (count) {
+        if (!count_) {
+          moved_at_ = {};  // the first read: whether it moves is seen at the next
+        } else if (*count != *count_) {
+          moved_at_ = now;
+        } else if (moved_at_ == Clock::time_point{}) {
+          moved_at_ = now - kMoved;  // read twice, unmoved: nobody is saving
+        }
+        count_ = count;
+        read_at_ = now;
+      }
     });
   }
 }

@@ -1,17 +1,19 @@
 #pragma once
 // Saves across nodes (docs/usage.md: Hangs). While a rank is in torch.save, the ranks of the
 // other nodes wait for it in a collective, silent, and each of their nodes would take that for a
-// hang. So the saver's node adds 1 to ddprun/saving/ROUND in the workers' store as the save
-// starts and takes it back as it ends, and a node that finds its ranks silent reads the counter
-// before it reports them: one request a check, only while they are silent. The requests run on a
-// thread of their own, in order (an end never overtakes its start), each bounded at 2 s; a read's
-// answer is posted to the loop. A store that cannot be reached answers "nobody is saving", so that
-// a hang is still found.
+// hang. So while a rank of a node saves, its node adds 1 to ddprun/saving/ROUND in the workers'
+// store every 2 s (a beat, not a flag: nothing is left set by a node that died mid-save or a
+// request that failed), and a node that finds its ranks silent reads the count before it reports
+// them: someone is saving while the count moved within the last 5 s. It reads twice, 2.5 s apart,
+// before it knows; a read that fails answers "nobody is saving", so that a hang is still found.
+// The requests run in order on a thread of their own, over one connection, each bounded at 2 s;
+// a read's answer is posted to the loop.
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -25,17 +27,17 @@ namespace ddprun::agent {
 
 class SavingExchange {
  public:
+  using Clock = std::chrono::steady_clock;
   explicit SavingExchange(boost::asio::io_context& io);
   ~SavingExchange();
   SavingExchange(const SavingExchange&) = delete;
   SavingExchange& operator=(const SavingExchange&) = delete;
 
-  // The round's workers' store (a new round: a new counter). On the loop, as are the others.
+  // The round's workers' store (a new round: a new count). On the loop, as are the others.
   void use(const std::string& host, std::uint16_t port, int round);
-  // A rank of this node started (true) or ended (false) a save.
-  void saving(bool on);
-  // Whether a rank of another node is saving, as read within the last second; nullopt while it
-  // is being read.
+  // A rank of this node is saving now (called at each check while it does): a beat every 2 s.
+  void saving();
+  // Whether a rank of another node is saving; nullopt until the count has been read twice.
   std::optional<bool> others();
 
  private:
@@ -43,16 +45,20 @@ class SavingExchange {
     std::string host;
     std::uint16_t port;
     int round;
-    int delta;  // +1, -1, or 0: read
+    int delta;  // 1: a beat, 0: a read
   };
   void run();
+  void queue(int delta);
 
   boost::asio::io_context& io_;
   std::string host_;
   std::uint16_t port_ = 0;
   int round_ = -1;
-  std::optional<bool> answer_;
-  std::chrono::steady_clock::time_point answered_at_{};
+  Clock::time_point beat_at_{};
+  // Reads: the count last read, when it was read, when it was last seen to move.
+  std::optional<std::int64_t> count_;
+  Clock::time_point read_at_{}, moved_at_{};
+  bool failed_ = false;  // the last read did not get through: nobody is taken to be saving
   bool reading_ = false;
 
   std::mutex mu_;

@@ -362,8 +362,7 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
     return;
   }
   const Slot* saver = saving(now);
-  if ((saver != nullptr) != told_saving && nodes > 1) listener->on_saving(saver != nullptr);
-  told_saving = saver != nullptr;
+  if (saver && nodes > 1) listener->on_saving();
   if (saver) {
     // The others wait for it in a collective: their silence is not a hang while it saves.
     if (saver->w.spec.local_rank != logged_saver) {

@@ -118,8 +118,8 @@ class WorkerGroup {
     // Each pace window (the hang floor, at least 1 s): the share of a core each rank's main
     // thread used, of the ranks that made steps in it (for the job's stragglers across nodes).
     virtual void on_pace(const std::map<int, double>& busy) { (void)busy; }
-    // Across nodes: a rank of this node started (true) or ended (false) a torch.save.
-    virtual void on_saving(bool saving) { (void)saving; }
+    // Across nodes: a rank of this node is in torch.save now (told at each check while it is).
+    virtual void on_saving() {}
     // Across nodes, before a silent rank is reported: whether a rank of another node is saving
     // (then the silence is its wait, not a hang); nullopt while the answer is being fetched (the
     // next check asks again).

@@ -179,7 +179,6 @@ struct WorkerGroup::Impl {
   // The rank in torch.save now (heartbeat.hpp), if one is; nobody is taken for hung meanwhile.
   const Slot* saving(SteadyClock::time_point now) const;
   int logged_saver = -1;  // the local rank whose save was announced
-  bool told_saving = false;    // the listener knows this node has a rank saving
   bool logged_remote = false;  // "a rank of another node is saving" was said
   int nodes = 1;          // the round's (set_nodes)
   // Once a window (--hang_floor): each worker's busy share; a straggler is named once.
