@@ -14,6 +14,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/runtime/process_group.hpp"
+#include "host_gather.hpp"
 
 // The area's layout is ddprun.state's (packaging/wheel/ddprun/state.py), byte for byte:
 //   header (a page): magic "DDPRUNST", u32 version 1, u32 slots 2, u64 slot bytes,
@@ -212,9 +213,8 @@ void MemoryState::save(std::int64_t step, const std::vector<StateBuffer>& buffer
   for (std::uint64_t i = 0; i < total; i += h.chunk, ++h.chunks) {
     write_at(base + kSlotHeaderBytes + 4 * h.chunks, checksum(payload + i, std::min<std::uint64_t>(h.chunk, total - i)));
   }
-  write_slot_header(base, h);  // commit 0 still
   h.commit = gen;
-  write_slot_header(base, h);  // the commit, last
+  write_slot_header(base, h);  // its fields, then the commit word, last
   std::atomic_thread_fence(std::memory_order_seq_cst);
   std::memcpy(map_, kAreaMagic, 8);
   write_at(map_ + 8, kVersion);
@@ -270,20 +270,7 @@ std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group) {
   auto held = steps();
   held.resize(2, -1);
   const auto world = static_cast<std::size_t>(group.size());
-  std::vector<std::int64_t> every(2 * world);
-  void* in = group.allocate(2 * sizeof(std::int64_t));
-  void* out = group.allocate(every.size() * sizeof(std::int64_t));
-  try {
-    group.copy_to_device(in, held.data(), 2 * sizeof(std::int64_t));
-    group.all_gather(in, out, 2, DataType::kInt64);
-    group.copy_to_host(every.data(), out, every.size() * sizeof(std::int64_t));
-  } catch (...) {
-    group.deallocate(in);
-    group.deallocate(out);
-    throw;
-  }
-  group.deallocate(in);
-  group.deallocate(out);
+  const auto every = all_gather_on_host(group, held);
   // Every rank decides over the same gathered steps, so all agree.
   std::int64_t agreed = -1;
   for (std::int64_t s : every) {

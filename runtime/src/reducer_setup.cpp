@@ -5,6 +5,7 @@
 #include <string>
 
 #include "ddprun/common/error.hpp"
+#include "host_gather.hpp"
 
 namespace ddprun::runtime {
 namespace {
@@ -43,20 +44,7 @@ void agree_on_parameters(ProcessGroup& group, const std::vector<ParameterSpec>& 
   const int n = group.size();
   if (n == 1) return;
   Summary mine = summarize(params);
-  std::int64_t in[3] = {mine.params, mine.elements, mine.hash};
-  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(n));
-  // Through the group's own memory (device memory on nccl).
-  const std::size_t bytes = sizeof(in) * static_cast<std::size_t>(n);
-  char* buf = static_cast<char*>(group.allocate(sizeof(in) + bytes));
-  try {
-    group.copy_to_device(buf, in, sizeof(in));
-    group.all_gather(buf, buf + sizeof(in), 3, DataType::kInt64);
-    group.copy_to_host(all.data(), buf + sizeof(in), bytes);
-  } catch (...) {
-    group.deallocate(buf);
-    throw;
-  }
-  group.deallocate(buf);
+  const auto all = all_gather_on_host(group, {mine.params, mine.elements, mine.hash});
   std::vector<std::pair<Summary, std::string>> kinds;  // summary, its ranks
   for (int r = 0; r < n; ++r) {
     Summary s{all[3 * r], all[3 * r + 1], all[3 * r + 2]};
