@@ -99,6 +99,9 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   void on_waiting_for_place() override;
 
  private:
+  // Several nodes in the round, and the workers' store they share (for the exchanges across nodes).
+  bool across_nodes() const { return info_.group_world > 1 && !info_.store_host.empty() && info_.store_port != 0; }
+  SavingExchange& saves();  // the round's
   void enter(Phase p);
   void join(int round, int restart_count);
   void start_workers();

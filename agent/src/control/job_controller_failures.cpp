@@ -34,7 +34,7 @@ void JobController::on_hang_report(const HangReport& report) {
   ++hangs_reported_;
   ++hang_reports_in_attempt_;
   const int seq = ++hang_seq_;
-  const bool several = info_.group_world > 1 && !info_.store_host.empty() && info_.store_port != 0;
+  const bool several = across_nodes();
   write_to_console(format_hang_report(*verdict_, ranks, node_name_, report.reason, report.files, report.stop_in,
                                       report.rank, several));
   if (several) {
@@ -92,7 +92,7 @@ void JobController::on_straggler(const Worker& w, double busy, double others) {
 // store, and group rank 0 judges the job's ranks over every node's: a straggler that no node can
 // see among its own ranks (one rank a node, a slow host) is named there.
 void JobController::on_pace(const std::map<int, double>& busy) {
-  if (info_.group_world < 2 || info_.store_host.empty() || info_.store_port == 0) return;
+  if (!across_nodes()) return;
   if (!pace_exchange_) pace_exchange_ = std::make_unique<PaceExchange>(group_.loop());
   PaceSetup s{info_.store_host, info_.store_port, round_, info_.group_rank, info_.group_world, node_name_};
   pace_exchange_->window(s, busy, [this, round = round_](JobPace job) { on_job_pace(round, std::move(job)); });
@@ -101,17 +101,15 @@ void JobController::on_pace(const std::map<int, double>& busy) {
 // Saves across nodes (control/saving_exchange.hpp): a rank of this node in torch.save beats a
 // count in the workers' store, and this node's silent ranks are not reported while another's does.
 void JobController::on_saving() {
-  if (info_.group_world < 2 || info_.store_host.empty() || info_.store_port == 0) return;
-  if (!saves_) saves_ = std::make_unique<SavingExchange>(group_.loop());
-  saves_->use(info_.store_host, info_.store_port, round_);
-  saves_->saving();
+  if (across_nodes()) saves().saving();
 }
 
-std::optional<bool> JobController::others_saving() {
-  if (info_.group_world < 2 || info_.store_host.empty() || info_.store_port == 0) return false;
+std::optional<bool> JobController::others_saving() { return across_nodes() ? saves().others() : false; }
+
+SavingExchange& JobController::saves() {
   if (!saves_) saves_ = std::make_unique<SavingExchange>(group_.loop());
   saves_->use(info_.store_host, info_.store_port, round_);
-  return saves_->others();
+  return *saves_;
 }
 
 void JobController::on_job_pace(int round, JobPace job) {
