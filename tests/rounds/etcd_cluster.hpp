@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "e2e/http_client.hpp"
 #include "etcd_client.hpp"
 
 namespace ddprun::rounds::testing {
@@ -54,27 +55,6 @@ inline bool listening(std::uint16_t port, std::chrono::steady_clock::time_point 
     backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
   }
   return false;
-}
-
-// GET /metrics from 127.0.0.1:port (plain HTTP/1.0: the answer ends with the connection).
-inline std::string get_metrics(std::uint16_t port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  std::string out;
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
-      char buf[65536];
-      for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, static_cast<std::size_t>(n));
-    }
-  }
-  ::close(fd);
-  return out;
 }
 
 // The members' TLS: their certificate and key (for clients and peers) and the CA they trust.
@@ -201,7 +181,8 @@ class EtcdCluster {
   std::map<std::string, double> requests() const {
     std::map<std::string, double> by;
     for (auto port : clients_) {
-      std::istringstream in(get_metrics(port));
+      // HTTP/1.0: the answer ends with the connection, and is not chunked (etcd's is, to 1.1).
+      std::istringstream in(ddprun::test::http_raw(port, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").body);
       const std::string head = "grpc_server_msg_received_total{";
       for (std::string line; std::getline(in, line);) {
         if (line.rfind(head, 0) != 0) continue;
