@@ -193,10 +193,12 @@ struct RecordWatch {
           const bool present = c->get(key).has_value();
           from = c->revision() + 1;
           read_at = Clock::now();
-          // Gone after the round's end was written: that member left when the job was done
-          // (its lease revoked), before this node read the end; it was not lost.
-          if (!present && !c->get(full(round_key(m.round, Name::end).text()))) return lost_member(next);
-          if (!present) return;
+          if (!present) {
+            // Gone after the round's end was written: that member left when the job was done
+            // (its lease revoked), before this node read the end; it was not lost.
+            if (!c->get(full(round_key(m.round, Name::end).text()))) lost_member(next);
+            return;
+          }
         }
         c->watch(key, false, from, ttl, &quiet);
         failing = false;
