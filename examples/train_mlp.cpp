@@ -6,7 +6,10 @@
 // ranks by the DistributedSampler), so 1, 2 or 4 workers train the same model up to float
 // rounding. Gradients go through the Reducer (bucketed, overlapped with backward). With
 // --checkpoint, rank 0 saves every --checkpoint_every steps and a restarted job resumes from the
-// last checkpoint; --crash_at_step makes rank 1 die at that step in the first attempt.
+// last checkpoint; --crash_at_step makes rank 1 die at that step in the first attempt. With
+// --memory_state, each rank keeps its parameters in ddprun's memory after every step, and with
+// --persist DIR also asks ddprun's agent to write them to DIR/rankR.state every
+// --checkpoint_every steps (in the background); a job started again loads those files.
 // Each rank ends with: RESULT rank=R world=W loss=L checksum=C
 
 #include <cmath>
@@ -41,13 +44,15 @@ struct Args {
   int checkpoint_every = 10;
   int crash_at_step = -1;
   bool memory_state = false;
+  std::string persist;
   std::string backend = "gloo";
 };
 
 [[noreturn]] void usage(const std::string& msg) {
   std::fprintf(stderr,
                "train_mlp: %s\nusage: train_mlp [--steps N] [--global_batch B] [--bucket_cap_mb MB] [--lr X]\n"
-               "                 [--checkpoint PATH] [--checkpoint_every K] [--crash_at_step K] [--memory_state]\n",
+               "                 [--checkpoint PATH] [--checkpoint_every K] [--crash_at_step K] [--memory_state]\n"
+               "                 [--persist DIR]\n",
                msg.c_str());
   std::exit(2);
 }
@@ -74,9 +79,11 @@ Args parse(int argc, char** argv) {
     else if (k == "--checkpoint_every") a.checkpoint_every = static_cast<int>(num(val()));
     else if (k == "--crash_at_step") a.crash_at_step = static_cast<int>(num(val()));
     else if (k == "--memory_state") a.memory_state = true;
+    else if (k == "--persist") a.persist = val();
     else usage("unknown argument '" + k + "'");
   }
   if (a.steps < 0 || a.global_batch < 1 || a.bucket_cap_mb <= 0 || a.checkpoint_every < 1) usage("invalid value");
+  if (!a.persist.empty() && !a.memory_state) usage("--persist needs --memory_state");
   return a;
 }
 
@@ -292,15 +299,22 @@ int train(const Args& args) {
   // --memory_state: the parameters after each step, kept by ddprun's agent (docs/usage.md:
   // In-memory state); a restarted rank goes on from the newest step every rank holds.
   MemoryState state;
+  const std::string persisted = args.persist + "/rank" + std::to_string(t.rank) + ".state";
   if (args.memory_state) {
-    if (auto found = state.load(*t.pg)) {
+    auto found = state.load(*t.pg);
+    const bool from_disk = !found && !args.persist.empty();
+    if (from_disk) found = MemoryState::load(*t.pg, persisted);  // the whole job was lost: the last file
+    if (found) {
       for (std::size_t k = 0; k < t.params.size(); ++k) {
         const auto& b = found->buffers.at("p" + std::to_string(k));
         if (b.size() != t.params[k].size() * sizeof(float)) throw ddprun::Error("the in-memory state is of another model");
         std::memcpy(t.params[k].data(), b.data(), b.size());
       }
       start_step = static_cast<int>(found->step) + 1;
-      if (t.rank == 0) std::printf("resumed from memory at step %d (attempt %d)\n", start_step, env.restart_count);
+      if (t.rank == 0) {
+        std::printf("resumed from %s at step %d (attempt %d)\n", from_disk ? persisted.c_str() : "memory", start_step,
+                    env.restart_count);
+      }
     }
   }
   t.broadcast();
@@ -321,6 +335,7 @@ int train(const Args& args) {
         buffers.push_back({"p" + std::to_string(k), t.params[k].data(), t.params[k].size() * sizeof(float)});
       }
       state.save(step, buffers);
+      if (!args.persist.empty() && (step + 1) % args.checkpoint_every == 0) state.persist(persisted);
     }
     if (!args.checkpoint.empty() && (step + 1) % args.checkpoint_every == 0) {
       save_checkpoint_on_rank0(*t.pg, args.checkpoint, serialize(step + 1, t.params));

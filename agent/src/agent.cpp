@@ -11,6 +11,7 @@
 
 #include <boost/asio.hpp>
 #include <mutex>
+#include <optional>
 #include <spdlog/spdlog.h>
 
 #include "ddprun/agent/gpus.hpp"
@@ -28,6 +29,7 @@
 #include "workers/output.hpp"
 #include "workers/process_runner.hpp"
 #include "workers/state_areas.hpp"
+#include "workers/state_persister.hpp"
 #include "containment/run_dir.hpp"
 #include "workers/worker_group.hpp"
 
@@ -212,6 +214,9 @@ struct Agent::Impl {
     }
     WorkerGroup group(io, runner, wo);
     auto state = make_state_areas();
+    // Ends after the workers, so that their last persist requests land before the agent exits.
+    std::optional<StatePersister> persister;
+    if (state) persister.emplace(*state);
     JobController controller(opt, group, rdzv, events, dir, node_name, &fence, state.get());
     // Once a second the loop shows the job to the metrics: /healthz also proves the loop turns.
     asio::steady_timer tick(io);

@@ -1,10 +1,13 @@
 #include "ddprun/runtime/memory_state.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -13,41 +16,19 @@
 #include <zlib.h>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/state_layout.hpp"
 #include "ddprun/runtime/process_group.hpp"
 #include "host_gather.hpp"
 
-// The area's layout is ddprun.state's (packaging/wheel/ddprun/state.py), byte for byte:
-//   header (a page): magic "DDPRUNST", u32 version 1, u32 slots 2, u64 slot bytes,
-//                    u64 latest (generation << 1 | slot)
-//   slot i at page + i * slot bytes: its header (a page): u64 commit, u64 generation, i64 step,
-//                    u64 skeleton bytes, u64 data bytes, u64 chunk bytes, u32 chunks, then a
-//                    CRC-32 (zlib's) per chunk of the payload (the skeleton, then the data, at
-//                    the next 64-byte boundary)
-// A native trainer's skeleton: "DDPRUNN1", u32 buffers, then each buffer's u32 name length, its
-// name, u64 offset in the data, u64 bytes. (Python's is a pickle: each side refuses the other's.)
+// The area's layout: ddprun/common/state_layout.hpp. A native trainer's skeleton: "DDPRUNN1",
+// u32 buffers, then each buffer's u32 name length, its name, u64 offset in the data, u64 bytes.
+// (Python's is a pickle: each side refuses the other's.)
 namespace ddprun::runtime {
 namespace memory_state_layout {
 
-constexpr char kAreaMagic[8] = {'D', 'D', 'P', 'R', 'U', 'N', 'S', 'T'};
+using namespace ddprun::state_layout;
 constexpr char kNativeMagic[8] = {'D', 'D', 'P', 'R', 'U', 'N', 'N', '1'};
-constexpr std::uint32_t kVersion = 1, kSlots = 2;
-constexpr std::size_t kHeaderBytes = 32, kSlotHeaderBytes = 52, kAlign = 64;
 constexpr std::uint64_t kChunk = 64ull << 20;
-
-std::size_t page() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
-std::size_t align(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-std::size_t max_chunks() { return (page() - kSlotHeaderBytes) / 4; }
-
-template <class T>
-T read_at(const unsigned char* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-template <class T>
-void write_at(unsigned char* p, T v) {
-  std::memcpy(p, &v, sizeof(T));
-}
 
 // zlib's CRC-32 (as Python's zlib.crc32), over sizes beyond its uInt.
 std::uint32_t checksum(const unsigned char* p, std::size_t n) {
@@ -58,25 +39,6 @@ std::uint32_t checksum(const unsigned char* p, std::size_t n) {
     done += part;
   }
   return static_cast<std::uint32_t>(c);
-}
-
-struct SlotHeader {
-  std::uint64_t commit = 0, gen = 0;
-  std::int64_t step = 0;
-  std::uint64_t skel = 0, data = 0, chunk = 0;
-  std::uint32_t chunks = 0;
-};
-
-SlotHeader slot_header(const unsigned char* p) {
-  SlotHeader h;
-  h.commit = read_at<std::uint64_t>(p);
-  h.gen = read_at<std::uint64_t>(p + 8);
-  h.step = read_at<std::int64_t>(p + 16);
-  h.skel = read_at<std::uint64_t>(p + 24);
-  h.data = read_at<std::uint64_t>(p + 32);
-  h.chunk = read_at<std::uint64_t>(p + 40);
-  h.chunks = read_at<std::uint32_t>(p + 48);
-  return h;
 }
 
 void write_slot_header(unsigned char* p, const SlotHeader& h) {
@@ -146,17 +108,15 @@ std::size_t MemoryState::capacity() const { return map_ ? slot_bytes_ - page() :
 namespace memory_state_layout {
 
 // (generation, step, slot) of the committed slots, newest first.
-std::vector<std::tuple<std::uint64_t, std::int64_t, int>> committed(const unsigned char* map, std::size_t slot_bytes) {
+// An area has kSlots slots, a persisted file one.
+std::vector<std::tuple<std::uint64_t, std::int64_t, int>> committed(const unsigned char* map, std::size_t slot_bytes,
+                                                                    std::uint32_t slots = kSlots) {
   std::vector<std::tuple<std::uint64_t, std::int64_t, int>> out;
-  if (!map || std::memcmp(map, kAreaMagic, 8) != 0 || read_at<std::uint32_t>(map + 8) != kVersion ||
-      read_at<std::uint32_t>(map + 12) != kSlots || read_at<std::uint64_t>(map + 16) != slot_bytes) {
-    return out;
-  }
-  for (int i = 0; i < static_cast<int>(kSlots); ++i) {
+  const Header head = map ? header(map) : Header{};
+  if (!head.magic || head.version != kVersion || head.slots != slots || head.slot_bytes != slot_bytes) return out;
+  for (int i = 0; i < static_cast<int>(slots); ++i) {
     const auto h = slot_header(map + page() + static_cast<std::size_t>(i) * slot_bytes);
-    if (h.commit == 0 || h.commit != h.gen || align(h.skel) + h.data > slot_bytes - page() || h.chunks > max_chunks()) {
-      continue;
-    }
+    if (!h.committed_within(slot_bytes)) continue;
     out.emplace_back(h.gen, h.step, i);
   }
   std::sort(out.rbegin(), out.rend());
@@ -191,7 +151,13 @@ void MemoryState::save(std::int64_t step, const std::vector<StateBuffer>& buffer
                 " (half this rank's share of --state_memory, two slots); raise ddprun's --state_memory");
   }
   const auto held = committed(map_, slot_bytes_);
-  const int slot = held.empty() ? 0 : 1 - std::get<2>(held.front());
+  int slot = held.empty() ? 0 : 1 - std::get<2>(held.front());
+  // A slot the agent has yet to copy for a persist request is left alone: this save replaces the
+  // newest state instead (a crash mid-save leaves the pinned one).
+  const std::uint64_t pinned = pinned_generation(map_);
+  for (const auto& [gen, step, at] : held) {
+    if (pinned != 0 && gen == pinned && at == slot) slot = 1 - slot;
+  }
   const std::uint64_t gen = (held.empty() ? 0 : std::get<0>(held.front())) + 1;
   unsigned char* base = map_ + page() + static_cast<std::size_t>(slot) * slot_bytes_;
   write_slot_header(base, SlotHeader{});  // uncommitted from here on
@@ -216,17 +182,17 @@ void MemoryState::save(std::int64_t step, const std::vector<StateBuffer>& buffer
   h.commit = gen;
   write_slot_header(base, h);  // its fields, then the commit word, last
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  std::memcpy(map_, kAreaMagic, 8);
-  write_at(map_ + 8, kVersion);
-  write_at(map_ + 12, kSlots);
-  write_at(map_ + 16, static_cast<std::uint64_t>(slot_bytes_));
-  write_at(map_ + 24, gen << 1 | static_cast<std::uint64_t>(slot));
+  write_header(map_, kSlots, slot_bytes_, gen << 1 | static_cast<std::uint64_t>(slot));
 }
 
-std::optional<MemoryState::Loaded> MemoryState::load_step(std::int64_t step) const {
-  for (const auto& [gen, held, slot] : committed(map_, slot_bytes_)) {
+namespace {
+
+// The state of `step` in the area or file mapped at `map`, checked against its CRC-32s.
+std::optional<MemoryState::Loaded> load_from(const unsigned char* map, std::size_t slot_bytes, std::uint32_t slots,
+                                             std::int64_t step, const std::string& where) {
+  for (const auto& [gen, held, slot] : committed(map, slot_bytes, slots)) {
     if (held != step) continue;
-    const unsigned char* base = map_ + page() + static_cast<std::size_t>(slot) * slot_bytes_;
+    const unsigned char* base = map + page() + static_cast<std::size_t>(slot) * slot_bytes;
     const auto h = slot_header(base);
     const unsigned char* payload = base + page();
     const std::uint64_t total = align(h.skel) + h.data;
@@ -235,14 +201,14 @@ std::optional<MemoryState::Loaded> MemoryState::load_step(std::int64_t step) con
       if (n >= h.chunks || checksum(payload + i, std::min<std::uint64_t>(h.chunk, total - i)) !=
                                read_at<std::uint32_t>(base + kSlotHeaderBytes + 4 * n)) {
         throw Error("ddprun state: the state of step " + std::to_string(step) +
-                    " fails its CRC-32 check (memory written outside MemoryState?); not loading it");
+                    " fails its CRC-32 check (" + where + "); not loading it");
       }
     }
     if (h.skel < 12 || std::memcmp(payload, kNativeMagic, 8) != 0) {
       throw Error("ddprun state: the state of step " + std::to_string(step) +
                   " was saved by Python's ddprun.state, not by a native trainer");
     }
-    Loaded out;
+    MemoryState::Loaded out;
     out.step = step;
     const unsigned char* p = payload + 8;
     const unsigned char* skel_end = payload + h.skel;
@@ -265,10 +231,9 @@ std::optional<MemoryState::Loaded> MemoryState::load_step(std::int64_t step) con
   return std::nullopt;
 }
 
-std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group) {
-  // Each rank's two newest steps (-1: none), gathered: the newest step every rank holds.
-  auto held = steps();
-  held.resize(2, -1);
+// The newest step every rank of `group` holds, of this rank's `held` (newest first); -1: none.
+std::int64_t agree(ProcessGroup& group, std::vector<std::int64_t> held) {
+  held.resize(2, -1);  // each rank's two newest steps (-1: none), gathered
   const auto world = static_cast<std::size_t>(group.size());
   const auto every = all_gather_on_host(group, held);
   // Every rank decides over the same gathered steps, so all agree.
@@ -278,8 +243,107 @@ std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group) {
     for (std::size_t r = 0; r < world && all; ++r) all = every[2 * r] == s || every[2 * r + 1] == s;
     if (all) agreed = s;
   }
+  return agreed;
+}
+
+// A file persist() wrote, mapped read-only; empty where there is none.
+class StateFile {
+ public:
+  explicit StateFile(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return;
+      throw Error("ddprun state: cannot open " + path + ": " + std::strerror(errno));
+    }
+    struct stat st {};
+    unsigned char head[kHeaderBytes] = {};
+    const bool read = ::fstat(fd, &st) == 0 && ::pread(fd, head, sizeof(head), 0) == static_cast<ssize_t>(sizeof(head));
+    const Header h = header(head);
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    if (!read || !h.magic || h.version != kVersion || h.slots != 1 || h.slot_bytes < 2 * page() ||
+        h.slot_bytes > size - std::min<std::uint64_t>(size, page())) {
+      ::close(fd);
+      throw Error("ddprun state: " + path + " is not a state file that persist() wrote");
+    }
+    void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (m == MAP_FAILED) throw Error("ddprun state: cannot map " + path + ": " + std::strerror(errno));
+    map_ = static_cast<unsigned char*>(m);
+    size_ = size;
+    slot_bytes_ = h.slot_bytes;
+  }
+  ~StateFile() {
+    if (map_) ::munmap(map_, size_);
+  }
+  StateFile(const StateFile&) = delete;
+  StateFile& operator=(const StateFile&) = delete;
+
+  const unsigned char* map() const { return map_; }
+  std::size_t slot_bytes() const { return slot_bytes_; }
+
+ private:
+  unsigned char* map_ = nullptr;
+  std::size_t size_ = 0, slot_bytes_ = 0;
+};
+
+}  // namespace
+
+std::optional<MemoryState::Loaded> MemoryState::load_step(std::int64_t step) const {
+  return load_from(map_, slot_bytes_, kSlots, step, "memory written outside MemoryState?");
+}
+
+std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group) {
+  const std::int64_t agreed = agree(group, steps());
   if (agreed < 0) return std::nullopt;
   return load_step(agreed);
+}
+
+std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group, const std::string& path) {
+  const StateFile file(path);
+  std::vector<std::int64_t> held;
+  for (const auto& [gen, step, slot] : committed(file.map(), file.slot_bytes(), 1)) held.push_back(step);
+  const std::int64_t agreed = agree(group, held);
+  if (agreed < 0) return std::nullopt;
+  return load_from(file.map(), file.slot_bytes(), 1, agreed, path);
+}
+
+std::int64_t MemoryState::persist(const std::string& path, bool blocking) {
+  if (!map_) return -1;
+  char resolved[PATH_MAX];
+  std::string target = path;
+  if (target.empty() || target[0] != '/') {
+    if (!::getcwd(resolved, sizeof(resolved))) throw Error(std::string("ddprun state: getcwd: ") + std::strerror(errno));
+    target = std::string(resolved) + "/" + path;
+  }
+  if (target.size() > kRequestPathBytes || target.find('\0') != std::string::npos) {
+    throw Error("ddprun state: persist: the path " + path + " is too long (over " +
+                std::to_string(kRequestPathBytes) + " bytes) or holds a NUL byte; use a shorter one");
+  }
+  const auto held = committed(map_, slot_bytes_);
+  if (held.empty()) throw Error("ddprun state: persist: this rank has saved no state yet (save first)");
+  // The request, a sequence lock: an odd number while it is written, the next even one once whole.
+  unsigned char* request = map_ + kRequestAt;
+  std::uint64_t number = read_at<std::uint64_t>(request);
+  number += number & 1;
+  write_at(request, number + 1);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  write_at(request + 8, std::get<0>(held.front()));  // the newest generation, pinned until copied
+  write_at(request + 16, static_cast<std::uint32_t>(target.size()));
+  write_at(request + 20, std::uint32_t{0});
+  std::memcpy(map_ + kRequestPathAt, target.data(), target.size());
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  write_at(request, number + 2);
+  if (!blocking) return -1;
+  const unsigned char* reply = map_ + kReplyAt;
+  while (reinterpret_cast<const std::atomic<std::uint64_t>*>(reply)->load() < number + 2) {
+    ::usleep(10000);
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (const auto err = read_at<std::int32_t>(reply + 16)) {
+    const auto length = std::min<std::size_t>(read_at<std::uint32_t>(reply + 20), kReplyMessageBytes);
+    throw Error("ddprun state: persist: " + std::string(reinterpret_cast<const char*>(reply + 24), length));
+  }
+  return read_at<std::int64_t>(reply + 8);
 }
 
 }  // namespace ddprun::runtime

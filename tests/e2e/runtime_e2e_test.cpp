@@ -115,3 +115,32 @@ TEST_CASE("train_mlp: a native trainer's in-memory state - a rank lost at step 3
   REQUIRE(c.size() == 2);
   CHECK(c[0].checksum == a[0].checksum);
 }
+
+TEST_CASE("train_mlp: a native trainer's persisted state - the job lost whole at step 37 starts again from the files the agent wrote for step 29", "[e2e][train_mlp]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("train_mlp_persist_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct Gone {
+    std::filesystem::path p;
+    ~Gone() { std::filesystem::remove_all(p); }
+  } gone{dir};
+  auto plain = train(2, {kTrain, "--steps", "100"});
+  // Each rank asks after steps 9, 19 and 29 and goes on; rank 1 dies at step 37 and, with no
+  // restart, the job ends: nothing is left in memory.
+  auto lost = train(2, {"--max_restarts=0", kTrain, "--steps", "100", "--memory_state", "--persist", dir.string(),
+                        "--crash_at_step", "37"});
+  INFO(lost.out << lost.err);
+  REQUIRE(plain.code == 0);
+  CHECK(lost.code != 0);
+  CHECK(std::filesystem::exists(dir / "rank0.state"));
+  CHECK(std::filesystem::exists(dir / "rank1.state"));
+  auto again = train(2, {kTrain, "--steps", "100", "--memory_state", "--persist", dir.string()});
+  INFO(again.out << again.err);
+  REQUIRE(again.code == 0);
+  // The saves of steps 30-36 left step 29's slot alone until the agent had copied it.
+  CHECK_THAT(again.out, Catch::Contains("resumed from " + (dir / "rank0.state").string() + " at step 30 (attempt 0)"));
+  auto a = results(plain.out), b = results(again.out);
+  REQUIRE(a.size() == 2);
+  REQUIRE(b.size() == 2);
+  CHECK(a[0].checksum == b[0].checksum);  // bit for bit
+  CHECK(b[1].checksum == b[0].checksum);
+}

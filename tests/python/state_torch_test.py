@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """In-memory state (docs/usage.md: In-memory state), with the system's PyTorch and gloo: a job
 that saves with ddprun.state.save every step and loses rank 1 resumes at the step it failed,
-warm and cold, and ends with the parameters of an uninterrupted run; and the bad days: a budget
-too small, no state (as under torchrun), a worker killed mid-copy, a 64 MB /dev/shm, another
-user at the state's descriptors.
+warm and cold, and ends with the parameters of an uninterrupted run; a job lost whole resumes
+from the files ddprun.state.persist() had the agent write; and the bad days: a budget too small,
+no state (as under torchrun), a worker killed mid-copy, a 64 MB /dev/shm, another user at the
+state's descriptors, a full disk under persist().
 
-Usage: state_torch_test.py --ddprun PATH (resume | bad_days | root_days)
+Usage: state_torch_test.py --ddprun PATH (resume | persist | bad_days | root_days)
 root_days needs root, unshare and setpriv: it skips without them (fails under CI=true)."""
 import argparse
 import os
@@ -73,6 +74,34 @@ def resume(path):
             return
 
 
+def persist(path):
+    rc, plain = ddprun(path, 2, {"STATE_MODE": "none"})
+    want = set(finals(plain).values())
+    check(rc == 0 and len(finals(plain)) == 2 and len(want) == 1, f"the uninterrupted run ends (rc {rc})")
+    tmp = tempfile.mkdtemp(prefix="state_test_")
+    try:
+        env = {"STATE_MODE": "persist", "STATE_CRASH_STEP": "7", "STATE_DIR": tmp}
+        cmd = [path, "--standalone", "--nproc_per_node", "2", "--max_restarts", "0", sys.executable, WORKER]
+        rc, lost = run(cmd, env)
+        files = sorted(f for f in os.listdir(tmp))
+        modes = {f: oct(os.stat(os.path.join(tmp, f)).st_mode & 0o777) for f in files}
+        # Each rank asked after steps 2 and 5 and went on: its saves of steps 6 and 7 leave step 5 alone
+        # until the agent has copied it, and the file holds the step asked for.
+        check(rc != 0 and len(found(lost, r"LOST after step 7")) == 2 and files == ["rank0.state", "rank1.state"]
+              and set(modes.values()) == {"0o600"},
+              f"the whole job lost after step 7 leaves each rank's file, its user's only (rc {rc}): {modes}")
+        rc, lines = run(cmd, {**env, "STATE_RESUMING": "1"})
+        check(rc == 0 and sorted(m.group(1) for m in found(lines, r"FROM_FILE (\S+)")) == ["5", "5"]
+              and len(found(lines, r"RESUMED 5 ")) == 2,
+              f"started again, both ranks load step 5 from their files (rc {rc}): {found(lines, 'FROM_FILE') and [l for l in lines if 'FROM_FILE' in l or 'RESUMED' in l]}")
+        check(set(finals(lines).values()) == want and len(finals(lines)) == 2,
+              f"... and end with the uninterrupted run's parameters ({finals(lines)} vs {want})")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if FAILURES:
+        show(lost + lines)
+
+
 def bad_days(path):
     # A budget too small: the save raises a clear error, caught; the job goes on.
     rc, lines = ddprun(path, 1, {"STATE_MODE": "too_large", "STATE_STEPS": "4"}, ["--state_memory", "24M"])
@@ -129,6 +158,19 @@ def root_days(path):
           f"/dev/shm of 64 MB: 96 MB of state saved and resumed (rc {rc}): {[m.group(0) for m in resumed]}")
     if FAILURES:
         show(lines)
+    # A full disk under persist(): the second file does not fit beside the first; the error says
+    # so, the first file is kept whole and loads.
+    script = (f"mount -t tmpfs -o size=2m tmpfs /mnt && exec {path} --standalone --nproc_per_node 1 "
+              f"--max_restarts 0 {sys.executable} {WORKER}")
+    rc, lines = run(["unshare", "-m", "sh", "-c", script],
+                    {"STATE_MODE": "persist_full", "STATE_STEPS": "3", "STATE_MB": "1", "STATE_DIR": "/mnt"})
+    failed = found(lines, r"PERSIST_FAILED (.*)")
+    check(rc == 0 and found(lines, r"PERSISTED 0$") and failed and "No space left on device" in failed[0].group(1)
+          and found(lines, r"FILE_HOLDS 0 mode=0o600"),
+          f"a full disk: persist raises saying so, the earlier file is kept and loads (rc {rc}): "
+          f"{[l for l in lines if 'PERSIST' in l or 'FILE_HOLDS' in l]}")
+    if FAILURES:
+        show(lines)
     # Another user at the worker's and the agent's descriptors of the state area.
     tmp = tempfile.mkdtemp(prefix="state_test_")
     go = os.path.join(tmp, "go")
@@ -167,11 +209,11 @@ def root_days(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
-    ap.add_argument("cases", nargs="+", choices=["resume", "bad_days", "root_days"])
+    ap.add_argument("cases", nargs="+", choices=["resume", "persist", "bad_days", "root_days"])
     a = ap.parse_args()
     need_torch()
     for case in a.cases:
-        {"resume": resume, "bad_days": bad_days, "root_days": root_days}[case](os.path.abspath(a.ddprun))
+        {"resume": resume, "persist": persist, "bad_days": bad_days, "root_days": root_days}[case](os.path.abspath(a.ddprun))
     print(f"{len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)
 

@@ -10,6 +10,11 @@ position). STATE_MODE says what else it does:
   mid_copy     attempt 0 is killed halfway through the copy of STATE_CRASH_STEP's save
   hold         after the first save, prints its pids and waits for STATE_GO (another user tries
                to read the state meanwhile)
+  persist      every 3rd step, asks the agent to persist the state to STATE_DIR/rankR.state;
+               at STATE_CRASH_STEP of a run without STATE_RESUMING every rank dies (the whole
+               job lost); started again with STATE_RESUMING=1 it loads those files
+  persist_full persists after step 0 and 1 with blocking=True (STATE_DIR a small file system:
+               the second fails), then loads the file back
 
 It prints "RESUMED <step>" (the step loaded), "FINAL <sha256 of the parameters>", "STALL <s>".
 STATE_MB: the size of the extra state tensor (MB)."""
@@ -47,6 +52,10 @@ extra = torch.zeros(int(float(os.environ.get("STATE_MB", "4")) * 2**20) // 4)  #
 
 start = 0
 found = ddprun.state.load()
+PERSISTED = os.path.join(os.environ.get("STATE_DIR", "."), f"rank{rank}.state")
+if found is None and MODE == "persist":
+    found = ddprun.state.load(PERSISTED)
+    print(f"FROM_FILE {found[0] if found else None}", flush=True)
 if found is not None:
     step, state = found
     model.load_state_dict(state["model"])
@@ -92,6 +101,18 @@ for step in range(start, STEPS):
                 time.sleep(0.02)  # the test's go: the warm spares are ready
             print(f"CRASHING after step {step}", flush=True)
             os._exit(1)
+    if MODE == "persist" and step % 3 == 2:
+        ddprun.state.persist(PERSISTED)
+    if MODE == "persist" and step == CRASH and not os.environ.get("STATE_RESUMING"):
+        print(f"LOST after step {step}", flush=True)
+        os._exit(1)
+    if MODE == "persist_full" and step < 2:
+        try:
+            print(f"PERSISTED {ddprun.state.persist(PERSISTED, blocking=True)}", flush=True)
+        except ddprun.state.StateError as e:
+            print(f"PERSIST_FAILED {e}", flush=True)
+            back = ddprun.state.load(PERSISTED)
+            print(f"FILE_HOLDS {back[0] if back else None} mode={oct(os.stat(PERSISTED).st_mode & 0o777)}", flush=True)
     if MODE == "hold" and step == 0:
         ddprun.state.wait()
         print(f"PIDS {os.getpid()} {os.getppid()}", flush=True)

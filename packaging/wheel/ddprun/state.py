@@ -44,7 +44,7 @@ import warnings
 import weakref
 import zlib
 
-__all__ = ["save", "load", "wait", "steps", "available", "capacity", "stats", "StateError", "StateTooLarge"]
+__all__ = ["save", "load", "persist", "wait", "steps", "available", "capacity", "stats", "StateError", "StateTooLarge"]
 
 _MAGIC = b"DDPRUNST"
 _NATIVE = b"DDPRUNN1"  # a native trainer's skeleton (ddprun/runtime/memory_state.hpp), not a pickle
@@ -102,11 +102,34 @@ def stats():
 class _Area:
     """This rank's area, mapped shared for the process's life (tensors made over it hold it)."""
 
-    def __init__(self, fd, size):
-        self.fd, self.size = fd, size
-        self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        self.slot_bytes = (size - _PAGE) // _SLOTS // _PAGE * _PAGE
+    def __init__(self, fd, size, slots=_SLOTS, slot_bytes=None):
+        self.fd, self.size, self.slots = fd, size, slots
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if slots == _SLOTS else 0)
+        self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
+        self.slot_bytes = slot_bytes or (size - _PAGE) // _SLOTS // _PAGE * _PAGE
         self.loaded = {}  # slot: [(private mapping, [weakrefs to the tensors load() made over it], bytes)]
+
+    @classmethod
+    def of_file(cls, path):
+        """A file persist() wrote (the area's layout, one slot), or None where there is none."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            head = os.pread(fd, _HEADER.size, 0)
+            magic, version, slots, slot_bytes, _latest = _HEADER.unpack(head) if len(head) == _HEADER.size else (b"",) * 5
+            if magic != _MAGIC or version != _VERSION or slots != 1 or not 2 * _PAGE <= slot_bytes <= size - _PAGE:
+                raise StateError(f"ddprun.state.load: {path} is not a state file that ddprun.state.persist() wrote")
+            return cls(fd, size, 1, slot_bytes)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def close(self):
+        self.map.close()
+        os.close(self.fd)
 
     def offset(self, slot):
         return _PAGE + slot * self.slot_bytes
@@ -116,7 +139,7 @@ class _Area:
 
     def header(self):
         magic, version, slots, slot_bytes, latest = _HEADER.unpack_from(self.map, 0)
-        if magic != _MAGIC or version != _VERSION or slots != _SLOTS or slot_bytes != self.slot_bytes:
+        if magic != _MAGIC or version != _VERSION or slots != self.slots or slot_bytes != self.slot_bytes:
             return None
         return latest
 
@@ -131,7 +154,7 @@ class _Area:
         """[(generation, step, slot)] of the committed slots, newest first."""
         if self.header() is None:
             return []
-        found = [(s[0], s[1], i) for i in range(_SLOTS) for s in [self.slot(i)] if s is not None]
+        found = [(s[0], s[1], i) for i in range(self.slots) for s in [self.slot(i)] if s is not None]
         return sorted(found, reverse=True)
 
     def keep_loaded(self, slot):
@@ -351,7 +374,7 @@ def _save(area, step, obj):
 
     import torch
 
-    global _pending
+    global _pending, _last_gen
     out = io.BytesIO()
     pickler = _Skeleton(out)
     pickler.dump(obj)
@@ -361,7 +384,11 @@ def _save(area, step, obj):
         raise StateTooLarge(needed, area.capacity())
     found = area.committed()
     slot = 1 - found[0][2] if found else 0
+    pinned = _pinned(area)  # a persist request's slot, not yet copied: the newest is replaced instead
+    if any(g == pinned and s == slot for g, _step, s in found):
+        slot = 1 - slot
     gen = (found[0][0] if found else 0) + 1
+    _last_gen = gen
     with torch.no_grad():
         tensors = [(t.detach().clone() if nbytes < _SYNC_BELOW else t, offset)
                    for t, offset, nbytes in pickler.tensors]
@@ -374,6 +401,61 @@ def steps():
     """The steps this rank holds committed, newest first (at most two)."""
     area = _open_area()
     return [step for _gen, step, _slot in area.committed()] if area else []
+
+
+# persist(): the request to the agent and its answer, in the area's header (the layout is
+# ddprun/common/state_layout.hpp's). The request is a sequence lock: an odd number while it is
+# written, the next even number once whole. It pins its generation: until the agent has copied
+# it (_COPIED_AT), saves leave its slot alone.
+_REPLY_AT, _COPIED_AT, _REQUEST_AT, _REQUEST_PATH_AT, _REQUEST_PATH_BYTES = 1024, 1536, 2048, 2072, 2000
+_REPLY = struct.Struct("<QqiI")  # request number answered, step written, errno (0: written), message bytes
+_REQUEST = struct.Struct("<QQII")  # request number, generation, path bytes, 0
+_last_gen = 0  # the generation of this process's last save (its copy may still run)
+
+
+def _pinned(area):
+    number, gen = struct.unpack_from("<QQ", area.map, _REQUEST_AT)
+    (copied,) = struct.unpack_from("<Q", area.map, _COPIED_AT)
+    return gen if number % 2 == 0 and number > copied else None
+
+
+def persist(path, blocking=False):
+    """Asks ddprun's agent to write this rank's last saved state to the file `path`, in the
+    background: training goes on while the agent copies it (from the area, so the file holds
+    the step of the last save() on every rank that calls it after the same step). The file is
+    replaced whole or not at all; load(path) reads it back. It is what survives the loss of
+    every node. blocking=True: returns the step written once the file is in place, and raises
+    StateError when it could not be written (a full disk, a missing folder); otherwise the agent
+    logs such a failure. Does nothing where there is no state."""
+    area = _open_area()
+    if area is None:
+        return None
+    target = os.fsencode(os.path.abspath(os.fspath(path)))
+    if len(target) > _REQUEST_PATH_BYTES or b"\0" in target:
+        raise StateError(f"ddprun.state.persist: the path {path!r} is too long (over {_REQUEST_PATH_BYTES} bytes) "
+                         f"or holds a NUL byte; use a shorter one")
+    held = area.committed()
+    gen = _last_gen or (held[0][0] if held else 0)
+    if not gen:
+        raise StateError("ddprun.state.persist: this rank has saved no state yet (ddprun.state.save first)")
+    if blocking:
+        wait()
+    (number,) = struct.unpack("<Q", os.pread(area.fd, 8, _REQUEST_AT))
+    number += number & 1
+    os.pwrite(area.fd, struct.pack("<Q", number + 1), _REQUEST_AT)
+    os.pwrite(area.fd, _REQUEST.pack(number + 1, gen, len(target), 0) + target, _REQUEST_AT)
+    os.pwrite(area.fd, struct.pack("<Q", number + 2), _REQUEST_AT)
+    if not blocking:
+        return None
+    while True:
+        done, step, err, length = _REPLY.unpack(os.pread(area.fd, _REPLY.size, _REPLY_AT))
+        if done >= number + 2:
+            break
+        time.sleep(0.01)
+    if err:
+        message = os.pread(area.fd, min(length, 480), _REPLY_AT + _REPLY.size).decode(errors="replace")
+        raise StateError(f"ddprun.state.persist: {message}")
+    return step
 
 
 def _agree(held):
@@ -396,19 +478,33 @@ def _agree(held):
     return max(common) if common else None
 
 
-def load(verify=True):
+def load(path=None, verify=True):
     """(step, obj) of the newest state every rank holds, or None. With torch.distributed
     initialized every rank must call it (it agrees on the step with the others). Tensors come
     back on the CPU, mapped over the area copy-on-write (no copy until written);
-    model.load_state_dict copies them into the model. verify: check the CRC-32 first."""
-    area = _open_area()
-    if area is None and not os.environ.get("DDPRUN_STATE_FD"):
-        return None  # not under ddprun, on any rank: nothing to agree on
+    model.load_state_dict copies them into the model. verify: check the CRC-32 first.
+    path: load the file persist() wrote there instead (each rank its own; None where it is
+    missing), under ddprun or not: what survives the loss of every node."""
+    if path is None:
+        area = _open_area()
+        if area is None and not os.environ.get("DDPRUN_STATE_FD"):
+            return None  # not under ddprun, on any rank: nothing to agree on
+        return _load(area, verify, "memory written outside ddprun.state?")
+    area = _Area.of_file(os.fspath(path))
+    try:
+        return _load(area, verify, os.fspath(path))
+    finally:
+        if area is not None:
+            area.close()
+
+
+def _load(area, verify, where):
     held = area.committed() if area else []
     step = _agree([s for _gen, s, _slot in held])
     if area is None or step is None:
         return None
-    wait()
+    if area is _area:
+        wait()
     _gen, step, slot = next(h for h in held if h[1] == step)
     _gen, _step, skel, data, chunk, crcs = area.slot(slot)
     base = area.offset(slot)
@@ -417,8 +513,8 @@ def load(verify=True):
     payload = memoryview(private)[_PAGE:_PAGE + _align(skel) + data]
     try:
         if verify and not _verified(payload, chunk, crcs):
-            raise StateError(f"ddprun.state.load: the state of step {step} fails its CRC-32 check (memory written "
-                             f"outside ddprun.state?); not loading it")
+            raise StateError(f"ddprun.state.load: the state of step {step} fails its CRC-32 check "
+                             f"({where}); not loading it")
         if bytes(payload[:8]) == _NATIVE:
             raise StateError(f"ddprun.state.load: the state of step {step} was saved by a native trainer "
                              f"(ddprun::runtime::MemoryState), not by ddprun.state; not loading it")
@@ -426,7 +522,8 @@ def load(verify=True):
         obj = _Unpickler(payload[:skel], private, _PAGE + _align(skel), refs).load()
     finally:
         payload.release()
-    area.loaded.setdefault(slot, []).append((private, refs, _PAGE + _align(skel) + data))
+    if area is _area:
+        area.loaded.setdefault(slot, []).append((private, refs, _PAGE + _align(skel) + data))
     return step, obj
 
 

@@ -61,6 +61,15 @@ class MemoryState {
   // The state of `step` on this rank alone (one of steps()), or nullopt.
   std::optional<Loaded> load_step(std::int64_t step) const;
 
+  // Asks ddprun's agent to write this rank's latest committed state to the file `path`, in the
+  // background (ddprun.state.persist): the file is replaced whole or not at all. blocking: waits
+  // until it is in place and returns its step; throws ddprun::Error saying why it could not be
+  // written (a full disk, a missing folder). Returns -1 when not blocking, or without a state.
+  std::int64_t persist(const std::string& path, bool blocking = false);
+  // The state in the file persist() wrote at `path` (each rank its own), as load(group) agrees
+  // on it; nullopt where a rank has none. Needs no area: what survives the loss of every node.
+  static std::optional<Loaded> load(ProcessGroup& group, const std::string& path);
+
  private:
   unsigned char* map_ = nullptr;
   std::size_t size_ = 0, slot_bytes_ = 0;

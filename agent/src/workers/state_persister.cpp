@@ -1,0 +1,261 @@
+#include "workers/state_persister.hpp"
+
+#include <fcntl.h>
+#include <sys/sendfile.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/state_layout.hpp"
+#include "ddprun/common/thread.hpp"
+#include "workers/state_areas.hpp"
+
+namespace ddprun::agent {
+namespace sl = ddprun::state_layout;
+namespace {
+
+struct PersistError : Error {
+  PersistError(int err, const std::string& what) : Error(what), code(err) {}
+  int code;
+};
+
+// A system call's failure: "WHAT: strerror" (or strerror alone).
+[[noreturn]] void fail(int err, const std::string& what) {
+  throw PersistError(err, what.empty() ? std::strerror(err) : what + ": " + std::strerror(err));
+}
+// A request refused, saying why.
+[[noreturn]] void refuse(int err, const std::string& why) { throw PersistError(err, why); }
+
+void pread_all(int fd, unsigned char* buf, std::size_t n, std::uint64_t at) {
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, buf + done, n - done, static_cast<off_t>(at + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) fail(r < 0 ? errno : EIO, "reading the state area");
+    done += static_cast<std::size_t>(r);
+  }
+}
+
+void pwrite_all(int fd, const unsigned char* buf, std::size_t n, std::uint64_t at) {
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pwrite(fd, buf + done, n - done, static_cast<off_t>(at + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail(errno, "writing it");
+    done += static_cast<std::size_t>(r);
+  }
+}
+
+struct Found {
+  std::uint64_t offset = 0;  // of the slot holding the generation asked for; 0: none
+  std::uint64_t newest = 0;  // the newest generation committed
+  sl::SlotHeader head;
+};
+
+// The area's slot that holds `generation` committed, and the newest generation it holds.
+Found find_slot(int fd, std::uint64_t area_bytes, std::uint64_t generation) {
+  const std::size_t page = sl::page();
+  std::vector<unsigned char> buf(page);
+  pread_all(fd, buf.data(), page, 0);
+  const auto head = sl::header(buf.data());
+  Found found;
+  if (!head.magic || head.version != sl::kVersion || head.slots != sl::kSlots ||
+      head.slot_bytes != (area_bytes - page) / sl::kSlots / page * page) {
+    return found;  // nothing saved yet
+  }
+  for (int i = 0; i < static_cast<int>(sl::kSlots); ++i) {
+    const std::uint64_t at = page + static_cast<std::uint64_t>(i) * head.slot_bytes;
+    pread_all(fd, buf.data(), sl::kSlotHeaderBytes, at);
+    const auto h = sl::slot_header(buf.data());
+    if (!h.committed_within(head.slot_bytes)) continue;
+    found.newest = std::max(found.newest, h.gen);
+    if (h.gen == generation) {
+      found.offset = at;
+      found.head = h;
+    }
+  }
+  return found;
+}
+
+// Copies the slot at `from` (its header page and `payload` bytes) into `out` after a header page.
+void copy_slot(int area_fd, std::uint64_t from, std::uint64_t payload, int out) {
+  const std::size_t page = sl::page();
+  off_t in_at = static_cast<off_t>(from);
+  std::uint64_t left = page + payload;
+  if (::lseek(out, static_cast<off_t>(page), SEEK_SET) < 0) fail(errno, "writing it");
+  while (left > 0) {
+    const ssize_t n = ::sendfile(out, area_fd, &in_at, std::min<std::uint64_t>(left, 1ull << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail(n < 0 ? errno : EIO, "writing it");
+    left -= static_cast<std::uint64_t>(n);
+  }
+}
+
+class Directory {
+ public:
+  explicit Directory(const std::string& path) {
+    const auto slash = path.rfind('/');
+    name_ = path.substr(slash + 1);
+    if (path.empty() || path[0] != '/' || name_.empty() || name_ == "." || name_ == ".." ||
+        path.find('\0') != std::string::npos) {
+      refuse(EINVAL, "not the absolute path of a file");
+    }
+    fd_ = ::open(slash == 0 ? "/" : path.substr(0, slash).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ < 0) fail(errno, "opening its folder");
+    hidden_ = fmt::format(".{}.ddprun-{}.tmp", name_, ::getpid());
+  }
+  ~Directory() {
+    if (out_ >= 0) ::close(out_);
+    if (out_ >= 0 || made_) ::unlinkat(fd_, hidden_.c_str(), 0);
+    ::close(fd_);
+  }
+  Directory(const Directory&) = delete;
+  Directory& operator=(const Directory&) = delete;
+
+  // A fresh hidden file beside the target (one a killed agent left is replaced).
+  int create() {
+    for (int tries = 0; out_ < 0; ++tries) {
+      out_ = ::openat(fd_, hidden_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (out_ < 0 && (errno != EEXIST || tries > 0 || ::unlinkat(fd_, hidden_.c_str(), 0) != 0)) {
+        fail(errno, "creating a file in its folder");
+      }
+    }
+    return out_;
+  }
+  // Flushes the hidden file and renames it over the target.
+  void commit() {
+    if (::fdatasync(out_) != 0) fail(errno, "flushing it");
+    ::close(out_);
+    out_ = -1;
+    made_ = true;
+    if (::renameat(fd_, hidden_.c_str(), fd_, name_.c_str()) != 0) fail(errno, "renaming it into place");
+    made_ = false;
+    ::fsync(fd_);
+  }
+
+ private:
+  int fd_ = -1, out_ = -1;
+  bool made_ = false;
+  std::string name_, hidden_;
+};
+
+}  // namespace
+
+std::optional<std::int64_t> persist_area(int area_fd, std::uint64_t area_bytes, std::uint64_t generation,
+                                         const std::string& path, const std::function<void()>& copied) {
+  const std::size_t page = sl::page();
+  const Found slot = find_slot(area_fd, area_bytes, generation);
+  if (slot.offset == 0) {
+    if (slot.newest < generation) return std::nullopt;
+    refuse(ESTALE, fmt::format("the state asked for (generation {}) was overwritten before it was copied", generation));
+  }
+  Directory dir(path);
+  const int out = dir.create();
+  const std::uint64_t payload = slot.head.payload();
+  const std::uint64_t slot_bytes = page + (payload + page - 1) / page * page;
+  std::vector<unsigned char> head(page, 0);
+  sl::write_header(head.data(), 1, slot_bytes, generation << 1);
+  pwrite_all(out, head.data(), page, 0);
+  copy_slot(area_fd, slot.offset, payload, out);
+  if (::ftruncate(out, static_cast<off_t>(page + slot_bytes)) != 0) fail(errno, "writing it");  // whole pages
+  // The request pinned the slot: no save writes it until `copied` says so. A save that did (it
+  // clears the commit word first) would have left a copy that is not that state.
+  pread_all(area_fd, head.data(), 8, slot.offset);
+  if (sl::read_at<std::uint64_t>(head.data()) != generation) {
+    refuse(ESTALE, "the state was overwritten while it was copied (a save that did not heed the request's pin)");
+  }
+  if (copied) copied();
+  dir.commit();
+  return slot.head.step;
+}
+
+StatePersister::StatePersister(const StateAreas& areas, std::chrono::milliseconds poll)
+    : areas_(areas), poll_(poll), served_(static_cast<std::size_t>(areas.ranks()), 0) {
+  thread_ = start_thread("the state persister's thread", [this] { run(); });
+}
+
+StatePersister::~StatePersister() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void StatePersister::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    const bool last = stop_;
+    lock.unlock();
+    for (int r = 0; r < areas_.ranks(); ++r) serve(r, last);
+    lock.lock();
+    if (last) return;
+    wake_.wait_for(lock, poll_, [this] { return stop_; });
+  }
+}
+
+void StatePersister::serve(int local_rank, bool last) {
+  const int fd = areas_.fd(local_rank);
+  auto& served = served_[static_cast<std::size_t>(local_rank)];
+  std::vector<unsigned char> request(sl::kRequestPathAt - sl::kRequestAt + sl::kRequestPathBytes);
+  unsigned char again[8];
+  try {
+    pread_all(fd, request.data(), 8, sl::kRequestAt);
+    const auto number = sl::read_at<std::uint64_t>(request.data());
+    if (number == served || number % 2 == 1) return;  // nothing new, or being written
+    pread_all(fd, request.data(), request.size(), sl::kRequestAt);
+    pread_all(fd, again, 8, sl::kRequestAt);
+    if (sl::read_at<std::uint64_t>(again) != number || sl::read_at<std::uint64_t>(request.data()) != number) return;
+  } catch (const Error&) {
+    return;
+  }
+  const auto number = sl::read_at<std::uint64_t>(request.data());
+  const auto generation = sl::read_at<std::uint64_t>(request.data() + 8);
+  const auto length = sl::read_at<std::uint32_t>(request.data() + 16);
+  const std::string path(reinterpret_cast<const char*>(request.data() + (sl::kRequestPathAt - sl::kRequestAt)),
+                         std::min<std::size_t>(length, sl::kRequestPathBytes));
+  auto mark_copied = [&] {
+    unsigned char word[8];
+    sl::write_at(word, number);
+    pwrite_all(fd, word, 8, sl::kCopiedAt);
+  };
+  std::int64_t step = -1;
+  int err = 0;
+  std::string message;
+  try {
+    if (length > sl::kRequestPathBytes) refuse(ENAMETOOLONG, "the path is too long");
+    const auto written = persist_area(fd, areas_.bytes_per_rank(), generation, path, mark_copied);
+    if (!written) {
+      if (!last) return;  // that save is still being copied: asked again at the next poll
+      refuse(ECANCELED, "the save it asked for never completed (its worker ended mid-save)");
+    }
+    step = *written;
+    spdlog::debug("ddprun: local rank {}'s state of step {} persisted to {}", local_rank, step, path);
+  } catch (const Error& e) {
+    err = dynamic_cast<const PersistError*>(&e) ? static_cast<const PersistError&>(e).code : EIO;
+    message = fmt::format("persisting to {}: {} (any earlier file there is kept)", path, e.what());
+    spdlog::warn("ddprun: local rank {}: {}", local_rank, message);
+  }
+  message.resize(std::min(message.size(), sl::kReplyMessageBytes));
+  std::vector<unsigned char> reply(24 + sl::kReplyMessageBytes, 0);
+  sl::write_at(reply.data() + 8, step);
+  sl::write_at(reply.data() + 16, static_cast<std::int32_t>(err));
+  sl::write_at(reply.data() + 20, static_cast<std::uint32_t>(message.size()));
+  std::memcpy(reply.data() + 24, message.data(), message.size());
+  try {
+    mark_copied();  // (where the copy failed or never began: the pin goes too)
+    pwrite_all(fd, reply.data() + 8, reply.size() - 8, sl::kReplyAt + 8);
+    sl::write_at(reply.data(), number);
+    pwrite_all(fd, reply.data(), 8, sl::kReplyAt);  // the answer's number, last
+  } catch (const Error&) {
+  }
+  served = number;
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,112 @@
+#pragma once
+// The layout of a rank's in-memory state area (docs/usage.md: In-memory state), shared by
+// Python's ddprun.state (packaging/wheel/ddprun/state.py, byte for byte), the runtime's
+// MemoryState, and the agent, which owns the areas and persists them to disk:
+//
+//   header (a page): magic "DDPRUNST", u32 version 1, u32 slots, u64 slot bytes,
+//                    u64 latest (generation << 1 | slot)
+//     at 1024, the agent's answer to the last persist request: u64 request number answered,
+//                    i64 step written, i32 errno (0: written), u32 message bytes, the message
+//     at 1536, u64: the last request number whose slot the agent has copied (or given up)
+//     at 2048, the worker's persist request: u64 request number (odd while it is written, the
+//                    next even number once whole), u64 the generation to persist, u32 path
+//                    bytes, u32 0, the absolute path
+//   slot i at page + i * slot bytes: its header (a page): u64 commit, u64 generation, i64 step,
+//                    u64 skeleton bytes, u64 data bytes, u64 chunk bytes, u32 chunks, then a
+//                    CRC-32 (zlib's) per chunk of the payload (the skeleton, then the data, at
+//                    the next 64-byte boundary)
+//
+// An area has two slots. A persisted file has the same layout with one slot: a reader of
+// either checks the same commit word and CRC-32s.
+//
+// A persist request pins its generation: until the agent has copied it, the worker's saves go
+// to the other slot (pinned_generation()), so that the state asked for is the state written,
+// the same step on every rank that asked at the same step.
+
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace ddprun::state_layout {
+
+constexpr char kAreaMagic[8] = {'D', 'D', 'P', 'R', 'U', 'N', 'S', 'T'};
+constexpr std::uint32_t kVersion = 1, kSlots = 2;
+constexpr std::size_t kHeaderBytes = 32, kSlotHeaderBytes = 52, kAlign = 64;
+constexpr std::size_t kReplyAt = 1024, kReplyMessageBytes = 480, kCopiedAt = 1536, kRequestAt = 2048;
+constexpr std::size_t kRequestPathAt = kRequestAt + 24, kRequestPathBytes = 2000;
+
+inline std::size_t page() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
+inline std::size_t align(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+inline std::size_t max_chunks() { return (page() - kSlotHeaderBytes) / 4; }
+
+template <class T>
+T read_at(const unsigned char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+template <class T>
+void write_at(unsigned char* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
+
+struct Header {
+  std::uint32_t version = 0, slots = 0;
+  std::uint64_t slot_bytes = 0, latest = 0;
+  bool magic = false;
+};
+
+inline Header header(const unsigned char* p) {
+  Header h;
+  h.magic = std::memcmp(p, kAreaMagic, 8) == 0;
+  h.version = read_at<std::uint32_t>(p + 8);
+  h.slots = read_at<std::uint32_t>(p + 12);
+  h.slot_bytes = read_at<std::uint64_t>(p + 16);
+  h.latest = read_at<std::uint64_t>(p + 24);
+  return h;
+}
+
+inline void write_header(unsigned char* p, std::uint32_t slots, std::uint64_t slot_bytes, std::uint64_t latest) {
+  std::memcpy(p, kAreaMagic, 8);
+  write_at(p + 8, kVersion);
+  write_at(p + 12, slots);
+  write_at(p + 16, slot_bytes);
+  write_at(p + 24, latest);
+}
+
+// The generation a persist request pins (a save must not write its slot), or 0: the request
+// is whole and its slot not yet copied. `p`: the area's header page.
+inline std::uint64_t pinned_generation(const unsigned char* p) {
+  const auto number = read_at<std::uint64_t>(p + kRequestAt), copied = read_at<std::uint64_t>(p + kCopiedAt);
+  return number % 2 == 0 && number > copied ? read_at<std::uint64_t>(p + kRequestAt + 8) : 0;
+}
+
+struct SlotHeader {
+  std::uint64_t commit = 0, gen = 0;
+  std::int64_t step = 0;
+  std::uint64_t skel = 0, data = 0, chunk = 0;
+  std::uint32_t chunks = 0;
+
+  std::uint64_t payload() const { return align(skel) + data; }
+  // Committed, and its payload within a slot of `slot_bytes`.
+  bool committed_within(std::uint64_t slot_bytes) const {
+    return commit != 0 && commit == gen && slot_bytes > page() && skel <= slot_bytes && data <= slot_bytes &&
+           payload() <= slot_bytes - page() && chunks <= max_chunks();
+  }
+};
+
+inline SlotHeader slot_header(const unsigned char* p) {
+  SlotHeader h;
+  h.commit = read_at<std::uint64_t>(p);
+  h.gen = read_at<std::uint64_t>(p + 8);
+  h.step = read_at<std::int64_t>(p + 16);
+  h.skel = read_at<std::uint64_t>(p + 24);
+  h.data = read_at<std::uint64_t>(p + 32);
+  h.chunk = read_at<std::uint64_t>(p + 40);
+  h.chunks = read_at<std::uint32_t>(p + 48);
+  return h;
+}
+
+}  // namespace ddprun::state_layout
