@@ -8,8 +8,8 @@ jobs (tests/python/hang_worker.py):
                with its kind, without changing any worker (the stopped one stays stopped), and
                the job ends 124 --hang_stop after it;
   false_alarms a first step of 6 s, a 6 s evaluation loop (forward passes, no optimizer step), a
-               checkpoint save of 8 s (torch.save) on rank 0 while the others wait in a barrier (a
-               save longer than the floor, as a long one is longer than 30 s), and the whole job
+               checkpoint save of 8 s (torch.save, and plain file writes) on rank 0 while the others wait
+               in a barrier (a save longer than the floor, as a long one is longer than 30 s), and the whole job
                beside two CPU hogs: each ends 0 with no report, event or metric;
   straggler    a rank busy 0.3 s in Python before each step: named a straggler (warning, event,
                metric), no hang
@@ -198,7 +198,7 @@ def kinds(ddprun, tmp):
     together(first, second)
 
 
-def no_alarm(ddprun, tmp, name, worker_args, flags=(), metrics=False):
+def no_alarm(ddprun, tmp, name, worker_args, flags=(), metrics=False, said=None):
     port = {}
 
     def on_line(line):
@@ -217,6 +217,8 @@ def no_alarm(ddprun, tmp, name, worker_args, flags=(), metrics=False):
     require("ddprun: hang on" not in job.text and not reports,
           f"{name}: no hang report, no event" + (f" ({[(r['reason'], r['verdict']) for r in reports]})" if reports else ""))
     require("straggler" not in job.text and not job.event("straggler"), f"{name}: no straggler named")
+    if said:
+        require(said in job.text, f"{name}: ddprun says '{said}'")
     if metrics:
         line = [l for l in port.get("metrics", "").splitlines() if l.startswith("ddprun_hangs_reported_total")]
         require(line == ["ddprun_hangs_reported_total 0"], f"{name}: ddprun_hangs_reported_total is 0 near the end ({line})")
@@ -238,6 +240,9 @@ def false_alarms(ddprun, tmp):
     # Longer than the floor: the others wait. Alone: the save's beat every 2 s leaves 1 s to the
     # floor scaled down to 3 s (30 s by default), which a loaded machine once took.
     no_alarm(ddprun, tmp, "save", ["--save_at", "5", "--save_s", "8"])
+    # A save without torch.save (plain writes, as numpy or safetensors do): its writes to storage.
+    no_alarm(ddprun, tmp, "write", ["--write_at", "5", "--write_s", "8", "--write_dir", tmp],
+             said="rank 0 is writing to storage")
     hogs = [subprocess.Popen(["/usr/bin/python3", "-c", "while True: pass"]) for _ in range(2)]
     try:
         no_alarm(ddprun, tmp, "under_load", [])

@@ -11,6 +11,10 @@ worker of the hang tests (hang_torch_test.py) and of bench/hang_bench.py.
   --eval_at STEP --eval_s S   an evaluation loop (forward passes only, no optimizer step) of S s
   --save_at STEP --save_s S   rank 0 saves a checkpoint with torch.save to a file that takes S s
                               to write (no forward, no step) while the others wait in a barrier
+  --write_at STEP --write_s S --write_dir D
+                              rank 0 writes a checkpoint of its own (plain file writes, as numpy
+                              or safetensors do: no torch.save) to D for S s while the others wait
+                              in a barrier
   --slow_rank R --slow_s S    rank R is a straggler: busy S s in Python before each step
 Prints "step N" on rank 0 after each step and "DONE rank=R" at the end.
 """
@@ -69,6 +73,9 @@ def main():
     ap.add_argument("--eval_s", type=float, default=0)
     ap.add_argument("--save_at", type=int, default=-1)
     ap.add_argument("--save_s", type=float, default=0)
+    ap.add_argument("--write_at", type=int, default=-1)
+    ap.add_argument("--write_s", type=float, default=0)
+    ap.add_argument("--write_dir", default="")
     ap.add_argument("--slow_rank", type=int, default=-1)
     ap.add_argument("--slow_s", type=float, default=0)
     a = ap.parse_args()
@@ -90,6 +97,16 @@ def main():
         if step == a.save_at:
             if rank == 0:
                 torch.save(model.state_dict(), SlowFile(a.save_s))
+            dist.barrier()
+        if step == a.write_at:
+            if rank == 0:
+                path = os.path.join(a.write_dir, f"ckpt.{os.getpid()}.bin")
+                end, chunk = time.monotonic() + a.write_s, bytes(1 << 20)
+                with open(path, "wb") as f:  # 10 MB/s, a loaded network file system's pace
+                    while time.monotonic() < end:
+                        f.write(chunk)
+                        time.sleep(0.1)
+                os.unlink(path)
             dist.barrier()
         i = (step * 16) % 240
         batch = load_batch(x, i, 16, a.hang, rank, (a.rank, a.at), step)

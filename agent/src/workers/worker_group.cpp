@@ -9,6 +9,7 @@
 #include <boost/asio.hpp>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
@@ -319,11 +320,43 @@ void WorkerGroup::Impl::fail_hung(Slot& s, SteadyClock::time_point now, const st
   listener->on_worker_failed(s.w, reason, kHeartbeatExitCode, FailureKind::hang);
 }
 
-// A rank in torch.save now: its file says so and it beat within the last 10 s (it beats every 2 s
-// while saving; a save whose process hangs stops beating and is a hang like any other).
+std::optional<std::uint64_t> storage_written(pid_t pid, const std::string& proc_root) {
+  std::ifstream io(proc_root + "/" + std::to_string(pid) + "/io");
+  std::string key;
+  std::uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "write_bytes:") return value;
+  }
+  return std::nullopt;
+}
+
+void WorkerGroup::Impl::watch_writes(Slot& s, SteadyClock::time_point now) {
+  pid_t pid = training_process(s.w.spec.heartbeat_file, s.w.pid);
+  if (pid <= 0) pid = s.w.pid;
+  const auto bytes = storage_written(pid);
+  if (!bytes || pid != s.io_pid || *bytes < s.io_bytes) {
+    s.io_pid = bytes ? pid : -1;
+    s.io_bytes = bytes.value_or(0);
+    s.io_since = now;
+    return;
+  }
+  if (*bytes >= s.io_bytes + kWritingBytes) {
+    s.io_wrote = now;
+  } else if (now - s.io_since < kWritingWindow) {
+    return;  // less than kWritingBytes yet: the window goes on
+  }
+  s.io_bytes = *bytes;
+  s.io_since = now;
+}
+
+// A rank saving now: in torch.save (its file says so and it beat within the last 10 s: it beats
+// every 2 s while saving), or writing to storage at a save's pace within the last kWritingWindow.
+// A save whose process hangs stops both and is a hang like any other.
 const Slot* WorkerGroup::Impl::saving(SteadyClock::time_point now) const {
   for (const auto& s : slots) {
-    if (s->w.running() && s->hb.saving() && s->hb.silent(now) < std::chrono::seconds(10)) return s.get();
+    if (!s->w.running()) continue;
+    if (s->hb.saving() && s->hb.silent(now) < std::chrono::seconds(10)) return s.get();
+    if (s->io_pid > 0 && s->io_wrote > SteadyClock::time_point{} && now - s->io_wrote < kWritingWindow) return s.get();
   }
   return nullptr;
 }
@@ -331,7 +364,10 @@ const Slot* WorkerGroup::Impl::saving(SteadyClock::time_point now) const {
 void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
   if (!opt.hang.on() || stopping()) return;
   for (auto& s : slots) {
-    if (s->w.running() && !s->w.spec.heartbeat_file.empty()) look_at_beat(*s, now);
+    if (s->w.running() && !s->w.spec.heartbeat_file.empty()) {
+      look_at_beat(*s, now);
+      watch_writes(*s, now);
+    }
   }
   if (!hang && opt.hang.adaptive) watch_pace(now);
   if (hang) {
@@ -366,8 +402,11 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
   if (saver) {
     // The others wait for it in a collective: their silence is not a hang while it saves.
     if (saver->w.spec.local_rank != logged_saver) {
-      spdlog::info("ddprun: rank {} is saving a checkpoint (torch.save); the other ranks' silence is not taken "
-                   "for a hang until it ends", saver->w.spec.rank);
+      spdlog::info("ddprun: rank {} is {}; the other ranks' silence is not taken for a hang until it ends",
+                   saver->w.spec.rank,
+                   saver->hb.saving() ? "saving a checkpoint (torch.save)"
+                                      : fmt::format("writing to storage (over {} MB within {} s: a checkpoint save)",
+                                                    kWritingBytes >> 20, kWritingWindow.count()));
     }
     logged_saver = saver->w.spec.local_rank;
     return;
@@ -385,7 +424,7 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
       if (!remote) return;
       if (*remote) {
         if (!logged_remote) {
-          spdlog::info("ddprun: a rank of another node is saving a checkpoint (torch.save); this node's ranks' "
+          spdlog::info("ddprun: a rank of another node is saving a checkpoint; this node's ranks' "
                        "silence is not taken for a hang until it ends");
         }
         logged_remote = true;

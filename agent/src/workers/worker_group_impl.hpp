@@ -48,7 +48,24 @@ struct Slot {
   pid_t pace_pid = -1;
   long long pace_cpu = -1, pace_steps = 0;
   SteadyClock::time_point pace_at;
+  // Its training process's writes to storage (write_bytes): a save of any kind, where the
+  // heartbeat's saving() is torch.save's alone. The count since `io_since`; `io_wrote`: when it
+  // last grew by kWritingBytes within kWritingWindow.
+  pid_t io_pid = -1;
+  std::uint64_t io_bytes = 0;
+  SteadyClock::time_point io_since, io_wrote;
 };
+
+// A process that writes this much to storage within this window is saving (a checkpoint of any
+// kind: numpy, safetensors, torch.distributed.checkpoint), not hung: 0.8 MB/s, above what a
+// program's logs write, below any checkpoint's pace.
+constexpr std::uint64_t kWritingBytes = 8ull << 20;
+constexpr std::chrono::seconds kWritingWindow{10};
+
+// The bytes `pid` has caused to be written to storage (/proc/PID/io write_bytes: counted as it
+// dirties a file's pages, so a save to a disk or network file system counts at once, a pipe or
+// a socket not at all); nullopt when it cannot be read.
+std::optional<std::uint64_t> storage_written(pid_t pid, const std::string& proc_root = "/proc");
 
 // The process that trains below `worker`, as the progress hook wrote it at its first step
 // (HEARTBEAT.pid); -1 when there is none, or it is no longer below the worker.
@@ -178,6 +195,7 @@ struct WorkerGroup::Impl {
   bool look_at_beat(Slot& s, SteadyClock::time_point now);
   // The rank in torch.save now (heartbeat.hpp), if one is; nobody is taken for hung meanwhile.
   const Slot* saving(SteadyClock::time_point now) const;
+  void watch_writes(Slot& s, SteadyClock::time_point now);
   int logged_saver = -1;  // the local rank whose save was announced
   bool logged_remote = false;  // "a rank of another node is saving" was said
   int nodes = 1;          // the round's (set_nodes)
