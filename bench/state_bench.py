@@ -6,6 +6,7 @@ after --crash_step (bench/state_job.py), in three set-ups:
   torchrun + torch.save    torchrun (--torchrun) with a torch.save every --every steps
   ddprun + torch.save      the same job under ddprun
   ddprun + ddprun.state    ddprun.state.save after every step
+  ... + persist            and ddprun.state.persist every --every steps (the agent writes the file)
 
 For each: the steps lost (done before the crash and done again), the time from the crash to every
 rank's first step after it (restart, imports, init_process_group and the state's load included),
@@ -42,7 +43,7 @@ def run(cmd, tmp, timeout=600):
 def one(a, setup, mb, step_s):
     tmp = tempfile.mkdtemp(prefix="state_bench_", dir=a.tmp)
     try:
-        mode = "memory" if setup == "ddprun + ddprun.state" else "disk"
+        mode = {"ddprun + ddprun.state": "memory", "ddprun + ddprun.state + persist": "persist"}.get(setup, "disk")
         job = [a.python, JOB, "--mode", mode, "--state_mb", str(mb), "--step_s", str(step_s),
                "--crash_step", str(a.crash_step), "--every", str(a.every), "--dir", tmp, "--steps", str(a.crash_step + 4)]
         if setup.startswith("torchrun"):
@@ -57,7 +58,7 @@ def one(a, setup, mb, step_s):
         with open(os.path.join(tmp, "crash")) as f:
             crash = float(f.read())
         first = max(float(open(p).read()) for p in glob.glob(os.path.join(tmp, "first.*")))
-        disk = sum(os.path.getsize(p) for p in glob.glob(os.path.join(tmp, "ckpt.*.pt")))
+        disk = sum(os.path.getsize(p) for p in glob.glob(os.path.join(tmp, "ckpt.*.pt")) + glob.glob(os.path.join(tmp, "persist.*.state")))
         # The stall before the crash, in the steady state (from the third step: the first saves
         # also fault the area's pages in): what a save adds to each step, the worse rank's.
         steady = [dict(kv.split("=") for kv in m.group(1).split()) for m in re.finditer(r"STEP (.*)", out)]
@@ -71,7 +72,7 @@ def one(a, setup, mb, step_s):
         return {"setup": setup, "mb": mb, "lost": a.crash_step + 1 - int(after[0]["resumed"]),
                 "recover": first - crash, "stall": stall, "share": stall / step if step else 0, "step": step,
                 "memory": disk + sum(int(r["area"]) for r in after),
-                "rss": max(int(r["rss"]) for r in after), "where": "disk" if mode == "disk" else "memfd",
+                "rss": max(int(r["rss"]) for r in after), "where": {"disk": "disk", "memory": "memfd"}.get(mode, "memfd + disk"),
                 "copy": max(float(r["copy"]) for r in after), "load": max(float(r["load"]) for r in after)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -94,7 +95,7 @@ def main():
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--tmp", default="/tmp", help="where torch.save writes (a disk, not tmpfs)")
     a = ap.parse_args()
-    setups = ["torchrun + torch.save", "ddprun + torch.save", "ddprun + ddprun.state"]
+    setups = ["torchrun + torch.save", "ddprun + torch.save", "ddprun + ddprun.state", "ddprun + ddprun.state + persist"]
     if not a.torchrun or not os.path.exists(a.torchrun):
         setups = setups[1:]
     sizes = [int(mb) for mb in a.sizes.split(",")]
@@ -102,7 +103,7 @@ def main():
     step_s += [step_s[-1]] * (len(sizes) - len(step_s))
     rows = [one(a, s, mb, t) for mb, t in zip(sizes, step_s) for s in setups]
     print(f"\n2 workers, gloo, a step of {', '.join(f'{t:g} s' for t in step_s[:len(sizes)])} (a sleep for the "
-          f"accelerator's part), rank 1 lost halfway through step {a.crash_step + 1}; torch.save every {a.every} steps\n")
+          f"accelerator's part), rank 1 lost halfway through step {a.crash_step + 1}; torch.save and persist every {a.every} steps\n")
     print("| state per rank | set-up | steps lost | crash -> every rank's next step (of it: the state's load) | "
           "stall per step (share) | state's memory | workers' peak RSS | save thread per save |")
     print("|---|---|---|---|---|---|---|---|")

@@ -3,7 +3,8 @@
 (a small model trained for real, and state tensors the optimizer step changes), a step of
 --step_s seconds (a sleep in forward stands for a GPU's compute, leaving the CPU to the copy),
 rank 1 dying halfway through step --crash_step + 1 of the first attempt. It saves with
-torch.save every --every steps (--mode disk) or ddprun.state.save every step (--mode memory), and
+torch.save every --every steps (--mode disk) or ddprun.state.save every step (--mode memory; --mode
+persist also asks the agent to write it to DIR/persist.RANK.state every --every steps), and
 resumes from what it saved.
 
 Writes DIR/crash (time.time() before the crash), DIR/first.RANK (time.time() after the first
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--mode", choices=["disk", "memory"], required=True)
+ap.add_argument("--mode", choices=["disk", "memory", "persist"], required=True)
 ap.add_argument("--state_mb", type=float, default=256)
 ap.add_argument("--steps", type=int, default=14)
 ap.add_argument("--crash_step", type=int, default=8)
@@ -30,7 +31,8 @@ ap.add_argument("--every", type=int, default=5)
 ap.add_argument("--step_s", type=float, default=1.0)
 ap.add_argument("--dir", required=True)
 a = ap.parse_args()
-if a.mode == "memory":
+in_memory = a.mode in ("memory", "persist")
+if in_memory:
     import ddprun.state  # before the optimizer: its fence (PyTorch 1.x)
 
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -46,7 +48,7 @@ ckpt = os.path.join(a.dir, f"ckpt.{rank}.pt")
 
 start = 0
 load_s = time.perf_counter()
-if a.mode == "memory":
+if in_memory:
     found = ddprun.state.load()
     if found is not None:
         model.load_state_dict(found[1]["model"])
@@ -87,20 +89,22 @@ for step in range(start, a.steps):
             f.write(repr(time.time()))
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "big": big, "step": step}
     s0 = time.perf_counter()
-    if a.mode == "memory":
+    if in_memory:
         ddprun.state.save(step, state)
+        if a.mode == "persist" and step % a.every == a.every - 1:
+            ddprun.state.persist(os.path.join(a.dir, f"persist.{rank}.state"))
     elif step % a.every == a.every - 1:
         torch.save(state, ckpt + ".tmp")
         os.replace(ckpt + ".tmp", ckpt)
         saves += 1
     stall += time.perf_counter() - s0
-    waited = ddprun.state.stats()["fence_waited_s"] if a.mode == "memory" else 0.0
+    waited = ddprun.state.stats()["fence_waited_s"] if in_memory else 0.0
     print(f"STEP rank={rank} attempt={attempt} step={step} save={time.perf_counter() - s0:.5f} "
           f"fence={waited - fenced:.5f} time={step_times[-1]:.5f}", flush=True)
     fenced = waited
 
 area, copy = 0, 0.0
-if a.mode == "memory":
+if in_memory:
     ddprun.state.wait()
     s = ddprun.state.stats()
     stall, saves = s["stall_s"], s["saves"]

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <climits>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -56,6 +57,22 @@ void write_slot_header(unsigned char* p, const SlotHeader& h) {
 std::uint64_t chunk_bytes(std::uint64_t payload) {
   const std::uint64_t least = (payload + max_chunks() - 1) / max_chunks();
   return std::max<std::uint64_t>(kChunk, (least + page() - 1) / page() * page());
+}
+
+// Before a save writes the slot that holds `held`: if a persist request names that state, until
+// the agent has copied it (at memory speed), so that the area keeps two committed states. After
+// a minute the save goes on, and that persist fails (its copy is found overwritten).
+void wait_unpinned(const unsigned char* map, const SlotHeader& held) {
+  if (!held.commit || pinned_generation(map) != held.gen) return;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (pinned_generation(map) == held.gen) {
+    if (std::chrono::steady_clock::now() > end) {
+      std::fprintf(stderr, "ddprun state: the agent has not copied the state asked to persist in 60 s; saving over it "
+                           "(that persist fails)\n");
+      return;
+    }
+    ::usleep(2000);
+  }
 }
 
 }  // namespace memory_state_layout
@@ -151,16 +168,14 @@ void MemoryState::save(std::int64_t step, const std::vector<StateBuffer>& buffer
                 " (half this rank's share of --state_memory, two slots); raise ddprun's --state_memory");
   }
   const auto held = committed(map_, slot_bytes_);
-  int slot = held.empty() ? 0 : 1 - std::get<2>(held.front());
-  // A slot the agent has yet to copy for a persist request is left alone: this save replaces the
-  // newest state instead (a crash mid-save leaves the pinned one).
-  const std::uint64_t pinned = pinned_generation(map_);
-  for (const auto& [gen, step, at] : held) {
-    if (pinned != 0 && gen == pinned && at == slot) slot = 1 - slot;
-  }
-  const std::uint64_t gen = (held.empty() ? 0 : std::get<0>(held.front())) + 1;
+  const int slot = held.empty() ? 0 : 1 - std::get<2>(held.front());
+  // Never a generation used before: a persist request may name one whose save never ended.
+  const std::uint64_t gen =
+      std::max<std::uint64_t>(held.empty() ? 0 : std::get<0>(held.front()), read_at<std::uint64_t>(map_ + kRequestAt + 8)) + 1;
   unsigned char* base = map_ + page() + static_cast<std::size_t>(slot) * slot_bytes_;
+  wait_unpinned(map_, slot_header(base));
   write_slot_header(base, SlotHeader{});  // uncommitted from here on
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // before any byte of the payload
   unsigned char* payload = base + page();
   std::memcpy(payload, skeleton.data(), skeleton.size());
   unsigned char* at = payload + align(skeleton.size());
@@ -223,7 +238,7 @@ std::optional<MemoryState::Loaded> load_from(const unsigned char* map, std::size
       p += 4 + len;
       const auto off = read_at<std::uint64_t>(p), bytes = read_at<std::uint64_t>(p + 8);
       p += 16;
-      if (off + bytes > h.data) throw Error("ddprun state: a malformed native skeleton");
+      if (off > h.data || bytes > h.data - off) throw Error("ddprun state: a malformed native skeleton");
       out.buffers[name].assign(data + off, data + off + bytes);
     }
     return out;
@@ -292,19 +307,45 @@ std::optional<MemoryState::Loaded> MemoryState::load_step(std::int64_t step) con
   return load_from(map_, slot_bytes_, kSlots, step, "memory written outside MemoryState?");
 }
 
+// `load` on every rank of `group`: its result, or the first rank's error thrown on every rank, so
+// that none goes on to a collective the others never join.
+template <class Load>
+std::optional<MemoryState::Loaded> load_on_all(ProcessGroup& group, Load load) {
+  std::optional<MemoryState::Loaded> out;
+  std::string error;
+  try {
+    out = load();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const auto failed = all_gather_on_host(group, std::vector<std::int64_t>{error.empty() ? 0 : 1});
+  for (std::size_t r = 0; r < failed.size(); ++r) {
+    if (failed[r] && error.empty()) {
+      throw Error("ddprun state: rank " + std::to_string(r) + " could not load the agreed state (its error says why)");
+    }
+  }
+  if (!error.empty()) throw Error(error);
+  return out;
+}
+
 std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group) {
   const std::int64_t agreed = agree(group, steps());
   if (agreed < 0) return std::nullopt;
-  return load_step(agreed);
+  return load_on_all(group, [&] { return load_step(agreed); });
 }
 
 std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group, const std::string& path) {
-  const StateFile file(path);
+  std::optional<StateFile> file;
   std::vector<std::int64_t> held;
-  for (const auto& [gen, step, slot] : committed(file.map(), file.slot_bytes(), 1)) held.push_back(step);
+  try {
+    file.emplace(path);
+    for (const auto& [gen, step, slot] : committed(file->map(), file->slot_bytes(), 1)) held.push_back(step);
+  } catch (const Error& e) {  // this rank holds nothing from it, and still agrees
+    std::fprintf(stderr, "%s; rank %d loads nothing from it\n", e.what(), group.rank());
+  }
   const std::int64_t agreed = agree(group, held);
   if (agreed < 0) return std::nullopt;
-  return load_from(file.map(), file.slot_bytes(), 1, agreed, path);
+  return load_on_all(group, [&] { return load_from(file->map(), file->slot_bytes(), 1, agreed, path); });
 }
 
 std::int64_t MemoryState::persist(const std::string& path, bool blocking) {

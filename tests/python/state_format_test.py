@@ -3,7 +3,8 @@
 agent makes it stands in for the rank's area. Round trips of every kind of value, a save left
 uncommitted, a corrupted slot, a save too large, copy-on-write loads, loaded tensors kept when
 their slot is written again, the optimizer fence (with an LR scheduler made after the import),
-a native trainer's state (refused), and a DDPRUN_STATE_FD that is not an area.
+a native trainer's state (refused), a persist request's pin, and a DDPRUN_STATE_FD that is
+not an area.
 
 Usage: state_format_test.py PACKAGE_DIR (where the `ddprun` package is: build/share/ddprun/python)"""
 import fcntl
@@ -127,6 +128,36 @@ def native_state(st):
         check("native trainer" in str(e), f"a native trainer's state raises StateError: {e}")
 
 
+def pinned(st):
+    # A persist request pins a state until the agent has copied it: the save that would write
+    # its slot waits on its thread (both committed states stay whole), then goes on; a save never
+    # reuses a generation a request named. No agent here: the test answers as one.
+    import struct
+    import time
+
+    import torch
+
+    fd = st._area.fd
+    for step in (100, 101):
+        st.save(step, {"x": torch.full((1 << 16,), float(step))})
+    st.wait()
+    gen100 = st._area.committed()[1][0]
+    (number,) = struct.unpack("<Q", os.pread(fd, 8, 2048))
+    number += 2 + (number & 1)
+    os.pwrite(fd, struct.pack("<QQ", number, gen100), 2048)  # a whole request for step 100
+    st.save(102, {"x": torch.full((1 << 16,), 102.0)})
+    time.sleep(0.3)
+    check(st._pending.thread.is_alive() and st.steps() == [101, 100],
+          f"a save over the pinned state waits, both committed states whole: {st.steps()}")
+    os.pwrite(fd, struct.pack("<Q", number), 1536)  # the agent's "copied"
+    st.wait()
+    check(st.steps() == [102, 101], f"once copied, the save goes on: {st.steps()}")
+    os.pwrite(fd, struct.pack("<QQ", number + 2, 500), 2048)  # a request for a save that never ended
+    os.pwrite(fd, struct.pack("<Q", number + 2), 1536)
+    st.save(103, {"x": torch.zeros(3)}, blocking=True)
+    check(st._area.committed()[0][:2] == (501, 103), f"the next save is generation 501: {st._area.committed()}")
+
+
 def not_an_area():
     # A descriptor that is not an area (a subprocess that inherited the variables, not the memfd).
     code = ("import warnings, ddprun.state as s; warnings.simplefilter('always'); "
@@ -149,6 +180,7 @@ def main():
     slots(st, held, want)
     too_large_and_fence(st)
     native_state(st)
+    pinned(st)
     not_an_area()
     print(f"{len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)

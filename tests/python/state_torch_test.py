@@ -90,6 +90,16 @@ def persist(path):
         check(rc != 0 and len(found(lost, r"LOST after step 7")) == 2 and files == ["rank0.state", "rank1.state"]
               and set(modes.values()) == {"0o600"},
               f"the whole job lost after step 7 leaves each rank's file, its user's only (rc {rc}): {modes}")
+        # One rank's file torn (cut short): that rank holds nothing from it, and every rank
+        # starts over together, none left waiting in a collective.
+        good = os.path.join(tmp, "rank1.good")
+        shutil.copy(os.path.join(tmp, "rank1.state"), good)
+        os.truncate(os.path.join(tmp, "rank1.state"), 5000)
+        rc, torn = run(cmd, {**env, "STATE_RESUMING": "1"})
+        check(rc == 0 and sorted(m.group(1) for m in found(torn, r"FROM_FILE (\S+)")) == ["None", "None"]
+              and any("is not a state file" in l for l in torn) and set(finals(torn).values()) == want,
+              f"a torn file on rank 1: both ranks start over, and end as the uninterrupted run (rc {rc})")
+        os.replace(good, os.path.join(tmp, "rank1.state"))
         rc, lines = run(cmd, {**env, "STATE_RESUMING": "1"})
         check(rc == 0 and sorted(m.group(1) for m in found(lines, r"FROM_FILE (\S+)")) == ["5", "5"]
               and len(found(lines, r"RESUMED 5 ")) == 2,

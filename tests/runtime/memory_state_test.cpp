@@ -3,7 +3,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -102,6 +105,40 @@ TEST_CASE("memory state: a save killed midway leaves the previous state whole, a
   std::vector<unsigned char> big(s.capacity() + 1);
   CHECK_THROWS_WITH(s.save(10, {{"big", big.data(), big.size()}}), Catch::Contains("--state_memory"));
   CHECK(s.steps() == std::vector<std::int64_t>{9, 7});
+}
+
+TEST_CASE("memory state: a save waits to write the slot a persist request pins until the agent has copied it, and never reuses a requested generation", "[state]") {
+  Area area(1 << 20);
+  MemoryState s;
+  auto w = values(1, 100);
+  s.save(1, {{"w", w.data(), w.size() * 4}});  // generation 1, slot 0
+  s.save(2, {{"w", w.data(), w.size() * 4}});  // generation 2, slot 1
+  // A request (number 2, whole) for generation 1, as persist() writes one; no agent copies it yet.
+  auto put = [&](std::uint64_t v, std::size_t at) {
+    REQUIRE(::pwrite(area.fd, &v, 8, static_cast<off_t>(at)) == 8);
+  };
+  put(1, 2048 + 8);
+  put(2, 2048);
+  std::atomic<bool> saved{false};
+  std::thread saver([&] {
+    s.save(3, {{"w", w.data(), w.size() * 4}});  // goes to slot 0, which holds generation 1
+    saved = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK_FALSE(saved);
+  CHECK(s.steps() == std::vector<std::int64_t>{2, 1});  // both committed states still whole
+  put(2, 1536);  // the agent's "copied" for request 2
+  saver.join();
+  CHECK(saved);
+  CHECK(s.steps() == std::vector<std::int64_t>{3, 2});
+  // A request that named generation 9 (a save that never ended): the next save is generation 10.
+  put(9, 2048 + 8);
+  put(4, 2048);
+  put(4, 1536);
+  s.save(4, {{"w", w.data(), w.size() * 4}});
+  std::uint64_t latest = 0;
+  REQUIRE(::pread(area.fd, &latest, 8, 24) == 8);
+  CHECK(latest >> 1 == 10);
 }
 
 TEST_CASE("memory state: without an area nothing is saved or loaded, and a descriptor that is not one is refused", "[state]") {

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <random>
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
@@ -96,6 +98,7 @@ void copy_slot(int area_fd, std::uint64_t from, std::uint64_t payload, int out) 
   }
 }
 
+// The target's folder, and a hidden file beside the target that becomes it whole.
 class Directory {
  public:
   explicit Directory(const std::string& path) {
@@ -107,55 +110,57 @@ class Directory {
     }
     fd_ = ::open(slash == 0 ? "/" : path.substr(0, slash).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd_ < 0) fail(errno, "opening its folder");
-    hidden_ = fmt::format(".{}.ddprun-{}.tmp", name_, ::getpid());
   }
   ~Directory() {
     if (out_ >= 0) ::close(out_);
-    if (out_ >= 0 || made_) ::unlinkat(fd_, hidden_.c_str(), 0);
+    if (!hidden_.empty()) ::unlinkat(fd_, hidden_.c_str(), 0);
     ::close(fd_);
   }
   Directory(const Directory&) = delete;
   Directory& operator=(const Directory&) = delete;
 
-  // A fresh hidden file beside the target (one a killed agent left is replaced).
+  // A hidden file of a name no one else uses (another agent may write beside the same target).
   int create() {
+    std::random_device random;
     for (int tries = 0; out_ < 0; ++tries) {
+      hidden_ = fmt::format(".{}.ddprun-{:08x}.tmp", name_, random());
       out_ = ::openat(fd_, hidden_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-      if (out_ < 0 && (errno != EEXIST || tries > 0 || ::unlinkat(fd_, hidden_.c_str(), 0) != 0)) {
-        fail(errno, "creating a file in its folder");
+      if (out_ < 0) {
+        const int err = errno;
+        hidden_.clear();
+        if (err != EEXIST || tries == 4) fail(err, "creating a file in its folder");
       }
     }
     return out_;
   }
-  // Flushes the hidden file and renames it over the target.
+  // Flushes the hidden file and renames it over the target, then flushes the folder.
   void commit() {
     if (::fdatasync(out_) != 0) fail(errno, "flushing it");
     ::close(out_);
     out_ = -1;
-    made_ = true;
     if (::renameat(fd_, hidden_.c_str(), fd_, name_.c_str()) != 0) fail(errno, "renaming it into place");
-    made_ = false;
-    ::fsync(fd_);
+    hidden_.clear();
+    if (::fsync(fd_) != 0) fail(errno, "flushing its folder");
   }
 
  private:
   int fd_ = -1, out_ = -1;
-  bool made_ = false;
   std::string name_, hidden_;
 };
 
-}  // namespace
-
-std::optional<std::int64_t> persist_area(int area_fd, std::uint64_t area_bytes, std::uint64_t generation,
-                                         const std::string& path, const std::function<void()>& copied) {
+// The slot of `generation` copied (sendfile: at memory speed, into the page cache) into a hidden
+// file beside `path`; nullopt where it is not committed yet.
+std::unique_ptr<Directory> copy_slot_to(int area_fd, std::uint64_t area_bytes, std::uint64_t generation,
+                                        const std::string& path, std::int64_t* step, bool* not_yet) {
   const std::size_t page = sl::page();
   const Found slot = find_slot(area_fd, area_bytes, generation);
+  *not_yet = slot.offset == 0 && slot.newest < generation;
+  if (*not_yet) return nullptr;
   if (slot.offset == 0) {
-    if (slot.newest < generation) return std::nullopt;
     refuse(ESTALE, fmt::format("the state asked for (generation {}) was overwritten before it was copied", generation));
   }
-  Directory dir(path);
-  const int out = dir.create();
+  auto dir = std::make_unique<Directory>(path);
+  const int out = dir->create();
   const std::uint64_t payload = slot.head.payload();
   const std::uint64_t slot_bytes = page + (payload + page - 1) / page * page;
   std::vector<unsigned char> head(page, 0);
@@ -163,16 +168,26 @@ std::optional<std::int64_t> persist_area(int area_fd, std::uint64_t area_bytes, 
   pwrite_all(out, head.data(), page, 0);
   copy_slot(area_fd, slot.offset, payload, out);
   if (::ftruncate(out, static_cast<off_t>(page + slot_bytes)) != 0) fail(errno, "writing it");  // whole pages
-  // The request pinned the slot: no save writes it until `copied` says so. A save that did (it
-  // clears the commit word first) would have left a copy that is not that state.
+  // The request pinned the slot: no save writes it until `copied` says so, or a minute has gone
+  // (a save clears the commit word first): a copy that is not that state is refused.
   pread_all(area_fd, head.data(), 8, slot.offset);
   if (sl::read_at<std::uint64_t>(head.data()) != generation) {
-    refuse(ESTALE, "the state was overwritten while it was copied (a save that did not heed the request's pin)");
+    refuse(ESTALE, "the state was overwritten while it was copied (the copy took over a minute)");
   }
-  if (copied) copied();
-  dir.commit();
-  return slot.head.step;
+  *step = slot.head.step;
+  return dir;
 }
+
+}  // namespace
+
+// A slot copied into its hidden file, to be flushed and renamed.
+struct StatePersister::Copied {
+  int local_rank = 0;
+  std::uint64_t number = 0;
+  std::string path;
+  std::unique_ptr<Directory> dir;
+  std::int64_t step = -1;
+};
 
 StatePersister::StatePersister(const StateAreas& areas, std::chrono::milliseconds poll)
     : areas_(areas), poll_(poll), served_(static_cast<std::size_t>(areas.ranks()), 0) {
@@ -193,69 +208,95 @@ void StatePersister::run() {
   for (;;) {
     const bool last = stop_;
     lock.unlock();
-    for (int r = 0; r < areas_.ranks(); ++r) serve(r, last);
+    serve(last);
     lock.lock();
     if (last) return;
     wake_.wait_for(lock, poll_, [this] { return stop_; });
   }
 }
 
-void StatePersister::serve(int local_rank, bool last) {
-  const int fd = areas_.fd(local_rank);
-  auto& served = served_[static_cast<std::size_t>(local_rank)];
-  std::vector<unsigned char> request(sl::kRequestPathAt - sl::kRequestAt + sl::kRequestPathBytes);
-  unsigned char again[8];
-  try {
-    pread_all(fd, request.data(), 8, sl::kRequestAt);
-    const auto number = sl::read_at<std::uint64_t>(request.data());
-    if (number == served || number % 2 == 1) return;  // nothing new, or being written
-    pread_all(fd, request.data(), request.size(), sl::kRequestAt);
-    pread_all(fd, again, 8, sl::kRequestAt);
-    if (sl::read_at<std::uint64_t>(again) != number || sl::read_at<std::uint64_t>(request.data()) != number) return;
-  } catch (const Error&) {
-    return;
-  }
-  const auto number = sl::read_at<std::uint64_t>(request.data());
-  const auto generation = sl::read_at<std::uint64_t>(request.data() + 8);
-  const auto length = sl::read_at<std::uint32_t>(request.data() + 16);
-  const std::string path(reinterpret_cast<const char*>(request.data() + (sl::kRequestPathAt - sl::kRequestAt)),
-                         std::min<std::size_t>(length, sl::kRequestPathBytes));
-  auto mark_copied = [&] {
-    unsigned char word[8];
-    sl::write_at(word, number);
-    pwrite_all(fd, word, 8, sl::kCopiedAt);
-  };
-  std::int64_t step = -1;
-  int err = 0;
-  std::string message;
-  try {
-    if (length > sl::kRequestPathBytes) refuse(ENAMETOOLONG, "the path is too long");
-    const auto written = persist_area(fd, areas_.bytes_per_rank(), generation, path, mark_copied);
-    if (!written) {
-      if (!last) return;  // that save is still being copied: asked again at the next poll
-      refuse(ECANCELED, "the save it asked for never completed (its worker ended mid-save)");
+// Every rank's new request: first each slot copied and let go (the saves wait for that), then
+// each copy flushed and renamed into place (the disk's time), then answered.
+void StatePersister::serve(bool last) {
+  std::vector<Copied> copied;
+  for (int r = 0; r < areas_.ranks(); ++r) {
+    const int fd = areas_.fd(r);
+    std::vector<unsigned char> request(sl::kRequestPathAt - sl::kRequestAt + sl::kRequestPathBytes);
+    unsigned char again[8];
+    try {
+      pread_all(fd, request.data(), 8, sl::kRequestAt);
+      const auto number = sl::read_at<std::uint64_t>(request.data());
+      if (number == served_[static_cast<std::size_t>(r)] || number % 2 == 1) continue;  // nothing new, or being written
+      pread_all(fd, request.data(), request.size(), sl::kRequestAt);
+      pread_all(fd, again, 8, sl::kRequestAt);
+      if (sl::read_at<std::uint64_t>(again) != number || sl::read_at<std::uint64_t>(request.data()) != number) continue;
+    } catch (const Error&) {
+      continue;
     }
-    step = *written;
-    spdlog::debug("ddprun: local rank {}'s state of step {} persisted to {}", local_rank, step, path);
-  } catch (const Error& e) {
-    err = dynamic_cast<const PersistError*>(&e) ? static_cast<const PersistError&>(e).code : EIO;
-    message = fmt::format("persisting to {}: {} (any earlier file there is kept)", path, e.what());
-    spdlog::warn("ddprun: local rank {}: {}", local_rank, message);
+    Copied c;
+    c.local_rank = r;
+    c.number = sl::read_at<std::uint64_t>(request.data());
+    const auto generation = sl::read_at<std::uint64_t>(request.data() + 8);
+    const auto length = sl::read_at<std::uint32_t>(request.data() + 16);
+    c.path.assign(reinterpret_cast<const char*>(request.data() + (sl::kRequestPathAt - sl::kRequestAt)),
+                  std::min<std::size_t>(length, sl::kRequestPathBytes));
+    try {
+      if (length > sl::kRequestPathBytes) refuse(ENAMETOOLONG, "the path is too long");
+      bool not_yet = false;
+      c.dir = copy_slot_to(fd, areas_.bytes_per_rank(), generation, c.path, &c.step, &not_yet);
+      if (not_yet) {
+        if (!last) continue;  // that save is still being copied: asked again at the next poll
+        refuse(ECANCELED, "the save it asked for never completed (its worker ended mid-save)");
+      }
+      mark_copied(r, c.number);
+      copied.push_back(std::move(c));
+    } catch (const Error& e) {
+      answer(c, &e);
+    }
+  }
+  for (auto& c : copied) {
+    try {
+      c.dir->commit();
+      spdlog::debug("ddprun: local rank {}'s state of step {} persisted to {}", c.local_rank, c.step, c.path);
+      answer(c, nullptr);
+    } catch (const Error& e) {
+      answer(c, &e);
+    }
+  }
+}
+
+void StatePersister::mark_copied(int local_rank, std::uint64_t number) {
+  unsigned char word[8];
+  sl::write_at(word, number);
+  try {
+    pwrite_all(areas_.fd(local_rank), word, 8, sl::kCopiedAt);
+  } catch (const Error&) {
+  }
+}
+
+void StatePersister::answer(const Copied& c, const Error* error) {
+  std::string message;
+  int err = 0;
+  if (error) {
+    err = dynamic_cast<const PersistError*>(error) ? static_cast<const PersistError*>(error)->code : EIO;
+    message = fmt::format("persisting to {}: {} (any earlier file there is kept)", c.path, error->what());
+    spdlog::warn("ddprun: local rank {}: {}", c.local_rank, message);
   }
   message.resize(std::min(message.size(), sl::kReplyMessageBytes));
   std::vector<unsigned char> reply(24 + sl::kReplyMessageBytes, 0);
-  sl::write_at(reply.data() + 8, step);
+  sl::write_at(reply.data() + 8, error ? std::int64_t{-1} : c.step);
   sl::write_at(reply.data() + 16, static_cast<std::int32_t>(err));
   sl::write_at(reply.data() + 20, static_cast<std::uint32_t>(message.size()));
   std::memcpy(reply.data() + 24, message.data(), message.size());
+  mark_copied(c.local_rank, c.number);  // (where the copy failed or never began: the pin goes too)
   try {
-    mark_copied();  // (where the copy failed or never began: the pin goes too)
+    const int fd = areas_.fd(c.local_rank);
     pwrite_all(fd, reply.data() + 8, reply.size() - 8, sl::kReplyAt + 8);
-    sl::write_at(reply.data(), number);
+    sl::write_at(reply.data(), c.number);
     pwrite_all(fd, reply.data(), 8, sl::kReplyAt);  // the answer's number, last
   } catch (const Error&) {
   }
-  served = number;
+  served_[static_cast<std::size_t>(c.local_rank)] = c.number;
 }
 
 }  // namespace ddprun::agent

@@ -13,31 +13,26 @@
 // Until the agent has copied the slot (kCopiedAt), the worker's saves leave it alone, so every
 // rank that asked at one step writes that step. A save still being copied is waited for.
 //
-// The file is written whole or not at all: into a hidden file beside `path`, flushed, then
-// renamed over `path`. A failure (a full disk, a missing folder) leaves any earlier file as it
+// Each pass copies every new request's slot first (sendfile, at memory speed: the pin is short),
+// then flushes each copy and renames it into place. The file is written whole or not at all:
+// into a hidden file of a random name beside `path`, flushed, then renamed over `path`. A failure (a full disk, a missing folder) leaves any earlier file as it
 // was; it is answered to the worker and logged.
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+namespace ddprun {
+class Error;
+}
+
 namespace ddprun::agent {
 
 class StateAreas;
-
-// Writes the slot of the area `area_fd` (`area_bytes` long) that holds `generation` committed to
-// `path` (absolute) as a one-slot state file, calling `copied` once the slot is read. Returns its
-// step, or nullopt where that generation is not committed yet (a save being copied). Throws
-// ddprun::Error saying why not (a newer save overwrote it, a path refused, the file system's
-// error); `path` is then as it was.
-std::optional<std::int64_t> persist_area(int area_fd, std::uint64_t area_bytes, std::uint64_t generation,
-                                         const std::string& path, const std::function<void()>& copied = {});
 
 class StatePersister {
  public:
@@ -49,9 +44,13 @@ class StatePersister {
   StatePersister& operator=(const StatePersister&) = delete;
 
  private:
+  struct Copied;
   void run();
   // `last`: the final pass; a request for a save never committed is answered, not kept.
-  void serve(int local_rank, bool last);
+  void serve(bool last);
+  void mark_copied(int local_rank, std::uint64_t number);
+  // The answer to `c`'s request: its step, or `error` (also logged).
+  void answer(const Copied& c, const Error* error);
 
   const StateAreas& areas_;
   const std::chrono::milliseconds poll_;

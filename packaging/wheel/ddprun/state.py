@@ -145,7 +145,7 @@ class _Area:
 
     def slot(self, i):
         commit, gen, step, skel, data, chunk, n = _SLOT.unpack_from(self.map, self.offset(i))
-        if commit == 0 or commit != gen or _align(skel) + data > self.capacity() or n > _MAX_CHUNKS:
+        if commit == 0 or commit != gen or _align(skel) + data > self.capacity() or n > _MAX_CHUNKS or (n and chunk <= 0):
             return None
         crcs = struct.unpack_from(f"<{n}I", self.map, self.offset(i) + _SLOT.size)
         return gen, step, skel, data, chunk, crcs
@@ -287,6 +287,7 @@ def _write(area, slot, gen, step, skeleton, tensors, data_bytes):
     t0 = time.perf_counter()
     import torch
 
+    _wait_unpinned(area, slot)
     area.keep_loaded(slot)
     base = area.offset(slot)
     _SLOT.pack_into(area.map, base, 0, 0, 0, 0, 0, 0, 0)  # uncommitted from here on
@@ -328,13 +329,14 @@ class _Pending:
 
 def wait():
     """Blocks until the last save is committed. Raises what its copy raised."""
-    global _pending
+    global _pending, _last_gen
     pending = _pending
     if pending is None:
         return
     pending.thread.join()
     _pending = None
     if pending.error is not None:
+        _last_gen = 0  # never committed: a persist() asks for the newest committed state
         raise StateError(f"ddprun.state.save: the copy failed: {pending.error}") from pending.error
 
 
@@ -384,10 +386,8 @@ def _save(area, step, obj):
         raise StateTooLarge(needed, area.capacity())
     found = area.committed()
     slot = 1 - found[0][2] if found else 0
-    pinned = _pinned(area)  # a persist request's slot, not yet copied: the newest is replaced instead
-    if any(g == pinned and s == slot for g, _step, s in found):
-        slot = 1 - slot
-    gen = (found[0][0] if found else 0) + 1
+    # Never a generation used before: a persist request may name one whose save never ended.
+    gen = max(found[0][0] if found else 0, _requested(area)) + 1
     _last_gen = gen
     with torch.no_grad():
         tensors = [(t.detach().clone() if nbytes < _SYNC_BELOW else t, offset)
@@ -413,10 +413,33 @@ _REQUEST = struct.Struct("<QQII")  # request number, generation, path bytes, 0
 _last_gen = 0  # the generation of this process's last save (its copy may still run)
 
 
+_PIN_WAIT_S = 60.0
+
+
+def _requested(area):
+    """The generation the last persist request named (0: none)."""
+    return struct.unpack_from("<Q", area.map, _REQUEST_AT + 8)[0]
+
+
 def _pinned(area):
     number, gen = struct.unpack_from("<QQ", area.map, _REQUEST_AT)
     (copied,) = struct.unpack_from("<Q", area.map, _COPIED_AT)
     return gen if number % 2 == 0 and number > copied else None
+
+
+def _wait_unpinned(area, slot):
+    """Before the save's thread writes `slot`: if a persist request names the state it holds,
+    until the agent has copied it (at memory speed; the copy's flush to disk comes after). The
+    area keeps two committed states throughout. After _PIN_WAIT_S the save goes on, and that
+    persist fails (its copy is found overwritten)."""
+    held = area.slot(slot)
+    end = time.monotonic() + _PIN_WAIT_S
+    while held is not None and _pinned(area) == held[0]:
+        if time.monotonic() > end:
+            print(f"ddprun.state: the agent has not copied the state asked to persist in {_PIN_WAIT_S:.0f} s; "
+                  f"saving over it (that persist fails)", file=sys.stderr)
+            return
+        time.sleep(0.002)
 
 
 def persist(path, blocking=False):
@@ -458,16 +481,21 @@ def persist(path, blocking=False):
     return step
 
 
-def _agree(held):
-    """The newest step every rank holds (torch.distributed initialized), else this rank's newest;
-    None when there is none."""
+def _group():
+    """torch.distributed where it joins several ranks, else None."""
     try:
         import torch.distributed as dist
 
-        together = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        return dist if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
     except Exception:  # noqa: BLE001
-        together = False
-    if not together:
+        return None
+
+
+def _agree(held):
+    """The newest step every rank holds (torch.distributed initialized), else this rank's newest;
+    None when there is none."""
+    dist = _group()
+    if dist is None:
         return held[0] if held else None
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, list(held))
@@ -476,6 +504,21 @@ def _agree(held):
         print(f"ddprun.state.load: rank {dist.get_rank()} holds steps {held} but the ranks hold no step in common "
               f"({every}); starting without in-memory state", file=sys.stderr)
     return max(common) if common else None
+
+
+def _all_loaded(error):
+    """Raises on every rank when the load failed on any (`error`: this rank's, or None), so that
+    none goes on to a collective the others never join."""
+    dist = _group()
+    if dist is not None:
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, None if error is None else str(error))
+        failed = {r: e for r, e in enumerate(every) if e is not None}
+        if failed and error is None:
+            raise StateError(f"ddprun.state.load: rank(s) {sorted(failed)} could not load the agreed state: "
+                             f"{next(iter(failed.values()))}")
+    if error is not None:
+        raise error
 
 
 def load(path=None, verify=True):
@@ -490,7 +533,11 @@ def load(path=None, verify=True):
         if area is None and not os.environ.get("DDPRUN_STATE_FD"):
             return None  # not under ddprun, on any rank: nothing to agree on
         return _load(area, verify, "memory written outside ddprun.state?")
-    area = _Area.of_file(os.fspath(path))
+    try:
+        area = _Area.of_file(os.fspath(path))
+    except (StateError, OSError) as e:  # this rank holds nothing from it, and still agrees
+        print(f"{e}; rank {os.environ.get('RANK', '0')} loads nothing from it", file=sys.stderr)
+        area = None
     try:
         return _load(area, verify, os.fspath(path))
     finally:
@@ -511,6 +558,7 @@ def _load(area, verify, where):
     private = mmap.mmap(area.fd, area.slot_bytes, flags=mmap.MAP_PRIVATE,
                         prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
     payload = memoryview(private)[_PAGE:_PAGE + _align(skel) + data]
+    error, refs, obj = None, [], None
     try:
         if verify and not _verified(payload, chunk, crcs):
             raise StateError(f"ddprun.state.load: the state of step {step} fails its CRC-32 check "
@@ -518,10 +566,13 @@ def _load(area, verify, where):
         if bytes(payload[:8]) == _NATIVE:
             raise StateError(f"ddprun.state.load: the state of step {step} was saved by a native trainer "
                              f"(ddprun::runtime::MemoryState), not by ddprun.state; not loading it")
-        refs = []
         obj = _Unpickler(payload[:skel], private, _PAGE + _align(skel), refs).load()
+    except Exception as e:  # noqa: BLE001  (a skeleton that does not unpickle: raised on every rank)
+        error = e if isinstance(e, StateError) else StateError(f"ddprun.state.load: the state of step {step} "
+                                                               f"does not load ({where}): {e!r}")
     finally:
         payload.release()
+    _all_loaded(error)
     if area is _area:
         area.loaded.setdefault(slot, []).append((private, refs, _PAGE + _align(skel) + data))
     return step, obj

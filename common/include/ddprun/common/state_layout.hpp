@@ -19,9 +19,10 @@
 // An area has two slots. A persisted file has the same layout with one slot: a reader of
 // either checks the same commit word and CRC-32s.
 //
-// A persist request pins its generation: until the agent has copied it, the worker's saves go
-// to the other slot (pinned_generation()), so that the state asked for is the state written,
-// the same step on every rank that asked at the same step.
+// A persist request pins its generation: until the agent has copied it (pinned_generation()), a
+// save that would write its slot waits (on the save's thread), so that the state asked for is
+// the state written, the same step on every rank that asked at the same step, and the area keeps
+// two committed states throughout. A save never reuses a generation a request named.
 
 #include <unistd.h>
 
@@ -93,7 +94,7 @@ struct SlotHeader {
   // Committed, and its payload within a slot of `slot_bytes`.
   bool committed_within(std::uint64_t slot_bytes) const {
     return commit != 0 && commit == gen && slot_bytes > page() && skel <= slot_bytes && data <= slot_bytes &&
-           payload() <= slot_bytes - page() && chunks <= max_chunks();
+           payload() <= slot_bytes - page() && chunks <= max_chunks() && (chunks == 0 || chunk > 0);
   }
 };
 
