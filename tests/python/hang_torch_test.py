@@ -2,7 +2,8 @@
 """Hangs found by default and explained in one report (README: Hangs), on real PyTorch gloo DDP
 jobs (tests/python/hang_worker.py):
 
-  kinds        a rank stuck in Python outside any collective (2 and 4 workers), stopped by
+  kinds        a rank stuck in Python outside any collective (2 and 4 workers; and with every
+               rank's thread logging 1.5 MB/s to a file, which is no save), stopped by
                SIGSTOP, spinning with the GIL held, and calling a broadcast while the others are
                in DDP's all-reduce: one report, which blames that rank by rank, host and frame
                with its kind, without changing any worker (the stopped one stays stopped), and
@@ -98,8 +99,8 @@ def proc_state(pid):
 FAST = ["--hang_floor=3", "--hang_stop=5"]
 
 
-def hang_kind(ddprun, tmp, kind, nproc, rank, expect):
-    """`rank` hangs as `kind` at step 5; the report must blame it with `expect` (a regexp)."""
+def hang_kind(ddprun, tmp, kind, nproc, rank, expect, at=5, extra=(), suffix=""):
+    """`rank` hangs as `kind` at step `at`; the report must blame it with `expect` (a regexp)."""
     seen = {}
 
     def on_line(line):  # the report is out: the stuck worker is untouched, the metric counts it
@@ -127,9 +128,9 @@ def hang_kind(ddprun, tmp, kind, nproc, rank, expect):
                     break
                 time.sleep(0.2)
 
-    name = f"{kind}{nproc}"
+    name = f"{kind}{nproc}{suffix}"
     job = Job(ddprun, tmp, name, [f"--nproc_per_node={nproc}", "--metrics_port=0", *FAST],
-              ["--hang", kind, "--rank", str(rank), "--at", "5", "--steps", "100000"], on_line)
+              ["--hang", kind, "--rank", str(rank), "--at", str(at), "--steps", "100000", *extra], on_line)
     rc = job.wait(180)
     what = f"{kind}, {nproc} workers, rank {rank}"
     require(rc == 124, f"{what}: the job ends 124" + ("" if rc == 124 else f" (got {rc}; {job.text[-1500:]})"))
@@ -189,6 +190,10 @@ def kinds(ddprun, tmp):
         hang_kind(ddprun, tmp, "stuck", 2, 1, stuck)
         hang_kind(ddprun, tmp, "sigstop", 2, 1, r"rank 1 \(.*\) is stopped \(SIGSTOP")
         hang_kind(ddprun, tmp, "mismatch", 2, 1, r"ranks wait in different collectives: rank 0 \(.*\) in DDP's all-reduce .*rank 1 \(.*\) in torch\.distributed\.broadcast")
+        # Every rank's thread logs 1.5 MB/s to a file: writes at the pace it had while stepping
+        # are no save, and hide no hang.
+        hang_kind(ddprun, tmp, "stuck", 2, 1, stuck, at=60, extra=["--log_mb_s", "1.5", "--write_dir", tmp],
+                  suffix="_logging")
 
     def second():
         hang_kind(ddprun, tmp, "stuck", 4, 2, r"rank 2 \(.*\) is stuck outside any collective in load_batch .*ranks 0-1, 3 wait for it in DDP's all-reduce")

@@ -15,6 +15,8 @@ worker of the hang tests (hang_torch_test.py) and of bench/hang_bench.py.
                               rank 0 writes a checkpoint of its own (plain file writes, as numpy
                               or safetensors do: no torch.save) to D for S s while the others wait
                               in a barrier
+  --log_mb_s X                 every rank's thread writes X MB/s to a log file in --write_dir (a
+                              logger, not a save: it must not hide a hang)
   --slow_rank R --slow_s S    rank R is a straggler: busy S s in Python before each step
 Prints "step N" on rank 0 after each step and "DONE rank=R" at the end.
 """
@@ -76,6 +78,7 @@ def main():
     ap.add_argument("--write_at", type=int, default=-1)
     ap.add_argument("--write_s", type=float, default=0)
     ap.add_argument("--write_dir", default="")
+    ap.add_argument("--log_mb_s", type=float, default=0)
     ap.add_argument("--slow_rank", type=int, default=-1)
     ap.add_argument("--slow_s", type=float, default=0)
     a = ap.parse_args()
@@ -85,6 +88,19 @@ def main():
     x, y = torch.randn(256, 16), torch.randn(256, 1)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if a.log_mb_s:
+        import threading
+
+        def log():
+            line = b"x" * 1023 + b"\n"
+            with open(os.path.join(a.write_dir, f"log.{rank}.{os.getpid()}"), "wb") as f:
+                while True:
+                    for _ in range(int(a.log_mb_s * 100)):
+                        f.write(line)
+                    f.flush()
+                    time.sleep(0.1)
+
+        threading.Thread(target=log, daemon=True).start()
     for step in range(a.steps):
         if step == 0 and a.first_step > 0:
             time.sleep(a.first_step)
@@ -101,8 +117,8 @@ def main():
         if step == a.write_at:
             if rank == 0:
                 path = os.path.join(a.write_dir, f"ckpt.{os.getpid()}.bin")
-                end, chunk = time.monotonic() + a.write_s, bytes(1 << 20)
-                with open(path, "wb") as f:  # 10 MB/s, a loaded network file system's pace
+                end, chunk = time.monotonic() + a.write_s, bytes(4 << 20)
+                with open(path, "wb") as f:  # 40 MB/s, a loaded network file system's pace
                     while time.monotonic() < end:
                         f.write(chunk)
                         time.sleep(0.1)

@@ -49,18 +49,31 @@ struct Slot {
   long long pace_cpu = -1, pace_steps = 0;
   SteadyClock::time_point pace_at;
   // Its training process's writes to storage (write_bytes): a save of any kind, where the
-  // heartbeat's saving() is torch.save's alone. The count since `io_since`; `io_wrote`: when it
-  // last grew by kWritingBytes within kWritingWindow.
+  // heartbeat's saving() is torch.save's alone. The count at `io_since`; `io_pace`: its pace of
+  // writing while it steps (bytes a second: the lesser of its last two kWritingPaceWindow windows,
+  // `io_last_rate` the last); `io_wrote`: when, its main thread holding still, it last wrote
+  // kWritingBytes within kWritingWindow and kWritingOverPace x its pace (a thread that logs
+  // steadily is no save).
   pid_t io_pid = -1;
   std::uint64_t io_bytes = 0;
+  double io_pace = 0, io_last_rate = 0;
   SteadyClock::time_point io_since, io_wrote;
 };
 
-// A process that writes this much to storage within this window is saving (a checkpoint of any
-// kind: numpy, safetensors, torch.distributed.checkpoint), not hung: 0.8 MB/s, above what a
-// program's logs write, below any checkpoint's pace.
+// A process that writes this much to storage within this window, well above its own pace, is
+// saving (a checkpoint of any kind: numpy, safetensors, torch.distributed.checkpoint), not hung:
+// 0.8 MB/s at least, above what a program's logs write, below any checkpoint's pace. After its
+// last burst, kFlushGrace more while one of its threads waits on the disk (D state: the save's
+// fsync or close, which write_bytes does not count).
 constexpr std::uint64_t kWritingBytes = 8ull << 20;
-constexpr std::chrono::seconds kWritingWindow{10};
+constexpr std::chrono::seconds kWritingWindow{10}, kWritingPaceWindow{2};
+constexpr double kWritingOverPace = 4;
+constexpr std::chrono::seconds kFlushGrace{120};
+// After a torch.save ends, this long for the ranks that waited for it to beat again.
+constexpr std::chrono::seconds kAfterSave{2};
+
+// Whether a thread of `pid` is in uninterruptible sleep (D: waiting on a disk or a file system).
+bool waits_on_disk(pid_t pid, const std::string& proc_root = "/proc");
 
 // The bytes `pid` has caused to be written to storage (/proc/PID/io write_bytes: counted as it
 // dirties a file's pages, so a save to a disk or network file system counts at once, a pipe or
