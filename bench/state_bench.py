@@ -21,7 +21,6 @@ Usage: bench/state_bench.py [--ddprun build/launcher/ddprun] [--torchrun ../shar
 import argparse
 import glob
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -35,9 +34,15 @@ def run(cmd, tmp, timeout=600):
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    results = [dict(kv.split("=") for kv in m.group(1).split())
-               for m in re.finditer(r"RESULT (.*)", p.stdout)]
-    return p.returncode, p.stdout, results
+    return p.returncode, p.stdout, records(p.stdout, "RESULT")
+
+
+def records(out, tag):
+    """Each "TAG k=v k=v ..." the ranks printed, as a dict. Under torchrun, which does not prefix
+    its workers' lines, two ranks' lines can run together ("...=1.01TAG rank=1 ..."): split on
+    the tag, not on lines."""
+    return [dict(kv.split("=", 1) for kv in part.split("\n", 1)[0].split() if "=" in kv)
+            for part in out.split(tag + " ")[1:]]
 
 
 def one(a, setup, mb, step_s):
@@ -61,7 +66,7 @@ def one(a, setup, mb, step_s):
         disk = sum(os.path.getsize(p) for p in glob.glob(os.path.join(tmp, "ckpt.*.pt")) + glob.glob(os.path.join(tmp, "persist.*.state")))
         # The stall before the crash, in the steady state (from the third step: the first saves
         # also fault the area's pages in): what a save adds to each step, the worse rank's.
-        steady = [dict(kv.split("=") for kv in m.group(1).split()) for m in re.finditer(r"STEP (.*)", out)]
+        steady = records(out, "STEP")
         steady = [s for s in steady if s["attempt"] == "0" and int(s["step"]) >= 2]
         per_rank = {}
         for s in steady:

@@ -321,12 +321,14 @@ int train(const Args& args) {
   float loss = 0;
   for (int step = start_step; step < args.steps; ++step) {
     if (step == args.crash_at_step && env.restart_count == 0 && t.rank == (t.world > 1 ? 1 : 0)) {
+      state.wait();  // once the last save is committed (killed mid-copy, it would resume a step earlier)
       std::fprintf(stderr, "rank %d: crashing at step %d as asked (--crash_at_step)\n", t.rank, step);
       std::_Exit(17);
     }
     t.load_batch(step);
     loss = t.forward();
     t.backward();
+    state.wait();  // the last save's copy of the parameters, before the step changes them
     t.sgd();
     if (t.rank == 0 && (step + 1) % 50 == 0) std::printf("step %d loss %.6f (rank 0's share of the batch)\n", step + 1, loss);
     if (args.memory_state) {
@@ -334,7 +336,7 @@ int train(const Args& args) {
       for (std::size_t k = 0; k < t.params.size(); ++k) {
         buffers.push_back({"p" + std::to_string(k), t.params[k].data(), t.params[k].size() * sizeof(float)});
       }
-      state.save(step, buffers);
+      state.save_async(step, buffers);  // copied while the next forward and backward run
       if (!args.persist.empty() && (step + 1) % args.checkpoint_every == 0) state.persist(persisted);
     }
     if (!args.checkpoint.empty() && (step + 1) % args.checkpoint_every == 0) {

@@ -18,6 +18,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/state_layout.hpp"
+#include "ddprun/common/thread.hpp"
 #include "ddprun/runtime/process_group.hpp"
 #include "host_gather.hpp"
 
@@ -117,6 +118,7 @@ MemoryState::MemoryState() {
 }
 
 MemoryState::~MemoryState() {
+  wait();
   if (map_) ::munmap(map_, size_);
 }
 
@@ -149,7 +151,17 @@ std::vector<std::int64_t> MemoryState::steps() const {
 }
 
 void MemoryState::save(std::int64_t step, const std::vector<StateBuffer>& buffers) {
+  save_async(step, buffers);
+  wait();
+}
+
+void MemoryState::wait() {
+  if (copying_.joinable()) copying_.join();
+}
+
+void MemoryState::save_async(std::int64_t step, const std::vector<StateBuffer>& buffers) {
   if (!map_) return;
+  wait();  // the last save's thread may still write the slot this one picks
   std::string skeleton(kNativeMagic, 8);
   auto put = [&](auto v) { skeleton.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
   put(static_cast<std::uint32_t>(buffers.size()));
@@ -172,6 +184,15 @@ void MemoryState::save(std::int64_t step, const std::vector<StateBuffer>& buffer
   // Never a generation used before: a persist request may name one whose save never ended.
   const std::uint64_t gen =
       std::max<std::uint64_t>(held.empty() ? 0 : std::get<0>(held.front()), read_at<std::uint64_t>(map_ + kRequestAt + 8)) + 1;
+  last_gen_ = gen;
+  copying_ = start_thread("the thread of a MemoryState save", [this, step, slot, gen, data, skeleton = std::move(skeleton), buffers] {
+    write_slot(step, slot, gen, skeleton, data, buffers);
+  });
+}
+
+// The save's copy: the slot written, its CRC-32s, then its commit word and the header's latest.
+void MemoryState::write_slot(std::int64_t step, int slot, std::uint64_t gen, const std::string& skeleton,
+                             std::uint64_t data, const std::vector<StateBuffer>& buffers) {
   unsigned char* base = map_ + page() + static_cast<std::size_t>(slot) * slot_bytes_;
   wait_unpinned(map_, slot_header(base));
   write_slot_header(base, SlotHeader{});  // uncommitted from here on
@@ -307,28 +328,30 @@ std::optional<MemoryState::Loaded> MemoryState::load_step(std::int64_t step) con
   return load_from(map_, slot_bytes_, kSlots, step, "memory written outside MemoryState?");
 }
 
-// `load` on every rank of `group`: its result, or the first rank's error thrown on every rank, so
-// that none goes on to a collective the others never join.
+// `load` on every rank of `group`: its result, or, where it failed on any rank, nullopt on every
+// rank after saying why, so that none goes on to a collective the others never join, and none
+// restarts into the same failure.
 template <class Load>
 std::optional<MemoryState::Loaded> load_on_all(ProcessGroup& group, Load load) {
   std::optional<MemoryState::Loaded> out;
   std::string error;
   try {
     out = load();
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     error = e.what();
   }
   const auto failed = all_gather_on_host(group, std::vector<std::int64_t>{error.empty() ? 0 : 1});
-  for (std::size_t r = 0; r < failed.size(); ++r) {
-    if (failed[r] && error.empty()) {
-      throw Error("ddprun state: rank " + std::to_string(r) + " could not load the agreed state (its error says why)");
-    }
-  }
-  if (!error.empty()) throw Error(error);
-  return out;
+  const auto first = std::find(failed.begin(), failed.end(), 1);
+  if (first == failed.end()) return out;
+  std::fprintf(stderr, "%s; starting without this state\n",
+               error.empty() ? ("ddprun state: rank " + std::to_string(first - failed.begin()) +
+                                " could not load the agreed state (its error says why)").c_str()
+                             : error.c_str());
+  return std::nullopt;
 }
 
 std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group) {
+  wait();
   const std::int64_t agreed = agree(group, steps());
   if (agreed < 0) return std::nullopt;
   return load_on_all(group, [&] { return load_step(agreed); });
@@ -360,15 +383,18 @@ std::int64_t MemoryState::persist(const std::string& path, bool blocking) {
     throw Error("ddprun state: persist: the path " + path + " is too long (over " +
                 std::to_string(kRequestPathBytes) + " bytes) or holds a NUL byte; use a shorter one");
   }
+  if (blocking) wait();
   const auto held = committed(map_, slot_bytes_);
-  if (held.empty()) throw Error("ddprun state: persist: this rank has saved no state yet (save first)");
+  // The last save, committed or still being copied (the agent waits for its commit).
+  const std::uint64_t gen = last_gen_ ? last_gen_ : held.empty() ? 0 : std::get<0>(held.front());
+  if (gen == 0) throw Error("ddprun state: persist: this rank has saved no state yet (save first)");
   // The request, a sequence lock: an odd number while it is written, the next even one once whole.
   unsigned char* request = map_ + kRequestAt;
   std::uint64_t number = read_at<std::uint64_t>(request);
   number += number & 1;
   write_at(request, number + 1);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  write_at(request + 8, std::get<0>(held.front()));  // the newest generation, pinned until copied
+  write_at(request + 8, gen);  // pinned until copied
   write_at(request + 16, static_cast<std::uint32_t>(target.size()));
   write_at(request + 20, std::uint32_t{0});
   std::memcpy(map_ + kRequestPathAt, target.data(), target.size());

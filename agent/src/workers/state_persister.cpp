@@ -180,18 +180,31 @@ std::unique_ptr<Directory> copy_slot_to(int area_fd, std::uint64_t area_bytes, s
 
 }  // namespace
 
-// A slot copied into its hidden file, to be flushed and renamed.
+// A request taken: its slot copied into a hidden file, to be flushed and renamed; or its failure.
 struct StatePersister::Copied {
   int local_rank = 0;
   std::uint64_t number = 0;
   std::string path;
   std::unique_ptr<Directory> dir;
   std::int64_t step = -1;
+  int err = 0;        // its failure's errno (EIO where it has none); 0: copied
+  std::string error;  // and what it was
 };
 
 StatePersister::StatePersister(const StateAreas& areas, std::chrono::milliseconds poll)
     : areas_(areas), poll_(poll), served_(static_cast<std::size_t>(areas.ranks()), 0) {
-  thread_ = start_thread("the state persister's thread", [this] { run(); });
+  flusher_ = start_thread("the state persister's flushing thread", [this] { flush(); });
+  try {
+    copier_ = start_thread("the state persister's thread", [this] { run(); });
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = copied_all_ = true;
+    }
+    wake_.notify_all();
+    flusher_.join();
+    throw;
+  }
 }
 
 StatePersister::~StatePersister() {
@@ -200,7 +213,8 @@ StatePersister::~StatePersister() {
     stop_ = true;
   }
   wake_.notify_all();
-  thread_.join();
+  copier_.join();
+  flusher_.join();
 }
 
 void StatePersister::run() {
@@ -210,15 +224,17 @@ void StatePersister::run() {
     lock.unlock();
     serve(last);
     lock.lock();
-    if (last) return;
+    if (last) break;
     wake_.wait_for(lock, poll_, [this] { return stop_; });
   }
+  copied_all_ = true;
+  wake_.notify_all();
 }
 
-// Every rank's new request: first each slot copied and let go (the saves wait for that), then
-// each copy flushed and renamed into place (the disk's time), then answered.
+// Every rank's new request: its slot copied and let go (the saves wait for that), then handed to
+// the flushing thread, which takes the disk's time. Its failure goes the same way, so that each
+// rank's answers come in the order of its requests.
 void StatePersister::serve(bool last) {
-  std::vector<Copied> copied;
   for (int r = 0; r < areas_.ranks(); ++r) {
     const int fd = areas_.fd(r);
     std::vector<unsigned char> request(sl::kRequestPathAt - sl::kRequestAt + sl::kRequestPathBytes);
@@ -230,7 +246,7 @@ void StatePersister::serve(bool last) {
       pread_all(fd, request.data(), request.size(), sl::kRequestAt);
       pread_all(fd, again, 8, sl::kRequestAt);
       if (sl::read_at<std::uint64_t>(again) != number || sl::read_at<std::uint64_t>(request.data()) != number) continue;
-    } catch (const Error&) {
+    } catch (const std::exception&) {
       continue;
     }
     Copied c;
@@ -248,20 +264,41 @@ void StatePersister::serve(bool last) {
         if (!last) continue;  // that save is still being copied: asked again at the next poll
         refuse(ECANCELED, "the save it asked for never completed (its worker ended mid-save)");
       }
-      mark_copied(r, c.number);
-      copied.push_back(std::move(c));
-    } catch (const Error& e) {
-      answer(c, &e);
+    } catch (const std::exception& e) {
+      c.dir.reset();
+      c.err = dynamic_cast<const PersistError*>(&e) ? static_cast<const PersistError&>(e).code : EIO;
+      c.error = e.what();
     }
+    mark_copied(r, c.number);
+    served_[static_cast<std::size_t>(r)] = c.number;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      copied_.push_back(std::move(c));
+    }
+    wake_.notify_all();
   }
-  for (auto& c : copied) {
-    try {
-      c.dir->commit();
-      spdlog::debug("ddprun: local rank {}'s state of step {} persisted to {}", c.local_rank, c.step, c.path);
-      answer(c, nullptr);
-    } catch (const Error& e) {
-      answer(c, &e);
+}
+
+void StatePersister::flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    wake_.wait(lock, [this] { return !copied_.empty() || copied_all_; });
+    if (copied_.empty()) return;
+    Copied c = std::move(copied_.front());
+    copied_.pop_front();
+    lock.unlock();
+    if (c.dir) {
+      try {
+        c.dir->commit();
+        spdlog::debug("ddprun: local rank {}'s state of step {} persisted to {}", c.local_rank, c.step, c.path);
+      } catch (const std::exception& e) {
+        c.err = dynamic_cast<const PersistError*>(&e) ? static_cast<const PersistError&>(e).code : EIO;
+        c.error = e.what();
+      }
+      c.dir.reset();
     }
+    answer(c);
+    lock.lock();
   }
 }
 
@@ -270,33 +307,29 @@ void StatePersister::mark_copied(int local_rank, std::uint64_t number) {
   sl::write_at(word, number);
   try {
     pwrite_all(areas_.fd(local_rank), word, 8, sl::kCopiedAt);
-  } catch (const Error&) {
+  } catch (const std::exception&) {
   }
 }
 
-void StatePersister::answer(const Copied& c, const Error* error) {
+void StatePersister::answer(const Copied& c) {
   std::string message;
-  int err = 0;
-  if (error) {
-    err = dynamic_cast<const PersistError*>(error) ? static_cast<const PersistError*>(error)->code : EIO;
-    message = fmt::format("persisting to {}: {} (any earlier file there is kept)", c.path, error->what());
+  if (c.err) {
+    message = fmt::format("persisting to {}: {} (any earlier file there is kept)", c.path, c.error);
     spdlog::warn("ddprun: local rank {}: {}", c.local_rank, message);
   }
   message.resize(std::min(message.size(), sl::kReplyMessageBytes));
   std::vector<unsigned char> reply(24 + sl::kReplyMessageBytes, 0);
-  sl::write_at(reply.data() + 8, error ? std::int64_t{-1} : c.step);
-  sl::write_at(reply.data() + 16, static_cast<std::int32_t>(err));
+  sl::write_at(reply.data() + 8, c.err ? std::int64_t{-1} : c.step);
+  sl::write_at(reply.data() + 16, static_cast<std::int32_t>(c.err));
   sl::write_at(reply.data() + 20, static_cast<std::uint32_t>(message.size()));
   std::memcpy(reply.data() + 24, message.data(), message.size());
-  mark_copied(c.local_rank, c.number);  // (where the copy failed or never began: the pin goes too)
   try {
     const int fd = areas_.fd(c.local_rank);
     pwrite_all(fd, reply.data() + 8, reply.size() - 8, sl::kReplyAt + 8);
     sl::write_at(reply.data(), c.number);
     pwrite_all(fd, reply.data(), 8, sl::kReplyAt);  // the answer's number, last
-  } catch (const Error&) {
+  } catch (const std::exception&) {
   }
-  served_[static_cast<std::size_t>(c.local_rank)] = c.number;
 }
 
 }  // namespace ddprun::agent

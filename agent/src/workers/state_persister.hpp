@@ -13,22 +13,20 @@
 // Until the agent has copied the slot (kCopiedAt), the worker's saves leave it alone, so every
 // rank that asked at one step writes that step. A save still being copied is waited for.
 //
-// Each pass copies every new request's slot first (sendfile, at memory speed: the pin is short),
-// then flushes each copy and renames it into place. The file is written whole or not at all:
+// One thread copies each new request's slot (sendfile into the page cache, at memory speed: the
+// pin is short) and hands it to a second, which flushes each copy and renames it into place
+// (the disk's time), then answers. The file is written whole or not at all:
 // into a hidden file of a random name beside `path`, flushed, then renamed over `path`. A failure (a full disk, a missing folder) leaves any earlier file as it
 // was; it is answered to the worker and logged.
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <list>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
-
-namespace ddprun {
-class Error;
-}
 
 namespace ddprun::agent {
 
@@ -45,20 +43,22 @@ class StatePersister {
 
  private:
   struct Copied;
-  void run();
+  void run();  // the copying thread: polls, copies, hands over
   // `last`: the final pass; a request for a save never committed is answered, not kept.
   void serve(bool last);
+  void flush();  // the flushing thread: each copy flushed and renamed, each request answered
   void mark_copied(int local_rank, std::uint64_t number);
-  // The answer to `c`'s request: its step, or `error` (also logged).
-  void answer(const Copied& c, const Error* error);
+  void answer(const Copied& c);
 
   const StateAreas& areas_;
   const std::chrono::milliseconds poll_;
-  std::vector<std::uint64_t> served_;  // per local rank: the last request number answered
+  std::vector<std::uint64_t> served_;  // per local rank: the last request number taken (the copier's)
   std::mutex mu_;
   std::condition_variable wake_;
   bool stop_ = false;
-  std::thread thread_;
+  bool copied_all_ = false;   // the copier has ended: the flusher ends once the queue is empty
+  std::list<Copied> copied_;  // from the copier to the flusher (a list: Copied is defined in the .cpp)
+  std::thread flusher_, copier_;
 };
 
 }  // namespace ddprun::agent

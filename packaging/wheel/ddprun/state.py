@@ -388,13 +388,13 @@ def _save(area, step, obj):
     slot = 1 - found[0][2] if found else 0
     # Never a generation used before: a persist request may name one whose save never ended.
     gen = max(found[0][0] if found else 0, _requested(area)) + 1
-    _last_gen = gen
     with torch.no_grad():
         tensors = [(t.detach().clone() if nbytes < _SYNC_BELOW else t, offset)
                    for t, offset, nbytes in pickler.tensors]
     _Stats.saves += 1
     _Stats.last_bytes = needed
     _pending = _Pending(_write, (area, slot, gen, step, skeleton, tensors, pickler.data))
+    _last_gen = gen  # (only once its copy runs: a persist() names it)
 
 
 def steps():
@@ -433,13 +433,27 @@ def _wait_unpinned(area, slot):
     area keeps two committed states throughout. After _PIN_WAIT_S the save goes on, and that
     persist fails (its copy is found overwritten)."""
     held = area.slot(slot)
-    end = time.monotonic() + _PIN_WAIT_S
-    while held is not None and _pinned(area) == held[0]:
-        if time.monotonic() > end:
-            print(f"ddprun.state: the agent has not copied the state asked to persist in {_PIN_WAIT_S:.0f} s; "
-                  f"saving over it (that persist fails)", file=sys.stderr)
-            return
-        time.sleep(0.002)
+    if held is None or _pinned(area) != held[0]:
+        return
+    # A checkpoint being written: the progress hook beats "saving" meanwhile, so that ddprun does
+    # not take the wait (the next optimizer step's, the other ranks' in a collective) for a hang.
+    saving = getattr(sys.modules.get("sitecustomize"), "_Saving", None)
+    with saving() if saving else _Nothing():
+        end = time.monotonic() + _PIN_WAIT_S
+        while _pinned(area) == held[0]:
+            if time.monotonic() > end:
+                print(f"ddprun.state: the agent has not copied the state asked to persist in {_PIN_WAIT_S:.0f} s; "
+                      f"saving over it (that persist fails)", file=sys.stderr)
+                return
+            time.sleep(0.002)
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_exc):
+        return False
 
 
 def persist(path, blocking=False):
@@ -507,18 +521,20 @@ def _agree(held):
 
 
 def _all_loaded(error):
-    """Raises on every rank when the load failed on any (`error`: this rank's, or None), so that
-    none goes on to a collective the others never join."""
+    """Whether every rank loaded the agreed state (`error`: this rank's failure, or None). Where
+    one did not, every rank says so and starts without it (returns False), so that none goes on
+    to a collective the others never join, and none restarts into the same failure."""
+    failed = {} if error is None else {0: str(error)}
     dist = _group()
     if dist is not None:
         every = [None] * dist.get_world_size()
         dist.all_gather_object(every, None if error is None else str(error))
         failed = {r: e for r, e in enumerate(every) if e is not None}
-        if failed and error is None:
-            raise StateError(f"ddprun.state.load: rank(s) {sorted(failed)} could not load the agreed state: "
-                             f"{next(iter(failed.values()))}")
-    if error is not None:
-        raise error
+    if failed:
+        rank, why = next(iter(failed.items()))
+        print(f"{why}" + (f" (rank {rank}; {len(failed)} rank(s) failed)" if dist is not None else "")
+              + "; starting without this state", file=sys.stderr)
+    return not failed
 
 
 def load(path=None, verify=True):
@@ -546,33 +562,37 @@ def load(path=None, verify=True):
 
 
 def _load(area, verify, where):
+    if area is _area and area is not None:
+        try:
+            wait()  # the last save committed (or failed) before what this rank holds is read
+        except StateError as e:
+            print(e, file=sys.stderr)
     held = area.committed() if area else []
     step = _agree([s for _gen, s, _slot in held])
     if area is None or step is None:
         return None
-    if area is _area:
-        wait()
-    _gen, step, slot = next(h for h in held if h[1] == step)
-    _gen, _step, skel, data, chunk, crcs = area.slot(slot)
-    base = area.offset(slot)
-    private = mmap.mmap(area.fd, area.slot_bytes, flags=mmap.MAP_PRIVATE,
-                        prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
-    payload = memoryview(private)[_PAGE:_PAGE + _align(skel) + data]
-    error, refs, obj = None, [], None
+    error, refs, obj, private = None, [], None, None
     try:
-        if verify and not _verified(payload, chunk, crcs):
-            raise StateError(f"ddprun.state.load: the state of step {step} fails its CRC-32 check "
-                             f"({where}); not loading it")
-        if bytes(payload[:8]) == _NATIVE:
-            raise StateError(f"ddprun.state.load: the state of step {step} was saved by a native trainer "
-                             f"(ddprun::runtime::MemoryState), not by ddprun.state; not loading it")
-        obj = _Unpickler(payload[:skel], private, _PAGE + _align(skel), refs).load()
-    except Exception as e:  # noqa: BLE001  (a skeleton that does not unpickle: raised on every rank)
+        _gen, step, slot = next(h for h in held if h[1] == step)
+        _gen, _step, skel, data, chunk, crcs = area.slot(slot)
+        base = area.offset(slot)
+        private = mmap.mmap(area.fd, area.slot_bytes, flags=mmap.MAP_PRIVATE,
+                            prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
+        payload = memoryview(private)[_PAGE:_PAGE + _align(skel) + data]
+        try:
+            if verify and not _verified(payload, chunk, crcs):
+                raise StateError(f"ddprun.state.load: the state of step {step} fails its CRC-32 check ({where})")
+            if bytes(payload[:8]) == _NATIVE:
+                raise StateError(f"ddprun.state.load: the state of step {step} was saved by a native trainer "
+                                 f"(ddprun::runtime::MemoryState), not by ddprun.state")
+            obj = _Unpickler(payload[:skel], private, _PAGE + _align(skel), refs).load()
+        finally:
+            payload.release()
+    except Exception as e:  # noqa: BLE001  (said, and agreed on by every rank)
         error = e if isinstance(e, StateError) else StateError(f"ddprun.state.load: the state of step {step} "
                                                                f"does not load ({where}): {e!r}")
-    finally:
-        payload.release()
-    _all_loaded(error)
+    if not _all_loaded(error):
+        return None
     if area is _area:
         area.loaded.setdefault(slot, []).append((private, refs, _PAGE + _align(skel) + data))
     return step, obj

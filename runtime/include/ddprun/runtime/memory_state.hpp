@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ddprun::runtime {
@@ -47,6 +48,12 @@ class MemoryState {
   // as the state after `step`. Blocking. Throws ddprun::Error when they do not fit (saying the
   // --state_memory that would); the previous state is kept.
   void save(std::int64_t step, const std::vector<StateBuffer>& buffers);
+  // The same, with the copy (the buffers' bytes, their CRC-32s, the commit) on a thread while the
+  // trainer goes on: the buffers must not change until wait() returns. Call wait() before the
+  // optimizer step that changes them; the next save, load and the destructor wait too.
+  void save_async(std::int64_t step, const std::vector<StateBuffer>& buffers);
+  // Blocks until the last save_async is committed.
+  void wait();
   // The steps this rank holds committed, newest first (at most two).
   std::vector<std::int64_t> steps() const;
 
@@ -55,8 +62,8 @@ class MemoryState {
     std::map<std::string, std::vector<unsigned char>> buffers;  // copied out of the area
   };
   // The newest step every rank of `group` holds (a collective: every rank calls it), checked
-  // against its CRC-32s; nullopt when the ranks hold none in common (a fresh start). Throws
-  // ddprun::Error when the state fails its check, or was saved by Python's ddprun.state.
+  // against its CRC-32s; nullopt when the ranks hold none in common (a fresh start), or when any
+  // rank's state fails its check or was saved by Python's ddprun.state (said on stderr).
   std::optional<Loaded> load(ProcessGroup& group);
   // The state of `step` on this rank alone (one of steps()), or nullopt.
   std::optional<Loaded> load_step(std::int64_t step) const;
@@ -71,8 +78,13 @@ class MemoryState {
   static std::optional<Loaded> load(ProcessGroup& group, const std::string& path);
 
  private:
+  void write_slot(std::int64_t step, int slot, std::uint64_t gen, const std::string& skeleton, std::uint64_t data,
+                  const std::vector<StateBuffer>& buffers);
+
   unsigned char* map_ = nullptr;
   std::size_t size_ = 0, slot_bytes_ = 0;
+  std::thread copying_;         // the last save_async's copy
+  std::uint64_t last_gen_ = 0;  // the last save's generation (its copy may still run)
 };
 
 }  // namespace ddprun::runtime
