@@ -38,6 +38,7 @@
 #include "control/hang_exchange.hpp"
 #include "control/pace_exchange.hpp"
 #include "control/saving_exchange.hpp"
+#include "control/store_queue.hpp"
 #include "control/recovery_clock.hpp"
 #include "observe/failure_report.hpp"
 #include "observe/pace_judge.hpp"
@@ -102,6 +103,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   // Several nodes in the round, and the workers' store they share (for the exchanges across nodes).
   bool across_nodes() const { return info_.group_world > 1 && !info_.store_host.empty() && info_.store_port != 0; }
   SavingExchange& saves();  // the round's
+  StoreQueue& store_queue();
   void enter(Phase p);
   void join(int round, int restart_count);
   void start_workers();
@@ -139,11 +141,14 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   int hangs_reported_ = 0;
   std::unique_ptr<HangExchange> exchange_;   // several nodes: one verdict from every node's summary
   std::unique_ptr<PaceExchange> pace_exchange_;  // several nodes: every node's pace, judged at group rank 0
-  std::unique_ptr<SavingExchange> saves_;        // several nodes: who is in torch.save (the store's counter)
+  std::unique_ptr<SavingExchange> saves_;        // several nodes: who is saving (the store's counter)
   PaceJudge job_pace_;                           // there: the job's ranks, this round
   int job_pace_round_ = -1;
   std::vector<RankView> verdict_ranks_;      // the ranks the verdict was decided over (every node's)
   int hang_reports_in_attempt_ = 0;          // numbers this node's reports (the exchange's keys)
+  // The pace's and saves' requests to the workers' store; after them, so that it ends first (its
+  // requests hold them).
+  std::unique_ptr<StoreQueue> store_queue_;
   int hang_seq_ = 0;                         // +1 per report and per clearing: a stale exchange is dropped
   rounds::Streak streak_;                    // the round's crash-loop streak, then the one after its failure
   std::vector<StreamOutput::FileLoss> log_losses_;  // log files left incomplete, for the end

@@ -93,7 +93,7 @@ void JobController::on_straggler(const Worker& w, double busy, double others) {
 // see among its own ranks (one rank a node, a slow host) is named there.
 void JobController::on_pace(const std::map<int, double>& busy) {
   if (!across_nodes()) return;
-  if (!pace_exchange_) pace_exchange_ = std::make_unique<PaceExchange>(group_.loop());
+  if (!pace_exchange_) pace_exchange_ = std::make_unique<PaceExchange>(group_.loop(), store_queue());
   PaceSetup s{info_.store_host, info_.store_port, round_, info_.group_rank, info_.group_world, node_name_};
   pace_exchange_->window(s, busy, [this, round = round_](JobPace job) { on_job_pace(round, std::move(job)); });
 }
@@ -106,8 +106,13 @@ void JobController::on_saving() {
 
 std::optional<bool> JobController::others_saving() { return across_nodes() ? saves().others() : false; }
 
+StoreQueue& JobController::store_queue() {
+  if (!store_queue_) store_queue_ = std::make_unique<StoreQueue>();
+  return *store_queue_;
+}
+
 SavingExchange& JobController::saves() {
-  if (!saves_) saves_ = std::make_unique<SavingExchange>(group_.loop());
+  if (!saves_) saves_ = std::make_unique<SavingExchange>(group_.loop(), store_queue());
   saves_->use(info_.store_host, info_.store_port, round_);
   return *saves_;
 }

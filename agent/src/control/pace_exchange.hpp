@@ -5,13 +5,13 @@
 // entry, ddprun/pace/ROUND/node/GROUP_RANK = {"seq": N, "host": H, "busy": {"RANK": SHARE}},
 // and the node of group rank 0 then reads every node's entry at once (one CHECK, one MULTI_GET)
 // and hands on the ranks of the entries written since its last read, with their hosts, to be
-// judged over the whole job (observe/pace_judge.hpp). Per node and window: a connection to the
-// store and one SET; group rank 0 alone reads the K entries. The whole job is judged only once
+// judged over the whole job (observe/pace_judge.hpp). Per node and window: one SET; group rank
+// 0 alone reads the K entries. The whole job is judged only once
 // every node has written (a node whose ranks never make steps leaves it to each node's own
-// check). On a thread of its own (the store client blocks, at most 2 s a request), one window at
-// a time (a window whose last one still runs is skipped); the result is posted to the loop.
+// check). On the store queue (control/store_queue.hpp: one thread, a kept connection, at most
+// 2 s a request), one window at a time (a window whose last one still waits is skipped); the
+// result is posted to the loop.
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -19,8 +19,6 @@
 #include <memory>
 #include <string>
 #include <utility>
-
-#include "ddprun/common/thread.hpp"
 
 namespace boost::asio {
 class io_context;
@@ -40,11 +38,13 @@ struct PaceSetup {
 // Rank -> (its host, its busy share), fresh from every node that wrote since the last read.
 using JobPace = std::map<int, std::pair<std::string, double>>;
 
+class StoreQueue;
+
 class PaceExchange {
  public:
   using Done = std::function<void(JobPace)>;
-  explicit PaceExchange(boost::asio::io_context& io) : io_(io) {}
-  ~PaceExchange();
+  // `queue` outlives neither this nor the loop's handlers it posts (its owner ends it first).
+  PaceExchange(boost::asio::io_context& io, StoreQueue& queue) : io_(io), queue_(queue) {}
   PaceExchange(const PaceExchange&) = delete;
   PaceExchange& operator=(const PaceExchange&) = delete;
 
@@ -54,10 +54,10 @@ class PaceExchange {
 
  private:
   boost::asio::io_context& io_;
-  std::atomic<bool> running_{false};
+  StoreQueue& queue_;
+  bool running_ = false;  // a window's request posted, its answer not yet back (the loop's)
   std::int64_t seq_ = 0;
-  std::map<int, std::int64_t> read_seq_;  // group rank 0: each node's seq at the last read (its thread's)
-  ThreadSet threads_;
+  std::map<int, std::int64_t> read_seq_;  // group rank 0: each node's seq at the last read (the queue's)
 };
 
 }  // namespace ddprun::agent

@@ -1,8 +1,8 @@
 #include "control/saving_exchange.hpp"
 
 #include <boost/asio.hpp>
-#include <spdlog/spdlog.h>
 
+#include "control/store_queue.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
 
 namespace ddprun::agent {
@@ -14,30 +14,11 @@ constexpr auto kMoved = std::chrono::seconds(5);
 
 }  // namespace
 
-SavingExchange::SavingExchange(boost::asio::io_context& io) : io_(io), thread_([this] { run(); }) {}
-
-SavingExchange::~SavingExchange() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();  // at most the request in flight
-}
-
 void SavingExchange::use(const std::string& host, std::uint16_t port, int round) {
   if (host == host_ && port == port_ && round == round_) return;
   host_ = host, port_ = port, round_ = round;
   count_.reset();
   failed_ = false;
-}
-
-void SavingExchange::queue(int delta) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    ops_.push_back({host_, port_, round_, delta});
-  }
-  cv_.notify_all();
 }
 
 void SavingExchange::saving() {
@@ -59,54 +40,31 @@ std::optional<bool> SavingExchange::others() {
   return now - moved_at_ < kMoved;
 }
 
-void SavingExchange::run() {
-  std::unique_ptr<rendezvous::TcpStore> store;
-  std::string at;
-  for (;;) {
-    Op op;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !ops_.empty(); });
-      if (stop_) return;
-      op = ops_.front();
-      ops_.pop_front();
-    }
-    std::optional<std::int64_t> count;
-    try {
-      const std::string where = op.host + ":" + std::to_string(op.port);
-      if (!store || at != where) {
-        store.reset();
-        rendezvous::TcpStoreOptions o;
-        o.host = op.host;
-        o.port = op.port;
-        o.timeout = std::chrono::seconds(2);
-        store = std::make_unique<rendezvous::TcpStore>(o);
-        at = where;
-      }
-      count = store->add("ddprun/saving/" + std::to_string(op.round), op.delta);
-    } catch (const std::exception& e) {
-      spdlog::debug("ddprun: the saves' count in the workers' store: {}", e.what());
-      store.reset();  // a new connection next time
-    }
-    if (op.delta != 0) continue;
-    boost::asio::post(io_, [this, round = op.round, count] {
-      reading_ = false;
-      if (round != round_) return;
-      const auto now = Clock::now();
-      failed_ = !count;
-      if (count) {
-        if (!count_) {
-          moved_at_ = {};  // the first read: whether it moves is seen at the next
-        } else if (*count != *count_) {
-          moved_at_ = now;
-        } else if (moved_at_ == Clock::time_point{}) {
-          moved_at_ = now - kMoved;  // read twice, unmoved: nobody is saving
-        }
-        count_ = count;
-        read_at_ = now;
-      }
-    });
+void SavingExchange::queue(int delta) {
+  const int round = round_;
+  const std::string key = "ddprun/saving/" + std::to_string(round);
+  auto answer = [this, delta, round](std::optional<std::int64_t> count) {
+    if (delta == 0) boost::asio::post(io_, [this, round, count] { on_read(round, count); });
+  };
+  queue_.post(host_, port_, [key, delta, answer](rendezvous::TcpStore& store) { answer(store.add(key, delta)); },
+              [answer](const std::string&) { answer(std::nullopt); });
+}
+
+void SavingExchange::on_read(int round, std::optional<std::int64_t> count) {
+  reading_ = false;
+  if (round != round_) return;
+  const auto now = Clock::now();
+  failed_ = !count;
+  if (!count) return;
+  if (!count_) {
+    moved_at_ = {};  // the first read: whether it moves is seen at the next
+  } else if (*count != *count_) {
+    moved_at_ = now;
+  } else if (moved_at_ == Clock::time_point{}) {
+    moved_at_ = now - kMoved;  // read twice, unmoved: nobody is saving
   }
+  count_ = count;
+  read_at_ = now;
 }
 
 }  // namespace ddprun::agent

@@ -6,18 +6,13 @@
 // request that failed), and a node that finds its ranks silent reads the count before it reports
 // them: someone is saving while the count moved within the last 5 s. It reads twice, 2.5 s apart,
 // before it knows; a read that fails answers "nobody is saving", so that a hang is still found.
-// The requests run in order on a thread of their own, over one connection, each bounded at 2 s;
-// a read's answer is posted to the loop.
+// The requests run on the store queue (control/store_queue.hpp), each bounded at 2 s; a read's
+// answer is posted to the loop.
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 
 namespace boost::asio {
 class io_context;
@@ -25,11 +20,13 @@ class io_context;
 
 namespace ddprun::agent {
 
+class StoreQueue;
+
 class SavingExchange {
  public:
   using Clock = std::chrono::steady_clock;
-  explicit SavingExchange(boost::asio::io_context& io);
-  ~SavingExchange();
+  // `queue` outlives neither this nor the loop's handlers it posts (its owner ends it first).
+  SavingExchange(boost::asio::io_context& io, StoreQueue& queue) : io_(io), queue_(queue) {}
   SavingExchange(const SavingExchange&) = delete;
   SavingExchange& operator=(const SavingExchange&) = delete;
 
@@ -41,16 +38,11 @@ class SavingExchange {
   std::optional<bool> others();
 
  private:
-  struct Op {
-    std::string host;
-    std::uint16_t port;
-    int round;
-    int delta;  // 1: a beat, 0: a read
-  };
-  void run();
-  void queue(int delta);
+  void queue(int delta);  // 1: a beat, 0: a read
+  void on_read(int round, std::optional<std::int64_t> count);  // on the loop
 
   boost::asio::io_context& io_;
+  StoreQueue& queue_;
   std::string host_;
   std::uint16_t port_ = 0;
   int round_ = -1;
@@ -60,12 +52,6 @@ class SavingExchange {
   Clock::time_point read_at_{}, moved_at_{};
   bool failed_ = false;  // the last read did not get through: nobody is taken to be saving
   bool reading_ = false;
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Op> ops_;
-  bool stop_ = false;
-  std::thread thread_;
 };
 
 }  // namespace ddprun::agent
