@@ -215,8 +215,23 @@ struct Agent::Impl {
     WorkerGroup group(io, runner, wo);
     auto state = make_state_areas();
     // Ends after the workers, so that their last persist requests land before the agent exits.
+    // Its threads start at the first request, which the loop looks for until then.
     std::optional<StatePersister> persister;
     if (state) persister.emplace(*state);
+    asio::steady_timer persist_poll(io);
+    std::function<void()> watch_persist = [&] {
+      try {
+        if (persister->asked()) return;
+      } catch (const Error& e) {
+        spdlog::warn("ddprun: the workers' persist requests are not served: {}", e.what());
+        return;
+      }
+      persist_poll.expires_after(std::chrono::milliseconds(200));
+      persist_poll.async_wait([&](boost::system::error_code ec) {
+        if (!ec) watch_persist();
+      });
+    };
+    if (persister) watch_persist();
     JobController controller(opt, group, rdzv, events, dir, node_name, &fence, state.get());
     // Once a second the loop shows the job to the metrics: /healthz also proves the loop turns.
     asio::steady_timer tick(io);

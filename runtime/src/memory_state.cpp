@@ -155,7 +155,7 @@ void MemoryState::save(std::int64_t step, const std::vector<StateBuffer>& buffer
   wait();
 }
 
-void MemoryState::wait() {
+void MemoryState::wait() const {
   if (copying_.joinable()) copying_.join();
 }
 
@@ -184,10 +184,10 @@ void MemoryState::save_async(std::int64_t step, const std::vector<StateBuffer>& 
   // Never a generation used before: a persist request may name one whose save never ended.
   const std::uint64_t gen =
       std::max<std::uint64_t>(held.empty() ? 0 : std::get<0>(held.front()), read_at<std::uint64_t>(map_ + kRequestAt + 8)) + 1;
-  last_gen_ = gen;
   copying_ = start_thread("the thread of a MemoryState save", [this, step, slot, gen, data, skeleton = std::move(skeleton), buffers] {
     write_slot(step, slot, gen, skeleton, data, buffers);
   });
+  last_gen_ = gen;  // (only once its copy runs: a persist names it)
 }
 
 // The save's copy: the slot written, its CRC-32s, then its commit word and the header's latest.
@@ -325,6 +325,7 @@ class StateFile {
 }  // namespace
 
 std::optional<MemoryState::Loaded> MemoryState::load_step(std::int64_t step) const {
+  wait();  // the last save's copy may be writing the slot that holds `step`
   return load_from(map_, slot_bytes_, kSlots, step, "memory written outside MemoryState?");
 }
 

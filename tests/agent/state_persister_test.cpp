@@ -81,6 +81,8 @@ struct Area {
     put(fd, number + 2, sl::kRequestAt);
     return number + 2;
   }
+  // The agent's loop finds the first request and starts the persister's threads.
+  static void ask(StatePersister& persister) { REQUIRE(persister.asked()); }
   // The answer to request `number` within `limit`: (step, errno, message); errno -1: none came.
   std::tuple<std::int64_t, int, std::string> answer(std::uint64_t number, std::chrono::milliseconds limit) {
     const auto end = std::chrono::steady_clock::now() + limit;
@@ -118,10 +120,12 @@ TEST_CASE("state persister: the generation asked for is written whole as a one-s
   TempDir dir;
   const std::string target = (dir.path / "rank0.state").string();
   StatePersister persister(area.areas, std::chrono::milliseconds(10));
+  CHECK_FALSE(persister.asked());  // nothing asked: no thread
   area.save(0, 1, 10, 'a');
   area.save(1, 2, 11, 'b');
   // Generation 1, not the newest: the file holds step 10 and its bytes.
   auto number = area.request(1, target);
+  Area::ask(persister);
   auto [step, err, message] = area.answer(number, std::chrono::seconds(10));
   INFO(message);
   REQUIRE(err == 0);
@@ -164,6 +168,7 @@ TEST_CASE("state persister: a request for a save still being copied waits for it
     area.save(0, 1, 10, 'a');
     area.save(1, 2, 11, 'b', /*commit=*/false);  // the worker's thread still copies step 11
     auto number = area.request(2, target);
+    Area::ask(persister);
     CHECK(std::get<1>(area.answer(number, std::chrono::milliseconds(300))) == -1);  // not answered
     CHECK(area.pinned() == 2);
     area.commit(1, 2);
@@ -180,4 +185,21 @@ TEST_CASE("state persister: a request for a save still being copied waits for it
   CHECK(err == ECANCELED);
   CHECK_THAT(message, Catch::Contains("never completed"));
   CHECK(slurp(target).substr(2 * kPage, 1064) == std::string(1064, 'b'));
+}
+
+TEST_CASE("state persister: a request made just before the agent ends, before its loop looked, is served at the end", "[units]") {
+  Area area;
+  TempDir dir;
+  const std::string target = (dir.path / "rank0.state").string();
+  area.save(0, 1, 10, 'a');
+  std::uint64_t number = 0;
+  {
+    StatePersister persister(area.areas, std::chrono::milliseconds(10));
+    number = area.request(1, target);
+  }  // never asked(): the destructor starts the threads for their last pass
+  auto [step, err, message] = area.answer(number, std::chrono::seconds(1));
+  INFO(message);
+  CHECK(err == 0);
+  CHECK(step == 10);
+  CHECK(fs::exists(target));
 }

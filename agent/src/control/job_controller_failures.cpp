@@ -93,7 +93,12 @@ void JobController::on_straggler(const Worker& w, double busy, double others) {
 // see among its own ranks (one rank a node, a slow host) is named there.
 void JobController::on_pace(const std::map<int, double>& busy) {
   if (!across_nodes()) return;
-  if (!pace_exchange_) pace_exchange_ = std::make_unique<PaceExchange>(group_.loop(), store_queue());
+  try {
+    if (!pace_exchange_) pace_exchange_ = std::make_unique<PaceExchange>(group_.loop(), store_queue());
+  } catch (const Error& e) {  // no thread to be had: this window is skipped, nothing more
+    spdlog::debug("ddprun: the pace exchange: {}", e.what());
+    return;
+  }
   PaceSetup s{info_.store_host, info_.store_port, round_, info_.group_rank, info_.group_world, node_name_};
   pace_exchange_->window(s, busy, [this, round = round_](JobPace job) { on_job_pace(round, std::move(job)); });
 }
@@ -101,10 +106,23 @@ void JobController::on_pace(const std::map<int, double>& busy) {
 // Saves across nodes (control/saving_exchange.hpp): a rank of this node in torch.save beats a
 // count in the workers' store, and this node's silent ranks are not reported while another's does.
 void JobController::on_saving() {
-  if (across_nodes()) saves().saving();
+  if (!across_nodes()) return;
+  try {
+    saves().saving();
+  } catch (const Error& e) {  // no thread to be had: no beat (the other nodes may report a hang)
+    spdlog::debug("ddprun: the saves' count: {}", e.what());
+  }
 }
 
-std::optional<bool> JobController::others_saving() { return across_nodes() ? saves().others() : false; }
+std::optional<bool> JobController::others_saving() {
+  if (!across_nodes()) return false;
+  try {
+    return saves().others();
+  } catch (const Error& e) {  // as a read that failed: nobody is taken to be saving
+    spdlog::debug("ddprun: the saves' count: {}", e.what());
+    return false;
+  }
+}
 
 StoreQueue& JobController::store_queue() {
   if (!store_queue_) store_queue_ = std::make_unique<StoreQueue>();

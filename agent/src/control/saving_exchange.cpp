@@ -23,8 +23,9 @@ void SavingExchange::use(const std::string& host, std::uint16_t port, int round)
 
 void SavingExchange::saving() {
   const auto now = Clock::now();
-  if (host_.empty() || now - beat_at_ < kBeat) return;
+  if (host_.empty() || now - beat_at_ < kBeat || beating_) return;  // one beat in flight at most
   beat_at_ = now;
+  beating_ = true;
   queue(1);
 }
 
@@ -44,7 +45,13 @@ void SavingExchange::queue(int delta) {
   const int round = round_;
   const std::string key = "ddprun/saving/" + std::to_string(round);
   auto answer = [this, delta, round](std::optional<std::int64_t> count) {
-    if (delta == 0) boost::asio::post(io_, [this, round, count] { on_read(round, count); });
+    boost::asio::post(io_, [this, delta, round, count] {
+      if (delta == 0) {
+        on_read(round, count);
+      } else {
+        beating_ = false;
+      }
+    });
   };
   queue_.post(host_, port_, [key, delta, answer](rendezvous::TcpStore& store) { answer(store.add(key, delta)); },
               [answer](const std::string&) { answer(std::nullopt); });

@@ -52,6 +52,7 @@ class SavingExchange {
   Clock::time_point read_at_{}, moved_at_{};
   bool failed_ = false;  // the last read did not get through: nobody is taken to be saving
   bool reading_ = false;
+  bool beating_ = false;  // a beat queued, not yet answered: the next waits (no backlog behind a slow store)
 };
 
 }  // namespace ddprun::agent

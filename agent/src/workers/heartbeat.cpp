@@ -27,7 +27,6 @@ bool Heartbeat::look(const std::string& file, Clock::time_point now) {
   long long count = -1;
   if (changed) {
     mtime_ = st.st_mtim;
-    if (saving_) saved_at_ = now;  // unless it still says so below
     saving_ = false;
     char buf[32];
     ssize_t n = st.st_size > 0 ? ::pread(fd, buf, sizeof(buf) - 1, 0) : 0;

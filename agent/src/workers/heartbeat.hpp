@@ -59,8 +59,6 @@ class Heartbeat {
   long long steps() const { return steps_; }
   // The last read said "N save": torch.save under way (it beats every 2 s while it lasts).
   bool saving() const { return saving_; }
-  // When the last read found a save ended (the others then wake from their collective and beat).
-  Clock::time_point save_ended() const { return saving_ ? Clock::time_point{} : saved_at_; }
   Clock::time_point last() const { return last_; }
   // Its long steps (the 90th percentile of the recent ones), zero before two steps.
   Clock::duration longest_step() const;
@@ -71,7 +69,6 @@ class Heartbeat {
   long long steps_ = 0;
   bool counted_ = false;  // a count was read: touches are progress, not steps
   bool saving_ = false;
-  Clock::time_point saved_at_{};
   std::deque<Clock::duration> gaps_;  // the last kAutoSteps intervals between steps
 };
 

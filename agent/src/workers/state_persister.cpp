@@ -192,7 +192,23 @@ struct StatePersister::Copied {
 };
 
 StatePersister::StatePersister(const StateAreas& areas, std::chrono::milliseconds poll)
-    : areas_(areas), poll_(poll), served_(static_cast<std::size_t>(areas.ranks()), 0) {
+    : areas_(areas), poll_(poll), served_(static_cast<std::size_t>(areas.ranks()), 0) {}
+
+bool StatePersister::asked() {
+  if (started()) return true;
+  for (int r = 0; r < areas_.ranks(); ++r) {
+    unsigned char word[8];
+    if (::pread(areas_.fd(r), word, 8, sl::kRequestAt) != 8) continue;
+    const auto number = sl::read_at<std::uint64_t>(word);
+    if (number != 0) {  // (odd: being written; the copier waits for it)
+      start();
+      return true;
+    }
+  }
+  return false;
+}
+
+void StatePersister::start() {
   flusher_ = start_thread("the state persister's flushing thread", [this] { flush(); });
   try {
     copier_ = start_thread("the state persister's thread", [this] { run(); });
@@ -208,6 +224,12 @@ StatePersister::StatePersister(const StateAreas& areas, std::chrono::millisecond
 }
 
 StatePersister::~StatePersister() {
+  try {
+    asked();  // a request made just before the end, not yet seen: the copier's last pass serves it
+  } catch (const std::exception& e) {
+    spdlog::warn("ddprun: the workers' last persist requests are not served: {}", e.what());
+  }
+  if (!started()) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;

@@ -34,8 +34,12 @@ class StateAreas;
 
 class StatePersister {
  public:
-  // Serves the requests of `areas`' workers every `poll` until destroyed.
+  // Serves the requests of `areas`' workers every `poll` once asked() has found the first; no
+  // thread runs before (the agent alone runs one thread until something needs another).
   explicit StatePersister(const StateAreas& areas, std::chrono::milliseconds poll = std::chrono::milliseconds(100));
+  // Whether a worker has asked: its threads start at the first request and poll from then on
+  // (the agent's loop asks until then). Throws ddprun::Error where a thread cannot be made.
+  bool asked();
   // Serves the requests already made (the job's last persist lands), then ends.
   ~StatePersister();
   StatePersister(const StatePersister&) = delete;
@@ -43,6 +47,8 @@ class StatePersister {
 
  private:
   struct Copied;
+  void start();
+  bool started() const { return copier_.joinable(); }
   void run();  // the copying thread: polls, copies, hands over
   // `last`: the final pass; a request for a save never committed is answered, not kept.
   void serve(bool last);

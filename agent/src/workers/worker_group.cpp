@@ -349,7 +349,7 @@ void WorkerGroup::Impl::watch_writes(Slot& s, SteadyClock::time_point now) {
   if (pid <= 0) pid = s.w.pid;
   const auto bytes = storage_written(pid);
   if (!bytes || pid != s.io_pid || *bytes < s.io_bytes) {
-    if (pid != s.io_pid) s.io_pace = s.io_last_rate = 0, s.io_wrote = {};  // another process: nothing of the last one's
+    if (pid != s.io_pid) s.io_pace = 0, s.io_rates.clear(), s.io_wrote = {};  // another process: nothing of the last one's
     s.io_pid = bytes ? pid : -1;
     s.io_bytes = bytes.value_or(0);
     s.io_since = now;
@@ -361,11 +361,13 @@ void WorkerGroup::Impl::watch_writes(Slot& s, SteadyClock::time_point now) {
   const bool still = s.hb.silent(now) > std::max<SteadyClock::duration>(std::chrono::seconds(1), 2 * s.hb.longest_step());
   if (!still) {
     if (elapsed < kWritingPaceWindow) return;
-    // While it steps: its own pace, the lesser of its last two windows' (a save's first moments,
-    // before it holds still, fall in one window).
-    const double rate = wrote / secs(elapsed);
-    s.io_pace = std::min(s.io_last_rate, rate);
-    s.io_last_rate = rate;
+    // While it steps (not in torch.save, whose beats are no steps): its own pace, the most it
+    // wrote in a window of the last minute (a thread that writes in bursts has its bursts' pace).
+    if (!s.hb.saving()) {
+      s.io_rates.push_back(wrote / secs(elapsed));
+      if (s.io_rates.size() > kWritingPaceWindows) s.io_rates.pop_front();
+      s.io_pace = *std::max_element(s.io_rates.begin(), s.io_rates.end());
+    }
   } else if (wrote >= static_cast<double>(kWritingBytes) && wrote >= kWritingOverPace * s.io_pace * secs(elapsed)) {
     s.io_wrote = now;  // well above its pace: a save
   } else if (elapsed < kWritingWindow) {
@@ -383,8 +385,6 @@ const Slot* WorkerGroup::Impl::saving(SteadyClock::time_point now) const {
   for (const auto& s : slots) {
     if (!s->w.running()) continue;
     if (s->hb.saving() && s->hb.silent(now) < std::chrono::seconds(10)) return s.get();
-    // Just ended: the other ranks leave their collective and beat within a moment.
-    if (s->hb.save_ended() > SteadyClock::time_point{} && now - s->hb.save_ended() < kAfterSave) return s.get();
     if (s->io_pid <= 0 || s->io_wrote == SteadyClock::time_point{}) continue;
     if (now - s->io_wrote < kWritingWindow) return s.get();
     if (now - s->io_wrote < kFlushGrace && waits_on_disk(s->io_pid)) return s.get();
@@ -431,7 +431,9 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
   const Slot* saver = saving(now);
   if (saver && nodes > 1) listener->on_saving();
   if (saver) {
-    // The others wait for it in a collective: their silence is not a hang while it saves.
+    // The others wait for it in a collective: their silence is not a hang while it saves, and
+    // counts again from its end (they leave the collective only once it has made its next step).
+    saved_until = now;
     if (saver->w.spec.local_rank != logged_saver) {
       spdlog::info("ddprun: rank {} is {}; the other ranks' silence is not taken for a hang until it ends",
                    saver->w.spec.rank,
@@ -448,7 +450,7 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
     Worker& w = s->w;
     if (!w.running() || w.standing != Standing::own || w.spec.heartbeat_file.empty()) continue;
     auto bound = s->hb.bound(opt.hang);
-    if (bound.count() <= 0 || s->hb.silent(now) <= bound) continue;
+    if (bound.count() <= 0 || std::min(s->hb.silent(now), now - saved_until) <= bound) continue;
     if (nodes > 1) {
       // A rank of another node in torch.save: this node's ranks wait for it (asked only now, at
       // a silence: one request a check while it lasts).
@@ -460,6 +462,7 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
                        "silence is not taken for a hang until it ends");
         }
         logged_remote = true;
+        saved_until = now;
         return;
       }
     }

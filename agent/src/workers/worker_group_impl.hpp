@@ -13,11 +13,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -50,13 +52,14 @@ struct Slot {
   SteadyClock::time_point pace_at;
   // Its training process's writes to storage (write_bytes): a save of any kind, where the
   // heartbeat's saving() is torch.save's alone. The count at `io_since`; `io_pace`: its pace of
-  // writing while it steps (bytes a second: the lesser of its last two kWritingPaceWindow windows,
-  // `io_last_rate` the last); `io_wrote`: when, its main thread holding still, it last wrote
-  // kWritingBytes within kWritingWindow and kWritingOverPace x its pace (a thread that logs
-  // steadily is no save).
+  // writing while it steps (bytes a second: the most of its last kWritingPaceWindows windows of
+  // kWritingPaceWindow, `io_rates`); `io_wrote`: when, its main thread holding still, it last
+  // wrote kWritingBytes within kWritingWindow and kWritingOverPace x its pace (a thread that logs,
+  // steadily or in bursts, is no save).
   pid_t io_pid = -1;
   std::uint64_t io_bytes = 0;
-  double io_pace = 0, io_last_rate = 0;
+  double io_pace = 0;
+  std::deque<double> io_rates;
   SteadyClock::time_point io_since, io_wrote;
 };
 
@@ -69,8 +72,7 @@ constexpr std::uint64_t kWritingBytes = 8ull << 20;
 constexpr std::chrono::seconds kWritingWindow{10}, kWritingPaceWindow{2};
 constexpr double kWritingOverPace = 4;
 constexpr std::chrono::seconds kFlushGrace{120};
-// After a torch.save ends, this long for the ranks that waited for it to beat again.
-constexpr std::chrono::seconds kAfterSave{2};
+constexpr std::size_t kWritingPaceWindows = 30;  // a minute of windows
 
 // Whether a thread of `pid` is in uninterruptible sleep (D: waiting on a disk or a file system).
 bool waits_on_disk(pid_t pid, const std::string& proc_root = "/proc");
@@ -210,6 +212,7 @@ struct WorkerGroup::Impl {
   const Slot* saving(SteadyClock::time_point now) const;
   void watch_writes(Slot& s, SteadyClock::time_point now);
   int logged_saver = -1;  // the local rank whose save was announced
+  SteadyClock::time_point saved_until;  // the last check that found a rank saving (here or on another node)
   bool logged_remote = false;  // "a rank of another node is saving" was said
   int nodes = 1;          // the round's (set_nodes)
   // Once a window (--hang_floor): each worker's busy share; a straggler is named once.

@@ -53,7 +53,7 @@ class MemoryState {
   // optimizer step that changes them; the next save, load and the destructor wait too.
   void save_async(std::int64_t step, const std::vector<StateBuffer>& buffers);
   // Blocks until the last save_async is committed.
-  void wait();
+  void wait() const;
   // The steps this rank holds committed, newest first (at most two).
   std::vector<std::int64_t> steps() const;
 
@@ -65,7 +65,7 @@ class MemoryState {
   // against its CRC-32s; nullopt when the ranks hold none in common (a fresh start), or when any
   // rank's state fails its check or was saved by Python's ddprun.state (said on stderr).
   std::optional<Loaded> load(ProcessGroup& group);
-  // The state of `step` on this rank alone (one of steps()), or nullopt.
+  // The state of `step` on this rank alone (one of steps()), or nullopt. Waits for the last save.
   std::optional<Loaded> load_step(std::int64_t step) const;
 
   // Asks ddprun's agent to write this rank's latest committed state to the file `path`, in the
@@ -83,7 +83,7 @@ class MemoryState {
 
   unsigned char* map_ = nullptr;
   std::size_t size_ = 0, slot_bytes_ = 0;
-  std::thread copying_;         // the last save_async's copy
+  mutable std::thread copying_;  // the last save_async's copy (joined by const readers too)
   std::uint64_t last_gen_ = 0;  // the last save's generation (its copy may still run)
 };
 
