@@ -187,13 +187,12 @@ def kinds(ddprun, tmp):
     stuck = r"rank 1 \(host .*\) is stuck outside any collective in load_batch \(hang_worker\.py:\d+\); rank 0 waits for it in DDP's all-reduce"
 
     def first():
-        hang_kind(ddprun, tmp, "stuck", 2, 1, stuck)
+        # Beside it every rank's thread logs 1.5 MB/s to a file (from its start: the hang comes once
+        # a window of steps has shown ddprun that pace): writes at the pace it had while stepping
+        # are no save, and hide no hang.
+        hang_kind(ddprun, tmp, "stuck", 2, 1, stuck, at=60, extra=["--log_mb_s", "1.5", "--write_dir", tmp])
         hang_kind(ddprun, tmp, "sigstop", 2, 1, r"rank 1 \(.*\) is stopped \(SIGSTOP")
         hang_kind(ddprun, tmp, "mismatch", 2, 1, r"ranks wait in different collectives: rank 0 \(.*\) in DDP's all-reduce .*rank 1 \(.*\) in torch\.distributed\.broadcast")
-        # Every rank's thread logs 1.5 MB/s to a file: writes at the pace it had while stepping
-        # are no save, and hide no hang.
-        hang_kind(ddprun, tmp, "stuck", 2, 1, stuck, at=60, extra=["--log_mb_s", "1.5", "--write_dir", tmp],
-                  suffix="_logging")
 
     def second():
         hang_kind(ddprun, tmp, "stuck", 4, 2, r"rank 2 \(.*\) is stuck outside any collective in load_batch .*ranks 0-1, 3 wait for it in DDP's all-reduce")
