@@ -9,8 +9,6 @@
 #include <boost/asio.hpp>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
@@ -321,60 +319,12 @@ void WorkerGroup::Impl::fail_hung(Slot& s, SteadyClock::time_point now, const st
   listener->on_worker_failed(s.w, reason, kHeartbeatExitCode, FailureKind::hang);
 }
 
-std::optional<std::uint64_t> storage_written(pid_t pid, const std::string& proc_root) {
-  std::ifstream io(proc_root + "/" + std::to_string(pid) + "/io");
-  std::string key;
-  std::uint64_t value = 0;
-  while (io >> key >> value) {
-    if (key == "write_bytes:") return value;
-  }
-  return std::nullopt;
-}
-
-bool waits_on_disk(pid_t pid, const std::string& proc_root) {
-  std::error_code ec;
-  const std::string tasks = proc_root + "/" + std::to_string(pid) + "/task";
-  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
-    std::ifstream stat(task.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    const auto paren = line.rfind(')');
-    if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'D') return true;
-  }
-  return false;
-}
-
 void WorkerGroup::Impl::watch_writes(Slot& s, SteadyClock::time_point now) {
   pid_t pid = training_process(s.w.spec.heartbeat_file, s.w.pid);
   if (pid <= 0) pid = s.w.pid;
-  const auto bytes = storage_written(pid);
-  if (!bytes || pid != s.io_pid || *bytes < s.io_bytes) {
-    if (pid != s.io_pid) s.io_pace = 0, s.io_rates.clear(), s.io_wrote = {};  // another process: nothing of the last one's
-    s.io_pid = bytes ? pid : -1;
-    s.io_bytes = bytes.value_or(0);
-    s.io_since = now;
-    return;
-  }
-  const auto elapsed = now - s.io_since;
-  const double wrote = static_cast<double>(*bytes - s.io_bytes);
   // Its main thread holds still (in a save, or hung): longer than a second and twice its long step.
   const bool still = s.hb.silent(now) > std::max<SteadyClock::duration>(std::chrono::seconds(1), 2 * s.hb.longest_step());
-  if (!still) {
-    if (elapsed < kWritingPaceWindow) return;
-    // While it steps (not in torch.save, whose beats are no steps): its own pace, the most it
-    // wrote in a window of the last minute (a thread that writes in bursts has its bursts' pace).
-    if (!s.hb.saving()) {
-      s.io_rates.push_back(wrote / secs(elapsed));
-      if (s.io_rates.size() > kWritingPaceWindows) s.io_rates.pop_front();
-      s.io_pace = *std::max_element(s.io_rates.begin(), s.io_rates.end());
-    }
-  } else if (wrote >= static_cast<double>(kWritingBytes) && wrote >= kWritingOverPace * s.io_pace * secs(elapsed)) {
-    s.io_wrote = now;  // well above its pace: a save
-  } else if (elapsed < kWritingWindow) {
-    return;
-  }
-  s.io_bytes = *bytes;
-  s.io_since = now;
+  s.writes.look(pid, still, s.hb.saving(), now);
 }
 
 // A rank saving now: in torch.save (its file says so and it beat within the last 10 s: it beats
@@ -385,9 +335,7 @@ const Slot* WorkerGroup::Impl::saving(SteadyClock::time_point now) const {
   for (const auto& s : slots) {
     if (!s->w.running()) continue;
     if (s->hb.saving() && s->hb.silent(now) < std::chrono::seconds(10)) return s.get();
-    if (s->io_pid <= 0 || s->io_wrote == SteadyClock::time_point{}) continue;
-    if (now - s->io_wrote < kWritingWindow) return s.get();
-    if (now - s->io_wrote < kFlushGrace && waits_on_disk(s->io_pid)) return s.get();
+    if (s->writes.saving(now)) return s.get();
   }
   return nullptr;
 }
@@ -437,7 +385,7 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
     if (saver->w.spec.local_rank != logged_saver) {
       spdlog::info("ddprun: rank {} is {}; the other ranks' silence is not taken for a hang until it ends",
                    saver->w.spec.rank,
-                   saver->io_wrote == SteadyClock::time_point{} || now - saver->io_wrote >= kFlushGrace
+                   !saver->writes.wrote_lately(now)
                        ? "saving a checkpoint (torch.save)"
                                       : fmt::format("writing to storage (over {} MB within {} s: a checkpoint save)",
                                                     kWritingBytes >> 20, kWritingWindow.count()));

@@ -7,6 +7,7 @@
 // class of their own would have to copy or lock that view. Private to the agent: Asio is here.
 
 #include "workers/worker_group.hpp"
+#include "workers/write_watch.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -50,37 +51,9 @@ struct Slot {
   pid_t pace_pid = -1;
   long long pace_cpu = -1, pace_steps = 0;
   SteadyClock::time_point pace_at;
-  // Its training process's writes to storage (write_bytes): a save of any kind, where the
-  // heartbeat's saving() is torch.save's alone. The count at `io_since`; `io_pace`: its pace of
-  // writing while it steps (bytes a second: the most of its last kWritingPaceWindows windows of
-  // kWritingPaceWindow, `io_rates`); `io_wrote`: when, its main thread holding still, it last
-  // wrote kWritingBytes within kWritingWindow and kWritingOverPace x its pace (a thread that logs,
-  // steadily or in bursts, is no save).
-  pid_t io_pid = -1;
-  std::uint64_t io_bytes = 0;
-  double io_pace = 0;
-  std::deque<double> io_rates;
-  SteadyClock::time_point io_since, io_wrote;
+  WriteWatch writes;  // its training process's writes to storage: a save of any kind (write_watch.hpp)
 };
 
-// A process that writes this much to storage within this window, well above its own pace, is
-// saving (a checkpoint of any kind: numpy, safetensors, torch.distributed.checkpoint), not hung:
-// 0.8 MB/s at least, above what a program's logs write, below any checkpoint's pace. After its
-// last burst, kFlushGrace more while one of its threads waits on the disk (D state: the save's
-// fsync or close, which write_bytes does not count).
-constexpr std::uint64_t kWritingBytes = 8ull << 20;
-constexpr std::chrono::seconds kWritingWindow{10}, kWritingPaceWindow{2};
-constexpr double kWritingOverPace = 4;
-constexpr std::chrono::seconds kFlushGrace{120};
-constexpr std::size_t kWritingPaceWindows = 30;  // a minute of windows
-
-// Whether a thread of `pid` is in uninterruptible sleep (D: waiting on a disk or a file system).
-bool waits_on_disk(pid_t pid, const std::string& proc_root = "/proc");
-
-// The bytes `pid` has caused to be written to storage (/proc/PID/io write_bytes: counted as it
-// dirties a file's pages, so a save to a disk or network file system counts at once, a pipe or
-// a socket not at all); nullopt when it cannot be read.
-std::optional<std::uint64_t> storage_written(pid_t pid, const std::string& proc_root = "/proc");
 
 // The process that trains below `worker`, as the progress hook wrote it at its first step
 // (HEARTBEAT.pid); -1 when there is none, or it is no longer below the worker.

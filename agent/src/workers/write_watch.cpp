@@ -1,0 +1,69 @@
+#include "workers/write_watch.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+namespace ddprun::agent {
+
+std::optional<std::uint64_t> storage_written(pid_t pid, const std::string& proc_root) {
+  std::ifstream io(proc_root + "/" + std::to_string(pid) + "/io");
+  std::string key;
+  std::uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "write_bytes:") return value;
+  }
+  return std::nullopt;
+}
+
+bool waits_on_disk(pid_t pid, const std::string& proc_root) {
+  std::error_code ec;
+  const std::string tasks = proc_root + "/" + std::to_string(pid) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+    std::ifstream stat(task.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto paren = line.rfind(')');
+    if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'D') return true;
+  }
+  return false;
+}
+
+void WriteWatch::look(pid_t pid, bool still, bool torch_save, Clock::time_point now) {
+  const auto bytes = storage_written(pid);
+  if (!bytes || pid != pid_ || *bytes < bytes_) {
+    if (pid != pid_) pace_ = 0, rates_.clear(), wrote_ = {};  // another process: nothing of the last one's
+    pid_ = bytes ? pid : -1;
+    bytes_ = bytes.value_or(0);
+    since_ = now;
+    return;
+  }
+  const auto elapsed = now - since_;
+  const double secs = std::chrono::duration<double>(elapsed).count();
+  const double wrote = static_cast<double>(*bytes - bytes_);
+  if (!still) {
+    if (elapsed < kWritingPaceWindow) return;
+    if (!torch_save) {  // while it steps: its own pace
+      rates_.push_back(wrote / secs);
+      if (rates_.size() > kWritingPaceWindows) rates_.pop_front();
+      pace_ = *std::max_element(rates_.begin(), rates_.end());
+    }
+  } else if (wrote >= static_cast<double>(kWritingBytes) && wrote >= kWritingOverPace * pace_ * secs) {
+    wrote_ = now;  // well above its pace: a save
+  } else if (elapsed < kWritingWindow) {
+    return;
+  }
+  bytes_ = *bytes;
+  since_ = now;
+}
+
+bool WriteWatch::wrote_lately(Clock::time_point now) const {
+  return wrote_ != Clock::time_point{} && now - wrote_ < kFlushGrace;
+}
+
+bool WriteWatch::saving(Clock::time_point now) const {
+  if (pid_ <= 0 || !wrote_lately(now)) return false;
+  return now - wrote_ < kWritingWindow || waits_on_disk(pid_);
+}
+
+}  // namespace ddprun::agent

@@ -1,0 +1,58 @@
+#pragma once
+// A worker's writes to storage, as the agent reads them (docs/usage.md: Hangs): a save of any
+// kind (numpy, safetensors, torch.distributed.checkpoint), where the heartbeat's saving() is
+// torch.save's alone. Its training process's write_bytes (/proc/PID/io) is read at each check:
+//   - while its main thread steps, its own pace of writing: the most it wrote in a
+//     kWritingPaceWindow of the last kWritingPaceWindows (a thread that logs, steadily or in
+//     bursts, is no save);
+//   - while its main thread holds still, a save: kWritingBytes within kWritingWindow, and
+//     kWritingOverPace x that pace.
+// It is saving for kWritingWindow after such a burst, and for kFlushGrace after it while one of
+// its threads waits on the disk (D state: the save's fsync or close, which write_bytes does not
+// count). A save whose process hangs stops both, and is a hang like any other.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+
+namespace ddprun::agent {
+
+// 0.8 MB/s at least: above what a program's logs write, below any checkpoint's pace.
+constexpr std::uint64_t kWritingBytes = 8ull << 20;
+constexpr std::chrono::seconds kWritingWindow{10}, kWritingPaceWindow{2};
+constexpr double kWritingOverPace = 4;
+constexpr std::chrono::seconds kFlushGrace{120};
+constexpr std::size_t kWritingPaceWindows = 30;  // a minute of windows
+
+class WriteWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // A look at `pid` (the training process): `still`, its main thread holds still; `torch_save`,
+  // it is in torch.save (whose beats are no steps: no pace is learned then).
+  void look(pid_t pid, bool still, bool torch_save, Clock::time_point now);
+  // Writing at a save's pace now, or waiting on the disk since.
+  bool saving(Clock::time_point now) const;
+  // It wrote a save's burst within kFlushGrace (a save by writes, not torch.save).
+  bool wrote_lately(Clock::time_point now) const;
+
+ private:
+  pid_t pid_ = -1;
+  std::uint64_t bytes_ = 0;  // the count at `since_`
+  double pace_ = 0;          // bytes a second: the most of `rates_`
+  std::deque<double> rates_;
+  Clock::time_point since_, wrote_;
+};
+
+// Whether a thread of `pid` is in uninterruptible sleep (D: waiting on a disk or a file system).
+bool waits_on_disk(pid_t pid, const std::string& proc_root = "/proc");
+
+// The bytes `pid` has caused to be written to storage (/proc/PID/io write_bytes: counted as it
+// dirties a file's pages, so a save to a disk or network file system counts at once, a pipe or
+// a socket not at all); nullopt when it cannot be read.
+std::optional<std::uint64_t> storage_written(pid_t pid, const std::string& proc_root = "/proc");
+
+}  // namespace ddprun::agent
