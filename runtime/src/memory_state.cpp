@@ -114,7 +114,7 @@ MemoryState::MemoryState() {
   }
   map_ = static_cast<unsigned char*>(m);
   size_ = size;
-  slot_bytes_ = (size - page()) / kSlots / page() * page();
+  slot_bytes_ = area_slot_bytes(size);
 }
 
 MemoryState::~MemoryState() {

@@ -67,7 +67,7 @@ Found find_slot(int fd, std::uint64_t area_bytes, std::uint64_t generation) {
   const auto head = sl::header(buf.data());
   Found found;
   if (!head.magic || head.version != sl::kVersion || head.slots != sl::kSlots ||
-      head.slot_bytes != (area_bytes - page) / sl::kSlots / page * page) {
+      head.slot_bytes != sl::area_slot_bytes(area_bytes)) {
     return found;  // nothing saved yet
   }
   for (int i = 0; i < static_cast<int>(sl::kSlots); ++i) {
@@ -149,7 +149,7 @@ class Directory {
 };
 
 // The slot of `generation` copied (sendfile: at memory speed, into the page cache) into a hidden
-// file beside `path`; nullopt where it is not committed yet.
+// file beside `path`, its step in `step`; null, with `not_yet` set, where it is not committed yet.
 std::unique_ptr<Directory> copy_slot_to(int area_fd, std::uint64_t area_bytes, std::uint64_t generation,
                                         const std::string& path, std::int64_t* step, bool* not_yet) {
   const std::size_t page = sl::page();

@@ -41,6 +41,10 @@ constexpr std::size_t kRequestPathAt = kRequestAt + 24, kRequestPathBytes = 2000
 inline std::size_t page() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
 inline std::size_t align(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 inline std::size_t max_chunks() { return (page() - kSlotHeaderBytes) / 4; }
+// The bytes of each slot of an area of `area_bytes` (its header page, then kSlots slots of whole pages).
+inline std::uint64_t area_slot_bytes(std::uint64_t area_bytes) {
+  return (area_bytes - page()) / kSlots / page() * page();
+}
 
 template <class T>
 T read_at(const unsigned char* p) {
