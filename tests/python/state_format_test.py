@@ -3,8 +3,8 @@
 agent makes it stands in for the rank's area. Round trips of every kind of value, a save left
 uncommitted, a corrupted slot (not loaded, said), a save too large, copy-on-write loads, loaded tensors kept when
 their slot is written again, the optimizer fence (with an LR scheduler made after the import),
-a native trainer's state (refused), a persist request's pin, and a DDPRUN_STATE_FD that is
-not an area.
+a native trainer's state (refused), a persist request's pin, the buddy copies' pins (the
+replicated and the sending generation), and a DDPRUN_STATE_FD that is not an area.
 
 Usage: state_format_test.py PACKAGE_DIR (where the `ddprun` package is: build/share/ddprun/python)"""
 import fcntl
@@ -164,6 +164,76 @@ def pinned(st):
     check(st._area.committed()[0][:2] == (501, 103), f"the next save is generation 501: {st._area.committed()}")
 
 
+def whole(st):
+    """Whether every committed slot's payload passes its CRC-32s."""
+    for _gen, _step, slot in st._area.committed():
+        _gen, _step, skel, data, chunk, crcs = st._area.slot(slot)
+        base = st._area.offset(slot) + st._PAGE
+        payload = memoryview(st._area.map)[base:base + st._align(skel) + data]
+        try:
+            if not st._verified(payload, chunk, crcs):
+                return False
+        finally:
+            payload.release()
+    return True
+
+
+def replica_pins(st):
+    # The agent's copies to a buddy node pin two more generations, which it writes into the
+    # header: the replicated one (1544), the newest every node's buddy holds, and the one being
+    # sent (1552). A save over either waits on its thread, both committed states whole, until the
+    # agent lets go of it (here another thread, playing the agent); after the wait's limit it
+    # saves over it and says what that costs.
+    import contextlib
+    import io
+    import struct
+    import threading
+    import time
+
+    import torch
+
+    fd = st._area.fd
+    for at, name, step in ((1544, "replicated", 200), (1552, "sending", 210)):
+        for s in (step, step + 1):
+            st.save(s, {"x": torch.full((1 << 16,), float(s))})
+        st.wait()
+        older = st._area.committed()[1][0]
+        os.pwrite(fd, struct.pack("<Q", older), at)
+        clear = threading.Timer(0.6, os.pwrite, (fd, bytes(8), at))  # the agent lets go of it
+        clear.start()
+        t0 = time.monotonic()
+        st.save(step + 2, {"x": torch.full((1 << 16,), float(step + 2))})
+        time.sleep(0.3)
+        check(st._pending.thread.is_alive() and st.steps() == [step + 1, step] and whole(st),
+              f"a save over the {name} state ({at}) waits, both committed states whole: {st.steps()}")
+        st.wait()
+        clear.join()
+        check(time.monotonic() - t0 >= 0.55 and st.steps() == [step + 2, step + 1] and whole(st),
+              f"once the {name} pin is cleared, the save goes on: {st.steps()}")
+
+        # The newest state pinned: a save writes the other slot at once.
+        os.pwrite(fd, struct.pack("<Q", st._area.committed()[0][0]), at)
+        st.save(step + 3, {"x": torch.zeros(3)}, blocking=True)
+        check(st.steps() == [step + 3, step + 2], f"the newest state pinned ({name}): a save does not wait: {st.steps()}")
+
+        # Never let go of: after the limit the save goes on over it, and says so once.
+        os.pwrite(fd, struct.pack("<Q", st._area.committed()[1][0]), at)
+        limit, st._PIN_WAIT_S = st._PIN_WAIT_S, 0.2
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                st.save(step + 4, {"x": torch.zeros(3)}, blocking=True)
+        finally:
+            st._PIN_WAIT_S = limit
+            os.pwrite(fd, bytes(8), at)
+        said = err.getvalue()
+        want = (f"no step newer than {step + 2} has reached every node's buddy" if name == "replicated"
+                else f"the buddy node has not acknowledged step {step + 2}")
+        check(st.steps() == [step + 4, step + 3] and said.count("ddprun.state:") == 1 and want in said
+              and "if a node is lost now, its ranks' state is lost with it" in said,
+              f"the {name} pin never let go of: saved over after the limit, said once: {said.strip()}")
+
+
 def not_an_area():
     # A descriptor that is not an area (a subprocess that inherited the variables, not the memfd).
     code = ("import warnings, ddprun.state as s; warnings.simplefilter('always'); "
@@ -187,6 +257,7 @@ def main():
     too_large_and_fence(st)
     native_state(st)
     pinned(st)
+    replica_pins(st)
     not_an_area()
     print(f"{len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)

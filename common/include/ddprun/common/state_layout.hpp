@@ -8,6 +8,9 @@
 //     at 1024, the agent's answer to the last persist request: u64 request number answered,
 //                    i64 step written, i32 errno (0: written), u32 message bytes, the message
 //     at 1536, u64: the last request number whose slot the agent has copied (or given up)
+//     at 1544, u64 replicated: the newest generation every node's buddy holds, written by the
+//                    agent, which keeps it until a newer one is replicated job-wide (0: none)
+//     at 1552, u64 sending: the generation the agent is copying to this node's buddy now (0: none)
 //     at 2048, the worker's persist request: u64 request number (odd while it is written, the
 //                    next even number once whole), u64 the generation to persist, u32 path
 //                    bytes, u32 0, the absolute path
@@ -23,6 +26,12 @@
 // save that would write its slot waits (on the save's thread), so that the state asked for is
 // the state written, the same step on every rank that asked at the same step, and the area keeps
 // two committed states throughout. A save never reuses a generation a request named.
+//
+// The agent's copies to a buddy node (for the loss of a node) pin two more (pinned()): a step
+// counts as replicated once every node's buddy holds it, and the job resumes from it after a
+// node is lost (the lost node's ranks from their buddy, the others from their own area), so a
+// save that would overwrite the replicated state waits until a newer one is replicated; and the
+// state being sent is left whole until its copy ends.
 
 #include <unistd.h>
 
@@ -36,6 +45,7 @@ constexpr char kAreaMagic[8] = {'D', 'D', 'P', 'R', 'U', 'N', 'S', 'T'};
 constexpr std::uint32_t kVersion = 1, kSlots = 2;
 constexpr std::size_t kHeaderBytes = 32, kSlotHeaderBytes = 52, kAlign = 64;
 constexpr std::size_t kReplyAt = 1024, kReplyMessageBytes = 480, kCopiedAt = 1536, kRequestAt = 2048;
+constexpr std::size_t kReplicatedAt = 1544, kSendingAt = 1552;
 constexpr std::size_t kRequestPathAt = kRequestAt + 24, kRequestPathBytes = 2000;
 
 inline std::size_t page() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
@@ -86,6 +96,14 @@ inline void write_header(unsigned char* p, std::uint32_t slots, std::uint64_t sl
 inline std::uint64_t pinned_generation(const unsigned char* p) {
   const auto number = read_at<std::uint64_t>(p + kRequestAt), copied = read_at<std::uint64_t>(p + kCopiedAt);
   return number % 2 == 0 && number > copied ? read_at<std::uint64_t>(p + kRequestAt + 8) : 0;
+}
+
+// Whether a save must not write the slot that holds generation `gen`: a persist request pins it
+// (pinned_generation()), or the agent's replication does (the replicated or the sending
+// generation). `p`: the area's header page.
+inline bool pinned(const unsigned char* p, std::uint64_t gen) {
+  return gen != 0 && (gen == pinned_generation(p) || gen == read_at<std::uint64_t>(p + kReplicatedAt) ||
+                      gen == read_at<std::uint64_t>(p + kSendingAt));
 }
 
 struct SlotHeader {

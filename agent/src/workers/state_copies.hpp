@@ -1,0 +1,78 @@
+#pragma once
+// The workers' state across nodes (docs/usage.md: State across nodes). In a round of several
+// nodes, each agent sends every new committed state of its ranks to its buddy, the node of the
+// next group rank, which keeps the two newest of each rank (workers/state_link.hpp). A step
+// counts as replicated once the buddies of every rank of the job hold it: each agent adds its
+// ranks' acknowledgements to ddprun/state/R/step/S in the round's workers' store, and the one
+// that completes the count sets ddprun/state/R/done/S. Until then the area keeps the last
+// replicated step: its generation is pinned at kReplicatedAt (and the one being sent at
+// kSendingAt), so a save that would write over it waits. Every survivor and every buddy then
+// holds the last replicated step, and ddprun.state.load() agrees on it when a node is lost.
+//
+// State follows the rank. Before a round's workers start, each agent compares the rank each of
+// its areas holds with the rank it now has: an area whose rank moved (group ranks follow the
+// arrival order) is kept as a copy (served to the node that now has that rank) and emptied; every
+// agent publishes where it can serve each rank from; an agent whose area lacks its rank's state
+// waits until every member has published, then fetches it (the rank's old node, or its buddy)
+// into the area. A rank whose node and buddy were both lost starts without state, and
+// ddprun.state.load() says so on every rank.
+//
+// One thread, started by the first round of several nodes, prepares each round and then sends;
+// the server of copies runs on a second. A single-node job starts neither.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddprun/rounds/rendezvous.hpp"
+#include "workers/state_link.hpp"
+
+namespace ddprun::agent {
+
+class StateAreas;
+
+class StateCopies {
+ public:
+  // `host`: how the other nodes reach this one. `bytes_per_s`: the pace of the copies to the
+  // buddy. `budget`: the bytes of other nodes' state kept at most.
+  StateCopies(const StateAreas& areas, std::string host, std::uint64_t bytes_per_s, std::uint64_t budget);
+  ~StateCopies();
+  StateCopies(const StateCopies&) = delete;
+  StateCopies& operator=(const StateCopies&) = delete;
+
+  // A round of several nodes is ready: puts each area's state in place for its rank (fetching
+  // from the others where it moved), then calls `ready` (on the thread of the copies: post it),
+  // and copies the round's saves to the buddy until the next prepare() or stop_sending().
+  // Throws ddprun::Error where a thread or the server cannot start.
+  void prepare(const rounds::RoundInfo& info, std::function<void()> ready);
+  // The round is over: no more copies for it (a send in flight ends).
+  void stop_sending();
+
+ private:
+  struct Round;
+  void run();
+  void settle(Round& r);  // the state of each area put in place for its rank
+  void send(Round& r);    // until the round ends
+  bool wanted(int round) const;
+
+  const StateAreas& areas_;
+  const std::string host_;
+  const std::uint64_t bytes_per_s_;
+  StateLinkServer server_;
+  std::vector<int> area_rank_;  // the rank whose state each area holds; the thread's
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::unique_ptr<Round> next_;      // a round to prepare
+  std::atomic<int> sending_{-1};     // the round whose saves are copied; -1: none
+  std::atomic<bool> stop_{false};    // the agent ends
+  std::thread thread_;
+};
+
+}  // namespace ddprun::agent

@@ -1,0 +1,101 @@
+// StateLinkServer and StateLinkClient (workers/state_link.hpp): the copies of a rank's committed
+// state between agents, behind the round's copy key.
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ddprun/common/error.hpp"
+#include "ddprun/common/state_layout.hpp"
+#include "workers/state_areas.hpp"
+#include "workers/state_link.hpp"
+
+using namespace ddprun::agent;
+namespace sl = ddprun::state_layout;
+
+namespace {
+
+const std::size_t kPage = sl::page();
+
+// A rank's area whose slot 0 holds generation `gen` at `step`: 64 bytes of skeleton and 1000 of
+// data, each byte `fill`. Returns the image's size (header page and payload).
+std::uint64_t save(int fd, std::uint64_t gen, std::int64_t step, unsigned char fill) {
+  std::vector<unsigned char> s(kPage, 0);
+  sl::write_at(s.data(), gen);
+  sl::write_at(s.data() + 8, gen);
+  sl::write_at(s.data() + 16, step);
+  sl::write_at(s.data() + 24, std::uint64_t{64});
+  sl::write_at(s.data() + 32, std::uint64_t{1000});
+  REQUIRE(::pwrite(fd, s.data(), s.size(), static_cast<off_t>(kPage)) == static_cast<ssize_t>(s.size()));
+  std::vector<unsigned char> payload(64 + 1000, fill);
+  REQUIRE(::pwrite(fd, payload.data(), payload.size(), static_cast<off_t>(2 * kPage)) ==
+          static_cast<ssize_t>(payload.size()));
+  return kPage + payload.size();
+}
+
+std::atomic<bool> no_stop{false};
+
+bool put(StateLinkServer& server, const std::string& key, int rank, int fd, std::uint64_t bytes, bool intact = true) {
+  StateLinkClient c("127.0.0.1", server.port(), key);
+  return c.put(rank, fd, kPage, bytes, 0, no_stop, [&] { return intact; });
+}
+
+}  // namespace
+
+TEST_CASE("state link: a put is kept whole and got back, the two newest of a rank are kept", "[state]") {
+  StateAreas area(1, 4 << 20);
+  StateLinkServer server(1 << 20);
+  server.start();
+  server.set_key("the round's key");
+  for (std::uint64_t gen = 1; gen <= 3; ++gen) {
+    const auto bytes = save(area.fd(0), gen, static_cast<std::int64_t>(gen * 10), static_cast<unsigned char>(gen));
+    REQUIRE(put(server, "the round's key", 5, area.fd(0), bytes));
+  }
+  StateLinkClient c("localhost", server.port(), "the round's key");
+  const auto images = c.get(5);
+  REQUIRE(images.size() == 2);
+  CHECK(images[0].gen == 2);
+  CHECK(images[0].step == 20);
+  CHECK(images[1].gen == 3);
+  CHECK(images[1].bytes == kPage + 1064);
+  CHECK(images[1].data[kPage] == 3);
+  CHECK(images[1].data[kPage + 1063] == 3);
+  CHECK(StateLinkClient("127.0.0.1", server.port(), "the round's key").get(6).empty());
+  CHECK(server.ranks() == std::vector<int>{5});
+}
+
+TEST_CASE("state link: a client without the round's key is refused, and a server without it is not trusted", "[state]") {
+  StateAreas area(1, 4 << 20);
+  StateLinkServer server(1 << 20);
+  server.start();
+  server.set_key("round 3");
+  const auto bytes = save(area.fd(0), 1, 1, 1);
+  CHECK_THROWS_WITH(put(server, "round 2", 0, area.fd(0), bytes), Catch::Contains("copy key"));
+  CHECK(server.ranks().empty());
+  server.set_key("");  // no round yet: nobody gets in
+  CHECK_THROWS_WITH(put(server, "", 0, area.fd(0), bytes), Catch::Contains("copy key"));
+}
+
+TEST_CASE("state link: an image the sender found written over, a malformed one, or one over the budget is not kept",
+          "[state]") {
+  StateAreas area(1, 4 << 20);
+  StateLinkServer server(2 * kPage + 1064);
+  server.start();
+  server.set_key("k");
+  auto bytes = save(area.fd(0), 1, 1, 1);
+  CHECK_FALSE(put(server, "k", 0, area.fd(0), bytes, false));
+  CHECK(server.ranks().empty());
+  CHECK_FALSE(put(server, "k", 0, area.fd(0), bytes - 1));  // its payload is not all there
+  CHECK(put(server, "k", 0, area.fd(0), bytes));
+  bytes = save(area.fd(0), 2, 2, 2);
+  CHECK_FALSE(put(server, "k", 1, area.fd(0), bytes));  // two images do not fit
+  CHECK(put(server, "k", 0, area.fd(0), bytes));        // the rank's older one makes room
+  CHECK(server.images(0).size() == 1);
+  CHECK(server.images(0)[0].gen == 2);
+  CHECK(server.held_bytes() == kPage + 1064);
+  server.drop_before(1);
+  CHECK(server.ranks().empty());
+}
