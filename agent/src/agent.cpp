@@ -29,6 +29,7 @@
 #include "workers/output.hpp"
 #include "workers/process_runner.hpp"
 #include "workers/state_areas.hpp"
+#include "workers/state_copies.hpp"
 #include "workers/state_persister.hpp"
 #include "containment/run_dir.hpp"
 #include "workers/worker_group.hpp"
@@ -232,7 +233,15 @@ struct Agent::Impl {
       });
     };
     if (persister) watch_persist();
+    // Across nodes, each node's saved state is copied to a buddy node; its threads start with the
+    // first round of several nodes.
+    std::unique_ptr<StateCopies> copies;
+    if (state && opt.state_copy_rate > 0 && opt.rdzv.multi_node()) {
+      copies = std::make_unique<StateCopies>(*state, node_name, static_cast<std::uint64_t>(opt.state_copy_rate),
+                                             2 * state->bytes_per_rank() * static_cast<std::uint64_t>(state->ranks()));
+    }
     JobController controller(opt, group, rdzv, events, dir, node_name, &fence, state.get());
+    if (copies) controller.use_state_copies(copies.get(), [&io](std::function<void()> f) { asio::post(io, std::move(f)); });
     // Once a second the loop shows the job to the metrics: /healthz also proves the loop turns.
     asio::steady_timer tick(io);
     std::function<void()> refresh = [&] {

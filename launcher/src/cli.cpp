@@ -207,6 +207,7 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
     }
   }
   a.state_memory = s.no_state ? 0 : s.state_memory;
+  a.state_copy_rate = s.state_copy_rate;
   a.stop_timeout = s.stop_timeout;
   // torchrun 2.x's spelling (or its environment variable) wins over --stop_timeout.
   if (s.shutdown_timeout) {

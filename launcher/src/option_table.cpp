@@ -253,6 +253,10 @@ std::vector<OptionSpec> failure_options() {
      [](const std::string& v, Settings& s) {
        if (!v.empty()) s.state_memory = parse_size("state_memory", v);
      }},
+    {"state_copy_rate", "", kFault, K::value, "1G",
+     "in a job of several nodes, the pace at which each node copies its ranks' saved state to its buddy node (the "
+     "next group rank), in bytes a second, e.g. 500M; a node lost keeps its ranks' state there. 0 = no copies",
+     [](const std::string& v, Settings& s) { s.state_copy_rate = parse_size("state_copy_rate", v); }},
     {"no_state", "", kFault, K::flag, "",
      "give the workers no in-memory state (as --state_memory=0): ddprun.state.load() returns None",
      [](const std::string& v, Settings& s) { s.no_state = truthy(v); }},

@@ -41,6 +41,7 @@ struct Settings {
   std::string preload;         // modules each warm spare imports besides torch
   long long state_memory = -1; // bytes for the node's state areas; -1: the default; 0: none
   bool no_state = false;
+  long long state_copy_rate = 1LL << 30;  // bytes a second to the buddy node; 0: no copies
   std::string log_dir;
   agent::StreamSelection redirects, tee;
   std::string local_ranks_filter;

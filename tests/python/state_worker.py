@@ -17,10 +17,12 @@ position). STATE_MODE says what else it does:
                the second fails), then loads the file back
 
 It prints "RESUMED <step>" (the step loaded), "FINAL <sha256 of the parameters>", "STALL <s>".
-STATE_MB: the size of the extra state tensor (MB)."""
+STATE_MB: the size of the extra state tensor (MB). STATE_PAUSE: seconds to wait after each save,
+having printed "SAVED <step> rank=R host=H" (a job slow enough to be lost midway)."""
 import hashlib
 import os
 import random
+import socket
 import sys
 import time
 
@@ -31,6 +33,7 @@ import torch.distributed as dist
 MODE = os.environ.get("STATE_MODE", "none")
 STEPS = int(os.environ.get("STATE_STEPS", "8"))
 CRASH = int(os.environ.get("STATE_CRASH_STEP", "4"))
+PAUSE = float(os.environ.get("STATE_PAUSE", "0"))
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 if MODE == "mid_copy" and attempt == 0:
     os.environ["DDPRUN_STATE_TEST_KILL_AT_STEP"] = str(CRASH)
@@ -65,7 +68,8 @@ if found is not None:
     data.set_state(state["data_rng"])
     extra.copy_(state["extra"])
     start = state["next_step"]
-    print(f"RESUMED {step} steps={ddprun.state.steps()} extra={float(extra[0])}", flush=True)
+    print(f"RESUMED {step} steps={ddprun.state.steps()} extra={float(extra[0])} rank={rank} "
+          f"host={socket.gethostname()}", flush=True)
 
 
 def hash_params():
@@ -93,6 +97,9 @@ for step in range(start, STEPS):
         except ddprun.state.StateTooLarge as e:
             print(f"CAUGHT {type(e).__name__}: {e}", flush=True)
     ddprun.state.save(step, state)
+    if PAUSE:
+        print(f"SAVED {step} rank={rank} host={socket.gethostname()}", flush=True)
+        time.sleep(PAUSE)
     if MODE == "crash" and attempt == 0 and step == CRASH:
         ddprun.state.wait()
         dist.barrier()  # every rank's save of CRASH committed

@@ -47,6 +47,12 @@ JobController::JobController(const AgentOptions& opt, WorkerGroup& group, Rendez
 void JobController::enter(Phase p) {
   spdlog::debug("ddprun: {} -> {} (round {})", to_string(phase_), to_string(p), round_);
   phase_ = p;
+  if (copies_ && p != Phase::running && p != Phase::rendezvous) copies_->stop_sending();
+}
+
+void JobController::use_state_copies(StateCopies* copies, std::function<void(std::function<void()>)> post) {
+  copies_ = copies;
+  post_ = std::move(post);
 }
 
 void JobController::start() {
@@ -104,6 +110,21 @@ void JobController::on_round_ready(const RoundInfo& info) {
       e["members"] = members;
     }
     events_.emit("rendezvous_complete", e);
+  }
+  // Across nodes, each rank's saved state is put in place for it first (it may have moved).
+  if (copies_ && across_nodes()) {
+    try {
+      const int round = round_;
+      copies_->prepare(info, [this, round] {
+        post_([this, round] {
+          if (phase_ == Phase::rendezvous && round_ == round) start_workers();
+        });
+      });
+      return;
+    } catch (const Error& e) {
+      spdlog::warn("ddprun: the workers' in-memory state is not copied across nodes: {}", e.what());
+      copies_ = nullptr;
+    }
   }
   start_workers();
 }

@@ -28,6 +28,7 @@
 //   draining   --rendezvous finished-------------------------> done
 //   any phase  --second SIGINT/SIGTERM-----------------------> workers SIGKILLed now (draining: done now)
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +50,7 @@ namespace ddprun::agent {
 class EventLog;
 class RunDir;
 class StateAreas;
+class StateCopies;
 using rounds::Rendezvous;
 using rounds::RendezvousFailure;
 using rounds::RoundEnd;
@@ -66,6 +68,9 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
 
   void start();             // joins the first round
   void on_signal(int sig);  // a signal ddprun handles, SIGCHLD excepted (that one goes to the group)
+  // Copies of the workers' state across nodes: each round of several nodes puts each rank's state
+  // in place before its workers start (`post` runs a function on the loop, from any thread).
+  void use_state_copies(StateCopies* copies, std::function<void(std::function<void()>)> post);
 
   Phase phase() const { return phase_; }
   int exit_code() const { return exit_code_; }
@@ -128,6 +133,8 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   std::string node_name_;
   FenceState* fence_;
   const StateAreas* state_;  // each local rank's state area, handed to its workers; may be null
+  StateCopies* copies_ = nullptr;  // copies of the state across nodes; may be null
+  std::function<void(std::function<void()>)> post_;
 
   Phase phase_ = Phase::rendezvous;
   int round_ = 0;

@@ -92,6 +92,9 @@ struct AgentOptions {
   // state areas, in bytes, split evenly between them. -1: the default, a quarter of the memory
   // the agent may use (MemTotal, or its cgroup's memory.max if lower); 0: none (--no_state).
   long long state_memory = -1;
+  // In a job of several nodes, the pace of the copies of this node's saved state to its buddy
+  // node (docs/usage.md: State across nodes), in bytes a second; 0: none.
+  long long state_copy_rate = 1LL << 30;
 
   StreamSelection redirects;  // to files only
   StreamSelection tee;        // to files and the console
