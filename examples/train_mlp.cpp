@@ -320,10 +320,15 @@ int train(const Args& args) {
   t.broadcast();
   float loss = 0;
   for (int step = start_step; step < args.steps; ++step) {
-    if (step == args.crash_at_step && env.restart_count == 0 && t.rank == (t.world > 1 ? 1 : 0)) {
-      state.wait();  // once the last save is committed (killed mid-copy, it would resume a step earlier)
-      std::fprintf(stderr, "rank %d: crashing at step %d as asked (--crash_at_step)\n", t.rank, step);
-      std::_Exit(17);
+    if (step == args.crash_at_step && env.restart_count == 0) {
+      // Once every rank's last save is committed (one killed mid-copy would resume a step earlier).
+      state.wait();
+      float one = 1;
+      t.pg->all_reduce(&one, 1, DataType::kFloat32, ReduceOp::kSum);
+      if (t.rank == (t.world > 1 ? 1 : 0)) {
+        std::fprintf(stderr, "rank %d: crashing at step %d as asked (--crash_at_step)\n", t.rank, step);
+        std::_Exit(17);
+      }
     }
     t.load_batch(step);
     loss = t.forward();

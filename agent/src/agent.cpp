@@ -233,12 +233,13 @@ struct Agent::Impl {
       });
     };
     if (persister) watch_persist();
-    // Across nodes, each node's saved state is copied to a buddy node; its threads start with the
-    // first round of several nodes.
+    // In a job of several nodes, each rank's saved state follows the rank between nodes, and each
+    // node's is copied to a buddy node; its threads start with the first round.
     std::unique_ptr<StateCopies> copies;
-    if (state && opt.state_copy_rate > 0 && opt.rdzv.multi_node()) {
+    if (state && opt.rdzv.multi_node()) {
       copies = std::make_unique<StateCopies>(*state, node_name, static_cast<std::uint64_t>(opt.state_copy_rate),
-                                             2 * state->bytes_per_rank() * static_cast<std::uint64_t>(state->ranks()));
+                                             2 * state->bytes_per_rank() * static_cast<std::uint64_t>(state->ranks()),
+                                             opt.rdzv.secret, opt.rdzv.run_id);
     }
     JobController controller(opt, group, rdzv, events, dir, node_name, &fence, state.get());
     if (copies) controller.use_state_copies(copies.get(), [&io](std::function<void()> f) { asio::post(io, std::move(f)); });

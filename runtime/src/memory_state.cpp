@@ -60,33 +60,32 @@ std::uint64_t chunk_bytes(std::uint64_t payload) {
   return std::max<std::uint64_t>(kChunk, (least + page() - 1) / page() * page());
 }
 
-// Why a save goes on over `held` while a pin still holds it, and what that costs (that persist
-// fails; a node lost now loses its ranks' state with it); empty once no pin does.
+// Why a save goes on over `held` while something still holds it back, and what that costs (that
+// persist fails; a node lost now may lose its ranks' state with it); empty once nothing does.
 std::string pin_message(const unsigned char* map, const SlotHeader& held) {
-  const bool persist = pinned_generation(map) == held.gen;
-  const bool sending = read_at<std::uint64_t>(map + kSendingAt) == held.gen;
-  const bool replicated = read_at<std::uint64_t>(map + kReplicatedAt) == held.gen;
-  if (!persist && !sending && !replicated) return {};
-  const std::string step = std::to_string(held.step);
+  const bool persist = held.commit && pinned_generation(map) == held.gen;
+  const bool copies = copies_hold(map);
+  if (!persist && !copies) return {};
   std::string why, cost;
   auto add = [](std::string& to, const char* sep, const std::string& part) { to += (to.empty() ? "" : sep) + part; };
   if (persist) add(why, " and ", "the agent has not copied the state asked to persist");
-  if (sending) add(why, " and ", "the buddy node has not acknowledged step " + step);
-  if (replicated) add(why, " and ", "no step newer than " + step + " has reached every node's buddy");
+  if (copies) add(why, " and ", "this rank's last save has not reached every rank's buddy node");
   if (persist) add(cost, "; ", "that persist fails");
-  if (sending || replicated) add(cost, "; ", "if a node is lost now, its ranks' state is lost with it");
-  return "ddprun state: " + why + " in 60 s; saving over it (" + cost + ")";
+  if (copies) add(cost, "; ", "if a node is lost now, its ranks' state may be lost with it");
+  const std::string over = held.commit ? " of step " + std::to_string(held.step) : "";
+  return "ddprun state: " + why + " in 60 s; saving over the state" + over + " (" + cost + ")";
 }
 
-// Before a save writes the slot that holds `held`: while a pin holds that state (pinned()), until
-// it is let go of, so that the area keeps two committed states throughout: a persist request's
-// until the agent has copied it (at memory speed), the replicated one until a newer one is
-// replicated to every node's buddy, the one being sent to this node's buddy until its copy ends.
-// After a minute the save goes on, and says what that costs.
+// Before a save writes the slot that holds `held`: while something holds the save back, until
+// it lets go: a persist request for that state until the agent has copied it (at memory speed),
+// the agent's copies until the area's newest state has reached every rank's buddy. The area
+// keeps two committed states throughout. After a minute the save goes on, and says what that
+// costs.
 void wait_unpinned(const unsigned char* map, const SlotHeader& held) {
-  if (!held.commit || !pinned(map, held.gen)) return;
+  const std::uint64_t gen = held.commit ? held.gen : 0;
+  if (!pinned(map, gen)) return;
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (pinned(map, held.gen)) {
+  while (pinned(map, gen)) {
     if (std::chrono::steady_clock::now() > end) {
       const std::string message = pin_message(map, held);
       if (!message.empty()) std::fprintf(stderr, "%s\n", message.c_str());

@@ -1,6 +1,7 @@
 // StateLinkServer and StateLinkClient (workers/state_link.hpp): the copies of a rank's committed
 // state between agents, behind the round's copy key.
 #include <unistd.h>
+#include <zlib.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -21,16 +22,21 @@ namespace {
 const std::size_t kPage = sl::page();
 
 // A rank's area whose slot 0 holds generation `gen` at `step`: 64 bytes of skeleton and 1000 of
-// data, each byte `fill`. Returns the image's size (header page and payload).
-std::uint64_t save(int fd, std::uint64_t gen, std::int64_t step, unsigned char fill) {
+// data, each byte `fill`, in two chunks with their CRC-32s (`crc_ok`: else the second is wrong).
+// Returns the image's size (header page and payload).
+std::uint64_t save(int fd, std::uint64_t gen, std::int64_t step, unsigned char fill, bool crc_ok = true) {
+  std::vector<unsigned char> payload(64 + 1000, fill);
   std::vector<unsigned char> s(kPage, 0);
   sl::write_at(s.data(), gen);
   sl::write_at(s.data() + 8, gen);
   sl::write_at(s.data() + 16, step);
   sl::write_at(s.data() + 24, std::uint64_t{64});
   sl::write_at(s.data() + 32, std::uint64_t{1000});
+  sl::write_at(s.data() + 40, std::uint64_t{600});  // chunk bytes
+  sl::write_at(s.data() + 48, std::uint32_t{2});
+  sl::write_at(s.data() + 52, static_cast<std::uint32_t>(::crc32(0, payload.data(), 600)));
+  sl::write_at(s.data() + 56, static_cast<std::uint32_t>(::crc32(crc_ok ? 0 : 1, payload.data() + 600, 464)));
   REQUIRE(::pwrite(fd, s.data(), s.size(), static_cast<off_t>(kPage)) == static_cast<ssize_t>(s.size()));
-  std::vector<unsigned char> payload(64 + 1000, fill);
   REQUIRE(::pwrite(fd, payload.data(), payload.size(), static_cast<off_t>(2 * kPage)) ==
           static_cast<ssize_t>(payload.size()));
   return kPage + payload.size();
@@ -55,7 +61,7 @@ TEST_CASE("state link: a put is kept whole and got back, the two newest of a ran
     REQUIRE(put(server, "the round's key", 5, area.fd(0), bytes));
   }
   StateLinkClient c("localhost", server.port(), "the round's key");
-  const auto images = c.get(5);
+  const auto images = c.get(5, 1 << 20);
   REQUIRE(images.size() == 2);
   CHECK(images[0].gen == 2);
   CHECK(images[0].step == 20);
@@ -63,7 +69,7 @@ TEST_CASE("state link: a put is kept whole and got back, the two newest of a ran
   CHECK(images[1].bytes == kPage + 1064);
   CHECK(images[1].data[kPage] == 3);
   CHECK(images[1].data[kPage + 1063] == 3);
-  CHECK(StateLinkClient("127.0.0.1", server.port(), "the round's key").get(6).empty());
+  CHECK(StateLinkClient("127.0.0.1", server.port(), "the round's key").get(6, 1 << 20).empty());
   CHECK(server.ranks() == std::vector<int>{5});
 }
 
@@ -79,7 +85,7 @@ TEST_CASE("state link: a client without the round's key is refused, and a server
   CHECK_THROWS_WITH(put(server, "", 0, area.fd(0), bytes), Catch::Contains("copy key"));
 }
 
-TEST_CASE("state link: an image the sender found written over, a malformed one, or one over the budget is not kept",
+TEST_CASE("state link: an image the sender found written over, a malformed or torn one, or one over the budget is not kept",
           "[state]") {
   StateAreas area(1, 4 << 20);
   StateLinkServer server(2 * kPage + 1064);
@@ -89,6 +95,8 @@ TEST_CASE("state link: an image the sender found written over, a malformed one, 
   CHECK_FALSE(put(server, "k", 0, area.fd(0), bytes, false));
   CHECK(server.ranks().empty());
   CHECK_FALSE(put(server, "k", 0, area.fd(0), bytes - 1));  // its payload is not all there
+  CHECK_FALSE(put(server, "k", 0, area.fd(0), save(area.fd(0), 1, 1, 1, false)));  // a CRC-32 does not match
+  bytes = save(area.fd(0), 1, 1, 1);
   CHECK(put(server, "k", 0, area.fd(0), bytes));
   bytes = save(area.fd(0), 2, 2, 2);
   CHECK_FALSE(put(server, "k", 1, area.fd(0), bytes));  // two images do not fit

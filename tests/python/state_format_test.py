@@ -3,8 +3,9 @@
 agent makes it stands in for the rank's area. Round trips of every kind of value, a save left
 uncommitted, a corrupted slot (not loaded, said), a save too large, copy-on-write loads, loaded tensors kept when
 their slot is written again, the optimizer fence (with an LR scheduler made after the import),
-a native trainer's state (refused), a persist request's pin, the buddy copies' pins (the
-replicated and the sending generation), and a DDPRUN_STATE_FD that is not an area.
+a native trainer's state (refused), a persist request's pin, the buddy copies' hold (while the
+agent copies the saves to a buddy node, a save waits until the last one has been replicated), and a
+DDPRUN_STATE_FD that is not an area.
 
 Usage: state_format_test.py PACKAGE_DIR (where the `ddprun` package is: build/share/ddprun/python)"""
 import fcntl
@@ -178,12 +179,14 @@ def whole(st):
     return True
 
 
-def replica_pins(st):
-    # The agent's copies to a buddy node pin two more generations, which it writes into the
-    # header: the replicated one (1544), the newest every node's buddy holds, and the one being
-    # sent (1552). A save over either waits on its thread, both committed states whole, until the
-    # agent lets go of it (here another thread, playing the agent); after the wait's limit it
-    # saves over it and says what that costs.
+def copies_hold(st):
+    # While the agent copies this area's saves to a buddy node (copies, at 1552, is 1), every save
+    # first waits on its thread until the area's newest committed generation (the header's latest
+    # >> 1, at 24) has been replicated (replicated, at 1544: the newest generation whose step every
+    # rank's buddy holds): each save waits for the last one to reach every rank's buddy. Both
+    # committed states stay whole meanwhile. The agent (here another thread, playing it) lets go by
+    # writing the newest generation into replicated; after the wait's limit the save goes on and
+    # says what that costs. No agent here: the test writes both words as one would.
     import contextlib
     import io
     import struct
@@ -193,45 +196,70 @@ def replica_pins(st):
     import torch
 
     fd = st._area.fd
-    for at, name, step in ((1544, "replicated", 200), (1552, "sending", 210)):
-        for s in (step, step + 1):
-            st.save(s, {"x": torch.full((1 << 16,), float(s))})
-        st.wait()
-        older = st._area.committed()[1][0]
-        os.pwrite(fd, struct.pack("<Q", older), at)
-        clear = threading.Timer(0.6, os.pwrite, (fd, bytes(8), at))  # the agent lets go of it
-        clear.start()
-        t0 = time.monotonic()
-        st.save(step + 2, {"x": torch.full((1 << 16,), float(step + 2))})
-        time.sleep(0.3)
-        check(st._pending.thread.is_alive() and st.steps() == [step + 1, step] and whole(st),
-              f"a save over the {name} state ({at}) waits, both committed states whole: {st.steps()}")
-        st.wait()
-        clear.join()
-        check(time.monotonic() - t0 >= 0.55 and st.steps() == [step + 2, step + 1] and whole(st),
-              f"once the {name} pin is cleared, the save goes on: {st.steps()}")
 
-        # The newest state pinned: a save writes the other slot at once.
-        os.pwrite(fd, struct.pack("<Q", st._area.committed()[0][0]), at)
-        st.save(step + 3, {"x": torch.zeros(3)}, blocking=True)
-        check(st.steps() == [step + 3, step + 2], f"the newest state pinned ({name}): a save does not wait: {st.steps()}")
+    def newest():
+        return struct.unpack("<Q", os.pread(fd, 8, 24))[0] >> 1
 
-        # Never let go of: after the limit the save goes on over it, and says so once.
-        os.pwrite(fd, struct.pack("<Q", st._area.committed()[1][0]), at)
-        limit, st._PIN_WAIT_S = st._PIN_WAIT_S, 0.2
-        err = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(err):
-                st.save(step + 4, {"x": torch.zeros(3)}, blocking=True)
-        finally:
-            st._PIN_WAIT_S = limit
-            os.pwrite(fd, bytes(8), at)
-        said = err.getvalue()
-        want = (f"no step newer than {step + 2} has reached every node's buddy" if name == "replicated"
-                else f"the buddy node has not acknowledged step {step + 2}")
-        check(st.steps() == [step + 4, step + 3] and said.count("ddprun.state:") == 1 and want in said
-              and "if a node is lost now, its ranks' state is lost with it" in said,
-              f"the {name} pin never let go of: saved over after the limit, said once: {said.strip()}")
+    def put(replicated=None, copies=None):
+        if replicated is not None:
+            os.pwrite(fd, struct.pack("<Q", replicated), 1544)
+        if copies is not None:
+            os.pwrite(fd, struct.pack("<Q", copies), 1552)
+
+    step = 200
+    for s in (step, step + 1):
+        st.save(s, {"x": torch.full((1 << 16,), float(s))})
+    st.wait()
+
+    # (a) Copies on, the newest state replicated: a save goes on at once.
+    put(replicated=newest(), copies=1)
+    t0 = time.monotonic()
+    st.save(step + 2, {"x": torch.full((1 << 16,), float(step + 2))}, blocking=True)
+    check(time.monotonic() - t0 < 0.5 and st.steps() == [step + 2, step + 1] and whole(st),
+          f"copies on, the newest state replicated: a save does not wait: {st.steps()}")
+
+    # (b) Copies on, the newest state not yet replicated: a save waits, both committed states whole,
+    # until the agent writes the newest generation into replicated.
+    behind = st._area.committed()[1][0]
+    put(replicated=behind)
+    check(newest() > behind, f"replicated ({behind}) is older than the newest generation ({newest()})")
+    clear = threading.Timer(0.6, put, kwargs={"replicated": newest()})  # the agent: the newest is replicated
+    clear.start()
+    t0 = time.monotonic()
+    st.save(step + 3, {"x": torch.full((1 << 16,), float(step + 3))})
+    time.sleep(0.3)
+    check(st._pending.thread.is_alive() and st.steps() == [step + 2, step + 1] and whole(st),
+          f"copies on, the newest state not replicated: a save waits, both committed states whole: {st.steps()}")
+    st.wait()
+    clear.join()
+    check(time.monotonic() - t0 >= 0.55 and st.steps() == [step + 3, step + 2] and whole(st),
+          f"once the newest state is replicated, the save goes on: {st.steps()}")
+
+    # (c) Copies off: no wait, however old replicated is.
+    put(replicated=behind, copies=0)
+    check(newest() > behind, "replicated is older than the newest generation")
+    t0 = time.monotonic()
+    st.save(step + 4, {"x": torch.zeros(3)}, blocking=True)
+    check(time.monotonic() - t0 < 0.5 and st.steps() == [step + 4, step + 3] and whole(st),
+          f"copies off, replicated behind: a save does not wait: {st.steps()}")
+
+    # (d) Copies on and the newest state never replicated: after the limit the save goes on over
+    # the older state, and says so once, naming its step.
+    put(replicated=behind, copies=1)
+    over = st.steps()[1]
+    limit, st._PIN_WAIT_S = st._PIN_WAIT_S, 0.2
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            st.save(step + 5, {"x": torch.zeros(3)}, blocking=True)
+    finally:
+        st._PIN_WAIT_S = limit
+        put(replicated=0, copies=0)
+    said = err.getvalue()
+    want = (f"ddprun.state: this rank's last save has not reached every rank's buddy node in {0.2:g} s; saving over "
+            f"the state of step {over} (if a node is lost now, its ranks' state may be lost with it)")
+    check(st.steps() == [step + 5, step + 4] and said.count("ddprun.state:") == 1 and said.strip() == want,
+          f"the newest state never replicated: saved over step {over} after the limit, said once: {said.strip()}")
 
 
 def not_an_area():
@@ -257,7 +285,7 @@ def main():
     too_large_and_fence(st)
     native_state(st)
     pinned(st)
-    replica_pins(st)
+    copies_hold(st)
     not_an_area()
     print(f"{len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)

@@ -141,47 +141,69 @@ TEST_CASE("memory state: a save waits to write the slot a persist request pins u
   CHECK(latest >> 1 == 10);
 }
 
-TEST_CASE("memory state: a save waits to write the slot the agent's buddy copies pin (the replicated, the sending generation) until it lets go of it", "[state]") {
-  // 1544: the newest generation every node's buddy holds; 1552: the one being sent to the buddy.
-  for (const std::size_t at : {std::size_t{1544}, std::size_t{1552}}) {
-    INFO("pin at " << at);
-    Area area(1 << 20);
-    MemoryState s;
-    auto w1 = values(1, 100), w2 = values(2, 100), w3 = values(3, 100);
-    s.save(1, {{"w", w1.data(), w1.size() * 4}});  // generation 1, slot 0
-    s.save(2, {{"w", w2.data(), w2.size() * 4}});  // generation 2, slot 1
-    auto put = [&](std::uint64_t v, std::size_t offset) {
-      REQUIRE(::pwrite(area.fd, &v, 8, static_cast<off_t>(offset)) == 8);
-    };
-    put(1, at);  // the agent pins generation 1
-    std::atomic<bool> saved{false};
-    std::thread saver([&] {
-      s.save(3, {{"w", w3.data(), w3.size() * 4}});  // goes to slot 0, which holds generation 1
-      saved = true;
-    });
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    CHECK_FALSE(saved);
-    CHECK(s.steps() == std::vector<std::int64_t>{2, 1});
-    {
-      // Both committed states whole (their CRC-32s checked), read as the next worker would.
-      MemoryState reader;
-      auto one = reader.load_step(1), two = reader.load_step(2);
-      REQUIRE(one);
-      REQUIRE(two);
-      CHECK(std::memcmp(one->buffers.at("w").data(), w1.data(), w1.size() * 4) == 0);
-      CHECK(std::memcmp(two->buffers.at("w").data(), w2.data(), w2.size() * 4) == 0);
-    }
-    put(0, at);  // the agent lets go of it
-    saver.join();
-    CHECK(saved);
-    CHECK(s.steps() == std::vector<std::int64_t>{3, 2});
-    // The newest state pinned: a save writes the other slot without waiting.
-    put(3, at);
-    const auto t0 = std::chrono::steady_clock::now();
-    s.save(4, {{"w", w1.data(), w1.size() * 4}});
-    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
-    CHECK(s.steps() == std::vector<std::int64_t>{4, 3});
+TEST_CASE("memory state: while the agent copies the saves to a buddy node, a save waits until the last one has been replicated - at once when it has, never with the copies off", "[state]") {
+  // 1544: replicated, the newest generation of the area whose step every rank's buddy holds;
+  // 1552: copies, 1 while the agent copies the area's saves to a buddy node. The area's newest
+  // committed generation is the header's latest >> 1 (at 24).
+  Area area(1 << 20);
+  MemoryState s;
+  auto w1 = values(1, 100), w2 = values(2, 100), w3 = values(3, 100);
+  s.save(1, {{"w", w1.data(), w1.size() * 4}});
+  s.save(2, {{"w", w2.data(), w2.size() * 4}});
+  auto put = [&](std::uint64_t v, std::size_t offset) {
+    REQUIRE(::pwrite(area.fd, &v, 8, static_cast<off_t>(offset)) == 8);
+  };
+  auto newest = [&] {
+    std::uint64_t latest = 0;
+    REQUIRE(::pread(area.fd, &latest, 8, 24) == 8);
+    return latest >> 1;
+  };
+  const std::uint64_t two = newest();
+  REQUIRE(two > 1);
+
+  // Copies on, the newest state not replicated: the save waits, both committed states whole.
+  put(two - 1, 1544);
+  put(1, 1552);
+  std::atomic<bool> saved{false};
+  std::thread saver([&] {
+    s.save(3, {{"w", w3.data(), w3.size() * 4}});
+    saved = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK_FALSE(saved);
+  CHECK(s.steps() == std::vector<std::int64_t>{2, 1});
+  {
+    // Both committed states whole (their CRC-32s checked), read as the next worker would.
+    MemoryState reader;
+    auto one = reader.load_step(1), second = reader.load_step(2);
+    REQUIRE(one);
+    REQUIRE(second);
+    CHECK(std::memcmp(one->buffers.at("w").data(), w1.data(), w1.size() * 4) == 0);
+    CHECK(std::memcmp(second->buffers.at("w").data(), w2.data(), w2.size() * 4) == 0);
   }
+  put(two, 1544);  // the agent: the newest state has reached every rank's buddy
+  saver.join();
+  CHECK(saved);
+  CHECK(s.steps() == std::vector<std::int64_t>{3, 2});
+
+  // Copies on, the newest state replicated: a save goes on at once.
+  put(newest(), 1544);
+  auto t0 = std::chrono::steady_clock::now();
+  s.save(4, {{"w", w1.data(), w1.size() * 4}});
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK(s.steps() == std::vector<std::int64_t>{4, 3});
+
+  // Copies off: never a wait, however old replicated is.
+  put(0, 1552);
+  put(1, 1544);
+  REQUIRE(newest() > 1);
+  t0 = std::chrono::steady_clock::now();
+  s.save(5, {{"w", w2.data(), w2.size() * 4}});
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK(s.steps() == std::vector<std::int64_t>{5, 4});
+  auto five = s.load_step(5);
+  REQUIRE(five);
+  CHECK(std::memcmp(five->buffers.at("w").data(), w2.data(), w2.size() * 4) == 0);
 }
 
 TEST_CASE("memory state: without an area nothing is saved or loaded, and a descriptor that is not one is refused", "[state]") {

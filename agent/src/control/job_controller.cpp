@@ -111,8 +111,9 @@ void JobController::on_round_ready(const RoundInfo& info) {
     }
     events_.emit("rendezvous_complete", e);
   }
-  // Across nodes, each rank's saved state is put in place for it first (it may have moved).
-  if (copies_ && across_nodes()) {
+  // In a job of several nodes, each rank's saved state is put in place for it first: ranks follow
+  // the arrival order, so a rank may have moved from another node, or been lost with one.
+  if (copies_ && !info.store_host.empty() && info.store_port != 0) {
     try {
       const int round = round_;
       copies_->prepare(info, [this, round] {

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <tuple>
 #include <optional>
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
@@ -60,6 +62,24 @@ std::pair<std::string, std::uint16_t> address(const std::string& a) {
   return {a.substr(0, colon), static_cast<std::uint16_t>(std::stoi(a.substr(colon + 1)))};
 }
 
+// Who serves a rank's state best: the holder of the newest (round, step), as "round step host:port".
+struct Holder {
+  int round = 0;
+  std::int64_t step = 0;
+  std::string address;
+  std::string text() const { return fmt::format("{} {} {}", round, step, address); }
+  bool older_than(const Holder& o) const { return std::tie(round, step) < std::tie(o.round, o.step); }
+  static std::optional<Holder> parse(const std::string& s) {
+    Holder h;
+    char addr[300];
+    long long step = 0;
+    if (std::sscanf(s.c_str(), "%d %lld %299s", &h.round, &step, addr) != 3) return std::nullopt;
+    h.step = step;
+    h.address = addr;
+    return h;
+  }
+};
+
 }  // namespace
 
 struct StateCopies::Round {
@@ -69,8 +89,10 @@ struct StateCopies::Round {
   std::string at(const std::string& what) const { return prefix + what; }
 };
 
-StateCopies::StateCopies(const StateAreas& areas, std::string host, std::uint64_t bytes_per_s, std::uint64_t budget)
-    : areas_(areas), host_(std::move(host)), bytes_per_s_(bytes_per_s), server_(budget),
+StateCopies::StateCopies(const StateAreas& areas, std::string host, std::uint64_t bytes_per_s, std::uint64_t budget,
+                         std::string secret, std::string run_id)
+    : areas_(areas), host_(std::move(host)), bytes_per_s_(bytes_per_s), secret_(std::move(secret)),
+      run_id_(std::move(run_id)), server_(budget),
       area_rank_(static_cast<std::size_t>(areas.ranks())) {
   // Before any round of several nodes, area i holds the state of rank i (a single node's).
   for (std::size_t i = 0; i < area_rank_.size(); ++i) area_rank_[i] = static_cast<int>(i);
@@ -82,6 +104,7 @@ StateCopies::~StateCopies() {
     stop_ = true;
   }
   sending_ = -1;
+  cancel_ = true;
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
@@ -99,11 +122,15 @@ void StateCopies::prepare(const rounds::RoundInfo& info, std::function<void()> r
     std::lock_guard<std::mutex> lk(mu_);
     next_ = std::move(r);
     sending_ = info.round;
+    cancel_ = true;  // the last round's copy in flight, if any
   }
   wake_.notify_all();
 }
 
-void StateCopies::stop_sending() { sending_ = -1; }
+void StateCopies::stop_sending() {
+  sending_ = -1;
+  cancel_ = true;
+}
 
 bool StateCopies::wanted(int round) const {
   if (stop_.load() || sending_.load() != round) return false;
@@ -119,6 +146,7 @@ void StateCopies::run() {
       wake_.wait(lk, [&] { return stop_.load() || next_ != nullptr; });
       if (stop_) return;
       r = std::move(next_);
+      cancel_ = false;
     }
     try {
       settle(*r);
@@ -170,7 +198,7 @@ void clear_area(int fd, std::uint64_t slot_bytes) {
   for (std::uint32_t k = 0; k < sl::kSlots; ++k) put_u64(fd, page + k * slot_bytes, 0);  // each slot's commit word
   put_u64(fd, 24, 0);  // latest
   put_u64(fd, sl::kReplicatedAt, 0);
-  put_u64(fd, sl::kSendingAt, 0);
+  put_u64(fd, sl::kCopiesAt, 0);
 }
 
 // Writes `images` (oldest first, two at most) into the emptied area as its committed slots.
@@ -205,11 +233,14 @@ void StateCopies::settle(Round& r) {
   o.port = info.store_port;
   o.timeout = 10s;
   rendezvous::TcpStore store(o);
-  // The round's copy key: the first agent's, the same for all (compare_set sets it where absent).
-  r.key = store.compare_set(r.at("key"), "", random_hex(64));
+  // The round's copy key: derived from the job's secret where it has one (it never crosses the
+  // wire), else the first agent's random key in the workers' store (as private as that store).
+  r.key = secret_.empty() ? store.compare_set(r.at("key"), "", random_hex(64))
+                          : derive_key(secret_, fmt::format("{}/{}", run_id_, info.round));
   server_.set_key(r.key);
   server_.set_round(info.round);
   const std::uint64_t slot_bytes = sl::area_slot_bytes(areas_.bytes_per_rank());
+  for (int i = 0; i < areas_.ranks(); ++i) put_u64(areas_.fd(i), sl::kCopiesAt, 0);  // until the round's copies start
   std::vector<int> need;  // local ranks whose state is elsewhere
   for (int i = 0; i < areas_.ranks(); ++i) {
     const int rank = info.rank_offset + i, had = area_rank_[static_cast<std::size_t>(i)];
@@ -217,69 +248,99 @@ void StateCopies::settle(Round& r) {
     auto images = read_images(fd, slot_bytes, info.round - 1);
     if (had == rank && !images.empty()) continue;
     // Another rank's state: kept as a copy of it (for the node that has that rank now), then emptied.
-    for (auto& img : images) server_.keep(had, std::move(img));
+    for (auto& img : images) {
+      const auto step = img.step;
+      if (!server_.keep(had, std::move(img))) {
+        spdlog::error("ddprun: round {}: rank {}'s in-memory state of step {} is dropped: no room to keep it "
+                      "for the node that has that rank now",
+                      info.round, had, step);
+      }
+    }
     clear_area(fd, slot_bytes);
+    area_rank_[static_cast<std::size_t>(i)] = rank;
     if (info.round > 0) need.push_back(i);  // a rank of a running job: its state may be elsewhere
   }
-  // Where this node serves copies from, for every rank it holds one of; where its buddy sends to.
+  // Where this node serves copies from, for every rank it holds one of (the newest holder of a
+  // rank wins the key: a compare-and-set of "round step host:port"); where its buddy sends to.
   const std::string here = fmt::format("{}:{}", host_, server_.port());
-  std::vector<std::string> keys{r.at(fmt::format("link/{}", info.group_rank))}, values{here};
+  store.set(r.at(fmt::format("link/{}", info.group_rank)), here);
   for (int rank : server_.ranks()) {
-    keys.push_back(r.at(fmt::format("at/{}", rank)));
-    values.push_back(here);
+    const auto imgs = server_.images(rank);
+    const Holder mine{imgs.back().round, imgs.back().step, here};
+    const std::string key = r.at(fmt::format("at/{}", rank));
+    std::string current;
+    for (int tries = 0; tries < 8; ++tries) {
+      const auto theirs = Holder::parse(current);
+      if (theirs && !(theirs->older_than(mine))) break;
+      const std::string now = store.compare_set(key, current, mine.text());
+      if (now == mine.text()) break;
+      current = now;
+    }
   }
-  store.multi_set(keys, values);
   if (store.add(r.at("published"), 1) == info.group_world) store.set(r.at("all"), "1");
-  if (!need.empty()) {
-    // Every member publishes as its round begins; bounded, and cut short when the agent ends.
-    const auto until = std::chrono::steady_clock::now() + 30s;
-    for (;;) {
-      if (stop_.load()) return;
-      try {
-        store.wait({r.at("all")}, 500ms);
-        break;
-      } catch (const TimeoutError&) {
-        if (std::chrono::steady_clock::now() > until) {
-          throw Error(fmt::format("not every node of round {} said where it keeps copies within 30 s", info.round));
-        }
-      }
-    }
-    for (int i : need) {
-      const int rank = info.rank_offset + i;
-      try {
-        auto images = server_.images(rank);
-        std::string from = "this node";
-        if (images.empty() && store.check({r.at(fmt::format("at/{}", rank))})) {
-          from = store.get(r.at(fmt::format("at/{}", rank)));
-          const auto [host, port] = address(from);
-          images = StateLinkClient(host, port, r.key).get(rank);
-        }
-        if (images.empty()) {
-          if (info.round > 0) {
-            spdlog::warn("ddprun: round {}: no node holds rank {}'s in-memory state (its node and the buddy that "
-                         "kept a copy were lost together, or it never saved): it starts without it, and "
-                         "ddprun.state.load() returns None on every rank; resume from your disk checkpoint",
-                         info.round, rank);
-          }
-          continue;
-        }
-        write_images(areas_.fd(i), slot_bytes, images);
-        spdlog::info("ddprun: round {}: rank {}'s in-memory state (step{} {}) taken from {}", info.round, rank,
-                     images.size() > 1 ? "s" : "",
-                     images.size() > 1 ? fmt::format("{} and {}", images[0].step, images[1].step)
-                                       : std::to_string(images[0].step),
-                     from);
-      } catch (const std::exception& e) {
-        spdlog::warn("ddprun: round {}: rank {}'s in-memory state could not be taken from the node that holds it "
-                     "({}); it starts without it",
-                     info.round, rank, e.what());
+  if (!need.empty() && !wait_all(r, store)) return;
+  for (int i : need) fetch(r, store, i, slot_bytes);
+  // The state each area holds now counts as replicated (the copies held, until the round's first
+  // replicated step, cover it): the round's first save goes on at once, the next waits for it.
+  const bool copies = info.group_world > 1 && bytes_per_s_ > 0;
+  for (int i = 0; i < areas_.ranks(); ++i) {
+    put_u64(areas_.fd(i), sl::kReplicatedAt, get_u64(areas_.fd(i), 24) >> 1);
+    put_u64(areas_.fd(i), sl::kCopiesAt, copies ? 1 : 0);
+  }
+}
+
+bool StateCopies::wait_all(Round& r, rendezvous::TcpStore& store) {
+  const auto& info = r.info;
+  // Every member publishes as its round begins; bounded, and cut short by the next round or the end.
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  for (;;) {
+    if (!wanted(info.round)) return false;
+    try {
+      store.wait({r.at("all")}, 500ms);
+      return true;
+    } catch (const TimeoutError&) {
+      if (std::chrono::steady_clock::now() > until) {
+        throw Error(fmt::format("not every node of round {} said within 30 s which ranks' state it holds (a node "
+                                "lost meanwhile?)",
+                                info.round));
       }
     }
   }
-  for (int i = 0; i < areas_.ranks(); ++i) {
-    area_rank_[static_cast<std::size_t>(i)] = info.rank_offset + i;
-    put_u64(areas_.fd(i), sl::kReplicatedAt, 0);  // no pin crosses rounds: the held copies cover them
-    put_u64(areas_.fd(i), sl::kSendingAt, 0);
+}
+
+void StateCopies::fetch(Round& r, rendezvous::TcpStore& store, int local_rank, std::uint64_t slot_bytes) {
+  const auto& info = r.info;
+  const int rank = info.rank_offset + local_rank;
+  const std::string key = r.at(fmt::format("at/{}", rank));
+  const auto holder = store.check({key}) ? Holder::parse(store.get(key)) : std::nullopt;
+  if (!holder) {
+    spdlog::warn("ddprun: round {}: no node holds rank {}'s in-memory state (its node and the buddy that kept a copy "
+                 "were lost together, or it never saved): it starts without it, and ddprun.state.load() returns "
+                 "None on every rank; resume from your disk checkpoint",
+                 info.round, rank);
+    return;
+  }
+  try {
+    std::vector<StateImage> images;
+    std::string from = holder->address;
+    if (holder->address == fmt::format("{}:{}", host_, server_.port())) {
+      images = server_.images(rank);
+      from = "this node";
+    } else {
+      const auto [host, port] = address(holder->address);
+      images = StateLinkClient(host, port, r.key).get(rank, slot_bytes);
+    }
+    if (images.empty()) throw Error("it holds none any more");
+    write_images(areas_.fd(local_rank), slot_bytes, images);
+    spdlog::info("ddprun: round {}: rank {}'s in-memory state (step{} {}) taken from {}", info.round, rank,
+                 images.size() > 1 ? "s" : "",
+                 images.size() > 1 ? fmt::format("{} and {}", images[0].step, images[1].step)
+                                   : std::to_string(images[0].step),
+                 from);
+  } catch (const std::exception& e) {
+    spdlog::warn("ddprun: round {}: rank {}'s in-memory state could not be taken from {} ({}); it starts without "
+                 "it, and ddprun.state.load() returns None on every rank",
+                 info.round, rank, holder->address, e.what());
   }
 }
 
@@ -288,11 +349,78 @@ void StateCopies::settle(Round& r) {
 void StateCopies::send(Round& r) {
   const auto& info = r.info;
   const int round = info.round;
-  rendezvous::TcpStoreOptions o;
-  o.host = info.store_host;
-  o.port = info.store_port;
-  o.timeout = 10s;
-  rendezvous::TcpStore store(o);
+  const int n = areas_.ranks();
+  // Whatever ends the copies, the saves stop waiting for them only while the round goes on
+  // (where the copies gave up): at the end of the round a save still waiting would commit a step
+  // that no buddy holds, ahead of the step the next round agrees on (whose settle lets go of it).
+  struct Unpin {
+    StateCopies& self;
+    const StateAreas& areas;
+    int round;
+    ~Unpin() {
+      if (!self.wanted(round)) return;
+      for (int i = 0; i < areas.ranks(); ++i) {
+        try {
+          put_u64(areas.fd(i), sl::kCopiesAt, 0);
+        } catch (const std::exception&) {
+        }
+      }
+    }
+  } unpin{*this, areas_, info.round};
+  if (info.group_world < 2 || bytes_per_s_ == 0) return;  // no buddy, or no copies
+  const std::uint64_t slot_bytes = sl::area_slot_bytes(areas_.bytes_per_rank());
+  // A step is replicated once every rank's buddy holds it: all of this node's ranks cross the
+  // link one after the other, as do the buddy's own. Waited for this long (three times the
+  // node's slots at the pace, and 10 s), and failures retried as long, before the saves stop
+  // waiting for the copies (until a step is replicated again).
+  const auto give_up = 10s + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(
+                                 3.0 * static_cast<double>(slot_bytes) * n / static_cast<double>(bytes_per_s_)));
+  Sending s{r, std::vector<std::uint64_t>(static_cast<std::size_t>(n)),
+            std::vector<std::optional<std::int64_t>>(static_cast<std::size_t>(n)),
+            std::vector<std::optional<Sending::Pending>>(static_cast<std::size_t>(n))};
+  for (int i = 0; i < n; ++i) s.sent[static_cast<std::size_t>(i)] = get_u64(areas_.fd(i), 24) >> 1;
+  std::optional<std::chrono::steady_clock::time_point> failing;
+  while (wanted(round)) {
+    try {
+      if (!s.store) {
+        rendezvous::TcpStoreOptions o;
+        o.host = info.store_host;
+        o.port = info.store_port;
+        o.timeout = 10s;
+        s.store = std::make_unique<rendezvous::TcpStore>(o);
+      }
+      pass(s, give_up);
+      failing.reset();
+    } catch (const std::exception& e) {
+      if (!wanted(round)) return;
+      s.store.reset();
+      const auto now = std::chrono::steady_clock::now();
+      if (!failing) {
+        failing = now;
+        spdlog::warn("ddprun: round {}: copying the workers' state to the buddy node failed ({}); trying again",
+                     round, e.what());
+      } else if (!s.unpinned && now - *failing > give_up) {
+        s.unpin(areas_);
+        spdlog::warn("ddprun: round {}: the workers' state has not reached the buddy node for {:.0f} s; the saves "
+                     "stop waiting for the copies (a node lost now may lose its ranks' state)",
+                     round, std::chrono::duration<double>(now - *failing).count());
+      }
+      std::this_thread::sleep_for(200ms);
+    }
+  }
+}
+
+void StateCopies::Sending::unpin(const StateAreas& areas) {
+  unpinned = true;
+  for (int j = 0; j < areas.ranks(); ++j) put_u64(areas.fd(j), sl::kCopiesAt, 0);
+}
+
+// One pass: each area's new committed state sent and counted, then a wait for a step pending.
+void StateCopies::pass(Sending& s, std::chrono::steady_clock::duration give_up) {
+  Round& r = s.round;
+  const auto& info = r.info;
+  const int round = info.round, n = areas_.ranks();
+  auto& store = *s.store;
   const std::string link = r.at(fmt::format("link/{}", (info.group_rank + 1) % info.group_world));
   while (r.buddy.empty()) {
     if (!wanted(round)) return;
@@ -305,110 +433,87 @@ void StateCopies::send(Round& r) {
   const auto [host, port] = address(r.buddy);
   const std::uint64_t slot_bytes = sl::area_slot_bytes(areas_.bytes_per_rank());
   const auto page = sl::page();
-  const int n = areas_.ranks();
-  struct Pending {
-    std::uint64_t gen = 0;
-    std::int64_t step = 0;
-    std::chrono::steady_clock::time_point since;
+  // Counts a state sent (once per step and rank); the count that completes the step marks it done.
+  auto count = [&](std::size_t u) {
+    const auto& p = *s.pending[u];
+    if (s.added[u] == p.step) return;
+    const auto total = store.add(r.at(fmt::format("step/{}", p.step)), 1);
+    s.added[u] = p.step;
+    spdlog::debug("ddprun: round {}: rank {}'s state of step {} (generation {}) sent to {}; {} of {} ranks", round,
+                  info.rank_offset + static_cast<int>(u), p.step, p.gen, r.buddy, total, info.world_size);
+    if (total == info.world_size) store.set(r.at(fmt::format("done/{}", p.step)), "1");
   };
-  // Every rank's buddy should hold a step within a few of its copies' times; where one does not
-  // (a rank that saves steps the others do not, as "rank 0 saves"), the job has no common step
-  // to pin, and copies go on unpinned: the saves never wait on them again this round.
-  const auto give_up = std::max<std::chrono::steady_clock::duration>(
-      10s, std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(
-               bytes_per_s_ ? 3.0 * static_cast<double>(areas_.bytes_per_rank()) / static_cast<double>(bytes_per_s_) : 0)));
-  bool unpinned = false;
-  std::vector<std::uint64_t> sent(static_cast<std::size_t>(n), 0);
-  std::vector<std::optional<Pending>> pending(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) sent[static_cast<std::size_t>(i)] = get_u64(areas_.fd(i), 24) >> 1;
-  bool first_done = false;
-  std::atomic<bool> cancel{false};
+  bool busy = false;
   std::vector<unsigned char> head(page);
-  while (wanted(round)) {
-    bool busy = false;
-    for (int i = 0; i < n && wanted(round); ++i) {
-      const auto u = static_cast<std::size_t>(i);
-      const int fd = areas_.fd(i);
-      const std::uint64_t latest = get_u64(fd, 24), gen = latest >> 1;
-      if (pending[u]) {
-        if (gen != pending[u]->gen) {  // the worker saved over the pinned state (after its wait): move on
-          pending[u].reset();
-          put_u64(fd, sl::kSendingAt, 0);
-        }
+  for (int i = 0; i < n && wanted(round); ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    const int fd = areas_.fd(i);
+    if (s.pending[u]) {
+      // The worker's next save waits until its step is replicated; it writes over it only after
+      // its own wait ran out: then it is gone, and the area's newest is sent next.
+      if (get_u64(fd, s.pending[u]->at) == s.pending[u]->gen) {
+        count(u);
         continue;
       }
-      if (gen == 0 || gen <= sent[u]) continue;
-      busy = true;
-      const std::uint64_t at = page + (latest & 1) * slot_bytes;
-      put_u64(fd, sl::kSendingAt, gen);  // the worker's saves leave it alone from here
-      pread_exact(fd, head.data(), page, at);
-      const auto h = sl::slot_header(head.data());
-      sent[u] = gen;
-      if (h.gen != gen || !h.committed_within(slot_bytes)) {  // being written over: the next one
-        put_u64(fd, sl::kSendingAt, 0);
-        continue;
-      }
-      const int rank = info.rank_offset + i;
-      const bool kept = StateLinkClient(host, port, r.key).put(rank, fd, at, page + h.payload(), bytes_per_s_, cancel, [&] {
-        return get_u64(fd, at) == gen;  // the commit word unchanged: the worker never wrote the slot meanwhile
-      });
-      if (!kept) {
-        put_u64(fd, sl::kSendingAt, 0);
-        spdlog::warn("ddprun: round {}: the buddy node ({}) did not keep rank {}'s state of step {}", round, r.buddy,
-                     rank, h.step);
-        continue;
-      }
-      if (unpinned) {
-        put_u64(fd, sl::kSendingAt, 0);
-        continue;
-      }
-      pending[u] = Pending{gen, h.step, std::chrono::steady_clock::now()};
-      const std::string count = r.at(fmt::format("step/{}", h.step));
-      const auto added = store.add(count, 1);
-      spdlog::debug("ddprun: round {}: rank {}'s state of step {} (generation {}, {} bytes) sent to {}; {} of {} ranks",
-                    round, rank, h.step, gen, page + h.payload(), r.buddy, added, info.world_size);
-      if (added == info.world_size) {
-        store.set(r.at(fmt::format("done/{}", h.step)), "1");
-        store.delete_key(count);
-      }
+      s.pending[u].reset();
     }
-    // Each state sent becomes the area's replicated one once every rank's buddy holds its step.
-    std::optional<std::string> waiting;
-    for (int i = 0; i < n; ++i) {
-      auto& p = pending[static_cast<std::size_t>(i)];
-      if (!p) continue;
-      const std::string done = r.at(fmt::format("done/{}", p->step));
-      if (!store.check({done})) {
-        if (std::chrono::steady_clock::now() - p->since < give_up) {
-          waiting = done;
-          continue;
-        }
-        spdlog::warn("ddprun: round {}: not every rank's buddy holds step {} after {:.0f} s (does every rank save "
-                     "the same steps?); the copies go on, but the saves no longer wait for them: a node lost now "
-                     "may lose its ranks' state",
-                     round, p->step, std::chrono::duration<double>(give_up).count());
-        unpinned = true;
-        for (int j = 0; j < n; ++j) {
-          put_u64(areas_.fd(j), sl::kSendingAt, 0);
-          put_u64(areas_.fd(j), sl::kReplicatedAt, 0);
-          pending[static_cast<std::size_t>(j)].reset();
-        }
-        break;
-      }
-      put_u64(areas_.fd(i), sl::kReplicatedAt, p->gen);
-      put_u64(areas_.fd(i), sl::kSendingAt, 0);
-      p.reset();
-      if (!std::exchange(first_done, true)) server_.drop_before(round);  // older rounds' copies: all superseded
+    const std::uint64_t latest = get_u64(fd, 24), gen = latest >> 1;
+    if (gen == 0 || gen <= s.sent[u]) continue;
+    busy = true;
+    const std::uint64_t at = page + (latest & 1) * slot_bytes;
+    pread_exact(fd, head.data(), page, at);
+    const auto h = sl::slot_header(head.data());
+    if (h.gen != gen || h.commit != gen || !h.committed_within(slot_bytes)) {  // being written over
+      s.sent[u] = gen;
+      continue;
     }
-    if (busy) continue;
-    if (waiting) {
-      try {
-        store.wait({*waiting}, 50ms);
-      } catch (const TimeoutError&) {
-      }
-    } else {
-      std::this_thread::sleep_for(5ms);
+    const int rank = info.rank_offset + i;
+    const bool kept = StateLinkClient(host, port, r.key).put(rank, fd, at, page + h.payload(), bytes_per_s_, cancel_, [&] {
+      return get_u64(fd, at) == gen;  // the commit word unchanged: the worker never wrote the slot meanwhile
+    });
+    s.sent[u] = gen;
+    if (!kept) {
+      spdlog::warn("ddprun: round {}: the buddy node ({}) did not keep rank {}'s state of step {}", round, r.buddy, rank,
+                   h.step);
+      continue;
     }
+    s.pending[u] = Sending::Pending{gen, at, h.step, std::chrono::steady_clock::now()};
+    count(u);
+  }
+  if (busy) return;
+  // Each state sent becomes the area's replicated one once every rank's buddy holds its step:
+  // one wait on the oldest step pending (the store answers when it is set), then a check of each.
+  std::optional<Sending::Pending> oldest;
+  for (const auto& p : s.pending) {
+    if (p && (!oldest || p->since < oldest->since)) oldest = p;
+  }
+  if (!oldest) {
+    std::this_thread::sleep_for(5ms);
+    return;
+  }
+  try {
+    store.wait({r.at(fmt::format("done/{}", oldest->step))}, 200ms);
+  } catch (const TimeoutError&) {
+    if (!s.unpinned && std::chrono::steady_clock::now() - oldest->since > give_up) {
+      spdlog::warn("ddprun: round {}: not every rank's buddy holds step {} after {:.0f} s (does every rank save the "
+                   "same steps?); the saves stop waiting for the copies until one is: a node lost meanwhile may lose "
+                   "its ranks' state",
+                   round, oldest->step, std::chrono::duration<double>(give_up).count());
+      s.unpin(areas_);
+    }
+    return;
+  }
+  for (int i = 0; i < n; ++i) {
+    auto& p = s.pending[static_cast<std::size_t>(i)];
+    if (!p || !store.check({r.at(fmt::format("done/{}", p->step))})) continue;
+    put_u64(areas_.fd(i), sl::kReplicatedAt, p->gen);
+    p.reset();
+    if (std::exchange(s.unpinned, false)) {
+      for (int j = 0; j < n; ++j) put_u64(areas_.fd(j), sl::kCopiesAt, 1);
+      spdlog::info("ddprun: round {}: every rank's buddy holds step {}: the saves wait for the copies again", round,
+                   oldest->step);
+    }
+    if (!std::exchange(s.first_done, true)) server_.drop_before(round);  // older rounds' copies: all superseded
   }
 }
 

@@ -21,16 +21,22 @@
 // the server of copies runs on a second. A single-node job starts neither.
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ddprun/rounds/rendezvous.hpp"
+
+namespace ddprun::rendezvous {
+class TcpStore;
+}
 #include "workers/state_link.hpp"
 
 namespace ddprun::agent {
@@ -40,8 +46,11 @@ class StateAreas;
 class StateCopies {
  public:
   // `host`: how the other nodes reach this one. `bytes_per_s`: the pace of the copies to the
-  // buddy. `budget`: the bytes of other nodes' state kept at most.
-  StateCopies(const StateAreas& areas, std::string host, std::uint64_t bytes_per_s, std::uint64_t budget);
+  // buddy (0: none; each rank's state still follows it). `budget`: the bytes of state kept for
+  // other nodes (and of this node's ranks that moved) at most. `secret`: the job's, if it has one
+  // (the copy key is derived from it, with `run_id`).
+  StateCopies(const StateAreas& areas, std::string host, std::uint64_t bytes_per_s, std::uint64_t budget,
+              std::string secret, std::string run_id);
   ~StateCopies();
   StateCopies(const StateCopies&) = delete;
   StateCopies& operator=(const StateCopies&) = delete;
@@ -58,12 +67,32 @@ class StateCopies {
   struct Round;
   void run();
   void settle(Round& r);  // the state of each area put in place for its rank
+  // Until every member has published what it holds; false: the round is over first.
+  bool wait_all(Round& r, rendezvous::TcpStore& store);
+  void fetch(Round& r, rendezvous::TcpStore& store, int local_rank, std::uint64_t slot_bytes);
+  // What the copies of a round have done so far (send()'s, across the passes it retries).
+  struct Sending {
+    struct Pending {
+      std::uint64_t gen = 0, at = 0;  // the generation sent, its slot's offset
+      std::int64_t step = 0;
+      std::chrono::steady_clock::time_point since;
+    };
+    Round& round;
+    std::vector<std::uint64_t> sent;                    // per local rank: the newest generation taken
+    std::vector<std::optional<std::int64_t>> added;     // the last step counted
+    std::vector<std::optional<Pending>> pending;        // sent, its step not yet replicated
+    std::unique_ptr<rendezvous::TcpStore> store;        // the round's workers' store (made again after a failure)
+    bool first_done = false, unpinned = false;
+    void unpin(const StateAreas& areas);                // the saves stop waiting for the copies
+  };
   void send(Round& r);    // until the round ends
+  void pass(Sending& s, std::chrono::steady_clock::duration give_up);
   bool wanted(int round) const;
 
   const StateAreas& areas_;
   const std::string host_;
   const std::uint64_t bytes_per_s_;
+  const std::string secret_, run_id_;
   StateLinkServer server_;
   std::vector<int> area_rank_;  // the rank whose state each area holds; the thread's
 
@@ -72,6 +101,7 @@ class StateCopies {
   std::unique_ptr<Round> next_;      // a round to prepare
   std::atomic<int> sending_{-1};     // the round whose saves are copied; -1: none
   std::atomic<bool> stop_{false};    // the agent ends
+  std::atomic<bool> cancel_{false};  // ends a copy in flight (the round is over)
   std::thread thread_;
 };
 

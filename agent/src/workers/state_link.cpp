@@ -16,6 +16,7 @@
 #include <cstring>
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
+#include <system_error>
 #include <thread>
 
 #include "ddprun/common/error.hpp"
@@ -167,6 +168,53 @@ void client_handshake(int fd, const std::string& key, const std::string& where) 
 
 }  // namespace
 
+std::string derive_key(const std::string& secret, const std::string& label) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : Hmac::get()(secret, "ddprun-state-copies/" + label)) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+namespace {
+
+// zlib's crc32 (the CRC-32 ddprun.state writes), loaded at the first image checked, as libcrypto.
+using Crc32 = unsigned long (*)(unsigned long, const unsigned char*, unsigned int);
+Crc32 crc32_function() {
+  static const Crc32 f = [] {
+    void* lib = ::dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL);
+    return lib ? reinterpret_cast<Crc32>(::dlsym(lib, "crc32")) : nullptr;
+  }();
+  if (!f) link_fail("checking copies of the workers' state needs zlib (libz.so.1), which was not found");
+  return f;
+}
+
+}  // namespace
+
+bool image_whole(const unsigned char* data, std::uint64_t bytes) {
+  const auto h = image_header(data, bytes);
+  if (!h) return false;
+  const Crc32 crc32 = crc32_function();
+  const std::uint64_t payload = h->payload();
+  const unsigned char* p = data + sl::page();
+  for (std::uint32_t c = 0; c < h->chunks; ++c) {
+    const std::uint64_t from = c * h->chunk;
+    if (from >= payload) return false;
+    std::uint64_t left = std::min<std::uint64_t>(h->chunk, payload - from), at = from;
+    unsigned long crc = 0;
+    while (left > 0) {  // zlib takes at most 4 GB at once
+      const auto n = static_cast<unsigned int>(std::min<std::uint64_t>(left, 1u << 30));
+      crc = crc32(crc, p + at, n);
+      at += n;
+      left -= n;
+    }
+    if (crc != sl::read_at<std::uint32_t>(data + sl::kSlotHeaderBytes + 4 * c)) return false;
+  }
+  return h->chunks > 0 || payload == 0;
+}
+
 std::optional<sl::SlotHeader> image_header(const unsigned char* data, std::uint64_t bytes) {
   if (bytes < sl::page()) return std::nullopt;
   const auto h = sl::slot_header(data);
@@ -227,21 +275,58 @@ void StateLinkServer::set_key(const std::string& key) {
   key_ = key;
 }
 
+struct StateLinkServer::Connection {
+  int fd = -1;
+  std::atomic<bool> done{false};
+  std::thread thread;
+};
+
 void StateLinkServer::run() {
+  constexpr std::size_t kMaxConnections = 8;
   for (;;) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
-    if (fds[1].revents) return;
+    if (::poll(fds, 2, 1000) < 0 && errno != EINTR) break;
+    reap(false);
+    if (fds[1].revents) break;
     if (!(fds[0].revents & POLLIN)) continue;
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    set_timeouts(fd, kIdleMs);
-    try {
-      serve(fd);
-    } catch (const std::exception& e) {
-      spdlog::debug("ddprun: a state copy connection: {}", e.what());
+    if (connections_.size() >= kMaxConnections) {  // busy: the client's request fails, and is made again
+      ::close(fd);
+      continue;
     }
-    ::close(fd);
+    auto c = std::make_unique<Connection>();
+    c->fd = fd;
+    auto* raw = c.get();
+    try {
+      c->thread = std::thread([this, raw] {
+        try {
+          serve(raw->fd);
+        } catch (const std::exception& e) {
+          spdlog::debug("ddprun: a state copy connection: {}", e.what());
+        }
+        raw->done = true;
+      });
+    } catch (const std::system_error&) {
+      ::close(fd);
+      continue;
+    }
+    connections_.push_back(std::move(c));
+  }
+  reap(true);
+}
+
+void StateLinkServer::reap(bool all) {
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    auto& c = **it;
+    if (all && !c.done) ::shutdown(c.fd, SHUT_RDWR);  // its reads and writes end at once
+    if (all || c.done) {
+      c.thread.join();
+      ::close(c.fd);
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 
@@ -251,10 +336,12 @@ void StateLinkServer::serve(int fd) {
     std::lock_guard<std::mutex> lk(mu_);
     key = key_;
   }
+  set_timeouts(fd, 2000);  // the handshake's bound: a client without the key holds no place long
   if (!server_handshake(fd, key)) {
     spdlog::warn("ddprun: refused a connection for the workers' state that did not prove this round's copy key");
     return;
   }
+  set_timeouts(fd, kIdleMs);
   const auto op = recv_value<std::uint8_t>(fd);
   const auto rank = recv_value<std::int32_t>(fd);
   const auto bytes = recv_value<std::uint64_t>(fd);
@@ -279,7 +366,9 @@ void StateLinkServer::serve(int fd) {
   const bool intact = recv_value<std::uint8_t>(fd) == 1;
   const auto head = image_header(data.get(), bytes);
   bool kept = false;
-  if (intact && head) kept = keep(rank, StateImage{head->gen, head->step, bytes, std::move(data), round()});
+  if (intact && head && image_whole(data.get(), bytes)) {
+    kept = keep(rank, StateImage{head->gen, head->step, bytes, std::move(data), round()});
+  }
   send_value<std::uint8_t>(fd, kept ? 0 : 1);
 }
 
@@ -288,6 +377,25 @@ bool StateLinkServer::keep(int rank, StateImage image) {
   auto& v = held_[rank];
   for (const auto& i : v) {
     if (i.gen == image.gen && i.step == image.step) return true;  // held already
+  }
+  // Images of older rounds (of any rank) go first where the budget is short: the newest round's
+  // are what a loss needs.
+  while (held_bytes_ + image.bytes > budget_) {
+    StateImage* oldest = nullptr;
+    int of = 0;
+    for (auto& [r, imgs] : held_) {
+      for (auto& i : imgs) {
+        if (i.round < image.round && (!oldest || i.round < oldest->round)) {
+          oldest = &i;
+          of = r;
+        }
+      }
+    }
+    if (!oldest) break;
+    auto& imgs = held_[of];
+    held_bytes_ -= oldest->bytes;
+    imgs.erase(imgs.begin() + (oldest - imgs.data()));
+    if (imgs.empty() && of != rank) held_.erase(of);
   }
   // The rank's oldest goes to make room: for a third, or where the budget holds fewer.
   while (!v.empty() && (v.size() >= 2 || held_bytes_ + image.bytes > budget_) && v.front().gen < image.gen) {
@@ -404,7 +512,7 @@ bool StateLinkClient::finish_put(bool intact) {
   return recv_value<std::uint8_t>(fd_) == 0 && intact;
 }
 
-std::vector<StateImage> StateLinkClient::get(int rank) {
+std::vector<StateImage> StateLinkClient::get(int rank, std::uint64_t max_bytes) {
   send_value<std::uint8_t>(fd_, 'G');
   send_value<std::int32_t>(fd_, rank);
   send_value<std::uint64_t>(fd_, 0);
@@ -413,11 +521,16 @@ std::vector<StateImage> StateLinkClient::get(int rank) {
   std::vector<StateImage> out;
   for (std::uint32_t i = 0; i < n; ++i) {
     const auto bytes = recv_value<std::uint64_t>(fd_);
-    if (bytes < sl::page() || bytes > (std::uint64_t{1} << 46)) link_fail(fmt::format("{} sent an image of {} bytes", where_, bytes));
+    if (bytes < sl::page() || bytes > max_bytes) {
+      link_fail(fmt::format("{} offers rank {} an image of {} bytes, over this node's slot of {}", where_, rank, bytes,
+                            max_bytes));
+    }
     std::shared_ptr<unsigned char[]> data(new unsigned char[bytes]);
     recv_all(fd_, data.get(), bytes);
     const auto head = image_header(data.get(), bytes);
-    if (!head) link_fail(fmt::format("{} sent rank {} an image that is not a committed state", where_, rank));
+    if (!head || !image_whole(data.get(), bytes)) {
+      link_fail(fmt::format("{} sent rank {} an image that is not a whole committed state", where_, rank));
+    }
     out.push_back(StateImage{head->gen, head->step, bytes, std::move(data), 0});
   }
   return out;

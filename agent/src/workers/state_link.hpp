@@ -16,8 +16,9 @@
 //                 oldest first
 //
 // The server keeps, per rank, the two newest complete images it was given (a put replaces the
-// older only once it is whole), within a byte budget. One connection at a time; a connection idle
-// for 10 s is dropped. No thread runs before start().
+// older only once it is whole and its CRC-32s match), within a byte budget. It serves up to 8
+// connections at once, each on a thread of its own; a client has 2 s to prove the key, then may
+// be idle 10 s at most. No thread runs before start().
 
 #include <atomic>
 #include <cstdint>
@@ -43,10 +44,15 @@ struct StateImage {
 
 // The header of a slot image, checked: committed, and its payload within `bytes`. nullopt: not one.
 std::optional<state_layout::SlotHeader> image_header(const unsigned char* data, std::uint64_t bytes);
+// Whether the image's payload matches the CRC-32s its header lists.
+bool image_whole(const unsigned char* data, std::uint64_t bytes);
+// The round's copy key derived from the job's secret: HMAC-SHA256(secret, label), hex. Throws
+// ddprun::Error where libcrypto cannot be loaded.
+std::string derive_key(const std::string& secret, const std::string& label);
 
 class StateLinkServer {
  public:
-  // `budget`: the bytes of images it holds at most (the node's --state_memory).
+  // `budget`: the bytes of images it holds at most.
   explicit StateLinkServer(std::uint64_t budget);
   ~StateLinkServer();
   StateLinkServer(const StateLinkServer&) = delete;
@@ -73,8 +79,10 @@ class StateLinkServer {
   void set_round(int round) { round_.store(round); }
 
  private:
+  struct Connection;
   void run();
   void serve(int fd);
+  void reap(bool all);  // joins the connections' threads that ended (all: every one, cut short)
 
   const std::uint64_t budget_;
   int listen_fd_ = -1, stop_fd_ = -1;  // stop_fd_: an eventfd that ends run()
@@ -85,6 +93,7 @@ class StateLinkServer {
   std::map<int, std::vector<StateImage>> held_;
   std::uint64_t held_bytes_ = 0;
   std::thread thread_;
+  std::vector<std::unique_ptr<Connection>> connections_;  // the server thread's
 };
 
 // A connection to a peer's StateLinkServer, authenticated with `key`. Every call throws
@@ -105,8 +114,8 @@ class StateLinkClient {
     send_put(rank, fd, offset, bytes, bytes_per_s, stop);
     return finish_put(intact());
   }
-  // `rank`'s images the server holds, oldest first.
-  std::vector<StateImage> get(int rank);
+  // `rank`'s images the server holds, oldest first; an image over `max_bytes` is refused.
+  std::vector<StateImage> get(int rank, std::uint64_t max_bytes);
 
  private:
   void send_put(int rank, int fd, std::uint64_t offset, std::uint64_t bytes, std::uint64_t bytes_per_s,

@@ -11,8 +11,8 @@ that rank. The area holds a header and two slots; a save writes the slot that do
 last committed state:
 
     header (4 KiB):  magic "DDPRUNST", version, slot count, slot bytes, latest (generation << 1 | slot),
-                     then persist()'s request and the agent's answer, and the pins that keep a
-                     slot from being written (a persist request's, the buddy copies'): at _REPLY_AT
+                     then persist()'s request and the agent's answer, and what holds a save
+                     back (a persist request's pin, the buddy copies' progress): at _REPLY_AT
     slot:            slot header (4 KiB): commit word, generation, step, skeleton length,
                                           data length, chunk length, chunk count, then a
                                           CRC-32 per chunk (64 MiB) of skeleton and data
@@ -408,12 +408,12 @@ def steps():
 # persist(): the request to the agent and its answer, in the area's header (the layout is
 # ddprun/common/state_layout.hpp's). The request is a sequence lock: an odd number while it is
 # written, the next even number once whole. It pins its generation: until the agent has copied
-# it (_COPIED_AT), saves leave its slot alone. The agent's copies to a buddy node (for the loss
-# of a node) pin two more, which it writes: _REPLICATED_AT, the newest generation every node's
-# buddy holds (kept until a newer one is replicated job-wide: the job resumes from it after a
-# node is lost), and _SENDING_AT, the generation it is copying to the buddy now (0: none).
+# it (_COPIED_AT), saves leave its slot alone. While the agent copies the saves to a buddy node
+# (for the loss of a node; _COPIES_AT is 1), a save first waits until the area's newest state
+# has reached every rank's buddy (_REPLICATED_AT, the newest generation whose step they all
+# hold): the area keeps that one until the next is replicated, and no save is skipped.
 _REPLY_AT, _COPIED_AT, _REQUEST_AT, _REQUEST_PATH_AT, _REQUEST_PATH_BYTES = 1024, 1536, 2048, 2072, 2000
-_REPLICATED_AT, _SENDING_AT = 1544, 1552
+_REPLICATED_AT, _COPIES_AT = 1544, 1552
 _REPLY = struct.Struct("<QqiI")  # request number answered, step written, errno (0: written), message bytes
 _REQUEST = struct.Struct("<QQII")  # request number, generation, path bytes, 0
 _last_gen = 0  # the generation of this process's last save (its copy may still run)
@@ -428,52 +428,52 @@ def _requested(area):
 
 
 def _pinned(area, gen):
-    """What pins generation `gen` (a save must not write its slot): a tuple of "persist" (a whole
-    request not yet copied), "sending" and "replicated" (the agent's buddy copies); () when free."""
-    if not gen:
-        return ()
+    """What holds back a save that would write over generation `gen`: a tuple of "persist" (a
+    whole request for it not yet copied) and "copies" (the agent's copies are on and the area's
+    newest state has not reached every rank's buddy); () when nothing does."""
     number, requested = struct.unpack_from("<QQ", area.map, _REQUEST_AT)
     (copied,) = struct.unpack_from("<Q", area.map, _COPIED_AT)
-    (replicated,) = struct.unpack_from("<Q", area.map, _REPLICATED_AT)
-    (sending,) = struct.unpack_from("<Q", area.map, _SENDING_AT)
-    return tuple(name for name, held in (("persist", number % 2 == 0 and number > copied and requested == gen),
-                                         ("sending", sending == gen), ("replicated", replicated == gen)) if held)
+    replicated, copies = struct.unpack_from("<QQ", area.map, _REPLICATED_AT)
+    (latest,) = struct.unpack_from("<Q", area.map, 24)
+    return tuple(name for name, held in (("persist", gen and number % 2 == 0 and number > copied and requested == gen),
+                                         ("copies", copies == 1 and latest >> 1 > replicated)) if held)
 
 
 def _wait_unpinned(area, slot):
-    """Before the save's thread writes `slot`: while a pin holds the state it holds, until it is
-    let go of: a persist request's until the agent has copied it (at memory speed; the copy's
-    flush to disk comes after), the replicated one until a newer one is replicated to every
-    node's buddy, the one being sent until its copy to the buddy ends. The area keeps two
-    committed states throughout. After _PIN_WAIT_S the save goes on, and says what that costs
-    (that persist fails: its copy is found overwritten; a node lost now loses its ranks' state)."""
+    """Before the save's thread writes `slot`: while something holds back the save, until it lets
+    go: a persist request for the state the slot holds until the agent has copied it (at memory
+    speed; the copy's flush to disk comes after), the agent's copies until the area's newest state
+    has reached every rank's buddy. The area keeps two committed states throughout. After
+    _PIN_WAIT_S the save goes on, and says what that costs (that persist fails: its copy is found
+    overwritten; a node lost now loses its ranks' state)."""
     held = area.slot(slot)
-    if held is None or not _pinned(area, held[0]):
+    gen, step = (held[0], held[1]) if held else (0, None)
+    if not _pinned(area, gen):
         return
     # A checkpoint being written: the progress hook beats "saving" meanwhile, so that ddprun does
     # not take the wait (the next optimizer step's, the other ranks' in a collective) for a hang.
     saving = getattr(sys.modules.get("sitecustomize"), "_Saving", None)
     with saving() if saving else _Nothing():
         end = time.monotonic() + _PIN_WAIT_S
-        pins = _pinned(area, held[0])
+        pins = _pinned(area, gen)
         while pins:
             if time.monotonic() > end:
-                print(_pin_message(pins, held[1]), file=sys.stderr)
+                print(_pin_message(pins, step), file=sys.stderr)
                 return
             time.sleep(0.002)
-            pins = _pinned(area, held[0])
+            pins = _pinned(area, gen)
 
 
 def _pin_message(pins, step):
-    """Why a save goes on over the state of `step` that `pins` (_pinned()) still hold, and what
-    that costs."""
+    """Why a save goes on over the state of `step` while `pins` (_pinned()) still hold it back, and
+    what that costs."""
     why = {"persist": "the agent has not copied the state asked to persist",
-           "sending": f"the buddy node has not acknowledged step {step}",
-           "replicated": f"no step newer than {step} has reached every node's buddy"}
+           "copies": "this rank's last save has not reached every rank's buddy node"}
     cost = ["that persist fails"] if "persist" in pins else []
-    if "sending" in pins or "replicated" in pins:
-        cost.append("if a node is lost now, its ranks' state is lost with it")
-    return (f"ddprun.state: {' and '.join(why[p] for p in pins)} in {_PIN_WAIT_S:g} s; saving over it "
+    if "copies" in pins:
+        cost.append("if a node is lost now, its ranks' state may be lost with it")
+    over = f" of step {step}" if step is not None else ""
+    return (f"ddprun.state: {' and '.join(why[p] for p in pins)} in {_PIN_WAIT_S:g} s; saving over the state{over} "
             f"({'; '.join(cost)})")
 
 

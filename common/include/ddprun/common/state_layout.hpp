@@ -8,9 +8,10 @@
 //     at 1024, the agent's answer to the last persist request: u64 request number answered,
 //                    i64 step written, i32 errno (0: written), u32 message bytes, the message
 //     at 1536, u64: the last request number whose slot the agent has copied (or given up)
-//     at 1544, u64 replicated: the newest generation every node's buddy holds, written by the
-//                    agent, which keeps it until a newer one is replicated job-wide (0: none)
-//     at 1552, u64 sending: the generation the agent is copying to this node's buddy now (0: none)
+//     at 1544, u64 replicated: the newest generation of this area whose step every rank's buddy
+//                    holds (written by the agent)
+//     at 1552, u64 copies: 1 while the agent copies this area's saves to a buddy node (written by
+//                    the agent)
 //     at 2048, the worker's persist request: u64 request number (odd while it is written, the
 //                    next even number once whole), u64 the generation to persist, u32 path
 //                    bytes, u32 0, the absolute path
@@ -27,11 +28,12 @@
 // the state written, the same step on every rank that asked at the same step, and the area keeps
 // two committed states throughout. A save never reuses a generation a request named.
 //
-// The agent's copies to a buddy node (for the loss of a node) pin two more (pinned()): a step
-// counts as replicated once every node's buddy holds it, and the job resumes from it after a
-// node is lost (the lost node's ranks from their buddy, the others from their own area), so a
-// save that would overwrite the replicated state waits until a newer one is replicated; and the
-// state being sent is left whole until its copy ends.
+// While the agent copies the saves to a buddy node (for the loss of a node), a save first waits
+// until the area's newest state has been replicated (copies_hold()): a step counts as replicated
+// once every rank's buddy holds it, and the job resumes from it after a node is lost (the lost
+// node's ranks from their buddy, the others from their own area). So the area always keeps the
+// last replicated state, every save is copied (none skipped, the same steps on every rank), and
+// the state being copied, the newest, is never the one a save writes over.
 
 #include <unistd.h>
 
@@ -45,7 +47,7 @@ constexpr char kAreaMagic[8] = {'D', 'D', 'P', 'R', 'U', 'N', 'S', 'T'};
 constexpr std::uint32_t kVersion = 1, kSlots = 2;
 constexpr std::size_t kHeaderBytes = 32, kSlotHeaderBytes = 52, kAlign = 64;
 constexpr std::size_t kReplyAt = 1024, kReplyMessageBytes = 480, kCopiedAt = 1536, kRequestAt = 2048;
-constexpr std::size_t kReplicatedAt = 1544, kSendingAt = 1552;
+constexpr std::size_t kReplicatedAt = 1544, kCopiesAt = 1552;
 constexpr std::size_t kRequestPathAt = kRequestAt + 24, kRequestPathBytes = 2000;
 
 inline std::size_t page() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
@@ -98,12 +100,17 @@ inline std::uint64_t pinned_generation(const unsigned char* p) {
   return number % 2 == 0 && number > copied ? read_at<std::uint64_t>(p + kRequestAt + 8) : 0;
 }
 
-// Whether a save must not write the slot that holds generation `gen`: a persist request pins it
-// (pinned_generation()), or the agent's replication does (the replicated or the sending
-// generation). `p`: the area's header page.
+// Whether the agent's copies hold a save back: they are on, and the area's newest state has not
+// been replicated yet. `p`: the area's header page.
+inline bool copies_hold(const unsigned char* p) {
+  return read_at<std::uint64_t>(p + kCopiesAt) == 1 &&
+         (read_at<std::uint64_t>(p + 24) >> 1) > read_at<std::uint64_t>(p + kReplicatedAt);
+}
+
+// Whether a save that would write over generation `gen` must wait: a persist request pins `gen`,
+// or the copies hold every save back. `p`: the area's header page.
 inline bool pinned(const unsigned char* p, std::uint64_t gen) {
-  return gen != 0 && (gen == pinned_generation(p) || gen == read_at<std::uint64_t>(p + kReplicatedAt) ||
-                      gen == read_at<std::uint64_t>(p + kSendingAt));
+  return (gen != 0 && gen == pinned_generation(p)) || copies_hold(p);
 }
 
 struct SlotHeader {
