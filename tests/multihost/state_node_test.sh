@@ -2,7 +2,7 @@
 # A lost node's state comes from its buddy (docs/usage.md: State across nodes). Three namespaced
 # hosts: h1 and h2 train a PyTorch gloo DDP job (c10d, --nnodes=2, 2 workers each, world 4) that
 # saves with ddprun.state.save after every step, STATE_MB of state that differs per rank (each
-# rank's data order and RNG states); h3 waits for a place. Once every rank has saved step 8, h2
+# rank's data order and RNG states); h3 waits for a place. Once h2's ranks have saved a step, h2
 # is lost (every process on it killed with SIGKILL). h3 takes its place: each rank's state
 # follows the rank (the new round's group ranks follow the arrival order, so ranks may move
 # between h1 and h3), the lost ranks' from the copies h1 kept as h2's buddy.
@@ -11,7 +11,7 @@
 # the parameters of a run that lost nothing from that step (bit for bit).
 # MODE:
 #   fast  copies at the default pace, far quicker than a step
-#   slow  copies slower than a step (--state_copy_rate=12M, 8 MB a rank, two ranks a node): each
+#   slow  copies slower than a step (--state_copy_rate=24M, 8 MB a rank, two ranks a node): each
 #         save waits until every rank's buddy holds the one before; the same checks hold
 # Usage: state_node_test.sh DDPRUN fast|slow
 set -u
@@ -23,13 +23,14 @@ source "$here/hosts.sh"
   skip_or_fail "PyTorch is not installed (scripts/setup.sh installs python3-torch)"
 hosts_up 3
 case $mode in
-  fast) steps=40 mb=${STATE_MB:-16} rate=1G ;;
-  slow) steps=14 mb=8 rate=12M ;;
+  fast) steps=40 mb=${STATE_MB:-16} rate=1G kill_at=8 ;;
+  slow) steps=10 mb=8 rate=24M kill_at=4 ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
 
+step_s=${STEP_S:-0.1}  # the pause after each save: the rest of a step
 start_agent() {  # NAME HOST
-  start "$2" "$1" env STATE_MODE=none STATE_STEPS=$steps STATE_MB=$mb STATE_PAUSE=0.1 "$ddprun" --nnodes=2 \
+  start "$2" "$1" env STATE_MODE=none STATE_STEPS=$steps STATE_MB=$mb STATE_PAUSE=$step_s "$ddprun" --nnodes=2 \
     --rdzv_backend=c10d --rdzv_endpoint=h1:29400 --rdzv_id=statenode ${STATE_LOG:+--log_level=$STATE_LOG} \
     "--rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=4" --max_restarts=3 --nproc_per_node=2 \
     --state_copy_rate=$rate /usr/bin/python3 -u "$worker"
@@ -41,7 +42,10 @@ start_agent a2 2
 wait_line "$out/a1.out" 'SAVED 2 ' 90 || give_up "h1 and h2 never trained together"
 start_agent a3 3
 wait_line "$out/a3.err" 'this node waits for a place' 30 || give_up "h3 did not wait for a place"
-wait_line "$out/a2.out" 'SAVED 8 ' 60 || give_up "h2's ranks never saved step 8"
+wait_line "$out/a2.out" "SAVED $kill_at " 60 || give_up "h2's ranks never saved step $kill_at"
+# The memory the agent of h1 holds (its areas are memfds, counted apart; this is the buddy's copies).
+agent_rss=$(ip netns pids "ns-$id-h1" | xargs -r ps -o rss=,comm= -p | awk '$2 == "ddprun" {print int($1 / 1024)}' | head -1)
+killed=$(date +%s.%N)
 ip netns pids "ns-$id-h2" | xargs -r kill -KILL
 wait "$pid_a1"; r1=$?
 wait "$pid_a3"; r3=$?
@@ -55,9 +59,16 @@ at=$(echo "$resumed" | awk '{print $2}' | sort -u)
 # The buddy's lag: from the newest step a rank still held (committed) to the step resumed.
 last=$(echo "$resumed" | grep -o 'steps=\[[0-9, ]*\]' | grep -o '[0-9]*' | sort -n | tail -1)
 lag=$((last - at))
-[ "$at" -ge 6 ] && [ $lag -ge 0 ] && [ $lag -le 1 ] &&
+[ "$at" -ge $((kill_at - 2)) ] && [ $lag -ge 0 ] && [ $lag -le 1 ] &&
   ok "the ranks held steps up to $last when h2 was lost; the job resumed at $at (the buddy's lag: $lag)" ||
   bad "resumed at step $at, a rank held $last (a lag of at most 1 expected)"
+# From the loss to every rank's first step after it (its save), and the stall the saves added.
+back=$(grep -ho 'SAVED [0-9]* rank=[0-9]* host=h[0-9] t=[0-9.]*' "$out/a1.out" "$out/a3.out" |
+  awk -v k="$killed" -v s=$((at + 1)) '{split($3, r, "="); split($5, t, "="); if ($2 == s && t[2] > k && !(r[2] in f)) f[r[2]] = t[2] - k}
+                      END {m = 0; n = 0; for (x in f) {n++; if (f[x] > m) m = f[x]}; printf "%d %.2f", n, m}')
+stall=$(grep -ho 'STALL [0-9.]* saves=[0-9]*' "$out/a1.out" "$out/a3.out" |
+  awk '{split($3, s, "="); t += $2; n += s[2]} END {if (n) printf "%.3f", t / n}')
+echo "  MEASURED state_mb=$mb step_s=$step_s lost_to_step_s=${back#* } ranks_back=${back% *} lag_steps=$lag resumed_at=$at stall_per_save_s=$stall agent_rss_mb=$agent_rss"
 grep -h "in-memory state (step" "$out/a1.err" "$out/a3.err" | sed 's/^.*ddprun: /  /'
 [ "$(grep -h "in-memory state (step" "$out/a1.err" "$out/a3.err" | grep -c 'taken from')" -ge 2 ] &&
   ok "the ranks that moved took their state from the node that held it" || bad "no rank took its state from another node"

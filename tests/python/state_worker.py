@@ -18,7 +18,7 @@ position). STATE_MODE says what else it does:
 
 It prints "RESUMED <step>" (the step loaded), "FINAL <sha256 of the parameters>", "STALL <s>".
 STATE_MB: the size of the extra state tensor (MB). STATE_PAUSE: seconds to wait after each save,
-having printed "SAVED <step> rank=R host=H" (a job slow enough to be lost midway)."""
+having printed "SAVED <step> rank=R host=H t=<time>" (a job slow enough to be lost midway)."""
 import hashlib
 import os
 import random
@@ -98,7 +98,7 @@ for step in range(start, STEPS):
             print(f"CAUGHT {type(e).__name__}: {e}", flush=True)
     ddprun.state.save(step, state)
     if PAUSE:
-        print(f"SAVED {step} rank={rank} host={socket.gethostname()}", flush=True)
+        print(f"SAVED {step} rank={rank} host={socket.gethostname()} t={time.time():.3f}", flush=True)
         time.sleep(PAUSE)
     if MODE == "crash" and attempt == 0 and step == CRASH:
         ddprun.state.wait()

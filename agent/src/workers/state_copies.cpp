@@ -1,5 +1,6 @@
 #include "workers/state_copies.hpp"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -105,6 +106,7 @@ StateCopies::~StateCopies() {
   }
   sending_ = -1;
   cancel_ = true;
+  cut_in_flight();
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
@@ -124,12 +126,30 @@ void StateCopies::prepare(const rounds::RoundInfo& info, std::function<void()> r
     sending_ = info.round;
     cancel_ = true;  // the last round's copy in flight, if any
   }
+  cut_in_flight();
   wake_.notify_all();
 }
 
 void StateCopies::stop_sending() {
   sending_ = -1;
   cancel_ = true;
+  cut_in_flight();
+}
+
+void StateCopies::cut_in_flight() {
+  std::lock_guard<std::mutex> lk(in_flight_mu_);
+  if (in_flight_fd_ >= 0) ::shutdown(in_flight_fd_, SHUT_RDWR);  // its blocked send or receive ends at once
+}
+
+StateCopies::InFlight::InFlight(StateCopies& c, int fd) : copies(c) {
+  std::lock_guard<std::mutex> lk(c.in_flight_mu_);
+  c.in_flight_fd_ = fd;
+  if (c.cancel_) ::shutdown(fd, SHUT_RDWR);
+}
+
+StateCopies::InFlight::~InFlight() {
+  std::lock_guard<std::mutex> lk(copies.in_flight_mu_);
+  copies.in_flight_fd_ = -1;
 }
 
 bool StateCopies::wanted(int round) const {
@@ -192,6 +212,19 @@ std::vector<StateImage> read_images(int fd, std::uint64_t slot_bytes, int round)
   return out;
 }
 
+// Whether the area holds a committed state (its headers only are read).
+bool holds_state(int fd, std::uint64_t slot_bytes) {
+  const auto page = sl::page();
+  std::vector<unsigned char> head(page);
+  pread_exact(fd, head.data(), page, 0);
+  if (!sl::header(head.data()).magic) return false;
+  for (std::uint32_t k = 0; k < sl::kSlots; ++k) {
+    pread_exact(fd, head.data(), page, page + k * slot_bytes);
+    if (sl::slot_header(head.data()).committed_within(slot_bytes)) return true;
+  }
+  return false;
+}
+
 // Empties the area (no committed slot), its pins let go of.
 void clear_area(int fd, std::uint64_t slot_bytes) {
   const auto page = sl::page();
@@ -228,6 +261,8 @@ void write_images(int fd, std::uint64_t slot_bytes, const std::vector<StateImage
 
 void StateCopies::settle(Round& r) {
   const auto& info = r.info;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   rendezvous::TcpStoreOptions o;
   o.host = info.store_host;
   o.port = info.store_port;
@@ -245,10 +280,9 @@ void StateCopies::settle(Round& r) {
   for (int i = 0; i < areas_.ranks(); ++i) {
     const int rank = info.rank_offset + i, had = area_rank_[static_cast<std::size_t>(i)];
     const int fd = areas_.fd(i);
-    auto images = read_images(fd, slot_bytes, info.round - 1);
-    if (had == rank && !images.empty()) continue;
+    if (had == rank && holds_state(fd, slot_bytes)) continue;
     // Another rank's state: kept as a copy of it (for the node that has that rank now), then emptied.
-    for (auto& img : images) {
+    for (auto& img : read_images(fd, slot_bytes, info.round - 1)) {
       const auto step = img.step;
       if (!server_.keep(had, std::move(img))) {
         spdlog::error("ddprun: round {}: rank {}'s in-memory state of step {} is dropped: no room to keep it "
@@ -278,8 +312,15 @@ void StateCopies::settle(Round& r) {
     }
   }
   if (store.add(r.at("published"), 1) == info.group_world) store.set(r.at("all"), "1");
+  const double kept_s = since();
   if (!need.empty() && !wait_all(r, store)) return;
+  const double waited_s = since();
   for (int i : need) fetch(r, store, i, slot_bytes);
+  if (!need.empty()) {
+    spdlog::info("ddprun: round {}: the ranks' state in place in {:.2f} s (kept aside {:.2f} s, the others' "
+                 "word {:.2f} s, fetched {:.2f} s)",
+                 info.round, since(), kept_s, waited_s - kept_s, since() - waited_s);
+  }
   // The state each area holds now counts as replicated (the copies held, until the round's first
   // replicated step, cover it): the round's first save goes on at once, the next waits for it.
   const bool copies = info.group_world > 1 && bytes_per_s_ > 0;
@@ -331,7 +372,10 @@ void StateCopies::fetch(Round& r, rendezvous::TcpStore& store, int local_rank, s
       images = StateLinkClient(host, port, r.key).get(rank, slot_bytes);
     }
     if (images.empty()) throw Error("it holds none any more");
+    const auto got = std::chrono::steady_clock::now();
     write_images(areas_.fd(local_rank), slot_bytes, images);
+    spdlog::debug("ddprun: rank {}: its state written into the area in {:.2f} s", rank,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - got).count());
     spdlog::info("ddprun: round {}: rank {}'s in-memory state (step{} {}) taken from {}", info.round, rank,
                  images.size() > 1 ? "s" : "",
                  images.size() > 1 ? fmt::format("{} and {}", images[0].step, images[1].step)
@@ -386,7 +430,7 @@ void StateCopies::send(Round& r) {
         rendezvous::TcpStoreOptions o;
         o.host = info.store_host;
         o.port = info.store_port;
-        o.timeout = 10s;
+        o.timeout = 1s;  // its host lost, the next round's settle is not kept waiting long
         s.store = std::make_unique<rendezvous::TcpStore>(o);
       }
       pass(s, give_up);
@@ -468,7 +512,9 @@ void StateCopies::pass(Sending& s, std::chrono::steady_clock::duration give_up) 
       continue;
     }
     const int rank = info.rank_offset + i;
-    const bool kept = StateLinkClient(host, port, r.key).put(rank, fd, at, page + h.payload(), bytes_per_s_, cancel_, [&] {
+    StateLinkClient client(host, port, r.key);
+    InFlight in_flight(*this, client.fd());  // a new round or the end cuts it short
+    const bool kept = client.put(rank, fd, at, page + h.payload(), bytes_per_s_, cancel_, [&] {
       return get_u64(fd, at) == gen;  // the commit word unchanged: the worker never wrote the slot meanwhile
     });
     s.sent[u] = gen;

@@ -88,6 +88,13 @@ class StateCopies {
   void send(Round& r);    // until the round ends
   void pass(Sending& s, std::chrono::steady_clock::duration give_up);
   bool wanted(int round) const;
+  void cut_in_flight();  // shuts the connection of the copy in flight down, if any
+  // The connection of a copy in flight, for cut_in_flight(), while it lives.
+  struct InFlight {
+    InFlight(StateCopies& c, int fd);
+    ~InFlight();
+    StateCopies& copies;
+  };
 
   const StateAreas& areas_;
   const std::string host_;
@@ -102,6 +109,8 @@ class StateCopies {
   std::atomic<int> sending_{-1};     // the round whose saves are copied; -1: none
   std::atomic<bool> stop_{false};    // the agent ends
   std::atomic<bool> cancel_{false};  // ends a copy in flight (the round is over)
+  std::mutex in_flight_mu_;
+  int in_flight_fd_ = -1;  // the connection of the copy in flight; -1: none
   std::thread thread_;
 };
 

@@ -178,43 +178,6 @@ std::string derive_key(const std::string& secret, const std::string& label) {
   return out;
 }
 
-namespace {
-
-// zlib's crc32 (the CRC-32 ddprun.state writes), loaded at the first image checked, as libcrypto.
-using Crc32 = unsigned long (*)(unsigned long, const unsigned char*, unsigned int);
-Crc32 crc32_function() {
-  static const Crc32 f = [] {
-    void* lib = ::dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL);
-    return lib ? reinterpret_cast<Crc32>(::dlsym(lib, "crc32")) : nullptr;
-  }();
-  if (!f) link_fail("checking copies of the workers' state needs zlib (libz.so.1), which was not found");
-  return f;
-}
-
-}  // namespace
-
-bool image_whole(const unsigned char* data, std::uint64_t bytes) {
-  const auto h = image_header(data, bytes);
-  if (!h) return false;
-  const Crc32 crc32 = crc32_function();
-  const std::uint64_t payload = h->payload();
-  const unsigned char* p = data + sl::page();
-  for (std::uint32_t c = 0; c < h->chunks; ++c) {
-    const std::uint64_t from = c * h->chunk;
-    if (from >= payload) return false;
-    std::uint64_t left = std::min<std::uint64_t>(h->chunk, payload - from), at = from;
-    unsigned long crc = 0;
-    while (left > 0) {  // zlib takes at most 4 GB at once
-      const auto n = static_cast<unsigned int>(std::min<std::uint64_t>(left, 1u << 30));
-      crc = crc32(crc, p + at, n);
-      at += n;
-      left -= n;
-    }
-    if (crc != sl::read_at<std::uint32_t>(data + sl::kSlotHeaderBytes + 4 * c)) return false;
-  }
-  return h->chunks > 0 || payload == 0;
-}
-
 std::optional<sl::SlotHeader> image_header(const unsigned char* data, std::uint64_t bytes) {
   if (bytes < sl::page()) return std::nullopt;
   const auto h = sl::slot_header(data);
@@ -366,9 +329,7 @@ void StateLinkServer::serve(int fd) {
   const bool intact = recv_value<std::uint8_t>(fd) == 1;
   const auto head = image_header(data.get(), bytes);
   bool kept = false;
-  if (intact && head && image_whole(data.get(), bytes)) {
-    kept = keep(rank, StateImage{head->gen, head->step, bytes, std::move(data), round()});
-  }
+  if (intact && head) kept = keep(rank, StateImage{head->gen, head->step, bytes, std::move(data), round()});
   send_value<std::uint8_t>(fd, kept ? 0 : 1);
 }
 
@@ -528,9 +489,7 @@ std::vector<StateImage> StateLinkClient::get(int rank, std::uint64_t max_bytes) 
     std::shared_ptr<unsigned char[]> data(new unsigned char[bytes]);
     recv_all(fd_, data.get(), bytes);
     const auto head = image_header(data.get(), bytes);
-    if (!head || !image_whole(data.get(), bytes)) {
-      link_fail(fmt::format("{} sent rank {} an image that is not a whole committed state", where_, rank));
-    }
+    if (!head) link_fail(fmt::format("{} sent rank {} an image that is not a committed state", where_, rank));
     out.push_back(StateImage{head->gen, head->step, bytes, std::move(data), 0});
   }
   return out;

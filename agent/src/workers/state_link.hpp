@@ -16,7 +16,10 @@
 //                 oldest first
 //
 // The server keeps, per rank, the two newest complete images it was given (a put replaces the
-// older only once it is whole and its CRC-32s match), within a byte budget. It serves up to 8
+// older only once it is whole), within a byte budget. Their CRC-32s are checked where they are
+// loaded (ddprun.state.load), as a worker's own saves are: while the copies run, a worker never
+// writes the state being copied (it waits until it is replicated), and the sender checks after
+// the copy that the slot was not written meanwhile. It serves up to 8
 // connections at once, each on a thread of its own; a client has 2 s to prove the key, then may
 // be idle 10 s at most. No thread runs before start().
 
@@ -44,8 +47,6 @@ struct StateImage {
 
 // The header of a slot image, checked: committed, and its payload within `bytes`. nullopt: not one.
 std::optional<state_layout::SlotHeader> image_header(const unsigned char* data, std::uint64_t bytes);
-// Whether the image's payload matches the CRC-32s its header lists.
-bool image_whole(const unsigned char* data, std::uint64_t bytes);
 // The round's copy key derived from the job's secret: HMAC-SHA256(secret, label), hex. Throws
 // ddprun::Error where libcrypto cannot be loaded.
 std::string derive_key(const std::string& secret, const std::string& label);
@@ -114,6 +115,7 @@ class StateLinkClient {
     send_put(rank, fd, offset, bytes, bytes_per_s, stop);
     return finish_put(intact());
   }
+  int fd() const { return fd_; }
   // `rank`'s images the server holds, oldest first; an image over `max_bytes` is refused.
   std::vector<StateImage> get(int rank, std::uint64_t max_bytes);
 
