@@ -233,16 +233,17 @@ struct Agent::Impl {
       });
     };
     if (persister) watch_persist();
+    JobController controller(opt, group, rdzv, events, dir, node_name, &fence, state.get());
     // In a job of several nodes, each rank's saved state follows the rank between nodes, and each
-    // node's is copied to a buddy node; its threads start with the first round.
+    // node's is copied to a buddy node; its threads start with the first round. Ends before the
+    // controller, which its thread's last word would reach.
     std::unique_ptr<StateCopies> copies;
     if (state && opt.rdzv.multi_node()) {
       copies = std::make_unique<StateCopies>(*state, node_name, static_cast<std::uint64_t>(opt.state_copy_rate),
                                              2 * state->bytes_per_rank() * static_cast<std::uint64_t>(state->ranks()),
                                              opt.rdzv.secret, opt.rdzv.run_id);
+      controller.use_state_copies(copies.get(), [&io](std::function<void()> f) { asio::post(io, std::move(f)); });
     }
-    JobController controller(opt, group, rdzv, events, dir, node_name, &fence, state.get());
-    if (copies) controller.use_state_copies(copies.get(), [&io](std::function<void()> f) { asio::post(io, std::move(f)); });
     // Once a second the loop shows the job to the metrics: /healthz also proves the loop turns.
     asio::steady_timer tick(io);
     std::function<void()> refresh = [&] {

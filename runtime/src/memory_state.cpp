@@ -73,7 +73,7 @@ std::string pin_message(const unsigned char* map, const SlotHeader& held) {
   if (persist) add(cost, "; ", "that persist fails");
   if (copies) add(cost, "; ", "if a node is lost now, its ranks' state may be lost with it");
   const std::string over = held.commit ? " of step " + std::to_string(held.step) : "";
-  return "ddprun state: " + why + " in 60 s; saving over the state" + over + " (" + cost + ")";
+  return "ddprun state: " + why + " in time; saving over the state" + over + " (" + cost + ")";
 }
 
 // Before a save writes the slot that holds `held`: while something holds the save back, until
@@ -84,7 +84,9 @@ std::string pin_message(const unsigned char* map, const SlotHeader& held) {
 void wait_unpinned(const unsigned char* map, const SlotHeader& held) {
   const std::uint64_t gen = held.commit ? held.gen : 0;
   if (!pinned(map, gen)) return;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  // The copies' hold lasts as long as the agent's own bound (a node's state at its pace), at least a minute.
+  const auto limit = copies_hold(map) ? std::max<std::uint64_t>(60, read_at<std::uint64_t>(map + kHoldLimitAt)) : 60;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(limit);
   while (pinned(map, gen)) {
     if (std::chrono::steady_clock::now() > end) {
       const std::string message = pin_message(map, held);
@@ -200,9 +202,11 @@ void MemoryState::save_async(std::int64_t step, const std::vector<StateBuffer>& 
   }
   const auto held = committed(map_, slot_bytes_);
   const int slot = held.empty() ? 0 : 1 - std::get<2>(held.front());
-  // Never a generation used before: a persist request may name one whose save never ended.
-  const std::uint64_t gen =
-      std::max<std::uint64_t>(held.empty() ? 0 : std::get<0>(held.front()), read_at<std::uint64_t>(map_ + kRequestAt + 8)) + 1;
+  // Never a generation used before: a persist request may name one whose save never ended, and
+  // the header's latest keeps the newest ever committed (a load drops newer states: drop_newer).
+  const std::uint64_t gen = std::max({held.empty() ? std::uint64_t{0} : std::get<0>(held.front()),
+                                      read_at<std::uint64_t>(map_ + kRequestAt + 8), header(map_).latest >> 1}) +
+                            1;
   copying_ = start_thread("the thread of a MemoryState save", [this, step, slot, gen, data, skeleton = std::move(skeleton), buffers] {
     write_slot(step, slot, gen, skeleton, data, buffers);
   });
@@ -374,7 +378,29 @@ std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group) {
   wait();
   const std::int64_t agreed = agree(group, steps());
   if (agreed < 0) return std::nullopt;
-  return load_on_all(group, [&] { return load_step(agreed); });
+  auto out = load_on_all(group, [&] { return load_step(agreed); });
+  if (out) drop_newer(agreed);
+  return out;
+}
+
+// The states newer than the one the ranks agreed on are of a course the job abandoned: they go
+// (uncommitted), so that the next save writes over one of them, never over the agreed one, and no
+// later agreement takes one for the step it names. The header's latest names the agreed slot with
+// the newest generation ever committed: generations are never used twice (the agent's copies
+// count them).
+void MemoryState::drop_newer(std::int64_t agreed) {
+  int keep = -1;
+  std::uint64_t newest = 0;
+  for (const auto& [gen, step, slot] : committed(map_, slot_bytes_)) {
+    if (step == agreed && keep < 0) keep = slot;
+  }
+  if (keep < 0) return;
+  for (const auto& [gen, step, slot] : committed(map_, slot_bytes_)) {
+    if (step <= agreed) continue;
+    newest = std::max(newest, gen);
+    write_at<std::uint64_t>(map_ + page() + static_cast<std::size_t>(slot) * slot_bytes_, 0);
+  }
+  if (newest) write_at<std::uint64_t>(map_ + 24, newest << 1 | static_cast<std::uint64_t>(keep));
 }
 
 std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group, const std::string& path) {

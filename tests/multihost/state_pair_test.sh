@@ -27,7 +27,10 @@ start_agent() {  # NAME HOST
 }
 give_up() { bad "$1"; tail -n 30 "$out"/a*.err; finish; }
 
-for i in 1 2 3; do start_agent "a$i" "$i"; done
+# h1 hosts the rendezvous and arrives first (group rank 0): it must outlive the loss.
+start_agent a1 1
+wait_line "$out/a1.err" 'joining the rendezvous' 30 || give_up "h1 did not join"
+for i in 2 3; do start_agent "a$i" "$i"; done
 for i in 1 2 3; do
   wait_line "$out/a$i.out" 'SAVED 5 ' 90 || give_up "h$i never saved step 5"
 done
@@ -37,6 +40,7 @@ wait_line "$out/a4.err" 'this node waits for a place' 30 || give_up "h4 did not 
 host_of() { grep -l "round 0: node $1 of 3" "$out"/a[123].err | sed 's/.*a\([0-9]\)\.err/\1/'; }
 g1=$(host_of 1) g2=$(host_of 2) g0=$(host_of 0)
 [ -n "$g0" ] && [ -n "$g1" ] && [ -n "$g2" ] || give_up "the group ranks of round 0 are not in the logs"
+[ "$g0" = 1 ] || give_up "h1 (the rendezvous' host) is not group rank 0 of round 0 (h$g0 is)"
 for h in "$g1" "$g2"; do ip netns pids "ns-$id-h$h" | xargs -r kill -KILL; done
 wait "$(eval echo "\$pid_a$g0")"; r0=$?
 wait "$pid_a4"; r4=$?

@@ -16,7 +16,7 @@ position). STATE_MODE says what else it does:
   persist_full persists after step 0 and 1 with blocking=True (STATE_DIR a small file system:
                the second fails), then loads the file back
 
-It prints "RESUMED <step>" (the step loaded), "FINAL <sha256 of the parameters>", "STALL <s>".
+It prints "RESUMED <step> steps=<the steps this rank held before load()>" (the step loaded), "FINAL <sha256 of the parameters>", "STALL <s>".
 STATE_MB: the size of the extra state tensor (MB). STATE_PAUSE: seconds to wait after each save,
 having printed "SAVED <step> rank=R host=H t=<time>" (a job slow enough to be lost midway)."""
 import hashlib
@@ -54,6 +54,7 @@ data = torch.Generator().manual_seed(1000 + rank)  # this rank's data order
 extra = torch.zeros(int(float(os.environ.get("STATE_MB", "4")) * 2**20) // 4)  # a few MB of state
 
 start = 0
+held = ddprun.state.steps()  # what this rank held before the ranks agreed (load drops newer ones)
 found = ddprun.state.load()
 PERSISTED = os.path.join(os.environ.get("STATE_DIR", "."), f"rank{rank}.state")
 if found is None and MODE == "persist":
@@ -68,7 +69,7 @@ if found is not None:
     data.set_state(state["data_rng"])
     extra.copy_(state["extra"])
     start = state["next_step"]
-    print(f"RESUMED {step} steps={ddprun.state.steps()} extra={float(extra[0])} rank={rank} "
+    print(f"RESUMED {step} steps={held} extra={float(extra[0])} rank={rank} "
           f"host={socket.gethostname()}", flush=True)
 
 

@@ -47,7 +47,7 @@ JobController::JobController(const AgentOptions& opt, WorkerGroup& group, Rendez
 void JobController::enter(Phase p) {
   spdlog::debug("ddprun: {} -> {} (round {})", to_string(phase_), to_string(p), round_);
   phase_ = p;
-  if (copies_ && p != Phase::running && p != Phase::rendezvous) copies_->stop_sending();
+  if (copies_ && (p == Phase::draining || p == Phase::done)) copies_->stop_sending();
 }
 
 void JobController::use_state_copies(StateCopies* copies, std::function<void(std::function<void()>)> post) {
@@ -116,9 +116,10 @@ void JobController::on_round_ready(const RoundInfo& info) {
   if (copies_ && !info.store_host.empty() && info.store_port != 0) {
     try {
       const int round = round_;
+      settling_ = round;
       copies_->prepare(info, [this, round] {
         post_([this, round] {
-          if (phase_ == Phase::rendezvous && round_ == round) start_workers();
+          if (phase_ == Phase::rendezvous && round_ == round && settling_ == round) start_workers();
         });
       });
       return;
@@ -143,6 +144,16 @@ void JobController::on_rendezvous_failed(const RendezvousFailure& f) {
 }
 
 void JobController::on_round_over(const RoundOutcome& o) {
+  if (phase_ == Phase::rendezvous && settling_ == o.round && o.round == round_ && !outcome_) {
+    // Over while the ranks' state was being put in place, before any worker started: decided now.
+    settling_ = -1;
+    if (copies_) copies_->stop_sending();
+    outcome_ = o;
+    log_outcome(o);
+    group_ended_ = true;
+    enter(Phase::stopping);
+    return decide();
+  }
   if (o.round != round_ || outcome_ || (phase_ != Phase::running && phase_ != Phase::stopping)) return;
   outcome_ = o;
   log_outcome(o);
@@ -227,6 +238,7 @@ void JobController::log_outcome(const RoundOutcome& o) {
 // ---- workers ----------------------------------------------------------------------------------
 
 void JobController::start_workers() {
+  settling_ = -1;
   const auto t0 = std::chrono::steady_clock::now();
   if (fence_) fence_->reset();
   try {
@@ -321,6 +333,9 @@ void JobController::note_log_losses() {
 
 void JobController::on_group_ended() {
   group_ended_ = true;
+  // The copies go on while the workers live: their last saves (a preempted job's checkpoint)
+  // still reach the buddy, and a save waiting for one is not left to its time-out.
+  if (copies_) copies_->stop_sending();
   clock_.abandoned();  // an attempt that ended before its workers' first beats
   clock_.stopped();
   note_log_losses();

@@ -134,6 +134,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   FenceState* fence_;
   const StateAreas* state_;  // each local rank's state area, handed to its workers; may be null
   StateCopies* copies_ = nullptr;  // copies of the state across nodes; may be null
+  int settling_ = -1;              // the round whose ranks' state is being put in place, before its workers
   std::function<void(std::function<void()>)> post_;
 
   Phase phase_ = Phase::rendezvous;

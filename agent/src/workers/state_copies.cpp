@@ -175,6 +175,7 @@ void StateCopies::run() {
                    "a rank whose state was elsewhere starts without it",
                    r->info.round, e.what());
     }
+    if (!wanted(r->info.round)) continue;  // a newer round, or the end: its workers never start
     r->ready();
     try {
       send(*r);
@@ -276,11 +277,35 @@ void StateCopies::settle(Round& r) {
   server_.set_round(info.round);
   const std::uint64_t slot_bytes = sl::area_slot_bytes(areas_.bytes_per_rank());
   for (int i = 0; i < areas_.ranks(); ++i) put_u64(areas_.fd(i), sl::kCopiesAt, 0);  // until the round's copies start
+  // However the settling ends (an error included), the state each area holds then counts as
+  // replicated (the copies held, until the round's first replicated step, cover it): the round's
+  // first save goes on at once, the next waits for it, at most the hold limit.
+  struct Arm {
+    StateCopies& self;
+    const rounds::RoundInfo& info;
+    ~Arm() {
+      const bool copies = info.group_world > 1 && self.bytes_per_s_ > 0;
+      const auto limit = static_cast<std::uint64_t>(std::chrono::duration<double>(self.give_up()).count()) + 30;
+      for (int i = 0; i < self.areas_.ranks(); ++i) {
+        try {
+          const int fd = self.areas_.fd(i);
+          put_u64(fd, sl::kReplicatedAt, get_u64(fd, 24) >> 1);
+          put_u64(fd, sl::kHoldLimitAt, limit);
+          put_u64(fd, sl::kCopiesAt, copies ? 1 : 0);
+        } catch (const std::exception&) {
+        }
+      }
+      self.settled_round_ = info.round;
+    }
+  } arm{*this, info};
+  // An area keeps its state where this node ran the same rank in the round before; else (its
+  // rank moved, or this node sat the last round out) the newest holder's is fetched.
+  const bool continued = settled_round_ == info.round - 1;
   std::vector<int> need;  // local ranks whose state is elsewhere
   for (int i = 0; i < areas_.ranks(); ++i) {
     const int rank = info.rank_offset + i, had = area_rank_[static_cast<std::size_t>(i)];
     const int fd = areas_.fd(i);
-    if (had == rank && holds_state(fd, slot_bytes)) continue;
+    if (continued && had == rank && holds_state(fd, slot_bytes)) continue;
     // Another rank's state: kept as a copy of it (for the node that has that rank now), then emptied.
     for (auto& img : read_images(fd, slot_bytes, info.round - 1)) {
       const auto step = img.step;
@@ -301,6 +326,7 @@ void StateCopies::settle(Round& r) {
   for (int rank : server_.ranks()) {
     const auto imgs = server_.images(rank);
     const Holder mine{imgs.back().round, imgs.back().step, here};
+    store.set(r.at(fmt::format("alt/{}", rank)), mine.text());  // any holder: where the newest fails
     const std::string key = r.at(fmt::format("at/{}", rank));
     std::string current;
     for (int tries = 0; tries < 8; ++tries) {
@@ -321,13 +347,26 @@ void StateCopies::settle(Round& r) {
                  "word {:.2f} s, fetched {:.2f} s)",
                  info.round, since(), kept_s, waited_s - kept_s, since() - waited_s);
   }
-  // The state each area holds now counts as replicated (the copies held, until the round's first
-  // replicated step, cover it): the round's first save goes on at once, the next waits for it.
-  const bool copies = info.group_world > 1 && bytes_per_s_ > 0;
+}
+
+std::chrono::steady_clock::duration StateCopies::give_up() const {
+  // A step is replicated once every rank's buddy holds it: all of a node's ranks cross the link
+  // one after the other, as do the buddy's own. This long (three times the node's newest states
+  // at the pace, and 10 s) before the saves stop waiting for the copies (until a step is
+  // replicated again).
+  const auto slot_bytes = sl::area_slot_bytes(areas_.bytes_per_rank());
+  double node = 0;
+  std::vector<unsigned char> head(sl::page());
   for (int i = 0; i < areas_.ranks(); ++i) {
-    put_u64(areas_.fd(i), sl::kReplicatedAt, get_u64(areas_.fd(i), 24) >> 1);
-    put_u64(areas_.fd(i), sl::kCopiesAt, copies ? 1 : 0);
+    const int fd = areas_.fd(i);
+    pread_exact(fd, head.data(), sl::kHeaderBytes, 0);
+    const auto latest = sl::header(head.data()).latest;
+    pread_exact(fd, head.data(), head.size(), sl::page() + (latest & 1) * slot_bytes);
+    const auto h = sl::slot_header(head.data());
+    if (h.committed_within(slot_bytes)) node += static_cast<double>(sl::page() + h.payload());
   }
+  return 10s + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                   std::chrono::duration<double>(bytes_per_s_ ? 3.0 * node / static_cast<double>(bytes_per_s_) : 0.0));
 }
 
 bool StateCopies::wait_all(Round& r, rendezvous::TcpStore& store) {
@@ -412,42 +451,60 @@ void StateCopies::send(Round& r) {
     }
   } unpin{*this, areas_, info.round};
   if (info.group_world < 2 || bytes_per_s_ == 0) return;  // no buddy, or no copies
-  const std::uint64_t slot_bytes = sl::area_slot_bytes(areas_.bytes_per_rank());
-  // A step is replicated once every rank's buddy holds it: all of this node's ranks cross the
-  // link one after the other, as do the buddy's own. Waited for this long (three times the
-  // node's slots at the pace, and 10 s), and failures retried as long, before the saves stop
-  // waiting for the copies (until a step is replicated again).
-  const auto give_up = 10s + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(
-                                 3.0 * static_cast<double>(slot_bytes) * n / static_cast<double>(bytes_per_s_)));
-  Sending s{r, std::vector<std::uint64_t>(static_cast<std::size_t>(n)),
+  // The saves wait for a replicated step this long at most, whatever holds it back (a copy or the
+  // count that fails, a buddy not known or out of room), before they stop waiting for the copies;
+  // the bound follows the size of the state, and the workers' own (the header's hold limit) too.
+  auto give_up = this->give_up();
+  auto sized_at = std::chrono::steady_clock::now();
+  Sending s{r,
+            std::vector<std::uint64_t>(static_cast<std::size_t>(n)),
             std::vector<std::optional<std::int64_t>>(static_cast<std::size_t>(n)),
-            std::vector<std::optional<Sending::Pending>>(static_cast<std::size_t>(n))};
+            std::vector<std::optional<Sending::Pending>>(static_cast<std::size_t>(n)),
+            nullptr};
   for (int i = 0; i < n; ++i) s.sent[static_cast<std::size_t>(i)] = get_u64(areas_.fd(i), 24) >> 1;
-  std::optional<std::chrono::steady_clock::time_point> failing;
+  std::optional<std::chrono::steady_clock::time_point> failing, held;
   while (wanted(round)) {
+    // How long the saves have been held back (a newest state not yet replicated).
+    bool holding = false;
+    for (int i = 0; i < n && !holding; ++i) {
+      const int fd = areas_.fd(i);
+      holding = get_u64(fd, sl::kCopiesAt) == 1 && (get_u64(fd, 24) >> 1) > get_u64(fd, sl::kReplicatedAt);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now - sized_at > 1s) {
+      sized_at = now;
+      give_up = this->give_up();
+      const auto limit = static_cast<std::uint64_t>(std::chrono::duration<double>(give_up).count()) + 30;
+      for (int i = 0; i < n; ++i) put_u64(areas_.fd(i), sl::kHoldLimitAt, limit);
+    }
+    if (!holding) {
+      held.reset();
+    } else if (!held) {
+      held = now;
+    } else if (!s.unpinned && now - *held > give_up) {
+      s.unpin(areas_);
+      spdlog::warn("ddprun: round {}: a save has waited {:.0f} s for its step to reach every rank's buddy (does "
+                   "every rank save the same steps? is the buddy node out of room?); the saves stop waiting for "
+                   "the copies until one does: a node lost meanwhile may lose its ranks' state",
+                   round, std::chrono::duration<double>(now - *held).count());
+    }
     try {
-      if (!s.store) {
+      if (!s.store) {  // (made again after a failure)
         rendezvous::TcpStoreOptions o;
         o.host = info.store_host;
         o.port = info.store_port;
         o.timeout = 1s;  // its host lost, the next round's settle is not kept waiting long
         s.store = std::make_unique<rendezvous::TcpStore>(o);
       }
-      pass(s, give_up);
+      pass(s);
       failing.reset();
     } catch (const std::exception& e) {
       if (!wanted(round)) return;
       s.store.reset();
-      const auto now = std::chrono::steady_clock::now();
       if (!failing) {
         failing = now;
         spdlog::warn("ddprun: round {}: copying the workers' state to the buddy node failed ({}); trying again",
                      round, e.what());
-      } else if (!s.unpinned && now - *failing > give_up) {
-        s.unpin(areas_);
-        spdlog::warn("ddprun: round {}: the workers' state has not reached the buddy node for {:.0f} s; the saves "
-                     "stop waiting for the copies (a node lost now may lose its ranks' state)",
-                     round, std::chrono::duration<double>(now - *failing).count());
       }
       std::this_thread::sleep_for(200ms);
     }
@@ -460,18 +517,18 @@ void StateCopies::Sending::unpin(const StateAreas& areas) {
 }
 
 // One pass: each area's new committed state sent and counted, then a wait for a step pending.
-void StateCopies::pass(Sending& s, std::chrono::steady_clock::duration give_up) {
+void StateCopies::pass(Sending& s) {
   Round& r = s.round;
   const auto& info = r.info;
   const int round = info.round, n = areas_.ranks();
   auto& store = *s.store;
   const std::string link = r.at(fmt::format("link/{}", (info.group_rank + 1) % info.group_world));
-  while (r.buddy.empty()) {
-    if (!wanted(round)) return;
+  if (r.buddy.empty()) {  // said by the buddy as its round begins
     try {
       store.wait({link}, 500ms);
       r.buddy = store.get(link);
     } catch (const TimeoutError&) {
+      return;
     }
   }
   const auto [host, port] = address(r.buddy);
@@ -540,13 +597,6 @@ void StateCopies::pass(Sending& s, std::chrono::steady_clock::duration give_up) 
   try {
     store.wait({r.at(fmt::format("done/{}", oldest->step))}, 200ms);
   } catch (const TimeoutError&) {
-    if (!s.unpinned && std::chrono::steady_clock::now() - oldest->since > give_up) {
-      spdlog::warn("ddprun: round {}: not every rank's buddy holds step {} after {:.0f} s (does every rank save the "
-                   "same steps?); the saves stop waiting for the copies until one is: a node lost meanwhile may lose "
-                   "its ranks' state",
-                   round, oldest->step, std::chrono::duration<double>(give_up).count());
-      s.unpin(areas_);
-    }
     return;
   }
   for (int i = 0; i < n; ++i) {

@@ -86,7 +86,9 @@ class StateCopies {
     void unpin(const StateAreas& areas);                // the saves stop waiting for the copies
   };
   void send(Round& r);    // until the round ends
-  void pass(Sending& s, std::chrono::steady_clock::duration give_up);
+  void pass(Sending& s);
+  // How long the saves wait for a replicated step before they stop waiting for the copies.
+  std::chrono::steady_clock::duration give_up() const;
   bool wanted(int round) const;
   void cut_in_flight();  // shuts the connection of the copy in flight down, if any
   // The connection of a copy in flight, for cut_in_flight(), while it lives.
@@ -102,6 +104,7 @@ class StateCopies {
   const std::string secret_, run_id_;
   StateLinkServer server_;
   std::vector<int> area_rank_;  // the rank whose state each area holds; the thread's
+  int settled_round_ = -1;      // the last round settled; the thread's
 
   mutable std::mutex mu_;
   std::condition_variable wake_;

@@ -388,8 +388,10 @@ def _save(area, step, obj):
         raise StateTooLarge(needed, area.capacity())
     found = area.committed()
     slot = 1 - found[0][2] if found else 0
-    # Never a generation used before: a persist request may name one whose save never ended.
-    gen = max(found[0][0] if found else 0, _requested(area)) + 1
+    # Never a generation used before: a persist request may name one whose save never ended, and
+    # the header's latest keeps the newest ever committed (a load drops newer states: _drop_newer).
+    (latest,) = struct.unpack_from("<Q", area.map, 24)
+    gen = max(found[0][0] if found else 0, _requested(area), latest >> 1) + 1
     with torch.no_grad():
         tensors = [(t.detach().clone() if nbytes < _SYNC_BELOW else t, offset)
                    for t, offset, nbytes in pickler.tensors]
@@ -413,7 +415,7 @@ def steps():
 # has reached every rank's buddy (_REPLICATED_AT, the newest generation whose step they all
 # hold): the area keeps that one until the next is replicated, and no save is skipped.
 _REPLY_AT, _COPIED_AT, _REQUEST_AT, _REQUEST_PATH_AT, _REQUEST_PATH_BYTES = 1024, 1536, 2048, 2072, 2000
-_REPLICATED_AT, _COPIES_AT = 1544, 1552
+_REPLICATED_AT, _COPIES_AT, _HOLD_LIMIT_AT = 1544, 1552, 1560
 _REPLY = struct.Struct("<QqiI")  # request number answered, step written, errno (0: written), message bytes
 _REQUEST = struct.Struct("<QQII")  # request number, generation, path bytes, 0
 _last_gen = 0  # the generation of this process's last save (its copy may still run)
@@ -454,17 +456,20 @@ def _wait_unpinned(area, slot):
     # not take the wait (the next optimizer step's, the other ranks' in a collective) for a hang.
     saving = getattr(sys.modules.get("sitecustomize"), "_Saving", None)
     with saving() if saving else _Nothing():
-        end = time.monotonic() + _PIN_WAIT_S
         pins = _pinned(area, gen)
+        # The copies' hold lasts as long as the agent's own bound (its node's state at its pace).
+        (hold,) = struct.unpack_from("<Q", area.map, _HOLD_LIMIT_AT)
+        limit = max(_PIN_WAIT_S, hold) if "copies" in pins else _PIN_WAIT_S
+        end = time.monotonic() + limit
         while pins:
             if time.monotonic() > end:
-                print(_pin_message(pins, step), file=sys.stderr)
+                print(_pin_message(pins, step, limit), file=sys.stderr)
                 return
             time.sleep(0.002)
             pins = _pinned(area, gen)
 
 
-def _pin_message(pins, step):
+def _pin_message(pins, step, limit=None):
     """Why a save goes on over the state of `step` while `pins` (_pinned()) still hold it back, and
     what that costs."""
     why = {"persist": "the agent has not copied the state asked to persist",
@@ -473,7 +478,7 @@ def _pin_message(pins, step):
     if "copies" in pins:
         cost.append("if a node is lost now, its ranks' state may be lost with it")
     over = f" of step {step}" if step is not None else ""
-    return (f"ddprun.state: {' and '.join(why[p] for p in pins)} in {_PIN_WAIT_S:g} s; saving over the state{over} "
+    return (f"ddprun.state: {' and '.join(why[p] for p in pins)} in {limit or _PIN_WAIT_S:g} s; saving over the state{over} "
             f"({'; '.join(cost)})")
 
 
@@ -624,7 +629,20 @@ def _load(area, verify, where):
         return None
     if area is _area:
         area.loaded.setdefault(slot, []).append((private, refs, _PAGE + _align(skel) + data))
+        _drop_newer(area, held, step, _gen, slot)
     return step, obj
+
+
+def _drop_newer(area, held, step, gen, slot):
+    """The states newer than the agreed `step` are of a course the job abandoned: uncommitted, so
+    that the next save writes over one of them, never over the agreed one, and no later agreement
+    takes one for the step it names. The header's latest names the agreed slot with the newest
+    generation ever committed: generations are never used twice (the agent's copies count them)."""
+    newer = [(g, s) for g, st, s in held if st > step]
+    for _g, s in newer:
+        struct.pack_into("<Q", area.map, area.offset(s), 0)
+    if newer:
+        struct.pack_into("<Q", area.map, 24, max(g for g, _s in newer) << 1 | slot)
 
 
 class _Unpickler(pickle.Unpickler):

@@ -12,6 +12,8 @@
 //                    holds (written by the agent)
 //     at 1552, u64 copies: 1 while the agent copies this area's saves to a buddy node (written by
 //                    the agent)
+//     at 1560, u64 hold limit: the seconds a save waits for the copies at most before it goes on
+//                    (the agent's own give-up, with a margin; 0: 60)
 //     at 2048, the worker's persist request: u64 request number (odd while it is written, the
 //                    next even number once whole), u64 the generation to persist, u32 path
 //                    bytes, u32 0, the absolute path
@@ -47,7 +49,7 @@ constexpr char kAreaMagic[8] = {'D', 'D', 'P', 'R', 'U', 'N', 'S', 'T'};
 constexpr std::uint32_t kVersion = 1, kSlots = 2;
 constexpr std::size_t kHeaderBytes = 32, kSlotHeaderBytes = 52, kAlign = 64;
 constexpr std::size_t kReplyAt = 1024, kReplyMessageBytes = 480, kCopiedAt = 1536, kRequestAt = 2048;
-constexpr std::size_t kReplicatedAt = 1544, kCopiesAt = 1552;
+constexpr std::size_t kReplicatedAt = 1544, kCopiesAt = 1552, kHoldLimitAt = 1560;
 constexpr std::size_t kRequestPathAt = kRequestAt + 24, kRequestPathBytes = 2000;
 
 inline std::size_t page() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }

@@ -78,6 +78,7 @@ class MemoryState {
   static std::optional<Loaded> load(ProcessGroup& group, const std::string& path);
 
  private:
+  void drop_newer(std::int64_t agreed);  // the states newer than the agreed one uncommitted
   void write_slot(std::int64_t step, int slot, std::uint64_t gen, const std::string& skeleton, std::uint64_t data,
                   const std::vector<StateBuffer>& buffers);
 
