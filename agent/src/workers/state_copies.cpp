@@ -301,6 +301,10 @@ void StateCopies::settle(Round& r) {
   // An area keeps its state where this node ran the same rank in the round before; else (its
   // rank moved, or this node sat the last round out) the newest holder's is fetched.
   const bool continued = settled_round_ == info.round - 1;
+  // A node that ran the last round and has seen no state in the job (none saved, copied or kept
+  // here) has nothing to look for: its restart does not wait for the others' word.
+  if (!server_.ranks().empty()) seen_state_ = true;
+  for (int i = 0; i < areas_.ranks() && !seen_state_; ++i) seen_state_ = holds_state(areas_.fd(i), slot_bytes);
   std::vector<int> need;  // local ranks whose state is elsewhere
   for (int i = 0; i < areas_.ranks(); ++i) {
     const int rank = info.rank_offset + i, had = area_rank_[static_cast<std::size_t>(i)];
@@ -317,7 +321,7 @@ void StateCopies::settle(Round& r) {
     }
     clear_area(fd, slot_bytes);
     area_rank_[static_cast<std::size_t>(i)] = rank;
-    if (info.round > 0) need.push_back(i);  // a rank of a running job: its state may be elsewhere
+    if (info.round > 0 && (seen_state_ || !continued)) need.push_back(i);  // its state may be elsewhere
   }
   // Where this node serves copies from, for every rank it holds one of (the newest holder of a
   // rank wins the key: a compare-and-set of "round step host:port"); where its buddy sends to.
@@ -391,40 +395,48 @@ bool StateCopies::wait_all(Round& r, rendezvous::TcpStore& store) {
 void StateCopies::fetch(Round& r, rendezvous::TcpStore& store, int local_rank, std::uint64_t slot_bytes) {
   const auto& info = r.info;
   const int rank = info.rank_offset + local_rank;
-  const std::string key = r.at(fmt::format("at/{}", rank));
-  const auto holder = store.check({key}) ? Holder::parse(store.get(key)) : std::nullopt;
-  if (!holder) {
+  // The holder of the newest, then any other that said so (where the newest is lost meanwhile).
+  std::vector<Holder> holders;
+  for (const char* which : {"at", "alt"}) {
+    const std::string key = r.at(fmt::format("{}/{}", which, rank));
+    auto h = store.check({key}) ? Holder::parse(store.get(key)) : std::nullopt;
+    if (h && (holders.empty() || holders[0].address != h->address)) holders.push_back(*h);
+  }
+  if (holders.empty()) {
     spdlog::warn("ddprun: round {}: no node holds rank {}'s in-memory state (its node and the buddy that kept a copy "
                  "were lost together, or it never saved): it starts without it, and ddprun.state.load() returns "
                  "None on every rank; resume from your disk checkpoint",
                  info.round, rank);
     return;
   }
-  try {
-    std::vector<StateImage> images;
-    std::string from = holder->address;
-    if (holder->address == fmt::format("{}:{}", host_, server_.port())) {
-      images = server_.images(rank);
-      from = "this node";
-    } else {
-      const auto [host, port] = address(holder->address);
-      images = StateLinkClient(host, port, r.key).get(rank, slot_bytes);
+  std::string failures;
+  for (const auto& holder : holders) {
+    try {
+      std::vector<StateImage> images;
+      std::string from = holder.address;
+      if (holder.address == fmt::format("{}:{}", host_, server_.port())) {
+        images = server_.images(rank);
+        from = "this node";
+      } else {
+        const auto [host, port] = address(holder.address);
+        images = StateLinkClient(host, port, r.key).get(rank, slot_bytes);
+      }
+      if (images.empty()) throw Error("it holds none any more");
+      write_images(areas_.fd(local_rank), slot_bytes, images);
+      seen_state_ = true;
+      spdlog::info("ddprun: round {}: rank {}'s in-memory state (step{} {}) taken from {}", info.round, rank,
+                   images.size() > 1 ? "s" : "",
+                   images.size() > 1 ? fmt::format("{} and {}", images[0].step, images[1].step)
+                                     : std::to_string(images[0].step),
+                   from);
+      return;
+    } catch (const std::exception& e) {
+      failures += fmt::format("{}{}: {}", failures.empty() ? "" : "; ", holder.address, e.what());
     }
-    if (images.empty()) throw Error("it holds none any more");
-    const auto got = std::chrono::steady_clock::now();
-    write_images(areas_.fd(local_rank), slot_bytes, images);
-    spdlog::debug("ddprun: rank {}: its state written into the area in {:.2f} s", rank,
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - got).count());
-    spdlog::info("ddprun: round {}: rank {}'s in-memory state (step{} {}) taken from {}", info.round, rank,
-                 images.size() > 1 ? "s" : "",
-                 images.size() > 1 ? fmt::format("{} and {}", images[0].step, images[1].step)
-                                   : std::to_string(images[0].step),
-                 from);
-  } catch (const std::exception& e) {
-    spdlog::warn("ddprun: round {}: rank {}'s in-memory state could not be taken from {} ({}); it starts without "
-                 "it, and ddprun.state.load() returns None on every rank",
-                 info.round, rank, holder->address, e.what());
   }
+  spdlog::warn("ddprun: round {}: rank {}'s in-memory state could not be taken from the nodes that hold it ({}); it "
+               "starts without it, and ddprun.state.load() returns None on every rank",
+               info.round, rank, failures);
 }
 
 // ---- sending: each new committed state to the buddy ---------------------------------------------
@@ -580,6 +592,7 @@ void StateCopies::pass(Sending& s) {
                    h.step);
       continue;
     }
+    seen_state_ = true;
     s.pending[u] = Sending::Pending{gen, at, h.step, std::chrono::steady_clock::now()};
     count(u);
   }

@@ -4,21 +4,24 @@
 // next group rank, which keeps the two newest of each rank (workers/state_link.hpp). A step
 // counts as replicated once the buddies of every rank of the job hold it: each agent adds its
 // ranks' acknowledgements to ddprun/state/R/step/S in the round's workers' store, and the one
-// that completes the count sets ddprun/state/R/done/S. Until then the area keeps the last
-// replicated step: its generation is pinned at kReplicatedAt (and the one being sent at
-// kSendingAt), so a save that would write over it waits. Every survivor and every buddy then
-// holds the last replicated step, and ddprun.state.load() agrees on it when a node is lost.
+// that completes the count sets ddprun/state/R/done/S; the agent then writes the area's newest
+// generation at kReplicatedAt. While copies are on (kCopiesAt), every save first waits until the
+// area's newest state is replicated (state_layout.hpp: copies_hold()), at most the hold limit
+// (kHoldLimitAt, this side's own bound and a margin). So every survivor and every buddy holds the
+// last replicated step, every rank sends every save, and ddprun.state.load() agrees on that step
+// when a node is lost.
 //
 // State follows the rank. Before a round's workers start, each agent compares the rank each of
 // its areas holds with the rank it now has: an area whose rank moved (group ranks follow the
-// arrival order) is kept as a copy (served to the node that now has that rank) and emptied; every
-// agent publishes where it can serve each rank from; an agent whose area lacks its rank's state
-// waits until every member has published, then fetches it (the rank's old node, or its buddy)
-// into the area. A rank whose node and buddy were both lost starts without state, and
-// ddprun.state.load() says so on every rank.
+// arrival order), or any area of a node that sat the last round out, is kept aside as a copy
+// (served to the node that now has that rank) and emptied; every agent publishes which ranks it
+// holds (the newest holder of each, and another); an agent whose area lacks its rank's state
+// waits until every member has published, then fetches it into the area. A rank whose node and
+// buddy were both lost starts without state, and ddprun.state.load() says so on every rank.
 //
-// One thread, started by the first round of several nodes, prepares each round and then sends;
-// the server of copies runs on a second. A single-node job starts neither.
+// One thread, started by the first round of a multi-node job, prepares each round and then
+// sends; the server of copies runs on a second (and one a connection). A single-node job starts
+// none.
 
 #include <atomic>
 #include <chrono>
@@ -105,6 +108,7 @@ class StateCopies {
   StateLinkServer server_;
   std::vector<int> area_rank_;  // the rank whose state each area holds; the thread's
   int settled_round_ = -1;      // the last round settled; the thread's
+  bool seen_state_ = false;     // this node has held, sent or fetched state in this job; the thread's
 
   mutable std::mutex mu_;
   std::condition_variable wake_;
