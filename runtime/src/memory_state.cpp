@@ -390,17 +390,22 @@ std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group) {
 // count them).
 void MemoryState::drop_newer(std::int64_t agreed) {
   int keep = -1;
-  std::uint64_t newest = 0;
+  std::uint64_t keep_gen = 0, newest = header(map_).latest >> 1;
   for (const auto& [gen, step, slot] : committed(map_, slot_bytes_)) {
-    if (step == agreed && keep < 0) keep = slot;
+    if (step == agreed && keep < 0) {
+      keep = slot;
+      keep_gen = gen;
+    }
   }
   if (keep < 0) return;
+  bool dropped = false;
   for (const auto& [gen, step, slot] : committed(map_, slot_bytes_)) {
-    if (step <= agreed) continue;
+    if (gen <= keep_gen) continue;  // newer by generation: whatever step it names
     newest = std::max(newest, gen);
+    dropped = true;
     write_at<std::uint64_t>(map_ + page() + static_cast<std::size_t>(slot) * slot_bytes_, 0);
   }
-  if (newest) write_at<std::uint64_t>(map_ + 24, newest << 1 | static_cast<std::uint64_t>(keep));
+  if (dropped) write_at<std::uint64_t>(map_ + 24, std::max(newest, keep_gen) << 1 | static_cast<std::uint64_t>(keep));
 }
 
 std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group, const std::string& path) {

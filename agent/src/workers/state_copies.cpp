@@ -283,19 +283,28 @@ void StateCopies::settle(Round& r) {
   struct Arm {
     StateCopies& self;
     const rounds::RoundInfo& info;
+    bool complete = false;  // every area's state in place (else the next round looks again)
     ~Arm() {
       const bool copies = info.group_world > 1 && self.bytes_per_s_ > 0;
-      const auto limit = static_cast<std::uint64_t>(std::chrono::duration<double>(self.give_up()).count()) + 30;
-      for (int i = 0; i < self.areas_.ranks(); ++i) {
-        try {
+      try {
+        const auto limit = static_cast<std::uint64_t>(std::chrono::duration<double>(self.give_up()).count()) + 30;
+        const auto slot_bytes = sl::area_slot_bytes(self.areas_.bytes_per_rank());
+        for (int i = 0; i < self.areas_.ranks(); ++i) {
           const int fd = self.areas_.fd(i);
-          put_u64(fd, sl::kReplicatedAt, get_u64(fd, 24) >> 1);
+          // The newest generation the area holds or held (a worker killed between a slot's commit
+          // and the header's latest leaves the latter behind).
+          std::uint64_t newest = get_u64(fd, 24) >> 1;
+          for (std::uint32_t k = 0; k < sl::kSlots; ++k) {
+            const std::uint64_t at = sl::page() + k * slot_bytes;
+            if (get_u64(fd, at) != 0) newest = std::max(newest, get_u64(fd, at + 8));
+          }
+          put_u64(fd, sl::kReplicatedAt, newest);
           put_u64(fd, sl::kHoldLimitAt, limit);
           put_u64(fd, sl::kCopiesAt, copies ? 1 : 0);
-        } catch (const std::exception&) {
         }
+      } catch (const std::exception&) {
       }
-      self.settled_round_ = info.round;
+      self.settled_round_ = complete ? info.round : -1;
     }
   } arm{*this, info};
   // An area keeps its state where this node ran the same rank in the round before; else (its
@@ -345,7 +354,9 @@ void StateCopies::settle(Round& r) {
   const double kept_s = since();
   if (!need.empty() && !wait_all(r, store)) return;
   const double waited_s = since();
-  for (int i : need) fetch(r, store, i, slot_bytes);
+  bool fetched_all = true;
+  for (int i : need) fetched_all = fetch(r, store, i, slot_bytes) && fetched_all;
+  arm.complete = fetched_all;
   if (!need.empty()) {
     spdlog::info("ddprun: round {}: the ranks' state in place in {:.2f} s (kept aside {:.2f} s, the others' "
                  "word {:.2f} s, fetched {:.2f} s)",
@@ -392,7 +403,7 @@ bool StateCopies::wait_all(Round& r, rendezvous::TcpStore& store) {
   }
 }
 
-void StateCopies::fetch(Round& r, rendezvous::TcpStore& store, int local_rank, std::uint64_t slot_bytes) {
+bool StateCopies::fetch(Round& r, rendezvous::TcpStore& store, int local_rank, std::uint64_t slot_bytes) {
   const auto& info = r.info;
   const int rank = info.rank_offset + local_rank;
   // The holder of the newest, then any other that said so (where the newest is lost meanwhile).
@@ -407,7 +418,7 @@ void StateCopies::fetch(Round& r, rendezvous::TcpStore& store, int local_rank, s
                  "were lost together, or it never saved): it starts without it, and ddprun.state.load() returns "
                  "None on every rank; resume from your disk checkpoint",
                  info.round, rank);
-    return;
+    return true;  // nowhere to look again
   }
   std::string failures;
   for (const auto& holder : holders) {
@@ -429,7 +440,7 @@ void StateCopies::fetch(Round& r, rendezvous::TcpStore& store, int local_rank, s
                    images.size() > 1 ? fmt::format("{} and {}", images[0].step, images[1].step)
                                      : std::to_string(images[0].step),
                    from);
-      return;
+      return true;
     } catch (const std::exception& e) {
       failures += fmt::format("{}{}: {}", failures.empty() ? "" : "; ", holder.address, e.what());
     }
@@ -437,6 +448,7 @@ void StateCopies::fetch(Round& r, rendezvous::TcpStore& store, int local_rank, s
   spdlog::warn("ddprun: round {}: rank {}'s in-memory state could not be taken from the nodes that hold it ({}); it "
                "starts without it, and ddprun.state.load() returns None on every rank",
                info.round, rank, failures);
+  return false;
 }
 
 // ---- sending: each new committed state to the buddy ---------------------------------------------

@@ -72,7 +72,8 @@ class StateCopies {
   void settle(Round& r);  // the state of each area put in place for its rank
   // Until every member has published what it holds; false: the round is over first.
   bool wait_all(Round& r, rendezvous::TcpStore& store);
-  void fetch(Round& r, rendezvous::TcpStore& store, int local_rank, std::uint64_t slot_bytes);
+  // True where the rank's state is in place, or no node holds it; false where a holder failed.
+  bool fetch(Round& r, rendezvous::TcpStore& store, int local_rank, std::uint64_t slot_bytes);
   // What the copies of a round have done so far (send()'s, across the passes it retries).
   struct Sending {
     struct Pending {

@@ -638,11 +638,12 @@ def _drop_newer(area, held, step, gen, slot):
     that the next save writes over one of them, never over the agreed one, and no later agreement
     takes one for the step it names. The header's latest names the agreed slot with the newest
     generation ever committed: generations are never used twice (the agent's copies count them)."""
-    newer = [(g, s) for g, st, s in held if st > step]
+    newer = [(g, s) for g, _st, s in held if g > gen]  # newer by generation, whatever step it names
     for _g, s in newer:
         struct.pack_into("<Q", area.map, area.offset(s), 0)
     if newer:
-        struct.pack_into("<Q", area.map, 24, max(g for g, _s in newer) << 1 | slot)
+        (latest,) = struct.unpack_from("<Q", area.map, 24)
+        struct.pack_into("<Q", area.map, 24, max([latest >> 1, gen] + [g for g, _s in newer]) << 1 | slot)
 
 
 class _Unpickler(pickle.Unpickler):
