@@ -24,7 +24,7 @@ source "$here/hosts.sh"
 hosts_up 3
 case $mode in
   fast) steps=40 mb=${STATE_MB:-16} rate=1G kill_at=8 ;;
-  slow) steps=10 mb=8 rate=24M kill_at=4 ;;
+  slow) steps=8 mb=8 rate=24M kill_at=4 ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
 
