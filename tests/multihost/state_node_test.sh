@@ -43,6 +43,13 @@ wait_line "$out/a1.out" 'SAVED 2 ' 90 || give_up "h1 and h2 never trained togeth
 start_agent a3 3
 wait_line "$out/a3.err" 'this node waits for a place' 30 || give_up "h3 did not wait for a place"
 wait_line "$out/a2.out" "SAVED $kill_at " 60 || give_up "h2's ranks never saved step $kill_at"
+# The copies' marks in the workers' store: the agents delete each step's once a later one is
+# replicated (they were two keys a step for the whole round). From step 3 on, the ranks of h1
+# count those of steps before step - 2 still there.
+stale=$(sed -n 's/.*SAVED \([3-9]\|[1-9][0-9]\+\) .* stale=\([0-9]*\).*/\1 \2/p' "$out/a1.out")
+[ "$(echo "$stale" | grep -c .)" -ge 2 ] && [ -z "$(echo "$stale" | awk '$2 != 0')" ] &&
+  ok "no step's copy marks are left in the workers' store once a later step is replicated" ||
+  bad "the copies' marks of old steps stay in the workers' store (step, stale marks: $(echo $stale))"
 # The memory the agent of h1 holds (its areas are memfds, counted apart; this is the buddy's copies).
 agent_rss=$(ip netns pids "ns-$id-h1" | xargs -r ps -o rss=,comm= -p | awk '$2 == "ddprun" {print int($1 / 1024)}' | head -1)
 killed=$(date +%s.%N)

@@ -18,7 +18,8 @@ position). STATE_MODE says what else it does:
 
 It prints "RESUMED <step> steps=<the steps this rank held before load()>" (the step loaded), "FINAL <sha256 of the parameters>", "STALL <s>".
 STATE_MB: the size of the extra state tensor (MB). STATE_PAUSE: seconds to wait after each save,
-having printed "SAVED <step> rank=R host=H t=<time>" (a job slow enough to be lost midway)."""
+having printed "SAVED <step> rank=R host=H t=<time> stale=<n>" (a job slow enough to be lost
+midway; n: the copies' marks of steps before step - 2 still in the workers' store)."""
 import hashlib
 import os
 import random
@@ -73,6 +74,27 @@ if found is not None:
           f"host={socket.gethostname()}", flush=True)
 
 
+MARKS = None  # the workers' store, where the agents count each step's copies
+
+
+def stale_marks(step):
+    """How many of the copies' marks ("ddprun/state/ROUND/step/S" and ".../done/S", ROUND the one
+    whose "ddprun/state/ROUND/published" exists) of steps before step - 2 are still in the workers'
+    store: the agents delete them once a later step is replicated. 0 where there are no copies."""
+    global MARKS
+    if MARKS is None:
+        MARKS = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              wait_for_workers=False)
+    # compare_set with an expected value no key holds: the key's value where it exists, else that
+    # value back, nothing set (TCPStore has no check() in PyTorch 1.13)
+    def exists(key):
+        return MARKS.compare_set(key, "?", "?") != b"?"
+
+    rounds = [r for r in range(64) if exists(f"ddprun/state/{r}/published")]
+    return sum(exists(f"ddprun/state/{r}/{what}/{s}") for r in rounds for what in ("step", "done")
+               for s in range(0, step - 2))
+
+
 def hash_params():
     h = hashlib.sha256()
     for k, v in sorted(model.state_dict().items()):
@@ -99,7 +121,8 @@ for step in range(start, STEPS):
             print(f"CAUGHT {type(e).__name__}: {e}", flush=True)
     ddprun.state.save(step, state)
     if PAUSE:
-        print(f"SAVED {step} rank={rank} host={socket.gethostname()} t={time.time():.3f}", flush=True)
+        print(f"SAVED {step} rank={rank} host={socket.gethostname()} t={time.time():.3f} stale={stale_marks(step)}",
+              flush=True)
         time.sleep(PAUSE)
     if MODE == "crash" and attempt == 0 and step == CRASH:
         ddprun.state.wait()

@@ -56,6 +56,31 @@ std::uint64_t get_u64(int fd, std::uint64_t at) {
   return sl::read_at<std::uint64_t>(b);
 }
 
+// Every rank's buddy holds `step`: it is marked done. Its count is read no more, nor is an older
+// step's mark: an agent counts a rank's newer step only once its older one is done or written
+// over, so once every rank counted `step`, no agent waits for an older one. Both are deleted: the
+// workers' store holds a few of these keys however long the job runs, not two a step.
+void mark_done(rendezvous::TcpStore& store, const std::string& prefix, std::int64_t step) {
+  const auto done = [&](std::int64_t s) { return fmt::format("{}done/{}", prefix, s); };
+  store.set(done(step), "1");
+  store.delete_key(fmt::format("{}step/{}", prefix, step));
+  const std::string key = prefix + "done", mine = std::to_string(step);
+  std::string current;  // the newest step done before this one ("": none), raised to this one
+  for (int tries = 0; tries < 8; ++tries) {
+    const auto newest = parse_int(current);
+    if (newest && *newest >= step) {
+      if (*newest > step) store.delete_key(done(step));  // a newer step was done first
+      return;
+    }
+    const std::string now = store.compare_set(key, current, mine);
+    if (now == mine) {
+      if (newest) store.delete_key(done(*newest));
+      return;
+    }
+    current = now;
+  }
+}
+
 // "host:port" split at its last colon (an IPv6 literal keeps its own).
 std::pair<std::string, std::uint16_t> address(const std::string& a) {
   const auto colon = a.rfind(':');
@@ -566,7 +591,7 @@ void StateCopies::pass(Sending& s) {
     s.added[u] = p.step;
     spdlog::debug("ddprun: round {}: rank {}'s state of step {} (generation {}) sent to {}; {} of {} ranks", round,
                   info.rank_offset + static_cast<int>(u), p.step, p.gen, r.buddy, total, info.world_size);
-    if (total == info.world_size) store.set(r.at(fmt::format("done/{}", p.step)), "1");
+    if (total == info.world_size) mark_done(store, r.prefix, p.step);
   };
   bool busy = false;
   std::vector<unsigned char> head(page);
