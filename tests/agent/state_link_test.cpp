@@ -1,5 +1,7 @@
 // StateLinkServer and StateLinkClient (workers/state_link.hpp): the copies of a rank's committed
 // state between agents, behind the round's copy key.
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -7,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ddprun/common/error.hpp"
@@ -44,6 +47,16 @@ std::uint64_t save(int fd, std::uint64_t gen, std::int64_t step, unsigned char f
 
 std::atomic<bool> no_stop{false};
 
+int connect_to(std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return fd;
+}
+
 bool put(StateLinkServer& server, const std::string& key, int rank, int fd, std::uint64_t bytes, bool intact = true) {
   StateLinkClient c("127.0.0.1", server.port(), key);
   return c.put(rank, fd, kPage, bytes, 0, no_stop, [&] { return intact; });
@@ -70,6 +83,9 @@ TEST_CASE("state link: a put is kept whole and got back, the two newest of a ran
   CHECK(images[1].data[kPage] == 3);
   CHECK(images[1].data[kPage + 1063] == 3);
   CHECK(StateLinkClient("127.0.0.1", server.port(), "the round's key").get(6, 1 << 20).empty());
+  // An image larger than the asker's slot is refused before it is read (a peer cannot make it allocate).
+  CHECK_THROWS_WITH(StateLinkClient("127.0.0.1", server.port(), "the round's key").get(5, kPage + 1000),
+                    Catch::Contains("over this node's slot"));
   CHECK(server.ranks() == std::vector<int>{5});
 }
 
@@ -104,4 +120,44 @@ TEST_CASE("state link: an image the sender found written over, a malformed one, 
   CHECK(server.held_bytes() == kPage + 1064);
   server.drop_before(1);
   CHECK(server.ranks().empty());
+}
+
+TEST_CASE("state link: clients that dribble their handshake, more than the server serves, hold it 2 s at most",
+          "[state]") {
+  using namespace std::chrono_literals;
+  StateAreas area(1, 4 << 20);
+  StateLinkServer server(1 << 20);
+  server.start();
+  server.set_key("k");
+  const auto bytes = save(area.fd(0), 1, 1, 1);
+  // 12 connections (the server serves 8 at once), each sending its handshake a byte each 200 ms:
+  // every read gets a byte well within 2 s, the handshake's 68 bytes would take 14 s.
+  std::vector<int> fds;
+  for (int i = 0; i < 12; ++i) fds.push_back(connect_to(server.port()));
+  std::atomic<bool> stop{false};
+  std::thread dribbler([&] {
+    for (int t = 0; t < 100 && !stop; ++t) {
+      for (int fd : fds) (void)!::send(fd, t < 4 ? "DDPS" + t : "x", 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(200ms);
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  bool kept = false;
+  int refused = 0;
+  while (!kept && std::chrono::steady_clock::now() - t0 < 15s) {
+    try {
+      kept = put(server, "k", 0, area.fd(0), bytes);
+    } catch (const ddprun::Error&) {  // no place yet: the server closed the connection
+      ++refused;
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+  stop = true;
+  dribbler.join();
+  for (int fd : fds) ::close(fd);
+  INFO("the put was kept after " << took.count() << " s, " << refused << " tries refused");
+  CHECK(kept);
+  CHECK(refused > 0);  // the dribblers did hold every place first
+  CHECK(took.count() < 5.0);
 }

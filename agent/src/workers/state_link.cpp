@@ -51,9 +51,17 @@ void send_all(int fd, const void* p, std::size_t n) {
   }
 }
 
-void recv_all(int fd, void* p, std::size_t n) {
+using Deadline = std::optional<std::chrono::steady_clock::time_point>;
+
+// `deadline`: for the whole of it, not each read (a peer dribbling a byte a second holds no place long).
+void recv_all(int fd, void* p, std::size_t n, Deadline deadline = std::nullopt) {
   auto* c = static_cast<unsigned char*>(p);
   while (n > 0) {
+    if (deadline) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) link_fail("receiving", ETIMEDOUT);
+      set_timeouts(fd, static_cast<int>(left.count()));
+    }
     const ssize_t r = ::recv(fd, c, n, 0);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) link_fail("receiving", errno == EAGAIN ? ETIMEDOUT : errno);
@@ -74,9 +82,9 @@ T recv_value(int fd) {
   return v;
 }
 
-std::string recv_string(int fd, std::size_t n) {
+std::string recv_string(int fd, std::size_t n, Deadline deadline = std::nullopt) {
   std::string s(n, '\0');
-  recv_all(fd, s.data(), n);
+  recv_all(fd, s.data(), n, deadline);
   return s;
 }
 
@@ -135,18 +143,20 @@ bool same(const std::string& a, const std::string& b) {
   return d == 0;
 }
 
-// The server's side of the handshake; false: the client does not know the key.
-bool server_handshake(int fd, std::string key) {
+// The server's side of the handshake, within `ms` in all; false: the client does not know the key.
+bool server_handshake(int fd, std::string key, int ms) {
+  const Deadline deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  set_timeouts(fd, ms);
   char magic[4];
-  recv_all(fd, magic, 4);
+  recv_all(fd, magic, 4, deadline);
   if (std::memcmp(magic, kMagic, 4) != 0) return false;
-  const std::string cnonce = recv_string(fd, kNonce);
+  const std::string cnonce = recv_string(fd, kNonce, deadline);
   const bool none = key.empty();  // no round yet: nobody gets in
   if (none) key = random_bytes(kNonce);
   const std::string snonce = random_bytes(kNonce);
   const std::string challenge = snonce + proof(key, "ddprun-state-server", cnonce, snonce);
   send_all(fd, challenge.data(), challenge.size());
-  const std::string theirs = recv_string(fd, kProof);
+  const std::string theirs = recv_string(fd, kProof, deadline);
   const bool ok = !none && same(theirs, proof(key, "ddprun-state-client", snonce, cnonce));
   send_value<std::uint8_t>(fd, ok ? 0 : 1);
   return ok;
@@ -299,8 +309,7 @@ void StateLinkServer::serve(int fd) {
     std::lock_guard<std::mutex> lk(mu_);
     key = key_;
   }
-  set_timeouts(fd, 2000);  // the handshake's bound: a client without the key holds no place long
-  if (!server_handshake(fd, key)) {
+  if (!server_handshake(fd, key, 2000)) {  // a client without the key holds no place long
     spdlog::warn("ddprun: refused a connection for the workers' state that did not prove this round's copy key");
     return;
   }
