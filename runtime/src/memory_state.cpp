@@ -422,7 +422,7 @@ std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group, const 
   return load_on_all(group, [&] { return load_from(file->map(), file->slot_bytes(), 1, agreed, path); });
 }
 
-std::int64_t MemoryState::persist(const std::string& path, bool blocking) {
+std::int64_t MemoryState::persist(const std::string& path, bool blocking, std::chrono::milliseconds timeout) {
   if (!map_) return -1;
   char resolved[PATH_MAX];
   std::string target = path;
@@ -453,7 +453,12 @@ std::int64_t MemoryState::persist(const std::string& path, bool blocking) {
   write_at(request, number + 2);
   if (!blocking) return -1;
   const unsigned char* reply = map_ + kReplyAt;
+  const auto until = std::chrono::steady_clock::now() + timeout;
   while (reinterpret_cast<const std::atomic<std::uint64_t>*>(reply)->load() < number + 2) {
+    if (timeout > timeout.zero() && std::chrono::steady_clock::now() > until) {
+      throw Error("ddprun state: persist: the agent had not written " + target + " after " +
+                  std::to_string(timeout.count()) + " ms (a slow or stuck file system?); it may still write it");
+    }
     ::usleep(10000);
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);

@@ -163,6 +163,22 @@ def pinned(st):
     os.pwrite(fd, struct.pack("<Q", number + 2), 1536)
     st.save(103, {"x": torch.zeros(3)}, blocking=True)
     check(st._area.committed()[0][:2] == (501, 103), f"the next save is generation 501: {st._area.committed()}")
+    # No agent answers the next request: a blocking persist with a time-out says so once it is out.
+    t0 = time.monotonic()
+    try:
+        st.persist("/tmp/never.state", blocking=True, timeout=0.2)
+        check(False, "persist(blocking=True, timeout=0.2) without an agent raised nothing")
+    except st.StateError as e:
+        check("had not written /tmp/never.state after 0.2 s" in str(e) and time.monotonic() - t0 < 5,
+              f"persist(blocking=True, timeout=0.2) without an agent: {e}")
+    (number,) = struct.unpack("<Q", os.pread(fd, 8, 2048))
+    os.pwrite(fd, struct.pack("<Q", number), 1536)  # the agent's "copied" for it
+    for bad in ({"timeout": 1}, {"blocking": True, "timeout": 0}):
+        try:
+            st.persist("/tmp/never.state", **bad)
+            check(False, f"persist({bad}) raised nothing")
+        except st.StateError as e:
+            check("needs blocking=True" in str(e), f"persist({bad}) is refused, saying what it needs: {e}")
 
 
 def whole(st):

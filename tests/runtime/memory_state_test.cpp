@@ -131,6 +131,12 @@ TEST_CASE("memory state: a save waits to write the slot a persist request pins u
   saver.join();
   CHECK(saved);
   CHECK(s.steps() == std::vector<std::int64_t>{3, 2});
+  // No agent answers the next request: a blocking persist with a time-out says so once it is out.
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(s.persist("/tmp/never.state", true, std::chrono::milliseconds(200)),
+                    Catch::Contains("had not written /tmp/never.state after 200 ms"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  put(4, 1536);  // the agent's "copied" for it
   // A request that named generation 9 (a save that never ended): the next save is generation 10.
   put(9, 2048 + 8);
   put(4, 2048);

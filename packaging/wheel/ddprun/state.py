@@ -490,14 +490,18 @@ class _Nothing:
         return False
 
 
-def persist(path, blocking=False):
+def persist(path, blocking=False, timeout=None):
     """Asks ddprun's agent to write this rank's last saved state to the file `path`, in the
     background: training goes on while the agent copies it (from the area, so the file holds
     the step of the last save() on every rank that calls it after the same step). The file is
     replaced whole or not at all; load(path) reads it back. It is what survives the loss of
     every node. blocking=True: returns the step written once the file is in place, and raises
-    StateError when it could not be written (a full disk, a missing folder); otherwise the agent
-    logs such a failure. Does nothing where there is no state."""
+    StateError when it could not be written (a full disk, a missing folder), or, with `timeout`
+    (seconds), when it is not in place by then (a stuck file system: the agent may still write
+    it); otherwise the agent logs such a failure. Does nothing where there is no state."""
+    if timeout is not None and (not blocking or not timeout > 0):
+        raise StateError(f"ddprun.state.persist: timeout={timeout!r} needs blocking=True and a number of seconds "
+                         f"over 0")
     area = _open_area()
     if area is None:
         return None
@@ -518,10 +522,14 @@ def persist(path, blocking=False):
     os.pwrite(area.fd, struct.pack("<Q", number + 2), _REQUEST_AT)
     if not blocking:
         return None
+    until = None if timeout is None else time.monotonic() + timeout
     while True:
         done, step, err, length = _REPLY.unpack(os.pread(area.fd, _REPLY.size, _REPLY_AT))
         if done >= number + 2:
             break
+        if until is not None and time.monotonic() > until:
+            raise StateError(f"ddprun.state.persist: the agent had not written {os.fsdecode(target)} after {timeout:g} s "
+                             f"(a slow or stuck file system?); it may still write it, or call persist again")
         time.sleep(0.01)
     if err:
         message = os.pread(area.fd, min(length, 480), _REPLY_AT + _REPLY.size).decode(errors="replace")

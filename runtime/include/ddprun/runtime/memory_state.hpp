@@ -11,6 +11,7 @@
 //   if (auto found = state.load(*pg)) { restore(found->buffers); start = found->step + 1; }
 //   for (step = start; ...) { train(step); state.save(step, {{"params", p.data(), p.size() * 4}}); }
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -71,8 +72,11 @@ class MemoryState {
   // Asks ddprun's agent to write this rank's latest committed state to the file `path`, in the
   // background (ddprun.state.persist): the file is replaced whole or not at all. blocking: waits
   // until it is in place and returns its step; throws ddprun::Error saying why it could not be
-  // written (a full disk, a missing folder). Returns -1 when not blocking, or without a state.
-  std::int64_t persist(const std::string& path, bool blocking = false);
+  // written (a full disk, a missing folder), or, with a `timeout` over zero, that it was not in
+  // place by then (a stuck file system: the agent may still write it). Returns -1 when not
+  // blocking, or without a state.
+  std::int64_t persist(const std::string& path, bool blocking = false,
+                       std::chrono::milliseconds timeout = std::chrono::milliseconds::zero());
   // The state in the file persist() wrote at `path` (each rank its own), as load(group) agrees
   // on it; nullopt where a rank has none. Needs no area: what survives the loss of every node.
   static std::optional<Loaded> load(ProcessGroup& group, const std::string& path);
