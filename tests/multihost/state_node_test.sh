@@ -12,7 +12,9 @@
 # MODE:
 #   fast  copies at the default pace, far quicker than a step
 #   slow  copies slower than a step (--state_copy_rate=24M, 8 MB a rank, two ranks a node): each
-#         save waits until every rank's buddy holds the one before; the same checks hold
+#         save waits until every rank's buddy holds the one before; the same checks hold. The
+#         model and optimizer are saved as replicated (each rank copies a quarter of them): the
+#         lost ranks' quarters come from the buddy too
 # Usage: state_node_test.sh DDPRUN fast|slow
 set -u
 ddprun=$1 mode=${2:-fast}
@@ -23,14 +25,14 @@ source "$here/hosts.sh"
   skip_or_fail "PyTorch is not installed (scripts/setup.sh installs python3-torch)"
 hosts_up 3
 case $mode in
-  fast) steps=40 mb=${STATE_MB:-16} rate=1G kill_at=8 ;;
-  slow) steps=8 mb=8 rate=24M kill_at=4 ;;
+  fast) steps=40 mb=${STATE_MB:-16} rate=1G kill_at=8 replicated= ;;
+  slow) steps=8 mb=8 rate=24M kill_at=4 replicated=1 ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
 
 step_s=${STEP_S:-0.1}  # the pause after each save: the rest of a step
 start_agent() {  # NAME HOST
-  start "$2" "$1" env STATE_MODE=none STATE_STEPS=$steps STATE_MB=$mb STATE_PAUSE=$step_s "$ddprun" --nnodes=2 \
+  start "$2" "$1" env STATE_MODE=none STATE_REPLICATED=$replicated STATE_STEPS=$steps STATE_MB=$mb STATE_PAUSE=$step_s "$ddprun" --nnodes=2 \
     --rdzv_backend=c10d --rdzv_endpoint=h1:29400 --rdzv_id=statenode ${STATE_LOG:+--log_level=$STATE_LOG} \
     "--rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=4" --max_restarts=3 --nproc_per_node=2 \
     --state_copy_rate=$rate /usr/bin/python3 -u "$worker"
@@ -76,6 +78,13 @@ back=$(grep -ho 'SAVED [0-9]* rank=[0-9]* host=h[0-9] t=[0-9.]*' "$out/a1.out" "
 stall=$(grep -ho 'STALL [0-9.]* saves=[0-9]*' "$out/a1.out" "$out/a3.out" |
   awk '{split($3, s, "="); t += $2; n += s[2]} END {if (n) printf "%.3f", t / n}')
 echo "  MEASURED state_mb=$mb step_s=$step_s lost_to_step_s=${back#* } ranks_back=${back% *} lag_steps=$lag resumed_at=$at stall_per_save_s=$stall agent_rss_mb=$agent_rss"
+if [ -n "$replicated" ]; then  # each of the 4 ranks saved its state, and a quarter of the replicated part
+  sizes=$(grep -ho 'STALL .* bytes=[0-9]* model_and_optimizer=[0-9]*' "$out/a1.out" "$out/a3.out" | sed 's/.*bytes=\([0-9]*\) model_and_optimizer=\([0-9]*\)/\1 \2/')
+  [ "$(echo "$sizes" | grep -c .)" -eq 4 ] &&
+    [ -z "$(echo "$sizes" | awk -v mb=$mb '$1 > mb * 1048576 + $2 / 4 + 65536')" ] &&
+    ok "each rank's save held its own state and a quarter of the model and optimizer (bytes, theirs: $(echo $sizes))" ||
+    bad "the saves did not share the replicated part out (bytes, the model and optimizer's: $(echo $sizes))"
+fi
 grep -h "in-memory state (step" "$out/a1.err" "$out/a3.err" | sed 's/^.*ddprun: /  /'
 [ "$(grep -h "in-memory state (step" "$out/a1.err" "$out/a3.err" | grep -c 'taken from')" -ge 2 ] &&
   ok "the ranks that moved took their state from the node that held it" || bad "no rank took its state from another node"
@@ -83,7 +92,7 @@ grep -h "in-memory state (step" "$out/a1.err" "$out/a3.err" | sed 's/^.*ddprun: 
 # restarted after its save of step $at (a worker's crash), resuming there from its own state.
 # (Not an uninterrupted run: DDP's first step after any restart sums the gradients of 4 ranks in
 # its first bucket order, not the rebuilt one, which rounds differently.)
-on 3 env STATE_MODE=crash STATE_CRASH_STEP="$at" STATE_STEPS=$steps STATE_MB=$mb "$ddprun" --nproc_per_node=4 \
+on 3 env STATE_MODE=crash STATE_REPLICATED=$replicated STATE_CRASH_STEP="$at" STATE_STEPS=$steps STATE_MB=$mb "$ddprun" --nproc_per_node=4 \
   --max_restarts=1 /usr/bin/python3 -u "$worker" >"$out/ref.out" 2>"$out/ref.err"
 ref=$(grep -o 'FINAL [0-9a-f]*' "$out/ref.out" | sort -u)
 finals=$(grep -ho 'FINAL [0-9a-f]*' "$out/a1.out" "$out/a3.out")

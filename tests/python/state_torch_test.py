@@ -53,13 +53,22 @@ def resume(path):
             if len(ready) == 2:
                 open(go, "w").close()
 
-    for warm in ("1", "0"):
-        env = {"STATE_MODE": "crash", "STATE_CRASH_STEP": "4", "STATE_GO": go if warm == "1" else None}
+    plain_bytes = {m.group(1): int(m.group(2)) for m in found(plain, r"\[default(\d)\]:STALL .* bytes=(\d+)")}
+    for warm, replicated in (("1", ""), ("0", ""), ("0", "1")):
+        env = {"STATE_MODE": "crash", "STATE_CRASH_STEP": "4", "STATE_GO": go if warm == "1" else None,
+               "STATE_REPLICATED": replicated or None}
         try:
             rc, lines = ddprun(path, 2, env, ["--warm_spares", warm], on_line=on_line)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        what = "warm" if warm == "1" else "cold"
+        what = ("warm" if warm == "1" else "cold") + (", the model and optimizer saved as replicated" if replicated else "")
+        if replicated:
+            # Each rank copies half of the model's and the optimizer's bytes (to within 64-byte bounds).
+            sizes = {m.group(1): (int(m.group(2)), int(m.group(3)))
+                     for m in found(lines, r"\[default(\d)\]:STALL .* bytes=(\d+) model_and_optimizer=(\d+)")}
+            check(len(sizes) == 2 and all(abs(plain_bytes.get(r, 0) - b - shared / 2) < 4096
+                                          for r, (b, shared) in sizes.items()),
+                  f"{what}: each rank's save holds half of the replicated bytes: {sizes} vs {plain_bytes} unshared")
         ok = rc == 0
         check(ok, f"{what}: the job with rank 1 lost after step 4 ends (rc {rc})")
         resumed = found(lines, r"\[default(\d)\]:RESUMED (\d+) steps=\[(.*)\] extra=([\d.]+)")

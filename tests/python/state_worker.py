@@ -16,7 +16,9 @@ position). STATE_MODE says what else it does:
   persist_full persists after step 0 and 1 with blocking=True (STATE_DIR a small file system:
                the second fails), then loads the file back
 
-It prints "RESUMED <step> steps=<the steps this rank held before load()>" (the step loaded), "FINAL <sha256 of the parameters>", "STALL <s>".
+It prints "RESUMED <step> steps=<the steps this rank held before load()>" (the step loaded), "FINAL <sha256 of the parameters>",
+"STALL <s> ... bytes=<the last save's bytes> model_and_optimizer=<their tensors' bytes>".
+STATE_REPLICATED=1: the model and the optimizer are saved as replicated (save(..., replicated=)).
 STATE_MB: the size of the extra state tensor (MB). STATE_PAUSE: seconds to wait after each save,
 having printed "SAVED <step> rank=R host=H t=<time> stale=<n>" (a job slow enough to be lost
 midway; n: the copies' marks of steps before step - 2 still in the workers' store)."""
@@ -36,6 +38,9 @@ STEPS = int(os.environ.get("STATE_STEPS", "8"))
 CRASH = int(os.environ.get("STATE_CRASH_STEP", "4"))
 PAUSE = float(os.environ.get("STATE_PAUSE", "0"))
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+# STATE_REPLICATED=1: the model and the optimizer (alike on every rank under DDP) are saved as
+# replicated, each rank copying its share; the RNG states, the data's position and `extra` per rank.
+REPLICATED = ("model", "optimizer") if os.environ.get("STATE_REPLICATED") == "1" else ()
 if MODE == "mid_copy" and attempt == 0:
     os.environ["DDPRUN_STATE_TEST_KILL_AT_STEP"] = str(CRASH)
 
@@ -119,7 +124,7 @@ for step in range(start, STEPS):
             print("NOT RAISED", flush=True)
         except ddprun.state.StateTooLarge as e:
             print(f"CAUGHT {type(e).__name__}: {e}", flush=True)
-    ddprun.state.save(step, state)
+    ddprun.state.save(step, state, replicated=REPLICATED)
     if PAUSE:
         print(f"SAVED {step} rank={rank} host={socket.gethostname()} t={time.time():.3f} stale={stale_marks(step)}",
               flush=True)
@@ -153,5 +158,8 @@ for step in range(start, STEPS):
 ddprun.state.wait()
 print(f"FINAL {hash_params()}", flush=True)
 s = ddprun.state.stats()
-print(f"STALL {s['stall_s']:.4f} saves={s['saves']} copy={s['copy_s']:.4f}", flush=True)
+shared = sum(t.numel() * t.element_size() for t in list(model.state_dict().values()) +
+             [v for d in optimizer.state_dict()["state"].values() for v in d.values() if torch.is_tensor(v)])
+print(f"STALL {s['stall_s']:.4f} saves={s['saves']} copy={s['copy_s']:.4f} bytes={s['last_bytes']} "
+      f"model_and_optimizer={shared}", flush=True)
 dist.destroy_process_group()

@@ -35,6 +35,7 @@ Under torchrun (no DDPRUN_STATE_FD), or ddprun --no_state, this module warns onc
 returns None and save() does nothing, so a script written for ddprun runs elsewhere.
 """
 import atexit
+import io
 import mmap
 import os
 import pickle
@@ -230,15 +231,25 @@ def _align(n):
 
 class _Skeleton(pickle.Pickler):
     """Pickles `obj` with every tensor replaced by (dtype, shape, offset): its bytes are copied
-    into the slot, not pickled. `tensors`: [(tensor, offset, bytes)]."""
+    into the slot, not pickled. `tensors`: [(tensor, offset, bytes)].
 
-    def __init__(self, file):
+    Replicated tensors (`shared`: their ids) are laid out one after the other in a space of
+    their own, as ("s", dtype, shape, offset in it); split() then cuts that space into `world`
+    equal ranges, one a rank, and this rank (`rank`) copies only its own, after its other
+    tensors."""
+
+    _SHARED = "ddprun.state: shared out"  # the key of split()'s record, pickled before the state
+
+    def __init__(self, file, shared=frozenset(), world=1, rank=0):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         import torch
 
         self.torch = torch
         self.tensors = []
         self.data = 0
+        self.shared, self.world, self.rank = shared, world, rank
+        self.space = []  # [(tensor, offset)] of the replicated tensors
+        self.space_bytes = 0
 
     def persistent_id(self, obj):
         if not isinstance(obj, self.torch.Tensor):
@@ -246,10 +257,72 @@ class _Skeleton(pickle.Pickler):
         if obj.layout != self.torch.strided or obj.is_quantized:
             raise StateError(f"ddprun.state.save: a {obj.layout} tensor cannot be saved (dense tensors only)")
         nbytes = obj.numel() * obj.element_size()
+        dtype, shape, grad = str(obj.dtype).replace("torch.", ""), tuple(obj.shape), bool(obj.requires_grad)
+        if id(obj) in self.shared:
+            offset = self.space_bytes
+            self.space.append((obj, offset))
+            self.space_bytes = _align(offset + nbytes)
+            return ("s", dtype, shape, offset, grad)
         offset = self.data
         self.tensors.append((obj, offset, nbytes))
         self.data = _align(offset + nbytes)
-        return ("t", str(obj.dtype).replace("torch.", ""), tuple(obj.shape), offset, bool(obj.requires_grad))
+        return ("t", dtype, shape, offset, grad)
+
+    def split(self):
+        """The record of the split (the world, this rank, where its range starts in the space
+        and in the data, and the space's size): None where nothing is shared out. This rank's
+        range of the space joins its tensors, as pieces of the replicated tensors' bytes."""
+        if not self.space:
+            return None
+        ranges = _ranges(self.space_bytes, self.world)
+        lo, hi = ranges[self.rank]
+        at = self.data
+        for t, offset in self.space:
+            a, b = max(lo, offset), min(hi, offset + t.numel() * t.element_size())
+            if a < b:
+                flat = t.detach().reshape(-1).view(self.torch.uint8)
+                self.tensors.append((flat[a - offset:b - offset], at + a - lo, b - a))
+        self.data = _align(at + hi - lo)
+        return {self._SHARED: 1, "world": self.world, "rank": self.rank, "bytes": self.space_bytes, "share_at": at}
+
+
+def _ranges(total, world):
+    """[(lo, hi)] of each rank: `total` bytes cut into `world` ranges at 64-byte bounds."""
+    cuts = [min(total, (total * r // world) // _ALIGN * _ALIGN) for r in range(world)] + [total]
+    return [(cuts[r], cuts[r + 1]) for r in range(world)]
+
+
+def _tensor_ids(obj, ids):
+    """The ids of the tensors within `obj`'s dicts, lists and tuples."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        ids.add(id(obj))
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _tensor_ids(v, ids)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _tensor_ids(v, ids)
+    return ids
+
+
+def _shared_out(obj, replicated):
+    """(ids of the replicated tensors, world, rank): what save(..., replicated=) shares out.
+    Nothing without a group of several ranks (torch.distributed), whose load() could not gather it."""
+    if not replicated:
+        return frozenset(), 1, 0
+    if not isinstance(obj, dict) or any(k not in obj for k in replicated):
+        missing = [k for k in replicated if not isinstance(obj, dict) or k not in obj]
+        raise StateError(f"ddprun.state.save: replicated= names {missing!r}, which the state does not hold: name "
+                         f"top-level keys of the dict saved (say, replicated=('model', 'optimizer'))")
+    dist = _group()
+    if dist is None:
+        return frozenset(), 1, 0
+    ids = set()
+    for k in replicated:
+        _tensor_ids(obj[k], ids)
+    return frozenset(ids), dist.get_world_size(), dist.get_rank()
 
 
 def _view(buf, offset, tensor):
@@ -352,11 +425,18 @@ def _fence(*_args):
         _Stats.fence_waited_s += time.perf_counter() - t0
 
 
-def save(step, obj, blocking=False):
+def save(step, obj, blocking=False, replicated=()):
     """Saves `obj` (nested dicts, lists, tuples, tensors, numbers, strings, anything picklable)
     as the state at `step` (an int). Returns once what can change before the next optimizer
     step is copied; the tensors' bytes follow on a thread (blocking=True: returns once
-    committed). Raises StateTooLarge when it does not fit (the previous state is kept)."""
+    committed). Raises StateTooLarge when it does not fit (the previous state is kept).
+
+    replicated: top-level keys of `obj` (a dict) whose tensors every rank holds the same, as DDP
+    keeps the model and the optimizer (replicated=("model", "optimizer")). Each rank then copies
+    only its share of them, 1/world of their bytes, and load() gathers the shares from every
+    rank (a broadcast from each): the stall and the memory of that part shrink world-fold. Name
+    nothing that differs between ranks (RNG states, a data loader's position, sharded optimizer
+    state): a rank would load another's. Without torch.distributed (one rank) it is ignored."""
     t0 = time.perf_counter()
     try:
         area = _open_area()
@@ -364,25 +444,25 @@ def save(step, obj, blocking=False):
             return
         _install_fence()
         wait()  # the previous save's thread still writes the slot this one picks (counted as save()'s time)
-        _save(area, int(step), obj)
+        _save(area, int(step), obj, tuple(replicated or ()))
         if blocking:
             wait()
     finally:
         _Stats.save_blocked_s += time.perf_counter() - t0
 
 
-def _save(area, step, obj):
+def _save(area, step, obj, replicated):
     """The part of a save that runs before save() returns: the skeleton pickled and the small
     tensors cloned (what can change before the next optimizer step); the thread does the rest."""
-    import io
-
     import torch
 
     global _pending, _last_gen
     out = io.BytesIO()
-    pickler = _Skeleton(out)
+    pickler = _Skeleton(out, *_shared_out(obj, replicated))
     pickler.dump(obj)
-    skeleton = out.getvalue()
+    split = pickler.split()
+    # The split's record goes first (load() needs it before the state's tensors are made).
+    skeleton = (pickle.dumps(split, protocol=pickle.HIGHEST_PROTOCOL) if split else b"") + out.getvalue()
     needed = _align(len(skeleton)) + pickler.data
     if needed > area.capacity():
         raise StateTooLarge(needed, area.capacity())
@@ -613,7 +693,7 @@ def _load(area, verify, where):
     step = _agree([s for _gen, s, _slot in held])
     if area is None or step is None:
         return None
-    error, refs, obj, private = None, [], None, None
+    error, refs, obj, private, space, shares, skel = None, [], None, None, None, None, 0
     try:
         _gen, step, slot = next(h for h in held if h[1] == step)
         _gen, _step, skel, data, chunk, crcs = area.slot(slot)
@@ -627,18 +707,72 @@ def _load(area, verify, where):
             if bytes(payload[:8]) == _NATIVE:
                 raise StateError(f"ddprun.state.load: the state of step {step} was saved by a native trainer "
                                  f"(ddprun::runtime::MemoryState), not by ddprun.state")
-            obj = _Unpickler(payload[:skel], private, _PAGE + _align(skel), refs).load()
+            stream = io.BytesIO(payload[:skel])
+            obj = _Unpickler(stream, private, _PAGE + _align(skel), refs).load()
+            if isinstance(obj, dict) and _Skeleton._SHARED in obj:  # the split's record, then the state
+                shares = obj
+                _check_shares(shares, step)
+                import torch
+
+                space = torch.empty(shares["bytes"], dtype=torch.uint8)
+                obj = _Unpickler(stream, private, _PAGE + _align(skel), refs, space).load()
         finally:
             payload.release()
     except Exception as e:  # noqa: BLE001  (said, and agreed on by every rank)
         error = e if isinstance(e, StateError) else StateError(f"ddprun.state.load: the state of step {step} "
                                                                f"does not load ({where}): {e!r}")
-    if not _all_loaded(error):
+    if not _all_loaded(error) or not _gathered(space, shares, private, _PAGE + _align(skel)):
         return None
     if area is _area:
         area.loaded.setdefault(slot, []).append((private, refs, _PAGE + _align(skel) + data))
         _drop_newer(area, held, step, _gen, slot)
     return step, obj
+
+
+def _check_shares(shares, step):
+    """The replicated part of a state can be gathered: the same ranks, this one among them."""
+    dist = _group()
+    if dist is None:
+        raise StateError(f"ddprun.state.load: the state of step {step} was shared out among {shares['world']} ranks "
+                         f"(save(..., replicated=)): load() gathers it with torch.distributed, so call "
+                         f"init_process_group before load()")
+    if dist.get_world_size() != shares["world"] or dist.get_rank() != shares["rank"]:
+        raise StateError(f"ddprun.state.load: the state of step {step} was saved as rank {shares['rank']} of "
+                         f"{shares['world']}, its replicated part shared out among them; this is rank "
+                         f"{dist.get_rank()} of {dist.get_world_size()}, which cannot gather it")
+
+
+def _gathered(space, shares, buf, data_at):
+    """Fills `space`, the replicated tensors' bytes, with every rank's range of it: each rank
+    broadcasts its own (on the GPU where the group is NCCL's). Every rank calls it once its own
+    state loaded; False where the ranks' states were not shared out alike (each says so)."""
+    dist = _group()
+    if dist is None:
+        return True  # nothing shared out (_check_shares refused the rest)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, shares["bytes"] if shares else None)
+    if all(e is None for e in every):
+        return True
+    if any(e != every[0] for e in every):
+        print(f"ddprun.state.load: the ranks' states were not shared out alike (the replicated part's bytes on each "
+              f"rank: {every}: was replicated= the same on every rank?); starting without this state", file=sys.stderr)
+        return False
+    import torch
+
+    me, ranges = dist.get_rank(), _ranges(shares["bytes"], dist.get_world_size())
+    lo, hi = ranges[me]
+    mine = torch.frombuffer(buf, dtype=torch.uint8, count=hi - lo, offset=data_at + shares["share_at"]) if hi > lo else None
+    if mine is not None:
+        space[lo:hi].copy_(mine)
+        del mine
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    for owner, (a, b) in enumerate(ranges):
+        if b > a:
+            part = space[a:b] if device is None else space[a:b].to(device)
+            dist.broadcast(part, src=owner)
+            if device is not None:
+                space[a:b].copy_(part)
+    return True
 
 
 def _drop_newer(area, held, step, gen, slot):
@@ -655,15 +789,25 @@ def _drop_newer(area, held, step, gen, slot):
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, skeleton, buf, data_at, refs):
-        import io
+    """The skeleton back, each tensor over the slot's bytes; each replicated tensor (an "s")
+    over `space`, where load() gathers every rank's range of them."""
 
-        super().__init__(io.BytesIO(skeleton))
-        self.buf, self.data_at, self.refs = buf, data_at, refs
+    def __init__(self, stream, buf, data_at, refs, space=None):
+        super().__init__(stream)
+        self.buf, self.data_at, self.refs, self.space = buf, data_at, refs, space
 
     def persistent_load(self, pid):
         import torch
 
+        if pid[0] == "s":
+            _tag, dtype, shape, offset, requires_grad = pid
+            dtype = getattr(torch, dtype)
+            count = 1
+            for n in shape:
+                count *= n
+            size = count * torch.empty((), dtype=dtype).element_size()
+            t = self.space[offset:offset + size].view(dtype).view(shape)
+            return t.requires_grad_(requires_grad) if requires_grad else t
         _tag, dtype, shape, offset, requires_grad = pid
         dtype = getattr(torch, dtype)
         count = 1

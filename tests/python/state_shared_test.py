@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+"""ddprun.state.save(..., replicated=) without ddprun: two processes in a gloo group, each with a
+memfd made here as the agent makes it for its rank. The replicated part (a model's and an Adam
+optimizer's state_dict) is cut into two equal ranges of bytes, each rank copying its own; load()
+gathers them (a broadcast from each) and gives back every tensor as saved, the per-rank part
+too. The bad days: replicated= naming a key the state lacks (refused at save), ranks that
+declared different parts replicated (each says so, load() returns None on both), and a load()
+without torch.distributed (it says to call init_process_group first).
+
+Usage: state_shared_test.py PACKAGE_DIR (where the `ddprun` package is: build/share/ddprun/python)"""
+import fcntl
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import FAILURES, check, need_torch  # noqa: E402
+
+SIZE = 64 << 20
+
+
+def area():
+    fd = os.memfd_create("ddprun-state-0", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, SIZE)
+    fcntl.fcntl(fd, 1033, 0x0001 | 0x0002 | 0x0004)  # F_ADD_SEALS: SEAL, SHRINK, GROW
+    return fd
+
+
+def same(a, b):
+    import torch
+
+    if torch.is_tensor(a):
+        return torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def rank_main(rank, package, init):
+    """Runs in each of the two processes; exits with the count of its failures."""
+    fd = area()
+    os.environ.update(DDPRUN_STATE_FD=str(fd), DDPRUN_STATE_BYTES=str(SIZE))
+    sys.path.insert(0, package)
+    import io
+    from contextlib import redirect_stderr
+
+    import ddprun.state as st
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    torch.manual_seed(0)  # alike on both ranks, as DDP keeps them
+    model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.Linear(300, 7), torch.nn.BatchNorm1d(7))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(5, 64)).sum().backward()
+    optimizer.step()
+    mine = {"rng": torch.get_rng_state(), "rank": torch.full((3,), float(rank)), "half": torch.ones(9).half()}
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "mine": mine, "step": 7}
+    replicated = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + sum(
+        v.numel() * v.element_size() for d in optimizer.state_dict()["state"].values() for v in d.values()
+        if torch.is_tensor(v))
+
+    st.save(7, state, blocking=True)
+    whole = st.stats()["last_bytes"]
+    st.save(8, state, blocking=True, replicated=("model", "optimizer"))
+    half = st.stats()["last_bytes"]
+    check(abs(whole - half - replicated / 2) < 4096,
+          f"rank {rank}: a save with the model and optimizer replicated holds half their {replicated} bytes "
+          f"({half} bytes, {whole} without)")
+    step, back = st.load() or (None, None)
+    check(step == 8 and same(back, state), f"rank {rank}: load() gathers the replicated part: every tensor as saved")
+
+    try:
+        st.save(9, state, replicated=("model", "optimiser"))
+        check(False, f"rank {rank}: replicated= naming a key the state lacks raised nothing")
+    except st.StateError as e:
+        check("'optimiser'" in str(e) and "top-level keys" in str(e), f"rank {rank}: a key the state lacks: {e}")
+
+    # The ranks disagree on what is replicated: neither can gather, both say so and start without it.
+    st.save(10, state, blocking=True, replicated=("model", "optimizer") if rank == 0 else ("model",))
+    err = io.StringIO()
+    with redirect_stderr(err):
+        found = st.load()
+    check(found is None and "not shared out alike" in err.getvalue(),
+          f"rank {rank}: ranks that declared different parts replicated: None, said ({err.getvalue().strip()!r})")
+
+    st.save(11, state, blocking=True, replicated=("model", "optimizer"))
+    dist.destroy_process_group()
+    err = io.StringIO()
+    with redirect_stderr(err):
+        found = st.load()
+    check(found is None and "init_process_group before load()" in err.getvalue(),
+          f"rank {rank}: a shared-out state without torch.distributed: None, said ({err.getvalue().strip()!r})")
+    sys.exit(len(FAILURES))
+
+
+def main():
+    need_torch()
+    import torch.multiprocessing as mp
+
+    package = os.path.abspath(sys.argv[1])
+    with tempfile.TemporaryDirectory(prefix="ddprun-shared-") as tmp:
+        ctx = mp.start_processes(rank_main, args=(package, "file://" + os.path.join(tmp, "init")), nprocs=2,
+                                 join=False, start_method="spawn")
+        while not ctx.join(timeout=120):
+            pass
+    print("0 failed")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # noqa: BLE001  (a rank's failures: its exit code)
+        print(f"FAILED: {e}")
+        sys.exit(1)
