@@ -423,6 +423,10 @@ std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group, const 
 }
 
 std::int64_t MemoryState::persist(const std::string& path, bool blocking, std::chrono::milliseconds timeout) {
+  if (timeout < timeout.zero() || (timeout > timeout.zero() && !blocking)) {
+    throw Error("ddprun state: persist: a timeout (" + std::to_string(timeout.count()) +
+                " ms) needs blocking and a time over zero");
+  }
   if (!map_) return -1;
   char resolved[PATH_MAX];
   std::string target = path;
@@ -453,9 +457,9 @@ std::int64_t MemoryState::persist(const std::string& path, bool blocking, std::c
   write_at(request, number + 2);
   if (!blocking) return -1;
   const unsigned char* reply = map_ + kReplyAt;
-  const auto until = std::chrono::steady_clock::now() + timeout;
+  const auto since = std::chrono::steady_clock::now();
   while (reinterpret_cast<const std::atomic<std::uint64_t>*>(reply)->load() < number + 2) {
-    if (timeout > timeout.zero() && std::chrono::steady_clock::now() > until) {
+    if (timeout > timeout.zero() && std::chrono::steady_clock::now() - since > timeout) {
       throw Error("ddprun state: persist: the agent had not written " + target + " after " +
                   std::to_string(timeout.count()) + " ms (a slow or stuck file system?); it may still write it");
     }

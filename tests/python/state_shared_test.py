@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """ddprun.state.save(..., replicated=) without ddprun: two processes in a gloo group, each with a
 memfd made here as the agent makes it for its rank. The replicated part (a model's and an Adam
-optimizer's state_dict) is cut into two equal ranges of bytes, each rank copying its own; load()
-gathers them (a broadcast from each) and gives back every tensor as saved, the per-rank part
-too. The bad days: replicated= naming a key the state lacks (refused at save), ranks that
-declared different parts replicated (each says so, load() returns None on both), and a load()
-without torch.distributed (it says to call init_process_group first).
+optimizer's state_dict; then tensors of every kind) is cut into two equal ranges of bytes, each
+rank copying its own; load() gathers them (a broadcast from each) and gives back every tensor as
+saved, the per-rank part too. The bad days: replicated= naming a key the state lacks (refused at
+save), ranks that declared different parts replicated, of different sizes or of one size laid
+out differently (each says so, load() returns None on both), and a load() without
+torch.distributed (it says to call init_process_group first).
 
 Usage: state_shared_test.py PACKAGE_DIR (where the `ddprun` package is: build/share/ddprun/python)"""
 import fcntl
@@ -57,7 +58,14 @@ def rank_main(rank, package, init):
     model(torch.randn(5, 64)).sum().backward()
     optimizer.step()
     mine = {"rng": torch.get_rng_state(), "rank": torch.full((3,), float(rank)), "half": torch.ones(9).half()}
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "mine": mine, "step": 7}
+    # Every kind of tensor a replicated part may hold, each cut across the two ranges somewhere.
+    g = torch.Generator().manual_seed(5)
+    kinds = {"bool": torch.rand(77, generator=g) > 0.5, "bf16": torch.randn(33, generator=g).bfloat16(),
+             "f16": torch.randn(5, 3, generator=g).half(), "c64": torch.randn(9, 2, generator=g).contiguous().view(
+                 torch.complex64).squeeze(-1), "conj": torch.randn(4, 2, generator=g).view(torch.complex64).conj(),
+             "scalar": torch.tensor(3.5, dtype=torch.float64), "empty": torch.zeros(0, 4),
+             "strided": torch.arange(40, dtype=torch.int32).view(5, 8).t(), "i8": torch.arange(-7, 7, dtype=torch.int8)}
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "kinds": kinds, "mine": mine, "step": 7}
     replicated = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + sum(
         v.numel() * v.element_size() for d in optimizer.state_dict()["state"].values() for v in d.values()
         if torch.is_tensor(v))
@@ -71,22 +79,31 @@ def rank_main(rank, package, init):
           f"({half} bytes, {whole} without)")
     step, back = st.load() or (None, None)
     check(step == 8 and same(back, state), f"rank {rank}: load() gathers the replicated part: every tensor as saved")
+    st.save(9, state, blocking=True, replicated="kinds")  # one key, as a string
+    step, back = st.load() or (None, None)
+    check(step == 9 and same(back, state),
+          f"rank {rank}: bool, bfloat16, float16, complex (conjugated too), 0-dim, empty and strided tensors replicated: "
+          f"each back as saved")
 
     try:
-        st.save(9, state, replicated=("model", "optimiser"))
+        st.save(99, state, replicated=("model", "optimiser"))
         check(False, f"rank {rank}: replicated= naming a key the state lacks raised nothing")
     except st.StateError as e:
         check("'optimiser'" in str(e) and "top-level keys" in str(e), f"rank {rank}: a key the state lacks: {e}")
 
-    # The ranks disagree on what is replicated: neither can gather, both say so and start without it.
-    st.save(10, state, blocking=True, replicated=("model", "optimizer") if rank == 0 else ("model",))
-    err = io.StringIO()
-    with redirect_stderr(err):
-        found = st.load()
-    check(found is None and "not shared out alike" in err.getvalue(),
-          f"rank {rank}: ranks that declared different parts replicated: None, said ({err.getvalue().strip()!r})")
+    # The ranks disagree on what is replicated: neither can gather, both say so and start without
+    # it; so too where the parts are of one size but laid out differently.
+    twins = {"a": torch.ones(64), "b": torch.ones(16, 4)}
+    for step, keys in ((10, ("model", "optimizer") if rank == 0 else ("model",)), (11, ("a",) if rank == 0 else ("b",))):
+        st.save(step, dict(state, **twins), blocking=True, replicated=keys)
+        err = io.StringIO()
+        with redirect_stderr(err):
+            found = st.load()
+        check(found is None and "not shared out alike" in err.getvalue(),
+              f"rank {rank}: ranks that declared {'different' if step == 10 else 'same-sized but different'} parts "
+              f"replicated: None, said ({err.getvalue().strip()!r})")
 
-    st.save(11, state, blocking=True, replicated=("model", "optimizer"))
+    st.save(12, state, blocking=True, replicated=("model", "optimizer"))
     dist.destroy_process_group()
     err = io.StringIO()
     with redirect_stderr(err):

@@ -136,6 +136,8 @@ TEST_CASE("memory state: a save waits to write the slot a persist request pins u
   CHECK_THROWS_WITH(s.persist("/tmp/never.state", true, std::chrono::milliseconds(200)),
                     Catch::Contains("had not written /tmp/never.state after 200 ms"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK_THROWS_WITH(s.persist("/tmp/never.state", false, std::chrono::milliseconds(200)), Catch::Contains("needs blocking"));
+  CHECK_THROWS_WITH(s.persist("/tmp/never.state", true, std::chrono::milliseconds(-1)), Catch::Contains("needs blocking"));
   put(4, 1536);  // the agent's "copied" for it
   // A request that named generation 9 (a save that never ended): the next save is generation 10.
   put(9, 2048 + 8);
@@ -197,6 +199,8 @@ TEST_CASE("memory state: while the agent copies the saves to a buddy node, a sav
   auto t0 = std::chrono::steady_clock::now();
   s.save(4, {{"w", w1.data(), w1.size() * 4}});
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK_THROWS_WITH(s.persist("/tmp/never.state", false, std::chrono::milliseconds(200)), Catch::Contains("needs blocking"));
+  CHECK_THROWS_WITH(s.persist("/tmp/never.state", true, std::chrono::milliseconds(-1)), Catch::Contains("needs blocking"));
   CHECK(s.steps() == std::vector<std::int64_t>{4, 3});
 
   // Copies off: never a wait, however old replicated is.
@@ -206,6 +210,8 @@ TEST_CASE("memory state: while the agent copies the saves to a buddy node, a sav
   t0 = std::chrono::steady_clock::now();
   s.save(5, {{"w", w2.data(), w2.size() * 4}});
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK_THROWS_WITH(s.persist("/tmp/never.state", false, std::chrono::milliseconds(200)), Catch::Contains("needs blocking"));
+  CHECK_THROWS_WITH(s.persist("/tmp/never.state", true, std::chrono::milliseconds(-1)), Catch::Contains("needs blocking"));
   CHECK(s.steps() == std::vector<std::int64_t>{5, 4});
   auto five = s.load_step(5);
   REQUIRE(five);

@@ -68,10 +68,7 @@ void mark_done(rendezvous::TcpStore& store, const std::string& prefix, std::int6
   std::string current;  // the newest step done before this one ("": none), raised to this one
   for (int tries = 0; tries < 8; ++tries) {
     const auto newest = parse_int(current);
-    if (newest && *newest >= step) {
-      if (*newest > step) store.delete_key(done(step));  // a newer step was done first
-      return;
-    }
+    if (newest && *newest >= step) return;  // a newer step was done first: this mark stays (steps went back)
     const std::string now = store.compare_set(key, current, mine);
     if (now == mine) {
       if (newest) store.delete_key(done(*newest));

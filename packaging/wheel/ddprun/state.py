@@ -280,7 +280,7 @@ class _Skeleton(pickle.Pickler):
         for t, offset in self.space:
             a, b = max(lo, offset), min(hi, offset + t.numel() * t.element_size())
             if a < b:
-                flat = t.detach().reshape(-1).view(self.torch.uint8)
+                flat = t.detach().resolve_conj().resolve_neg().reshape(-1).view(self.torch.uint8)
                 self.tensors.append((flat[a - offset:b - offset], at + a - lo, b - a))
         self.data = _align(at + hi - lo)
         return {self._SHARED: 1, "world": self.world, "rank": self.rank, "bytes": self.space_bytes, "share_at": at}
@@ -444,7 +444,7 @@ def save(step, obj, blocking=False, replicated=()):
             return
         _install_fence()
         wait()  # the previous save's thread still writes the slot this one picks (counted as save()'s time)
-        _save(area, int(step), obj, tuple(replicated or ()))
+        _save(area, int(step), obj, (replicated,) if isinstance(replicated, str) else tuple(replicated or ()))
         if blocking:
             wait()
     finally:
@@ -693,7 +693,7 @@ def _load(area, verify, where):
     step = _agree([s for _gen, s, _slot in held])
     if area is None or step is None:
         return None
-    error, refs, obj, private, space, shares, skel = None, [], None, None, None, None, 0
+    error, refs, obj, private, space, shares, skel, mine = None, [], None, None, None, None, 0, None
     try:
         _gen, step, slot = next(h for h in held if h[1] == step)
         _gen, _step, skel, data, chunk, crcs = area.slot(slot)
@@ -715,13 +715,16 @@ def _load(area, verify, where):
                 import torch
 
                 space = torch.empty(shares["bytes"], dtype=torch.uint8)
-                obj = _Unpickler(stream, private, _PAGE + _align(skel), refs, space).load()
+                unpickler = _Unpickler(stream, private, _PAGE + _align(skel), refs, space)
+                obj = unpickler.load()
+                shares = dict(shares, layout=unpickler.layout)
+                mine = _own_range(space, shares, private, _PAGE + _align(skel))
         finally:
             payload.release()
     except Exception as e:  # noqa: BLE001  (said, and agreed on by every rank)
         error = e if isinstance(e, StateError) else StateError(f"ddprun.state.load: the state of step {step} "
                                                                f"does not load ({where}): {e!r}")
-    if not _all_loaded(error) or not _gathered(space, shares, private, _PAGE + _align(skel)):
+    if not _all_loaded(error) or not _gathered(space, shares, mine):
         return None
     if area is _area:
         area.loaded.setdefault(slot, []).append((private, refs, _PAGE + _align(skel) + data))
@@ -742,35 +745,50 @@ def _check_shares(shares, step):
                          f"{dist.get_rank()} of {dist.get_world_size()}, which cannot gather it")
 
 
-def _gathered(space, shares, buf, data_at):
+def _own_range(space, shares, buf, data_at):
+    """This rank's range of the replicated bytes copied into `space`, from its slot; the buffer
+    it sends from: `space`'s range, or a copy on the GPU where the group is NCCL's (made here, in
+    load()'s checks, so that a failure is agreed on before any broadcast)."""
+    import torch
+
+    dist = _group()
+    lo, hi = _ranges(shares["bytes"], dist.get_world_size())[dist.get_rank()]
+    if hi > lo:
+        space[lo:hi].copy_(torch.frombuffer(buf, dtype=torch.uint8, count=hi - lo, offset=data_at + shares["share_at"]))
+    return space[lo:hi].to(_device(dist)) if _device(dist) is not None else space[lo:hi]
+
+
+def _device(dist):
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+
+
+def _gathered(space, shares, mine):
     """Fills `space`, the replicated tensors' bytes, with every rank's range of it: each rank
-    broadcasts its own (on the GPU where the group is NCCL's). Every rank calls it once its own
-    state loaded; False where the ranks' states were not shared out alike (each says so)."""
+    broadcasts its own (`mine`, _own_range's). Every rank calls it once every rank's state
+    loaded; False where the ranks' states were not shared out alike (each says so)."""
     dist = _group()
     if dist is None:
         return True  # nothing shared out (_check_shares refused the rest)
     every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, shares["bytes"] if shares else None)
+    dist.all_gather_object(every, (shares["bytes"], shares["layout"]) if shares else None)
     if all(e is None for e in every):
         return True
     if any(e != every[0] for e in every):
-        print(f"ddprun.state.load: the ranks' states were not shared out alike (the replicated part's bytes on each "
-              f"rank: {every}: was replicated= the same on every rank?); starting without this state", file=sys.stderr)
+        print(f"ddprun.state.load: the ranks' states were not shared out alike (the replicated part's bytes and "
+              f"layout on each rank: {every}: was replicated= the same on every rank?); starting without this state",
+              file=sys.stderr)
         return False
     import torch
 
-    me, ranges = dist.get_rank(), _ranges(shares["bytes"], dist.get_world_size())
-    lo, hi = ranges[me]
-    mine = torch.frombuffer(buf, dtype=torch.uint8, count=hi - lo, offset=data_at + shares["share_at"]) if hi > lo else None
-    if mine is not None:
-        space[lo:hi].copy_(mine)
-        del mine
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    for owner, (a, b) in enumerate(ranges):
+    device = _device(dist)
+    for owner, (a, b) in enumerate(_ranges(shares["bytes"], dist.get_world_size())):
         if b > a:
-            part = space[a:b] if device is None else space[a:b].to(device)
+            part = mine if owner == dist.get_rank() else space[a:b] if device is None else \
+                torch.empty(b - a, dtype=torch.uint8, device=device)
             dist.broadcast(part, src=owner)
-            if device is not None:
+            if device is not None and owner != dist.get_rank():
                 space[a:b].copy_(part)
     return True
 
@@ -795,12 +813,14 @@ class _Unpickler(pickle.Unpickler):
     def __init__(self, stream, buf, data_at, refs, space=None):
         super().__init__(stream)
         self.buf, self.data_at, self.refs, self.space = buf, data_at, refs, space
+        self.layout = 0  # a CRC-32 of the replicated tensors' (dtype, shape, offset): alike on every rank
 
     def persistent_load(self, pid):
         import torch
 
         if pid[0] == "s":
             _tag, dtype, shape, offset, requires_grad = pid
+            self.layout = zlib.crc32(repr(pid[1:4]).encode(), self.layout)
             dtype = getattr(torch, dtype)
             count = 1
             for n in shape:

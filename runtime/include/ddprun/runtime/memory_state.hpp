@@ -73,8 +73,8 @@ class MemoryState {
   // background (ddprun.state.persist): the file is replaced whole or not at all. blocking: waits
   // until it is in place and returns its step; throws ddprun::Error saying why it could not be
   // written (a full disk, a missing folder), or, with a `timeout` over zero, that it was not in
-  // place by then (a stuck file system: the agent may still write it). Returns -1 when not
-  // blocking, or without a state.
+  // place by then (a stuck file system: the agent may still write it; a timeout without
+  // blocking, or under zero, is refused). Returns -1 when not blocking, or without a state.
   std::int64_t persist(const std::string& path, bool blocking = false,
                        std::chrono::milliseconds timeout = std::chrono::milliseconds::zero());
   // The state in the file persist() wrote at `path` (each rank its own), as load(group) agrees
