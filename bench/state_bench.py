@@ -7,6 +7,8 @@ after --crash_step (bench/state_job.py), in three set-ups:
   ddprun + torch.save      the same job under ddprun
   ddprun + ddprun.state    ddprun.state.save after every step
   ... + persist            and ddprun.state.persist every --every steps (the agent writes the file)
+  ..., replicated          ddprun.state.save(..., replicated=): the state is alike on both ranks
+                           (DDP's), each copies half of it
 
 For each: the steps lost (done before the crash and done again), the time from the crash to every
 rank's first step after it (restart, imports, init_process_group and the state's load included),
@@ -15,8 +17,15 @@ ddprun.state.save blocked plus the time the next optimizer step waited for its c
 share of a step (without the stall), and the memory the state
 takes (the checkpoint files; ddprun's areas, as written pages) with the workers' peak RSS.
 
+With --lost_node (as root): the same for a lost node, across three namespaced hosts
+(tests/multihost/state_node_test.sh fast): h1 and h2 train (2 workers each, world 4) with
+ddprun.state.save after every step and copies on each node's buddy; h2 is lost (every process
+killed) after its ranks saved step 8, and h3, waiting, takes its place. Its row: the steps lost
+(the buddy's lag), the loss to every rank's next step, the stall per save, and the memory h1's
+agent holds (its copies of h2's state). --sizes' first size, --step_s' first step.
+
 Usage: bench/state_bench.py [--ddprun build/launcher/ddprun] [--torchrun ../shared/tools/torchrun_fixed.py]
-           [--sizes 256,1024] [--step_s 1,4] [--crash_step 8] [--every 5]
+           [--sizes 256,1024] [--step_s 1,4] [--crash_step 8] [--every 5] [--lost_node]
 """
 import argparse
 import glob
@@ -48,7 +57,8 @@ def records(out, tag):
 def one(a, setup, mb, step_s):
     tmp = tempfile.mkdtemp(prefix="state_bench_", dir=a.tmp)
     try:
-        mode = {"ddprun + ddprun.state": "memory", "ddprun + ddprun.state + persist": "persist"}.get(setup, "disk")
+        mode = {"ddprun + ddprun.state": "memory", "ddprun + ddprun.state + persist": "persist",
+                "ddprun + ddprun.state, replicated": "replicated"}.get(setup, "disk")
         job = [a.python, JOB, "--mode", mode, "--state_mb", str(mb), "--step_s", str(step_s),
                "--crash_step", str(a.crash_step), "--every", str(a.every), "--dir", tmp, "--steps", str(a.crash_step + 4)]
         if setup.startswith("torchrun"):
@@ -77,10 +87,24 @@ def one(a, setup, mb, step_s):
         return {"setup": setup, "mb": mb, "lost": a.crash_step + 1 - int(after[0]["resumed"]),
                 "recover": first - crash, "stall": stall, "share": stall / step if step else 0, "step": step,
                 "memory": disk + sum(int(r["area"]) for r in after),
-                "rss": max(int(r["rss"]) for r in after), "where": {"disk": "disk", "memory": "memfd"}.get(mode, "memfd + disk"),
+                "rss": max(int(r["rss"]) for r in after), "where": {"disk": "disk", "memory": "memfd", "replicated": "memfd"}.get(mode, "memfd + disk"),
                 "copy": max(float(r["copy"]) for r in after), "load": max(float(r["load"]) for r in after)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def lost_node(a, mb, step_s):
+    """tests/multihost/state_node_test.sh fast, its MEASURED line as a row (None: it failed)."""
+    env = dict(os.environ, STATE_MB=str(mb), STEP_S=str(step_s))
+    env.pop("PYTHONPATH", None)
+    p = subprocess.run(["bash", os.path.join(ROOT, "tests", "multihost", "state_node_test.sh"), a.ddprun, "fast"],
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    line = next((l for l in p.stdout.splitlines() if "MEASURED" in l), "")
+    m = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+    if p.returncode != 0 or not m.get("lost_to_step_s"):
+        print(p.stdout[-3000:])
+        return None
+    return m
 
 
 def copy_text(seconds):
@@ -99,8 +123,10 @@ def main():
     ap.add_argument("--crash_step", type=int, default=8)
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--tmp", default="/tmp", help="where torch.save writes (a disk, not tmpfs)")
+    ap.add_argument("--lost_node", action="store_true", help="also a lost node across 3 namespaced hosts (root)")
     a = ap.parse_args()
-    setups = ["torchrun + torch.save", "ddprun + torch.save", "ddprun + ddprun.state", "ddprun + ddprun.state + persist"]
+    setups = ["torchrun + torch.save", "ddprun + torch.save", "ddprun + ddprun.state", "ddprun + ddprun.state + persist",
+              "ddprun + ddprun.state, replicated"]
     if not a.torchrun or not os.path.exists(a.torchrun):
         setups = setups[1:]
     sizes = [int(mb) for mb in a.sizes.split(",")]
@@ -119,6 +145,20 @@ def main():
         print(f"| {r['mb']} MB | {r['setup']} | {r['lost']} | {r['recover']:.2f} s ({r['load']:.2f} s) | {r['stall'] * 1000:.1f} ms "
               f"({r['share'] * 100:.1f}% of {r['step']:.2f} s) | {r['memory'] / 2**20:.0f} MB ({r['where']}) | "
               f"{r['rss'] / 2**20:.0f} MB | {copy_text(r['copy'])} |")
+    if a.lost_node:
+        m = lost_node(a, sizes[0], step_s[0])
+        print(f"\nA lost node: 3 namespaced hosts, 2 workers each (world 4), c10d with a 2 s TTL, a step of "
+              f"{step_s[0]:g} s, h2 lost after its ranks saved step 8, h3 waiting takes its place\n")
+        print("| state per rank | set-up | steps lost (the buddy's lag) | loss -> every rank's next step | "
+              "stall per save | the buddy's copies (h1 agent's RSS) | parameters |")
+        print("|---|---|---|---|---|---|---|")
+        if m is None:
+            print(f"| {sizes[0]} MB | ddprun + ddprun.state, copies on a buddy node | failed | | | | |")
+        else:
+            print(f"| {sizes[0]} MB | ddprun + ddprun.state, copies on a buddy node | {m['lag_steps']} (resumed at "
+                  f"{m['resumed_at']}) | {float(m['lost_to_step_s']):.2f} s | {float(m['stall_per_save_s']) * 1000:.0f} ms "
+                  f"({float(m['stall_per_save_s']) / step_s[0] * 100:.1f}% of {step_s[0]:g} s) | {m['agent_rss_mb']} MB | "
+                  f"as a run resumed at {m['resumed_at']}, bit for bit (the test checks it) |")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 --step_s seconds (a sleep in forward stands for a GPU's compute, leaving the CPU to the copy),
 rank 1 dying halfway through step --crash_step + 1 of the first attempt. It saves with
 torch.save every --every steps (--mode disk) or ddprun.state.save every step (--mode memory; --mode
-persist also asks the agent to write it to DIR/persist.RANK.state every --every steps), and
+persist also asks the agent to write it to DIR/persist.RANK.state every --every steps; --mode
+replicated saves it all as replicated, each rank copying its share), and
 resumes from what it saved.
 
 Writes DIR/crash (time.time() before the crash), DIR/first.RANK (time.time() after the first
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--mode", choices=["disk", "memory", "persist"], required=True)
+ap.add_argument("--mode", choices=["disk", "memory", "persist", "replicated"], required=True)
 ap.add_argument("--state_mb", type=float, default=256)
 ap.add_argument("--steps", type=int, default=14)
 ap.add_argument("--crash_step", type=int, default=8)
@@ -31,7 +32,10 @@ ap.add_argument("--every", type=int, default=5)
 ap.add_argument("--step_s", type=float, default=1.0)
 ap.add_argument("--dir", required=True)
 a = ap.parse_args()
-in_memory = a.mode in ("memory", "persist")
+in_memory = a.mode in ("memory", "persist", "replicated")
+# --mode replicated: the state is alike on every rank (DDP's model, the optimizer's state): each
+# rank copies its share of it (save(..., replicated=)).
+replicated = ("model", "optimizer", "big") if a.mode == "replicated" else ()
 if in_memory:
     import ddprun.state  # before the optimizer: its fence (PyTorch 1.x)
 
@@ -90,7 +94,7 @@ for step in range(start, a.steps):
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "big": big, "step": step}
     s0 = time.perf_counter()
     if in_memory:
-        ddprun.state.save(step, state)
+        ddprun.state.save(step, state, replicated=replicated)
         if a.mode == "persist" and step % a.every == a.every - 1:
             ddprun.state.persist(os.path.join(a.dir, f"persist.{rank}.state"))
     elif step % a.every == a.every - 1:
