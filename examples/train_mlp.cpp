@@ -9,8 +9,11 @@
 // last checkpoint; --crash_at_step makes rank 1 die at that step in the first attempt. With
 // --memory_state, each rank keeps its parameters in ddprun's memory after every step, and with
 // --persist DIR also asks ddprun's agent to write them to DIR/rankR.state every
-// --checkpoint_every steps (in the background); a job started again loads those files.
-// Each rank ends with: RESULT rank=R world=W loss=L checksum=C
+// --checkpoint_every steps (in the background); a job started again loads those files. With
+// --state_replicated the parameters (alike on every rank) are saved as replicated: each rank
+// copies its share of them, and a restarted job gathers them.
+// Each rank ends with: RESULT rank=R world=W loss=L checksum=C (and with --memory_state
+// STATE rank=R bytes=<its last save's bytes>)
 
 #include <cmath>
 #include <cstdio>
@@ -44,6 +47,7 @@ struct Args {
   int checkpoint_every = 10;
   int crash_at_step = -1;
   bool memory_state = false;
+  bool state_replicated = false;
   std::string persist;
   std::string backend = "gloo";
 };
@@ -52,7 +56,7 @@ struct Args {
   std::fprintf(stderr,
                "train_mlp: %s\nusage: train_mlp [--steps N] [--global_batch B] [--bucket_cap_mb MB] [--lr X]\n"
                "                 [--checkpoint PATH] [--checkpoint_every K] [--crash_at_step K] [--memory_state]\n"
-               "                 [--persist DIR]\n",
+               "                 [--state_replicated] [--persist DIR]\n",
                msg.c_str());
   std::exit(2);
 }
@@ -79,11 +83,13 @@ Args parse(int argc, char** argv) {
     else if (k == "--checkpoint_every") a.checkpoint_every = static_cast<int>(num(val()));
     else if (k == "--crash_at_step") a.crash_at_step = static_cast<int>(num(val()));
     else if (k == "--memory_state") a.memory_state = true;
+    else if (k == "--state_replicated") a.state_replicated = true;
     else if (k == "--persist") a.persist = val();
     else usage("unknown argument '" + k + "'");
   }
   if (a.steps < 0 || a.global_batch < 1 || a.bucket_cap_mb <= 0 || a.checkpoint_every < 1) usage("invalid value");
   if (!a.persist.empty() && !a.memory_state) usage("--persist needs --memory_state");
+  if (a.state_replicated && !a.memory_state) usage("--state_replicated needs --memory_state");
   return a;
 }
 
@@ -339,7 +345,9 @@ int train(const Args& args) {
     if (args.memory_state) {
       std::vector<StateBuffer> buffers;
       for (std::size_t k = 0; k < t.params.size(); ++k) {
-        buffers.push_back({"p" + std::to_string(k), t.params[k].data(), t.params[k].size() * sizeof(float)});
+        // The parameters are alike on every rank: with --state_replicated each rank copies its share.
+        buffers.push_back({"p" + std::to_string(k), t.params[k].data(), t.params[k].size() * sizeof(float),
+                           args.state_replicated});
       }
       state.save_async(step, buffers);  // copied while the next forward and backward run
       if (!args.persist.empty() && (step + 1) % args.checkpoint_every == 0) state.persist(persisted);
@@ -351,6 +359,7 @@ int train(const Args& args) {
   // The mean loss of the last global batch, the same on every rank.
   t.pg->all_reduce(&loss, 1, DataType::kFloat32, ReduceOp::kAvg);
   std::printf("RESULT rank=%d world=%d loss=%.6f checksum=%.9f\n", t.rank, t.world, loss, t.checksum());
+  if (args.memory_state) std::printf("STATE rank=%d bytes=%zu\n", t.rank, state.last_bytes());
   return 0;
 }
 

@@ -24,12 +24,36 @@
 
 // The area's layout: ddprun/common/state_layout.hpp. A native trainer's skeleton: "DDPRUNN1",
 // u32 buffers, then each buffer's u32 name length, its name, u64 offset in the data, u64 bytes.
+// With replicated buffers shared out, "DDPRUNN2": each buffer's name, then u8 1 where it is
+// replicated (its offset is then in their space), u64 offset, u64 bytes; after the buffers u32
+// world, u32 rank, u64 the space's bytes, u64 where this rank's range of it is in the data.
 // (Python's is a pickle: each side refuses the other's.)
 namespace ddprun::runtime {
 namespace memory_state_layout {
 
 using namespace ddprun::state_layout;
 constexpr char kNativeMagic[8] = {'D', 'D', 'P', 'R', 'U', 'N', 'N', '1'};
+constexpr char kSharedMagic[8] = {'D', 'D', 'P', 'R', 'U', 'N', 'N', '2'};
+
+// [lo, hi) of each rank: `total` bytes cut into `world` ranges at 64-byte bounds (Python's _ranges).
+std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges(std::uint64_t total, int world) {
+  std::vector<std::uint64_t> cuts;
+  for (int r = 0; r < world; ++r) {
+    const auto w = static_cast<std::uint64_t>(world), k = static_cast<std::uint64_t>(r);
+    cuts.push_back(std::min(total, static_cast<std::uint64_t>((static_cast<unsigned __int128>(total) * k / w) / 64 * 64)));
+  }
+  cuts.push_back(total);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+  for (int r = 0; r < world; ++r) out.emplace_back(cuts[static_cast<std::size_t>(r)], cuts[static_cast<std::size_t>(r) + 1]);
+  return out;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  char* end = nullptr;
+  const long n = v ? std::strtol(v, &end, 10) : 0;
+  return v && *v && end && *end == '\0' && n >= 0 && n < (1L << 30) ? static_cast<int>(n) : fallback;
+}
 constexpr std::uint64_t kChunk = 64ull << 20;
 
 // zlib's CRC-32 (as Python's zlib.crc32), over sizes beyond its uInt.
@@ -183,16 +207,42 @@ void MemoryState::wait() const {
 void MemoryState::save_async(std::int64_t step, const std::vector<StateBuffer>& buffers) {
   if (!map_) return;
   wait();  // the last save's thread may still write the slot this one picks
-  std::string skeleton(kNativeMagic, 8);
+  // Replicated buffers are shared out among the ranks of the job (RANK of WORLD_SIZE, as ddprun
+  // sets them), laid out one after the other in a space of their own.
+  const int world = env_int("WORLD_SIZE", 1), rank = env_int("RANK", 0);
+  const bool shared = world > 1 && rank < world &&
+                      std::any_of(buffers.begin(), buffers.end(), [](const StateBuffer& b) { return b.replicated; });
+  std::string skeleton(shared ? kSharedMagic : kNativeMagic, 8);
   auto put = [&](auto v) { skeleton.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
   put(static_cast<std::uint32_t>(buffers.size()));
-  std::uint64_t data = 0;
-  for (const auto& b : buffers) {
+  std::uint64_t data = 0, space = 0;
+  std::vector<Piece> pieces;
+  std::vector<std::uint64_t> in_space(buffers.size(), ~0ull);
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    const auto& b = buffers[i];
+    const bool rep = shared && b.replicated;
     put(static_cast<std::uint32_t>(b.name.size()));
     skeleton += b.name;
-    put(data);
+    if (shared) put(static_cast<std::uint8_t>(rep ? 1 : 0));
+    std::uint64_t& end = rep ? space : data;
+    put(end);
     put(static_cast<std::uint64_t>(b.bytes));
-    data = align(data + b.bytes);
+    if (rep) in_space[i] = end;
+    else pieces.push_back(Piece{static_cast<const unsigned char*>(b.data), end, b.bytes});
+    end = align(end + b.bytes);
+  }
+  if (shared) {  // this rank's range of the space, after its own buffers
+    const auto [lo, hi] = ranges(space, world)[static_cast<std::size_t>(rank)];
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+      if (in_space[i] == ~0ull) continue;
+      const std::uint64_t a = std::max(lo, in_space[i]), b = std::min(hi, in_space[i] + buffers[i].bytes);
+      if (a < b) pieces.push_back(Piece{static_cast<const unsigned char*>(buffers[i].data) + (a - in_space[i]), data + a - lo, b - a});
+    }
+    put(static_cast<std::uint32_t>(world));
+    put(static_cast<std::uint32_t>(rank));
+    put(space);
+    put(data);
+    data = align(data + hi - lo);
   }
   const std::size_t needed = align(skeleton.size()) + data;
   if (needed > capacity()) {
@@ -207,15 +257,16 @@ void MemoryState::save_async(std::int64_t step, const std::vector<StateBuffer>& 
   const std::uint64_t gen = std::max({held.empty() ? std::uint64_t{0} : std::get<0>(held.front()),
                                       read_at<std::uint64_t>(map_ + kRequestAt + 8), header(map_).latest >> 1}) +
                             1;
-  copying_ = start_thread("the thread of a MemoryState save", [this, step, slot, gen, data, skeleton = std::move(skeleton), buffers] {
-    write_slot(step, slot, gen, skeleton, data, buffers);
+  copying_ = start_thread("the thread of a MemoryState save", [this, step, slot, gen, data, skeleton = std::move(skeleton), pieces] {
+    write_slot(step, slot, gen, skeleton, data, pieces);
   });
   last_gen_ = gen;  // (only once its copy runs: a persist names it)
+  last_bytes_ = needed;
 }
 
 // The save's copy: the slot written, its CRC-32s, then its commit word and the header's latest.
 void MemoryState::write_slot(std::int64_t step, int slot, std::uint64_t gen, const std::string& skeleton,
-                             std::uint64_t data, const std::vector<StateBuffer>& buffers) {
+                             std::uint64_t data, const std::vector<Piece>& pieces) {
   unsigned char* base = map_ + page() + static_cast<std::size_t>(slot) * slot_bytes_;
   wait_unpinned(map_, slot_header(base));
   write_slot_header(base, SlotHeader{});  // uncommitted from here on
@@ -223,10 +274,8 @@ void MemoryState::write_slot(std::int64_t step, int slot, std::uint64_t gen, con
   unsigned char* payload = base + page();
   std::memcpy(payload, skeleton.data(), skeleton.size());
   unsigned char* at = payload + align(skeleton.size());
-  std::uint64_t offset = 0;
-  for (const auto& b : buffers) {
-    if (b.bytes) std::memcpy(at + offset, b.data, b.bytes);
-    offset = align(offset + b.bytes);
+  for (const auto& p : pieces) {
+    if (p.bytes) std::memcpy(at + p.at, p.from, p.bytes);
   }
   SlotHeader h;
   h.gen = gen;
@@ -263,10 +312,12 @@ std::optional<MemoryState::Loaded> load_from(const unsigned char* map, std::size
                     " fails its CRC-32 check (" + where + "); not loading it");
       }
     }
-    if (h.skel < 12 || std::memcmp(payload, kNativeMagic, 8) != 0) {
+    const bool shared = h.skel >= 12 && std::memcmp(payload, kSharedMagic, 8) == 0;
+    if (h.skel < 12 || (!shared && std::memcmp(payload, kNativeMagic, 8) != 0)) {
       throw Error("ddprun state: the state of step " + std::to_string(step) +
                   " was saved by Python's ddprun.state, not by a native trainer");
     }
+    const Error malformed("ddprun state: a malformed native skeleton");
     MemoryState::Loaded out;
     out.step = step;
     const unsigned char* p = payload + 8;
@@ -274,16 +325,39 @@ std::optional<MemoryState::Loaded> load_from(const unsigned char* map, std::size
     const auto count = read_at<std::uint32_t>(p);
     p += 4;
     const unsigned char* data = payload + align(h.skel);
+    MemoryState::Loaded::Shared space;
     for (std::uint32_t i = 0; i < count; ++i) {
-      if (p + 4 > skel_end) throw Error("ddprun state: a malformed native skeleton");
+      if (p + 4 > skel_end) throw malformed;
       const auto len = read_at<std::uint32_t>(p);
-      if (p + 4 + len + 16 > skel_end) throw Error("ddprun state: a malformed native skeleton");
+      const std::size_t flag = shared ? 1 : 0;
+      if (len > static_cast<std::size_t>(skel_end - p) || p + 4 + len + flag + 16 > skel_end) throw malformed;
       std::string name(reinterpret_cast<const char*>(p + 4), len);
       p += 4 + len;
+      const bool rep = shared && *p != 0;
+      p += flag;
       const auto off = read_at<std::uint64_t>(p), bytes = read_at<std::uint64_t>(p + 8);
       p += 16;
-      if (off > h.data || bytes > h.data - off) throw Error("ddprun state: a malformed native skeleton");
+      if (rep) {
+        space.buffers.emplace_back(std::move(name), off, bytes);
+        continue;
+      }
+      if (off > h.data || bytes > h.data - off) throw malformed;
       out.buffers[name].assign(data + off, data + off + bytes);
+    }
+    if (shared) {
+      if (p + 24 > skel_end) throw malformed;
+      space.world = static_cast<int>(read_at<std::uint32_t>(p));
+      space.rank = static_cast<int>(read_at<std::uint32_t>(p + 4));
+      space.bytes = read_at<std::uint64_t>(p + 8);
+      const auto share_at = read_at<std::uint64_t>(p + 16);
+      if (space.world < 1 || space.rank >= space.world) throw malformed;
+      const auto [lo, hi] = ranges(space.bytes, space.world)[static_cast<std::size_t>(space.rank)];
+      for (const auto& [n, off, bytes] : space.buffers) {
+        if (off > space.bytes || bytes > space.bytes - off) throw malformed;
+      }
+      if (share_at > h.data || hi - lo > h.data - share_at) throw malformed;
+      space.mine.assign(data + share_at, data + share_at + (hi - lo));
+      out.shared = std::move(space);
     }
     return out;
   }
@@ -374,11 +448,80 @@ std::optional<MemoryState::Loaded> load_on_all(ProcessGroup& group, Load load) {
   return std::nullopt;
 }
 
+namespace {
+
+// The replicated buffers of `out` (every rank's load succeeded) gathered from every rank's range
+// of their space, a broadcast from each; nullopt on every rank, said, where the ranks' states
+// were not shared out alike.
+std::optional<MemoryState::Loaded> gather(ProcessGroup& group, std::optional<MemoryState::Loaded> out) {
+  std::int64_t bytes = -1, layout = 0;  // -1: nothing shared out
+  if (out && out->shared) {
+    bytes = static_cast<std::int64_t>(out->shared->bytes);
+    uLong crc = ::crc32(0L, Z_NULL, 0);
+    for (const auto& [name, off, n] : out->shared->buffers) {
+      const std::string entry = name + ":" + std::to_string(off) + ":" + std::to_string(n) + ";";
+      crc = ::crc32(crc, reinterpret_cast<const Bytef*>(entry.data()), static_cast<uInt>(entry.size()));
+    }
+    layout = static_cast<std::int64_t>(crc);
+  }
+  const auto every = all_gather_on_host(group, {bytes, layout});
+  bool alike = true, any = false;
+  for (std::size_t r = 0; r < every.size() / 2; ++r) {
+    alike = alike && every[2 * r] == bytes && every[2 * r + 1] == layout;
+    any = any || every[2 * r] >= 0;
+  }
+  if (!any) return out;
+  if (!alike) {
+    std::fprintf(stderr, "ddprun state: the ranks' states were not shared out alike (were the same buffers replicated "
+                         "on every rank?); starting without this state\n");
+    return std::nullopt;
+  }
+  auto& shared = *out->shared;
+  std::vector<unsigned char> space(shared.bytes);
+  const auto cut = ranges(shared.bytes, shared.world);
+  std::copy(shared.mine.begin(), shared.mine.end(), space.begin() + static_cast<std::ptrdiff_t>(cut[static_cast<std::size_t>(group.rank())].first));
+  for (int owner = 0; owner < group.size(); ++owner) {
+    const auto [lo, hi] = cut[static_cast<std::size_t>(owner)];
+    if (hi == lo) continue;
+    // Each range a multiple of 64 bytes (the last ends at the space's end, also one): sent as floats, as bytes.
+    void* buf = group.allocate(hi - lo);
+    try {
+      if (owner == group.rank()) group.copy_to_device(buf, space.data() + lo, hi - lo);
+      group.broadcast(buf, (hi - lo) / 4, DataType::kFloat32, owner);
+      group.copy_to_host(space.data() + lo, buf, hi - lo);
+    } catch (...) {
+      group.deallocate(buf);
+      throw;
+    }
+    group.deallocate(buf);
+  }
+  for (const auto& [name, off, n] : shared.buffers) out->buffers[name].assign(space.begin() + static_cast<std::ptrdiff_t>(off), space.begin() + static_cast<std::ptrdiff_t>(off + n));
+  out->shared.reset();
+  return out;
+}
+
+// A shared-out state is loaded by the world that saved it, each rank as itself.
+void check_shared(ProcessGroup& group, const std::optional<MemoryState::Loaded>& out) {
+  if (!out || !out->shared) return;
+  if (out->shared->world != group.size() || out->shared->rank != group.rank()) {
+    throw Error("ddprun state: the state of step " + std::to_string(out->step) + " was saved as rank " +
+                std::to_string(out->shared->rank) + " of " + std::to_string(out->shared->world) +
+                ", its replicated buffers shared out among them; this is rank " + std::to_string(group.rank()) +
+                " of " + std::to_string(group.size()) + ", which cannot gather them");
+  }
+}
+
+}  // namespace
+
 std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group) {
   wait();
   const std::int64_t agreed = agree(group, steps());
   if (agreed < 0) return std::nullopt;
-  auto out = load_on_all(group, [&] { return load_step(agreed); });
+  auto out = gather(group, load_on_all(group, [&] {
+                      auto o = load_step(agreed);
+                      check_shared(group, o);
+                      return o;
+                    }));
   if (out) drop_newer(agreed);
   return out;
 }
@@ -419,7 +562,11 @@ std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group, const 
   }
   const std::int64_t agreed = agree(group, held);
   if (agreed < 0) return std::nullopt;
-  return load_on_all(group, [&] { return load_from(file->map(), file->slot_bytes(), 1, agreed, path); });
+  return gather(group, load_on_all(group, [&] {
+                  auto o = load_from(file->map(), file->slot_bytes(), 1, agreed, path);
+                  check_shared(group, o);
+                  return o;
+                }));
 }
 
 std::int64_t MemoryState::persist(const std::string& path, bool blocking, std::chrono::milliseconds timeout) {

@@ -92,7 +92,7 @@ TEST_CASE("train_mlp: a crash and a resume from the checkpoint end like an unint
   CHECK(a[0].loss == b[0].loss);
 }
 
-TEST_CASE("train_mlp: a native trainer's in-memory state - a rank lost at step 37 resumes there, no disk, like an uninterrupted run", "[e2e][train_mlp]") {
+TEST_CASE("train_mlp: a native trainer's in-memory state - a rank lost at step 37 resumes there, no disk, like an uninterrupted run, its parameters whole or shared out", "[e2e][train_mlp]") {
   auto plain = train(2, {kTrain, "--steps", "100"});
   auto crashed = train(2, {"--max_restarts=1", kTrain, "--steps", "100", "--memory_state", "--crash_at_step", "37"});
   INFO(crashed.out << crashed.err);
@@ -107,6 +107,32 @@ TEST_CASE("train_mlp: a native trainer's in-memory state - a rank lost at step 3
   CHECK(a[0].checksum == b[0].checksum);  // bit for bit
   CHECK(b[1].checksum == b[0].checksum);
   CHECK(a[0].loss == b[0].loss);
+  // --state_replicated: the parameters (alike on both ranks) shared out, each rank copying half;
+  // the restarted ranks gather them, and end bit for bit as the uninterrupted run.
+  auto shared = train(2, {"--max_restarts=1", kTrain, "--steps", "100", "--memory_state", "--state_replicated",
+                          "--crash_at_step", "37"});
+  INFO(shared.out << shared.err);
+  CHECK(shared.code == 0);
+  CHECK_THAT(shared.out, Catch::Contains("resumed from memory at step 37 (attempt 1)"));
+  auto s = results(shared.out);
+  REQUIRE(s.size() == 2);
+  CHECK(s[0].checksum == a[0].checksum);
+  CHECK(s[1].checksum == a[0].checksum);
+  CHECK(s[0].loss == a[0].loss);
+  auto state_bytes = [](const std::string& out) {
+    std::vector<long> v;
+    for (std::size_t at = out.find("STATE rank="); at != std::string::npos; at = out.find("STATE rank=", at + 1)) {
+      v.push_back(std::stol(out.substr(out.find("bytes=", at) + 6)));
+    }
+    return v;
+  };
+  const auto whole = state_bytes(crashed.out), half = state_bytes(shared.out);
+  REQUIRE(whole.size() == 2);
+  REQUIRE(half.size() == 2);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << half[r] << " bytes shared out, " << whole[r] << " whole");
+    CHECK(half[r] < whole[r] * 6 / 10);  // half the parameters, and the skeleton
+  }
   // Without ddprun's area (--no_state) the trainer runs from step 0 again, and says nothing of memory.
   auto without = train(2, {"--max_restarts=1", "--no_state", kTrain, "--steps", "100", "--memory_state", "--crash_at_step", "37"});
   CHECK(without.code == 0);

@@ -704,7 +704,7 @@ def _load(area, verify, where):
         try:
             if verify and not _verified(payload, chunk, crcs):
                 raise StateError(f"ddprun.state.load: the state of step {step} fails its CRC-32 check ({where})")
-            if bytes(payload[:8]) == _NATIVE:
+            if bytes(payload[:7]) == _NATIVE[:7]:  # "DDPRUNN1", or "DDPRUNN2" (replicated buffers shared out)
                 raise StateError(f"ddprun.state.load: the state of step {step} was saved by a native trainer "
                                  f"(ddprun::runtime::MemoryState), not by ddprun.state")
             stream = io.BytesIO(payload[:skel])

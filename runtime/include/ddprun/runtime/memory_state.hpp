@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace ddprun::runtime {
@@ -28,6 +29,10 @@ struct StateBuffer {
   std::string name;
   const void* data = nullptr;
   std::size_t bytes = 0;
+  // Alike on every rank (a data-parallel model's parameters and optimizer moments): the
+  // replicated buffers' bytes are cut into WORLD_SIZE equal ranges and each rank copies only its
+  // own; load(group) gathers them (a broadcast from each rank). Ignored on a single rank.
+  bool replicated = false;
 };
 
 class MemoryState {
@@ -58,15 +63,29 @@ class MemoryState {
   // The steps this rank holds committed, newest first (at most two).
   std::vector<std::int64_t> steps() const;
 
+  // The bytes of the last save's slot (its structure and the buffers it copied).
+  std::size_t last_bytes() const { return last_bytes_; }
+
   struct Loaded {
     std::int64_t step = -1;
     std::map<std::string, std::vector<unsigned char>> buffers;  // copied out of the area
+    // Where some buffers were replicated (filled by load(group), which gathers them): the world
+    // that saved them, each one's (name, offset, bytes) in their space, the space's bytes and
+    // this rank's range of it.
+    struct Shared {
+      int world = 0, rank = 0;
+      std::vector<std::tuple<std::string, std::uint64_t, std::uint64_t>> buffers;
+      std::uint64_t bytes = 0;
+      std::vector<unsigned char> mine;
+    };
+    std::optional<Shared> shared;
   };
   // The newest step every rank of `group` holds (a collective: every rank calls it), checked
   // against its CRC-32s; nullopt when the ranks hold none in common (a fresh start), or when any
   // rank's state fails its check or was saved by Python's ddprun.state (said on stderr).
   std::optional<Loaded> load(ProcessGroup& group);
   // The state of `step` on this rank alone (one of steps()), or nullopt. Waits for the last save.
+  // Replicated buffers are not in it (in `shared`): load(group) gathers them.
   std::optional<Loaded> load_step(std::int64_t step) const;
 
   // Asks ddprun's agent to write this rank's latest committed state to the file `path`, in the
@@ -83,13 +102,18 @@ class MemoryState {
 
  private:
   void drop_newer(std::int64_t agreed);  // the states newer than the agreed one uncommitted
+  struct Piece {  // bytes a save copies: from `from`, to `at` in the slot's data
+    const unsigned char* from;
+    std::uint64_t at, bytes;
+  };
   void write_slot(std::int64_t step, int slot, std::uint64_t gen, const std::string& skeleton, std::uint64_t data,
-                  const std::vector<StateBuffer>& buffers);
+                  const std::vector<Piece>& pieces);
 
   unsigned char* map_ = nullptr;
   std::size_t size_ = 0, slot_bytes_ = 0;
   mutable std::thread copying_;  // the last save_async's copy (joined by const readers too)
   std::uint64_t last_gen_ = 0;  // the last save's generation (its copy may still run)
+  std::size_t last_bytes_ = 0;
 };
 
 }  // namespace ddprun::runtime
