@@ -317,6 +317,7 @@ int train(const Args& args) {
         std::memcpy(t.params[k].data(), b.data(), b.size());
       }
       start_step = static_cast<int>(found->step) + 1;
+      std::printf("LOADED rank=%d checksum=%.9f\n", t.rank, t.checksum());  // before rank 0's broadcast
       if (t.rank == 0) {
         std::printf("resumed from %s at step %d (attempt %d)\n", from_disk ? persisted.c_str() : "memory", start_step,
                     env.restart_count);

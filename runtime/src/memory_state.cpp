@@ -209,8 +209,8 @@ void MemoryState::save_async(std::int64_t step, const std::vector<StateBuffer>& 
   wait();  // the last save's thread may still write the slot this one picks
   // Replicated buffers are shared out among the ranks of the job (RANK of WORLD_SIZE, as ddprun
   // sets them), laid out one after the other in a space of their own.
-  const int world = env_int("WORLD_SIZE", 1), rank = env_int("RANK", 0);
-  const bool shared = world > 1 && rank < world &&
+  const int world = env_int("WORLD_SIZE", 1), rank = env_int("RANK", -1);
+  const bool shared = world > 1 && rank >= 0 && rank < world &&
                       std::any_of(buffers.begin(), buffers.end(), [](const StateBuffer& b) { return b.replicated; });
   std::string skeleton(shared ? kSharedMagic : kNativeMagic, 8);
   auto put = [&](auto v) { skeleton.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
@@ -297,9 +297,9 @@ namespace {
 
 // The state of `step` in the area or file mapped at `map`, checked against its CRC-32s.
 std::optional<MemoryState::Loaded> load_from(const unsigned char* map, std::size_t slot_bytes, std::uint32_t slots,
-                                             std::int64_t step, const std::string& where) {
+                                             std::int64_t step, const std::string& where, std::int64_t course = -1) {
   for (const auto& [gen, held, slot] : committed(map, slot_bytes, slots)) {
-    if (held != step) continue;
+    if (held != step || (course >= 0 && static_cast<std::int64_t>(gen >> kCourseShift) != course)) continue;
     const unsigned char* base = map + page() + static_cast<std::size_t>(slot) * slot_bytes;
     const auto h = slot_header(base);
     const unsigned char* payload = base + page();
@@ -327,10 +327,10 @@ std::optional<MemoryState::Loaded> load_from(const unsigned char* map, std::size
     const unsigned char* data = payload + align(h.skel);
     MemoryState::Loaded::Shared space;
     for (std::uint32_t i = 0; i < count; ++i) {
-      if (p + 4 > skel_end) throw malformed;
+      if (skel_end - p < 4) throw malformed;
       const auto len = read_at<std::uint32_t>(p);
       const std::size_t flag = shared ? 1 : 0;
-      if (len > static_cast<std::size_t>(skel_end - p) || p + 4 + len + flag + 16 > skel_end) throw malformed;
+      if (static_cast<std::uint64_t>(skel_end - p) < 4ull + len + flag + 16) throw malformed;
       std::string name(reinterpret_cast<const char*>(p + 4), len);
       p += 4 + len;
       const bool rep = shared && *p != 0;
@@ -345,12 +345,14 @@ std::optional<MemoryState::Loaded> load_from(const unsigned char* map, std::size
       out.buffers[name].assign(data + off, data + off + bytes);
     }
     if (shared) {
-      if (p + 24 > skel_end) throw malformed;
-      space.world = static_cast<int>(read_at<std::uint32_t>(p));
-      space.rank = static_cast<int>(read_at<std::uint32_t>(p + 4));
+      if (skel_end - p < 24) throw malformed;
+      const auto world = read_at<std::uint32_t>(p), rank = read_at<std::uint32_t>(p + 4);
       space.bytes = read_at<std::uint64_t>(p + 8);
       const auto share_at = read_at<std::uint64_t>(p + 16);
-      if (space.world < 1 || space.rank >= space.world) throw malformed;
+      // (a world of a million ranks at most: its ranges are made before the group is compared)
+      if (world < 1 || world > (1u << 20) || rank >= world || space.bytes % 64 || share_at % 64) throw malformed;
+      space.world = static_cast<int>(world);
+      space.rank = static_cast<int>(rank);
       const auto [lo, hi] = ranges(space.bytes, space.world)[static_cast<std::size_t>(space.rank)];
       for (const auto& [n, off, bytes] : space.buffers) {
         if (off > space.bytes || bytes > space.bytes - off) throw malformed;
@@ -364,16 +366,29 @@ std::optional<MemoryState::Loaded> load_from(const unsigned char* map, std::size
   return std::nullopt;
 }
 
-// The newest step every rank of `group` holds, of this rank's `held` (newest first); -1: none.
-std::int64_t agree(ProcessGroup& group, std::vector<std::int64_t> held) {
-  held.resize(2, -1);  // each rank's two newest steps (-1: none), gathered
+// A save's course (kCourseShift, Python's _COURSE_SHIFT): a state a later round abandoned (a
+// buddy may still hold it) is never taken for the state of its step made since.
+// (step, course) of the newest state every rank of `group` holds, of this rank's committed
+// (generation, step, slot), newest first; step -1: none.
+std::pair<std::int64_t, std::int64_t> agree(ProcessGroup& group,
+                                            const std::vector<std::tuple<std::uint64_t, std::int64_t, int>>& held) {
+  std::vector<std::int64_t> mine(4, -1);  // each rank's two newest (step, course), gathered
+  for (std::size_t i = 0; i < held.size() && i < 2; ++i) {
+    mine[2 * i] = std::get<1>(held[i]);
+    mine[2 * i + 1] = static_cast<std::int64_t>(std::get<0>(held[i]) >> kCourseShift);
+  }
   const auto world = static_cast<std::size_t>(group.size());
-  const auto every = all_gather_on_host(group, held);
-  // Every rank decides over the same gathered steps, so all agree.
-  std::int64_t agreed = -1;
-  for (std::int64_t s : every) {
-    bool all = s > agreed;
-    for (std::size_t r = 0; r < world && all; ++r) all = every[2 * r] == s || every[2 * r + 1] == s;
+  const auto every = all_gather_on_host(group, mine);
+  // Every rank decides over the same gathered states, so all agree.
+  std::pair<std::int64_t, std::int64_t> agreed{-1, -1};
+  for (std::size_t k = 0; k < 2; ++k) {
+    const std::pair<std::int64_t, std::int64_t> s{every[2 * k], every[2 * k + 1]};  // rank 0's
+    if (s.first < 0 || s <= agreed) continue;
+    bool all = true;
+    for (std::size_t r = 1; r < world && all; ++r) {
+      all = (every[4 * r] == s.first && every[4 * r + 1] == s.second) ||
+            (every[4 * r + 2] == s.first && every[4 * r + 3] == s.second);
+    }
     if (all) agreed = s;
   }
   return agreed;
@@ -454,48 +469,65 @@ namespace {
 // of their space, a broadcast from each; nullopt on every rank, said, where the ranks' states
 // were not shared out alike.
 std::optional<MemoryState::Loaded> gather(ProcessGroup& group, std::optional<MemoryState::Loaded> out) {
-  std::int64_t bytes = -1, layout = 0;  // -1: nothing shared out
+  std::int64_t bytes = -1, layout = 0, ready = 1;  // bytes -1: nothing shared out
+  std::vector<unsigned char> space;
+  struct Buffer {  // one buffer of the group's memory, the largest range's size, for every broadcast
+    ProcessGroup& group;
+    void* p = nullptr;
+    ~Buffer() {
+      if (p) group.deallocate(p);
+    }
+  } buf{group};
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> cut;
   if (out && out->shared) {
-    bytes = static_cast<std::int64_t>(out->shared->bytes);
+    auto& shared = *out->shared;
+    bytes = static_cast<std::int64_t>(shared.bytes);
     uLong crc = ::crc32(0L, Z_NULL, 0);
-    for (const auto& [name, off, n] : out->shared->buffers) {
+    for (const auto& [name, off, n] : shared.buffers) {
       const std::string entry = name + ":" + std::to_string(off) + ":" + std::to_string(n) + ";";
       crc = ::crc32(crc, reinterpret_cast<const Bytef*>(entry.data()), static_cast<uInt>(entry.size()));
     }
     layout = static_cast<std::int64_t>(crc);
+    // What can fail on one rank alone is done before the ranks compare notes: no rank is then
+    // left in a broadcast the others never join.
+    try {
+      cut = ranges(shared.bytes, group.size());
+      std::uint64_t largest = 0;
+      for (const auto& [lo, hi] : cut) largest = std::max(largest, hi - lo);
+      space.resize(shared.bytes);
+      std::copy(shared.mine.begin(), shared.mine.end(), space.begin() + static_cast<std::ptrdiff_t>(cut[static_cast<std::size_t>(group.rank())].first));
+      if (largest) buf.p = group.allocate(largest);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ddprun state: cannot gather the replicated buffers: %s\n", e.what());
+      ready = 0;
+    }
   }
-  const auto every = all_gather_on_host(group, {bytes, layout});
-  bool alike = true, any = false;
-  for (std::size_t r = 0; r < every.size() / 2; ++r) {
-    alike = alike && every[2 * r] == bytes && every[2 * r + 1] == layout;
-    any = any || every[2 * r] >= 0;
+  const auto every = all_gather_on_host(group, {bytes, layout, ready});
+  bool alike = true, any = false, all_ready = true;
+  for (std::size_t r = 0; r < every.size() / 3; ++r) {
+    alike = alike && every[3 * r] == bytes && every[3 * r + 1] == layout;
+    any = any || every[3 * r] >= 0;
+    all_ready = all_ready && every[3 * r + 2] == 1;
   }
   if (!any) return out;
-  if (!alike) {
-    std::fprintf(stderr, "ddprun state: the ranks' states were not shared out alike (were the same buffers replicated "
-                         "on every rank?); starting without this state\n");
+  if (!alike || !all_ready) {
+    std::fprintf(stderr, alike ? "ddprun state: a rank could not gather the replicated buffers (its error says why); "
+                                 "starting without this state\n"
+                               : "ddprun state: the ranks' states were not shared out alike (were the same buffers "
+                                 "replicated on every rank?); starting without this state\n");
     return std::nullopt;
   }
-  auto& shared = *out->shared;
-  std::vector<unsigned char> space(shared.bytes);
-  const auto cut = ranges(shared.bytes, shared.world);
-  std::copy(shared.mine.begin(), shared.mine.end(), space.begin() + static_cast<std::ptrdiff_t>(cut[static_cast<std::size_t>(group.rank())].first));
   for (int owner = 0; owner < group.size(); ++owner) {
     const auto [lo, hi] = cut[static_cast<std::size_t>(owner)];
     if (hi == lo) continue;
-    // Each range a multiple of 64 bytes (the last ends at the space's end, also one): sent as floats, as bytes.
-    void* buf = group.allocate(hi - lo);
-    try {
-      if (owner == group.rank()) group.copy_to_device(buf, space.data() + lo, hi - lo);
-      group.broadcast(buf, (hi - lo) / 4, DataType::kFloat32, owner);
-      group.copy_to_host(space.data() + lo, buf, hi - lo);
-    } catch (...) {
-      group.deallocate(buf);
-      throw;
-    }
-    group.deallocate(buf);
+    // Each range a multiple of 64 bytes (load_from checks the space's size): sent as floats, as bytes.
+    if (owner == group.rank()) group.copy_to_device(buf.p, space.data() + lo, hi - lo);
+    group.broadcast(buf.p, (hi - lo) / 4, DataType::kFloat32, owner);
+    group.copy_to_host(space.data() + lo, buf.p, hi - lo);
   }
-  for (const auto& [name, off, n] : shared.buffers) out->buffers[name].assign(space.begin() + static_cast<std::ptrdiff_t>(off), space.begin() + static_cast<std::ptrdiff_t>(off + n));
+  for (const auto& [name, off, n] : out->shared->buffers) {
+    out->buffers[name].assign(space.begin() + static_cast<std::ptrdiff_t>(off), space.begin() + static_cast<std::ptrdiff_t>(off + n));
+  }
   out->shared.reset();
   return out;
 }
@@ -515,14 +547,14 @@ void check_shared(ProcessGroup& group, const std::optional<MemoryState::Loaded>&
 
 std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group) {
   wait();
-  const std::int64_t agreed = agree(group, steps());
+  const auto [agreed, course] = agree(group, committed(map_, slot_bytes_));
   if (agreed < 0) return std::nullopt;
   auto out = gather(group, load_on_all(group, [&] {
-                      auto o = load_step(agreed);
+                      auto o = load_from(map_, slot_bytes_, kSlots, agreed, "memory written outside MemoryState?", course);
                       check_shared(group, o);
                       return o;
                     }));
-  if (out) drop_newer(agreed);
+  if (out) drop_newer(agreed, course);
   return out;
 }
 
@@ -531,11 +563,11 @@ std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group) {
 // later agreement takes one for the step it names. The header's latest names the agreed slot with
 // the newest generation ever committed: generations are never used twice (the agent's copies
 // count them).
-void MemoryState::drop_newer(std::int64_t agreed) {
+void MemoryState::drop_newer(std::int64_t agreed, std::int64_t course) {
   int keep = -1;
   std::uint64_t keep_gen = 0, newest = header(map_).latest >> 1;
   for (const auto& [gen, step, slot] : committed(map_, slot_bytes_)) {
-    if (step == agreed && keep < 0) {
+    if (step == agreed && static_cast<std::int64_t>(gen >> kCourseShift) == course && keep < 0) {
       keep = slot;
       keep_gen = gen;
     }
@@ -553,17 +585,17 @@ void MemoryState::drop_newer(std::int64_t agreed) {
 
 std::optional<MemoryState::Loaded> MemoryState::load(ProcessGroup& group, const std::string& path) {
   std::optional<StateFile> file;
-  std::vector<std::int64_t> held;
+  std::vector<std::tuple<std::uint64_t, std::int64_t, int>> held;
   try {
     file.emplace(path);
-    for (const auto& [gen, step, slot] : committed(file->map(), file->slot_bytes(), 1)) held.push_back(step);
+    held = committed(file->map(), file->slot_bytes(), 1);
   } catch (const Error& e) {  // this rank holds nothing from it, and still agrees
     std::fprintf(stderr, "%s; rank %d loads nothing from it\n", e.what(), group.rank());
   }
-  const std::int64_t agreed = agree(group, held);
+  const auto [agreed, course] = agree(group, held);
   if (agreed < 0) return std::nullopt;
   return gather(group, load_on_all(group, [&] {
-                  auto o = load_from(file->map(), file->slot_bytes(), 1, agreed, path);
+                  auto o = load_from(file->map(), file->slot_bytes(), 1, agreed, path, course);
                   check_shared(group, o);
                   return o;
                 }));

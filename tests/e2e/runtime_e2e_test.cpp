@@ -119,6 +119,12 @@ TEST_CASE("train_mlp: a native trainer's in-memory state - a rank lost at step 3
   CHECK(s[0].checksum == a[0].checksum);
   CHECK(s[1].checksum == a[0].checksum);
   CHECK(s[0].loss == a[0].loss);
+  // What each rank gathered, before rank 0's parameters are broadcast over it: alike.
+  const auto loaded_0 = shared.out.find("LOADED rank=0 "), loaded_1 = shared.out.find("LOADED rank=1 ");
+  REQUIRE(loaded_0 != std::string::npos);
+  REQUIRE(loaded_1 != std::string::npos);
+  CHECK(shared.out.substr(shared.out.find("checksum=", loaded_0), 20) ==
+        shared.out.substr(shared.out.find("checksum=", loaded_1), 20));
   auto state_bytes = [](const std::string& out) {
     std::vector<long> v;
     for (std::size_t at = out.find("STATE rank="); at != std::string::npos; at = out.find("STATE rank=", at + 1)) {

@@ -1,6 +1,7 @@
 // A native trainer's in-memory state (ddprun/runtime/memory_state.hpp) in one process, without
 // ddprun: a memfd made here as the agent makes it, handed through DDPRUN_STATE_FD/_BYTES.
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -9,10 +10,13 @@
 #include <thread>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/runtime/memory_state.hpp"
+#include "ddprun/runtime/process_group.hpp"
+#include "group_fixture.hpp"
 
 using namespace ddprun::runtime;
 
@@ -236,4 +240,92 @@ TEST_CASE("memory state: without an area nothing is saved or loaded, and a descr
   CHECK(refused.steps().empty());
   ::unsetenv("DDPRUN_STATE_FD");
   ::unsetenv("DDPRUN_STATE_BYTES");
+}
+
+namespace {
+
+// Runs body(rank, group, state) in `world` forked processes, each with an area of its own and
+// RANK/WORLD_SIZE set as ddprun sets them, in a gloo group through `ranks`' store. Each child's
+// exit code: 0 where body returned true (a child reports through it: Catch checks live in the parent).
+std::vector<int> in_processes(int world, const std::function<bool(int, ProcessGroup&, MemoryState&)>& body) {
+  static ddprun::test::Ranks ranks;
+  static int group = 0;
+  const std::string prefix = "state" + std::to_string(group++);
+  std::fflush(nullptr);  // nothing buffered written twice by the children
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid > 0) {
+      pids.push_back(pid);
+      continue;
+    }
+    ::alarm(60);  // never a hang in the parent's wait
+    int code = 3;
+    try {
+      const int fd = ::memfd_create("ddprun-state-0", MFD_CLOEXEC);
+      if (fd < 0 || ::ftruncate(fd, 4 << 20) != 0) ::_exit(4);
+      ::setenv("DDPRUN_STATE_FD", std::to_string(fd).c_str(), 1);
+      ::setenv("DDPRUN_STATE_BYTES", std::to_string(4 << 20).c_str(), 1);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      MemoryState state;
+      auto pg = create_process_group("gloo", ranks.store(prefix), r, world);
+      code = body(r, *pg, state) ? 0 : 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+      code = 2;
+    }
+    std::fflush(nullptr);
+    ::_exit(code);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : pids) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  return codes;
+}
+
+std::vector<unsigned char> bytes_of(const std::vector<float>& v) {
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  return {p, p + v.size() * sizeof(float)};
+}
+
+}  // namespace
+
+TEST_CASE("memory state: replicated buffers shared out by RANK of WORLD_SIZE, each rank copying its range, gathered by load(group), and a step saved in two courses not agreed on", "[state]") {
+  const auto codes = in_processes(3, [](int rank, ProcessGroup& group, MemoryState& s) {
+    bool ok = true;
+    auto expect = [&](bool c, const char* what) {
+      if (!c) std::fprintf(stderr, "rank %d: FAILED: %s\n", rank, what);
+      ok = ok && c;
+    };
+    const auto w = values(1, 10000), mine = values(static_cast<float>(100 * rank), 16);
+    s.save(0, {{"w", w.data(), w.size() * 4}, {"mine", mine.data(), mine.size() * 4}});
+    const auto whole = s.last_bytes();
+    s.save(1, {{"w", w.data(), w.size() * 4, true}, {"mine", mine.data(), mine.size() * 4}});
+    // A third of w's 40000 bytes (within 64-byte bounds), its own buffer, the structure.
+    expect(s.last_bytes() + 40000 * 2 / 3 - 256 < whole, "a save holds a third of the replicated buffer");
+    const auto loaded = s.load(group);
+    expect(loaded && loaded->step == 1, "the ranks agree on step 1");
+    expect(loaded && loaded->buffers.at("w") == bytes_of(w), "each rank gathers the whole replicated buffer");
+    expect(loaded && loaded->buffers.at("mine") == bytes_of(mine), "each rank's own buffer is its own");
+    // Rank 1's next save is of another round's course (the agent starts each round's generations
+    // at round << 40): the ranks hold step 3 in two courses, and agree on step 2.
+    s.save(2, {{"w", w.data(), w.size() * 4, true}});
+    if (rank == 1) {
+      const int fd = std::atoi(std::getenv("DDPRUN_STATE_FD"));
+      std::uint64_t latest = 0;
+      if (::pread(fd, &latest, 8, 24) != 8) return false;
+      latest = std::max(latest >> 1, std::uint64_t{1} << 40) << 1 | (latest & 1);
+      if (::pwrite(fd, &latest, 8, 24) != 8) return false;
+    }
+    s.save(3, {{"w", w.data(), w.size() * 4, true}});
+    const auto again = s.load(group);
+    expect(again && again->step == 2, "a step saved in two courses: the ranks agree on the step before");
+    return ok;
+  });
+  CHECK(codes == std::vector<int>{0, 0, 0});
 }

@@ -315,11 +315,17 @@ void StateCopies::settle(Round& r) {
           const int fd = self.areas_.fd(i);
           // The newest generation the area holds or held (a worker killed between a slot's commit
           // and the header's latest leaves the latter behind).
-          std::uint64_t newest = get_u64(fd, 24) >> 1;
+          const std::uint64_t latest = get_u64(fd, 24);
+          std::uint64_t newest = latest >> 1;
           for (std::uint32_t k = 0; k < sl::kSlots; ++k) {
             const std::uint64_t at = sl::page() + k * slot_bytes;
             if (get_u64(fd, at) != 0) newest = std::max(newest, get_u64(fd, at + 8));
           }
+          // The round's saves are of its course: their generations start at round << 40 (the
+          // ranks agree on a step and its course, so that a state the round abandons, which an
+          // old buddy may still hold, is never taken for that step's state made since).
+          newest = std::max(newest, static_cast<std::uint64_t>(info.round) << sl::kCourseShift);
+          put_u64(fd, 24, newest << 1 | (latest & 1));
           put_u64(fd, sl::kReplicatedAt, newest);
           put_u64(fd, sl::kHoldLimitAt, limit);
           put_u64(fd, sl::kCopiesAt, copies ? 1 : 0);

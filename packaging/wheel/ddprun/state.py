@@ -627,18 +627,26 @@ def _group():
         return None
 
 
+# A save's generation >> 40 is its course: in a job of several nodes the agent starts each round's
+# generations at round << 40, so that a state a later round abandoned (its step done again, from
+# an earlier one) is never taken for the state of that step made since (a buddy node may still
+# hold the abandoned one). Ranks agree on a step and its course.
+_COURSE_SHIFT = 40
+
+
 def _agree(held):
-    """The newest step every rank holds (torch.distributed initialized), else this rank's newest;
-    None when there is none."""
+    """(step, course) of the newest state every rank holds (torch.distributed initialized), else
+    of this rank's newest; None when there is none. `held`: [(generation, step)] newest first."""
+    mine = [(step, gen >> _COURSE_SHIFT) for gen, step in held]
     dist = _group()
     if dist is None:
-        return held[0] if held else None
+        return mine[0] if mine else None
     every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, list(held))
-    common = set(every[0]).intersection(*map(set, every[1:]))
+    dist.all_gather_object(every, mine)
+    common = set(map(tuple, every[0])).intersection(*[set(map(tuple, e)) for e in every[1:]])
     if held and not common:
-        print(f"ddprun.state.load: rank {dist.get_rank()} holds steps {held} but the ranks hold no step in common "
-              f"({every}); starting without in-memory state", file=sys.stderr)
+        print(f"ddprun.state.load: rank {dist.get_rank()} holds steps {[s for s, _c in mine]} but the ranks hold no "
+              f"step in common (each rank's (step, course): {every}); starting without in-memory state", file=sys.stderr)
     return max(common) if common else None
 
 
@@ -690,12 +698,13 @@ def _load(area, verify, where):
         except StateError as e:
             print(e, file=sys.stderr)
     held = area.committed() if area else []
-    step = _agree([s for _gen, s, _slot in held])
-    if area is None or step is None:
+    agreed = _agree([(g, s) for g, s, _slot in held])
+    if area is None or agreed is None:
         return None
+    step = agreed[0]
     error, refs, obj, private, space, shares, skel, mine = None, [], None, None, None, None, 0, None
     try:
-        _gen, step, slot = next(h for h in held if h[1] == step)
+        _gen, step, slot = next(h for h in held if (h[1], h[0] >> _COURSE_SHIFT) == agreed)
         _gen, _step, skel, data, chunk, crcs = area.slot(slot)
         base = area.offset(slot)
         private = mmap.mmap(area.fd, area.slot_bytes, flags=mmap.MAP_PRIVATE,

@@ -51,6 +51,9 @@ constexpr std::size_t kHeaderBytes = 32, kSlotHeaderBytes = 52, kAlign = 64;
 constexpr std::size_t kReplyAt = 1024, kReplyMessageBytes = 480, kCopiedAt = 1536, kRequestAt = 2048;
 constexpr std::size_t kReplicatedAt = 1544, kCopiesAt = 1552, kHoldLimitAt = 1560;
 constexpr std::size_t kRequestPathAt = kRequestAt + 24, kRequestPathBytes = 2000;
+// A save's generation >> kCourseShift is its course: in a job of several nodes the agent starts
+// each round's generations at round << kCourseShift, and the ranks agree on a step and its course.
+constexpr int kCourseShift = 40;
 
 inline std::size_t page() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
 inline std::size_t align(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }

@@ -101,7 +101,7 @@ class MemoryState {
   static std::optional<Loaded> load(ProcessGroup& group, const std::string& path);
 
  private:
-  void drop_newer(std::int64_t agreed);  // the states newer than the agreed one uncommitted
+  void drop_newer(std::int64_t agreed, std::int64_t course);  // the states newer than the agreed one uncommitted
   struct Piece {  // bytes a save copies: from `from`, to `at` in the slot's data
     const unsigned char* from;
     std::uint64_t at, bytes;
