@@ -128,6 +128,9 @@ void JobController::on_round_ready(const RoundInfo& info) {
       copies_ = nullptr;
     }
   }
+  // Without the copies (they could not start here) a round's saves are of its course still, as
+  // every other node's are.
+  if (state_ && info.group_world > 1) state_->begin_course(round_);
   start_workers();
 }
 

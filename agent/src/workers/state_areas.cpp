@@ -9,8 +9,10 @@
 #include <cstring>
 #include <fstream>
 #include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/state_layout.hpp"
 
 namespace ddprun::agent {
 namespace {
@@ -76,6 +78,25 @@ StateAreas::~StateAreas() { release(); }
 void StateAreas::release() {
   for (int fd : fds_) ::close(fd);
   fds_.clear();
+}
+
+void StateAreas::begin_course(int round) const {
+  if (round <= 0 || round >= (1 << 22)) return;
+  const std::uint64_t floor = static_cast<std::uint64_t>(round) << state_layout::kCourseShift;
+  for (int i = 0; i < ranks(); ++i) {
+    std::uint64_t latest = 0;
+    if (::pread(fds_[static_cast<std::size_t>(i)], &latest, 8, 24) != 8) {
+      spdlog::warn("ddprun: round {}: local rank {}'s state area cannot be read ({}): its saves keep the last "
+                   "round's course", round, i, std::strerror(errno));
+      continue;
+    }
+    if ((latest >> 1) >= floor) continue;
+    latest = floor << 1 | (latest & 1);
+    if (::pwrite(fds_[static_cast<std::size_t>(i)], &latest, 8, 24) != 8) {
+      spdlog::warn("ddprun: round {}: local rank {}'s state area cannot be written ({}): its saves keep the last "
+                   "round's course", round, i, std::strerror(errno));
+    }
+  }
 }
 
 int StateAreas::fd(int local_rank) const {

@@ -42,6 +42,12 @@ class StateAreas {
   int ranks() const { return static_cast<int>(fds_.size()); }
   // The bytes the areas hold now (pages written), all ranks together.
   std::uint64_t resident_bytes() const;
+  // The saves of round `round` of a job of several nodes are of a course of their own: each
+  // area's next generation is at least round << kCourseShift (its header's latest raised), and
+  // the ranks agree on a step and its course (docs/usage.md: One step for every rank). Every
+  // node calls it as a round's workers are about to start; an area that cannot be written is
+  // left (said), the others raised. Rounds from 2^22 on are not raised (the generations' room).
+  void begin_course(int round) const;
 
  private:
   void release();

@@ -196,6 +196,7 @@ void StateCopies::run() {
       spdlog::warn("ddprun: round {}: the workers' in-memory state was not put in place for their ranks ({}); "
                    "a rank whose state was elsewhere starts without it",
                    r->info.round, e.what());
+      areas_.begin_course(r->info.round);  // (where settle() failed before its Arm did)
     }
     if (!wanted(r->info.round)) continue;  // a newer round, or the end: its workers never start
     r->ready();
@@ -308,24 +309,19 @@ void StateCopies::settle(Round& r) {
     bool complete = false;  // every area's state in place (else the next round looks again)
     ~Arm() {
       const bool copies = info.group_world > 1 && self.bytes_per_s_ > 0;
+      self.areas_.begin_course(info.round);  // before the replicated mark: the round's first save is not held
       try {
         const auto limit = static_cast<std::uint64_t>(std::chrono::duration<double>(self.give_up()).count()) + 30;
         const auto slot_bytes = sl::area_slot_bytes(self.areas_.bytes_per_rank());
         for (int i = 0; i < self.areas_.ranks(); ++i) {
           const int fd = self.areas_.fd(i);
           // The newest generation the area holds or held (a worker killed between a slot's commit
-          // and the header's latest leaves the latter behind).
-          const std::uint64_t latest = get_u64(fd, 24);
-          std::uint64_t newest = latest >> 1;
+          // and the header's latest leaves the latter behind), the round's course's start at least.
+          std::uint64_t newest = get_u64(fd, 24) >> 1;
           for (std::uint32_t k = 0; k < sl::kSlots; ++k) {
             const std::uint64_t at = sl::page() + k * slot_bytes;
             if (get_u64(fd, at) != 0) newest = std::max(newest, get_u64(fd, at + 8));
           }
-          // The round's saves are of its course: their generations start at round << 40 (the
-          // ranks agree on a step and its course, so that a state the round abandons, which an
-          // old buddy may still hold, is never taken for that step's state made since).
-          newest = std::max(newest, static_cast<std::uint64_t>(info.round) << sl::kCourseShift);
-          put_u64(fd, 24, newest << 1 | (latest & 1));
           put_u64(fd, sl::kReplicatedAt, newest);
           put_u64(fd, sl::kHoldLimitAt, limit);
           put_u64(fd, sl::kCopiesAt, copies ? 1 : 0);

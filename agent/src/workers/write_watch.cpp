@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 namespace ddprun::agent {
 
@@ -29,8 +30,33 @@ bool waits_on_disk(pid_t pid, const std::string& proc_root) {
   return false;
 }
 
+std::vector<pid_t> with_descendants(pid_t pid, const std::string& proc_root) {
+  std::vector<pid_t> out{pid};
+  for (std::size_t i = 0; i < out.size() && out.size() < 4096; ++i) {
+    std::error_code ec;
+    const std::string tasks = proc_root + "/" + std::to_string(out[i]) + "/task";
+    for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream children(task.path() / "children");
+      pid_t child = 0;
+      while (children >> child) {
+        if (child > 0 && std::find(out.begin(), out.end(), child) == out.end()) out.push_back(child);
+      }
+    }
+  }
+  return out;
+}
+
+std::optional<std::uint64_t> storage_written_below(pid_t pid, const std::string& proc_root) {
+  const auto own = storage_written(pid, proc_root);
+  if (!own) return std::nullopt;
+  std::uint64_t sum = *own;
+  const auto all = with_descendants(pid, proc_root);
+  for (std::size_t i = 1; i < all.size(); ++i) sum += storage_written(all[i], proc_root).value_or(0);
+  return sum;
+}
+
 void WriteWatch::look(pid_t pid, bool still, bool torch_save, Clock::time_point now) {
-  const auto bytes = storage_written(pid);
+  const auto bytes = storage_written_below(pid);
   if (!bytes || pid != pid_ || *bytes < bytes_) {
     if (pid != pid_) pace_ = 0, rates_.clear(), wrote_ = {};  // another process: nothing of the last one's
     pid_ = bytes ? pid : -1;
@@ -63,7 +89,11 @@ bool WriteWatch::wrote_lately(Clock::time_point now) const {
 
 bool WriteWatch::saving(Clock::time_point now) const {
   if (pid_ <= 0 || !wrote_lately(now)) return false;
-  return now - wrote_ < kWritingWindow || waits_on_disk(pid_);
+  if (now - wrote_ < kWritingWindow) return true;
+  for (pid_t p : with_descendants(pid_)) {
+    if (waits_on_disk(p)) return true;
+  }
+  return false;
 }
 
 }  // namespace ddprun::agent

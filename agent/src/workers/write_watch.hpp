@@ -1,15 +1,18 @@
 #pragma once
 // A worker's writes to storage, as the agent reads them (docs/usage.md: Hangs): a save of any
-// kind (numpy, safetensors, torch.distributed.checkpoint), where the heartbeat's saving() is
-// torch.save's alone. Its training process's write_bytes (/proc/PID/io) is read at each check:
+// kind (numpy, safetensors, torch.distributed.checkpoint, a writer process of its own), where
+// the heartbeat's saving() is torch.save's alone. The write_bytes (/proc/PID/io) of its training
+// process and every live process below it (a reaped child's count is its parent's) is read at
+// each check:
 //   - while its main thread steps, its own pace of writing: the most it wrote in a
 //     kWritingPaceWindow of the last kWritingPaceWindows (a thread that logs, steadily or in
 //     bursts, is no save);
 //   - while its main thread holds still, a save: kWritingBytes within kWritingWindow, and
 //     kWritingOverPace x that pace.
 // It is saving for kWritingWindow after such a burst, and for kFlushGrace after it while one of
-// its threads waits on the disk (D state: the save's fsync or close, which write_bytes does not
-// count). A save whose process hangs stops both, and is a hang like any other.
+// its threads, or one of a process below it, waits on the disk (D state: the save's fsync or
+// close, which write_bytes does not count). A save whose process hangs stops both, and is a hang
+// like any other.
 
 #include <sys/types.h>
 
@@ -18,6 +21,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddprun::agent {
 
@@ -51,8 +55,12 @@ class WriteWatch {
 bool waits_on_disk(pid_t pid, const std::string& proc_root = "/proc");
 
 // The bytes `pid` has caused to be written to storage (/proc/PID/io write_bytes: counted as it
-// dirties a file's pages, so a save to a disk or network file system counts at once, a pipe or
-// a socket not at all); nullopt when it cannot be read.
+// dirties a file's pages, so a save to a disk or network file system counts at once, a pipe, a
+// socket or a tmpfs not at all); nullopt when it cannot be read.
 std::optional<std::uint64_t> storage_written(pid_t pid, const std::string& proc_root = "/proc");
+// `pid` and the live processes below it (PROC_ROOT/PID/task/TID/children), parents first.
+std::vector<pid_t> with_descendants(pid_t pid, const std::string& proc_root = "/proc");
+// storage_written of `pid` and every live process below it; nullopt when `pid`'s cannot be read.
+std::optional<std::uint64_t> storage_written_below(pid_t pid, const std::string& proc_root = "/proc");
 
 }  // namespace ddprun::agent

@@ -80,7 +80,8 @@ class MemoryState {
     };
     std::optional<Shared> shared;
   };
-  // The newest step every rank of `group` holds (a collective: every rank calls it), checked
+  // The newest state every rank of `group` holds, by step and course (a collective: every rank
+  // calls it; docs/usage.md: One step for every rank), checked
   // against its CRC-32s; nullopt when the ranks hold none in common (a fresh start), or when any
   // rank's state fails its check or was saved by Python's ddprun.state (said on stderr).
   std::optional<Loaded> load(ProcessGroup& group);
