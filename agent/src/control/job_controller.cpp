@@ -246,6 +246,9 @@ void JobController::start_workers() {
   if (fence_) fence_->reset();
   try {
     group_.set_nodes(info_.group_world);
+    // A single node at its last allowed restart starts no spares: no restart can follow (across
+    // nodes a member's loss or arrival restarts the group whatever the count).
+    group_.set_spares_wanted(opt_.rdzv.multi_node() || opt_.max_restarts < 0 || attempt_ < opt_.max_restarts);
     group_.start(plan_workers(opt_, info_, dir_, state_));
   } catch (const Error& e) {
     spdlog::error("ddprun: {}", e.what());

@@ -111,7 +111,7 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   runner.watch(pgids);
   oom_kills_at_start = cgroup_oom_kills();
   arm_heartbeat_check();
-  if (spares) {
+  if (spares && spares_wanted) {
     // --preload=auto reads what the workers report at their first step: waited for longer.
     spares_due = SteadyClock::now() + (opt.spares.preload_auto ? std::max<std::chrono::milliseconds>(opt.spares.delay, 30s)
                                                                  : opt.spares.delay);
@@ -535,6 +535,7 @@ void WorkerGroup::forward(int sig) {
 }
 void WorkerGroup::check_heartbeats(std::chrono::steady_clock::time_point now) { impl_->check_heartbeats(now); }
 void WorkerGroup::set_nodes(int nodes) { impl_->nodes = nodes; }
+void WorkerGroup::set_spares_wanted(bool wanted) { impl_->spares_wanted = wanted; }
 int WorkerGroup::warm_started() const { return impl_->warm; }
 bool WorkerGroup::stopping() const { return impl_->stopping(); }
 bool WorkerGroup::ended() const { return impl_->state == Impl::State::ended; }

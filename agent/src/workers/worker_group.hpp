@@ -167,6 +167,9 @@ class WorkerGroup {
   // The round's nodes (1 by default). A rank in torch.save pauses the hang watch on its node and,
   // across nodes, on every node that asks (Listener::others_saving) before it reports a silence.
   void set_nodes(int nodes);
+  // Whether the next start()'s group makes warm spares (where spares are on): not where no
+  // restart can follow it (a single node at its last allowed restart).
+  void set_spares_wanted(bool wanted);
   // Checks the heartbeat files (the group's timer calls this; tests call it with their own clock).
   void check_heartbeats(std::chrono::steady_clock::time_point now);
   // Calls `ready` once every worker of the current group has touched its heartbeat file once

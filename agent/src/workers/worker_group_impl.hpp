@@ -188,6 +188,7 @@ struct WorkerGroup::Impl {
   SteadyClock::time_point saved_until;  // the last check that found a rank saving (here or on another node)
   bool logged_remote = false;  // "a rank of another node is saving" was said
   int nodes = 1;          // the round's (set_nodes)
+  bool spares_wanted = true;  // set_spares_wanted
   // Once a window (--hang_floor): each worker's busy share; a straggler is named once.
   void watch_pace(SteadyClock::time_point now);
   SteadyClock::time_point pace_due{};
