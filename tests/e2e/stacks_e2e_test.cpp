@@ -167,6 +167,32 @@ TEST_CASE("stacks: a warm and a cold rank stuck at the same line group together 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("spares: a single node's last allowed attempt, or a job with --max_restarts=0, makes none", "[spares]") {
+  SKIP_UNLESS(std::filesystem::exists("/usr/bin/python3"), "no /usr/bin/python3");
+  auto dir = fresh_dir();
+  auto script = dir + "/train.py";
+  // Beats (the group is up: spares are due), then runs 2 s more; attempt 0 of rank 0 then fails once.
+  std::ofstream(script) << "import os, sys, time\n"
+                           "for _ in range(40):\n"
+                           "    os.utime(os.environ['DDPRUN_HEARTBEAT_FILE'])\n"
+                           "    time.sleep(0.05)\n"
+                           "sys.exit(3 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' and os.environ['RANK'] == '0'"
+                           " and sys.argv[1] == 'fail' else 0)\n";
+  const std::map<std::string, std::string> env{{"PYTHON_EXEC", "/usr/bin/python3"}, {"DDPRUN_TEST_TAG", dir}};
+  // One restart allowed: attempt 0's spares take attempt 1 over; attempt 1, the last, makes none.
+  auto once = Launch(cmd({"--standalone", "--nproc_per_node=2", "--max_restarts=1", script, "fail"}), env).finish(60s);
+  INFO(once.err);
+  CHECK(once.code == 0);
+  CHECK_THAT(once.err, Catch::Contains("(2 warm)"));
+  CHECK(Launch::occurrences(once.err, "warm spare for local rank") == 2);
+  // No restart allowed: no spare at all.
+  auto never = Launch(cmd({"--standalone", "--nproc_per_node=2", "--max_restarts=0", script, "ok"}), env).finish(60s);
+  INFO(never.err);
+  CHECK(never.code == 0);
+  CHECK(Launch::occurrences(never.err, "warm spare for local rank") == 0);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("stacks: --stack_dump_timeout=0 stops a hung group at once, without stacks", "[stacks]") {
   auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.3", "--stop_timeout=1",
                        "--stack_dump_timeout=0", kWorker, "heartbeat:2:50", "stuck"}))
