@@ -78,6 +78,12 @@ back=$(grep -ho 'SAVED [0-9]* rank=[0-9]* host=h[0-9] t=[0-9.]*' "$out/a1.out" "
 stall=$(grep -ho 'STALL [0-9.]* saves=[0-9]*' "$out/a1.out" "$out/a3.out" |
   awk '{split($3, s, "="); t += $2; n += s[2]} END {if (n) printf "%.3f", t / n}')
 echo "  MEASURED state_mb=$mb step_s=$step_s lost_to_step_s=${back#* } ranks_back=${back% *} lag_steps=$lag resumed_at=$at stall_per_save_s=$stall agent_rss_mb=$agent_rss"
+# The resumed round's saves are of its course (the agents begin it as the round settles: its
+# generations from round << 40), on both nodes, so no abandoned state of an older round is taken for theirs.
+courses=$(grep -ho 'STALL .* course=[0-9-]*' "$out/a1.out" "$out/a3.out" | sed 's/.*course=//' | sort -u)
+[ "$(echo "$courses" | grep -c .)" -eq 1 ] && [ "${courses:--1}" -ge 1 ] &&
+  ok "the resumed round's saves are of its course ($courses) on every rank" ||
+  bad "the last saves' courses: $(echo $courses) (one, of the resumed round, at least 1, expected)"
 if [ -n "$replicated" ]; then  # each of the 4 ranks saved its state, and a quarter of the replicated part
   sizes=$(grep -ho 'STALL .* bytes=[0-9]* model_and_optimizer=[0-9]*' "$out/a1.out" "$out/a3.out" | sed 's/.*bytes=\([0-9]*\) model_and_optimizer=\([0-9]*\)/\1 \2/')
   [ "$(echo "$sizes" | grep -c .)" -eq 4 ] &&

@@ -17,7 +17,7 @@ position). STATE_MODE says what else it does:
                the second fails), then loads the file back
 
 It prints "RESUMED <step> steps=<the steps this rank held before load()>" (the step loaded), "FINAL <sha256 of the parameters>",
-"STALL <s> ... bytes=<the last save's bytes> model_and_optimizer=<their tensors' bytes>".
+"STALL <s> ... bytes=<the last save's bytes> model_and_optimizer=<their tensors' bytes> course=<its course>".
 STATE_REPLICATED=1: the model and the optimizer are saved as replicated (save(..., replicated=)).
 STATE_MB: the size of the extra state tensor (MB). STATE_PAUSE: seconds to wait after each save,
 having printed "SAVED <step> rank=R host=H t=<time> stale=<n>" (a job slow enough to be lost
@@ -160,6 +160,7 @@ print(f"FINAL {hash_params()}", flush=True)
 s = ddprun.state.stats()
 shared = sum(t.numel() * t.element_size() for t in list(model.state_dict().values()) +
              [v for d in optimizer.state_dict()["state"].values() for v in d.values() if torch.is_tensor(v)])
+held = ddprun.state._area.committed() if ddprun.state._area else []  # the last save's course: its generation >> 40
 print(f"STALL {s['stall_s']:.4f} saves={s['saves']} copy={s['copy_s']:.4f} bytes={s['last_bytes']} "
-      f"model_and_optimizer={shared}", flush=True)
+      f"model_and_optimizer={shared} course={held[0][0] >> 40 if held else -1}", flush=True)
 dist.destroy_process_group()
