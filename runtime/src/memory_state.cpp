@@ -18,6 +18,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/state_layout.hpp"
+#include "ddprun/common/text.hpp"
 #include "ddprun/common/thread.hpp"
 #include "ddprun/runtime/process_group.hpp"
 #include "host_gather.hpp"
@@ -48,11 +49,11 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges(std::uint64_t total,
   return out;
 }
 
+// The variable `name` as an integer in [0, 2^30), else `fallback` (unset or not such a number).
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
-  char* end = nullptr;
-  const long n = v ? std::strtol(v, &end, 10) : 0;
-  return v && *v && end && *end == '\0' && n >= 0 && n < (1L << 30) ? static_cast<int>(n) : fallback;
+  const auto n = v ? parse_int(v, 0, (1 << 30) - 1) : std::nullopt;
+  return n ? static_cast<int>(*n) : fallback;
 }
 constexpr std::uint64_t kChunk = 64ull << 20;
 
