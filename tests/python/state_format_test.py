@@ -8,23 +8,15 @@ agent copies the saves to a buddy node, a save waits until the last one has been
 DDPRUN_STATE_FD that is not an area.
 
 Usage: state_format_test.py PACKAGE_DIR (where the `ddprun` package is: build/share/ddprun/python)"""
-import fcntl
 import os
 import subprocess
 import sys
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testlib import FAILURES, check, need_torch  # noqa: E402
+from testlib import FAILURES, check, need_torch, state_area  # noqa: E402
 
 SIZE = 16 << 20
-
-
-def area():
-    fd = os.memfd_create("ddprun-state-0", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, SIZE)
-    fcntl.fcntl(fd, 1033, 0x0001 | 0x0002 | 0x0004)  # F_ADD_SEALS: SEAL, SHRINK, GROW
-    return fd
 
 
 def loaded(st):
@@ -292,7 +284,7 @@ def not_an_area():
 def main():
     need_torch()
     sys.path.insert(0, os.path.abspath(sys.argv[1]))
-    fd = area()
+    fd = state_area(SIZE)
     os.environ.update(DDPRUN_STATE_FD=str(fd), DDPRUN_STATE_BYTES=str(SIZE))
     import ddprun.state as st
 

@@ -10,22 +10,14 @@ torch.distributed (it says to call init_process_group first). And a step saved i
 (rounds) is not agreed on: the ranks resume at the step before.
 
 Usage: state_shared_test.py PACKAGE_DIR (where the `ddprun` package is: build/share/ddprun/python)"""
-import fcntl
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from testlib import FAILURES, check, need_torch  # noqa: E402
+from testlib import FAILURES, check, need_torch, state_area  # noqa: E402
 
 SIZE = 64 << 20
-
-
-def area():
-    fd = os.memfd_create("ddprun-state-0", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, SIZE)
-    fcntl.fcntl(fd, 1033, 0x0001 | 0x0002 | 0x0004)  # F_ADD_SEALS: SEAL, SHRINK, GROW
-    return fd
 
 
 def same(a, b):
@@ -42,7 +34,7 @@ def same(a, b):
 
 def rank_main(rank, package, init):
     """Runs in each of the two processes; exits with the count of its failures."""
-    fd = area()
+    fd = state_area(SIZE)
     os.environ.update(DDPRUN_STATE_FD=str(fd), DDPRUN_STATE_BYTES=str(SIZE))
     sys.path.insert(0, package)
     import io

@@ -74,3 +74,14 @@ def run(cmd, env_extra=None, timeout=120, on_line=None, cwd=None):
         lines.append(f"TEST: killed after {timeout} s")
     t.join(10)
     return rc, lines
+
+
+def state_area(size):
+    """A memfd as ddprun's agent makes a rank's state area ("ddprun-state-...", sealed against
+    growing and shrinking), of `size` bytes: tests of ddprun.state without ddprun."""
+    import fcntl
+
+    fd = os.memfd_create("ddprun-state-0", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    fcntl.fcntl(fd, 1033, 0x0001 | 0x0002 | 0x0004)  # F_ADD_SEALS: SEAL, SHRINK, GROW
+    return fd
