@@ -45,7 +45,17 @@ TEST_CASE("round records: each kind round-trips, anything malformed names the ke
   auto nb = parse_node("k", node_json(n));
   CHECK(nb.nproc == 4);
   CHECK(nb.addrs == n.addrs);
+  CHECK(nb.last_round == -1);  // a node that has run no round, or a record without the fields
+  CHECK(parse_node("k", R"({"host": "h"})").last_rank == -1);
+  n.last_round = 7;
+  n.last_rank = 2;
+  nb = parse_node("k", node_json(n));
+  CHECK(nb.last_round == 7);
+  CHECK(nb.last_rank == 2);
   CHECK_THROWS_AS(parse_node("k", "{\"nproc\": 0}"), ddprun::ProtocolError);
+  for (const char* bad : {R"({"last_rank": -2})", R"({"last_round": "1"})", R"({"last_rank": 1.5})"}) {
+    CHECK_THROWS_WITH(parse_node("r1/node/0", bad), Catch::Contains("malformed value at key 'r1/node/0'"));
+  }
 }
 
 TEST_CASE("round state: closed, store, config, assignment and members records round-trip - numbers are read strictly", "[records]") {

@@ -47,6 +47,19 @@ struct Nodes {
     for (auto& n : nodes) n->join(round, rc);
     for (auto& r : rec) REQUIRE(r->wait_ready());
   }
+  // Nodes `who` join round `round` in that order: each once the one before it has arrived (its
+  // record is written). `rc`: the restart count each brings (-1: a node new to the job).
+  void join_in_order(int round, const std::vector<std::pair<int, int>>& who_rc) {
+    int arrived = 0;
+    for (auto [who, rc] : who_rc) {
+      nodes[who]->join(round, rc);
+      const std::string record = round_key(round, Name::node, arrived++).text();
+      std::unique_lock<std::mutex> lk(world->mu);
+      const bool came = world->cv.wait_for(lk, 10s, [&] { return world->kv.count(record) > 0; });
+      lk.unlock();
+      REQUIRE(came);
+    }
+  }
 };
 
 // A workers' store for RoundRules driven directly (no round is run).

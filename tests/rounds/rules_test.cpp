@@ -159,6 +159,66 @@ TEST_CASE("rules: a lost node ends the round for all - the next round closes wit
   CHECK(std::chrono::steady_clock::now() - t0 < 2s);
 }
 
+namespace {
+// Each node's group rank in round 0, and the node at each group rank.
+void places(const Nodes& n, std::vector<int>& had, std::vector<int>& by_rank) {
+  by_rank.assign(n.rec.size(), -1);
+  for (std::size_t i = 0; i < n.rec.size(); ++i) {
+    had.push_back(n.rec[i]->ready.front().group_rank);
+    by_rank[had[i]] = static_cast<int>(i);
+  }
+}
+}  // namespace
+
+// The next round's arrival order is whoever came back first (after a failure, the node that saw
+// it): a member's place (its workers' ranks, their in-memory state, its buddy) stays where it
+// was; a newcomer takes a place left free.
+TEST_CASE("rules: members keep their group ranks in the next round, whatever the arrival order", "[rules]") {
+  Nodes n(3, 3);
+  n.add_many(3);
+  n.join_all(0, 0);
+  std::vector<int> had, by_rank;
+  places(n, had, by_rank);
+  SECTION("a failure: all three back, in the reverse order of their places") {
+    FailureRecord f;
+    n.nodes[by_rank[2]]->end_round(0, RoundEnd::of_failure(f), 3);
+    for (auto& r : n.rec) REQUIRE(r->wait_over());
+    n.join_in_order(1, {{by_rank[2], 1}, {by_rank[1], 1}, {by_rank[0], 1}});
+    for (int i = 0; i < 3; ++i) {
+      REQUIRE(n.rec[i]->wait_ready(2));
+      CHECK(n.rec[i]->ready.back().group_rank == had[i]);
+      CHECK(n.rec[i]->ready.back().rank_offset == 2 * had[i]);
+    }
+  }
+  SECTION("a lost member: a newcomer that arrives first takes its place") {
+    n.world->lose(0, 1);
+    for (int g : {0, 2}) REQUIRE(n.rec[by_rank[g]]->wait_over());
+    const int fresh = n.add();
+    n.join_in_order(1, {{fresh, -1}, {by_rank[2], 1}, {by_rank[0], 1}});
+    REQUIRE(n.rec[fresh]->wait_ready());
+    CHECK(n.rec[fresh]->ready.back().group_rank == 1);
+    for (int g : {0, 2}) {
+      REQUIRE(n.rec[by_rank[g]]->wait_ready(2));
+      CHECK(n.rec[by_rank[g]]->ready.back().group_rank == g);
+    }
+  }
+}
+
+TEST_CASE("rules: a smaller round fills the gap with the member whose place is beyond it", "[rules]") {
+  Nodes n(2, 3);
+  n.add_many(3);
+  n.join_all(0, 0);
+  std::vector<int> had, by_rank;
+  places(n, had, by_rank);
+  n.world->lose(0, 1);
+  for (int g : {0, 2}) REQUIRE(n.rec[by_rank[g]]->wait_over());
+  n.join_in_order(1, {{by_rank[2], 1}, {by_rank[0], 1}});
+  REQUIRE(n.rec[by_rank[0]]->wait_ready(2));
+  REQUIRE(n.rec[by_rank[2]]->wait_ready(2));
+  CHECK(n.rec[by_rank[0]]->ready.back().group_rank == 0);
+  CHECK(n.rec[by_rank[2]]->ready.back().group_rank == 1);
+}
+
 TEST_CASE("rules: the first end of a round wins, and success needs every node", "[rules]") {
   Nodes n(3, 3);
   n.add_many(3);

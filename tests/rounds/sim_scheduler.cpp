@@ -230,6 +230,30 @@ bool World::step(bool faults) {
   return true;
 }
 
+// A member keeps the group rank g it last ran with (round R') where g is below the round's size,
+// unless the member now at g last ran with g in a later round than R'.
+void World::check_kept_place(const Node& n, const RoundInfo& info, const std::vector<std::string>& hosts) {
+  if (s_.kind == BackendKind::static_ranks) return;
+  const auto claim_of = [&](const std::string& id) -> std::pair<int, int> {
+    auto now = place_.find(id);
+    if (now == place_.end()) return {-1, -1};
+    if (now->second.first != info.round) return now->second;
+    auto before = place_before_.find(id);  // it joined this round already: its claim came before
+    return before == place_before_.end() ? std::pair<int, int>{-1, -1} : before->second;
+  };
+  const auto [was_round, was_rank] = claim_of(n.id);
+  if (was_rank >= 0 && was_rank < static_cast<int>(hosts.size()) && info.group_rank != was_rank) {
+    const auto [holder_round, holder_rank] = claim_of(hosts[was_rank]);
+    if (holder_rank != was_rank || holder_round <= was_round) {
+      violate("round " + std::to_string(info.round) + ": " + n.id + " ran round " + std::to_string(was_round) +
+              " as group rank " + std::to_string(was_rank) + " and lost that place to " + hosts[was_rank] +
+              ", which had no later claim to it");
+    }
+  }
+  if (place_.count(n.id)) place_before_[n.id] = place_[n.id];
+  place_[n.id] = {info.round, info.group_rank};
+}
+
 void World::joined(Node& n, const RoundInfo& info, const std::vector<std::string>& hosts) {
   const int round = info.round, group_rank = info.group_rank;
   note(n.id + " in round " + std::to_string(round) + " as " + std::to_string(group_rank) + " of [" + join_text(hosts) +
@@ -256,6 +280,7 @@ void World::joined(Node& n, const RoundInfo& info, const std::vector<std::string
   if (s_.kind == BackendKind::static_ranks && group_rank != n.slot) {
     violate(n.id + " has --node_rank " + std::to_string(n.slot) + " but group rank " + std::to_string(group_rank));
   }
+  check_kept_place(n, info, hosts);
   auto last = last_round_.find(n.id);
   const bool same_epoch = last != last_round_.end() && last->second.first == epoch_;
   if (same_epoch && last->second.second >= round) {

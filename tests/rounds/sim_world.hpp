@@ -121,6 +121,7 @@ class World {
   void spawn_ring(Node& n, const Members& m);
   void renewed(Node& n, Time sent);
   void joined(Node& n, const RoundInfo& info, const std::vector<std::string>& hosts);
+  void check_kept_place(const Node& n, const RoundInfo& info, const std::vector<std::string>& hosts);
   void ended(Node& n, int round, const std::string& end_json);
   void finished(Node& n);
   // Member `n` decided, on round `round`'s end, to restart, or that the job ends (a crash loop, no restart left).
@@ -196,6 +197,8 @@ class World {
   std::vector<Node*> current_nodes_;  // the current incarnation of each slot
   std::map<std::pair<int, int>, RoundSeen> rounds_;  // by (epoch, round)
   std::map<std::string, std::pair<int, int>> last_round_;  // node id: (epoch, round) last joined
+  // node id: (round, group rank) it last ran with, and the one before (kept places, invariant 11)
+  std::map<std::string, std::pair<int, int>> place_, place_before_;
   std::pair<int, long long> latest_{0, -1};  // (epoch, the `round` key's highest value)
   std::vector<std::string> trace_;
   std::string violation_;

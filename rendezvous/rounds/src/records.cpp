@@ -39,7 +39,8 @@ FailureRecord failure_from(const json& j, const std::string& key) {
 }  // namespace
 
 std::string node_json(const NodeInfo& n) {
-  return text(json{{"host", n.host}, {"addr", n.addr}, {"reach", n.reach}, {"nproc", n.nproc}, {"node_rank", n.node_rank}, {"addrs", n.addrs}});
+  return text(json{{"host", n.host}, {"addr", n.addr}, {"reach", n.reach}, {"nproc", n.nproc}, {"node_rank", n.node_rank}, {"addrs", n.addrs},
+                   {"last_round", n.last_round}, {"last_rank", n.last_rank}});
 }
 
 NodeInfo parse_node(const std::string& key, const std::string& value) {
@@ -50,7 +51,10 @@ NodeInfo parse_node(const std::string& key, const std::string& value) {
   n.reach = field<std::string>(j, key, "reach", "");
   n.nproc = field<int>(j, key, "nproc", 1);
   n.node_rank = field<int>(j, key, "node_rank", -1);
+  n.last_round = field<int>(j, key, "last_round", -1);
+  n.last_rank = field<int>(j, key, "last_rank", -1);
   if (n.nproc < 1 || n.nproc > 1 << 20) malformed(key, "field 'nproc' is out of range");
+  if (n.last_round < -1 || n.last_rank < -1) malformed(key, "field 'last_round' or 'last_rank' is below -1");
   // Addresses are advisory (the workers' store allows them): entries that are not strings are skipped.
   auto addrs = j.find("addrs");
   if (addrs != j.end() && addrs->is_array()) {

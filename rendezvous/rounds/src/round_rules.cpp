@@ -241,6 +241,9 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
   j.members.next_record = round_key(round, Name::node, a.next);
   j.members.next_host = a.next_host;
   publish_store(j);
+  // The round runs: this node's place in it is the one the next round keeps for it.
+  self_.info.last_round = round;
+  self_.info.last_rank = a.group_rank;
   return j;
 }
 

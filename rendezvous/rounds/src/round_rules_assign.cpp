@@ -2,6 +2,8 @@
 // members and writes each member its place (r<R>/assign/<i>) and the lineup (r<R>/members);
 // every other member reads its own assignment only: O(1) requests and bytes, whatever the
 // round's size (docs/rounds-protocol.md, "Cost per round").
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/text.hpp"
@@ -37,19 +39,36 @@ std::vector<NodeInfo> RoundRules::read_arrivals(int round, int closed, bool at_o
   return arrivals;
 }
 
-// The members by group rank, and their arrival indices: in arrival order, or (static) by
-// --node_rank, each unique and below the round's size. Returns why the records cannot make a
-// round ("" when they can; then `nodes` is empty).
+// The members by group rank, and their arrival indices. Static: by --node_rank, each unique and
+// below the round's size. Otherwise each member keeps the group rank it last ran with (its
+// workers' places, their in-memory state and its buddy stay put), where that is below the
+// round's size and no member ran with it in a later round (in the same one: the earlier
+// arrival); the others take the free places in arrival order. Returns why the records cannot
+// make a round ("" when they can; then `nodes` is empty).
 std::string RoundRules::order_members(const std::vector<NodeInfo>& arrivals, std::vector<NodeInfo>& nodes,
                                       std::vector<int>& order) const {
   const int closed = static_cast<int>(arrivals.size());
-  if (opt_.backend != BackendKind::static_ranks) {
-    nodes = arrivals;
-    for (int i = 0; i < closed; ++i) order.push_back(i);
-    return "";
-  }
   nodes.resize(closed);
   order.assign(closed, -1);
+  if (opt_.backend != BackendKind::static_ranks) {
+    std::vector<int> keep;  // arrivals that name a place, the latest round first
+    for (int i = 0; i < closed; ++i) {
+      if (arrivals[i].last_rank >= 0 && arrivals[i].last_rank < closed) keep.push_back(i);
+    }
+    std::stable_sort(keep.begin(), keep.end(),
+                     [&](int a, int b) { return arrivals[a].last_round > arrivals[b].last_round; });
+    std::vector<bool> placed(closed, false);
+    for (int i : keep) {
+      if (order[arrivals[i].last_rank] < 0) order[arrivals[i].last_rank] = i, placed[i] = true;
+    }
+    for (int i = 0, g = 0; i < closed; ++i) {
+      if (placed[i]) continue;
+      while (order[g] >= 0) ++g;
+      order[g] = i;
+    }
+    for (int g = 0; g < closed; ++g) nodes[g] = arrivals[order[g]];
+    return "";
+  }
   for (int i = 0; i < closed; ++i) {
     const NodeInfo& n = arrivals[i];
     if (n.node_rank < 0 || n.node_rank >= closed || order[n.node_rank] >= 0) {

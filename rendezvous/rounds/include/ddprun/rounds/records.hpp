@@ -27,6 +27,10 @@ struct NodeInfo {
   int nproc = 1;
   int node_rank = -1;
   std::vector<std::string> addrs;  // its interface addresses (its workers connect from one)
+  // The last round this node ran in (since its launch) and its group rank there: the assigner
+  // keeps it in that place (docs/rounds-protocol.md, "Running a round"). -1: none.
+  int last_round = -1;
+  int last_rank = -1;
 };
 
 // A worker that failed: the root cause of a round's end, as every node reports it.
