@@ -17,6 +17,10 @@ ddprun.state.save blocked plus the time the next optimizer step waited for its c
 share of a step (without the stall), and the memory the state
 takes (the checkpoint files; ddprun's areas, as written pages) with the workers' peak RSS.
 
+With --crash_node (as root), only this, side by side with --vs OLD_DDPRUN: a worker's crash on a
+node of a 2-node job (tests/multihost/state_node_test.sh crash), the time from it to every rank's
+next step, and how many ranks took their state from another node (a rank that moved).
+
 With --lost_node (as root): the same for a lost node, across three namespaced hosts
 (tests/multihost/state_node_test.sh fast): h1 and h2 train (2 workers each, world 4) with
 ddprun.state.save after every step and copies on each node's buddy; h2 is lost (every process
@@ -26,6 +30,7 @@ agent holds (its copies of h2's state). --sizes' first size, --step_s' first ste
 
 Usage: bench/state_bench.py [--ddprun build/launcher/ddprun] [--torchrun ../shared/tools/torchrun_fixed.py]
            [--sizes 256,1024] [--step_s 1,4] [--crash_step 8] [--every 5] [--lost_node]
+       bench/state_bench.py --crash_node [--vs OLD_DDPRUN] [--rounds 2] [--sizes 256] [--step_s 1]
 """
 import argparse
 import glob
@@ -93,18 +98,37 @@ def one(a, setup, mb, step_s):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def lost_node(a, mb, step_s):
-    """tests/multihost/state_node_test.sh fast, its MEASURED line as a row (None: it failed)."""
+def node_test(ddprun, mode, mb, step_s, key):
+    """tests/multihost/state_node_test.sh MODE, its MEASURED line as a row (None: no `key` in it);
+    `passed`: whether its checks passed."""
     env = dict(os.environ, STATE_MB=str(mb), STEP_S=str(step_s))
     env.pop("PYTHONPATH", None)
-    p = subprocess.run(["bash", os.path.join(ROOT, "tests", "multihost", "state_node_test.sh"), a.ddprun, "fast"],
+    p = subprocess.run(["bash", os.path.join(ROOT, "tests", "multihost", "state_node_test.sh"), ddprun, mode],
                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     line = next((l for l in p.stdout.splitlines() if "MEASURED" in l), "")
     m = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-    if p.returncode != 0 or not m.get("lost_to_step_s"):
+    if p.returncode != 0 or not m.get(key):
         print(p.stdout[-3000:])
+    if not m.get(key):
         return None
+    m["passed"] = p.returncode == 0
     return m
+
+
+def crash_node(a, mb, step_s):
+    """--crash_node: state_node_test.sh crash with --ddprun, and --vs alternately, --rounds each."""
+    print(f"\nA worker's crash on a node of a 2-node job: 2 namespaced hosts, 2 workers each (world 4), c10d, "
+          f"a step of {step_s:g} s, rank 2 (on group rank 1) exits after its save of step 4\n")
+    print("| state per rank | ddprun | crash -> every rank's next step | ranks that took their state from another node | checks |")
+    print("|---|---|---|---|---|")
+    for _ in range(a.rounds):
+        for name, binary in [("this", a.ddprun)] + ([("--vs", a.vs)] if a.vs else []):
+            m = node_test(binary, "crash", mb, step_s, "crash_to_step_s")
+            if m is None:
+                print(f"| {mb} MB | {name} ({binary}) | failed | | |")
+                continue
+            print(f"| {mb} MB | {name} ({binary}) | {float(m['crash_to_step_s']):.2f} s | {m['taken']} of 4 | "
+                  f"{'passed' if m['passed'] else 'failed'} |", flush=True)
 
 
 def copy_text(seconds):
@@ -124,6 +148,10 @@ def main():
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--tmp", default="/tmp", help="where torch.save writes (a disk, not tmpfs)")
     ap.add_argument("--lost_node", action="store_true", help="also a lost node across 3 namespaced hosts (root)")
+    ap.add_argument("--crash_node", action="store_true",
+                    help="only a worker's crash on a node of a 2-node job (root), side by side with --vs")
+    ap.add_argument("--vs", default="", help="--crash_node: another ddprun to run alternately (an older build)")
+    ap.add_argument("--rounds", type=int, default=2, help="--crash_node: runs of each")
     a = ap.parse_args()
     setups = ["torchrun + torch.save", "ddprun + torch.save", "ddprun + ddprun.state", "ddprun + ddprun.state + persist",
               "ddprun + ddprun.state, replicated"]
@@ -132,6 +160,8 @@ def main():
     sizes = [int(mb) for mb in a.sizes.split(",")]
     step_s = [float(x) for x in a.step_s.split(",")]
     step_s += [step_s[-1]] * (len(sizes) - len(step_s))
+    if a.crash_node:
+        return crash_node(a, sizes[0], step_s[0])
     rows = [one(a, s, mb, t) for mb, t in zip(sizes, step_s) for s in setups]
     print(f"\n2 workers, gloo, a step of {', '.join(f'{t:g} s' for t in step_s[:len(sizes)])} (a sleep for the "
           f"accelerator's part), rank 1 lost halfway through step {a.crash_step + 1}; torch.save and persist every {a.every} steps\n")
@@ -146,7 +176,7 @@ def main():
               f"({r['share'] * 100:.1f}% of {r['step']:.2f} s) | {r['memory'] / 2**20:.0f} MB ({r['where']}) | "
               f"{r['rss'] / 2**20:.0f} MB | {copy_text(r['copy'])} |")
     if a.lost_node:
-        m = lost_node(a, sizes[0], step_s[0])
+        m = node_test(a.ddprun, "fast", sizes[0], step_s[0], "lost_to_step_s")
         print(f"\nA lost node: 3 namespaced hosts, 2 workers each (world 4), c10d with a 2 s TTL, a step of "
               f"{step_s[0]:g} s, h2 lost after its ranks saved step 8, h3 waiting takes its place\n")
         print("| state per rank | set-up | steps lost (the buddy's lag) | loss -> every rank's next step | "

@@ -4,7 +4,7 @@ ddprun.state.load(), as docs/usage.md's example does (model, optimizer, RNG stat
 position). STATE_MODE says what else it does:
 
   crash        at STATE_CRASH_STEP of attempt 0, once every rank's save of it is committed,
-               rank 1 dies (os._exit), once STATE_GO exists if set
+               rank STATE_CRASH_RANK (1) dies (os._exit), once STATE_GO exists if set
   none         runs to the end: the uninterrupted run
   too_large    a save over the rank's capacity: StateTooLarge caught, the job goes on
   mid_copy     attempt 0 is killed halfway through the copy of STATE_CRASH_STEP's save
@@ -132,10 +132,10 @@ for step in range(start, STEPS):
     if MODE == "crash" and attempt == 0 and step == CRASH:
         ddprun.state.wait()
         dist.barrier()  # every rank's save of CRASH committed
-        if rank == 1:
+        if rank == int(os.environ.get("STATE_CRASH_RANK", "1")):
             while os.environ.get("STATE_GO") and not os.path.exists(os.environ["STATE_GO"]):
                 time.sleep(0.02)  # the test's go: the warm spares are ready
-            print(f"CRASHING after step {step}", flush=True)
+            print(f"CRASHING after step {step} t={time.time():.3f}", flush=True)
             os._exit(1)
     if MODE == "persist" and step % 3 == 2:
         ddprun.state.persist(PERSISTED)
