@@ -52,14 +52,19 @@ TEST_CASE("rules: a run id used by a job with other settings, or finished, is re
   REQUIRE(n.rec[older]->wait_failed());
   CHECK(n.rec[older]->failed.front().kind == FK::in_use);
   CHECK_THAT(n.rec[older]->failed.front().message,
-             Catch::Contains("another ddprun version (round records version 1; this node: 4)") &&
+             Catch::Contains("another ddprun version (round records version 1; this node: 5)") &&
                  Catch::Contains("run the same ddprun on every node"));
   // Version 3: every member read r<R>/members, and its assignments name no ring neighbour.
-  n.world->set("config", R"({"backend": "c10d", "min_nodes": 1, "max_nodes": 2, "protocol": 3})");
-  int v3 = n.add();
-  n.nodes[v3]->join(0, 0);
-  REQUIRE(n.rec[v3]->wait_failed());
-  CHECK_THAT(n.rec[v3]->failed.front().message, Catch::Contains("round records version 3; this node: 4"));
+  // Version 4: the assigner ranked the members by arrival (a restart did not keep their places).
+  for (int version : {3, 4}) {
+    n.world->set("config", R"({"backend": "c10d", "min_nodes": 1, "max_nodes": 2, "protocol": )" +
+                               std::to_string(version) + "}");
+    int v = n.add();
+    n.nodes[v]->join(0, 0);
+    REQUIRE(n.rec[v]->wait_failed());
+    CHECK_THAT(n.rec[v]->failed.front().message,
+               Catch::Contains("round records version " + std::to_string(version) + "; this node: 5"));
+  }
   n.world->set("config", config_json(RunConfig{BackendKind::c10d, 1, 2}));
   // The job ends; a node started later with its run id is told so.
   n.nodes[0]->report_success(0);
@@ -202,6 +207,28 @@ TEST_CASE("rules: members keep their group ranks in the next round, whatever the
       CHECK(n.rec[by_rank[g]]->ready.back().group_rank == g);
     }
   }
+}
+
+// Group rank 0 is not the assigner (the last arrival) here: it orders the records again for the
+// workers' store, and must find the assigner's order (each node's nproc tells them apart).
+TEST_CASE("rules: group rank 0 orders the members as the assigner did", "[rules]") {
+  Nodes n(3, 3);
+  for (int i = 0; i < 3; ++i) n.add(0, [i](RendezvousOptions& o) { o.nproc = i + 1; });
+  n.join_all(0, 0);
+  std::vector<int> had, by_rank;
+  places(n, had, by_rank);
+  FailureRecord f;
+  n.nodes[by_rank[2]]->end_round(0, RoundEnd::of_failure(f), 3);
+  for (auto& r : n.rec) REQUIRE(r->wait_over());
+  n.join_in_order(1, {{by_rank[0], 1}, {by_rank[2], 1}, {by_rank[1], 1}});
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(n.rec[i]->wait_ready(2));
+    CHECK(n.rec[i]->ready.back().group_rank == had[i]);
+  }
+  const auto& zero = n.rec[by_rank[0]]->ready.back();
+  REQUIRE(zero.nodes.size() == 3);
+  for (int g = 0; g < 3; ++g) CHECK(zero.nodes[g].nproc == by_rank[g] + 1);
+  CHECK(n.rec[by_rank[2]]->ready.back().rank_offset == by_rank[0] + 1 + by_rank[1] + 1);
 }
 
 TEST_CASE("rules: a smaller round fills the gap with the member whose place is beyond it", "[rules]") {

@@ -111,8 +111,9 @@ void JobController::on_round_ready(const RoundInfo& info) {
     }
     events_.emit("rendezvous_complete", e);
   }
-  // In a job of several nodes, each rank's saved state is put in place for it first: ranks follow
-  // the arrival order, so a rank may have moved from another node, or been lost with one.
+  // In a job of several nodes, each rank's saved state is put in place for it first: a node keeps
+  // its place at a restart, but a rank may have moved with a change of members (a newcomer takes
+  // a lost node's ranks), or been lost with one.
   if (copies_ && !info.store_host.empty() && info.store_port != 0) {
     try {
       const int round = round_;
@@ -224,7 +225,7 @@ void JobController::log_outcome(const RoundOutcome& o) {
       break;
     case Kind::node_lost:
       spdlog::warn("ddprun: round {}: node {} ({}) stopped answering; stopping this node's workers", round_,
-                   e.group_rank, escape_for_log(e.host));
+                   e.group_rank >= 0 ? std::to_string(e.group_rank) : std::string("?"), escape_for_log(e.host));
       events_.emit("node_lost", {{"round", round_}, {"group_rank", e.group_rank}, {"lost_host", e.host}});
       break;
     case Kind::membership:

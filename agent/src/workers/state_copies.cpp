@@ -81,8 +81,9 @@ void mark_done(rendezvous::TcpStore& store, const std::string& prefix, std::int6
 // "host:port" split at its last colon (an IPv6 literal keeps its own).
 std::pair<std::string, std::uint16_t> address(const std::string& a) {
   const auto colon = a.rfind(':');
-  if (colon == std::string::npos) throw Error(fmt::format("a malformed state copy address '{}'", escape_for_log(a)));
-  return {a.substr(0, colon), static_cast<std::uint16_t>(std::stoi(a.substr(colon + 1)))};
+  const auto port = colon == std::string::npos ? std::nullopt : parse_int(std::string_view(a).substr(colon + 1), 1, 65535);
+  if (!port || colon == 0) throw Error(fmt::format("a malformed state copy address '{}' (host:port expected)", escape_for_log(a)));
+  return {a.substr(0, colon), static_cast<std::uint16_t>(*port)};
 }
 
 // Who serves a rank's state best: the holder of the newest (round, step), as "round step host:port".

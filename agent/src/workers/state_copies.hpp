@@ -12,8 +12,9 @@
 // when a node is lost.
 //
 // State follows the rank. Before a round's workers start, each agent compares the rank each of
-// its areas holds with the rank it now has: an area whose rank moved (group ranks follow the
-// arrival order), or any area of a node that sat the last round out, is kept aside as a copy
+// its areas holds with the rank it now has: an area whose rank moved (a node keeps its group
+// rank at a restart, but members come and go), or any area of a node that sat the last round
+// out, is kept aside as a copy
 // (served to the node that now has that rank) and emptied; every agent publishes which ranks it
 // holds (the newest holder of each, and another); an agent whose area lacks its rank's state
 // waits until every member has published, then fetches it into the area. A rank whose node and

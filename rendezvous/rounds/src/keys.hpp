@@ -12,7 +12,8 @@
 //   expect             how many nodes round R expects (survivors of R-1): it closes as soon as
 //                      they are in, instead of waiting out the last call (first writer wins:
 //                      the node that ended R-1 writes it before the end)
-//   join               arrival counter: arrival order is the group rank (c10d, etcd)
+//   join               arrival counter: the arrival index (c10d, etcd: a member keeps the group
+//                      rank it last ran with, newcomers take free ones in arrival order)
 //   node/<i>           NodeInfo of the i-th arrival (etcd: on the node's lease)
 //   rank/<n>           static: the node holding --node_rank n (first writer wins)
 //   held/<n>           static: counter the holder of rank n bumps while it waits for round R to

@@ -96,6 +96,8 @@ RoundRules::Joined RoundRules::join(int round, int rc, const Streak& streak) {
     told_idx_ = idx;  // first: whoever reads told_ == round reads this arrival too
     told_ = round;
     c.put(round_key(round, Name::node, idx), node_json(self_.info), Lifetime::node);
+    spdlog::debug("ddprun: round {}: this node arrived as {} (it last ran in round {} as group rank {})", round, idx,
+                  self_.info.last_round, self_.info.last_rank);
     int closed = wait_closed(round, idx, deadline);
     if (closed < 0) {
       ++round;  // abandoned before it closed (a dead holder of a static rank): meet in the next
@@ -202,7 +204,10 @@ std::optional<RoundRules::Joined> RoundRules::enter_round(int round, int idx, in
       if (s.gone < 0 && !again) continue;
       spdlog::warn("ddprun: round {}: node {} ({}) {}; meeting again without it", round, g.index, escape_for_log(g.host), g.what);
       c.create(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
-      c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(g.index, g.host, 0)));
+      // The end names the member by group rank (-1 where the lineup cannot say).
+      const Seat gone = lineup_seat(round, closed, g.index);
+      c.create(round_key(round, Name::end),
+               round_end_json(RoundEnd::of_node_lost(gone.group_rank, g.host != "?" ? g.host : gone.host, 0)));
       return std::nullopt;
     }
   }
@@ -265,7 +270,8 @@ void RoundRules::publish_store(Joined& j) {
     workers_.release();
   }
   if (!c.wait({k}, Clock::now() + opt_.read_timeout)) {
-    throw MemberGone{0, lineup_host(info.round, info.group_world, -1),
+    const Seat zero = lineup_seat(info.round, info.group_world, -1);
+    throw MemberGone{std::max(zero.arrival, 0), zero.host,
                      "did not publish the workers' store within " + duration_text(opt_.read_timeout)};
   }
   const StoreAddress s = parse_store(c.name(k), existing(c, k));

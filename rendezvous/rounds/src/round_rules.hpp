@@ -127,7 +127,11 @@ class RoundRules {
   std::vector<NodeInfo> read_arrivals(int round, int closed, bool at_once = false, bool assigned = false);
   std::string order_members(const std::vector<NodeInfo>& arrivals, std::vector<NodeInfo>& nodes,
                             std::vector<int>& order) const;
-  std::string lineup_host(int round, int closed, int arrival);
+  struct Seat {
+    int arrival = -1, group_rank = -1;
+    std::string host = "?";
+  };
+  Seat lineup_seat(int round, int closed, int arrival);
   Placed assign(int round, int idx, int closed, bool stand_in);
   std::string own_assignment(int round, int idx, int closed, Placed& p);
   Joined read_round(int round, int idx, int closed);

@@ -29,7 +29,7 @@ std::vector<NodeInfo> RoundRules::read_arrivals(int round, int closed, bool at_o
   std::vector<NodeInfo> arrivals;
   for (int i = 0; i < closed; ++i) {
     if (!values[i]) {
-      throw MemberGone{i, assigned ? lineup_host(round, closed, i) : "?",
+      throw MemberGone{i, assigned ? lineup_seat(round, closed, i).host : "?",
                        (came ? "was lost as the round closed"
                              : "did not describe itself within " + duration_text(opt_.read_timeout)) +
                            c.missing_why(records[i])};
@@ -82,21 +82,22 @@ std::string RoundRules::order_members(const std::vector<NodeInfo>& arrivals, std
   return "";
 }
 
-// The host of round `round`'s arrival `arrival` (-1: of group rank 0), for a message: the round's
-// lineup, read only now that a member is lost; "?" when it cannot be read.
-std::string RoundRules::lineup_host(int round, int closed, int arrival) {
+// Round `round`'s member with arrival index `arrival` (-1: the one at group rank 0), as its
+// lineup names it, for a message: the lineup read only now that a member is lost. What cannot be
+// read stays unknown (-1, "?").
+RoundRules::Seat RoundRules::lineup_seat(int round, int closed, int arrival) {
   const Key mk = round_key(round, Name::members);
   try {
     if (auto v = conn_->get(mk)) {
       const Lineup l = parse_lineup(conn_->name(mk), *v, closed);
       for (int g = 0; g < closed; ++g) {
-        if (arrival < 0 ? g == 0 : l.arrivals[g] == arrival) return l.hosts[g];
+        if (arrival < 0 ? g == 0 : l.arrivals[g] == arrival) return {l.arrivals[g], g, l.hosts[g]};
       }
     }
   } catch (const Error& e) {
     spdlog::debug("ddprun: reading {}: {}", conn_->name(mk), e.what());
   }
-  return "?";
+  return {arrival, -1, "?"};
 }
 
 // Every member's place in round `round`, computed from the records and written for all: by the

@@ -61,7 +61,7 @@ Assignment parse_assignment(const std::string& key, const std::string& value);
 
 // r<R>/members: the members' hosts and arrival indices, by group rank. Written with the
 // assignments; read by no member on a round's way (each reads its own assignment), only for a
-// host to name when a member is lost (lineup_host) and by whoever inspects a round.
+// host to name when a member is lost (lineup_seat) and by whoever inspects a round.
 struct Lineup {
   std::vector<std::string> hosts;
   std::vector<int> arrivals;
@@ -74,8 +74,10 @@ Lineup parse_lineup(const std::string& key, const std::string& value, int member
 // The round records' version: a node reading records of another one would misread them (1: no
 // field, before the crash-loop streak, the given-up and abandoned marks, the held counters; 2:
 // before the assignments, when every member read every member's record; 3: before the ring's
-// next member in the assignment, when every member read r<R>/members).
-constexpr int kRoundProtocol = 4;
+// next member in the assignment, when every member read r<R>/members; 4: before the records'
+// last_round and last_rank, when the assigner ranked the members by arrival: two versions would
+// place them differently).
+constexpr int kRoundProtocol = 5;
 
 struct RunConfig {
   BackendKind backend = BackendKind::c10d;

@@ -12,7 +12,7 @@ namespace ddprun::rounds {
 enum class BackendKind {
   single_node,   // one node: no other node to meet; it hosts its workers' store itself
   static_ranks,  // torchrun's static: a fixed number of nodes, each with its --node_rank
-  c10d,          // torchrun's c10d: MIN:MAX nodes, ranks by arrival, through a TCPStore
+  c10d,          // torchrun's c10d: MIN:MAX nodes, ranks by arrival (kept at a restart), through a TCPStore
   etcd,          // an etcd v3 cluster (no node is a single point of failure)
 };
 const char* to_string(BackendKind b);
