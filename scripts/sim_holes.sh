@@ -6,6 +6,7 @@
 #
 #   scripts/sim_holes.sh            # about 15 minutes on 2 cores (a build per hole)
 #   scripts/sim_holes.sh --sweep    # about 25 minutes
+#   scripts/sim_holes.sh [--sweep] 07-given-up-not-fwr 12-expect-last-writer-wins   # only these
 #
 # After a change of the rules or the simulator's scheduler the schedules move: a seed that no
 # longer finds its hole is printed NOT FOUND (exit 1); re-derive it with --sweep and update
@@ -14,7 +15,8 @@
 set -euo pipefail
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 sweep=0
-[ "${1:-}" = --sweep ] && sweep=1
+[ "${1:-}" = --sweep ] && { sweep=1; shift; }
+only=" $* "
 
 # Which seeds find which hole: safety:N (the safety sweep's check) or live:N (the liveness
 # sweep's); and the scenario test that stands for a hole no invariant sees.
@@ -51,6 +53,7 @@ filter() { [ "$1" = live ] && echo "[liveness]" || echo "sim: seeded*"; }
 bad=0
 for patch in tests/rounds/holes/*.patch; do
   name=$(basename "$patch" .patch)
+  [ "$only" = "  " ] || [[ $only == *" $name "* ]] || continue
   git apply "$patch" || { echo "$name: the patch no longer applies"; bad=1; continue; }
   if ! cmake --build build -j2 --target rounds_sim_tests rounds_tests >build.log 2>&1; then
     echo "$name: does not build with the hole put back"; tail -20 build.log; bad=1; git checkout -q -- .; continue

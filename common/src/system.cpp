@@ -58,6 +58,29 @@ bool read_exactly(int fd, char* out, std::size_t n) {
   return true;
 }
 
+int pread_full(int fd, void* out, std::size_t n, std::uint64_t at) noexcept {
+  auto* p = static_cast<char*>(out);
+  for (std::size_t done = 0; done < n;) {
+    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(at + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return r < 0 ? errno : EIO;
+    done += static_cast<std::size_t>(r);
+  }
+  return 0;
+}
+
+int pwrite_full(int fd, const void* in, std::size_t n, std::uint64_t at) noexcept {
+  const auto* p = static_cast<const char*>(in);
+  for (std::size_t done = 0; done < n;) {
+    const ssize_t r = ::pwrite(fd, p + done, n - done, static_cast<off_t>(at + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return errno;
+    if (r == 0) return EIO;
+    done += static_cast<std::size_t>(r);
+  }
+  return 0;
+}
+
 namespace {
 
 // Where a seccomp profile refuses getrandom (ENOSYS, EPERM): the same generator's device.

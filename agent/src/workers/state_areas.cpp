@@ -13,6 +13,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/state_layout.hpp"
+#include "ddprun/common/system.hpp"
 
 namespace ddprun::agent {
 namespace {
@@ -84,17 +85,19 @@ void StateAreas::begin_course(int round) const {
   if (round <= 0 || round >= (1 << 22)) return;
   const std::uint64_t floor = static_cast<std::uint64_t>(round) << state_layout::kCourseShift;
   for (int i = 0; i < ranks(); ++i) {
-    std::uint64_t latest = 0;
-    if (::pread(fds_[static_cast<std::size_t>(i)], &latest, 8, 24) != 8) {
+    const int fd = fds_[static_cast<std::size_t>(i)];
+    unsigned char word[8];
+    if (const int e = pread_full(fd, word, 8, state_layout::kLatestAt)) {
       spdlog::warn("ddprun: round {}: local rank {}'s state area cannot be read ({}): its saves keep the last "
-                   "round's course", round, i, std::strerror(errno));
+                   "round's course", round, i, std::strerror(e));
       continue;
     }
+    const auto latest = state_layout::read_at<std::uint64_t>(word);
     if ((latest >> 1) >= floor) continue;
-    latest = floor << 1 | (latest & 1);
-    if (::pwrite(fds_[static_cast<std::size_t>(i)], &latest, 8, 24) != 8) {
+    state_layout::write_at(word, floor << 1 | (latest & 1));
+    if (const int e = pwrite_full(fd, word, 8, state_layout::kLatestAt)) {
       spdlog::warn("ddprun: round {}: local rank {}'s state area cannot be written ({}): its saves keep the last "
-                   "round's course", round, i, std::strerror(errno));
+                   "round's course", round, i, std::strerror(e));
     }
   }
 }

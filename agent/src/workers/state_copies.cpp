@@ -25,23 +25,11 @@ namespace {
 using namespace std::chrono_literals;
 
 void pread_exact(int fd, unsigned char* buf, std::size_t n, std::uint64_t at) {
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(fd, buf + done, n - done, static_cast<off_t>(at + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) throw Error(fmt::format("reading a state area: {}", std::strerror(r < 0 ? errno : EIO)));
-    done += static_cast<std::size_t>(r);
-  }
+  if (const int e = pread_full(fd, buf, n, at)) throw Error(fmt::format("reading a state area: {}", std::strerror(e)));
 }
 
 void pwrite_exact(int fd, const unsigned char* buf, std::size_t n, std::uint64_t at) {
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pwrite(fd, buf + done, n - done, static_cast<off_t>(at + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw Error(fmt::format("writing a state area: {}", std::strerror(errno)));
-    done += static_cast<std::size_t>(r);
-  }
+  if (const int e = pwrite_full(fd, buf, n, at)) throw Error(fmt::format("writing a state area: {}", std::strerror(e)));
 }
 
 void put_u64(int fd, std::uint64_t at, std::uint64_t v) {
@@ -301,36 +289,12 @@ void StateCopies::settle(Round& r) {
   server_.set_round(info.round);
   const std::uint64_t slot_bytes = sl::area_slot_bytes(areas_.bytes_per_rank());
   for (int i = 0; i < areas_.ranks(); ++i) put_u64(areas_.fd(i), sl::kCopiesAt, 0);  // until the round's copies start
-  // However the settling ends (an error included), the state each area holds then counts as
-  // replicated (the copies held, until the round's first replicated step, cover it): the round's
-  // first save goes on at once, the next waits for it, at most the hold limit.
+  // However the settling ends (an error included), the round's copies are armed.
   struct Arm {
     StateCopies& self;
     const rounds::RoundInfo& info;
     bool complete = false;  // every area's state in place (else the next round looks again)
-    ~Arm() {
-      const bool copies = info.group_world > 1 && self.bytes_per_s_ > 0;
-      self.areas_.begin_course(info.round);  // before the replicated mark: the round's first save is not held
-      try {
-        const auto limit = static_cast<std::uint64_t>(std::chrono::duration<double>(self.give_up()).count()) + 30;
-        const auto slot_bytes = sl::area_slot_bytes(self.areas_.bytes_per_rank());
-        for (int i = 0; i < self.areas_.ranks(); ++i) {
-          const int fd = self.areas_.fd(i);
-          // The newest generation the area holds or held (a worker killed between a slot's commit
-          // and the header's latest leaves the latter behind), the round's course's start at least.
-          std::uint64_t newest = get_u64(fd, 24) >> 1;
-          for (std::uint32_t k = 0; k < sl::kSlots; ++k) {
-            const std::uint64_t at = sl::page() + k * slot_bytes;
-            if (get_u64(fd, at) != 0) newest = std::max(newest, get_u64(fd, at + 8));
-          }
-          put_u64(fd, sl::kReplicatedAt, newest);
-          put_u64(fd, sl::kHoldLimitAt, limit);
-          put_u64(fd, sl::kCopiesAt, copies ? 1 : 0);
-        }
-      } catch (const std::exception&) {
-      }
-      self.settled_round_ = complete ? info.round : -1;
-    }
+    ~Arm() { self.arm(info, complete); }
   } arm{*this, info};
   // An area keeps its state where this node ran the same rank in the round before; else (its
   // rank moved, or this node sat the last round out) the newest holder's is fetched.
@@ -357,8 +321,25 @@ void StateCopies::settle(Round& r) {
     area_rank_[static_cast<std::size_t>(i)] = rank;
     if (info.round > 0 && (seen_state_ || !continued)) need.push_back(i);  // its state may be elsewhere
   }
-  // Where this node serves copies from, for every rank it holds one of (the newest holder of a
-  // rank wins the key: a compare-and-set of "round step host:port"); where its buddy sends to.
+  publish(r, store);
+  const double kept_s = since();
+  if (!need.empty() && !wait_all(r, store)) return;
+  const double waited_s = since();
+  bool fetched_all = true;
+  for (int i : need) fetched_all = fetch(r, store, i, slot_bytes) && fetched_all;
+  arm.complete = fetched_all;
+  if (!need.empty()) {
+    spdlog::info("ddprun: round {}: the ranks' state in place in {:.2f} s (kept aside {:.2f} s, the others' "
+                 "word {:.2f} s, fetched {:.2f} s)",
+                 info.round, since(), kept_s, waited_s - kept_s, since() - waited_s);
+  }
+}
+
+// Where this node serves copies from, for every rank it holds one of (the newest holder of a rank
+// wins the key: a compare-and-set of "round step host:port"); where its buddy sends to; then this
+// node counts itself published (the last to count says so for all).
+void StateCopies::publish(Round& r, rendezvous::TcpStore& store) {
+  const auto& info = r.info;
   const std::string here = fmt::format("{}:{}", host_, server_.port());
   store.set(r.at(fmt::format("link/{}", info.group_rank)), here);
   for (int rank : server_.ranks()) {
@@ -376,17 +357,34 @@ void StateCopies::settle(Round& r) {
     }
   }
   if (store.add(r.at("published"), 1) == info.group_world) store.set(r.at("all"), "1");
-  const double kept_s = since();
-  if (!need.empty() && !wait_all(r, store)) return;
-  const double waited_s = since();
-  bool fetched_all = true;
-  for (int i : need) fetched_all = fetch(r, store, i, slot_bytes) && fetched_all;
-  arm.complete = fetched_all;
-  if (!need.empty()) {
-    spdlog::info("ddprun: round {}: the ranks' state in place in {:.2f} s (kept aside {:.2f} s, the others' "
-                 "word {:.2f} s, fetched {:.2f} s)",
-                 info.round, since(), kept_s, waited_s - kept_s, since() - waited_s);
+}
+
+// The state each area holds as settling ends counts as replicated (the copies held, until the
+// round's first replicated step, cover it): the round's first save goes on at once, the next
+// waits for it, at most the hold limit. `complete`: every area's state in place (else the next
+// round looks again).
+void StateCopies::arm(const rounds::RoundInfo& info, bool complete) noexcept {
+  const bool copies = info.group_world > 1 && bytes_per_s_ > 0;
+  areas_.begin_course(info.round);  // before the replicated mark: the round's first save is not held
+  try {
+    const auto limit = static_cast<std::uint64_t>(std::chrono::duration<double>(give_up()).count()) + 30;
+    const auto slot_bytes = sl::area_slot_bytes(areas_.bytes_per_rank());
+    for (int i = 0; i < areas_.ranks(); ++i) {
+      const int fd = areas_.fd(i);
+      // The newest generation the area holds or held (a worker killed between a slot's commit
+      // and the header's latest leaves the latter behind), the round's course's start at least.
+      std::uint64_t newest = get_u64(fd, sl::kLatestAt) >> 1;
+      for (std::uint32_t k = 0; k < sl::kSlots; ++k) {
+        const std::uint64_t at = sl::page() + k * slot_bytes;
+        if (get_u64(fd, at) != 0) newest = std::max(newest, get_u64(fd, at + 8));
+      }
+      put_u64(fd, sl::kReplicatedAt, newest);
+      put_u64(fd, sl::kHoldLimitAt, limit);
+      put_u64(fd, sl::kCopiesAt, copies ? 1 : 0);
+    }
+  } catch (const std::exception&) {
   }
+  settled_round_ = complete ? info.round : -1;
 }
 
 std::chrono::steady_clock::duration StateCopies::give_up() const {

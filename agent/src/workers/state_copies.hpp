@@ -14,10 +14,10 @@
 // State follows the rank. Before a round's workers start, each agent compares the rank each of
 // its areas holds with the rank it now has: an area whose rank moved (a node keeps its group
 // rank at a restart, but members come and go), or any area of a node that sat the last round
-// out, is kept aside as a copy
-// (served to the node that now has that rank) and emptied; every agent publishes which ranks it
-// holds (the newest holder of each, and another); an agent whose area lacks its rank's state
-// waits until every member has published, then fetches it into the area. A rank whose node and
+// out, is kept aside as a copy (served to the node that now has that rank) and emptied; every
+// agent publishes which ranks it holds (the newest holder of each, and another); an agent whose
+// area lacks its rank's state waits until every member has published, then fetches it into the
+// area. A rank whose node and
 // buddy were both lost starts without state, and ddprun.state.load() says so on every rank.
 //
 // One thread, started by the first round of a multi-node job, prepares each round and then
@@ -71,6 +71,8 @@ class StateCopies {
   struct Round;
   void run();
   void settle(Round& r);  // the state of each area put in place for its rank
+  void publish(Round& r, rendezvous::TcpStore& store);  // which ranks' state this node holds
+  void arm(const rounds::RoundInfo& info, bool complete) noexcept;  // the round's copies begin
   // Until every member has published what it holds; false: the round is over first.
   bool wait_all(Round& r, rendezvous::TcpStore& store);
   // True where the rank's state is in place, or no node holds it; false where a holder failed.

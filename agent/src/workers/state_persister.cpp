@@ -14,6 +14,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/state_layout.hpp"
+#include "ddprun/common/system.hpp"
 #include "ddprun/common/thread.hpp"
 #include "workers/state_areas.hpp"
 
@@ -34,23 +35,11 @@ struct PersistError : Error {
 [[noreturn]] void refuse(int err, const std::string& why) { throw PersistError(err, why); }
 
 void pread_all(int fd, unsigned char* buf, std::size_t n, std::uint64_t at) {
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(fd, buf + done, n - done, static_cast<off_t>(at + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) fail(r < 0 ? errno : EIO, "reading the state area");
-    done += static_cast<std::size_t>(r);
-  }
+  if (const int e = pread_full(fd, buf, n, at)) fail(e, "reading the state area");
 }
 
 void pwrite_all(int fd, const unsigned char* buf, std::size_t n, std::uint64_t at) {
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pwrite(fd, buf + done, n - done, static_cast<off_t>(at + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) fail(errno, "writing it");
-    done += static_cast<std::size_t>(r);
-  }
+  if (const int e = pwrite_full(fd, buf, n, at)) fail(e, "writing it");
 }
 
 struct Found {

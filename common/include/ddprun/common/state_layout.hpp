@@ -48,6 +48,7 @@ namespace ddprun::state_layout {
 constexpr char kAreaMagic[8] = {'D', 'D', 'P', 'R', 'U', 'N', 'S', 'T'};
 constexpr std::uint32_t kVersion = 1, kSlots = 2;
 constexpr std::size_t kHeaderBytes = 32, kSlotHeaderBytes = 52, kAlign = 64;
+constexpr std::size_t kLatestAt = 24;  // the header's latest (generation << 1 | slot)
 constexpr std::size_t kReplyAt = 1024, kReplyMessageBytes = 480, kCopiedAt = 1536, kRequestAt = 2048;
 constexpr std::size_t kReplicatedAt = 1544, kCopiesAt = 1552, kHoldLimitAt = 1560;
 constexpr std::size_t kRequestPathAt = kRequestAt + 24, kRequestPathBytes = 2000;
@@ -86,7 +87,7 @@ inline Header header(const unsigned char* p) {
   h.version = read_at<std::uint32_t>(p + 8);
   h.slots = read_at<std::uint32_t>(p + 12);
   h.slot_bytes = read_at<std::uint64_t>(p + 16);
-  h.latest = read_at<std::uint64_t>(p + 24);
+  h.latest = read_at<std::uint64_t>(p + kLatestAt);
   return h;
 }
 
@@ -95,7 +96,7 @@ inline void write_header(unsigned char* p, std::uint32_t slots, std::uint64_t sl
   write_at(p + 8, kVersion);
   write_at(p + 12, slots);
   write_at(p + 16, slot_bytes);
-  write_at(p + 24, latest);
+  write_at(p + kLatestAt, latest);
 }
 
 // The generation a persist request pins (a save must not write its slot), or 0: the request
@@ -109,7 +110,7 @@ inline std::uint64_t pinned_generation(const unsigned char* p) {
 // been replicated yet. `p`: the area's header page.
 inline bool copies_hold(const unsigned char* p) {
   return read_at<std::uint64_t>(p + kCopiesAt) == 1 &&
-         (read_at<std::uint64_t>(p + 24) >> 1) > read_at<std::uint64_t>(p + kReplicatedAt);
+         (read_at<std::uint64_t>(p + kLatestAt) >> 1) > read_at<std::uint64_t>(p + kReplicatedAt);
 }
 
 // Whether a save that would write over generation `gen` must wait: a persist request pins `gen`,

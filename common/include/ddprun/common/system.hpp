@@ -1,8 +1,10 @@
 #pragma once
 // What ddprun reads from the machine and its own process: the environment as a map, the host
-// name, a small file whole (/proc, /sys), random identifiers. One copy each.
+// name, a small file whole (/proc, /sys), whole reads and writes at an offset, random
+// identifiers. One copy each.
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -21,6 +23,11 @@ std::string read_file(const std::string& path);
 // Reads exactly `n` bytes from `fd` into `out` (short reads and EINTR retried); false at end of
 // file or on an error first.
 bool read_exactly(int fd, char* out, std::size_t n);
+
+// All `n` bytes at offset `at` of `fd` read into `out`, or written from `in` (pread/pwrite until
+// done, EINTR retried): 0, or the errno of the failure (a read that reaches the end first: EIO).
+int pread_full(int fd, void* out, std::size_t n, std::uint64_t at) noexcept;
+int pwrite_full(int fd, const void* in, std::size_t n, std::uint64_t at) noexcept;
 
 // `n` random bytes from the kernel's generator (getrandom(2), the source OpenSSL's RAND_bytes
 // seeds from): nonces, and the digits below. Throws Error if the kernel gives none.
