@@ -22,7 +22,7 @@ only=" $* "
 # sweep's); and the scenario test that stands for a hole no invariant sees.
 declare -A seeds=(
   [01-late-membership]="safety:14058 safety:23710"
-  [02-brought-rc]="live:33724 live:106447"
+  [02-brought-rc]="live:33724"
   [03-streak-per-node]="safety:310 safety:6701 safety:14738"
   [04-ring-changed-before-read]="safety:26539 live:10418"
   [05-finished-at-last-ack]="safety:28746 safety:34965 live:72 live:372"
@@ -30,7 +30,7 @@ declare -A seeds=(
   [06b-marker-not-after-records]="live:52852 live:95772"
   [06c-marker-neither]="safety:81163 live:7409"
   [07-given-up-not-fwr]="safety:64540 safety:223198"
-  [08-skip-ended-round]="safety:3 safety:131"
+  [08-skip-ended-round]="safety:379 live:3"
   [09-spare-never-ends-silent-round]="live:27 live:55"
   [11-wait-end-no-marker]="live:35291 live:53721"
   [12-expect-last-writer-wins]=""

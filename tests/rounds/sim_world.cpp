@@ -107,6 +107,9 @@ Node& World::start_node(int slot, int launch, const std::string& id) {
   n->slot = slot;
   n->launch = launch;
   n->id = id;
+  // A node started (again) has run no round yet: its record names no place (invariant 11).
+  place_.erase(id);
+  place_before_.erase(id);
   n->lease_until = now_ + s_.opt.lease_ttl;
   n->started = now_;
   Node& ref = *n;
