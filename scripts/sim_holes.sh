@@ -21,7 +21,7 @@ only=" $* "
 # Which seeds find which hole: safety:N (the safety sweep's check) or live:N (the liveness
 # sweep's); and the scenario test that stands for a hole no invariant sees.
 declare -A seeds=(
-  [01-late-membership]="safety:14058 safety:23710"
+  [01-late-membership]="safety:14058 safety:8504"
   [02-brought-rc]="live:33724"
   [03-streak-per-node]="safety:310 safety:6701 safety:14738"
   [04-ring-changed-before-read]="safety:26539 live:10418"
@@ -29,7 +29,7 @@ declare -A seeds=(
   [06a-marker-not-at-join]="live:52365 live:105819"
   [06b-marker-not-after-records]="live:52852 live:95772"
   [06c-marker-neither]="safety:81163 live:7409"
-  [07-given-up-not-fwr]="safety:64540 safety:223198"
+  [07-given-up-not-fwr]="safety:9315 safety:56252 live:16313"
   [08-skip-ended-round]="safety:379 live:3"
   [09-spare-never-ends-silent-round]="live:27 live:55"
   [11-wait-end-no-marker]="live:35291 live:53721"
