@@ -89,6 +89,7 @@ const std::vector<Found> kLivenessRegression = {
     {5125, "a node of a finished job joins again: the marker read neither at join nor after the records (etcd)"},
     {59067, "the finished marker not read again after the round's records (store; beyond the CI sweep)"},
     {3, "a member skips a round the others ended while it read it (etcd; found on protocol 5)"},
+    {16313, "a member given up as lost ends the round after it started its workers (store; found on protocol 5)"},
     {26, "a spare never ends a running round whose members have all been silent (store)"},
     {55, "a spare never ends a running round whose members have all been silent (etcd)"},
     {106, "a static rank held by a node that died before its round closed (store: its held counter not watched)"},
