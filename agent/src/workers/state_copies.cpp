@@ -508,14 +508,14 @@ void StateCopies::send(Round& r) {
             std::vector<std::optional<std::int64_t>>(static_cast<std::size_t>(n)),
             std::vector<std::optional<Sending::Pending>>(static_cast<std::size_t>(n)),
             nullptr};
-  for (int i = 0; i < n; ++i) s.sent[static_cast<std::size_t>(i)] = get_u64(areas_.fd(i), 24) >> 1;
+  for (int i = 0; i < n; ++i) s.sent[static_cast<std::size_t>(i)] = get_u64(areas_.fd(i), sl::kLatestAt) >> 1;
   std::optional<std::chrono::steady_clock::time_point> failing, held;
   while (wanted(round)) {
     // How long the saves have been held back (a newest state not yet replicated).
     bool holding = false;
     for (int i = 0; i < n && !holding; ++i) {
       const int fd = areas_.fd(i);
-      holding = get_u64(fd, sl::kCopiesAt) == 1 && (get_u64(fd, 24) >> 1) > get_u64(fd, sl::kReplicatedAt);
+      holding = get_u64(fd, sl::kCopiesAt) == 1 && (get_u64(fd, sl::kLatestAt) >> 1) > get_u64(fd, sl::kReplicatedAt);
     }
     const auto now = std::chrono::steady_clock::now();
     if (now - sized_at > 1s) {
@@ -605,7 +605,7 @@ void StateCopies::pass(Sending& s) {
       }
       s.pending[u].reset();
     }
-    const std::uint64_t latest = get_u64(fd, 24), gen = latest >> 1;
+    const std::uint64_t latest = get_u64(fd, sl::kLatestAt), gen = latest >> 1;
     if (gen == 0 || gen <= s.sent[u]) continue;
     busy = true;
     const std::uint64_t at = page + (latest & 1) * slot_bytes;

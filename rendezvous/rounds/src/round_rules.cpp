@@ -202,12 +202,13 @@ std::optional<RoundRules::Joined> RoundRules::enter_round(int round, int idx, in
       const StoreAddress s = parse_store(c.name(sk), c.create(sk, store_json(mark)));
       if (s.stopped) throw_stopped(c, round);
       if (s.gone < 0 && !again) continue;
-      spdlog::warn("ddprun: round {}: node {} ({}) {}; meeting again without it", round, g.index, escape_for_log(g.host), g.what);
-      c.create(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
-      // The end names the member by group rank (-1 where the lineup cannot say).
+      // The end names the member by group rank (-1 where no lineup was written yet).
       const Seat gone = lineup_seat(round, closed, g.index);
-      c.create(round_key(round, Name::end),
-               round_end_json(RoundEnd::of_node_lost(gone.group_rank, g.host != "?" ? g.host : gone.host, 0)));
+      const std::string host = g.host != "?" ? g.host : gone.host;
+      spdlog::warn("ddprun: round {}: the node that arrived {} ({}) {}; meeting again without it", round, g.index,
+                   escape_for_log(host), g.what);
+      c.create(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
+      c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(gone.group_rank, host, 0)));
       return std::nullopt;
     }
   }
@@ -270,6 +271,8 @@ void RoundRules::publish_store(Joined& j) {
     workers_.release();
   }
   if (!c.wait({k}, Clock::now() + opt_.read_timeout)) {
+    // Group rank 0's arrival, from the lineup; where it cannot be read, arrival 0 stands for it
+    // (the mark only has to name someone: any member's verdict gives the round up).
     const Seat zero = lineup_seat(info.round, info.group_world, -1);
     throw MemberGone{std::max(zero.arrival, 0), zero.host,
                      "did not publish the workers' store within " + duration_text(opt_.read_timeout)};
