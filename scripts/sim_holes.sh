@@ -15,8 +15,17 @@
 set -euo pipefail
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 sweep=0
-[ "${1:-}" = --sweep ] && { sweep=1; shift; }
-only=" $* "
+only=" "
+for a in "$@"; do
+  if [ "$a" = --sweep ]; then
+    sweep=1
+  elif [ -f "$root/tests/rounds/holes/$a.patch" ]; then
+    only="$only$a "
+  else
+    echo "sim_holes.sh: no hole '$a' (the names are tests/rounds/holes/*.patch without .patch)" >&2
+    exit 2
+  fi
+done
 
 # Which seeds find which hole: safety:N (the safety sweep's check) or live:N (the liveness
 # sweep's); and the scenario test that stands for a hole no invariant sees.
