@@ -31,7 +31,7 @@ hosts_up 3
 case $mode in
   fast) steps=40 mb=${STATE_MB:-16} rate=1G kill_at=8 replicated= ;;
   slow) steps=8 mb=8 rate=24M kill_at=4 replicated=1 ;;
-  crash) steps=10 mb=${STATE_MB:-16} rate=1G kill_at=4 replicated= ;;
+  crash) steps=6 mb=${STATE_MB:-8} rate=1G kill_at=4 replicated= ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
 
