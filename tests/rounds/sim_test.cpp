@@ -30,41 +30,28 @@ std::string replay_text(std::uint64_t seed, bool liveness) {
   return s;
 }
 
-// Seeds that found a hole, replayed by "sim: the seeds that found holes replay clean". Those in
-// scripts/sim_holes.sh fail with their hole put back; one marked "found it until protocol N" did on
-// the rules before, and stays as a schedule that once broke them.
+// Seeds that broke the rules before, replayed by "sim: seeds that broke the rules before replay
+// clean": seeds that found a hole on earlier rules (one marked "found it until protocol N"; the
+// holes' present seeds are in the named scenarios below), and bugs fixed without a hole patch.
 struct Found {
   std::uint64_t seed;
   const char* hole;
 };
-// Each hole of docs/architecture.md's table put back, one at a time, on the current rules: the
-// first seeds of the CI sweeps that found it (the patches that put them back are described there;
-// re-derived after every change of the rules or the scheduler: both move the schedules).
 const std::vector<Found> kRegression = {
-    {14058, "a late membership request beats a success every member had reported (store)"},
     {23710, "a late membership request beats a success every member had reported (store; found it until protocol 5)"},
-    {8504, "a late membership request beats a success every member had reported (store; found on protocol 5)"},
     {11, "crash-loop streaks kept per node: one member calls a crash loop, the other restarts (etcd)"},
-    {6701, "crash-loop streaks kept per node: the members decide differently (static, etcd)"},
-    {14738, "crash-loop streaks kept per node: the members decide differently (store)"},
     {21275, "the ring's changed time taken before the read (store, keep-alive delays)"},
     {95708, "the ring's changed time taken before the read (store, keep-alive delays)"},
     {419, "the job marked finished only at the last acknowledgement (store)"},
     {42574, "the job marked finished only at the last acknowledgement (etcd)"},
-    {34965, "the job marked finished only at the last acknowledgement (static, etcd)"},
-    {81163, "a node of a finished job (etcd: its rounds cleared) joins again: the marker read neither at join nor after the records"},
     {64540, "a member given up as lost ends the round after it started its workers (the verdict not first-writer-wins, store; found it until protocol 5)"},
     {223198, "a member given up as lost ends the round after it started its workers (the verdict not first-writer-wins, store; beyond the CI sweep; found it until protocol 5)"},
-    {9315, "a member given up as lost ends the round after it started its workers (the verdict not first-writer-wins, store; found on protocol 5)"},
-    {56252, "a member given up as lost ends the round after it started its workers (the verdict not first-writer-wins, store; found on protocol 5)"},
     {3, "a member skips a round the others ended while it read it (etcd; found it until protocol 5)"},
     {1763, "a member skips a round the others ended while it read it (static, etcd)"},
     {935, "a member skips a round the others ended while it read it (store)"},
-    {379, "a member skips a round the others ended while it read it (etcd; found on protocol 5)"},
     {41874, "the run cleared before the job is marked finished: a node starts the cleared round again (etcd)"},
     {95244, "the run cleared before the job is marked finished: a round closed twice (etcd)"},
     {29, "the latest round kept in a key a stale write moves back (etcd)"},
-    {128, "the latest round kept in a key a stale write moves back (store)"},
     {293, "the latest round kept in a key a stale write moves back (static, store)"},
     // Not one of the table's holes: the simulator dated a node's arrival by its process start; a
     // node whose first look at the run comes close_timeout after the end is a relaunch.
@@ -76,12 +63,7 @@ const std::vector<Found> kRegression = {
     // failure with no restart left crashed before marking the job finished.
     {278974, "the job marked finished by the first acknowledgement only (it crashed before its mark)"},
     // The holes' seeds on the rules with assignments (the schedules moved with them).
-    {310, "crash-loop streaks kept per node: the members decide differently (etcd)"},
-    {26539, "the ring's changed time taken before the read (static, store, keep-alive delays)"},
-    {28746, "the job marked finished only at the last acknowledgement (etcd)"},
     {131, "a member skips a round the others ended while it read it (etcd; found it until protocol 5)"},
-    {63, "the latest round kept in a key a stale write moves back (store)"},
-    {72, "the latest round kept in a key a stale write moves back (etcd)"},
 };
 
 const std::vector<Found> kLivenessRegression = {
@@ -89,17 +71,8 @@ const std::vector<Found> kLivenessRegression = {
     {27185, "members keep the restart count they brought instead of the round's (etcd)"},
     {5125, "a node of a finished job joins again: the marker read neither at join nor after the records (etcd)"},
     {59067, "the finished marker not read again after the round's records (store; beyond the CI sweep)"},
-    {3, "a member skips a round the others ended while it read it (etcd; found on protocol 5)"},
-    {16313, "a member given up as lost ends the round after it started its workers (store; found on protocol 5)"},
     {26, "a spare never ends a running round whose members have all been silent (store)"},
-    {55, "a spare never ends a running round whose members have all been silent (etcd)"},
-    {106, "a static rank held by a node that died before its round closed (store: its held counter not watched)"},
-    {792, "a static rank held by a node that died before its round closed (store, a relaunch)"},
-    {1396, "a static rank held by a node that died before its round closed (store, keep-alive delays)"},
-    {72, "the job marked finished only at the last acknowledgement (etcd)"},
-    {372, "the job marked finished only at the last acknowledgement (static, store)"},
     {17360, "a member waits for its round's end without looking at the finished marker (etcd)"},
-    {731, "the run cleared before the job is marked finished (static, etcd)"},
     {835, "the run cleared before the job is marked finished (static, etcd)"},
     {2029, "a relaunch refused as long as the old job's finished marker exists (etcd: ten minutes)"},
     {2925, "a relaunch refused as long as the old job's finished marker exists (etcd: ten minutes)"},
@@ -118,20 +91,7 @@ const std::vector<Found> kLivenessRegression = {
     // with its lease) refused to its replacement as "already held".
     {7633, "a static rank's replacement refused while its dead holder's round runs (etcd)"},
     // The holes' seeds on the rules with assignments (the schedules moved with them).
-    {10418, "the ring's changed time taken before the read (store, keep-alive delays)"},
-    {27, "a spare never ends a running round whose members have all been silent (store)"},
-    {349, "a relaunch refused as long as the old job's finished marker exists (etcd: ten minutes)"},
-    {950, "a relaunch refused as long as the old job's finished marker exists (store)"},
-    {1551, "the run cleared before the job is marked finished (static, etcd)"},
-    {7409, "a node of a finished job joins again: the marker read neither at join nor after the assignment (etcd)"},
-    {52365, "the finished marker not looked at again at join (static, store; beyond the CI sweep)"},
-    {105819, "the finished marker not looked at again at join (store; beyond the CI sweep)"},
-    {33724, "members keep the restart count they brought instead of the round's (static, etcd; beyond the CI sweep)"},
     {106447, "members keep the restart count they brought instead of the round's (etcd; beyond the CI sweep; found it until protocol 5)"},
-    {35291, "a member waits for its round's end without looking at the finished marker (etcd; beyond the CI sweep)"},
-    {53721, "a member waits for its round's end without looking at the finished marker (etcd; beyond the CI sweep)"},
-    {52852, "the finished marker not read again after the assignment (static, store; beyond the CI sweep)"},
-    {95772, "the finished marker not read again after the assignment (etcd; beyond the CI sweep)"},
 };
 struct Sweep {
   std::uint64_t schedules = 0, steps = 0;
@@ -227,7 +187,75 @@ TEST_CASE("sim: liveness: once the faults stop, every node that keeps asking set
   run_sweep(30000, true);
 }
 
-TEST_CASE("sim: the seeds that found holes replay clean", "[sim]") {
+// One named scenario per hole of docs/architecture.md's table (tests/rounds/holes/NAME.patch puts
+// it back): the seeds of the CI sweeps (or beyond) that found it, each replayed clean on the present
+// rules, with its schedule printed where it is not. scripts/sim_holes.sh puts each hole back and
+// runs its scenario, which must fail: after a change of the rules or the scheduler, a scenario
+// whose seeds no longer find their hole is re-derived with `scripts/sim_holes.sh --sweep NAME`.
+struct Seed {
+  std::uint64_t seed;
+  bool liveness;
+};
+static void replay_clean(std::initializer_list<Seed> seeds) {
+  quiet_logs();
+  for (const Seed& s : seeds) {
+    const Outcome o = run_seed(s.seed, false, s.liveness);
+    if (!o.violation.empty()) std::cout << replay_text(s.seed, s.liveness);
+    INFO("DDPRUN_SIM_SEED=" << s.seed << " rounds_sim_tests" << (s.liveness ? " \"[liveness]\"" : ""));
+    CHECK(o.violation.empty());
+  }
+}
+
+TEST_CASE("sim hole 01-late-membership: a late membership request beats a success every member had reported", "[sim][hole]") {
+  replay_clean({{14058, false}, {8504, false}});
+}
+TEST_CASE("sim hole 02-brought-rc: members keep the restart count they brought instead of the round's", "[sim][hole]") {
+  replay_clean({{33724, true}});
+}
+TEST_CASE("sim hole 03-streak-per-node: crash-loop streaks kept per node, the members decide differently", "[sim][hole]") {
+  replay_clean({{310, false}, {6701, false}, {14738, false}});
+}
+TEST_CASE("sim hole 04-ring-changed-before-read: the ring's changed time taken before the read", "[sim][hole]") {
+  replay_clean({{26539, false}, {10418, true}});
+}
+TEST_CASE("sim hole 05-finished-at-last-ack: the job marked finished only at the last acknowledgement", "[sim][hole]") {
+  replay_clean({{28746, false}, {34965, false}, {72, true}, {372, true}});
+}
+TEST_CASE("sim hole 06a-marker-not-at-join: the finished marker not looked at again at join", "[sim][hole]") {
+  replay_clean({{52365, true}, {105819, true}});
+}
+TEST_CASE("sim hole 06b-marker-not-after-records: the finished marker not read again after the round's assignment", "[sim][hole]") {
+  replay_clean({{52852, true}, {95772, true}});
+}
+TEST_CASE("sim hole 06c-marker-neither: the finished marker read neither at join nor after the assignment", "[sim][hole]") {
+  replay_clean({{81163, false}, {7409, true}});
+}
+TEST_CASE("sim hole 07-given-up-not-fwr: a member given up as gone, the verdict not first-writer-wins", "[sim][hole]") {
+  replay_clean({{9315, false}, {56252, false}, {16313, true}});
+}
+TEST_CASE("sim hole 08-skip-ended-round: a member skips a round the others ended while it read it", "[sim][hole]") {
+  replay_clean({{379, false}, {3, true}});
+}
+TEST_CASE("sim hole 09-spare-never-ends-silent-round: a waiting node never ends a running round whose members have all been silent", "[sim][hole]") {
+  replay_clean({{27, true}, {55, true}});
+}
+TEST_CASE("sim hole 11-wait-end-no-marker: a member waits for its round's end without looking at the finished marker", "[sim][hole]") {
+  replay_clean({{35291, true}, {53721, true}});
+}
+TEST_CASE("sim hole 13-held-not-watched: a static rank's holder that died before its round closed is never given up", "[sim][hole]") {
+  replay_clean({{106, true}, {792, true}, {1396, true}});
+}
+TEST_CASE("sim hole 14-round-key: the latest round kept in a run-wide key, last writer wins", "[sim][hole]") {
+  replay_clean({{63, false}, {72, false}, {128, false}});
+}
+TEST_CASE("sim hole 15-relaunch-refused-while-marked: a relaunch refused as long as the old job's finished marker exists", "[sim][hole]") {
+  replay_clean({{349, true}, {950, true}});
+}
+TEST_CASE("sim hole 16-marker-after-clear: the run cleared before the job is marked finished", "[sim][hole]") {
+  replay_clean({{731, true}, {1551, true}});
+}
+
+TEST_CASE("sim: seeds that broke the rules before replay clean", "[sim]") {
   quiet_logs();
   for (const Found& f : kRegression) {
     INFO("DDPRUN_SIM_SEED=" << f.seed << " rounds_sim_tests: " << f.hole);
