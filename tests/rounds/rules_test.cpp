@@ -173,6 +173,24 @@ void places(const Nodes& n, std::vector<int>& had, std::vector<int>& by_rank) {
     by_rank[had[i]] = static_cast<int>(i);
   }
 }
+// Round 0 ended by a worker's failure on the node at group rank 2; every node saw it end.
+void fail_at_rank2(Nodes& n, const std::vector<int>& by_rank) {
+  FailureRecord f;
+  n.nodes[by_rank[2]]->end_round(0, RoundEnd::of_failure(f), 3);
+  for (auto& r : n.rec) REQUIRE(r->wait_over());
+}
+// The node at group rank 1 of round 0 lost; the nodes at 0 and 2 saw the round end.
+void lose_rank1(Nodes& n, const std::vector<int>& by_rank) {
+  n.world->lose(0, 1);
+  for (int g : {0, 2}) REQUIRE(n.rec[by_rank[g]]->wait_over());
+}
+// Every node of `n` in its second round at the group rank it had in round 0.
+void check_kept(Nodes& n, const std::vector<int>& had) {
+  for (std::size_t i = 0; i < n.rec.size(); ++i) {
+    REQUIRE(n.rec[i]->wait_ready(2));
+    CHECK(n.rec[i]->ready.back().group_rank == had[i]);
+  }
+}
 }  // namespace
 
 // The next round's arrival order is whoever came back first (after a failure, the node that saw
@@ -185,19 +203,13 @@ TEST_CASE("rules: members keep their group ranks in the next round, whatever the
   std::vector<int> had, by_rank;
   places(n, had, by_rank);
   SECTION("a failure: all three back, in the reverse order of their places") {
-    FailureRecord f;
-    n.nodes[by_rank[2]]->end_round(0, RoundEnd::of_failure(f), 3);
-    for (auto& r : n.rec) REQUIRE(r->wait_over());
+    fail_at_rank2(n, by_rank);
     n.join_in_order(1, {{by_rank[2], 1}, {by_rank[1], 1}, {by_rank[0], 1}});
-    for (int i = 0; i < 3; ++i) {
-      REQUIRE(n.rec[i]->wait_ready(2));
-      CHECK(n.rec[i]->ready.back().group_rank == had[i]);
-      CHECK(n.rec[i]->ready.back().rank_offset == 2 * had[i]);
-    }
+    check_kept(n, had);
+    for (int i = 0; i < 3; ++i) CHECK(n.rec[i]->ready.back().rank_offset == 2 * had[i]);
   }
   SECTION("a lost member: a newcomer that arrives first takes its place") {
-    n.world->lose(0, 1);
-    for (int g : {0, 2}) REQUIRE(n.rec[by_rank[g]]->wait_over());
+    lose_rank1(n, by_rank);
     const int fresh = n.add();
     n.join_in_order(1, {{fresh, -1}, {by_rank[2], 1}, {by_rank[0], 1}});
     REQUIRE(n.rec[fresh]->wait_ready());
@@ -217,14 +229,9 @@ TEST_CASE("rules: group rank 0 orders the members as the assigner did", "[rules]
   n.join_all(0, 0);
   std::vector<int> had, by_rank;
   places(n, had, by_rank);
-  FailureRecord f;
-  n.nodes[by_rank[2]]->end_round(0, RoundEnd::of_failure(f), 3);
-  for (auto& r : n.rec) REQUIRE(r->wait_over());
+  fail_at_rank2(n, by_rank);
   n.join_in_order(1, {{by_rank[0], 1}, {by_rank[2], 1}, {by_rank[1], 1}});
-  for (int i = 0; i < 3; ++i) {
-    REQUIRE(n.rec[i]->wait_ready(2));
-    CHECK(n.rec[i]->ready.back().group_rank == had[i]);
-  }
+  check_kept(n, had);
   const auto& zero = n.rec[by_rank[0]]->ready.back();
   REQUIRE(zero.nodes.size() == 3);
   for (int g = 0; g < 3; ++g) CHECK(zero.nodes[g].nproc == by_rank[g] + 1);
@@ -237,8 +244,7 @@ TEST_CASE("rules: a smaller round fills the gap with the member whose place is b
   n.join_all(0, 0);
   std::vector<int> had, by_rank;
   places(n, had, by_rank);
-  n.world->lose(0, 1);
-  for (int g : {0, 2}) REQUIRE(n.rec[by_rank[g]]->wait_over());
+  lose_rank1(n, by_rank);
   n.join_in_order(1, {{by_rank[2], 1}, {by_rank[0], 1}});
   REQUIRE(n.rec[by_rank[0]]->wait_ready(2));
   REQUIRE(n.rec[by_rank[2]]->wait_ready(2));
