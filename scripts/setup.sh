@@ -17,6 +17,7 @@ targets=("$@")
 build_packages=(
   build-essential cmake pkg-config
   libboost1.81-dev libboost-program-options1.81-dev
+  libboost-context1.81-dev     # the round simulator's fibers (tests/rounds/sim_fiber.hpp)
   libspdlog-dev libfmt-dev catch2 libgloo-dev nlohmann-json3-dev
   libssl-dev                   # OpenSSL: HMAC-SHA256 for the store handshake, TLS to etcd
   zlib1g-dev                   # zlib's CRC-32: the in-memory state's checks (ddprun::runtime::MemoryState)

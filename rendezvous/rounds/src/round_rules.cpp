@@ -187,30 +187,33 @@ std::optional<RoundRules::Joined> RoundRules::enter_round(int round, int idx, in
   auto& c = *conn_;
   const Key sk = round_key(round, Name::store);
   for (bool again = false;; again = true) {
+    std::optional<MemberGone> lost;
     try {
       // Even when the others ended the round meanwhile (a member's workers failed at once):
       // its end is this node's to act on too (no restart left ends the job on every node),
       // which it learns by running the round; it must never skip it.
       return read_round(round, idx, closed);
     } catch (const MemberGone& g) {
-      // Given up first-writer-wins on the round's store key, against group rank 0's address: a
-      // round runs with the address or never (no member starts its workers without it), so a
-      // member that was only late cannot be running when the end says it was lost. Rank 0
-      // first: the round runs after all; read it again (a record gone since is a lost lease).
-      StoreAddress mark;
-      mark.gone = g.index;
-      const StoreAddress s = parse_store(c.name(sk), c.create(sk, store_json(mark)));
-      if (s.stopped) throw_stopped(c, round);
-      if (s.gone < 0 && !again) continue;
-      // The end names the member by group rank (-1 where no lineup was written yet).
-      const Seat gone = lineup_seat(round, closed, g.index);
-      const std::string host = g.host != "?" ? g.host : gone.host;
-      spdlog::warn("ddprun: round {}: the node that arrived {} ({}) {}; meeting again without it", round, g.index,
-                   escape_for_log(host), g.what);
-      c.create(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
-      c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(gone.group_rank, host, 0)));
-      return std::nullopt;
+      lost = g;  // acted on below, outside the handler: no request from inside a catch block
     }
+    const MemberGone& g = *lost;
+    // Given up first-writer-wins on the round's store key, against group rank 0's address: a
+    // round runs with the address or never (no member starts its workers without it), so a
+    // member that was only late cannot be running when the end says it was lost. Rank 0
+    // first: the round runs after all; read it again (a record gone since is a lost lease).
+    StoreAddress mark;
+    mark.gone = g.index;
+    const StoreAddress s = parse_store(c.name(sk), c.create(sk, store_json(mark)));
+    if (s.stopped) throw_stopped(c, round);
+    if (s.gone < 0 && !again) continue;
+    // The end names the member by group rank (-1 where no lineup was written yet).
+    const Seat gone = lineup_seat(round, closed, g.index);
+    const std::string host = g.host != "?" ? g.host : gone.host;
+    spdlog::warn("ddprun: round {}: the node that arrived {} ({}) {}; meeting again without it", round, g.index,
+                 escape_for_log(host), g.what);
+    c.create(round_key(round + 1, Name::expect), std::to_string(std::max(closed - 1, 1)));
+    c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(gone.group_rank, host, 0)));
+    return std::nullopt;
   }
 }
 
