@@ -1,9 +1,9 @@
 #!/bin/bash
-# Puts each hole of the round-rules simulator's per-hole table (docs/architecture.md) back, one at
-# a time (tests/rounds/holes/*.patch), in a scratch worktree of HEAD, and checks that its named
-# scenario fails with it (rounds_sim_tests "sim hole NAME: ...": its seeds); with --sweep it also
-# runs both CI sweeps per hole and prints what they find (the table's counts). The tree you work
-# in is not touched.
+# Puts each hole of the round rules back, one at a time (tests/rounds/holes/*.patch; docs/
+# architecture.md, "The holes"), in a scratch worktree of HEAD, and checks that its named scenario
+# fails with it (rounds_sim_tests "sim hole NAME: ...": its seeds); with --sweep it also runs both
+# CI sweeps per hole and prints what they find (how many schedules fail, the first failing seeds).
+# The tree you work in is not touched.
 #
 #   scripts/sim_holes.sh            # about 15 minutes on 2 cores (a build per hole)
 #   scripts/sim_holes.sh --sweep    # about 25 minutes
@@ -11,7 +11,7 @@
 #
 # After a change of the rules or the simulator's scheduler the schedules move: a scenario whose
 # seeds no longer find its hole is printed NOT FOUND (exit 1); re-derive them with --sweep NAME
-# and put them in its scenario (tests/rounds/sim_test.cpp) and the table. A patch that no longer
+# and put them in its scenario (tests/rounds/sim_test.cpp). A patch that no longer
 # applies is rewritten against the changed lines.
 set -euo pipefail
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
@@ -41,9 +41,11 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >build.log 2>&1 || { tail 
 
 filter() { [ "$1" = live ] && echo "[liveness]" || echo "sim: seeded*"; }
 bad=0
+ran=0
 for patch in tests/rounds/holes/*.patch; do
   name=$(basename "$patch" .patch)
-  [ "$only" = "  " ] || [[ $only == *" $name "* ]] || continue
+  [ "$only" = " " ] || [[ $only == *" $name "* ]] || continue
+  ran=$((ran + 1))
   git apply "$patch" || { echo "$name: the patch no longer applies"; bad=1; continue; }
   if ! cmake --build build -j2 --target rounds_sim_tests rounds_tests >build.log 2>&1; then
     echo "$name: does not build with the hole put back"; tail -20 build.log; bad=1; git checkout -q -- .; continue
@@ -73,4 +75,6 @@ for patch in tests/rounds/holes/*.patch; do
   fi
   git checkout -q -- .
 done
+echo "$ran holes put back: $([ $bad = 0 ] && echo "each found by its scenario" || echo "NOT ALL FOUND (above)")"
+[ $ran -gt 0 ] || bad=1
 exit $bad

@@ -236,7 +236,7 @@ TEST_CASE("sim hole 07-given-up-not-fwr: a member given up as gone, the verdict 
 TEST_CASE("sim hole 08-skip-ended-round: a member skips a round the others ended while it read it", "[sim][hole]") {
   replay_clean({{379, false}, {3, true}});
 }
-TEST_CASE("sim hole 09-spare-never-ends-silent-round: a waiting node never ends a running round whose members have all been silent", "[sim][hole]") {
+TEST_CASE("sim hole 09-standby-never-ends-silent-round: a waiting node never ends a running round whose members have all been silent", "[sim][hole]") {
   replay_clean({{27, true}, {55, true}});
 }
 TEST_CASE("sim hole 11-wait-end-no-marker: a member waits for its round's end without looking at the finished marker", "[sim][hole]") {
