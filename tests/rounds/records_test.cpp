@@ -56,6 +56,12 @@ TEST_CASE("round records: each kind round-trips, anything malformed names the ke
   for (const char* bad : {R"({"last_rank": -2})", R"({"last_round": "1"})", R"({"last_rank": 1.5})"}) {
     CHECK_THROWS_WITH(parse_node("r1/node/0", bad), Catch::Contains("malformed value at key 'r1/node/0'"));
   }
+  // Beyond an int, and beyond a long long (a JSON unsigned that a cast would wrap to -1: no place).
+  for (const char* huge : {R"({"last_rank": 1099511627776})", R"({"last_rank": 18446744073709551615})",
+                           R"({"last_round": 9223372036854775808})"}) {
+    CHECK_THROWS_WITH(parse_node("r1/node/0", huge), Catch::Contains("'last_r") && Catch::Contains("out of range"));
+  }
+  CHECK(parse_node("k", R"({"last_rank": 2147483647})").last_rank == 2147483647);  // an int: beyond any round, no place
 }
 
 TEST_CASE("round state: closed, store, config, assignment and members records round-trip - numbers are read strictly", "[records]") {

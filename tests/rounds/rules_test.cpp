@@ -252,6 +252,65 @@ TEST_CASE("rules: a smaller round fills the gap with the member whose place is b
   CHECK(n.rec[by_rank[2]]->ready.back().group_rank == 1);
 }
 
+namespace {
+// A node that arrived in `round` as its `idx`-th arrival and died there: the arrival counter
+// counts it; its record (when `record`) says it last ran as group rank `last_rank`; with
+// `closes`, its arrival closed the round at idx + 1 nodes.
+void ghost_arrival(Nodes& n, int round, int idx, bool record, int last_rank, bool closes) {
+  n.world->set(round_key(round, Name::join).text(), std::to_string(idx + 1));
+  if (record) {
+    NodeInfo ghost;
+    ghost.host = "ghost";
+    ghost.nproc = 2;
+    ghost.last_round = round - 1;
+    ghost.last_rank = last_rank;
+    n.world->set(round_key(round, Name::node, idx).text(), node_json(ghost));
+  }
+  if (closes) n.world->set(round_key(round, Name::closed).text(), closed_json(Closed::of_nodes(idx + 1)));
+}
+}  // namespace
+
+// A member that arrived and died before describing itself: the round is given up before any
+// place was written, so its end names no group rank (-1), and the others meet again without it.
+TEST_CASE("rules: a member lost before the places were written - the end names no group rank, the others meet again", "[rules]") {
+  Nodes n(2, 3);
+  n.opt.read_timeout = 300ms;
+  n.add_many(2);
+  n.join_in_order(0, {{0, 0}});
+  ghost_arrival(n, 0, 1, false, -1, false);  // its record never comes
+  n.nodes[1]->join(0, 0);  // arrival 2, the last: it closes the round and waits for the records
+  for (int i : {0, 1}) REQUIRE(n.rec[i]->wait_ready());
+  const auto end = n.world->value(round_key(0, Name::end).text());
+  REQUIRE(end);
+  const RoundEnd e = parse_round_end("r0/end", *end);
+  CHECK(e.kind == Kind::node_lost);
+  CHECK(e.group_rank == -1);
+  for (int i : {0, 1}) {
+    CHECK(n.rec[i]->ready.front().round == 1);
+    CHECK(n.rec[i]->ready.front().group_world == 2);
+  }
+  CHECK(n.rec[0]->ready.front().group_rank != n.rec[1]->ready.front().group_rank);
+}
+
+// The last arrival (the assigner) died after describing itself: a member assigns in its stead
+// after read_timeout, and keeps the places as the assigner would have, whatever the arrival order.
+TEST_CASE("rules: a stand-in assigner keeps every member's group rank", "[rules]") {
+  Nodes n(3, 3);
+  n.opt.read_timeout = 300ms;
+  n.add_many(3);
+  n.join_all(0, 0);
+  std::vector<int> had, by_rank;
+  places(n, had, by_rank);
+  fail_at_rank2(n, by_rank);
+  n.join_in_order(1, {{by_rank[1], 1}, {by_rank[0], 1}});
+  ghost_arrival(n, 1, 2, true, 2, true);  // by_rank[2]'s stand-in: it ran as group rank 2
+  for (int g : {0, 1}) {
+    REQUIRE(n.rec[by_rank[g]]->wait_ready(2));
+    CHECK(n.rec[by_rank[g]]->ready.back().round == 1);
+    CHECK(n.rec[by_rank[g]]->ready.back().group_rank == g);
+  }
+}
+
 TEST_CASE("rules: the first end of a round wins, and success needs every node", "[rules]") {
   Nodes n(3, 3);
   n.add_many(3);

@@ -49,6 +49,11 @@ T field(const json& j, const std::string& key, const char* name, T fallback) {
     return it->template get<T>();
   } else {
     if (!it->is_number_integer()) wrong("an integer");
+    // Above LLONG_MAX (JSON's unsigned numbers) a cast to long long would wrap to a small one.
+    if (it->is_number_unsigned() &&
+        it->template get<unsigned long long>() > static_cast<unsigned long long>(std::numeric_limits<long long>::max())) {
+      malformed(key, std::string("field '") + name + "' is out of range");
+    }
     auto v = it->template get<long long>();
     if (v < static_cast<long long>(std::numeric_limits<T>::min()) ||
         v > static_cast<long long>(std::numeric_limits<T>::max())) {
