@@ -89,6 +89,17 @@ TEST_CASE("state link: a put is kept whole and got back, the two newest of a ran
   CHECK(server.ranks() == std::vector<int>{5});
 }
 
+TEST_CASE("state link: a published address splits at its last colon, its port 1 to 65535, anything else refused", "[state]") {
+  using P = std::pair<std::string, std::uint16_t>;
+  CHECK(StateLinkClient::split_address("h1:29500") == P{"h1", 29500});
+  CHECK(StateLinkClient::split_address("::1:1") == P{"::1", 1});  // an IPv6 literal keeps its colons
+  CHECK(StateLinkClient::split_address("10.0.0.2:65535") == P{"10.0.0.2", 65535});
+  for (const char* bad : {"h1", "h1:", ":29500", "h1:0", "h1:65536", "h1:99999999999999999999", "h1:-1", "h1:12x",
+                          "h1: 80"}) {
+    CHECK_THROWS_WITH(StateLinkClient::split_address(bad), Catch::Contains("malformed state copy address"));
+  }
+}
+
 TEST_CASE("state link: a client without the round's key is refused, and a server without it is not trusted", "[state]") {
   StateAreas area(1, 4 << 20);
   StateLinkServer server(1 << 20);

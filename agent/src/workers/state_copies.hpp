@@ -11,14 +11,8 @@
 // last replicated step, every rank sends every save, and ddprun.state.load() agrees on that step
 // when a node is lost.
 //
-// State follows the rank. Before a round's workers start, each agent compares the rank each of
-// its areas holds with the rank it now has: an area whose rank moved (a node keeps its group
-// rank at a restart, but members come and go), or any area of a node that sat the last round
-// out, is kept aside as a copy (served to the node that now has that rank) and emptied; every
-// agent publishes which ranks it holds (the newest holder of each, and another); an agent whose
-// area lacks its rank's state waits until every member has published, then fetches it into the
-// area. A rank whose node and
-// buddy were both lost starts without state, and ddprun.state.load() says so on every rank.
+// State follows the rank: before a round's copies start, each area's state is put in place for
+// the rank it now has (workers/state_placement.hpp).
 //
 // One thread, started by the first round of a multi-node job, prepares each round and then
 // sends; the server of copies runs on a second (and one a connection). A single-node job starts
@@ -42,6 +36,7 @@ namespace ddprun::rendezvous {
 class TcpStore;
 }
 #include "workers/state_link.hpp"
+#include "workers/state_placement.hpp"
 
 namespace ddprun::agent {
 
@@ -71,12 +66,7 @@ class StateCopies {
   struct Round;
   void run();
   void settle(Round& r);  // the state of each area put in place for its rank
-  void publish(Round& r, rendezvous::TcpStore& store);  // which ranks' state this node holds
-  void arm(const rounds::RoundInfo& info, bool complete) noexcept;  // the round's copies begin
-  // Until every member has published what it holds; false: the round is over first.
-  bool wait_all(Round& r, rendezvous::TcpStore& store);
-  // True where the rank's state is in place, or no node holds it; false where a holder failed.
-  bool fetch(Round& r, rendezvous::TcpStore& store, int local_rank, std::uint64_t slot_bytes);
+  void arm(const rounds::RoundInfo& info) noexcept;  // the round's copies begin
   // What the copies of a round have done so far (send()'s, across the passes it retries).
   struct Sending {
     struct Pending {
@@ -110,9 +100,7 @@ class StateCopies {
   const std::uint64_t bytes_per_s_;
   const std::string secret_, run_id_;
   StateLinkServer server_;
-  std::vector<int> area_rank_;  // the rank whose state each area holds; the thread's
-  int settled_round_ = -1;      // the last round settled; the thread's
-  bool seen_state_ = false;     // this node has held, sent or fetched state in this job; the thread's
+  StatePlacement placement_;  // the thread's
 
   mutable std::mutex mu_;
   std::condition_variable wake_;

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/text.hpp"
 #include "ddprun/common/thread.hpp"
 #include "ddprun/common/system.hpp"
 
@@ -421,6 +422,15 @@ std::uint64_t StateLinkServer::held_bytes() const {
 }
 
 // ---- the client ---------------------------------------------------------------------------------
+
+std::pair<std::string, std::uint16_t> StateLinkClient::split_address(const std::string& a) {
+  const auto colon = a.rfind(':');
+  const auto port = colon == std::string::npos ? std::nullopt : parse_int(std::string_view(a).substr(colon + 1), 1, 65535);
+  if (!port || colon == 0) {
+    throw Error(fmt::format("a malformed state copy address '{}' (host:port expected)", escape_for_log(a)));
+  }
+  return {a.substr(0, colon), static_cast<std::uint16_t>(*port)};
+}
 
 StateLinkClient::StateLinkClient(const std::string& host, std::uint16_t port, const std::string& key, int timeout_ms)
     : where_(fmt::format("the agent at {}:{}", host, port)) {

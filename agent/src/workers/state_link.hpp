@@ -31,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ddprun/common/state_layout.hpp"
@@ -102,6 +103,9 @@ class StateLinkServer {
 class StateLinkClient {
  public:
   StateLinkClient(const std::string& host, std::uint16_t port, const std::string& key, int timeout_ms = 10000);
+  // A server's address as published, "host:port", split at its last colon (an IPv6 literal
+  // keeps its own); the port 1 to 65535. Throws ddprun::Error on anything else.
+  static std::pair<std::string, std::uint16_t> split_address(const std::string& host_port);
   ~StateLinkClient();
   StateLinkClient(const StateLinkClient&) = delete;
   StateLinkClient& operator=(const StateLinkClient&) = delete;
