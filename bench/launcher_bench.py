@@ -4,12 +4,14 @@ by side in one run, as ratios to the floor:
 
   launch+teardown   `LAUNCHER --standalone --nproc_per_node=N --no_python /bin/true`, N = 1, 8, 64;
                     the floor is `spawn_floor launch N /bin/true` (bench/spawn_floor.c: posix_spawn
-                    N copies and wait, nothing else), timed the same way (its own exec included)
+                    N copies and wait, nothing else), timed the same way (its own exec included).
+                    Each run is timed as a shell sees a command: by a small C timer (`spawn_floor
+                    time`) that posix_spawns it, output on /dev/null, and waits, not by this script
   restart latency   8 workers; rank 1 crashes in attempts 0 and 1; from each crash to the last worker
                     of the next attempt started, from timestamps the workers print (bash's EPOCHREALTIME: no
                     fork to read the clock). The floor is `spawn_floor restart 8`: the first exit,
                     SIGKILL the other 7 and reap them, spawn 8 (torchrun: --monitor_interval=0.1)
-  peak memory       maximum RSS of the launcher (wait4)
+  peak memory       maximum RSS of the launcher (wait4, by the same timer)
 
 Each program timed (ddprun, the --also builds, spawn_floor) is first copied into a temporary
 folder, as `install` copies it (with ddprun-full and share/ddprun/python where they are beside it):
@@ -33,6 +35,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -75,15 +78,25 @@ def timed(cmd, out_path=None, env=None):
     return wall, ru.ru_maxrss / 1024.0, os.waitstatus_to_exitcode(status)
 
 
+def timed_as_shell(timer, cmd):
+    """Runs cmd once under the C timer (`spawn_floor time 1 CMD`); returns (wall s, max RSS MiB, rc)."""
+    r = subprocess.run([timer, "time", "1"] + cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    words = r.stdout.split()
+    if len(words) != 2:
+        raise SystemExit(f"the timer failed on {' '.join(cmd)}: {r.stderr.strip()}")
+    return int(words[0]) / 1e9, int(words[1]) / 1024.0, r.returncode
+
+
 class Runner:
     """One launcher (or the floor): how to start N workers, and its samples."""
+    timer = None  # spawn_floor, the timer of the launches
 
     def __init__(self, name, launch, restart):
         self.name, self.launch, self.restart = name, launch, restart
         self.walls, self.rss, self.latencies = {}, {}, []
 
     def run_launch(self, n):
-        wall, rss, rc = timed(self.launch(n))
+        wall, rss, rc = timed_as_shell(Runner.timer, self.launch(n))
         if rc != 0:
             raise SystemExit(f"{self.name} failed with {rc}: {' '.join(self.launch(n))}")
         self.walls.setdefault(n, []).append(wall)
@@ -215,6 +228,7 @@ def main():
 
 def run(args):
     sizes = [int(s) for s in args.sizes.split(",")]
+    Runner.timer = args.floor
     floor = Runner("floor", lambda n: [args.floor, "launch", str(n), "/bin/true"],
                    lambda: [args.floor, "restart", "8"] + RESTART_CMD)
     others = [launcher_runner("ddprun", [args.ddprun], [])]

@@ -9,13 +9,20 @@
 //       copies with TORCHELASTIC_RESTART_COUNT=1, and so on until an attempt's first exit is a
 //       success; then wait for the rest. The workers print their own timestamps (the bench reads
 //       "crash A" -> last "start A+1" from their output, as it does for launchers).
+//   spawn_floor time N PROGRAM [ARG...]
+//       the timer: runs PROGRAM N times, one after the other, as a shell runs a command
+//       (posix_spawn, stdin and output on /dev/null, then wait), and prints each run's wall time
+//       in nanoseconds and its peak RSS in KiB, one run a line; exit 1 when a run did not exit 0.
 #define _GNU_SOURCE
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char** environ;
@@ -75,18 +82,51 @@ static int restart(int n, char** argv) {
   }
 }
 
+static long long now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static int time_runs(int n, char** argv) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  int failed = 0;
+  for (int i = 0; i < n; ++i) {
+    const long long t0 = now_ns();
+    pid_t pid;
+    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    if (rc != 0) {
+      fprintf(stderr, "spawn_floor: posix_spawn %s: %s\n", argv[0], strerror(rc));
+      return 1;
+    }
+    int status;
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
+    if (wait4(pid, &status, 0, &ru) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
+    const long long wall = now_ns() - t0;
+    printf("%lld %ld\n", wall, ru.ru_maxrss);
+  }
+  posix_spawn_file_actions_destroy(&fa);
+  return failed;
+}
+
 int main(int argc, char** argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: spawn_floor launch|restart N PROGRAM [ARG...]\n");
+    fprintf(stderr, "usage: spawn_floor launch|restart|time N PROGRAM [ARG...]\n");
     return 2;
   }
   int n = atoi(argv[2]);
-  if (n < 1 || n > kMaxWorkers) {
+  if (n < 1 || (n > kMaxWorkers && strcmp(argv[1], "time") != 0)) {
     fprintf(stderr, "spawn_floor: N must be 1..%d\n", kMaxWorkers);
     return 2;
   }
   if (strcmp(argv[1], "launch") == 0) return launch(n, argv + 3);
   if (strcmp(argv[1], "restart") == 0) return restart(n, argv + 3);
+  if (strcmp(argv[1], "time") == 0) return time_runs(n, argv + 3);
   fprintf(stderr, "spawn_floor: unknown mode '%s'\n", argv[1]);
   return 2;
 }
