@@ -62,6 +62,13 @@ TEST_CASE("round records: each kind round-trips, anything malformed names the ke
     CHECK_THROWS_WITH(parse_node("r1/node/0", huge), Catch::Contains("'last_r") && Catch::Contains("out of range"));
   }
   CHECK(parse_node("k", R"({"last_rank": 2147483647})").last_rank == 2147483647);  // an int: beyond any round, no place
+  // A long long field (the finished marker's time): a JSON unsigned beyond it would have wrapped
+  // to a time long past, which a node takes for a relaunch's old marker.
+  CHECK(parse_finished("finished", R"({"round": 1, "at_ms": 9223372036854775807})", 0).at_ms == 9223372036854775807LL);
+  CHECK_THROWS_WITH(parse_finished("finished", R"({"round": 1, "at_ms": 9223372036854775808})", 0),
+                    Catch::Contains("'at_ms' is out of range"));
+  CHECK_THROWS_WITH(parse_finished("finished", R"({"round": 1, "at_ms": 18446744073709551615})", 0),
+                    Catch::Contains("'at_ms' is out of range"));
 }
 
 TEST_CASE("round state: closed, store, config, assignment and members records round-trip - numbers are read strictly", "[records]") {

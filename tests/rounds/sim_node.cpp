@@ -98,7 +98,7 @@ class SimBackend : public Backend {
     if (w_.settings().flavor == Flavor::store) {
       // The first keep-alive before the round's workers start, as StoreBackend::watch does.
       SimConnection c(w_, n_);
-      KeepAliveRing ring(m, w_.settings().opt.keep_alive_interval, liveness_ttl());
+      KeepAliveRing ring(m, w_.settings().opt.keep_alive_interval, liveness_ttl(), w_);
       ring.beat(c, [&](Clock::time_point sent) { w_.renewed(n_, sent); });
     }
     w_.spawn_ring(n_, m);
@@ -191,7 +191,7 @@ void play(World& w, Node& n) {
   self.info.reach = "10.0.0.1";
   self.info.nproc = 1;
   self.info.node_rank = n.slot;
-  RoundRules rules(opt, backend, workers, self);
+  RoundRules rules(opt, backend, workers, self, w);
   rules.connect();
   int round = 0, rc = -1;
   Streak streak;  // the crash-loop streak this node brings to the next round
@@ -271,7 +271,7 @@ void ring_main(World& w, Node& n, const Members& m) {
     const auto& o = w.settings().opt;
     auto renewed = [&](Clock::time_point sent) { w.renewed(n, sent); };
     if (w.settings().flavor == Flavor::store) {
-      KeepAliveRing ring(m, o.keep_alive_interval, o.keep_alive_interval * o.keep_alive_max_attempt);
+      KeepAliveRing ring(m, o.keep_alive_interval, o.keep_alive_interval * o.keep_alive_max_attempt, w);
       while (n.watching == m.round) {
         w.sleep_until(w.now() + ring.every());
         if (n.watching != m.round) break;

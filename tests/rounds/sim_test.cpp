@@ -30,9 +30,9 @@ std::string replay_text(std::uint64_t seed, bool liveness) {
   return s;
 }
 
-// Seeds that broke the rules before, replayed by "sim: seeds that broke the rules before replay
-// clean": seeds that found a hole on earlier rules (one marked "found it until protocol N"; the
-// holes' present seeds are in the named scenarios below), and bugs fixed without a hole patch.
+// Regression seeds, replayed by "sim: regression seeds replay clean": seeds that find no hole of
+// tests/rounds/holes on the current rules (the holes' seeds are in the named scenarios below),
+// and seeds of bugs fixed without a hole patch.
 struct Found {
   std::uint64_t seed;
   const char* hole;
@@ -182,7 +182,7 @@ TEST_CASE("sim: seeded schedules of faults keep every safety invariant", "[sim]"
   run_sweep(100000, false);
 }
 
-// 30,000 schedules (about 22 s of CPU on 2 threads).
+// 30,000 schedules (about 15 s of CPU on 2 threads).
 TEST_CASE("sim: liveness: once the faults stop, every node that keeps asking settles within 60 s", "[sim][liveness]") {
   run_sweep(30000, true);
 }
@@ -255,7 +255,7 @@ TEST_CASE("sim hole 16-marker-after-clear: the run cleared before the job is mar
   replay_clean({{731, true}, {1551, true}});
 }
 
-TEST_CASE("sim: seeds that broke the rules before replay clean", "[sim]") {
+TEST_CASE("sim: regression seeds replay clean", "[sim]") {
   quiet_logs();
   for (const Found& f : kRegression) {
     INFO("DDPRUN_SIM_SEED=" << f.seed << " rounds_sim_tests: " << f.hole);

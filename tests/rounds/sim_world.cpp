@@ -3,6 +3,7 @@
 #include "sim_world.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <sstream>
 
 #include "ddprun/common/error.hpp"
@@ -14,8 +15,6 @@ namespace ddprun::rounds::sim {
 namespace {
 
 using namespace std::chrono_literals;
-thread_local World* g_world = nullptr;
-Time virtual_now() { return g_world->now(); }
 
 constexpr auto kMarkerTtl = std::chrono::seconds(600);  // etcd's markers (etcd_backend.cpp)
 
@@ -75,21 +74,21 @@ World::World(const Settings& s, bool trace)
     : rng(s.seed * 0x9e3779b97f4a7c15ULL + 1), ring_rng(s.seed * 0xc2b2ae3d27d4eb4fULL + 7), s_(s), tracing_(trace),
       causes_(s.seed ^ 0x2545f4914f6cdd1dULL) {
   now_ = Time(std::chrono::hours(1));
-  g_world = this;
-  Clock::source = &virtual_now;
   for (int i = 0; i < s_.nodes; ++i) current_nodes_.push_back(&start_node(i, 0, fresh_id()));
 }
 
 World::~World() {
-  // Unwind every fiber still parked: its node crashes.
+  // Every fiber not done crashes, so that none is destroyed parked (sim_fiber.hpp): a parked one
+  // throws Crash from its call; one that never ran starts, parks at its first call, then crashes.
+  // (Where run() threw, the fibers are left to Boost.Context's unwinding: no switch may happen
+  // while an exception is in flight.)
+  if (std::uncaught_exceptions() > 0) return;
   for (auto& t : tasks_) {
-    if (!t->fiber->done()) {
+    for (int tries = 0; tries < 3 && !t->fiber->done(); ++tries) {
       t->crash = true;
       resume(*t);
     }
   }
-  Clock::source = nullptr;
-  g_world = nullptr;
 }
 
 std::string World::fresh_id() { return "n" + std::to_string(++ids_); }

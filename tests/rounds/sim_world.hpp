@@ -98,7 +98,8 @@ struct Task {
   Time not_before{};  // a delayed call is not delivered before then
 };
 
-class World {
+// The world's virtual time is its nodes' time (the rules' TimeSource, backend.hpp).
+class World : public TimeSource {
  public:
   explicit World(const Settings& s, bool trace);
   ~World();
@@ -108,7 +109,11 @@ class World {
   std::uint64_t steps() const { return steps_; }
 
   // For the nodes' fibers (sim_node.cpp).
-  Time now() const { return now_; }
+  Time now() const override { return now_; }
+  std::chrono::system_clock::time_point wall() const override {
+    return std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(now_.time_since_epoch()));
+  }
   const Settings& settings() const { return s_; }
   void call(const char* what, const Key* k = nullptr);  // parks the running fiber on a call
   bool wait(const std::vector<Key>& keys, Time deadline, bool interruptible);

@@ -34,8 +34,8 @@ class StatePlacement {
   // A round's keys in its workers' store (`prefix`: "ddprun/state/R/"), its copy key, and
   // `wanted`: false once the round is over (a wait is cut short).
   struct RoundKeys {
-    const std::string& prefix;
-    const std::string& key;
+    std::string prefix;
+    std::string key;
     std::function<bool()> wanted;
     std::string at(const std::string& what) const { return prefix + what; }
   };

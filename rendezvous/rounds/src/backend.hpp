@@ -20,24 +20,26 @@
 
 namespace ddprun::rounds {
 
-// The round rules' clock: the steady clock, or, on a thread that set `source` (the
-// deterministic simulator, tests/rounds/sim_*), that thread's virtual time. Its time points are
-// the steady clock's, so deadlines cross to the Fence unchanged.
-struct Clock {
-  using base = std::chrono::steady_clock;
-  using duration = base::duration;
-  using rep = duration::rep;
-  using period = duration::period;
-  using time_point = base::time_point;
-  static constexpr bool is_steady = true;
-  using Source = time_point (*)();
-  static inline thread_local Source source = nullptr;
-  static time_point now() { return source ? source() : base::now(); }
-  // Wall-clock time (for what crosses nodes: markers); virtual with `source`.
-  static std::chrono::system_clock::time_point wall() {
-    if (!source) return std::chrono::system_clock::now();
-    return std::chrono::system_clock::time_point(
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(source().time_since_epoch()));
+// The backends' clock: the steady clock; wall() for what crosses nodes (markers).
+struct Clock : std::chrono::steady_clock {
+  static std::chrono::system_clock::time_point wall() { return std::chrono::system_clock::now(); }
+};
+
+// The round rules' time, injected as LevelDB's Env is: TimeSource::real() (Clock), or a simulator's
+// virtual time (tests/rounds/sim_world.hpp). Its time points are the steady clock's, so
+// deadlines cross to the Fence unchanged.
+class TimeSource {
+ public:
+  virtual ~TimeSource() = default;
+  virtual Clock::time_point now() const = 0;
+  virtual std::chrono::system_clock::time_point wall() const = 0;
+  static const TimeSource& real() {
+    struct Real final : TimeSource {
+      Clock::time_point now() const override { return Clock::now(); }
+      std::chrono::system_clock::time_point wall() const override { return Clock::wall(); }
+    };
+    static const Real r;
+    return r;
   }
 };
 

@@ -36,8 +36,9 @@ Self describe_self(const RendezvousOptions& opt, const std::string& reach) {
   return s;
 }
 
-RoundRules::RoundRules(const RendezvousOptions& opt, Backend& backend, WorkersStore& workers, Self self)
-    : opt_(opt), backend_(backend), workers_(workers), self_(std::move(self)), where_(backend.where()) {}
+RoundRules::RoundRules(const RendezvousOptions& opt, Backend& backend, WorkersStore& workers, Self self,
+                       const TimeSource& time)
+    : opt_(opt), backend_(backend), time_(time), workers_(workers), self_(std::move(self)), where_(backend.where()) {}
 
 void RoundRules::connect() {
   conn_ = backend_.connect(opt_.join_timeout);
@@ -48,7 +49,7 @@ void RoundRules::connect() {
   if (auto mark = finished_mark(c)) {
     // A node of the job that arrives late is told; after close_timeout the run id is free again
     // and this is a relaunch: it meets after the old job's rounds.
-    const long long now = wall_ms(), life = opt_.close_timeout.count();
+    const long long now = wall_ms(time_), life = opt_.close_timeout.count();
     const FinishedMark& m = *mark;
     if (now - m.at_ms < life) {
       throw RendezvousError(K::finished, "rendezvous: run id '" + opt_.run_id + "' already finished on " + where_ + " " +
@@ -80,7 +81,7 @@ RoundRules::Joined RoundRules::join(int round, int rc, const Streak& streak) {
   for (;;) {
     // Each round is given join_timeout from when this node arrives in it (a spare may have
     // waited long for it).
-    const auto deadline = Clock::now() + opt_.join_timeout;
+    const auto deadline = time_.now() + opt_.join_timeout;
     throw_if_job_finished();
     if (rc < 0) round = latest_round(std::max(round, first_round_));
     // One restart count per round, the first writer's; "finished": the others ended the job
@@ -138,7 +139,7 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
     c.create(closed, closed_json(Closed::of_nodes(std::min(n, opt_.max_nodes))));
   }
   if (n >= opt_.min_nodes) {
-    if (!wait_for_others(c, round, Clock::now() + opt_.last_call_timeout, false)) {
+    if (!wait_for_others(c, round, time_.now() + opt_.last_call_timeout, false)) {
       // Last call over: close with whoever has arrived.
       int joined = static_cast<int>(std::min<std::int64_t>(c.add(joins, 0), opt_.max_nodes));
       if (joined < n) throw_finished();  // the counter went back: the job finished, its keys were cleared
@@ -167,7 +168,7 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
 bool RoundRules::wait_for_others(Connection& c, int round, Clock::time_point deadline, bool look) {
   const Key closed = round_key(round, Name::closed);
   const bool held = opt_.backend == BackendKind::static_ranks;
-  Clock::duration slice = deadline - Clock::now();  // one wait, unless there is something to do between
+  Clock::duration slice = deadline - time_.now();  // one wait, unless there is something to do between
   if (held) {
     slice = backend_.liveness_ttl() / 3;
   } else if (look) {
@@ -175,8 +176,8 @@ bool RoundRules::wait_for_others(Connection& c, int round, Clock::time_point dea
   }
   for (;;) {
     if (held) c.add(round_key(round, Name::held, opt_.node_rank), 1);
-    if (c.wait({closed}, std::min(deadline, Clock::now() + slice))) return true;
-    if (Clock::now() >= deadline) return false;
+    if (c.wait({closed}, std::min(deadline, time_.now() + slice))) return true;
+    if (time_.now() >= deadline) return false;
     if (look) throw_if_job_finished();
   }
 }
@@ -273,7 +274,7 @@ void RoundRules::publish_store(Joined& j) {
   } else {
     workers_.release();
   }
-  if (!c.wait({k}, Clock::now() + opt_.read_timeout)) {
+  if (!c.wait({k}, time_.now() + opt_.read_timeout)) {
     // Group rank 0's arrival, from the lineup; where it cannot be read, arrival 0 stands for it
     // (the mark only has to name someone: any member's verdict gives the round up).
     const Seat zero = lineup_seat(info.round, info.group_world, -1);
@@ -315,12 +316,12 @@ void RoundRules::acknowledge_end(int round, int group_world) {
   // writing), the last one before clearing the run (clear_run keeps it): nothing of the job stays
   // but markers, so a node started late with this run id is told the job finished, and one
   // waiting for a place in a next round learns there is none.
-  c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms()}), Lifetime::marker);
+  c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms(time_)}), Lifetime::marker);
   if (last) c.clear_run();
   c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
   // The records must outlive the others' last reads; bounded (close_timeout), it is no exit
   // barrier: normally every node acknowledges within milliseconds.
-  if (backend_.holds_records() && !c.wait({all}, Clock::now() + opt_.close_timeout)) {
+  if (backend_.holds_records() && !c.wait({all}, time_.now() + opt_.close_timeout)) {
     spdlog::debug("ddprun: not every node acknowledged the end of round {}", round);
   }
 }
@@ -330,7 +331,7 @@ std::optional<RoundEnd> RoundRules::end_by(Connection& c, int round, Clock::time
   if (c.wait({end}, deadline)) {
     if (auto v = c.get(end)) return parse_round_end(c.name(end), *v);
   }
-  if (Clock::now() < deadline || !finished_since(c, round)) return std::nullopt;
+  if (time_.now() < deadline || !finished_since(c, round)) return std::nullopt;
   // The end is written before the marker: it may have come since the wait. Gone: cleared (etcd).
   if (auto v = c.get(end)) return parse_round_end(c.name(end), *v);
   throw_finished("was away from its round (its records are gone)");
@@ -338,7 +339,7 @@ std::optional<RoundEnd> RoundRules::end_by(Connection& c, int round, Clock::time
 
 RoundEnd RoundRules::wait_end(Connection& c, int round) {
   for (;;) {
-    if (auto e = end_by(c, round, Clock::now() + backend_.liveness_ttl())) return *e;
+    if (auto e = end_by(c, round, time_.now() + backend_.liveness_ttl())) return *e;
   }
 }
 

@@ -37,7 +37,9 @@ Self describe_self(const RendezvousOptions& opt, const std::string& reach);
 
 class RoundRules {
  public:
-  RoundRules(const RendezvousOptions& opt, Backend& backend, WorkersStore& workers, Self self);
+  // `time`: the rules' clock (the simulator's virtual time; TimeSource::real() otherwise).
+  RoundRules(const RendezvousOptions& opt, Backend& backend, WorkersStore& workers, Self self,
+             const TimeSource& time = TimeSource::real());
 
   // Opens this node's connection and checks the run: a run id used by a job with other settings,
   // or a finished one, is an error naming it.
@@ -144,6 +146,7 @@ class RoundRules {
 
   const RendezvousOptions& opt_;
   Backend& backend_;
+  const TimeSource& time_;
   WorkersStore& workers_;
   Self self_;
   std::string where_;

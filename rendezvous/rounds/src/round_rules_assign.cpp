@@ -23,7 +23,7 @@ std::vector<NodeInfo> RoundRules::read_arrivals(int round, int closed, bool at_o
   auto& c = *conn_;
   std::vector<Key> records;
   for (int i = 0; i < closed; ++i) records.push_back(round_key(round, Name::node, i));
-  const bool came = assigned || (!at_once && c.wait(records, Clock::now() + opt_.read_timeout));
+  const bool came = assigned || (!at_once && c.wait(records, time_.now() + opt_.read_timeout));
   // A record on a lease (etcd) goes with a member that died since the wait.
   const auto values = c.get_many(records);
   std::vector<NodeInfo> arrivals;
@@ -166,7 +166,7 @@ std::string RoundRules::own_assignment(int round, int idx, int closed, Placed& p
     p = assign(round, idx, closed, false);
     return p.mine;
   }
-  if (c.wait({ak}, Clock::now() + opt_.read_timeout)) {
+  if (c.wait({ak}, time_.now() + opt_.read_timeout)) {
     if (auto v = c.get_many({ak}).front()) return *v;
   }
   // No assignment: the last member died, or a record never came. A member that gave the

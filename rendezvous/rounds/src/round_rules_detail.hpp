@@ -15,8 +15,8 @@ constexpr const char* kFinished = "finished";
 // round's size after it.
 constexpr std::int64_t kRequest = 1LL << 40;
 
-inline long long wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::wall().time_since_epoch()).count();
+inline long long wall_ms(const TimeSource& time) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(time.wall().time_since_epoch()).count();
 }
 
 }  // namespace ddprun::rounds::detail

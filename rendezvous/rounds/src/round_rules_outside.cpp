@@ -36,13 +36,13 @@ void RoundRules::wait_next_round(int round, int closed) {
   const Key next = round_key(round + 1, Name::rc);
   const auto ttl = backend_.liveness_ttl(), patience = ttl + 2 * opt_.read_timeout;
   std::vector<long long> seen;
-  auto alive_at = Clock::now();
-  while (!c.wait({next}, Clock::now() + ttl)) {
+  auto alive_at = time_.now();
+  while (!c.wait({next}, time_.now() + ttl)) {
     throw_if_finished(c, round);
     if (ended_without_count(c, round)) return;
     if (!backend_.members_silent(c, round, closed, seen)) {
-      alive_at = Clock::now();
-    } else if (Clock::now() - alive_at >= patience) {
+      alive_at = time_.now();
+    } else if (time_.now() - alive_at >= patience) {
       spdlog::warn("ddprun: round {}: none of its {} nodes renewed its liveness for {}; meeting in the next round "
                    "without them", round, closed, duration_text(std::chrono::duration_cast<std::chrono::milliseconds>(patience)));
       c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(0, "?", 0)));
@@ -89,7 +89,7 @@ std::optional<FinishedMark> RoundRules::finished_mark(Connection& c) {
   const Key finished = run_key(Name::finished);
   auto v = c.get(finished);
   if (!v) return std::nullopt;
-  return parse_finished(c.name(finished), *v, wall_ms());
+  return parse_finished(c.name(finished), *v, wall_ms(time_));
 }
 
 // The job finished in round `round` or later (its keys may be cleared already).
@@ -121,7 +121,7 @@ void RoundRules::ask_to_join(int round, int closed) {
       return;
     }
     c.create(round_key(round + 1, Name::expect), std::to_string(closed + 1));
-    c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_membership(self_.info.host, Clock::wall())));
+    c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_membership(self_.info.host, time_.wall())));
     spdlog::info("ddprun: round {} runs with {} nodes; asking it to restart with this one", round, closed);
   } else {
     if (!said_spare_) {
@@ -161,20 +161,20 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
   // With no counter of the holder's moving (etcd has no keep-alive counters), a running round's
   // members are watched by members_gone() for a TTL once 1 s has passed: refused then.
   const auto ttl = backend_.liveness_ttl(), patience = std::chrono::milliseconds(1s), look = ttl / 3 + ttl / 10;
-  const auto since = Clock::now();
+  const auto since = time_.now();
   for (;;) {
-    if (c.wait({end}, std::min(deadline, Clock::now() + look))) {
+    if (c.wait({end}, std::min(deadline, time_.now() + look))) {
       throw_if_stopped(c, round, false);  // the job is stopping: so is this node of it
       return false;
     }
-    const bool waited = Clock::now() - since >= patience, running = c.get(round_key(round, Name::store)).has_value();
+    const bool waited = time_.now() - since >= patience, running = c.get(round_key(round, Name::store)).has_value();
     const auto cv = running ? std::nullopt : c.get(ck);
     const auto kind = cv ? parse_closed(c.name(ck), *cv).kind : Closed::Kind::nodes;
     if (cv && kind == Closed::Kind::abandoned) return false;
     if (cv && kind == Closed::Kind::stopped) throw_closed_stopped(c, round, false);
     const bool closed = running || cv.has_value();
     const auto last = held.looked_at;
-    auto within = [&] { return duration_text(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last)); };
+    auto within = [&] { return duration_text(std::chrono::duration_cast<std::chrono::milliseconds>(time_.now() - last)); };
     if (moved(held)) throw_held(round, holder.host, "its held counter moved within the last " + within());
     if (moved(beat)) throw_held(round, holder.host, "its keep-alive counter moved within the last " + within());
     // A closed round whose members all died on their way in (a crashed launch) is ended too.
@@ -187,7 +187,7 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
                    "round closed; meeting in the next round", opt_.node_rank, round, escape_for_log(holder.host));
       return false;
     }
-    if (Clock::now() >= deadline) {
+    if (time_.now() >= deadline) {
       throw_held(round, holder.host, "it did not go within " + duration_text(opt_.join_timeout) + " (join_timeout)");
     }
   }
@@ -198,7 +198,7 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
 bool RoundRules::moved(HolderWatch& w) {
   const long long count = conn_->add(w.counter, 0);
   const bool changed = count != w.count, seen = w.count >= 0;
-  w.looked_at = Clock::now();
+  w.looked_at = time_.now();
   if (changed) {
     w.count = count;
     w.alive_at = w.looked_at;
@@ -219,7 +219,7 @@ bool RoundRules::moved(HolderWatch& w) {
 // any round whose member died), and true.
 bool RoundRules::holder_gone(int round, const HolderWatch& w) {
   auto& c = *conn_;
-  if (Clock::now() - w.alive_at < backend_.liveness_ttl() + 2 * opt_.read_timeout) return false;
+  if (time_.now() - w.alive_at < backend_.liveness_ttl() + 2 * opt_.read_timeout) return false;
   const Key ck = round_key(round, Name::closed);
   return parse_closed(c.name(ck), c.create(ck, closed_json(Closed::abandoned(opt_.node_rank)))).kind ==
          Closed::Kind::abandoned;
@@ -233,11 +233,11 @@ bool RoundRules::members_gone(int round) {
   const Closed closed = parse_closed(c.name(ck), existing(c, ck));
   const auto ttl = backend_.liveness_ttl(), patience = ttl + 2 * opt_.read_timeout;
   std::vector<long long> seen;
-  const auto since = Clock::now();
+  const auto since = time_.now();
   backend_.members_silent(c, round, closed.nodes, seen);
-  while (!c.wait({round_key(round, Name::end)}, Clock::now() + ttl)) {
+  while (!c.wait({round_key(round, Name::end)}, time_.now() + ttl)) {
     if (!backend_.members_silent(c, round, closed.nodes, seen)) return false;
-    if (Clock::now() - since >= patience) {
+    if (time_.now() - since >= patience) {
       c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_node_lost(0, "?", 0)));
       return true;
     }

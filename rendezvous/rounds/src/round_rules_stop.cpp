@@ -44,7 +44,7 @@ void RoundRules::throw_stopped(Connection& c, int round, bool member) {
 // Round `round` was closed as stopped: the stopping node closes it first, then writes who
 // stopped it and with what signal (its end), which is waited for briefly.
 void RoundRules::throw_closed_stopped(Connection& c, int round, bool member) {
-  c.wait({round_key(round, Name::end)}, Clock::now() + std::min<Clock::duration>(opt_.read_timeout, 2s));
+  c.wait({round_key(round, Name::end)}, time_.now() + std::min<Clock::duration>(opt_.read_timeout, 2s));
   throw_stopped(c, round, member);
 }
 
@@ -76,7 +76,7 @@ void RoundRules::announce_stop(Connection& c, int round, int signal) {
   for (int i = 0; i < members; ++i) c.create(round_key(round, Name::assign, i), assignment_json(none));
   if (!backend_.holds_records()) return;
   bool others = c.add(round_key(round, Name::join), 0) > 1;
-  if (!c.wait({round_key(round, Name::stop_seen)}, Clock::now() + (others ? 1500ms : 300ms))) {
+  if (!c.wait({round_key(round, Name::stop_seen)}, time_.now() + (others ? 1500ms : 300ms))) {
     spdlog::debug("ddprun: not every node acknowledged the stop of round {}", round);
   }
 }
