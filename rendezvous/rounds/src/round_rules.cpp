@@ -188,16 +188,12 @@ std::optional<RoundRules::Joined> RoundRules::enter_round(int round, int idx, in
   auto& c = *conn_;
   const Key sk = round_key(round, Name::store);
   for (bool again = false;; again = true) {
-    std::optional<MemberGone> lost;
-    try {
-      // Even when the others ended the round meanwhile (a member's workers failed at once):
-      // its end is this node's to act on too (no restart left ends the job on every node),
-      // which it learns by running the round; it must never skip it.
-      return read_round(round, idx, closed);
-    } catch (const MemberGone& g) {
-      lost = g;  // acted on below, outside the handler: no request from inside a catch block
-    }
-    const MemberGone& g = *lost;
+    // Even when the others ended the round meanwhile (a member's workers failed at once): its
+    // end is this node's to act on too (no restart left ends the job on every node), which it
+    // learns by running the round; it must never skip it.
+    auto read = read_round(round, idx, closed);
+    if (auto* j = std::get_if<Joined>(&read)) return std::move(*j);
+    const MemberGone& g = std::get<MemberGone>(read);
     // Given up first-writer-wins on the round's store key, against group rank 0's address: a
     // round runs with the address or never (no member starts its workers without it), so a
     // member that was only late cannot be running when the end says it was lost. Rank 0
@@ -218,12 +214,14 @@ std::optional<RoundRules::Joined> RoundRules::enter_round(int round, int idx, in
   }
 }
 
-// In round `round` as its idx-th arrival: this node's place, as its assignment says.
-RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
+// In round `round` as its idx-th arrival: this node's place, as its assignment says; or a member
+// gone before the round ran.
+std::variant<RoundRules::Joined, RoundRules::MemberGone> RoundRules::read_round(int round, int idx, int closed) {
   auto& c = *conn_;
   const Key ak = round_key(round, Name::assign, idx);
-  Placed p;
-  const std::string mine = own_assignment(round, idx, closed, p);
+  Placed p = own_assignment(round, idx, closed);
+  if (p.gone) return *p.gone;
+  const std::string& mine = p.mine;
   // Read after the assignment: a job that finished and cleared its rounds (etcd) before they
   // were written is seen here, and a node of it that was stopped meanwhile does not start it again.
   throw_if_job_finished();
@@ -250,7 +248,7 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
   j.members.group_world = closed;
   j.members.next_record = round_key(round, Name::node, a.next);
   j.members.next_host = a.next_host;
-  publish_store(j);
+  if (auto gone = publish_store(j)) return *gone;
   // The round runs: this node's place in it is the one the next round keeps for it.
   self_.info.last_round = round;
   self_.info.last_rank = a.group_rank;
@@ -259,14 +257,17 @@ RoundRules::Joined RoundRules::read_round(int round, int idx, int closed) {
 
 // The workers' store: hosted by group rank 0 (emptied for the round), published, read by all.
 // Group rank 0 reads every member's record for its allow-list (one read), unless it assigned.
-void RoundRules::publish_store(Joined& j) {
+// A member gone (rank 0 silent, a record gone, or given up by another member) is returned.
+std::optional<RoundRules::MemberGone> RoundRules::publish_store(Joined& j) {
   auto& c = *conn_;
   RoundInfo& info = j.info;
   const Key k = round_key(info.round, Name::store);
   if (info.group_rank == 0) {
     if (info.nodes.empty()) {
       std::vector<int> order;
-      const std::string refused = order_members(read_arrivals(info.round, info.group_world, true, true), info.nodes, order);
+      const Arrivals arrivals = read_arrivals(info.round, info.group_world, true, true);
+      if (arrivals.gone) return arrivals.gone;
+      const std::string refused = order_members(arrivals.nodes, info.nodes, order);
       if (!refused.empty()) throw ProtocolError(refused + " (in a round already assigned)");
     }
     // First writer wins: a member may have given the round up (or a stop ended it) first.
@@ -278,14 +279,15 @@ void RoundRules::publish_store(Joined& j) {
     // Group rank 0's arrival, from the lineup; where it cannot be read, arrival 0 stands for it
     // (the mark only has to name someone: any member's verdict gives the round up).
     const Seat zero = lineup_seat(info.round, info.group_world, -1);
-    throw MemberGone{std::max(zero.arrival, 0), zero.host,
-                     "did not publish the workers' store within " + duration_text(opt_.read_timeout)};
+    return MemberGone{std::max(zero.arrival, 0), zero.host,
+                      "did not publish the workers' store within " + duration_text(opt_.read_timeout)};
   }
   const StoreAddress s = parse_store(c.name(k), existing(c, k));
   if (s.stopped) throw_stopped(c, info.round);
-  if (s.gone >= 0) throw MemberGone{s.gone, "?", "was given up by another member before the round ran"};
+  if (s.gone >= 0) return MemberGone{s.gone, "?", "was given up by another member before the round ran"};
   info.store_host = s.host;
   info.store_port = s.port;
+  return std::nullopt;
 }
 
 void RoundRules::end_round(int round, RoundEnd why, int expect_next) {

@@ -17,6 +17,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "backend.hpp"
 #include "ddprun/rounds/options.hpp"
@@ -89,7 +91,8 @@ class RoundRules {
   const std::string& where() const { return where_; }
 
  private:
-  // A member of a closed round that never came to run it (died while joining).
+  // A member of a closed round that never came to run it (died while joining): the round is
+  // given up (enter_round), an outcome the reads below return, not an error.
   struct MemberGone {
     int index;
     std::string host;
@@ -121,12 +124,18 @@ class RoundRules {
   void throw_if_job_finished();
   std::optional<Joined> enter_round(int round, int idx, int closed);
   // What assign() leaves this node: its assignment as it stands, and the records by group rank
-  // (none when refused).
+  // (none when refused); or a member gone.
   struct Placed {
     std::string mine;
     std::vector<NodeInfo> nodes;
+    std::optional<MemberGone> gone;
   };
-  std::vector<NodeInfo> read_arrivals(int round, int closed, bool at_once = false, bool assigned = false);
+  // The round's records in arrival order; or the first member whose record is missing.
+  struct Arrivals {
+    std::vector<NodeInfo> nodes;
+    std::optional<MemberGone> gone;
+  };
+  Arrivals read_arrivals(int round, int closed, bool at_once = false, bool assigned = false);
   std::string order_members(const std::vector<NodeInfo>& arrivals, std::vector<NodeInfo>& nodes,
                             std::vector<int>& order) const;
   struct Seat {
@@ -135,9 +144,9 @@ class RoundRules {
   };
   Seat lineup_seat(int round, int closed, int arrival);
   Placed assign(int round, int idx, int closed, bool stand_in);
-  std::string own_assignment(int round, int idx, int closed, Placed& p);
-  Joined read_round(int round, int idx, int closed);
-  void publish_store(Joined& j);
+  Placed own_assignment(int round, int idx, int closed);
+  std::variant<Joined, MemberGone> read_round(int round, int idx, int closed);
+  std::optional<MemberGone> publish_store(Joined& j);
   // `member`: this node arrived in the round (it acknowledges a stop); false for a claimer.
   void throw_if_stopped(Connection& c, int round, bool member = true);
   [[noreturn]] void throw_stopped(Connection& c, int round, bool member = true);

@@ -18,23 +18,25 @@ using namespace detail;
 
 // The records of the round's `closed` arrivals, in arrival order: one wait naming them all (up
 // to read_timeout; none with `at_once`, or once they were `assigned`), one read of them all.
-// Throws MemberGone for one that never came or went with its lease.
-std::vector<NodeInfo> RoundRules::read_arrivals(int round, int closed, bool at_once, bool assigned) {
+// The first member that never came or went with its lease is `gone`.
+RoundRules::Arrivals RoundRules::read_arrivals(int round, int closed, bool at_once, bool assigned) {
   auto& c = *conn_;
   std::vector<Key> records;
   for (int i = 0; i < closed; ++i) records.push_back(round_key(round, Name::node, i));
   const bool came = assigned || (!at_once && c.wait(records, time_.now() + opt_.read_timeout));
   // A record on a lease (etcd) goes with a member that died since the wait.
   const auto values = c.get_many(records);
-  std::vector<NodeInfo> arrivals;
+  Arrivals arrivals;
   for (int i = 0; i < closed; ++i) {
     if (!values[i]) {
-      throw MemberGone{i, assigned ? lineup_seat(round, closed, i).host : "?",
-                       (came ? "was lost as the round closed"
-                             : "did not describe itself within " + duration_text(opt_.read_timeout)) +
-                           c.missing_why(records[i])};
+      arrivals.gone = MemberGone{i, assigned ? lineup_seat(round, closed, i).host : "?",
+                                 (came ? "was lost as the round closed"
+                                       : "did not describe itself within " + duration_text(opt_.read_timeout)) +
+                                     c.missing_why(records[i])};
+      arrivals.nodes.clear();
+      return arrivals;
     }
-    arrivals.push_back(parse_node(c.name(records[i]), *values[i]));
+    arrivals.nodes.push_back(parse_node(c.name(records[i]), *values[i]));
   }
   return arrivals;
 }
@@ -111,7 +113,12 @@ RoundRules::Placed RoundRules::assign(int round, int idx, int closed, bool stand
   // A stand-in comes read_timeout after the round closed: a record missing now never came.
   Placed p;
   Lineup lineup;
-  const std::string refused = order_members(read_arrivals(round, closed, stand_in), p.nodes, lineup.arrivals);
+  const Arrivals arrivals = read_arrivals(round, closed, stand_in);
+  if (arrivals.gone) {
+    p.gone = arrivals.gone;
+    return p;
+  }
+  const std::string refused = order_members(arrivals.nodes, p.nodes, lineup.arrivals);
   // The round's count and streak, the same on every member (a node new to the job has none of
   // its own). Both read with a create: a node that is not a member (it arrives late) cannot
   // change them after.
@@ -157,17 +164,18 @@ RoundRules::Placed RoundRules::assign(int round, int idx, int closed, bool stand
 }
 
 // This node's assignment in round `round` (its idx-th arrival): as the round's last member wrote
-// it, or, when that has not come within read_timeout, as this node writes it (`p`: what assign
-// left). The one read of the round a member makes: its own assignment, O(1) bytes.
-std::string RoundRules::own_assignment(int round, int idx, int closed, Placed& p) {
+// it, or, when that has not come within read_timeout, as this node writes it (with the records
+// assign read). The one read of the round a member makes: its own assignment, O(1) bytes.
+RoundRules::Placed RoundRules::own_assignment(int round, int idx, int closed) {
   auto& c = *conn_;
   const Key ak = round_key(round, Name::assign, idx);
-  if (idx == closed - 1) {
-    p = assign(round, idx, closed, false);
-    return p.mine;
-  }
+  if (idx == closed - 1) return assign(round, idx, closed, false);
+  Placed p;
   if (c.wait({ak}, time_.now() + opt_.read_timeout)) {
-    if (auto v = c.get_many({ak}).front()) return *v;
+    if (auto v = c.get_many({ak}).front()) {
+      p.mine = *v;
+      return p;
+    }
   }
   // No assignment: the last member died, or a record never came. A member that gave the
   // round up, or a stop, says so on the store key; otherwise this node assigns.
@@ -175,10 +183,12 @@ std::string RoundRules::own_assignment(int round, int idx, int closed, Placed& p
   if (auto v = c.get(sk)) {
     const StoreAddress s = parse_store(c.name(sk), *v);
     if (s.stopped) throw_stopped(c, round);
-    if (s.gone >= 0) throw MemberGone{s.gone, "?", "was given up by another member before the round ran"};
+    if (s.gone >= 0) {
+      p.gone = MemberGone{s.gone, "?", "was given up by another member before the round ran"};
+      return p;
+    }
   }
-  p = assign(round, idx, closed, true);
-  return p.mine;
+  return assign(round, idx, closed, true);
 }
 
 }  // namespace ddprun::rounds
