@@ -57,18 +57,7 @@ service_up() {
     c10d-external)
       start 3 store "$store" --host "" --port "$port" --allow "$net.0/24"
       wait_line "$out/store.out" listening 20 || { echo "FAILED: ddprun-store did not start"; cat "$out"/store.*; exit 1; } ;;
-    etcd)
-      local cluster="" i
-      for i in 1 2 3; do cluster+="${cluster:+,}e$i=http://$(addr $i):2380"; done
-      for i in 1 2 3; do
-        start "$i" "etcd$i" etcd --name "e$i" --data-dir "$out/etcd$i" --listen-client-urls "http://$(addr $i):2379" \
-          --advertise-client-urls "http://$(addr $i):2379" --listen-peer-urls "http://$(addr $i):2380" \
-          --initial-advertise-peer-urls "http://$(addr $i):2380" --initial-cluster "$cluster" \
-          --initial-cluster-state new --heartbeat-interval 50 --election-timeout 500 --log-level error
-      done
-      on 1 /bin/sh -c "for t in \$(seq 200); do ETCDCTL_API=3 etcdctl --endpoints=h1:2379,h2:2379,h3:2379 \
-        endpoint health >/dev/null 2>&1 && exit 0; sleep 0.05; done; exit 1" ||
-        { echo "FAILED: etcd did not come up"; cat "$out"/etcd*.err; exit 1; } ;;
+    etcd) etcd_up 1 2 3 ;;
   esac
 }
 

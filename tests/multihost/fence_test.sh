@@ -14,12 +14,7 @@ case $backend in
   c10d) rdzv=(--rdzv_backend=c10d --rdzv_endpoint=h1:29400
               "--rdzv_conf=keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=2") ;;
   etcd) rdzv=(--rdzv_backend=etcd --rdzv_endpoint=h3:2379 "--rdzv_conf=lease_ttl=3,last_call_timeout=2")
-        start 3 etcd etcd --name e3 --data-dir "$out/etcd" --listen-client-urls "http://$(addr 3):2379" \
-          --advertise-client-urls "http://$(addr 3):2379" --listen-peer-urls "http://$(addr 3):2380" \
-          --initial-advertise-peer-urls "http://$(addr 3):2380" --initial-cluster "e3=http://$(addr 3):2380" \
-          --log-level error
-        on 3 /bin/sh -c 'for t in $(seq 200); do ETCDCTL_API=3 etcdctl --endpoints=h3:2379 endpoint health \
-          >/dev/null 2>&1 && exit 0; sleep 0.05; done; exit 1' || { echo "FAILED: etcd did not come up"; exit 1; } ;;
+        etcd_up 3 ;;
   *) echo "unknown backend $backend"; exit 2 ;;
 esac
 for i in 1 2; do

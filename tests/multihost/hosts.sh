@@ -10,6 +10,8 @@
 #   start I NAME CMD... runs CMD on host I in the background; output in $out/NAME.{out,err},
 #                       its pid in pid_NAME
 #   addr I              host I's address
+#   etcd_up I...        an etcd cluster of one member on each host I (clients on port 2379), healthy
+#                       when it returns; its endpoints (hI:2379,...) in $etcd_endpoints
 # Everything (processes, namespaces, hosts files, $out) goes at exit.
 
 set -u
@@ -44,6 +46,24 @@ hosts_down() {
 trap hosts_down EXIT
 
 addr() { echo "$net.$1"; }
+
+etcd_up() {
+  local cluster="" i
+  etcd_endpoints=""
+  for i in "$@"; do
+    cluster+="${cluster:+,}e$i=http://$(addr "$i"):2380"
+    etcd_endpoints+="${etcd_endpoints:+,}h$i:2379"
+  done
+  for i in "$@"; do
+    start "$i" "etcd$i" etcd --name "e$i" --data-dir "$out/etcd$i" --listen-client-urls "http://$(addr "$i"):2379" \
+      --advertise-client-urls "http://$(addr "$i"):2379" --listen-peer-urls "http://$(addr "$i"):2380" \
+      --initial-advertise-peer-urls "http://$(addr "$i"):2380" --initial-cluster "$cluster" \
+      --initial-cluster-state new --heartbeat-interval 50 --election-timeout 500 --log-level error
+  done
+  on "$1" /bin/sh -c "for t in \$(seq 200); do ETCDCTL_API=3 etcdctl --endpoints=$etcd_endpoints \
+    endpoint health >/dev/null 2>&1 && exit 0; sleep 0.05; done; exit 1" ||
+    { echo "FAILED: etcd did not come up"; cat "$out"/etcd*.err; exit 1; }
+}
 
 hosts_up() {
   nhosts=$1

@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
 # A restart keeps every node's place (docs/rounds-protocol.md, "Running a round"): three
-# namespaced hosts meet (c10d, --nnodes=3, two workers each); once all six workers run, the one
+# namespaced hosts meet (--nnodes=3, two workers each: c10d on h1's store, or etcd, a member on
+# each host); once all six workers run, the one
 # at GROUP_RANK 2, local rank 0, exits 3, so its node sees the failure first and is the first to
 # join the next round. Checks: it did arrive first (the order of arrival changed); in the
 # restarted attempt every host has the group rank and the global ranks it had (a member's
 # workers, their in-memory state and its buddy stay where they were); the job ends 0 on all three.
-# Usage: kept_rank_test.sh DDPRUN
+# Usage: kept_rank_test.sh DDPRUN [c10d|etcd]
 set -u
-ddprun=$1
+ddprun=$1 backend=${2:-c10d}
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/hosts.sh"
+case $backend in
+  c10d) rdzv=(--rdzv_backend=c10d --rdzv_endpoint=h1:29400 "--rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=4") ;;
+  etcd) command -v etcd >/dev/null || skip_or_fail "etcd is not installed (scripts/setup.sh installs etcd-server)"
+        rdzv=(--rdzv_backend=etcd --rdzv_endpoint=h1:2379,h2:2379,h3:2379 "--rdzv_conf=lease_ttl=2") ;;
+  *) echo "unknown backend $backend"; exit 2 ;;
+esac
 hosts_up 3
+[ "$backend" = etcd ] && etcd_up 1 2 3
 
 # Attempt 0: each worker says it runs; the crash once all six do. The others wait to be stopped,
 # those of the other nodes taking a second to stop: the crash's node is back first.
@@ -28,8 +36,7 @@ if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
 fi'
 mkdir "$out/up"
 for i in 1 2 3; do
-  start "$i" "a$i" env KEPT_DIR="$out/up" "$ddprun" --nnodes=3 --rdzv_backend=c10d --rdzv_endpoint=h1:29400 \
-    --rdzv_id=kept "--rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=4" --max_restarts=1 \
+  start "$i" "a$i" env KEPT_DIR="$out/up" "$ddprun" --nnodes=3 "${rdzv[@]}" --rdzv_id=kept --max_restarts=1 \
     --nproc_per_node=2 --warm_spares=0 --log_level=debug /bin/sh -c "$worker"
 done
 codes=

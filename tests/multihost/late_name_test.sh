@@ -27,12 +27,7 @@ flags() {
 case $backend in
   static|c10d) name=job-node-0-0.job name_host=1 ;;
   etcd) name=etcd-0.etcd name_host=3
-        start 3 etcd etcd --name e0 --data-dir "$out/etcd" --listen-client-urls "http://$(addr 3):2379" \
-          --advertise-client-urls "http://$(addr 3):2379" --listen-peer-urls "http://$(addr 3):2380" \
-          --initial-advertise-peer-urls "http://$(addr 3):2380" --initial-cluster "e0=http://$(addr 3):2380" \
-          --log-level error
-        on 3 /bin/sh -c 'for t in $(seq 200); do ETCDCTL_API=3 etcdctl --endpoints=h3:2379 endpoint health \
-          >/dev/null 2>&1 && exit 0; sleep 0.05; done; exit 1' || { echo "FAILED: etcd did not come up"; exit 1; } ;;
+        etcd_up 3 ;;
   *) echo "unknown backend $backend"; exit 2 ;;
 esac
 fail=0
