@@ -25,10 +25,16 @@ REASONS = {
         "the exchange on its one thread: publish, gather, decide, read the verdict, in the protocol's order",
     "agent/src/control/hang_exchange.cpp::start::<lambda>":
         "the body of HangExchange::start's thread (the entry above)",
-    "rendezvous/rounds/src/round_rules.cpp::RoundRules::assign":
-        "the assigner's rule step by step, as docs/rounds-protocol.md states it",
-    "rendezvous/rounds/src/round_rules.cpp::RoundRules::read_round":
-        "one MULTI_GET and the parse of each key it names",
+    "agent/src/workers/state_copies.cpp::StateCopies::send":
+        "one round's copy loop: how long the saves have been held, when they stop waiting, the store again after a failure",
+    "agent/src/agent.cpp::Impl::run_loop":
+        "the job's parts declared in the order they must end (persister after the workers, copies before the controller), then the loop",
+    "examples/train_mlp.cpp::::train":
+        "the example's training loop, read top to bottom by users (the README's main job)",
+    "runtime/src/memory_state.cpp::::load_from":
+        "a native slot read in its format's order: each chunk's CRC-32, the skeleton's entries, the replicated space",
+    "runtime/src/memory_state.cpp::::gather":
+        "one collective sequence every rank runs alike: the agreement check, then each rank's share broadcast in turn",
     "launcher/src/option_table.cpp::::failure_options":
         "one table of flags (a single add_options chain)",
     "bench/fleet_bench.cpp::::main":

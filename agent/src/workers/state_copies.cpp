@@ -315,17 +315,25 @@ void StateCopies::Sending::unpin(const StateAreas& areas) {
 void StateCopies::pass(Sending& s) {
   Round& r = s.round;
   const auto& info = r.info;
-  const int round = info.round, n = areas_.ranks();
-  auto& store = *s.store;
   const std::string link = r.at(fmt::format("link/{}", (info.group_rank + 1) % info.group_world));
   if (r.buddy.empty()) {  // said by the buddy as its round begins
     try {
-      store.wait({link}, 500ms);
-      r.buddy = store.get(link);
+      s.store->wait({link}, 500ms);
+      r.buddy = s.store->get(link);
     } catch (const TimeoutError&) {
       return;
     }
   }
+  if (!send_new(s)) mark_replicated(s);
+}
+
+// Sends each area's newest committed state not sent yet to the buddy and counts it (once per step
+// and rank); true where one was sent (the pass is busy).
+bool StateCopies::send_new(Sending& s) {
+  Round& r = s.round;
+  const auto& info = r.info;
+  const int round = info.round, n = areas_.ranks();
+  auto& store = *s.store;
   const auto [host, port] = StateLinkClient::split_address(r.buddy);
   const std::uint64_t slot_bytes = sl::area_slot_bytes(areas_.bytes_per_rank());
   const auto page = sl::page();
@@ -379,9 +387,15 @@ void StateCopies::pass(Sending& s) {
     s.pending[u] = Sending::Pending{gen, at, h.step, std::chrono::steady_clock::now()};
     count(u);
   }
-  if (busy) return;
-  // Each state sent becomes the area's replicated one once every rank's buddy holds its step:
-  // one wait on the oldest step pending (the store answers when it is set), then a check of each.
+  return busy;
+}
+
+// Each state sent becomes the area's replicated one once every rank's buddy holds its step: one
+// wait on the oldest step pending (the store answers when it is set), then a check of each.
+void StateCopies::mark_replicated(Sending& s) {
+  Round& r = s.round;
+  const int round = r.info.round, n = areas_.ranks();
+  auto& store = *s.store;
   std::optional<Sending::Pending> oldest;
   for (const auto& p : s.pending) {
     if (p && (!oldest || p->since < oldest->since)) oldest = p;

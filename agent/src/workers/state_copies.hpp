@@ -84,6 +84,8 @@ class StateCopies {
   };
   void send(Round& r);    // until the round ends
   void pass(Sending& s);
+  bool send_new(Sending& s);         // each area's new state to the buddy; true where one was sent
+  void mark_replicated(Sending& s);  // steps every rank's buddy holds become the areas' replicated ones
   // How long the saves wait for a replicated step before they stop waiting for the copies.
   std::chrono::steady_clock::duration give_up() const;
   bool wanted(int round) const;

@@ -350,32 +350,42 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
   }
   if (!hang && opt.hang.adaptive) watch_pace(now);
   if (hang) {
-    Slot* s = nullptr;
-    for (auto& x : slots) {
-      if (x->w.spec.local_rank == hang->local_rank) s = x.get();
-    }
-    if (!s || !s->w.running() || s->w.standing != Standing::own) {
-      // It ended (its end is reported on its own): the others are watched again.
-      if (hang->reported) hang.reset(), dump_started = false;
-      return;
-    }
-    if (s->hb.last() > hang->last_beat) {
-      if (!hang->reported) return;  // the report is being read: cleared once it is out
-      const double after = secs(now - hang->found);
-      spdlog::warn("ddprun: rank {} made progress again {:.1f} s after it was reported hung; the job goes on",
-                   s->w.spec.rank, after);
-      listener->on_hang_cleared(s->w.spec.rank, after);
-      hang.reset();
-      dump_started = false;  // a later stop reads the stacks again
-      unread_python.clear();
-      return;
-    }
-    if (hang->stop_at && now >= *hang->stop_at) {
-      fail_hung(*s, now, fmt::format("no progress for {:.1f} s (reported hung {:.1f} s earlier; --hang_stop={:.0f})",
-                                     secs(s->hb.silent(now)), secs(now - hang->found), secs(opt.hang_stop)));
-    }
+    follow_hang(now);
+  } else if (!excused_by_save(now)) {
+    find_hang(now);
+  }
+}
+
+// The rank reported hung: cleared when it beats again (or ended), stopped at --hang_stop.
+void WorkerGroup::Impl::follow_hang(SteadyClock::time_point now) {
+  Slot* s = nullptr;
+  for (auto& x : slots) {
+    if (x->w.spec.local_rank == hang->local_rank) s = x.get();
+  }
+  if (!s || !s->w.running() || s->w.standing != Standing::own) {
+    // It ended (its end is reported on its own): the others are watched again.
+    if (hang->reported) hang.reset(), dump_started = false;
     return;
   }
+  if (s->hb.last() > hang->last_beat) {
+    if (!hang->reported) return;  // the report is being read: cleared once it is out
+    const double after = secs(now - hang->found);
+    spdlog::warn("ddprun: rank {} made progress again {:.1f} s after it was reported hung; the job goes on",
+                 s->w.spec.rank, after);
+    listener->on_hang_cleared(s->w.spec.rank, after);
+    hang.reset();
+    dump_started = false;  // a later stop reads the stacks again
+    unread_python.clear();
+    return;
+  }
+  if (hang->stop_at && now >= *hang->stop_at) {
+    fail_hung(*s, now, fmt::format("no progress for {:.1f} s (reported hung {:.1f} s earlier; --hang_stop={:.0f})",
+                                   secs(s->hb.silent(now)), secs(now - hang->found), secs(opt.hang_stop)));
+  }
+}
+
+// A rank in torch.save (here, or writing a checkpoint): the others' silence is no hang meanwhile.
+bool WorkerGroup::Impl::excused_by_save(SteadyClock::time_point now) {
   const Slot* saver = saving(now);
   if (saver && nodes > 1) listener->on_saving();
   if (saver) {
@@ -391,9 +401,14 @@ void WorkerGroup::Impl::check_heartbeats(SteadyClock::time_point now) {
                                                     kWritingBytes >> 20, kWritingWindow.count()));
     }
     logged_saver = saver->w.spec.local_rank;
-    return;
+    return true;
   }
   logged_saver = -1;
+  return false;
+}
+
+// The first silent rank past its bound (unless a rank of another node saves): reported hung.
+void WorkerGroup::Impl::find_hang(SteadyClock::time_point now) {
   for (auto& s : slots) {
     Worker& w = s->w;
     if (!w.running() || w.standing != Standing::own || w.spec.heartbeat_file.empty()) continue;

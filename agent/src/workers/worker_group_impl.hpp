@@ -180,6 +180,9 @@ struct WorkerGroup::Impl {
   // the report: inspect), stops the group at the report's bound, or clears the report when the
   // silent worker beats again.
   void check_heartbeats(SteadyClock::time_point now);
+  void follow_hang(SteadyClock::time_point now);
+  bool excused_by_save(SteadyClock::time_point now);
+  void find_hang(SteadyClock::time_point now);
   bool look_at_beat(Slot& s, SteadyClock::time_point now);
   // The rank in torch.save now (heartbeat.hpp), if one is; nobody is taken for hung meanwhile.
   const Slot* saving(SteadyClock::time_point now) const;
