@@ -79,7 +79,7 @@ void RoundRules::connect() {
 RoundRules::Joined RoundRules::join(int round, int rc, const Streak& streak) {
   auto& c = *conn_;
   for (;;) {
-    // Each round is given join_timeout from when this node arrives in it (a spare may have
+    // Each round is given join_timeout from when this node arrives in it (a standby node may have
     // waited long for it).
     const auto deadline = time_.now() + opt_.join_timeout;
     throw_if_job_finished();

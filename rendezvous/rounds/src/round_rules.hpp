@@ -11,6 +11,12 @@
 // coordinator thread only; announce_stop and wait_end take a connection of their caller's own.
 // Errors that end the rendezvous are RendezvousErrors (rendezvous_error.hpp); a backend that
 // cannot be reached throws its own ddprun::Error.
+//
+// One class in four files, one a part of docs/rounds-protocol.md's rules: round_rules.cpp
+// (connecting, joining, closing, running and ending a round), round_rules_assign.cpp (the
+// assignment: the members' places), round_rules_outside.cpp (waiting for a place, static rank
+// claims) and round_rules_stop.cpp (stopping during the rendezvous). One state, since every part
+// acts on the node's one connection, its record and what it told a stop (told_).
 
 #include <atomic>
 #include <functional>
@@ -160,7 +166,7 @@ class RoundRules {
   Self self_;
   std::string where_;
   std::unique_ptr<Connection> conn_;
-  bool said_spare_ = false;
+  bool said_standby_ = false;
   std::function<void()> on_waiting_;
   int first_round_ = 0;  // a relaunch of a finished run id meets after the old job's rounds
   static constexpr int kNobody = -2;

@@ -1,5 +1,5 @@
 // The round rules for a node outside a running round: finding the latest round, waiting beside
-// a running round as a spare (or asking it to restart with this node in), static rank claims,
+// a running round as a standby node (or asking it to restart with this node in), static rank claims,
 // and members that are all gone (round_rules.hpp).
 #include <spdlog/spdlog.h>
 
@@ -55,7 +55,7 @@ void RoundRules::wait_next_round(int round, int closed) {
 // Round `round` ended "node lost" or "membership": no restart is counted and the job goes on,
 // so this node meets in the next round now. Its members may never write that round's count
 // (one that found a member gone before the round ran goes on as a node new to the job), and
-// waiting for it kept a spare beside a round nobody would run again.
+// waiting for it kept a standby node beside a round nobody would run again.
 bool RoundRules::ended_without_count(Connection& c, int round) {
   const Key end = round_key(round, Name::end);
   auto v = c.get(end);
@@ -124,8 +124,8 @@ void RoundRules::ask_to_join(int round, int closed) {
     c.create(round_key(round, Name::end), round_end_json(RoundEnd::of_membership(self_.info.host, time_.wall())));
     spdlog::info("ddprun: round {} runs with {} nodes; asking it to restart with this one", round, closed);
   } else {
-    if (!said_spare_) {
-      said_spare_ = true;
+    if (!said_standby_) {
+      said_standby_ = true;
       spdlog::info("ddprun: round {} is full ({} of {} nodes); this node waits for a place (run id '{}': if this is "
                    "another job, give it its own --rdzv_id)", round, closed, opt_.max_nodes, opt_.run_id);
     }

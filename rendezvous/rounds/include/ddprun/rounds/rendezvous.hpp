@@ -100,7 +100,7 @@ class Rendezvous {
     virtual void on_rendezvous_failed(const RendezvousFailure& failure) = 0;
     virtual void on_round_over(const RoundOutcome& outcome) = 0;
     virtual void on_finished() = 0;
-    // This node is beyond the job's MAX and waits for a place (a hot spare node): it joins the
+    // This node is beyond the job's MAX and waits for a place (a standby node): it joins the
     // next round that has room, e.g. when a member is lost.
     virtual void on_waiting_for_place() {}
   };
