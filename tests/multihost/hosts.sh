@@ -48,6 +48,8 @@ trap hosts_down EXIT
 addr() { echo "$net.$1"; }
 
 etcd_up() {
+  command -v etcd >/dev/null && command -v etcdctl >/dev/null ||
+    skip_or_fail "etcd and etcdctl are needed (scripts/setup.sh installs etcd-server and etcd-client)"
   local cluster="" i
   etcd_endpoints=""
   for i in "$@"; do

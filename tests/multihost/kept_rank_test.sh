@@ -13,12 +13,14 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/hosts.sh"
 case $backend in
   c10d) rdzv=(--rdzv_backend=c10d --rdzv_endpoint=h1:29400 "--rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=4") ;;
-  etcd) command -v etcd >/dev/null || skip_or_fail "etcd is not installed (scripts/setup.sh installs etcd-server)"
-        rdzv=(--rdzv_backend=etcd --rdzv_endpoint=h1:2379,h2:2379,h3:2379 "--rdzv_conf=lease_ttl=2") ;;
+  etcd) rdzv=() ;;  # (after etcd_up, below)
   *) echo "unknown backend $backend"; exit 2 ;;
 esac
 hosts_up 3
-[ "$backend" = etcd ] && etcd_up 1 2 3
+if [ "$backend" = etcd ]; then
+  etcd_up 1 2 3
+  rdzv=(--rdzv_backend=etcd "--rdzv_endpoint=$etcd_endpoints" "--rdzv_conf=lease_ttl=2")
+fi
 
 # Attempt 0: each worker says it runs; the crash once all six do. The others wait to be stopped,
 # those of the other nodes taking a second to stop: the crash's node is back first.
