@@ -102,18 +102,24 @@ TEST_CASE("etcd failover: with two members of three paused, the one left saying 
   cluster.pause(leader);
   cluster.pause((leader + 1) % 3);
   const auto t0 = SteadyClock::now();
-  int rounds = 0, counted = 0;
+  // On a loaded machine the leader can change between leader() and the pauses: the member left
+  // may then be a leader elected just before them, which renews leases until it misses its
+  // quorum (an election timeout, 500 ms). Past three of them nothing may renew.
+  int rounds = 0, counted = 0, late = 0;
   while (SteadyClock::now() - t0 < 3s) {  // the one left campaigns on its own, term after term
     auto r = keeper.renew(lease);
     ++rounds;
-    counted += (r.sent || r.held) ? 1 : 0;
+    if (r.sent || r.held) {
+      ++counted;
+      if ((r.sent ? *r.sent : *r.held) - t0 > 1500ms) ++late;
+    }
     CHECK_FALSE(r.expired);
   }
   cluster.resume(leader);
   cluster.resume((leader + 1) % 3);
-  INFO(rounds << " rounds");
+  INFO(rounds << " rounds, " << counted << " renewed");
   CHECK(rounds > 2);
-  CHECK(counted == 0);
+  CHECK(late == 0);
 }
 
 TEST_CASE("etcd failover: a watch on a paused member moves to another and starts from the same revision", "[etcd]") {
