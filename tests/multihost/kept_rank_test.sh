@@ -11,15 +11,13 @@ set -u
 ddprun=$1 backend=${2:-c10d}
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/hosts.sh"
-case $backend in
-  c10d) rdzv=(--rdzv_backend=c10d --rdzv_endpoint=h1:29400 "--rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=4") ;;
-  etcd) rdzv=() ;;  # (after etcd_up, below)
-  *) echo "unknown backend $backend"; exit 2 ;;
-esac
+case $backend in c10d|etcd) ;; *) echo "unknown backend $backend"; exit 2 ;; esac
 hosts_up 3
 if [ "$backend" = etcd ]; then
   etcd_up 1 2 3
   rdzv=(--rdzv_backend=etcd "--rdzv_endpoint=$etcd_endpoints" "--rdzv_conf=lease_ttl=2")
+else
+  rdzv=(--rdzv_backend=c10d --rdzv_endpoint=h1:29400 "--rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=4")
 fi
 
 # Attempt 0: each worker says it runs; the crash once all six do. The others wait to be stopped,

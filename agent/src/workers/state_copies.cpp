@@ -58,8 +58,8 @@ struct StateCopies::Round {
 
 StateCopies::StateCopies(const StateAreas& areas, std::string host, std::uint64_t bytes_per_s, std::uint64_t budget,
                          std::string secret, std::string run_id)
-    : areas_(areas), host_(std::move(host)), bytes_per_s_(bytes_per_s), secret_(std::move(secret)),
-      run_id_(std::move(run_id)), server_(budget), placement_(areas, server_, host_) {}
+    : areas_(areas), bytes_per_s_(bytes_per_s), secret_(std::move(secret)), run_id_(std::move(run_id)),
+      server_(budget), placement_(areas, server_, std::move(host)) {}
 
 StateCopies::~StateCopies() {
   {

@@ -98,7 +98,6 @@ class StateCopies {
   };
 
   const StateAreas& areas_;
-  const std::string host_;
   const std::uint64_t bytes_per_s_;
   const std::string secret_, run_id_;
   StateLinkServer server_;
