@@ -55,10 +55,11 @@ std::optional<std::uint64_t> storage_written_below(pid_t pid, const std::string&
   return sum;
 }
 
-void WriteWatch::look(pid_t pid, bool still, bool torch_save, Clock::time_point now) {
+void WriteWatch::look(pid_t pid, std::optional<Clock::time_point> still_since, bool torch_save,
+                      Clock::time_point now) {
   const auto bytes = storage_written_below(pid);
   if (!bytes || pid != pid_ || *bytes < bytes_) {
-    if (pid != pid_) pace_ = 0, rates_.clear(), wrote_ = {};  // another process: nothing of the last one's
+    if (pid != pid_) rates_.clear(), wrote_ = {};  // another process: nothing of the last one's
     pid_ = bytes ? pid : -1;
     bytes_ = bytes.value_or(0);
     since_ = now;
@@ -67,17 +68,22 @@ void WriteWatch::look(pid_t pid, bool still, bool torch_save, Clock::time_point 
   const auto elapsed = now - since_;
   const double secs = std::chrono::duration<double>(elapsed).count();
   const double wrote = static_cast<double>(*bytes - bytes_);
-  if (!still) {
+  if (!still_since) {
     if (elapsed < kWritingPaceWindow) return;
     if (!torch_save) {  // while it steps: its own pace
-      rates_.push_back(wrote / secs);
+      rates_.push_back({now, wrote / secs});
       if (rates_.size() > kWritingPaceWindows) rates_.pop_front();
-      pace_ = *std::max_element(rates_.begin(), rates_.end());
     }
-  } else if (wrote >= static_cast<double>(kWritingBytes) && wrote >= kWritingOverPace * pace_ * secs) {
-    wrote_ = now;  // well above its pace: a save
-  } else if (elapsed < kWritingWindow) {
-    return;
+  } else {
+    // Windows that ended after its last step held what it does now: no pace.
+    while (!rates_.empty() && rates_.back().end > *still_since) rates_.pop_back();
+    double pace = 0;  // bytes a second
+    for (const auto& r : rates_) pace = std::max(pace, r.bytes_per_s);
+    if (wrote >= static_cast<double>(kWritingBytes) && wrote >= kWritingOverPace * pace * secs) {
+      wrote_ = now;  // well above its pace: a save
+    } else if (elapsed < kWritingWindow) {
+      return;
+    }
   }
   bytes_ = *bytes;
   since_ = now;

@@ -6,7 +6,9 @@
 // each check:
 //   - while its main thread steps, its own pace of writing: the most it wrote in a
 //     kWritingPaceWindow of the last kWritingPaceWindows (a thread that logs, steadily or in
-//     bursts, is no save);
+//     bursts, is no save). A window that ends after the main thread's last step, seen as stepping
+//     only because its silence was not yet long, holds the start of what follows (the save) and
+//     is no pace: it is forgotten once the thread is seen still;
 //   - while its main thread holds still, a save: kWritingBytes within kWritingWindow, and
 //     kWritingOverPace x that pace.
 // It is saving for kWritingWindow after such a burst, and for kFlushGrace after it while one of
@@ -35,9 +37,10 @@ constexpr std::size_t kWritingPaceWindows = 30;  // a minute of windows
 class WriteWatch {
  public:
   using Clock = std::chrono::steady_clock;
-  // A look at `pid` (the training process): `still`, its main thread holds still; `torch_save`,
-  // it is in torch.save (whose beats are no steps: no pace is learned then).
-  void look(pid_t pid, bool still, bool torch_save, Clock::time_point now);
+  // A look at `pid` (the training process): `still_since`, its main thread holds still since
+  // then (its last step), nullopt while it steps; `torch_save`, it is in torch.save (whose beats
+  // are no steps: no pace is learned then).
+  void look(pid_t pid, std::optional<Clock::time_point> still_since, bool torch_save, Clock::time_point now);
   // Writing at a save's pace now, or waiting on the disk since.
   bool saving(Clock::time_point now) const;
   // It wrote a save's burst within kFlushGrace (a save by writes, not torch.save).
@@ -46,8 +49,11 @@ class WriteWatch {
  private:
   pid_t pid_ = -1;
   std::uint64_t bytes_ = 0;  // the count at `since_`
-  double pace_ = 0;          // bytes a second: the most of `rates_`
-  std::deque<double> rates_;
+  struct Rate {  // a window's writes while it stepped (its pace: the most of them)
+    Clock::time_point end;
+    double bytes_per_s;
+  };
+  std::deque<Rate> rates_;
   Clock::time_point since_, wrote_;
 };
 
