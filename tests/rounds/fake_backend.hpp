@@ -9,7 +9,7 @@
 
 #include "backend.hpp"
 #include "ddprun/common/error.hpp"
-#include "ddprun/common/text.hpp"
+#include "memory_keys.hpp"
 
 namespace ddprun::rounds::testing {
 
@@ -17,7 +17,7 @@ namespace ddprun::rounds::testing {
 struct FakeWorld {
   std::mutex mu;
   std::condition_variable cv;
-  std::map<std::string, std::string> kv;
+  MemoryKeys<> kv;
   bool down = false;  // every request fails, as with a backend gone
   struct Watch {
     int round, group_rank;
@@ -44,15 +44,13 @@ struct FakeWorld {
   void set(const std::string& key, const std::string& value) {
     {
       std::lock_guard<std::mutex> lk(mu);
-      kv[key] = value;
+      kv.put(key, {value});
     }
     cv.notify_all();
   }
   std::optional<std::string> value(const std::string& key) {
     std::lock_guard<std::mutex> lk(mu);
-    auto it = kv.find(key);
-    if (it == kv.end()) return std::nullopt;
-    return it->second;
+    return kv.get(key);
   }
 };
 
@@ -62,15 +60,13 @@ class FakeConnection : public Connection {
   std::optional<std::string> get(const Key& k) override {
     std::lock_guard<std::mutex> lk(w_->mu);
     w_->check_up();
-    auto it = w_->kv.find(k.text());
-    if (it == w_->kv.end()) return std::nullopt;
-    return it->second;
+    return w_->kv.get(k.text());
   }
   void put(const Key& k, const std::string& v, Lifetime) override {
     {
       std::lock_guard<std::mutex> lk(w_->mu);
       w_->check_up();
-      w_->kv[k.text()] = v;
+      w_->kv.put(k.text(), {v});
     }
     w_->cv.notify_all();
   }
@@ -79,7 +75,7 @@ class FakeConnection : public Connection {
     {
       std::lock_guard<std::mutex> lk(w_->mu);
       w_->check_up();
-      stands = w_->kv.emplace(k.text(), v).first->second;
+      stands = w_->kv.create(k.text(), {v}).first.value;
     }
     w_->cv.notify_all();
     return stands;
@@ -89,9 +85,7 @@ class FakeConnection : public Connection {
     {
       std::lock_guard<std::mutex> lk(w_->mu);
       w_->check_up();
-      auto& v = w_->kv[k.text()];
-      n = (v.empty() ? 0 : *parse_int(v)) + d;
-      v = std::to_string(n);
+      n = w_->kv.add(k.text(), d);
     }
     w_->cv.notify_all();
     return n;
@@ -101,7 +95,7 @@ class FakeConnection : public Connection {
     return w_->cv.wait_until(lk, deadline, [&] {
       if (w_->down) return true;
       for (const auto& k : keys) {
-        if (!w_->kv.count(k.text())) return false;
+        if (!w_->kv.has(k.text())) return false;
       }
       return true;
     }) && (w_->check_up(), true);
@@ -109,7 +103,7 @@ class FakeConnection : public Connection {
   void clear_run() override {
     std::lock_guard<std::mutex> lk(w_->mu);
     w_->check_up();
-    for (auto it = w_->kv.begin(); it != w_->kv.end();) it = it->first == "finished" ? std::next(it) : w_->kv.erase(it);
+    w_->kv.clear_run();
     ++w_->cleared;
   }
   std::string name(const Key& k) const override { return "fake/" + k.text(); }

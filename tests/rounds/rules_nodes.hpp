@@ -55,7 +55,7 @@ struct Nodes {
       nodes[who]->join(round, rc);
       const std::string record = round_key(round, Name::node, arrived++).text();
       std::unique_lock<std::mutex> lk(world->mu);
-      const bool came = world->cv.wait_for(lk, 10s, [&] { return world->kv.count(record) > 0; });
+      const bool came = world->cv.wait_for(lk, 10s, [&] { return world->kv.has(record); });
       lk.unlock();
       REQUIRE(came);
     }

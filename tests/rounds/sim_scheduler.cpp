@@ -30,7 +30,7 @@ bool World::ready(const Task& t) const {
     case Task::Park::wait:
       if (now_ >= t.deadline || (t.interruptible && !n.events.empty())) return true;
       for (const auto& k : t.texts) {
-        if (!kv_.count(k)) return false;
+        if (!kv_.has(k)) return false;
       }
       return true;
   }
@@ -82,11 +82,10 @@ void World::expire_leases() {
   for (auto& n : nodes_) {
     if (n->alive && !n->paused && now_ >= n->ring_slow_until) n->lease_until = now_ + ttl;
   }
-  for (auto it = kv_.begin(); it != kv_.end();) {
-    const Value& v = it->second;
-    bool gone = (v.life == Lifetime::node && v.owner->lease_until <= now_) || (v.life == Lifetime::marker && v.expires <= now_);
-    it = gone ? kv_.erase(it) : std::next(it);
-  }
+  kv_.erase_if([&](const std::string&, const Keys::Entry& e) {
+    const Written& w = e.meta;
+    return (w.life == Lifetime::node && w.owner->lease_until <= now_) || (w.life == Lifetime::marker && w.expires <= now_);
+  });
 }
 
 void World::restarts() {
@@ -148,10 +147,10 @@ void World::replay() {
   if (puts_.empty()) return;
   auto [k, v] = puts_[pick(static_cast<int>(puts_.size()))];
   // etcd refuses a write on a lease that expired.
-  if (s_.flavor == Flavor::etcd && v.life == Lifetime::node && v.owner->lease_until <= now_) return;
-  note("stale write replayed: " + k + " = " + v.v);
-  check_put(k, v.v);
-  kv_[k] = v;
+  if (s_.flavor == Flavor::etcd && v.meta.life == Lifetime::node && v.meta.owner->lease_until <= now_) return;
+  note("stale write replayed: " + k + " = " + v.value);
+  check_put(k, v.value);
+  kv_.put(k, v);
 }
 
 void World::fault() {

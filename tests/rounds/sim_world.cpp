@@ -165,7 +165,7 @@ bool World::wait(const std::vector<Key>& keys, Time deadline, bool interruptible
     throw NetworkError("simulated: the connection failed during wait");
   }
   for (const auto& k : t->texts) {
-    if (!kv_.count(k)) return false;
+    if (!kv_.has(k)) return false;
   }
   return true;
 }
@@ -180,16 +180,13 @@ void World::sleep_until(Time when) {
 
 std::optional<std::string> World::get(const std::string& k) {
   if (k == "finished" && current_ && !current_->node->first_look) current_->node->first_look = now_;
-  auto it = kv_.find(k);
-  if (it == kv_.end()) return std::nullopt;
-  return it->second.v;
+  return kv_.get(k);
 }
 
 void World::put(const std::string& k, const std::string& v, Lifetime life, Node& n) {
   check_put(k, v);
   if (k == "finished") marked(n.launch, parse_finished(k, v, 0).at_ms);
-  kv_[k] = Value{v, life, &n, now_ + kMarkerTtl};
-  puts_.push_back({k, kv_[k]});
+  puts_.push_back({k, kv_.put(k, {v, {life, &n, now_ + kMarkerTtl}})});
   if (puts_.size() > 24) puts_.pop_front();
 }
 
@@ -206,7 +203,7 @@ void World::marked(int launch, long long at_ms) {
 }
 
 std::string World::create(const std::string& k, const std::string& v, Lifetime life, Node& n) {
-  auto [it, fresh] = kv_.emplace(k, Value{v, life, &n, now_ + kMarkerTtl});
+  auto [stands, fresh] = kv_.create(k, {v, {life, &n, now_ + kMarkerTtl}});
   if (k.size() > 4 && k.compare(k.size() - 4, 4, "/end") == 0) rounds_[{epoch_, std::stoi(k.substr(1))}].tried_end.insert(n.id);
   if (fresh && k.size() > 4 && k.compare(k.size() - 4, 4, "/end") == 0) {
     // A round ended "node lost": the lost member's workers must be gone by now (its fence).
@@ -231,13 +228,11 @@ std::string World::create(const std::string& k, const std::string& v, Lifetime l
       }
     }
   }
-  return it->second.v;
+  return stands.value;
 }
 
 std::int64_t World::add(const std::string& k, std::int64_t d) {
-  auto& v = kv_[k];
-  std::int64_t n = (v.v.empty() ? 0 : parse_int(v.v).value_or(0)) + d;
-  v.v = std::to_string(n);
+  const std::int64_t n = kv_.add(k, d);
   if (d == 1 && k.size() > 10 && k.compare(k.size() - 10, 10, "/succeeded") == 0) {
     // Every member reported success before any membership request was counted (n stays >= 0).
     RoundSeen& r = rounds_[{epoch_, std::stoi(k.substr(1))}];
@@ -249,7 +244,7 @@ std::int64_t World::add(const std::string& k, std::int64_t d) {
 void World::clear_run() {
   note("clear_run");
   if (s_.flavor != Flavor::etcd) return;  // a store keeps the keys: the rounds go on counting
-  for (auto it = kv_.begin(); it != kv_.end();) it = it->first == "finished" ? std::next(it) : kv_.erase(it);
+  kv_.clear_run();
   ++epoch_;
 }
 

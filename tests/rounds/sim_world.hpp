@@ -20,6 +20,7 @@
 
 #include "backend.hpp"
 #include "ddprun/rounds/options.hpp"
+#include "memory_keys.hpp"
 #include "sim_fiber.hpp"
 
 namespace ddprun::rounds::sim {
@@ -137,12 +138,12 @@ class World : public TimeSource {
   std::mt19937_64 ring_rng;  // the keep-alive delays' own stream (Settings::ring_delays)
 
  private:
-  struct Value {
-    std::string v;
-    Lifetime life;
-    Node* owner;
-    Time expires;  // markers (etcd)
+  struct Written {  // what the world keeps beside a key's value
+    Lifetime life = Lifetime::run;
+    Node* owner = nullptr;
+    Time expires{};  // markers (etcd)
   };
+  using Keys = testing::MemoryKeys<Written>;
   struct RoundSeen {
     std::vector<std::string> hosts;  // by group rank
     std::set<std::string> succeeded;
@@ -181,8 +182,8 @@ class World : public TimeSource {
   Settings s_;
   bool tracing_;
   Time now_;
-  std::map<std::string, Value> kv_;
-  std::deque<std::pair<std::string, Value>> puts_;  // recent puts, for stale replays
+  Keys kv_;
+  std::deque<std::pair<std::string, Keys::Entry>> puts_;  // recent puts, for stale replays
   std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<std::unique_ptr<Task>> tasks_;
   Task* current_ = nullptr;
