@@ -29,22 +29,27 @@ using namespace std::chrono_literals;
 // step's mark: an agent counts a rank's newer step only once its older one is done or written
 // over, so once every rank counted `step`, no agent waits for an older one. Both are deleted: the
 // workers' store holds a few of these keys however long the job runs, not two a step.
+// The newest step done is raised to `step` before its mark is set: no later step can be done
+// before every agent has seen that mark, so a later step's raise finds this one and deletes its
+// mark (set first, a later step could be done and raised between the two, leaving it behind).
 void mark_done(rendezvous::TcpStore& store, const std::string& prefix, std::int64_t step) {
   const auto done = [&](std::int64_t s) { return fmt::format("{}done/{}", prefix, s); };
-  store.set(done(step), "1");
-  store.delete_key(fmt::format("{}step/{}", prefix, step));
   const std::string key = prefix + "done", mine = std::to_string(step);
   std::string current;  // the newest step done before this one ("": none), raised to this one
+  std::optional<long long> older;
   for (int tries = 0; tries < 8; ++tries) {
     const auto newest = parse_int(current);
-    if (newest && *newest >= step) return;  // a newer step was done first: this mark stays (steps went back)
+    if (newest && *newest >= step) break;  // a newer step was done first: this mark stays (steps went back)
     const std::string now = store.compare_set(key, current, mine);
     if (now == mine) {
-      if (newest) store.delete_key(done(*newest));
-      return;
+      older = newest;
+      break;
     }
     current = now;
   }
+  store.set(done(step), "1");
+  store.delete_key(fmt::format("{}step/{}", prefix, step));
+  if (older) store.delete_key(done(*older));
 }
 
 }  // namespace
@@ -258,6 +263,11 @@ void StateCopies::send(Round& r) {
             nullptr};
   for (int i = 0; i < n; ++i) s.sent[static_cast<std::size_t>(i)] = get_u64(areas_.fd(i), sl::kLatestAt) >> 1;
   std::optional<std::chrono::steady_clock::time_point> failing, held;
+  // Idle (no new state, no step pending), the areas are looked at again after 5 ms, then less
+  // often, up to every 100 ms: a node whose workers do not save costs next to nothing (a fleet
+  // of a thousand agents on one machine once spent its CPU polling here).
+  constexpr std::chrono::milliseconds kIdleFirst{5}, kIdleMost{100};
+  auto idle = kIdleFirst;
   while (wanted(round)) {
     // How long the saves have been held back (a newest state not yet replicated).
     bool holding = false;
@@ -284,15 +294,24 @@ void StateCopies::send(Round& r) {
                    round, std::chrono::duration<double>(now - *held).count());
     }
     try {
-      if (!s.store) {  // (made again after a failure)
-        rendezvous::TcpStoreOptions o;
-        o.host = info.store_host;
-        o.port = info.store_port;
-        o.timeout = 1s;  // its host lost, the next round's settle is not kept waiting long
-        s.store = std::make_unique<rendezvous::TcpStore>(o);
+      bool busy = false;
+      if (s.store || has_new(s)) {  // connected once there is something to copy (made again after a failure)
+        if (!s.store) {
+          rendezvous::TcpStoreOptions o;
+          o.host = info.store_host;
+          o.port = info.store_port;
+          o.timeout = 1s;  // its host lost, the next round's settle is not kept waiting long
+          s.store = std::make_unique<rendezvous::TcpStore>(o);
+        }
+        busy = pass(s);
+        failing.reset();
       }
-      pass(s);
-      failing.reset();
+      if (busy) {
+        idle = kIdleFirst;
+      } else {
+        std::this_thread::sleep_for(idle);
+        idle = std::min<std::chrono::milliseconds>(2 * idle, kIdleMost);
+      }
     } catch (const std::exception& e) {
       if (!wanted(round)) return;
       s.store.reset();
@@ -311,8 +330,16 @@ void StateCopies::Sending::unpin(const StateAreas& areas) {
   for (int j = 0; j < areas.ranks(); ++j) put_u64(areas.fd(j), sl::kCopiesAt, 0);
 }
 
+bool StateCopies::has_new(const Sending& s) const {
+  for (int i = 0; i < areas_.ranks(); ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    if (s.pending[u] || (get_u64(areas_.fd(i), sl::kLatestAt) >> 1) > s.sent[u]) return true;
+  }
+  return false;
+}
+
 // One pass: each area's new committed state sent and counted, then a wait for a step pending.
-void StateCopies::pass(Sending& s) {
+bool StateCopies::pass(Sending& s) {
   Round& r = s.round;
   const auto& info = r.info;
   const std::string link = r.at(fmt::format("link/{}", (info.group_rank + 1) % info.group_world));
@@ -321,10 +348,10 @@ void StateCopies::pass(Sending& s) {
       s.store->wait({link}, 500ms);
       r.buddy = s.store->get(link);
     } catch (const TimeoutError&) {
-      return;
+      return true;  // (waited)
     }
   }
-  if (!send_new(s)) mark_replicated(s);
+  return send_new(s) || mark_replicated(s);
 }
 
 // Sends each area's newest committed state not sent yet to the buddy and counts it (once per step
@@ -392,7 +419,7 @@ bool StateCopies::send_new(Sending& s) {
 
 // Each state sent becomes the area's replicated one once every rank's buddy holds its step: one
 // wait on the oldest step pending (the store answers when it is set), then a check of each.
-void StateCopies::mark_replicated(Sending& s) {
+bool StateCopies::mark_replicated(Sending& s) {
   Round& r = s.round;
   const int round = r.info.round, n = areas_.ranks();
   auto& store = *s.store;
@@ -400,14 +427,11 @@ void StateCopies::mark_replicated(Sending& s) {
   for (const auto& p : s.pending) {
     if (p && (!oldest || p->since < oldest->since)) oldest = p;
   }
-  if (!oldest) {
-    std::this_thread::sleep_for(5ms);
-    return;
-  }
+  if (!oldest) return false;
   try {
     store.wait({r.at(fmt::format("done/{}", oldest->step))}, 200ms);
   } catch (const TimeoutError&) {
-    return;
+    return true;
   }
   for (int i = 0; i < n; ++i) {
     auto& p = s.pending[static_cast<std::size_t>(i)];
@@ -421,6 +445,7 @@ void StateCopies::mark_replicated(Sending& s) {
     }
     if (!std::exchange(s.first_done, true)) server_.drop_before(round);  // older rounds' copies: all superseded
   }
+  return true;
 }
 
 }  // namespace ddprun::agent

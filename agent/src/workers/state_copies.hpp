@@ -83,9 +83,10 @@ class StateCopies {
     void unpin(const StateAreas& areas);                // the saves stop waiting for the copies
   };
   void send(Round& r);    // until the round ends
-  void pass(Sending& s);
+  bool has_new(const Sending& s) const;  // an area's newest state not sent yet, or a step pending
+  bool pass(Sending& s);  // false: idle (nothing to send, no step pending)
   bool send_new(Sending& s);         // each area's new state to the buddy; true where one was sent
-  void mark_replicated(Sending& s);  // steps every rank's buddy holds become the areas' replicated ones
+  bool mark_replicated(Sending& s);  // steps every rank's buddy holds become the areas' replicated ones; false: none pending
   // How long the saves wait for a replicated step before they stop waiting for the copies.
   std::chrono::steady_clock::duration give_up() const;
   bool wanted(int round) const;
