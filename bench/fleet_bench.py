@@ -58,7 +58,13 @@ def reap(procs, timeout):
             if pid:
                 break
             if time.monotonic() > deadline:
-                raise SystemExit("agents did not end in time")
+                # None left behind: each agent's guardian then ends its workers.
+                for q in procs:
+                    if q.poll() is None:
+                        q.kill()
+                for q in procs:
+                    q.wait()
+                raise SystemExit(f"agents did not end within {timeout:.0f} s (killed)")
             time.sleep(0.01)
         p.returncode = os.waitstatus_to_exitcode(status)
         codes.append(p.returncode)
