@@ -82,42 +82,53 @@ TEST_CASE("write watch: a save written by a process below the worker's, its main
   CHECK(w.below[0] == w.worker);
   WriteWatch watch;
   const auto t0 = WriteWatch::Clock::now();
-  watch.look(w.worker, t0, false, t0);  // the baseline
+  watch.look(w.worker, t0, true, false, t0);  // the baseline
   w.write_16mb();
   const auto own = storage_written(w.worker), all = storage_written_below(w.worker);
   REQUIRE(own.has_value());
   REQUIRE(all.has_value());
   INFO("the worker's own write_bytes " << *own << ", with the writer's " << *all);
   CHECK(*all >= *own + (16u << 20));
-  watch.look(w.worker, t0, false, t0 + 3s);  // 16 MB in 3 s, its main thread still
+  watch.look(w.worker, t0, true, false, t0 + 3s);  // 16 MB in 3 s, its main thread still
   CHECK(watch.saving(t0 + 3s));
   CHECK(watch.wrote_lately(t0 + 3s));
   CHECK_FALSE(watch.saving(t0 + 3s + kFlushGrace + 1s));
 }
 
 TEST_CASE("write watch: a save that began before its main thread was seen still is not taken for its pace", "[units]") {
-  // Its last step at t0 + 1 s; at t0 + 2 s its silence is too short to call it still, and the
-  // window then holds the save's first 16 MB. Once it is still, that window is no pace: the
-  // save's next 16 MB, at the same pace, is a save (the pace it would have learned, 8 MB/s, puts
-  // the bar at 4 x 8 MB/s x 2 s = 64 MB).
+  // Its last step seen at t0 + 1 s; at t0 + 2 s its silence is too short to call it still, and the
+  // window then holds the save's first 16 MB. No step follows that window: it is no pace, and the
+  // save's next 16 MB, at the same pace, is a save (taken for the pace, 8 MB/s, it would put the
+  // bar at 4 x 8 MB/s x 2 s = 64 MB).
   Writer w;
   WriteWatch watch;
   const auto t0 = WriteWatch::Clock::now();
-  watch.look(w.worker, std::nullopt, false, t0);
+  watch.look(w.worker, t0, false, false, t0);
   w.write_16mb();
-  watch.look(w.worker, std::nullopt, false, t0 + 2s);
+  watch.look(w.worker, t0 + 1s, false, false, t0 + 2s);
   w.write_16mb();
-  watch.look(w.worker, t0 + 1s, false, t0 + 4s);
+  watch.look(w.worker, t0 + 1s, true, false, t0 + 4s);
   CHECK(watch.saving(t0 + 4s));
 
-  // Its pace, learned while it steps, still counts: the same 16 MB in 2 s after a window that
-  // wrote 16 MB and ended before its last step is no save.
+  // A window that ends at the look where a step is seen may hold what followed it: it counts
+  // only once a later step is seen.
+  Writer at_step;
+  WriteWatch boundary;
+  boundary.look(at_step.worker, t0, false, false, t0);
+  at_step.write_16mb();
+  boundary.look(at_step.worker, t0 + 2s, false, false, t0 + 2s);
+  at_step.write_16mb();
+  boundary.look(at_step.worker, t0 + 2s, true, false, t0 + 4s);
+  CHECK(boundary.saving(t0 + 4s));
+
+  // Its pace, from a window a step was seen after, counts: the same 16 MB in 3 s is no save.
   Writer logs;
   WriteWatch paced;
-  paced.look(logs.worker, std::nullopt, false, t0);
+  paced.look(logs.worker, t0, false, false, t0);
   logs.write_16mb();
-  paced.look(logs.worker, std::nullopt, false, t0 + 2s);
+  paced.look(logs.worker, t0 + 1s, false, false, t0 + 2s);
+  paced.look(logs.worker, t0 + 3s, false, false, t0 + 3s);  // a step after the window
   logs.write_16mb();
-  paced.look(logs.worker, t0 + 3s, false, t0 + 4s);
-  CHECK_FALSE(paced.saving(t0 + 4s));
+  paced.look(logs.worker, t0 + 3s, true, false, t0 + 5s);
+  CHECK_FALSE(paced.saving(t0 + 5s));
 }

@@ -325,7 +325,7 @@ void WorkerGroup::Impl::watch_writes(Slot& s, SteadyClock::time_point now) {
   // Its main thread holds still (in a save, or hung): longer than a second and twice its long step.
   const auto silent = s.hb.silent(now);
   const bool still = silent > std::max<SteadyClock::duration>(std::chrono::seconds(1), 2 * s.hb.longest_step());
-  s.writes.look(pid, still ? std::optional(now - silent) : std::nullopt, s.hb.saving(), now);
+  s.writes.look(pid, now - silent, still, s.hb.saving(), now);
 }
 
 // A rank saving now: in torch.save (its file says so and it beat within the last 10 s: it beats

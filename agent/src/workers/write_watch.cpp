@@ -55,11 +55,11 @@ std::optional<std::uint64_t> storage_written_below(pid_t pid, const std::string&
   return sum;
 }
 
-void WriteWatch::look(pid_t pid, std::optional<Clock::time_point> still_since, bool torch_save,
+void WriteWatch::look(pid_t pid, Clock::time_point last_step, bool still, bool torch_save,
                       Clock::time_point now) {
   const auto bytes = storage_written_below(pid);
   if (!bytes || pid != pid_ || *bytes < bytes_) {
-    if (pid != pid_) rates_.clear(), wrote_ = {};  // another process: nothing of the last one's
+    if (pid != pid_) rates_.clear(), tentative_.clear(), wrote_ = {};  // another process: nothing of the last one's
     pid_ = bytes ? pid : -1;
     bytes_ = bytes.value_or(0);
     since_ = now;
@@ -68,15 +68,21 @@ void WriteWatch::look(pid_t pid, std::optional<Clock::time_point> still_since, b
   const auto elapsed = now - since_;
   const double secs = std::chrono::duration<double>(elapsed).count();
   const double wrote = static_cast<double>(*bytes - bytes_);
-  if (!still_since) {
+  // A window a step was seen after (strictly: a step is seen at a look, and the window that ends
+  // at that look may hold what followed the step) is the pace's.
+  while (!tentative_.empty() && tentative_.front().end < last_step) {
+    rates_.push_back(tentative_.front());
+    tentative_.pop_front();
+    if (rates_.size() > kWritingPaceWindows) rates_.pop_front();
+  }
+  if (!still) {
     if (elapsed < kWritingPaceWindow) return;
-    if (!torch_save) {  // while it steps: its own pace
-      rates_.push_back({now, wrote / secs});
-      if (rates_.size() > kWritingPaceWindows) rates_.pop_front();
+    if (!torch_save) {  // while it steps: its own pace, once a step follows
+      tentative_.push_back({now, wrote / secs});
+      if (tentative_.size() > kWritingPaceWindows) tentative_.pop_front();
     }
   } else {
-    // Windows that ended after its last step held what it does now: no pace.
-    while (!rates_.empty() && rates_.back().end > *still_since) rates_.pop_back();
+    tentative_.clear();  // its silence turned into stillness: what it wrote in it is no pace
     double pace = 0;  // bytes a second
     for (const auto& r : rates_) pace = std::max(pace, r.bytes_per_s);
     if (wrote >= static_cast<double>(kWritingBytes) && wrote >= kWritingOverPace * pace * secs) {

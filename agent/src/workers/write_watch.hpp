@@ -6,9 +6,8 @@
 // each check:
 //   - while its main thread steps, its own pace of writing: the most it wrote in a
 //     kWritingPaceWindow of the last kWritingPaceWindows (a thread that logs, steadily or in
-//     bursts, is no save). A window that ends after the main thread's last step, seen as stepping
-//     only because its silence was not yet long, holds the start of what follows (the save) and
-//     is no pace: it is forgotten once the thread is seen still;
+//     bursts, is no save). A window counts once a step is seen after its end: one that ends in a
+//     silence not yet long enough to call the thread still may hold the start of a save;
 //   - while its main thread holds still, a save: kWritingBytes within kWritingWindow, and
 //     kWritingOverPace x that pace.
 // It is saving for kWritingWindow after such a burst, and for kFlushGrace after it while one of
@@ -37,10 +36,10 @@ constexpr std::size_t kWritingPaceWindows = 30;  // a minute of windows
 class WriteWatch {
  public:
   using Clock = std::chrono::steady_clock;
-  // A look at `pid` (the training process): `still_since`, its main thread holds still since
-  // then (its last step), nullopt while it steps; `torch_save`, it is in torch.save (whose beats
-  // are no steps: no pace is learned then).
-  void look(pid_t pid, std::optional<Clock::time_point> still_since, bool torch_save, Clock::time_point now);
+  // A look at `pid` (the training process): `last_step`, when its main thread's last step was
+  // seen; `still`, it holds still since; `torch_save`, it is in torch.save (whose beats are no
+  // steps: no pace is learned then).
+  void look(pid_t pid, Clock::time_point last_step, bool still, bool torch_save, Clock::time_point now);
   // Writing at a save's pace now, or waiting on the disk since.
   bool saving(Clock::time_point now) const;
   // It wrote a save's burst within kFlushGrace (a save by writes, not torch.save).
@@ -53,7 +52,8 @@ class WriteWatch {
     Clock::time_point end;
     double bytes_per_s;
   };
-  std::deque<Rate> rates_;
+  std::deque<Rate> rates_;      // windows a step was seen after
+  std::deque<Rate> tentative_;  // windows no step was seen after yet
   Clock::time_point since_, wrote_;
 };
 
