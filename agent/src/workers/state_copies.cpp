@@ -263,9 +263,10 @@ void StateCopies::send(Round& r) {
             nullptr};
   for (int i = 0; i < n; ++i) s.sent[static_cast<std::size_t>(i)] = get_u64(areas_.fd(i), sl::kLatestAt) >> 1;
   std::optional<std::chrono::steady_clock::time_point> failing, held;
-  // Idle (no new state, no step pending), the areas are looked at again after 5 ms, then less
-  // often, up to every 100 ms: a node whose workers do not save costs next to nothing (a fleet
-  // of a thousand agents on one machine once spent its CPU polling here).
+  // Idle (no new state, no step pending), the areas are looked at again after 5 ms; until a
+  // state was copied this round, less and less often, up to every 100 ms: a node whose workers
+  // do not save costs next to nothing (a fleet of a thousand agents on one machine once spent
+  // its CPU polling here), and one whose workers save sends each save within 5 ms.
   constexpr std::chrono::milliseconds kIdleFirst{5}, kIdleMost{100};
   auto idle = kIdleFirst;
   while (wanted(round)) {
@@ -304,14 +305,15 @@ void StateCopies::send(Round& r) {
           s.store = std::make_unique<rendezvous::TcpStore>(o);
         }
         busy = pass(s);
-        failing.reset();
+        s.copied = s.copied || busy;
       }
       if (busy) {
         idle = kIdleFirst;
       } else {
         std::this_thread::sleep_for(idle);
-        idle = std::min<std::chrono::milliseconds>(2 * idle, kIdleMost);
+        if (!s.copied) idle = std::min<std::chrono::milliseconds>(2 * idle, kIdleMost);
       }
+      failing.reset();
     } catch (const std::exception& e) {
       if (!wanted(round)) return;
       s.store.reset();
@@ -341,6 +343,10 @@ bool StateCopies::has_new(const Sending& s) const {
 // One pass: each area's new committed state sent and counted, then a wait for a step pending.
 bool StateCopies::pass(Sending& s) {
   Round& r = s.round;
+  if (s.owed_done) {
+    mark_done(*s.store, r.prefix, *s.owed_done);
+    s.owed_done.reset();
+  }
   const auto& info = r.info;
   const std::string link = r.at(fmt::format("link/{}", (info.group_rank + 1) % info.group_world));
   if (r.buddy.empty()) {  // said by the buddy as its round begins
@@ -372,7 +378,11 @@ bool StateCopies::send_new(Sending& s) {
     s.added[u] = p.step;
     spdlog::debug("ddprun: round {}: rank {}'s state of step {} (generation {}) sent to {}; {} of {} ranks", round,
                   info.rank_offset + static_cast<int>(u), p.step, p.gen, r.buddy, total, info.world_size);
-    if (total == info.world_size) mark_done(store, r.prefix, p.step);
+    if (total == info.world_size) {
+      s.owed_done = p.step;  // (a failure midway: marked again by the next pass)
+      mark_done(store, r.prefix, p.step);
+      s.owed_done.reset();
+    }
   };
   bool busy = false;
   std::vector<unsigned char> head(page);

@@ -80,6 +80,8 @@ class StateCopies {
     std::vector<std::optional<Pending>> pending;        // sent, its step not yet replicated
     std::unique_ptr<rendezvous::TcpStore> store;        // the round's workers' store (made again after a failure)
     bool first_done = false, unpinned = false;
+    bool copied = false;                                // it copied a state this round (then looks every 5 ms)
+    std::optional<std::int64_t> owed_done;              // a step counted whole whose done mark failed: marked again
     void unpin(const StateAreas& areas);                // the saves stop waiting for the copies
   };
   void send(Round& r);    // until the round ends
