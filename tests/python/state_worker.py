@@ -37,6 +37,7 @@ MODE = os.environ.get("STATE_MODE", "none")
 STEPS = int(os.environ.get("STATE_STEPS", "8"))
 CRASH = int(os.environ.get("STATE_CRASH_STEP", "4"))
 PAUSE = float(os.environ.get("STATE_PAUSE", "0"))
+HOLD_STEP = int(os.environ.get("STATE_HOLD_STEP", "-1"))  # after this step's save, wait for the file STATE_HOLD
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 # STATE_REPLICATED=1: the model and the optimizer (alike on every rank under DDP) are saved as
 # replicated, each rank copying its share; the RNG states, the data's position and `extra` per rank.
@@ -129,6 +130,9 @@ for step in range(start, STEPS):
         print(f"SAVED {step} rank={rank} host={socket.gethostname()} t={time.time():.3f} stale={stale_marks(step)}",
               flush=True)
         time.sleep(PAUSE)
+    if step == HOLD_STEP:  # the test's hold: the job goes on only once it says so (a node lost meanwhile)
+        while not os.path.exists(os.environ["STATE_HOLD"]):
+            time.sleep(0.02)
     if MODE == "crash" and attempt == 0 and step == CRASH:
         ddprun.state.wait()
         dist.barrier()  # every rank's save of CRASH committed
