@@ -72,9 +72,9 @@ def reap(procs, timeout):
     return codes, cpus
 
 
-def agents_round(ddprun, k):
+def agents_round(ddprun, k, extra=()):
     common = [f"--nnodes={k}", "--rdzv_backend=c10d", "--rdzv_id=fleet", "--nproc_per_node=1",
-              "--rdzv_conf=join_timeout=300", "--log_level", "info", "--no_python", "/bin/true"]
+              "--rdzv_conf=join_timeout=300", "--log_level", "info", "--no_python", *extra, "/bin/true"]
     host = subprocess.Popen([ddprun, "--rdzv_endpoint=127.0.0.1:0"] + common, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     port = multinode_bench.wait_for_port(host)
@@ -90,10 +90,10 @@ def agents_round(ddprun, k):
     return wall, cpus[0] - cpu0, sum(cpus) / k
 
 
-def crash_restart(ddprun, k):
+def crash_restart(ddprun, k, extra=()):
     worker = 'echo "start $$ $(date +%s.%N)"; exec sleep 1000'
     common = [f"--nnodes={k}", "--rdzv_backend=c10d", "--rdzv_id=crash", "--nproc_per_node=1", "--max_restarts=1",
-              "--rdzv_conf=join_timeout=300", "--log_level", "info", "--no_python", "/bin/sh", "-c", worker]
+              "--rdzv_conf=join_timeout=300", "--log_level", "info", "--no_python", *extra, "/bin/sh", "-c", worker]
     host = subprocess.Popen([ddprun, "--rdzv_endpoint=127.0.0.1:0"] + common, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     port = multinode_bench.wait_for_port(host)
@@ -146,6 +146,7 @@ def main():
     ap.add_argument("--torchrun_py", default=multinode_bench.TORCHRUN if os.path.exists(multinode_bench.TORCHRUN)
                     else "/work/shared/tools/torchrun_fixed.py", help="torchrun with the c10d fixes")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--agent_args", default="", help="more flags for every agent (say --agent_args=--no_state)")
     a = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -157,7 +158,7 @@ def main():
     print("|---|---|---|---|")
     host_cpu = {}
     for k in [int(x) for x in a.agents.split(",")]:
-        runs = [agents_round(a.ddprun, k) for _ in range(a.repeat)]
+        runs = [agents_round(a.ddprun, k, a.agent_args.split()) for _ in range(a.repeat)]
         host_cpu[k] = statistics.median(r[1] for r in runs)
         print(f"| {k} | {med([r[0] for r in runs])} | {med([r[1] for r in runs])} | "
               f"{med([1e3 * r[2] for r in runs])} |", flush=True)
@@ -168,7 +169,7 @@ def main():
         for lo, hi in zip(ks, ks[1:]):
             print(f"CPU(K={hi}) / CPU(K={lo}) = {host_cpu[hi] / host_cpu[lo]:.2f} (nodes x {hi / lo:.0f})")
     if a.crash:
-        runs = [crash_restart(a.ddprun, a.crash) for _ in range(a.repeat)]
+        runs = [crash_restart(a.ddprun, a.crash, a.agent_args.split()) for _ in range(a.repeat)]
         print(f"\nkill -9 of one worker of {a.crash} nodes (--max_restarts=1) -> every node's new worker started: "
               f"{med(runs)} s", flush=True)
     for k in [int(x) for x in a.torchrun.split(",") if x]:
