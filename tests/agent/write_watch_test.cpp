@@ -132,3 +132,21 @@ TEST_CASE("write watch: a save that began before its main thread was seen still 
   paced.look(logs.worker, t0 + 3s, true, false, t0 + 5s);
   CHECK_FALSE(paced.saving(t0 + 5s));
 }
+
+TEST_CASE("write watch: what a save writes after its main thread steps again is no pace", "[units]") {
+  // Still from t0 (a save), its last 16 MB written as the thread steps again at t0 + 4 s: the
+  // window that holds them is dropped, the next (nothing written) is its pace, and a later save
+  // of 16 MB in 3 s is a save (4 MB/s learned from the tail would put the bar at 48 MB).
+  Writer w;
+  WriteWatch watch;
+  const auto t0 = WriteWatch::Clock::now();
+  watch.look(w.worker, t0, false, false, t0);
+  watch.look(w.worker, t0, true, false, t0 + 3s);
+  w.write_16mb();
+  watch.look(w.worker, t0 + 4s, false, false, t0 + 4s);
+  watch.look(w.worker, t0 + 5s, false, false, t0 + 6s);
+  watch.look(w.worker, t0 + 7s, false, false, t0 + 7s);
+  w.write_16mb();
+  watch.look(w.worker, t0 + 7s, true, false, t0 + 9s);
+  CHECK(watch.saving(t0 + 9s));
+}

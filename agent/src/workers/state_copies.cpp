@@ -378,7 +378,7 @@ bool StateCopies::send_new(Sending& s) {
     s.added[u] = p.step;
     spdlog::debug("ddprun: round {}: rank {}'s state of step {} (generation {}) sent to {}; {} of {} ranks", round,
                   info.rank_offset + static_cast<int>(u), p.step, p.gen, r.buddy, total, info.world_size);
-    if (total == info.world_size) {
+    if (total >= info.world_size) {  // (over it: an add whose answer was lost, sent again)
       s.owed_done = p.step;  // (a failure midway: marked again by the next pass)
       mark_done(store, r.prefix, p.step);
       s.owed_done.reset();

@@ -75,6 +75,14 @@ void WriteWatch::look(pid_t pid, Clock::time_point last_step, bool still, bool t
     tentative_.pop_front();
     if (rates_.size() > kWritingPaceWindows) rates_.pop_front();
   }
+  if (!still && !torch_save && paused_) {
+    // Stepping again after a save (still, or torch.save): what it wrote since is the save's tail.
+    paused_ = false;
+    bytes_ = *bytes;
+    since_ = now;
+    return;
+  }
+  paused_ = still || torch_save;
   if (!still) {
     if (elapsed < kWritingPaceWindow) return;
     if (!torch_save) {  // while it steps: its own pace, once a step follows

@@ -7,7 +7,8 @@
 //   - while its main thread steps, its own pace of writing: the most it wrote in a
 //     kWritingPaceWindow of the last kWritingPaceWindows (a thread that logs, steadily or in
 //     bursts, is no save). A window counts once a step is seen after its end: one that ends in a
-//     silence not yet long enough to call the thread still may hold the start of a save;
+//     silence not yet long enough to call the thread still may hold the start of a save, and
+//     the first after a save (still, or torch.save) is dropped: it may hold the save's tail;
 //   - while its main thread holds still, a save: kWritingBytes within kWritingWindow, and
 //     kWritingOverPace x that pace.
 // It is saving for kWritingWindow after such a burst, and for kFlushGrace after it while one of
@@ -54,6 +55,7 @@ class WriteWatch {
   };
   std::deque<Rate> rates_;      // windows a step was seen after
   std::deque<Rate> tentative_;  // windows no step was seen after yet
+  bool paused_ = false;         // the last look was still, or in torch.save: the next window starts afresh
   Clock::time_point since_, wrote_;
 };
 
