@@ -105,12 +105,14 @@ class FakeRendezvous : public Rendezvous {
   std::vector<int> successes;
   std::vector<std::pair<int, Ack>> finishes;  // (round, acknowledge)
   std::vector<std::pair<int, int>> leaves;     // (round, signal)
+  std::vector<ddprun::rounds::StateOffer> offers;
 
   void set_listener(Listener& l) override { listener = &l; }
   std::string describe() const override { return ""; }
-  void join(int round, int rc, const ddprun::rounds::Streak& s) override {
+  void join(int round, int rc, const ddprun::rounds::Streak& s, const ddprun::rounds::StateOffer& offer) override {
     joins.emplace_back(round, rc);
     streaks.push_back(s);
+    offers.push_back(offer);
   }
   void end_round(int round, const RoundEnd& why, int expect_next) override { ends.push_back({round, why, expect_next}); }
   void report_success(int round) override { successes.push_back(round); }

@@ -52,6 +52,15 @@ TEST_CASE("round records: each kind round-trips, anything malformed names the ke
   nb = parse_node("k", node_json(n));
   CHECK(nb.last_round == 7);
   CHECK(nb.last_rank == 2);
+  // The workers' state: absent from a node without it (its record as before), else round-tripped.
+  CHECK(node_json(n).find("state") == std::string::npos);
+  CHECK((nb.state_link.empty() && !nb.holds_state));
+  n.state_link = "h:4242";
+  n.holds_state = true;
+  nb = parse_node("k", node_json(n));
+  CHECK((nb.state_link == "h:4242" && nb.holds_state));
+  CHECK_THROWS_WITH(parse_node("r1/node/0", R"({"holds_state": 1})"), Catch::Contains("'holds_state'"));
+  CHECK_THROWS_WITH(parse_node("r1/node/0", R"({"state_link": 7})"), Catch::Contains("'state_link'"));
   CHECK_THROWS_AS(parse_node("k", "{\"nproc\": 0}"), ddprun::ProtocolError);
   for (const char* bad : {R"({"last_rank": -2})", R"({"last_round": "1"})", R"({"last_rank": 1.5})"}) {
     CHECK_THROWS_WITH(parse_node("r1/node/0", bad), Catch::Contains("malformed value at key 'r1/node/0'"));
@@ -100,6 +109,15 @@ TEST_CASE("round state: closed, store, config, assignment and members records ro
   auto ab = parse_assignment("k", assignment_json(as));
   CHECK((ab.group_rank == 1 && ab.offset == 4 && ab.world == 8 && ab.rc == "3" && ab.refused.empty()));
   CHECK((ab.next == 2 && ab.next_host == "h2"));
+  CHECK((ab.next_link.empty() && ab.holders == 0));
+  CHECK(assignment_json(as).find("next_link") == std::string::npos);  // none: not written
+  as.next_link = "h2:4242";
+  as.holders = 3;
+  ab = parse_assignment("k", assignment_json(as));
+  CHECK((ab.next_link == "h2:4242" && ab.holders == 3));
+  CHECK_THROWS_AS(
+      parse_assignment("k", R"({"group_rank": 0, "offset": 0, "world": 1, "next": 0, "rc": "0", "streak": {}, "holders": -1})"),
+      ddprun::ProtocolError);
   // Version 3's assignment names no ring neighbour: malformed here (the config's version says so first).
   CHECK_THROWS_AS(parse_assignment("k", R"({"group_rank": 0, "offset": 0, "world": 1, "rc": "0", "streak": {}})"),
                   ddprun::ProtocolError);

@@ -2,6 +2,7 @@
 // through an in-memory backend; the test plays lost nodes and late arrivals.
 #include <catch2/catch.hpp>
 #include <csignal>
+#include <map>
 #include <set>
 
 #include "round_state.hpp"
@@ -33,6 +34,30 @@ TEST_CASE("rules: nodes form one world - distinct ranks, one workers' store from
   CHECK(offsets == std::set<int>{0, 2, 4});
 }
 
+TEST_CASE("rules: each member is told its next member's state link and how many members hold state", "[rules]") {
+  Nodes n(3, 3);
+  n.add_many(3);
+  for (int i = 0; i < 3; ++i) n.nodes[i]->join(0, 0, {}, StateOffer{"n" + std::to_string(i) + ":1", i != 1});
+  for (auto& r : n.rec) REQUIRE(r->wait_ready());
+  std::map<int, int> at_rank;  // group rank -> node
+  for (int i = 0; i < 3; ++i) at_rank[n.rec[i]->ready.front().group_rank] = i;
+  for (int i = 0; i < 3; ++i) {
+    const auto& info = n.rec[i]->ready.front();
+    CHECK(info.next_state_link == "n" + std::to_string(at_rank[(info.group_rank + 1) % 3]) + ":1");
+    CHECK(info.state_holders == 2);
+    CHECK(info.holds_state == (i != 1));
+  }
+  // The next round, nobody offering state: none told of any.
+  n.nodes[0]->end_round(0, RoundEnd::of_failure(FailureRecord{}), 3);
+  for (auto& r : n.rec) REQUIRE(r->wait_over());
+  for (auto& node : n.nodes) node->join(1, 1);
+  for (auto& r : n.rec) {
+    REQUIRE(r->wait_ready(2));
+    const auto& info = r->ready.back();
+    CHECK((info.round == 1 && info.next_state_link.empty() && info.state_holders == 0 && !info.holds_state));
+  }
+}
+
 TEST_CASE("rules: a run id used by a job with other settings, or finished, is refused at once", "[rules]") {
   Nodes n(1, 2);
   n.add();
@@ -52,18 +77,20 @@ TEST_CASE("rules: a run id used by a job with other settings, or finished, is re
   REQUIRE(n.rec[older]->wait_failed());
   CHECK(n.rec[older]->failed.front().kind == FK::in_use);
   CHECK_THAT(n.rec[older]->failed.front().message,
-             Catch::Contains("another ddprun version (round records version 1; this node: 5)") &&
+             Catch::Contains("another ddprun version (round records version 1; this node: 6)") &&
                  Catch::Contains("run the same ddprun on every node"));
   // Version 3: every member read r<R>/members, and its assignments name no ring neighbour.
   // Version 4: the assigner ranked the members by arrival (a restart did not keep their places).
-  for (int version : {3, 4}) {
+  // Version 5: every member said where its state copies go in the workers' store, and waited
+  // for every other there (a node of version 6 would wait for none).
+  for (int version : {3, 4, 5}) {
     n.world->set("config", R"({"backend": "c10d", "min_nodes": 1, "max_nodes": 2, "protocol": )" +
                                std::to_string(version) + "}");
     int v = n.add();
     n.nodes[v]->join(0, 0);
     REQUIRE(n.rec[v]->wait_failed());
     CHECK_THAT(n.rec[v]->failed.front().message,
-               Catch::Contains("round records version " + std::to_string(version) + "; this node: 5"));
+               Catch::Contains("round records version " + std::to_string(version) + "; this node: 6"));
   }
   n.world->set("config", config_json(RunConfig{BackendKind::c10d, 1, 2}));
   // The job ends; a node started later with its run id is told so.

@@ -128,10 +128,15 @@ class SimWorkers : public WorkersStore {
   int slot_;
 };
 
+// What a node offers of the workers' state as it joins (a function of its id alone, so that the
+// offers of a round's members can be told from its lineup).
+StateOffer offer_of(const std::string& id) { return StateOffer{id + ":link", !id.empty() && id.back() % 2 == 1}; }
+
 // The round's lineup as the store held it when this member read (or wrote) its assignment (taken
 // beside the protocol: a member reads only its own place): its hosts by group rank, for the
 // invariants over memberships. The member's ring neighbour (its assignment's `next`) must be the
-// lineup's next group rank.
+// lineup's next group rank, its buddy's state link the next member's, and the round's holders of
+// state those of the lineup.
 std::vector<std::string> lineup_of(World& w, const Node& n, const RoundRules::Joined& j) {
   const Key mk = round_key(j.info.round, Name::members);
   const auto v = n.lineups.find(j.info.round);
@@ -147,6 +152,14 @@ std::vector<std::string> lineup_of(World& w, const Node& n, const RoundRules::Jo
     w.violate("round " + std::to_string(j.info.round) + ": " + n.id + " (group rank " + std::to_string(j.info.group_rank) +
               ") watches arrival " + std::to_string(m.next_record.index) + " (" + m.next_host + "), the lineup's next is " +
               std::to_string(l.arrivals[next]) + " (" + l.hosts[next] + ")");
+  }
+  int holders = 0;
+  for (const auto& h : l.hosts) holders += offer_of(h).holds ? 1 : 0;
+  if (j.info.next_state_link != offer_of(l.hosts[next]).link || j.info.state_holders != holders ||
+      j.info.holds_state != offer_of(n.id).holds) {
+    w.violate("round " + std::to_string(j.info.round) + ": " + n.id + " was told buddy link '" + j.info.next_state_link +
+              "' and " + std::to_string(j.info.state_holders) + " holders of state; the lineup's next offers '" +
+              offer_of(l.hosts[next]).link + "', and " + std::to_string(holders) + " of its members hold state");
   }
   return l.hosts;
 }
@@ -197,7 +210,7 @@ void play(World& w, Node& n) {
   Streak streak;  // the crash-loop streak this node brings to the next round
   for (;;) {
     n.state = Node::State::joining;
-    auto j = rules.join(round, rc, streak);
+    auto j = rules.join(round, rc, streak, offer_of(n.id));
     streak = j.info.streak;
     w.joined(n, j.info, lineup_of(w, n, j));
     RoundEnd end;

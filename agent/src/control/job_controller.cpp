@@ -74,7 +74,16 @@ void JobController::join(int round, int restart_count) {
   joined_at_ = std::chrono::steady_clock::now();
   clock_.joining(joined_at_);
   enter(Phase::rendezvous);
-  rdzv_.join(round, restart_count, streak_);
+  rounds::StateOffer offer;  // (in the node's record: where its copies are served, whether it holds state)
+  if (copies_) {
+    try {
+      offer = copies_->offer();
+    } catch (const Error& e) {
+      spdlog::warn("ddprun: the workers' in-memory state is not copied across nodes: {}", e.what());
+      copies_ = nullptr;
+    }
+  }
+  rdzv_.join(round, restart_count, streak_, offer);
 }
 
 // ---- rendezvous events ------------------------------------------------------------------------

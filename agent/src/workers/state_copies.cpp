@@ -52,12 +52,30 @@ void mark_done(rendezvous::TcpStore& store, const std::string& prefix, std::int6
   if (older) store.delete_key(done(*older));
 }
 
+// A round's copy key, made once, where first needed (a copy sent, served or fetched): a round in
+// which no state moves never asks for it.
+class CopyKey {
+ public:
+  explicit CopyKey(std::function<std::string()> make) : make_(std::move(make)) {}
+  std::string operator()() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (key_.empty()) key_ = make_();
+    return key_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::function<std::string()> make_;
+  std::string key_;
+};
+
 }  // namespace
 
 struct StateCopies::Round {
   rounds::RoundInfo info;
   std::function<void()> ready;
-  std::string prefix, key, buddy;  // the round's keys' prefix, its copy key, the buddy's address
+  std::string prefix, buddy;        // the round's keys' prefix, the buddy's address ("": none)
+  std::function<std::string()> key;  // the round's copy key
   std::string at(const std::string& what) const { return prefix + what; }
 };
 
@@ -78,9 +96,14 @@ StateCopies::~StateCopies() {
   if (thread_.joinable()) thread_.join();
 }
 
+rounds::StateOffer StateCopies::offer() {
+  if (!server_.started()) server_.start();
+  return rounds::StateOffer{placement_.here(), placement_.holds()};
+}
+
 void StateCopies::prepare(const rounds::RoundInfo& info, std::function<void()> ready) {
   if (!thread_.joinable()) {
-    server_.start();
+    if (!server_.started()) server_.start();
     thread_ = start_thread("the thread of the workers' state copies", [this] { run(); });
   }
   auto r = std::make_unique<Round>();
@@ -156,19 +179,30 @@ void StateCopies::run() {
   }
 }
 
-// Each area's state put in place for its rank (StatePlacement), the round's copy key made; the
-// round's copies armed however it ends.
+// Each area's state put in place for its rank (StatePlacement), the round's copy key told to the
+// server; the round's copies armed however it ends. The round's workers' store is asked only
+// where state moves: a round whose members hold none, and whose workers have saved none yet,
+// costs that store nothing here.
 void StateCopies::settle(Round& r) {
   const auto& info = r.info;
   rendezvous::TcpStoreOptions o;
   o.host = info.store_host;
   o.port = info.store_port;
   o.timeout = 10s;
-  rendezvous::TcpStore store(o);
   // The round's copy key: derived from the job's secret where it has one (it never crosses the
   // wire), else the first agent's random key in the workers' store (as private as that store).
-  r.key = secret_.empty() ? store.compare_set(r.at("key"), "", random_hex(64))
-                          : derive_key(secret_, fmt::format("{}/{}", run_id_, info.round));
+  auto key = std::make_shared<CopyKey>(
+      [o, at = r.at("key"), secret = secret_, label = fmt::format("{}/{}", run_id_, info.round)] {
+        if (!secret.empty()) return derive_key(secret, label);
+        return rendezvous::TcpStore(o).compare_set(at, "", random_hex(64));
+      });
+  r.key = [key] { return (*key)(); };
+  r.buddy = info.next_state_link;
+  if (r.buddy.empty() && info.group_world > 1 && bytes_per_s_ > 0) {
+    spdlog::warn("ddprun: round {}: the next node offers no copies of the workers' state (its own failed to start): "
+                 "this node's ranks' states are not copied, and the saves wait for the copies only until they give up",
+                 info.round);
+  }
   server_.set_key(r.key);
   server_.set_round(info.round);
   for (int i = 0; i < areas_.ranks(); ++i) put_u64(areas_.fd(i), sl::kCopiesAt, 0);  // until the round's copies start
@@ -178,7 +212,12 @@ void StateCopies::settle(Round& r) {
     const rounds::RoundInfo& info;
     ~Arm() { self.arm(info); }
   } arm{*this, info};
-  placement_.settle(info, StatePlacement::RoundKeys{r.prefix, r.key, [&] { return wanted(info.round); }}, store);
+  std::unique_ptr<rendezvous::TcpStore> store;  // connected where first needed
+  auto connect = [&]() -> rendezvous::TcpStore& {
+    if (!store) store = std::make_unique<rendezvous::TcpStore>(o);
+    return *store;
+  };
+  placement_.settle(info, StatePlacement::RoundKeys{r.prefix, r.key, connect, [&] { return wanted(info.round); }});
 }
 
 // The state each area holds as settling ends counts as replicated (the copies held, until the
@@ -347,16 +386,7 @@ bool StateCopies::pass(Sending& s) {
     mark_done(*s.store, r.prefix, *s.owed_done);
     s.owed_done.reset();
   }
-  const auto& info = r.info;
-  const std::string link = r.at(fmt::format("link/{}", (info.group_rank + 1) % info.group_world));
-  if (r.buddy.empty()) {  // said by the buddy as its round begins
-    try {
-      s.store->wait({link}, 500ms);
-      r.buddy = s.store->get(link);
-    } catch (const TimeoutError&) {
-      return true;  // (waited)
-    }
-  }
+  if (r.buddy.empty()) return false;  // the buddy offers no copies (its own failed to start)
   return send_new(s) || mark_replicated(s);
 }
 
@@ -409,7 +439,7 @@ bool StateCopies::send_new(Sending& s) {
       continue;
     }
     const int rank = info.rank_offset + i;
-    StateLinkClient client(host, port, r.key);
+    StateLinkClient client(host, port, r.key());
     InFlight in_flight(*this, client.fd());  // a new round or the end cuts it short
     const bool kept = client.put(rank, fd, at, page + h.payload(), bytes_per_s_, cancel_, [&] {
       return get_u64(fd, at) == gen;  // the commit word unchanged: the worker never wrote the slot meanwhile

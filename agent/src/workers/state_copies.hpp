@@ -54,6 +54,10 @@ class StateCopies {
   StateCopies(const StateCopies&) = delete;
   StateCopies& operator=(const StateCopies&) = delete;
 
+  // What this node offers a round it joins: where its copies are served (the server starts with
+  // the first call), and whether it holds any state. Throws ddprun::Error where the server cannot
+  // start.
+  rounds::StateOffer offer();
   // A round of several nodes is ready: puts each area's state in place for its rank (fetching
   // from the others where it moved), then calls `ready` (on the thread of the copies: post it),
   // and copies the round's saves to the buddy until the next prepare() or stop_sending().

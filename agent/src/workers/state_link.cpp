@@ -244,9 +244,9 @@ void StateLinkServer::start() {
   thread_ = start_thread("the server of the workers' state copies", [this] { run(); });
 }
 
-void StateLinkServer::set_key(const std::string& key) {
+void StateLinkServer::set_key(std::function<std::string()> key) {
   std::lock_guard<std::mutex> lk(mu_);
-  key_ = key;
+  key_ = std::move(key);
 }
 
 struct StateLinkServer::Connection {
@@ -305,11 +305,13 @@ void StateLinkServer::reap(bool all) {
 }
 
 void StateLinkServer::serve(int fd) {
-  std::string key;
+  std::function<std::string()> source;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    key = key_;
+    source = key_;
   }
+  if (!source) return;  // before the first round
+  const std::string key = source();
   if (!server_handshake(fd, key, 2000)) {  // a client without the key holds no place long
     spdlog::warn("ddprun: refused a connection for the workers' state that did not prove this round's copy key");
     return;

@@ -4,8 +4,9 @@
 // peer makes of it.
 //
 // Every connection starts with a mutual HMAC-SHA256 challenge over fresh nonces
-// (ddprun/rendezvous/auth.hpp's proofs) with the round's copy key: a random key that the
-// round's first agent puts in the round's workers' store (readable by the job's members only).
+// (ddprun/rendezvous/auth.hpp's proofs) with the round's copy key: derived from the job's secret,
+// else a random key that the round's first agent to need one puts in the round's workers' store
+// (readable by the job's members only).
 // Then one request:
 //
 //   client -> server  u8 op, i32 rank, u64 bytes
@@ -25,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -65,8 +67,13 @@ class StateLinkServer {
   void start();
   bool started() const { return thread_.joinable(); }
   std::uint16_t port() const { return port_; }
-  // The key a client must prove it knows (the round's; clients of an older round are refused).
-  void set_key(const std::string& key);
+  // Where the key a client must prove it knows comes from (the round's: clients of an older
+  // round are refused). Asked on a connection's thread as it comes; where it throws, the
+  // connection is refused.
+  void set_key(std::function<std::string()> key);
+  void set_key(const std::string& key) {
+    set_key([key] { return key; });
+  }
 
   // Keeps `image` as one of `rank`'s (as a put does). False: over the budget.
   bool keep(int rank, StateImage image);
@@ -91,7 +98,7 @@ class StateLinkServer {
   std::uint16_t port_ = 0;
   std::atomic<int> round_{0};
   mutable std::mutex mu_;
-  std::string key_;
+  std::function<std::string()> key_;
   std::map<int, std::vector<StateImage>> held_;
   std::uint64_t held_bytes_ = 0;
   std::thread thread_;

@@ -115,7 +115,17 @@ StatePlacement::StatePlacement(const StateAreas& areas, StateLinkServer& server,
 
 std::string StatePlacement::here() const { return fmt::format("{}:{}", host_, server_.port()); }
 
-void StatePlacement::settle(const rounds::RoundInfo& info, const RoundKeys& keys, rendezvous::TcpStore& store) {
+bool StatePlacement::holds() const {
+  // The areas first: settle() keeps an area's state aside before it empties the area, so a state
+  // on its way between the two is seen in one or the other.
+  const std::uint64_t slot_bytes = sl::area_slot_bytes(areas_.bytes_per_rank());
+  for (int i = 0; i < areas_.ranks(); ++i) {
+    if (holds_state(areas_.fd(i), slot_bytes)) return true;
+  }
+  return !server_.ranks().empty();
+}
+
+void StatePlacement::settle(const rounds::RoundInfo& info, const RoundKeys& keys) {
   const auto t0 = std::chrono::steady_clock::now();
   auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   const std::uint64_t slot_bytes = sl::area_slot_bytes(areas_.bytes_per_rank());
@@ -145,12 +155,13 @@ void StatePlacement::settle(const rounds::RoundInfo& info, const RoundKeys& keys
     area_rank_[static_cast<std::size_t>(i)] = rank;
     if (info.round > 0 && (seen_state_ || !continued)) need.push_back(i);  // its state may be elsewhere
   }
-  publish(info, keys, store);
+  // Only the members that said they hold state publish, and are waited for (none: nothing to look for).
+  if (info.holds_state) publish(info, keys);
   const double kept_s = since();
-  if (!need.empty() && !wait_all(info, keys, store)) return;
+  if (!need.empty() && info.state_holders > 0 && !wait_all(info, keys)) return;
   const double waited_s = since();
   bool fetched_all = true;
-  for (int i : need) fetched_all = fetch(info, keys, store, i, slot_bytes) && fetched_all;
+  for (int i : need) fetched_all = fetch(info, keys, i, slot_bytes) && fetched_all;
   if (fetched_all) settled_round_ = info.round;
   if (!need.empty()) {
     spdlog::info("ddprun: round {}: the ranks' state in place in {:.2f} s (kept aside {:.2f} s, the others' "
@@ -160,11 +171,11 @@ void StatePlacement::settle(const rounds::RoundInfo& info, const RoundKeys& keys
 }
 
 // Where this node serves copies from, for every rank it holds one of (the newest holder of a rank
-// wins the key: a compare-and-set of "round step host:port"); where its buddy sends to; then this
-// node counts itself published (the last to count says so for all).
-void StatePlacement::publish(const rounds::RoundInfo& info, const RoundKeys& keys, rendezvous::TcpStore& store) {
+// wins the key: a compare-and-set of "round step host:port"); then this node counts itself
+// published (the last of the round's holders to count says so for all).
+void StatePlacement::publish(const rounds::RoundInfo& info, const RoundKeys& keys) {
   const std::string here = this->here();
-  store.set(keys.at(fmt::format("link/{}", info.group_rank)), here);
+  auto& store = keys.store();
   for (int rank : server_.ranks()) {
     const auto imgs = server_.images(rank);
     const Holder mine{imgs.back().round, imgs.back().step, here};
@@ -179,12 +190,13 @@ void StatePlacement::publish(const rounds::RoundInfo& info, const RoundKeys& key
       current = now;
     }
   }
-  if (store.add(keys.at("published"), 1) == info.group_world) store.set(keys.at("all"), "1");
+  if (store.add(keys.at("published"), 1) == info.state_holders) store.set(keys.at("all"), "1");
 }
 
-bool StatePlacement::wait_all(const rounds::RoundInfo& info, const RoundKeys& keys, rendezvous::TcpStore& store) {
-  // Every member publishes as its round begins; bounded, and cut short by the next round or the end.
+bool StatePlacement::wait_all(const rounds::RoundInfo& info, const RoundKeys& keys) {
+  // Every holder publishes as its round begins; bounded, and cut short by the next round or the end.
   const auto until = std::chrono::steady_clock::now() + 30s;
+  auto& store = keys.store();
   for (;;) {
     if (!keys.wanted()) return false;
     try {
@@ -192,20 +204,21 @@ bool StatePlacement::wait_all(const rounds::RoundInfo& info, const RoundKeys& ke
       return true;
     } catch (const TimeoutError&) {
       if (std::chrono::steady_clock::now() > until) {
-        throw Error(fmt::format("not every node of round {} said within 30 s which ranks' state it holds (a node "
-                                "lost meanwhile?)",
+        throw Error(fmt::format("not every node of round {} that holds state said within 30 s which ranks' it "
+                                "holds (a node lost meanwhile?)",
                                 info.round));
       }
     }
   }
 }
 
-bool StatePlacement::fetch(const rounds::RoundInfo& info, const RoundKeys& keys, rendezvous::TcpStore& store, int local_rank,
-                           std::uint64_t slot_bytes) {
+bool StatePlacement::fetch(const rounds::RoundInfo& info, const RoundKeys& keys, int local_rank, std::uint64_t slot_bytes) {
   const int rank = info.rank_offset + local_rank;
   // The holder of the newest, then any other that said so (where the newest is lost meanwhile).
   std::vector<Holder> holders;
   for (const char* which : {"at", "alt"}) {
+    if (info.state_holders == 0) break;  // nobody to ask
+    auto& store = keys.store();
     const std::string key = keys.at(fmt::format("{}/{}", which, rank));
     auto h = store.check({key}) ? Holder::parse(store.get(key)) : std::nullopt;
     if (h && (holders.empty() || holders[0].address != h->address)) holders.push_back(*h);
@@ -227,7 +240,7 @@ bool StatePlacement::fetch(const rounds::RoundInfo& info, const RoundKeys& keys,
         from = "this node";
       } else {
         const auto [host, port] = StateLinkClient::split_address(holder.address);
-        images = StateLinkClient(host, port, keys.key).get(rank, slot_bytes);
+        images = StateLinkClient(host, port, keys.key()).get(rank, slot_bytes);
       }
       if (images.empty()) throw Error("it holds none any more");
       write_images(areas_.fd(local_rank), slot_bytes, images);

@@ -32,7 +32,7 @@ LocalRendezvous::LocalRendezvous(const RendezvousOptions& opt, Post post, WhenRe
 
 LocalRendezvous::~LocalRendezvous() { shutdown(); }
 
-void LocalRendezvous::join(int round, int restart_count, const Streak& streak) {
+void LocalRendezvous::join(int round, int restart_count, const Streak& streak, const StateOffer&) {
   if (round > 0) store_->reset();  // a restarted group does not see the previous one's keys
   RoundInfo info;
   info.round = round;

@@ -22,7 +22,7 @@ class LocalRendezvous : public Rendezvous {
 
   void set_listener(Listener& l) override { listener_ = &l; }
   std::string describe() const override { return ""; }
-  void join(int round, int restart_count, const Streak& streak = {}) override;
+  void join(int round, int restart_count, const Streak& streak = {}, const StateOffer& state = {}) override;
   void end_round(int round, const RoundEnd& why, int expect_next) override;
   void report_success(int round) override;
   void finish(int round, Ack ack) override;

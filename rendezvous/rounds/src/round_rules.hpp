@@ -61,7 +61,7 @@ class RoundRules {
   // this node's count, or -1 for a node new to the job; `streak` its crash-loop streak (not
   // written by a node new to the job). Throws RendezvousError: too few nodes
   // within join_timeout, a node rank in use, a node stopped during the rendezvous.
-  Joined join(int round, int restart_count, const Streak& streak = {});
+  Joined join(int round, int restart_count, const Streak& streak = {}, const StateOffer& state = {});
 
   // Ends the round with `why` unless another node ended it first. expect_next > 0: how many
   // nodes the next round waits for before closing without a last call.

@@ -47,13 +47,11 @@ StoreAddress parse_store(const std::string& key, const std::string& value) {
 std::string assignment_json(const Assignment& a) {
   if (a.stopped) return text(json{{"stopped", true}});
   if (!a.refused.empty()) return text(json{{"refused", a.refused}});
-  return text(json{{"group_rank", a.group_rank},
-                   {"offset", a.offset},
-                   {"world", a.world},
-                   {"next", a.next},
-                   {"next_host", a.next_host},
-                   {"rc", a.rc},
-                   {"streak", json::parse(a.streak)}});
+  json j{{"group_rank", a.group_rank}, {"offset", a.offset}, {"world", a.world}, {"next", a.next},
+         {"next_host", a.next_host},   {"rc", a.rc},         {"streak", json::parse(a.streak)}};
+  if (!a.next_link.empty()) j["next_link"] = a.next_link;
+  if (a.holders > 0) j["holders"] = a.holders;
+  return text(j);
 }
 
 Assignment parse_assignment(const std::string& key, const std::string& value) {
@@ -69,8 +67,11 @@ Assignment parse_assignment(const std::string& key, const std::string& value) {
   a.next = field<int>(j, key, "next", -1);
   a.next_host = field<std::string>(j, key, "next_host", "");
   a.rc = field<std::string>(j, key, "rc", "");
-  if (a.group_rank < 0 || a.offset < 0 || a.world < 1 || a.offset >= a.world || a.next < 0 || a.rc.empty()) {
-    malformed(key, "group_rank, offset, world, next or rc missing or out of range");
+  a.next_link = field<std::string>(j, key, "next_link", "");
+  a.holders = field<int>(j, key, "holders", 0);
+  if (a.group_rank < 0 || a.offset < 0 || a.world < 1 || a.offset >= a.world || a.next < 0 || a.rc.empty() ||
+      a.holders < 0) {
+    malformed(key, "group_rank, offset, world, next, holders or rc missing or out of range");
   }
   auto s = j.find("streak");
   if (s == j.end() || !s->is_object()) malformed(key, "field 'streak' is missing or not an object");

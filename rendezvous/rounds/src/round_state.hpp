@@ -51,6 +51,11 @@ struct Assignment {
   // (the keep-alive ring; etcd: its record): its arrival index and its host (for messages).
   int next = 0;
   std::string next_host;
+  // The workers' in-memory state: the next member's state link (where this one's copies go;
+  // empty: none), and how many members hold state as they arrive (who to wait for before a rank's
+  // state is looked for elsewhere).
+  std::string next_link;
+  int holders = 0;
   std::string rc;
   std::string streak;  // Streak's JSON (records.hpp)
   std::string refused;
@@ -76,8 +81,9 @@ Lineup parse_lineup(const std::string& key, const std::string& value, int member
 // before the assignments, when every member read every member's record; 3: before the ring's
 // next member in the assignment, when every member read r<R>/members; 4: before the records'
 // last_round and last_rank, when the assigner ranked the members by arrival: two versions would
-// place them differently).
-constexpr int kRoundProtocol = 5;
+// place them differently; 5: before the records' state_link and holds_state, when every member
+// said in the workers' store where its copies go, and every member waited for every other).
+constexpr int kRoundProtocol = 6;
 
 struct RunConfig {
   BackendKind backend = BackendKind::c10d;

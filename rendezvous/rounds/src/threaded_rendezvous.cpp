@@ -80,14 +80,14 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
     if (fence) fence->release();
   }
 
-  void do_join(int round, int rc, const Streak& streak) {
+  void do_join(int round, int rc, const Streak& streak, const StateOffer& state) {
     try {
       stop_liveness();
       if (!connected) {
         rules->connect();
         connected = true;
       }
-      auto j = rules->join(round, rc, streak);
+      auto j = rules->join(round, rc, streak, state);
       group_world = j.info.group_world;
       next_host = j.members.next_host;
       next = j.members.next();
@@ -216,8 +216,10 @@ std::string ThreadedRendezvous::describe() const {
   return core_->backend->where() + " (" + RunConfig{o.backend, o.min_nodes, o.max_nodes}.describe() + ")";
 }
 
-void ThreadedRendezvous::join(int round, int restart_count, const Streak& streak) {
-  core_->tasks.submit([c = core_.get(), round, restart_count, streak] { c->do_join(round, restart_count, streak); });
+void ThreadedRendezvous::join(int round, int restart_count, const Streak& streak, const StateOffer& state) {
+  core_->tasks.submit([c = core_.get(), round, restart_count, streak, state] {
+    c->do_join(round, restart_count, streak, state);
+  });
 }
 
 void ThreadedRendezvous::end_round(int round, const RoundEnd& why, int expect_next) {

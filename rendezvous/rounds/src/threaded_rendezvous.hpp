@@ -32,7 +32,7 @@ class ThreadedRendezvous : public Rendezvous {
 
   void set_listener(Listener& l) override;
   std::string describe() const override;
-  void join(int round, int restart_count, const Streak& streak = {}) override;
+  void join(int round, int restart_count, const Streak& streak = {}, const StateOffer& state = {}) override;
   void end_round(int round, const RoundEnd& why, int expect_next) override;
   void report_success(int round) override;
   void finish(int round, Ack ack) override;

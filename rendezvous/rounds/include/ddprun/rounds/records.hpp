@@ -31,6 +31,17 @@ struct NodeInfo {
   // keeps it in that place (docs/rounds-protocol.md, "Running a round"). -1: none.
   int last_round = -1;
   int last_rank = -1;
+  // The workers' in-memory state (docs/usage.md, "State across nodes"): where this node's state
+  // link serves copies ("host:port"; empty: none), and whether it holds any state as it arrives.
+  std::string state_link;
+  bool holds_state = false;
+};
+
+// What a node offers the round of the workers' in-memory state as it arrives (NodeInfo's
+// state_link and holds_state).
+struct StateOffer {
+  std::string link;
+  bool holds = false;
 };
 
 // A worker that failed: the root cause of a round's end, as every node reports it.

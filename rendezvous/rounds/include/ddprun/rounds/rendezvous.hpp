@@ -33,6 +33,11 @@ struct RoundInfo {
   int rank_offset = 0;     // RANK of this node's local rank 0
   std::string store_host;  // the workers' store (MASTER_ADDR:MASTER_PORT)
   std::uint16_t store_port = 0;
+  // The workers' in-memory state: the next member's state link (this node's buddy; empty: none),
+  // how many members said they hold state as they arrived, and whether this node said so.
+  std::string next_state_link;
+  int state_holders = 0;
+  bool holds_state = false;
   // Every member's record, by group rank: on group rank 0 only (it reads them once, for the
   // workers' store's allow-list); empty on the others, which read their own place alone.
   std::vector<NodeInfo> nodes;
@@ -111,8 +116,9 @@ class Rendezvous {
   virtual std::string describe() const = 0;
 
   // Joins round `round` with this node's restart count (-1: a node new to the job) and crash-loop
-  // streak; the round's own (its first writer's) come back in RoundInfo.
-  virtual void join(int round, int restart_count, const Streak& streak = {}) = 0;
+  // streak; the round's own (its first writer's) come back in RoundInfo. `state`: what this node
+  // offers of the workers' in-memory state (in its record; a single node has no use for it).
+  virtual void join(int round, int restart_count, const Streak& streak = {}, const StateOffer& state = {}) = 0;
   // Ends round `round` for every node, unless another node ended it first. `expect_next`: how
   // many nodes the next round waits for before closing without a last call (0: no hint).
   virtual void end_round(int round, const RoundEnd& why, int expect_next) = 0;
