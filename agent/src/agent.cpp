@@ -227,7 +227,9 @@ struct Agent::Impl {
         spdlog::warn("ddprun: the workers' persist requests are not served: {}", e.what());
         return;
       }
-      persist_poll.expires_after(std::chrono::milliseconds(200));
+      // (Once a second: a thousand agents of workers that never persist, sharing a machine, once
+      // spent a core looking five times a second.)
+      persist_poll.expires_after(std::chrono::seconds(1));
       persist_poll.async_wait([&](boost::system::error_code ec) {
         if (!ec) watch_persist();
       });

@@ -91,6 +91,46 @@ TEST_CASE("c10d rendezvous: 3 agents with 1, 2 and 3 workers", "[multinode]") {
   CHECK(group_ranks == std::set<std::string>{"0", "1", "2"});
 }
 
+// The voluntary context switches of every thread of process `pid` so far.
+long long wakeups(pid_t pid) {
+  long long sum = 0;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    std::ifstream status(t.path() / "status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) sum += std::stoll(line.substr(24));
+    }
+  }
+  return sum;
+}
+
+TEST_CASE("a job at rest, its workers saving no state: each agent wakes a few times a second, not 20", "[multinode]") {
+  // Its in-memory state's threads (the copies, their server, the persist requests) sleep while
+  // there is nothing to copy: a thousand agents sharing a machine once spent a core looking.
+  std::string conf = "--rdzv_conf=last_call_timeout=30,join_timeout=30";
+  Launch a(cmd({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "--rdzv_id=rest", conf,
+                "--nproc_per_node=1", kWorker, "sleep:60000"}));
+  std::string ep = "--rdzv_endpoint=127.0.0.1:" + host_port(a);
+  Launch b(cmd({"--nnodes=2", "--rdzv_backend=c10d", ep, "--rdzv_id=rest", conf, "--nproc_per_node=1", kWorker,
+                "sleep:60000"}));
+  const auto deadline = Clock::now() + 30s;
+  while (b.err().find("started ranks") == std::string::npos && Clock::now() < deadline) b.wait_for("\x01", 1, 50ms);
+  REQUIRE(b.err().find("started ranks") != std::string::npos);
+  std::this_thread::sleep_for(2s);  // the round's first moments over (a window of rest, not a wait for a state)
+  const long long before = wakeups(b.pid());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(5s);
+  const double per_s = static_cast<double>(wakeups(b.pid()) - before) /
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("the agent's threads woke " << per_s << " times a second");
+  CHECK(per_s > 0.5);  // counted: its loop's once-a-second look at the job
+  CHECK(per_s < 10);   // was 19 (the copies every 100 ms, the persist requests every 200 ms, the server every second)
+  a.signal(SIGTERM);
+  b.signal(SIGTERM);
+  a.finish(30s);
+  b.finish(30s);
+}
+
 TEST_CASE("a worker failing on node 1 restarts node 0's workers too, with one global restart count", "[multinode]") {
   // RANK 1 lives on node 0; make node 1's worker (rank 3) fail instead: fail_before_attempt
   // fails RANK 1 only, so run 2 workers on node 0 and 2 on node 1 and let rank 1 fail: then

@@ -303,10 +303,12 @@ void StateCopies::send(Round& r) {
   for (int i = 0; i < n; ++i) s.sent[static_cast<std::size_t>(i)] = get_u64(areas_.fd(i), sl::kLatestAt) >> 1;
   std::optional<std::chrono::steady_clock::time_point> failing, held;
   // Idle (no new state, no step pending), the areas are looked at again after 5 ms; until a
-  // state was copied this round, less and less often, up to every 100 ms: a node whose workers
-  // do not save costs next to nothing (a fleet of a thousand agents on one machine once spent
-  // its CPU polling here), and one whose workers save sends each save within 5 ms.
-  constexpr std::chrono::milliseconds kIdleFirst{5}, kIdleMost{100};
+  // state was copied this round, less and less often, up to every 100 ms, or every second while
+  // this node has seen no state in the job: a node whose workers do not save costs next to
+  // nothing (a fleet of a thousand agents on one machine once spent its CPU polling here), and
+  // one whose workers save sends each save within 5 ms (the job's first within a second).
+  constexpr std::chrono::milliseconds kIdleFirst{5};
+  const std::chrono::milliseconds kIdleMost{placement_.seen_state() ? 100 : 1000};
   auto idle = kIdleFirst;
   while (wanted(round)) {
     // How long the saves have been held back (a newest state not yet replicated).

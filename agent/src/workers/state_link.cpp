@@ -259,7 +259,9 @@ void StateLinkServer::run() {
   constexpr std::size_t kMaxConnections = 8;
   for (;;) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    if (::poll(fds, 2, 1000) < 0 && errno != EINTR) break;
+    // A second at a time while connections are served (those that ended are reaped), else until
+    // one comes: an idle server never wakes.
+    if (::poll(fds, 2, connections_.empty() ? -1 : 1000) < 0 && errno != EINTR) break;
     reap(false);
     if (fds[1].revents) break;
     if (!(fds[0].revents & POLLIN)) continue;

@@ -52,6 +52,7 @@ class StatePlacement {
   std::string here() const;  // this node's "host:port" of copies
   // This node sent state in this job (a copy to its buddy): a later round looks for its ranks'.
   void saw_state() { seen_state_ = true; }
+  bool seen_state() const { return seen_state_; }
 
  private:
   void publish(const rounds::RoundInfo& info, const RoundKeys& keys);
