@@ -121,9 +121,18 @@ void StateCopies::prepare(const rounds::RoundInfo& info, std::function<void()> r
 }
 
 void StateCopies::stop_sending() {
-  sending_ = -1;
-  cancel_ = true;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    sending_ = -1;
+    cancel_ = true;
+  }
   cut_in_flight();
+  wake_.notify_all();  // a pause between looks ends at once
+}
+
+void StateCopies::pause(int round, std::chrono::milliseconds d) {
+  std::unique_lock<std::mutex> lk(mu_);
+  wake_.wait_for(lk, d, [&] { return stop_.load() || sending_.load() != round || next_ != nullptr; });
 }
 
 void StateCopies::cut_in_flight() {
@@ -192,15 +201,17 @@ void StateCopies::settle(Round& r) {
   // The round's copy key: derived from the job's secret where it has one (it never crosses the
   // wire), else the first agent's random key in the workers' store (as private as that store).
   auto key = std::make_shared<CopyKey>(
-      [o, at = r.at("key"), secret = secret_, label = fmt::format("{}/{}", run_id_, info.round)] {
+      [o, at = r.at("key"), secret = secret_, label = fmt::format("{}/{}", run_id_, info.round)]() mutable {
         if (!secret.empty()) return derive_key(secret, label);
+        o.timeout = 3s;  // (asked for by a copy or a connection: a store lost is not waited for long; asked again)
         return rendezvous::TcpStore(o).compare_set(at, "", random_hex(64));
       });
   r.key = [key] { return (*key)(); };
   r.buddy = info.next_state_link;
   if (r.buddy.empty() && info.group_world > 1 && bytes_per_s_ > 0) {
-    spdlog::warn("ddprun: round {}: the next node offers no copies of the workers' state (its own failed to start): "
-                 "this node's ranks' states are not copied, and the saves wait for the copies only until they give up",
+    spdlog::warn("ddprun: round {}: the next node offers no copies of the workers' state (it runs without the "
+                 "state, or its copy server failed to start): this node's ranks' states are not copied, and the saves "
+                 "wait for the copies only until they give up",
                  info.round);
   }
   server_.set_key(r.key);
@@ -351,7 +362,7 @@ void StateCopies::send(Round& r) {
       if (busy) {
         idle = kIdleFirst;
       } else {
-        std::this_thread::sleep_for(idle);
+        pause(round, idle);
         if (!s.copied) idle = std::min<std::chrono::milliseconds>(2 * idle, kIdleMost);
       }
       failing.reset();
@@ -363,7 +374,7 @@ void StateCopies::send(Round& r) {
         spdlog::warn("ddprun: round {}: copying the workers' state to the buddy node failed ({}); trying again",
                      round, e.what());
       }
-      std::this_thread::sleep_for(200ms);
+      pause(round, 200ms);
     }
   }
 }

@@ -96,6 +96,7 @@ class StateCopies {
   // How long the saves wait for a replicated step before they stop waiting for the copies.
   std::chrono::steady_clock::duration give_up() const;
   bool wanted(int round) const;
+  void pause(int round, std::chrono::milliseconds d);  // up to `d`; ends once the round's copies are not wanted
   void cut_in_flight();  // shuts the connection of the copy in flight down, if any
   // The connection of a copy in flight, for cut_in_flight(), while it lives.
   struct InFlight {

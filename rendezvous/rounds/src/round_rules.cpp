@@ -230,9 +230,10 @@ std::variant<RoundRules::Joined, RoundRules::MemberGone> RoundRules::read_round(
   const Assignment a = parse_assignment(c.name(ak), mine);
   if (a.stopped) throw_stopped(c, round);
   if (!a.refused.empty()) throw RendezvousError(K::usage, a.refused);
-  if (a.group_rank >= closed || a.next >= closed) {
+  if (a.group_rank >= closed || a.next >= closed || a.holders > closed) {
     throw ProtocolError("rendezvous: " + c.name(ak) + " names group rank " + std::to_string(a.group_rank) +
-                        " or next member " + std::to_string(a.next) + ", beyond the round's " + std::to_string(closed));
+                        " or next member " + std::to_string(a.next) + " (or " + std::to_string(a.holders) +
+                        " members holding state), beyond the round's " + std::to_string(closed));
   }
   if (a.rc == kFinished) throw_finished();
   Joined j;
