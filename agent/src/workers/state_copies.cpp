@@ -103,7 +103,6 @@ rounds::StateOffer StateCopies::offer() {
 
 void StateCopies::prepare(const rounds::RoundInfo& info, std::function<void()> ready) {
   if (!thread_.joinable()) {
-    if (!server_.started()) server_.start();
     thread_ = start_thread("the thread of the workers' state copies", [this] { run(); });
   }
   auto r = std::make_unique<Round>();

@@ -61,7 +61,7 @@ class StateCopies {
   // A round of several nodes is ready: puts each area's state in place for its rank (fetching
   // from the others where it moved), then calls `ready` (on the thread of the copies: post it),
   // and copies the round's saves to the buddy until the next prepare() or stop_sending().
-  // Throws ddprun::Error where a thread or the server cannot start.
+  // Throws ddprun::Error where its thread cannot start (the server starts with offer(), called first).
   void prepare(const rounds::RoundInfo& info, std::function<void()> ready);
   // The round is over: no more copies for it (a send in flight ends).
   void stop_sending();

@@ -135,8 +135,7 @@ void StatePlacement::settle(const rounds::RoundInfo& info, const RoundKeys& keys
   settled_round_ = -1;  // until every area's state is in place
   // A node that ran the last round and has seen no state in the job (none saved, copied or kept
   // here) has nothing to look for: its restart does not wait for the others' word.
-  if (!server_.ranks().empty()) seen_state_ = true;
-  for (int i = 0; i < areas_.ranks() && !seen_state_; ++i) seen_state_ = holds_state(areas_.fd(i), slot_bytes);
+  seen_state_ = seen_state_ || holds();
   std::vector<int> need;  // local ranks whose state is elsewhere
   for (int i = 0; i < areas_.ranks(); ++i) {
     const int rank = info.rank_offset + i, had = area_rank_[static_cast<std::size_t>(i)];
