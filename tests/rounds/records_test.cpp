@@ -54,11 +54,10 @@ TEST_CASE("round records: each kind round-trips, anything malformed names the ke
   CHECK(nb.last_rank == 2);
   // The workers' state: absent from a node without it (its record as before), else round-tripped.
   CHECK(node_json(n).find("state") == std::string::npos);
-  CHECK((nb.state_link.empty() && !nb.holds_state));
-  n.state_link = "h:4242";
-  n.holds_state = true;
+  CHECK((nb.state.link.empty() && !nb.state.holds));
+  n.state = {"h:4242", true};
   nb = parse_node("k", node_json(n));
-  CHECK((nb.state_link == "h:4242" && nb.holds_state));
+  CHECK((nb.state.link == "h:4242" && nb.state.holds));
   CHECK_THROWS_WITH(parse_node("r1/node/0", R"({"holds_state": 1})"), Catch::Contains("'holds_state'"));
   CHECK_THROWS_WITH(parse_node("r1/node/0", R"({"state_link": 7})"), Catch::Contains("'state_link'"));
   CHECK_THROWS_AS(parse_node("k", "{\"nproc\": 0}"), ddprun::ProtocolError);

@@ -215,12 +215,13 @@ bool StatePlacement::fetch(const rounds::RoundInfo& info, const RoundKeys& keys,
   const int rank = info.rank_offset + local_rank;
   // The holder of the newest, then any other that said so (where the newest is lost meanwhile).
   std::vector<Holder> holders;
-  for (const char* which : {"at", "alt"}) {
-    if (info.state_holders == 0) break;  // nobody to ask
+  if (info.state_holders > 0) {  // (none: nobody to ask)
     auto& store = keys.store();
-    const std::string key = keys.at(fmt::format("{}/{}", which, rank));
-    auto h = store.check({key}) ? Holder::parse(store.get(key)) : std::nullopt;
-    if (h && (holders.empty() || holders[0].address != h->address)) holders.push_back(*h);
+    for (const char* which : {"at", "alt"}) {
+      const std::string key = keys.at(fmt::format("{}/{}", which, rank));
+      auto h = store.check({key}) ? Holder::parse(store.get(key)) : std::nullopt;
+      if (h && (holders.empty() || holders[0].address != h->address)) holders.push_back(*h);
+    }
   }
   if (holders.empty()) {
     spdlog::warn("ddprun: round {}: no node holds rank {}'s in-memory state (its node and the buddy that kept a copy "

@@ -42,8 +42,8 @@ std::string node_json(const NodeInfo& n) {
   json j{{"host", n.host},   {"addr", n.addr},           {"reach", n.reach},         {"nproc", n.nproc},
          {"node_rank", n.node_rank}, {"addrs", n.addrs}, {"last_round", n.last_round}, {"last_rank", n.last_rank}};
   // (Absent where there is no state: a job without it writes the records it did before.)
-  if (!n.state_link.empty()) j["state_link"] = n.state_link;
-  if (n.holds_state) j["holds_state"] = true;
+  if (!n.state.link.empty()) j["state_link"] = n.state.link;
+  if (n.state.holds) j["holds_state"] = true;
   return text(j);
 }
 
@@ -57,8 +57,8 @@ NodeInfo parse_node(const std::string& key, const std::string& value) {
   n.node_rank = field<int>(j, key, "node_rank", -1);
   n.last_round = field<int>(j, key, "last_round", -1);
   n.last_rank = field<int>(j, key, "last_rank", -1);
-  n.state_link = field<std::string>(j, key, "state_link", "");
-  n.holds_state = field<bool>(j, key, "holds_state", false);
+  n.state.link = field<std::string>(j, key, "state_link", "");
+  n.state.holds = field<bool>(j, key, "holds_state", false);
   if (n.nproc < 1 || n.nproc > 1 << 20) malformed(key, "field 'nproc' is out of range");
   if (n.last_round < -1 || n.last_rank < -1) malformed(key, "field 'last_round' or 'last_rank' is below -1");
   // Addresses are advisory (the workers' store allows them): entries that are not strings are skipped.

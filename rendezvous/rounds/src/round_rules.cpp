@@ -78,8 +78,7 @@ void RoundRules::connect() {
 
 RoundRules::Joined RoundRules::join(int round, int rc, const Streak& streak, const StateOffer& state) {
   auto& c = *conn_;
-  self_.info.state_link = state.link;
-  self_.info.holds_state = state.holds;
+  self_.info.state = state;
   for (;;) {
     // Each round is given join_timeout from when this node arrives in it (a standby node may have
     // waited long for it).
@@ -253,7 +252,7 @@ std::variant<RoundRules::Joined, RoundRules::MemberGone> RoundRules::read_round(
   j.members.next_host = a.next_host;
   info.next_state_link = a.next_link;
   info.state_holders = a.holders;
-  info.holds_state = self_.info.holds_state;
+  info.holds_state = self_.info.state.holds;
   if (auto gone = publish_store(j)) return *gone;
   // The round runs: this node's place in it is the one the next round keeps for it.
   self_.info.last_round = round;

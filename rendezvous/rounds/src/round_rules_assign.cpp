@@ -134,7 +134,7 @@ RoundRules::Placed RoundRules::assign(int round, int idx, int closed, bool stand
     values.push_back(lineup_json(lineup));
   }
   int world = 0, offset = 0, holders = 0;
-  for (const auto& n : p.nodes) world += n.nproc, holders += n.holds_state ? 1 : 0;
+  for (const auto& n : p.nodes) world += n.nproc, holders += n.state.holds ? 1 : 0;
   for (int g = 0; g < closed; ++g) {
     Assignment a;
     a.refused = refused;
@@ -147,7 +147,7 @@ RoundRules::Placed RoundRules::assign(int round, int idx, int closed, bool stand
       const int next = (g + 1) % closed;
       a.next = lineup.arrivals[next];
       a.next_host = p.nodes[next].host;
-      a.next_link = p.nodes[next].state_link;
+      a.next_link = p.nodes[next].state.link;
       a.holders = holders;
       offset += p.nodes[g].nproc;
     }

@@ -19,6 +19,14 @@
 
 namespace ddprun::rounds {
 
+// What a node offers the round of the workers' in-memory state as it arrives (docs/usage.md,
+// "State across nodes"): where its state link serves copies ("host:port"; empty: none), and
+// whether it holds any state. In its record as "state_link" and "holds_state".
+struct StateOffer {
+  std::string link;
+  bool holds = false;
+};
+
 // A node of a round, as it described itself on arrival.
 struct NodeInfo {
   std::string host;                // its name in messages: --local_addr, else its host name
@@ -31,17 +39,7 @@ struct NodeInfo {
   // keeps it in that place (docs/rounds-protocol.md, "Running a round"). -1: none.
   int last_round = -1;
   int last_rank = -1;
-  // The workers' in-memory state (docs/usage.md, "State across nodes"): where this node's state
-  // link serves copies ("host:port"; empty: none), and whether it holds any state as it arrives.
-  std::string state_link;
-  bool holds_state = false;
-};
-
-// What a node offers the round of the workers' in-memory state as it arrives (NodeInfo's
-// state_link and holds_state).
-struct StateOffer {
-  std::string link;
-  bool holds = false;
+  StateOffer state;
 };
 
 // A worker that failed: the root cause of a round's end, as every node reports it.
