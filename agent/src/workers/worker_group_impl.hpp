@@ -67,6 +67,7 @@ struct WorkerGroup::Impl {
   asio::steady_timer kill_timer{io}, heartbeat_timer{io}, drain_timer{io}, dump_timer{io}, gpu_timer{io}, first_beat_timer{io},
       inspect_timer{io};
   std::function<void()> first_beats;
+  SteadyClock::time_point first_beats_since;  // watch_first_beats' call
   int warm = 0;  // workers of this group handed to warm spares
   std::unique_ptr<SparePool> spares;  // null: no spares
   asio::steady_timer spare_timer{io};
