@@ -8,10 +8,15 @@ in one process, against a real ddprun-store) is bench/fleet_bench.cpp.
            agent's CPU over that time (it serves the rendezvous store: the serial part a real
            cluster cannot spread), from /proc/PID/stat at the start to its rusage at exit; all
            agents' CPU per agent. Then a least-squares fit of the host's CPU against K and the
-           ratio CPU(4K)/CPU(K).
-  crash    K agents (--max_restarts=1), each worker prints its pid and time.time() and sleeps;
-           kill -9 of one worker (not its agent) -> the last of the K new workers has started
-           (the latest timestamp the new workers print).
+           ratio CPU(4K)/CPU(K). The floor: the same K agents started at once, each a one-node
+           job of its own (standalone, --master_port=0): on one machine their own lives share
+           its cores, and the ratio is what the meeting adds.
+  crash    K agents (--max_restarts=1), each worker prints its pid and the time (`date`) and
+           sleeps; kill -9 of one worker (not its agent) -> the K new workers: the last one
+           started (its process made: /proc/PID/stat's start time, 10 ms ticks), and the last
+           one's time printed. On one machine the K workers' own starts (a shell, then `date`)
+           share its cores too: the floor is the same K workers started at once by one process,
+           without ddprun, to the last one's time printed.
   torchrun torchrun's c10d rendezvous (--torchrun_py: ../shared/tools/torchrun_fixed.py, run with
            this script's python) at --torchrun K, one run each.
 
@@ -90,6 +95,19 @@ def agents_round(ddprun, k, extra=()):
     return wall, cpus[0] - cpu0, sum(cpus) / k
 
 
+def agents_alone(ddprun, k, extra=()):
+    """The floor of agents_round: the same K agents started at once, each a one-node job of its
+    own (standalone, its workers' store on a free port): their own costs, without the meeting."""
+    common = ["--master_port=0", "--nproc_per_node=1", "--log_level", "info", "--no_python", *extra, "/bin/true"]
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([ddprun] + common, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for _ in range(k)]
+    codes, _ = reap(procs, 600)
+    if any(codes):
+        raise SystemExit(f"ddprun: {k} agents alone: exit codes {sorted(set(codes))}")
+    return time.monotonic() - t0
+
+
 def crash_restart(ddprun, k, extra=()):
     worker = 'echo "start $$ $(date +%s.%N)"; exec sleep 1000'
     common = [f"--nnodes={k}", "--rdzv_backend=c10d", "--rdzv_id=crash", "--nproc_per_node=1", "--max_restarts=1",
@@ -114,12 +132,35 @@ def crash_restart(ddprun, k, extra=()):
     victim = first[k // 2][0]
     t_kill = time.time()
     os.kill(victim, signal.SIGKILL)
-    again = [start(a)[1] for a in agents]
-    took = max(again) - t_kill
+    again = [start(a) for a in agents]
+    made = max(started_at(pid) for pid, _ in again) - t_kill
+    printed = max(t for _, t in again) - t_kill
     for a in agents:
         a.send_signal(signal.SIGTERM)
     reap(agents, 120)
-    return took
+    return made, printed
+
+
+BOOT = int(next(line for line in open("/proc/stat") if line.startswith("btime")).split()[1])
+
+
+def started_at(pid):
+    """A process's start, wall clock, to a clock tick (from /proc/PID/stat's starttime)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return BOOT + int(f.read().rsplit(")", 1)[1].split()[19]) / TICK
+
+
+def workers_floor(k):
+    """The crash case's K workers started at once by one process, without ddprun: start -> the
+    last one's time printed."""
+    worker = 'echo "start $$ $(date +%s.%N)"; exec sleep 1000'
+    t0 = time.time()
+    procs = [subprocess.Popen(["/bin/sh", "-c", worker], stdout=subprocess.PIPE, text=True) for _ in range(k)]
+    last = max(float(re.search(r"start \d+ (\d+\.\d+)", p.stdout.readline()).group(1)) for p in procs)
+    for p in procs:
+        p.kill()
+        p.wait()
+    return last - t0
 
 
 def fit(points):
@@ -154,14 +195,19 @@ def main():
           f"{resource.getrlimit(resource.RLIMIT_NPROC)[0]}; load {os.getloadavg()[0]:.2f}")
     print("\nK agents on loopback (c10d, one /bin/true worker each): start -> every agent exited 0; "
           f"median of {a.repeat} (min-max)\n")
-    print("| K | wall s | host agent's CPU s | all agents' CPU per agent ms |")
-    print("|---|---|---|---|")
+    print("The floor: the same K agents at once, each a one-node job of its own (no meeting).\n")
+    print("| K | wall s | host agent's CPU s | all agents' CPU per agent ms | floor: each alone, wall s | ratio |")
+    print("|---|---|---|---|---|---|")
     host_cpu = {}
     for k in [int(x) for x in a.agents.split(",")]:
-        runs = [agents_round(a.ddprun, k, a.agent_args.split()) for _ in range(a.repeat)]
+        runs, floor = [], []
+        for _ in range(a.repeat):
+            runs.append(agents_round(a.ddprun, k, a.agent_args.split()))
+            floor.append(agents_alone(a.ddprun, k, a.agent_args.split()))
         host_cpu[k] = statistics.median(r[1] for r in runs)
+        wall = statistics.median(r[0] for r in runs)
         print(f"| {k} | {med([r[0] for r in runs])} | {med([r[1] for r in runs])} | "
-              f"{med([1e3 * r[2] for r in runs])} |", flush=True)
+              f"{med([1e3 * r[2] for r in runs])} | {med(floor)} | {wall / statistics.median(floor):.2f} |", flush=True)
     if len(host_cpu) >= 2:
         slope, c = fit(sorted(host_cpu.items()))
         print(f"\nhost agent's CPU per round (least squares over medians): {slope * 1e3:.3f} ms x K + {c * 1e3:.0f} ms")
@@ -169,9 +215,15 @@ def main():
         for lo, hi in zip(ks, ks[1:]):
             print(f"CPU(K={hi}) / CPU(K={lo}) = {host_cpu[hi] / host_cpu[lo]:.2f} (nodes x {hi / lo:.0f})")
     if a.crash:
-        runs = [crash_restart(a.ddprun, a.crash, a.agent_args.split()) for _ in range(a.repeat)]
-        print(f"\nkill -9 of one worker of {a.crash} nodes (--max_restarts=1) -> every node's new worker started: "
-              f"{med(runs)} s", flush=True)
+        runs, floor = [], []
+        for _ in range(a.repeat):
+            runs.append(crash_restart(a.ddprun, a.crash, a.agent_args.split()))
+            floor.append(workers_floor(a.crash))
+        printed = statistics.median(r[1] for r in runs)
+        print(f"\nkill -9 of one worker of {a.crash} nodes (--max_restarts=1) -> every node's new worker: "
+              f"started {med([r[0] for r in runs])} s, its time printed {med([r[1] for r in runs])} s; "
+              f"the floor (the {a.crash} workers started at once, no ddprun) {med(floor)} s; "
+              f"ratio {printed / statistics.median(floor):.2f}", flush=True)
     for k in [int(x) for x in a.torchrun.split(",") if x]:
         if not os.path.exists(a.torchrun_py):
             print(f"torchrun: {a.torchrun_py} not found")
