@@ -13,8 +13,8 @@ in one process, against a real ddprun-store) is bench/fleet_bench.cpp.
            its cores, and the ratio is what the meeting adds.
   crash    K agents (--max_restarts=1), each worker prints its pid and the time (`date`) and
            sleeps; kill -9 of one worker (not its agent) -> the K new workers: the last one
-           started (its process made: /proc/PID/stat's start time, 10 ms ticks), and the last
-           one's time printed. On one machine the K workers' own starts (a shell, then `date`)
+           started (its process made: /proc/PID/stat's start time, in 10 ms ticks of
+           CLOCK_BOOTTIME), and the last one's time printed. On one machine the K workers' own starts (a shell, then `date`)
            share its cores too: the floor is the same K workers started at once by one process,
            without ddprun, to the last one's time printed.
   torchrun torchrun's c10d rendezvous (--torchrun_py: ../shared/tools/torchrun_fixed.py, run with
@@ -130,10 +130,10 @@ def crash_restart(ddprun, k, extra=()):
     first = [start(a) for a in agents]  # every worker of round 0 runs
     time.sleep(0.5)
     victim = first[k // 2][0]
-    t_kill = time.time()
+    t_kill, t_kill_boot = time.time(), time.clock_gettime(time.CLOCK_BOOTTIME)
     os.kill(victim, signal.SIGKILL)
     again = [start(a) for a in agents]
-    made = max(started_at(pid) for pid, _ in again) - t_kill
+    made = max(started_at(pid) for pid, _ in again) - t_kill_boot
     printed = max(t for _, t in again) - t_kill
     for a in agents:
         a.send_signal(signal.SIGTERM)
@@ -141,13 +141,10 @@ def crash_restart(ddprun, k, extra=()):
     return made, printed
 
 
-BOOT = int(next(line for line in open("/proc/stat") if line.startswith("btime")).split()[1])
-
-
 def started_at(pid):
-    """A process's start, wall clock, to a clock tick (from /proc/PID/stat's starttime)."""
+    """A process's start on CLOCK_BOOTTIME, to a clock tick (/proc/PID/stat's starttime)."""
     with open(f"/proc/{pid}/stat") as f:
-        return BOOT + int(f.read().rsplit(")", 1)[1].split()[19]) / TICK
+        return int(f.read().rsplit(")", 1)[1].split()[19]) / TICK
 
 
 def workers_floor(k):
@@ -199,7 +196,7 @@ def main():
     print("| K | wall s | host agent's CPU s | all agents' CPU per agent ms | floor: each alone, wall s | ratio |")
     print("|---|---|---|---|---|---|")
     host_cpu = {}
-    for k in [int(x) for x in a.agents.split(",")]:
+    for k in [int(x) for x in a.agents.split(",") if x]:
         runs, floor = [], []
         for _ in range(a.repeat):
             runs.append(agents_round(a.ddprun, k, a.agent_args.split()))

@@ -352,3 +352,16 @@ TEST_CASE("heartbeats: HEARTBEAT.pid is believed only for a process below the wo
   REQUIRE(::mkfifo((hb + ".pid").c_str(), 0600) == 0);
   CHECK(training_process(hb, 100, proc) == -1);  // a FIFO with no writer: not read, not waited on
 }
+
+TEST_CASE("heartbeats: a new group's first beats are looked for every 5% of the wait, from 5 ms to a second",
+          "[heartbeat]") {
+  // A recovery's "ready" is seen at most 5% late; a worker that takes minutes to step (or never
+  // does) is looked at once a second, not 200 times (every 5 ms, 256 agents restarting on two
+  // cores spent 63 ms of CPU each instead of 11-19).
+  CHECK(first_beat_look(0ms) == 5ms);
+  CHECK(first_beat_look(100ms) == 5ms);
+  CHECK(first_beat_look(1s) == 50ms);
+  CHECK(first_beat_look(10s) == 500ms);
+  CHECK(first_beat_look(20s) == 1s);
+  CHECK(first_beat_look(std::chrono::hours(2)) == 1s);
+}

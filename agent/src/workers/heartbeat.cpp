@@ -84,6 +84,11 @@ Heartbeat::Clock::duration Heartbeat::silent(Clock::time_point now) const {
   return now - (steps_ > 0 ? last_ : start_);
 }
 
+std::chrono::milliseconds first_beat_look(std::chrono::steady_clock::duration waited) {
+  using std::chrono::milliseconds;
+  return std::clamp(std::chrono::duration_cast<milliseconds>(waited / 20), milliseconds(5), milliseconds(1000));
+}
+
 std::chrono::milliseconds Heartbeat::bound(const HangRule& rule) const {
   if (steps_ == 0) return rule.start;
   if (!rule.adaptive) return rule.fixed;

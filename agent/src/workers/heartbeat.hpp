@@ -41,6 +41,12 @@ struct HangRule {
 constexpr int kAutoFactor = 5;
 constexpr std::size_t kAutoSteps = 32;
 
+// How long to wait before the next look for a new group's first beats (a recovery's "ready"),
+// `waited` after the group started: 5% of it, from 5 ms to 1 s, so that a first step of 0.1 s
+// is seen within 5 ms of it and one of minutes (or a worker that never steps) costs a look a
+// second, not 200.
+std::chrono::milliseconds first_beat_look(std::chrono::steady_clock::duration waited);
+
 class Heartbeat {
  public:
   using Clock = std::chrono::steady_clock;

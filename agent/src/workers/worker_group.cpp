@@ -76,6 +76,7 @@ void WorkerGroup::Impl::start(std::vector<WorkerSpec> specs) {
   gpu_timer.cancel();
   first_beat_timer.cancel();
   first_beats = nullptr;
+  first_beats_since = {};
   spare_timer.cancel();
   ++generation;
   slots.clear();

@@ -173,8 +173,8 @@ class WorkerGroup {
   // Checks the heartbeat files (the group's timer calls this; tests call it with their own clock).
   void check_heartbeats(std::chrono::steady_clock::time_point now);
   // Calls `ready` once every worker of the current group has touched its heartbeat file once
-  // (looked at least every 5% of the wait since this call, from every 5 ms to every second,
-  // whatever --worker_timeout; never for a group that stops first).
+  // (looked at every 5% of the time since this call, clamped to 5 ms - 1 s: first_beat_look in
+  // heartbeat.hpp; whatever --worker_timeout; never for a group that stops first).
   void watch_first_beats(std::function<void()> ready);
 
   // How many workers of the current group were handed to warm spares (not started cold).

@@ -2,8 +2,6 @@
 // of a group's workers, handed to their spares or started cold.
 #include <unistd.h>
 
-#include <algorithm>
-
 #include "ddprun/common/error.hpp"
 #include "workers/worker_group_impl.hpp"
 
@@ -77,9 +75,7 @@ void WorkerGroup::Impl::poll_first_beats() {
     all = all && (s->hb.beaten() || s->w.spec.heartbeat_file.empty() || !s->w.running());
   }
   if (all) return std::exchange(first_beats, nullptr)();
-  // Each look at most 5% of the wait late (5 ms to 1 s): a first step of 0.1 s is timed to 5 ms,
-  // and one of minutes, or a worker that never steps, costs a look a second, not 200.
-  first_beat_timer.expires_after(std::clamp<SteadyClock::duration>((now - first_beats_since) / 20, 5ms, 1s));
+  first_beat_timer.expires_after(first_beat_look(now - first_beats_since));
   first_beat_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
     if (!ec && gen == generation) poll_first_beats();
   });

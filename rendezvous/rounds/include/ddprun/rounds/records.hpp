@@ -39,7 +39,7 @@ struct NodeInfo {
   // keeps it in that place (docs/rounds-protocol.md, "Running a round"). -1: none.
   int last_round = -1;
   int last_rank = -1;
-  StateOffer state;
+  StateOffer state;  // the workers' in-memory state it offers the round (above)
 };
 
 // A worker that failed: the root cause of a round's end, as every node reports it.
