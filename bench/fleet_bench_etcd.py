@@ -6,8 +6,9 @@ at the default settings unless --rdzv_conf is given (e.g. lease_ttl=1).
 
 For each run: did all K agents exit 0 within --limit (met, ran, ended); the wall time; the etcd
 members' CPU over the run (the 3 processes' utime+stime, summed); all agents' CPU per agent; how
-many agents logged a lease that expired ("etcd lease expired") or a member that lost its lease
-("lost its etcd lease"), and the first error line of a run that failed. Then, per K, how many runs
+many agents logged a lease that expired or was revoked ("etcd lease expired", "etcd lease is
+gone") or a member that lost its lease ("lost its etcd lease"), and the first error line of a
+run that failed. Then, per K, how many runs
 met, and the medians.
 
   bench/fleet_bench_etcd.py [--ddprun build/launcher/ddprun] [--agents 64,256] [--runs 10]
@@ -64,7 +65,7 @@ def one_run(ddprun, endpoints, etcd_pids, k, run_id, conf, limit, logs):
     for i in range(k):
         with open(os.path.join(logs, f"{run_id}.{i}.err"), errors="replace") as f:
             text = f.read()
-        expired += "etcd lease expired" in text
+        expired += "etcd lease expired" in text or "etcd lease is gone" in text
         lost += "lost its etcd lease" in text
         if not first_error and codes[i] != 0:
             errs = [line for line in text.splitlines() if "error" in line.lower() or "fail" in line.lower()]

@@ -221,11 +221,13 @@ static std::string expired_text(const EtcdBackend::Lease& lease) {
   const auto renewed = Clock::time_point(std::chrono::nanoseconds(lease.renewed_ns.load()));
   const auto unheard = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - renewed);
   const auto ttl = std::chrono::duration_cast<std::chrono::milliseconds>(lease.ttl);
-  if (unheard < ttl) {  // renewed in time, and gone all the same: etcd dropped it
-    return "this node's etcd lease is gone although its last renewal that got through was sent " +
-           duration_text(unheard) + " ago, within lease_ttl (" + duration_text(ttl) +
-           "): etcd revoked it (a leader that lost its quorum, or was paused past the lease, revokes leases as it "
-           "resumes). The other nodes count this node as lost; it joins again on a new lease";
+  if (unheard < ttl) {  // held in time, and gone all the same: etcd revoked it
+    return "this node's etcd lease is gone although it was held " + duration_text(unheard) +
+           " ago (its last renewal that got through, or a leaderless majority's hold), within lease_ttl (" +
+           duration_text(ttl) +
+           "): etcd revoked it (a leader paused past the lease revokes leases as it resumes, in etcd without the fix of "
+           "etcd-io/etcd#12528: upgrade etcd; docs/multi-node.md, etcd failover). The other nodes count this node as "
+           "lost; it joins again on a new lease";
   }
   return "this node's etcd lease expired: its last renewal that got through was sent " + duration_text(unheard) +
          " ago, past lease_ttl (" + duration_text(ttl) + "; renewed every " + duration_text(etcd_renewal_interval(ttl)) +
