@@ -14,9 +14,9 @@ in one process, against a real ddprun-store) is bench/fleet_bench.cpp.
   crash    K agents (--max_restarts=1), each worker prints its pid and the time (`date`) and
            sleeps; kill -9 of one worker (not its agent) -> the K new workers: the last one
            started (its process made: /proc/PID/stat's start time, in 10 ms ticks of
-           CLOCK_BOOTTIME), and the last one's time printed. On one machine the K workers' own starts (a shell, then `date`)
-           share its cores too: the floor is the same K workers started at once by one process,
-           without ddprun, to the last one's time printed.
+           CLOCK_BOOTTIME), and the last one's time printed. On one machine the K workers' own
+           starts (a shell, then `date`) share its cores too: the floor is the same K workers
+           started at once by one process, without ddprun, to the last one's time printed.
   torchrun torchrun's c10d rendezvous (--torchrun_py: ../shared/tools/torchrun_fixed.py, run with
            this script's python) at --torchrun K, one run each.
 
@@ -108,10 +108,23 @@ def agents_alone(ddprun, k, extra=()):
     return time.monotonic() - t0
 
 
+# The crash case's worker: its pid and the time, then a sleep.
+CRASH_WORKER = 'echo "start $$ $(date +%s.%N)"; exec sleep 1000'
+
+
+def worker_start(stream):
+    """(pid, time) from a crash worker's first line on `stream`."""
+    line = stream.readline()
+    m = re.search(r"start (\d+) (\d+\.\d+)", line)
+    if not m:
+        raise SystemExit(f"crash: a worker printed {line!r}")
+    return int(m.group(1)), float(m.group(2))
+
+
 def crash_restart(ddprun, k, extra=()):
-    worker = 'echo "start $$ $(date +%s.%N)"; exec sleep 1000'
     common = [f"--nnodes={k}", "--rdzv_backend=c10d", "--rdzv_id=crash", "--nproc_per_node=1", "--max_restarts=1",
-              "--rdzv_conf=join_timeout=300", "--log_level", "info", "--no_python", *extra, "/bin/sh", "-c", worker]
+              "--rdzv_conf=join_timeout=300", "--log_level", "info", "--no_python", *extra,
+              "/bin/sh", "-c", CRASH_WORKER]
     host = subprocess.Popen([ddprun, "--rdzv_endpoint=127.0.0.1:0"] + common, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     port = multinode_bench.wait_for_port(host)
@@ -120,19 +133,12 @@ def crash_restart(ddprun, k, extra=()):
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
                        for _ in range(k - 1)]
 
-    def start(a):
-        line = a.stdout.readline()
-        m = re.search(r"start (\d+) (\d+\.\d+)", line)
-        if not m:
-            raise SystemExit(f"crash: a worker printed {line!r}")
-        return int(m.group(1)), float(m.group(2))
-
-    first = [start(a) for a in agents]  # every worker of round 0 runs
+    first = [worker_start(a.stdout) for a in agents]  # every worker of round 0 runs
     time.sleep(0.5)
     victim = first[k // 2][0]
     t_kill, t_kill_boot = time.time(), time.clock_gettime(time.CLOCK_BOOTTIME)
     os.kill(victim, signal.SIGKILL)
-    again = [start(a) for a in agents]
+    again = [worker_start(a.stdout) for a in agents]
     made = max(started_at(pid) for pid, _ in again) - t_kill_boot
     printed = max(t for _, t in again) - t_kill
     for a in agents:
@@ -150,10 +156,9 @@ def started_at(pid):
 def workers_floor(k):
     """The crash case's K workers started at once by one process, without ddprun: start -> the
     last one's time printed."""
-    worker = 'echo "start $$ $(date +%s.%N)"; exec sleep 1000'
     t0 = time.time()
-    procs = [subprocess.Popen(["/bin/sh", "-c", worker], stdout=subprocess.PIPE, text=True) for _ in range(k)]
-    last = max(float(re.search(r"start \d+ (\d+\.\d+)", p.stdout.readline()).group(1)) for p in procs)
+    procs = [subprocess.Popen(["/bin/sh", "-c", CRASH_WORKER], stdout=subprocess.PIPE, text=True) for _ in range(k)]
+    last = max(worker_start(p.stdout)[1] for p in procs)
     for p in procs:
         p.kill()
         p.wait()
