@@ -1,8 +1,9 @@
 """A PyTorch gloo DDP worker for the multi-host tests: a fixed linear regression, each rank on
 its shard of one fixed dataset (equal shards, so the averaged gradient is the full batch's and
 the result does not depend on the world size). Prints a line per step (wall time, host, world)
-and the parameters' checksum at the end. With --reference it computes the same training in one
-process, without torch.distributed, and prints the checksum only.
+and the parameters' checksum at the end; rank 0 then computes the same training alone, without
+torch.distributed, in the interpreter it has (no second PyTorch import), and prints its checksum
+as the reference.
 
 Environment: DDP_STEPS (40), DDP_PAUSE seconds between steps (0.05)."""
 import os
@@ -36,15 +37,6 @@ def train(model, step_fn, steps):
         yield step
 
 
-def reference():
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 1)
-    x, y = data()
-    for _ in train(model, lambda: ((model(x) - y) ** 2).mean(), STEPS):
-        pass
-    print("checksum %.6f %.6f" % checksum(model))
-
-
 def distributed():
     import torch.distributed as dist
     dist.init_process_group("gloo")
@@ -60,7 +52,18 @@ def distributed():
         time.sleep(PAUSE)
     print("checksum %.6f %.6f world=%d host=%s" % (*checksum(model), world, host), flush=True)
     dist.destroy_process_group()
+    if rank == 0:  # one process's training of the same steps, in this interpreter (torch is imported)
+        reference()
+
+
+def reference():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    x, y = data()
+    for _ in train(model, lambda: ((model(x) - y) ** 2).mean(), STEPS):
+        pass
+    print("reference %.6f %.6f" % checksum(model), flush=True)
 
 
 if __name__ == "__main__":
-    reference() if "--reference" in sys.argv else distributed()
+    distributed()

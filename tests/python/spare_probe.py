@@ -12,20 +12,21 @@ import signal
 import sys
 import time
 
-import torch  # (as a training script does; a spare has imported it already)
-
-try:
-    import probe_threads  # noqa: F401  (a module that starts a thread at import: --preload's, warm)
-except ImportError:
-    pass
-
 MARK = "version 1"
-attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-if attempt == 0:
+# Attempt 0 only makes the restart whose workers are compared: it imports nothing more (a
+# cold worker's PyTorch import is most of this test's CPU).
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
     go = os.environ["PROBE_GO"]
     while not os.path.exists(go):
         time.sleep(0.01)
     sys.exit(1)
+
+import torch  # noqa: E402  (as a training script does; a spare has imported it already)
+
+try:
+    import probe_threads  # noqa: F401,E402  (a module that starts a thread at import: --preload's, warm)
+except ImportError:
+    pass
 
 # What a spare preloads on purpose, beyond torch: PyTorch 2.x's torch._dynamo (warm only).
 preloaded = "torch._dynamo" in sys.modules
