@@ -7,4 +7,4 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 build=${DDPRUN_BUILD_DIR:-$root/build}
 cd "$build"
-ctest --output-on-failure -j"${DDPRUN_TEST_JOBS:-3}" --timeout 600 "$@"
+ctest --output-on-failure -j"${DDPRUN_TEST_JOBS:-4}" --timeout 600 "$@"
