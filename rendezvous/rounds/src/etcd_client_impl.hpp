@@ -18,7 +18,6 @@ namespace ddprun::rounds {
 namespace etcd_detail {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 std::string b64(const std::string& s);
 std::string unb64(const std::string& s);
@@ -39,7 +38,7 @@ Refused refused_of(const json& j, int http_status);
 }  // namespace etcd_detail
 
 struct EtcdClient::Impl {
-  using Clock = etcd_detail::Clock;
+  using Clock = std::chrono::steady_clock;
   using Request = EtcdStream::Request;
 
   EtcdOptions opt;

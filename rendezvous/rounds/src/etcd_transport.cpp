@@ -40,7 +40,6 @@ namespace ssl = asio::ssl;
 namespace beast = boost::beast;
 using tcp = asio::ip::tcp;
 using error_code = boost::system::error_code;
-using Clock = std::chrono::steady_clock;
 
 [[noreturn]] void usage_error(const std::string& key, const std::string& path, const std::string& why) {
   throw UsageError("--rdzv_conf " + key + "=" + path + ": " + why);
@@ -78,7 +77,7 @@ std::string name_of(const X509_NAME* n) {
 
 // Runs `io` until the pending operations finish or `deadline`; then they are cancelled and
 // false is returned.
-bool run_until(asio::io_context& io, Clock::time_point deadline, beast::tcp_stream& lowest) {
+bool run_until(asio::io_context& io, std::chrono::steady_clock::time_point deadline, beast::tcp_stream& lowest) {
   io.restart();
   io.run_until(deadline);
   if (io.stopped()) return true;
@@ -89,7 +88,7 @@ bool run_until(asio::io_context& io, Clock::time_point deadline, beast::tcp_stre
 }
 
 void connect_tcp(asio::io_context& io, beast::tcp_stream& s, const tcp::resolver::results_type& addrs,
-                 const EtcdEndpoint& e, Clock::time_point deadline) {
+                 const EtcdEndpoint& e, std::chrono::steady_clock::time_point deadline) {
   error_code ec;
   s.async_connect(addrs, [&](error_code c, const tcp::endpoint&) { ec = c; });
   if (!run_until(io, deadline, s)) throw TimeoutError("connecting to " + etcd_detail::where(e) + " timed out");

@@ -160,7 +160,7 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
   if (im.interrupted) return {};
   json create = {{"key", b64(key)}, {"start_revision", std::to_string(from)}};
   if (prefix) create["range_end"] = b64(prefix_end(key));
-  const auto deadline = Clock::now() + limit;
+  const auto deadline = Impl::Clock::now() + limit;
   const std::size_t first = im.current;
   auto share = im.first_share();
   for (;;) {
@@ -168,7 +168,7 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
     const auto& e = im.opt.endpoints[im.current];
     std::string why;
     try {
-      auto answer_by = std::min(deadline, Clock::now() + share);
+      auto answer_by = std::min(deadline, Impl::Clock::now() + share);
       im.authenticate(e, im.auth_deadline());
       auto s = im.connect(e, answer_by);
       auto req = im.request(e, "/v3/watch", {{"create_request", create}});
@@ -184,11 +184,11 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
     }
     spdlog::debug("ddprun: etcd watch on {}: {}; trying the next member", where(e), why);
     im.next_member();
-    auto now = Clock::now();
+    auto now = Impl::Clock::now();
     if (now >= deadline || im.interrupted) return {};
     if (im.current == first) {
       share = std::min(share * 2, im.most());
-      std::this_thread::sleep_for(std::min<Clock::duration>(50ms, deadline - now));
+      std::this_thread::sleep_for(std::min<Impl::Clock::duration>(50ms, deadline - now));
     }
   }
 }
