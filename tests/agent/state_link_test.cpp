@@ -22,14 +22,14 @@ namespace sl = ddprun::state_layout;
 
 namespace {
 
-const std::size_t kPage = sl::page();
+const std::size_t kPageBytes = sl::page();
 
 // A rank's area whose slot 0 holds generation `gen` at `step`: 64 bytes of skeleton and 1000 of
 // data, each byte `fill`, in two chunks with their CRC-32s (`crc_ok`: else the second is wrong).
 // Returns the image's size (header page and payload).
 std::uint64_t save(int fd, std::uint64_t gen, std::int64_t step, unsigned char fill, bool crc_ok = true) {
   std::vector<unsigned char> payload(64 + 1000, fill);
-  std::vector<unsigned char> s(kPage, 0);
+  std::vector<unsigned char> s(kPageBytes, 0);
   sl::write_at(s.data(), gen);
   sl::write_at(s.data() + 8, gen);
   sl::write_at(s.data() + 16, step);
@@ -39,10 +39,10 @@ std::uint64_t save(int fd, std::uint64_t gen, std::int64_t step, unsigned char f
   sl::write_at(s.data() + 48, std::uint32_t{2});
   sl::write_at(s.data() + 52, static_cast<std::uint32_t>(::crc32(0, payload.data(), 600)));
   sl::write_at(s.data() + 56, static_cast<std::uint32_t>(::crc32(crc_ok ? 0 : 1, payload.data() + 600, 464)));
-  REQUIRE(::pwrite(fd, s.data(), s.size(), static_cast<off_t>(kPage)) == static_cast<ssize_t>(s.size()));
-  REQUIRE(::pwrite(fd, payload.data(), payload.size(), static_cast<off_t>(2 * kPage)) ==
+  REQUIRE(::pwrite(fd, s.data(), s.size(), static_cast<off_t>(kPageBytes)) == static_cast<ssize_t>(s.size()));
+  REQUIRE(::pwrite(fd, payload.data(), payload.size(), static_cast<off_t>(2 * kPageBytes)) ==
           static_cast<ssize_t>(payload.size()));
-  return kPage + payload.size();
+  return kPageBytes + payload.size();
 }
 
 std::atomic<bool> no_stop{false};
@@ -59,7 +59,7 @@ int connect_to(std::uint16_t port) {
 
 bool put(StateLinkServer& server, const std::string& key, int rank, int fd, std::uint64_t bytes, bool intact = true) {
   StateLinkClient c("127.0.0.1", server.port(), key);
-  return c.put(rank, fd, kPage, bytes, 0, no_stop, [&] { return intact; });
+  return c.put(rank, fd, kPageBytes, bytes, 0, no_stop, [&] { return intact; });
 }
 
 }  // namespace
@@ -79,12 +79,12 @@ TEST_CASE("state link: a put is kept whole and got back, the two newest of a ran
   CHECK(images[0].gen == 2);
   CHECK(images[0].step == 20);
   CHECK(images[1].gen == 3);
-  CHECK(images[1].bytes == kPage + 1064);
-  CHECK(images[1].data[kPage] == 3);
-  CHECK(images[1].data[kPage + 1063] == 3);
+  CHECK(images[1].bytes == kPageBytes + 1064);
+  CHECK(images[1].data[kPageBytes] == 3);
+  CHECK(images[1].data[kPageBytes + 1063] == 3);
   CHECK(StateLinkClient("127.0.0.1", server.port(), "the round's key").get(6, 1 << 20).empty());
   // An image larger than the asker's slot is refused before it is read (a peer cannot make it allocate).
-  CHECK_THROWS_WITH(StateLinkClient("127.0.0.1", server.port(), "the round's key").get(5, kPage + 1000),
+  CHECK_THROWS_WITH(StateLinkClient("127.0.0.1", server.port(), "the round's key").get(5, kPageBytes + 1000),
                     Catch::Contains("over this node's slot"));
   CHECK(server.ranks() == std::vector<int>{5});
 }
@@ -115,7 +115,7 @@ TEST_CASE("state link: a client without the round's key is refused, and a server
 TEST_CASE("state link: an image the sender found written over, a malformed one, or one over the budget is not kept",
           "[state]") {
   StateAreas area(1, 4 << 20);
-  StateLinkServer server(2 * kPage + 1064);
+  StateLinkServer server(2 * kPageBytes + 1064);
   server.start();
   server.set_key("k");
   auto bytes = save(area.fd(0), 1, 1, 1);
@@ -128,7 +128,7 @@ TEST_CASE("state link: an image the sender found written over, a malformed one, 
   CHECK(put(server, "k", 0, area.fd(0), bytes));        // the rank's older one makes room
   CHECK(server.images(0).size() == 1);
   CHECK(server.images(0)[0].gen == 2);
-  CHECK(server.held_bytes() == kPage + 1064);
+  CHECK(server.held_bytes() == kPageBytes + 1064);
   server.drop_before(1);
   CHECK(server.ranks().empty());
 }

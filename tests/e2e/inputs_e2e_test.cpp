@@ -20,12 +20,6 @@ namespace {
 
 const std::string kShowNccl = "echo OLD=${NCCL_ASYNC_ERROR_HANDLING-unset} NEW=${TORCH_NCCL_ASYNC_ERROR_HANDLING-unset}";
 
-std::string temp_dir() {
-  char dir[] = "/tmp/ddprun-e2e-XXXXXX";
-  REQUIRE(::mkdtemp(dir));
-  return dir;
-}
-
 }  // namespace
 
 TEST_CASE("inputs: --no_python workers get NCCL_ASYNC_ERROR_HANDLING too (PyTorch 1.13 reads only that name)", "[inputs]") {

@@ -8,7 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
 #include <map>
 #include <string>
 #include <vector>
@@ -18,6 +23,13 @@
 extern char** environ;
 
 namespace ddprun::test {
+
+// A new directory under the temporary directory, for a test to fill and remove.
+inline std::string temp_dir() {
+  std::string t = (std::filesystem::temp_directory_path() / "ddprun-e2e-XXXXXX").string();
+  if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp " + t + ": " + std::strerror(errno));
+  return t;
+}
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;

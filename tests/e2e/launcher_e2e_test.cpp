@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "e2e/agents.hpp"
 #include "e2e/launch.hpp"
 
 using namespace ddprun::test;
@@ -14,8 +15,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kDdprun = DDPRUN_BIN;
-const std::string kWorker = TEST_WORKER_BIN;
 const std::string kStore = DDPRUN_STORE_BIN;
 
 std::vector<std::string> with_ddprun(std::initializer_list<std::string> args) {
@@ -34,12 +33,6 @@ std::map<std::string, std::string> parse_env(const std::string& out, int rank) {
     if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   return env;
-}
-
-std::string temp_dir() {
-  char tmpl[] = "/tmp/ddprun-test-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
 }
 
 }  // namespace

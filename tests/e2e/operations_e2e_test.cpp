@@ -43,12 +43,6 @@ std::string scrape_until(int port, const std::string& line, std::chrono::seconds
   return text;
 }
 
-std::string temp_dir() {
-  std::string t = (fs::temp_directory_path() / "ddprun-ops-XXXXXX").string();
-  REQUIRE(::mkdtemp(t.data()) != nullptr);
-  return t;
-}
-
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;

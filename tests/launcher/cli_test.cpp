@@ -4,6 +4,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
 #include "ddprun/launcher/cli.hpp"
+#include "launcher/parse.hpp"
 #include "option_table.hpp"
 #include <set>
 #include <sys/stat.h>
@@ -14,13 +15,7 @@ using namespace ddprun;
 
 namespace {
 
-launcher::CliResult parse(std::vector<std::string> args, std::map<std::string, std::string> env = {}, int gpus = 0) {
-  launcher::HostInfo host;
-  host.cpus = 6;
-  host.count_gpus = [gpus] { return gpus; };
-  if (!env.count("PATH")) env["PATH"] = "/usr/bin:/bin";
-  return launcher::parse_command_line(args, env, host);
-}
+using test::parse;
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/launcher/cli.hpp"
+#include "launcher/parse.hpp"
 #include "skip.hpp"
 #include "test_pki.hpp"
 
@@ -16,13 +17,7 @@ using Env = std::map<std::string, std::string>;
 
 namespace {
 
-launcher::CliResult parse(std::vector<std::string> args, Env env, int gpus = 0) {
-  launcher::HostInfo host;
-  host.cpus = 6;
-  host.count_gpus = [gpus] { return gpus; };
-  env["PATH"] = "/usr/bin:/bin";
-  return launcher::parse_command_line(args, env, host);
-}
+using test::parse;
 
 // Trainer v2's torch plugin: PET_NODE_RANK from the pod's job-completion-index annotation, the
 // master at the JobSet pod's name under the job's headless service, port 29400.
