@@ -73,7 +73,7 @@ together() {
   local ok=0
   [ $r1 -eq 0 ] && [ $r2 -eq 0 ] || ok=1
   [ "$(cat "$out/a1.out" "$out/a2.out" | grep -c 'checksum .* world=4')" -eq 4 ] || ok=1
-  same_result "$out/a1.out" "$out/a2.out" || ok=1
+  same_result 40 "$out/a1.out" "$out/a2.out" || ok=1
   ! grep -q 'restarting' "$out/a1.err" "$out/a2.err" || ok=1
   echo "  exits $r1/$r2; MASTER of the workers: $(grep -ho 'store [0-9.]*:[0-9]*' "$out/a1.err" | head -1)"
   [ $ok -eq 0 ] || { cat "$out/a1.err" "$out/a2.err"; }
@@ -101,10 +101,10 @@ node_loss() {
   wait "$pid_b1"; r1=$?
   [ $r1 -eq 0 ] || ok=1
   if [ "$backend" = static ]; then
-    same_result "$out/b1.out" "$out/b2again.out" || ok=1
+    same_result 60 "$out/b1.out" "$out/b2again.out" || ok=1
   else
     grep -q 'checksum .* world=2' "$out/b1.out" || ok=1
-    same_result "$out/b1.out" || ok=1
+    same_result 60 "$out/b1.out" || ok=1
   fi
   echo "  h1 exited $r1, $((SECONDS - t0)) s after the kill"
   [ $ok -eq 0 ] || cat "$out"/b*.err

@@ -3,12 +3,11 @@ its shard of one fixed dataset (equal shards, so the averaged gradient is the fu
 the result does not depend on the world size). Prints a line per step (wall time, host, world)
 and the parameters' checksum at the end; rank 0 then computes the same training alone, without
 torch.distributed, in the interpreter it has (no second PyTorch import), and prints its checksum
-as the reference.
+and step count as the reference.
 
 Environment: DDP_STEPS (40), DDP_PAUSE seconds between steps (0.05)."""
 import os
 import socket
-import sys
 import time
 
 import torch
@@ -62,7 +61,7 @@ def reference():
     x, y = data()
     for _ in train(model, lambda: ((model(x) - y) ** 2).mean(), STEPS):
         pass
-    print("reference %.6f %.6f" % checksum(model), flush=True)
+    print("reference %.6f %.6f steps=%d" % (*checksum(model), STEPS), flush=True)
 
 
 if __name__ == "__main__":

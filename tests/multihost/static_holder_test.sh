@@ -55,7 +55,7 @@ done
 grep -q 'already held' "$out/b2.err" && { echo "FAILED: h2's replacement was refused"; fail=1; }
 [ "$(cat "$out"/a1.out "$out"/b2.out "$out"/a3.out | grep -c 'checksum .* world=4')" -eq 4 ] ||
   { echo "FAILED: not every rank trained in a world of 4"; fail=1; }
-same_result "$out"/a1.out "$out"/b2.out "$out"/a3.out || fail=1
+same_result $steps "$out"/a1.out "$out"/b2.out "$out"/a3.out || fail=1
 [ $fail -eq 0 ] && echo "ok: static ($variant): a rank whose holder was killed before its round closed went to its replacement; DDP across 3 hosts" ||
   cat "$out"/a1.err "$out"/b2.err "$out"/a3.err
 exit $fail

@@ -2,8 +2,9 @@
 // The etcd backend as the rest of the rounds library sees it: two functions, and nothing of
 // etcd's client, TLS or OpenSSL. They are what lets the `ddprun` program leave OpenSSL out
 // (its static tables were 9% of a one-worker launch: README, Start-up cost): that program
-// defines both itself (launcher/src/without_openssl.cpp), so the linker never takes
-// etcd_factory.o, nor the etcd and OpenSSL code behind it, from the static libraries; it hands
+// defines both itself (launcher/src/without_openssl.cpp), so the linker never takes the
+// object defining them (etcd_factory.o, or the etcd files' one unity batch), nor the etcd and
+// OpenSSL code behind it, from the static libraries; it hands
 // etcd jobs to ddprun-full, which is linked with the real ones.
 
 #include <memory>
