@@ -248,8 +248,7 @@ TEST_CASE("a lost node's detection counts the keep-alive silence: in the recover
   // of the loss no sooner than a TTL after b's last keep-alive, and says so.
   const double ttl = 1.0;
   std::string conf = "--rdzv_conf=keep_alive_interval=0.5,keep_alive_max_attempt=2,last_call_timeout=20,join_timeout=30";
-  std::string dir = (std::filesystem::temp_directory_path() / "ddprun-lost-XXXXXX").string();
-  REQUIRE(::mkdtemp(dir.data()) != nullptr);
+  std::string dir = temp_dir();
   auto agent = [&](const std::string& ep, std::vector<std::string> extra) {
     auto args = cmd({"--nnodes=1:2", "--rdzv_backend=c10d", ep, "--rdzv_id=detect", conf, "--nproc_per_node=1"});
     args.insert(args.end(), extra.begin(), extra.end());

@@ -19,9 +19,7 @@ namespace {
 class SecretFile {
  public:
   SecretFile(const std::string& text, mode_t mode = 0600) {
-    char dir[] = "/tmp/ddprun-secret-test-XXXXXX";
-    REQUIRE(::mkdtemp(dir));
-    dir_ = dir;
+    dir_ = temp_dir();
     path_ = dir_ + "/secret";
     FILE* f = std::fopen(path_.c_str(), "w");
     std::fputs(text.c_str(), f);

@@ -17,12 +17,6 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string fresh_dir() {
-  char tmpl[] = "/tmp/ddprun-stacks-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
-
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -33,7 +27,7 @@ std::string slurp(const std::string& path) {
 TEST_CASE("stacks: a C++ worker stuck in a named function - every rank's stack, grouped, before the kill", "[stacks]") {
   SKIP_UNLESS(std::filesystem::exists("/usr/bin/eu-stack") || std::filesystem::exists("/usr/bin/gdb"),
               "neither eu-stack nor gdb is installed (scripts/setup.sh installs elfutils)");
-  auto dir = fresh_dir();
+  auto dir = temp_dir();
   auto events = dir + "/events.jsonl";
   auto r = Launch(cmd({"--nproc_per_node=2", "--master_port=0", "--rdzv_id=hung", "--worker_timeout=0.5",
                        "--stop_timeout=1", "--log_dir=" + dir, "--events_file=" + events, kWorker, "heartbeat:2:50", "stuck"}))
@@ -69,7 +63,7 @@ TEST_CASE("stacks: a C++ worker stuck in a named function - every rank's stack, 
 }
 
 TEST_CASE("stacks: a Python worker stuck in a named function - its traceback, via the hook's stack signal, no crash banner", "[stacks]") {
-  auto dir = fresh_dir();
+  auto dir = temp_dir();
   auto script = dir + "/train.py";
   std::ofstream(script) << "import os, time\n"
                            "def stuck_in_all_reduce():\n"
@@ -126,7 +120,7 @@ pid_t spare_of(int local_rank, const std::string& tag) {
 TEST_CASE("stacks: a warm and a cold rank stuck at the same line group together - no frame of the spare's driver",
           "[stacks][spares]") {
   SKIP_UNLESS(std::filesystem::exists("/usr/bin/python3"), "no /usr/bin/python3");
-  auto dir = fresh_dir();
+  auto dir = temp_dir();
   auto script = dir + "/train.py", go = dir + "/go";
   std::ofstream(script) << "import os, sys, time\n"
                            "def beat():\n"
@@ -169,7 +163,7 @@ TEST_CASE("stacks: a warm and a cold rank stuck at the same line group together 
 
 TEST_CASE("spares: a single node's last allowed attempt, or a job with --max_restarts=0, makes none", "[spares]") {
   SKIP_UNLESS(std::filesystem::exists("/usr/bin/python3"), "no /usr/bin/python3");
-  auto dir = fresh_dir();
+  auto dir = temp_dir();
   auto script = dir + "/train.py";
   // Beats (the group is up: spares are due), then runs 2 s more; attempt 0 of rank 0 then fails once.
   std::ofstream(script) << "import os, sys, time\n"

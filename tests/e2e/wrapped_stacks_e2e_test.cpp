@@ -22,9 +22,7 @@ const std::string kPython = "/usr/bin/python3";
 struct Dir {
   std::string path;
   Dir() {
-    char tmpl[] = "/tmp/ddprun-wrapped-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
+    path = temp_dir();
   }
   ~Dir() { fs::remove_all(path); }
   std::string write(const std::string& name, const std::string& text, bool executable = false) {
