@@ -16,9 +16,19 @@ src=$1/agent/src
 pub=$1/agent/include
 rooms=(host containment observe workers control metrics)
 top=${#rooms[@]}  # agent.cpp's rank
-rank() { local i; for i in "${!rooms[@]}"; do [ "${rooms[$i]}" = "$1" ] && { echo "$i"; return; }; done; echo -1; }
+# Pure bash (no subshell per include: on a slow machine the forks were most of the time).
+declare -A room_rank
+for i in "${!rooms[@]}"; do room_rank[${rooms[$i]}]=$i; done
+rank() { r=${room_rank[$1]:--1}; }  # sets r
 name() { [ "$1" -eq "$top" ] && echo agent.cpp || echo "${rooms[$1]}"; }
-includes() { sed -n 's/^#include "\([^"]*\)".*/\1/p' "$1"; }
+# Sets incs to the quoted includes of a file, in order.
+includes() {
+  local line re='^#include "([^"]*)"'
+  incs=()
+  while IFS= read -r line || [ -n "$line" ]; do
+    [[ $line =~ $re ]] && incs+=("${BASH_REMATCH[1]}")
+  done <"$1"
+}
 [ -d "$src" ] || skip "no agent/src under $1"
 [ -d "$pub/ddprun/agent" ] || skip "no agent/include/ddprun/agent under $1"
 
@@ -30,35 +40,40 @@ for h in "$pub"/ddprun/agent/*.hpp; do
 done
 for f in "$src"/*/*.cpp "$src"/agent.cpp; do
   [ -e "$f" ] || continue
-  if [ "$f" = "$src/agent.cpp" ]; then r=$top; else r=$(rank "$(basename "$(dirname "$f")")"); fi
+  if [ "$f" = "$src/agent.cpp" ]; then r=$top; else d=${f%/*}; rank "${d##*/}"; fi
   [ "$r" -ge 0 ] || continue
-  for h in "$(includes "$f" | head -n 1)" "ddprun/agent/$(basename "$f" .cpp).hpp"; do
+  includes "$f"
+  b=${f##*/}
+  for h in "${incs[0]:-}" "ddprun/agent/${b%.cpp}.hpp"; do
     [ -n "$h" ] && [ -n "${hrank[$h]+x}" ] && [ "$r" -gt "${hrank[$h]}" ] && hrank[$h]=$r
   done
 done
+declare -A hincs
+for h in "${!hrank[@]}"; do includes "$pub/$h"; hincs[$h]="${incs[*]}"; done
 changed=1
 while [ "$changed" -eq 1 ]; do
   changed=0
   for h in "${!hrank[@]}"; do
-    while read -r inc; do
+    for inc in ${hincs[$h]}; do
       [ -n "${hrank[$inc]+x}" ] || continue
       if [ "${hrank[$inc]}" -gt "${hrank[$h]}" ]; then
         hrank[$h]=${hrank[$inc]}
         hvia[$h]=" (through $inc)"
         changed=1
       fi
-    done < <(includes "$pub/$h")
+    done
   done
 done
 
 upward=0 public=0 files=0
 for room in "${rooms[@]}"; do
   [ -d "$src/$room" ] || { bad "room $room is missing"; continue; }
-  mine=$(rank "$room")
+  mine=${room_rank[$room]}
   for f in "$src/$room"/*.cpp "$src/$room"/*.hpp; do
     [ -e "$f" ] || continue
     files=$((files + 1))
-    while read -r inc; do
+    includes "$f"
+    for inc in "${incs[@]}"; do
       case $inc in
         ddprun/agent/*)
           [ -n "${hrank[$inc]+x}" ] || continue  # (not a header of agent/include: the compiler says so)
@@ -66,15 +81,15 @@ for room in "${rooms[@]}"; do
           r=${hrank[$inc]} why="implemented in $(name "${hrank[$inc]}")${hvia[$inc]:-}" ;;
         ddprun/*) continue ;;  # another library's public header
         */*)
-          r=$(rank "${inc%%/*}") why="${inc%%/*} is a room"
+          rank "${inc%%/*}"; why="${inc%%/*} is a room"
           [ "$r" -ge 0 ] || continue ;;
         *) continue ;;
       esac
       if [ "$r" -gt "$mine" ]; then
-        bad "$room/$(basename "$f") includes $inc: $why, below $room"
+        bad "$room/${f##*/} includes $inc: $why, below $room"
         upward=$((upward + 1))
       fi
-    done < <(includes "$f")
+    done
   done
 done
 loose=$(find "$src" -maxdepth 1 \( -name '*.cpp' -o -name '*.hpp' \) ! -name agent.cpp)
