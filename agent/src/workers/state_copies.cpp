@@ -402,30 +402,32 @@ bool StateCopies::pass(Sending& s) {
   return send_new(s) || mark_replicated(s);
 }
 
+// Counts local rank u's pending state as sent (once per step and rank); the count that completes
+// the step marks it done.
+void StateCopies::count_sent(Sending& s, std::size_t u) {
+  const Round& r = s.round;
+  const auto& p = *s.pending[u];
+  if (s.added[u] == p.step) return;
+  const auto total = s.store->add(r.at(fmt::format("step/{}", p.step)), 1);
+  s.added[u] = p.step;
+  spdlog::debug("ddprun: round {}: rank {}'s state of step {} (generation {}) sent to {}; {} of {} ranks", r.info.round,
+                r.info.rank_offset + static_cast<int>(u), p.step, p.gen, r.buddy, total, r.info.world_size);
+  if (total >= r.info.world_size) {  // (over it: an add whose answer was lost, sent again)
+    s.owed_done = p.step;  // (a failure midway: marked again by the next pass)
+    mark_done(*s.store, r.prefix, p.step);
+    s.owed_done.reset();
+  }
+}
+
 // Sends each area's newest committed state not sent yet to the buddy and counts it (once per step
 // and rank); true where one was sent (the pass is busy).
 bool StateCopies::send_new(Sending& s) {
   Round& r = s.round;
   const auto& info = r.info;
   const int round = info.round, n = areas_.ranks();
-  auto& store = *s.store;
   const auto [host, port] = StateLinkClient::split_address(r.buddy);
   const std::uint64_t slot_bytes = sl::area_slot_bytes(areas_.bytes_per_rank());
   const auto page = sl::page();
-  // Counts a state sent (once per step and rank); the count that completes the step marks it done.
-  auto count = [&](std::size_t u) {
-    const auto& p = *s.pending[u];
-    if (s.added[u] == p.step) return;
-    const auto total = store.add(r.at(fmt::format("step/{}", p.step)), 1);
-    s.added[u] = p.step;
-    spdlog::debug("ddprun: round {}: rank {}'s state of step {} (generation {}) sent to {}; {} of {} ranks", round,
-                  info.rank_offset + static_cast<int>(u), p.step, p.gen, r.buddy, total, info.world_size);
-    if (total >= info.world_size) {  // (over it: an add whose answer was lost, sent again)
-      s.owed_done = p.step;  // (a failure midway: marked again by the next pass)
-      mark_done(store, r.prefix, p.step);
-      s.owed_done.reset();
-    }
-  };
   bool busy = false;
   std::vector<unsigned char> head(page);
   for (int i = 0; i < n && wanted(round); ++i) {
@@ -435,7 +437,7 @@ bool StateCopies::send_new(Sending& s) {
       // The worker's next save waits until its step is replicated; it writes over it only after
       // its own wait ran out: then it is gone, and the area's newest is sent next.
       if (get_u64(fd, s.pending[u]->at) == s.pending[u]->gen) {
-        count(u);
+        count_sent(s, u);
         continue;
       }
       s.pending[u].reset();
@@ -464,7 +466,7 @@ bool StateCopies::send_new(Sending& s) {
     }
     placement_.saw_state();
     s.pending[u] = Sending::Pending{gen, at, h.step, std::chrono::steady_clock::now()};
-    count(u);
+    count_sent(s, u);
   }
   return busy;
 }

@@ -85,13 +85,14 @@ class StateCopies {
     std::unique_ptr<rendezvous::TcpStore> store;        // the round's workers' store (made again after a failure)
     bool first_done = false, unpinned = false;
     bool copied = false;                                // it copied a state this round (then looks every 5 ms)
-    std::optional<std::int64_t> owed_done;              // a step counted whole whose done mark failed: marked again
+    std::optional<std::int64_t> owed_done{};            // a step counted whole whose done mark failed: marked again
     void unpin(const StateAreas& areas);                // the saves stop waiting for the copies
   };
   void send(Round& r);    // until the round ends
   bool has_new(const Sending& s) const;  // an area's newest state not sent yet, or a step pending
   bool pass(Sending& s);  // false: idle (nothing to send, no step pending)
   bool send_new(Sending& s);         // each area's new state to the buddy; true where one was sent
+  void count_sent(Sending& s, std::size_t u);  // local rank u's pending step counted once; done when all are
   bool mark_replicated(Sending& s);  // steps every rank's buddy holds become the areas' replicated ones; false: none pending
   // How long the saves wait for a replicated step before they stop waiting for the copies.
   std::chrono::steady_clock::duration give_up() const;
