@@ -24,26 +24,10 @@ while read -r p prio; do [ "$prio" = required ] && have[$p]=1; done < <(dpkg-que
 have[apt]=1
 for p in "${listed[@]}"; do have[$p]=1; done
 
-# The package that installed PATH (merged /usr: dpkg may know it as /bin/X or /usr/bin/X; an
-# alternative or other link: its target).
-owner() {
-  local c out
-  for c in "$1" "${1#/usr}" "/usr$1" "$(readlink -f "$1")"; do
-    out=$(dpkg-query -S "$c" 2>/dev/null | grep -v '^diversion' | head -1) || continue
-    [ -n "$out" ] && { echo "${out%%[:,]*}"; return; }
-  done
-}
-check() {  # WHAT PATH
-  local pkg
-  pkg=$(owner "$2")
-  if [ -z "$pkg" ]; then
-    bad "$1: $2 belongs to no Debian package (installed by hand?)"
-  elif [ -n "${have[$pkg]:-}" ]; then
-    ok "$1: $2 comes from $pkg"
-  else
-    bad "$1: $2 comes from $pkg, which scripts/setup.sh does not install (add it to its lists)"
-  fi
-}
+# What to look up: (what, path) pairs, then one dpkg-query for every path (each call reads
+# dpkg's whole file list: one per path was most of this test's time).
+whats=() paths=()
+want() { whats+=("$1"); paths+=("$2"); }
 
 # `need` lines in the shell tests: their words, less variables.
 commands=$(grep -rhE '^\s*need\s' "$src/tests" --include=*.sh | sed -E 's/^\s*need\s+//; s/[;#|&].*//' |
@@ -52,7 +36,7 @@ commands=$(grep -rhE '^\s*need\s' "$src/tests" --include=*.sh | sed -E 's/^\s*ne
 # Looked up where Debian's packages put programs, not on this PATH (a pyenv's python3 first).
 for c in $commands; do
   path=$(PATH=/usr/sbin:/usr/bin:/sbin:/bin command -v "$c") || { bad "a test needs $c, which no Debian package put here"; continue; }
-  check "command $c" "$path"
+  want "command $c" "$path"
 done
 
 for l in $(pkg-config --static --libs-only-l libdw | tr ' ' '\n' | sort -u); do
@@ -60,6 +44,32 @@ for l in $(pkg-config --static --libs-only-l libdw | tr ' ' '\n' | sort -u); do
   case $name in pthread | dl | rt | m | c) continue ;; esac  # glibc's own, always loaded shared
   archive=$(gcc -print-file-name="lib$name.a")
   [ -f "$archive" ] || { bad "lib$name.a (libdw's static link) is not installed"; continue; }
-  check "lib$name.a" "$(readlink -f "$archive")"
+  want "lib$name.a" "$(readlink -f "$archive")"
+done
+
+# The package that installed each path (merged /usr: dpkg may know it as /bin/X or /usr/bin/X; an
+# alternative or other link: its target), the first of those forms dpkg knows.
+candidates() { echo "$1" "${1#/usr}" "/usr$1" "$(readlink -f "$1")"; }
+declare -A pkg_of
+all=()
+for p in "${paths[@]}"; do all+=($(candidates "$p")); done
+while IFS= read -r line; do
+  case $line in diversion*) continue ;; esac
+  path=${line#*: }
+  [ -z "${pkg_of[$path]:-}" ] && pkg_of[$path]=${line%%[:,]*}
+done < <([ ${#all[@]} -gt 0 ] && dpkg-query -S "${all[@]}" 2>/dev/null)
+for i in "${!paths[@]}"; do
+  what=${whats[$i]} path=${paths[$i]} pkg=
+  for c in $(candidates "$path"); do
+    pkg=${pkg_of[$c]:-}
+    [ -n "$pkg" ] && break
+  done
+  if [ -z "$pkg" ]; then
+    bad "$what: $path belongs to no Debian package (installed by hand?)"
+  elif [ -n "${have[$pkg]:-}" ]; then
+    ok "$what: $path comes from $pkg"
+  else
+    bad "$what: $path comes from $pkg, which scripts/setup.sh does not install (add it to its lists)"
+  fi
 done
 finish
