@@ -62,10 +62,14 @@ def round_trips(st):
     got[1]["big"].add_(1)
     again = st.load()
     check(torch.equal(again[1]["big"], obj["big"]), "writing a loaded tensor leaves the saved state as it was")
-    return again[1]["big"], obj["big"]
+    # Tensors that share a loaded tensor's memory, each kept alone (the loaded one dropped).
+    derived = {"a view of a detach()": st.load()[1]["big"].detach()[10:20],
+               "an nn.Parameter": torch.nn.Parameter(st.load()[1]["big"]),
+               "its numpy() array": st.load()[1]["big"].numpy()}
+    return again[1]["big"], obj["big"], derived
 
 
-def slots(st, held, want):
+def slots(st, held, want, derived):
     import torch
 
     # Loaded tensors stay as loaded when their slot is written again (two saves later).
@@ -73,6 +77,10 @@ def slots(st, held, want):
         st.save(step, {"big": torch.full((100_000,), float(step))})
     st.wait()
     check(torch.equal(held, want), "a loaded tensor kept alive keeps its values when its slot is reused")
+    for what, t in derived.items():
+        kept = torch.as_tensor(t).detach()
+        check(torch.equal(kept, want[10:20] if kept.numel() == 10 else want),
+              f"{what}, made of a loaded tensor, keeps its values when its slot is reused")
     check(st.steps() == [2, 1], f"the area holds the last two steps: {st.steps()}")
 
     # A save left uncommitted (its commit word cleared, as by a death mid-copy): the one before.
@@ -288,8 +296,8 @@ def main():
     os.environ.update(DDPRUN_STATE_FD=str(fd), DDPRUN_STATE_BYTES=str(SIZE))
     import ddprun.state as st
 
-    held, want = round_trips(st)
-    slots(st, held, want)
+    held, want, derived = round_trips(st)
+    slots(st, held, want, derived)
     too_large_and_fence(st)
     native_state(st)
     pinned(st)

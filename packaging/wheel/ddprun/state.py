@@ -110,7 +110,7 @@ class _Area:
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if slots == _SLOTS else 0)
         self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
         self.slot_bytes = slot_bytes or (size - _PAGE) // _SLOTS // _PAGE * _PAGE
-        self.loaded = {}  # slot: [(private mapping, [weakrefs to the tensors load() made over it], bytes)]
+        self.loaded = {}  # slot: [(weakref to a private mapping load() made tensors over, bytes)]
 
     @classmethod
     def of_file(cls, path):
@@ -164,9 +164,12 @@ class _Area:
         """Before `slot` is written again: tensors load() made over it that are still in use get
         their own copy of its pages (copy-on-write broken page by page in the private mapping), so
         they keep the state they were loaded with (PyTorch 2.x's Optimizer.load_state_dict keeps
-        the tensors it is given)."""
-        for private, refs, length in self.loaded.pop(slot, []):
-            if not any(r() is not None for r in refs):
+        the tensors it is given). In use: the mapping lives. Every tensor sharing a loaded
+        tensor's storage (its views, `detach()`, an `nn.Parameter` made of it, `numpy()`) holds the
+        mapping through that storage, which torch.frombuffer made over it."""
+        for ref, length in self.loaded.pop(slot, []):
+            private = ref()
+            if private is None:
                 continue
             try:
                 private.madvise(_MADV_POPULATE_WRITE, 0, length)  # Linux 5.14: no write to race with
@@ -702,7 +705,7 @@ def _load(area, verify, where):
     if area is None or agreed is None:
         return None
     step = agreed[0]
-    error, refs, obj, private, space, shares, skel, mine = None, [], None, None, None, None, 0, None
+    error, obj, private, space, shares, skel, mine = None, None, None, None, None, 0, None
     try:
         _gen, step, slot = next(h for h in held if (h[1], h[0] >> _COURSE_SHIFT) == agreed)
         _gen, _step, skel, data, chunk, crcs = area.slot(slot)
@@ -717,14 +720,14 @@ def _load(area, verify, where):
                 raise StateError(f"ddprun.state.load: the state of step {step} was saved by a native trainer "
                                  f"(ddprun::runtime::MemoryState), not by ddprun.state")
             stream = io.BytesIO(payload[:skel])
-            obj = _Unpickler(stream, private, _PAGE + _align(skel), refs).load()
+            obj = _Unpickler(stream, private, _PAGE + _align(skel)).load()
             if isinstance(obj, dict) and _Skeleton._SHARED in obj:  # the split's record, then the state
                 shares = obj
                 _check_shares(shares, step)
                 import torch
 
                 space = torch.empty(shares["bytes"], dtype=torch.uint8)
-                unpickler = _Unpickler(stream, private, _PAGE + _align(skel), refs, space)
+                unpickler = _Unpickler(stream, private, _PAGE + _align(skel), space)
                 obj = unpickler.load()
                 shares = dict(shares, layout=unpickler.layout)
                 mine = _own_range(space, shares, private, _PAGE + _align(skel))
@@ -736,7 +739,7 @@ def _load(area, verify, where):
     if not _all_loaded(error) or not _gathered(space, shares, mine):
         return None
     if area is _area:
-        area.loaded.setdefault(slot, []).append((private, refs, _PAGE + _align(skel) + data))
+        area.loaded.setdefault(slot, []).append((weakref.ref(private), _PAGE + _align(skel) + data))
         _drop_newer(area, held, step, _gen, slot)
     return step, obj
 
@@ -819,9 +822,9 @@ class _Unpickler(pickle.Unpickler):
     """The skeleton back, each tensor over the slot's bytes; each replicated tensor (an "s")
     over `space`, where load() gathers every rank's range of them."""
 
-    def __init__(self, stream, buf, data_at, refs, space=None):
+    def __init__(self, stream, buf, data_at, space=None):
         super().__init__(stream)
-        self.buf, self.data_at, self.refs, self.space = buf, data_at, refs, space
+        self.buf, self.data_at, self.space = buf, data_at, space
         self.layout = 0  # a CRC-32 of the replicated tensors' (dtype, shape, offset): alike on every rank
 
     def persistent_load(self, pid):
@@ -846,7 +849,6 @@ class _Unpickler(pickle.Unpickler):
             t = torch.empty(shape, dtype=dtype)
         else:
             t = torch.frombuffer(self.buf, dtype=dtype, count=count, offset=self.data_at + offset).view(shape)
-            self.refs.append(weakref.ref(t))
         return t.requires_grad_(requires_grad) if requires_grad else t
 
 
