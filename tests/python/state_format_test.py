@@ -9,6 +9,7 @@ DDPRUN_STATE_FD that is not an area.
 
 Usage: state_format_test.py PACKAGE_DIR (where the `ddprun` package is: build/share/ddprun/python)"""
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -111,6 +112,17 @@ def too_large_and_fence(st):
     except st.StateTooLarge as e:
         check(e.needed > e.capacity == st.capacity() and "--state_memory" in str(e), f"StateTooLarge: {e}")
     check(st.load()[0] == 3, "after StateTooLarge the last state is still there")
+    # The --state_memory it names is enough: one rank's area of that size holds the state, for
+    # sizes on each side of the page boundaries of an area's two slots.
+    short = []
+    for mib in (2, 17):
+        for needed in range(mib * 2**19 - 3 * st._PAGE, mib * 2**19, 256):
+            m = int(re.search(r"at least (\d+)M", str(st.StateTooLarge(needed, 0))).group(1))
+            area = st._Area(state_area(m << 20), m << 20)
+            if area.capacity() < needed:
+                short.append((needed, m))
+            area.close()
+    check(not short, f"StateTooLarge names a --state_memory whose area holds the state (short: {short[:3]})")
 
     # The fence: an optimizer's step (and an LR scheduler's, made after the import) waits for the copy.
     model = torch.nn.Linear(512, 512)

@@ -79,7 +79,13 @@ class StateTooLarge(StateError):
         super().__init__(
             f"ddprun.state.save: the state needs {needed} bytes ({needed / 2**20:.2f} MiB) but a slot of this "
             f"rank's area holds {capacity} bytes ({capacity / 2**20:.2f} MiB: half its share of --state_memory, two slots); raise ddprun's "
-            f"--state_memory to at least {-(-(2 * (needed + _PAGE) + _PAGE) * _local_world() // 2**20)}M for this node")
+            f"--state_memory to at least {-(-_rank_bytes(needed) * _local_world() // 2**20)}M for this node")
+
+
+def _rank_bytes(needed):
+    """The smallest share of --state_memory whose slots hold `needed` bytes: the header page, then
+    two slots, each a header page and the bytes, in whole pages (as the agent cuts the area)."""
+    return _PAGE + 2 * -(-(needed + _PAGE) // _PAGE) * _PAGE
 
 
 def _local_world():
