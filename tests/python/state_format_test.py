@@ -290,6 +290,21 @@ def copies_hold(st):
           f"the newest state never replicated: saved over step {over} after the limit, said once: {said.strip()}")
 
 
+def count_again(st):
+    # A save of a lower step than one the rank holds (a count started again): the newest save is
+    # the state, and the higher step is dropped once it is committed, so that ranks agreeing on
+    # the newest step they all hold cannot take the older save.
+    import torch
+
+    st.save(300, {"x": torch.full((1 << 16,), 300.0)})
+    st.save(3, {"x": torch.full((1 << 16,), 3.0)}, blocking=True)
+    got = st.load()
+    check(st.steps() == [3] and got[0] == 3 and float(got[1]["x"][0]) == 3.0,
+          f"a count started again: the newest save (step 3) is the state, step 300 dropped: {st.steps()}")
+    st.save(4, {"x": torch.full((1 << 16,), 4.0)}, blocking=True)
+    check(st.steps() == [4, 3], f"then steps increase again, both kept: {st.steps()}")
+
+
 def not_an_area():
     # A descriptor that is not an area (a subprocess that inherited the variables, not the memfd).
     code = ("import warnings, ddprun.state as s; warnings.simplefilter('always'); "
@@ -314,6 +329,7 @@ def main():
     native_state(st)
     pinned(st)
     copies_hold(st)
+    count_again(st)
     not_an_area()
     print(f"{len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)

@@ -395,6 +395,9 @@ def _write(area, slot, gen, step, skeleton, tensors, data_bytes):
     _SLOT.pack_into(area.map, base, 0, gen, step, len(skeleton), data_bytes, chunk, len(crcs))
     _SLOT.pack_into(area.map, base, gen, gen, step, len(skeleton), data_bytes, chunk, len(crcs))  # the commit, last
     _HEADER.pack_into(area.map, 0, _MAGIC, _VERSION, _SLOTS, area.slot_bytes, gen << 1 | slot)
+    other = area.slot(1 - slot)
+    if other is not None and other[1] > step:  # a count started again: the newest save is the state
+        struct.pack_into("<Q", area.map, area.offset(1 - slot), 0)
     _Stats.copy_s += time.perf_counter() - t0
 
 
