@@ -207,6 +207,10 @@ void MemoryState::wait() const {
 
 void MemoryState::save_async(std::int64_t step, const std::vector<StateBuffer>& buffers) {
   if (!map_) return;
+  if (step < 0) {
+    throw Error("ddprun state: step " + std::to_string(step) +
+                " is negative; save the job's global step, counted from 0 (the previous state is kept)");
+  }
   wait();  // the last save's thread may still write the slot this one picks
   // Replicated buffers are shared out among the ranks of the job (RANK of WORLD_SIZE, as ddprun
   // sets them), laid out one after the other in a space of their own.

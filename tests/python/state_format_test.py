@@ -304,6 +304,17 @@ def count_again(st):
     st.save(4, {"x": torch.full((1 << 16,), 4.0)}, blocking=True)
     check(st.steps() == [4, 3], f"then steps increase again, both kept: {st.steps()}")
 
+    # A step that is not a whole number from 0 to 2^63-1 is refused at once, nothing written
+    # (int() would save 12.9 as 12; 2^63 failed on the copy's thread, at the next step).
+    for bad in (12.9, -1, 2**63, "5", None, torch.tensor(5.0)):
+        try:
+            st.save(bad, {"x": torch.zeros(3)})
+            check(False, f"step {bad!r} is refused")
+        except st.StateError as e:
+            check("step" in str(e) and st._pending is None and st.steps() == [4, 3], f"step {bad!r} refused: {e}")
+    st.save(torch.tensor(5), {"x": torch.zeros(3)}, blocking=True)
+    check(st.steps() == [5, 4], f"an integer tensor's value is a step: {st.steps()}")
+
 
 def not_an_area():
     # A descriptor that is not an area (a subprocess that inherited the variables, not the memfd).

@@ -91,6 +91,9 @@ TEST_CASE("memory state: saves alternate between two slots, the newest two steps
   CHECK(next.steps() == std::vector<std::int64_t>{1});
   next.save(2, {{"w", w.data(), w.size() * 4}});
   CHECK(next.steps() == std::vector<std::int64_t>{2, 1});
+  // A negative step is refused (no agreement would take it), the state kept.
+  CHECK_THROWS_WITH(next.save(-1, {{"w", w.data(), w.size() * 4}}), Catch::Contains("step -1 is negative"));
+  CHECK(next.steps() == std::vector<std::int64_t>{2, 1});
 }
 
 TEST_CASE("memory state: a save killed midway leaves the previous state whole, a flipped byte fails the CRC-32, too large is refused", "[state]") {

@@ -37,6 +37,7 @@ returns None and save() does nothing, so a script written for ddprun runs elsewh
 import atexit
 import io
 import mmap
+import operator
 import os
 import pickle
 import struct
@@ -456,11 +457,28 @@ def save(step, obj, blocking=False, replicated=()):
             return
         _install_fence()
         wait()  # the previous save's thread still writes the slot this one picks (counted as save()'s time)
-        _save(area, int(step), obj, (replicated,) if isinstance(replicated, str) else tuple(replicated or ()))
+        _save(area, _step(step), obj, (replicated,) if isinstance(replicated, str) else tuple(replicated or ()))
         if blocking:
             wait()
     finally:
         _Stats.save_blocked_s += time.perf_counter() - t0
+
+
+def _step(step):
+    """`step` as an int: an integer (a Python, NumPy or one-element integer torch value) in
+    0 .. 2^63-1; anything else raises StateError before a byte is written."""
+    try:
+        value = operator.index(step)  # not int(): 12.9 would quietly become 12
+    except TypeError:
+        item = getattr(step, "item", None)
+        value = item() if callable(item) and getattr(step, "numel", lambda: 0)() == 1 else None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise StateError(f"ddprun.state.save: step must be an integer (the job's global step), not "
+                             f"{type(step).__name__} {step!r}; the previous state is kept") from None
+    if not 0 <= value < 2**63:
+        raise StateError(f"ddprun.state.save: step {value} is outside 0 .. 2^63-1; save the job's global "
+                         f"step, counted from 0 (the previous state is kept)")
+    return value
 
 
 def _save(area, step, obj, replicated):
