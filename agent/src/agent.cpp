@@ -191,6 +191,11 @@ struct Agent::Impl {
     const auto budget = opt.state_memory > 0 ? static_cast<std::uint64_t>(opt.state_memory)
                                               : static_cast<std::uint64_t>(static_cast<double>(usable) * kDefaultStateShare);
     try {
+      if (opt.state_memory > 0 && usable > 0 && budget > usable) {
+        spdlog::warn("ddprun: --state_memory ({} MB) is more than this node's memory ({} MB{}): saves that fill it "
+                     "would push the job out of memory; give less, or leave the flag out (a quarter of it)",
+                     budget >> 20, usable >> 20, " or ddprun's cgroup memory limit");
+      }
       auto areas = std::make_unique<StateAreas>(opt.nproc_per_node, budget);
       if (areas->ranks() == 0) return nullptr;
       spdlog::debug("ddprun: in-memory state: {} MB per local rank ({} MB for the node{}; a save holds at most half)",

@@ -182,6 +182,23 @@ int resolve_nproc(const std::string& v, const HostInfo& host) {
   return static_cast<int>(*n);
 }
 
+// Each local rank's share of --state_memory must make an area: a header page and two slots of at
+// least two pages (a slot's header and a page of state), and no more than one mapping can hold.
+void check_state_memory(long long budget, int nproc) {
+  const long long page = ::sysconf(_SC_PAGESIZE), least = 5 * page, share = budget / nproc / page * page;
+  const std::string given = "--state_memory=" + std::to_string(budget) + " bytes gives each of the " +
+                            std::to_string(nproc) + " local ranks " + std::to_string(share) + " bytes";
+  if (share < least) {
+    usage(given + ", below the " + std::to_string(least) + " an area needs (a header page and two slots of two " +
+          "pages); give at least " + std::to_string((least * nproc + 1023) / 1024) + "K (a save holds half a " +
+          "rank's share: give twice the size of a rank's model and optimizer state), or 0 for none");
+  }
+  if (share > (1LL << 46)) {
+    usage(given + ", more than any machine's memory (at most 64T a rank); give the memory to use, e.g. 8G, or " +
+          "leave the flag out (a quarter of the node's memory)");
+  }
+}
+
 void to_agent_options(const Settings& s, const std::map<std::string, std::string>& env, const HostInfo& host,
                       agent::AgentOptions& a) {
   a.nproc_per_node = resolve_nproc(s.nproc_per_node, host);
@@ -207,6 +224,7 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
     }
   }
   a.state_memory = s.no_state ? 0 : s.state_memory;
+  if (a.state_memory > 0) check_state_memory(s.state_memory, a.nproc_per_node);
   a.state_copy_rate = s.state_copy_rate;
   a.stop_timeout = s.stop_timeout;
   // torchrun 2.x's spelling (or its environment variable) wins over --stop_timeout.

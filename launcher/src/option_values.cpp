@@ -1,4 +1,5 @@
 #include <cctype>
+#include <cmath>
 #include <string>
 
 #include "ddprun/common/error.hpp"
@@ -45,6 +46,9 @@ long long parse_size(const std::string& flag, const std::string& v) {
     for (std::size_t i = 0; i <= at; ++i) bytes *= 1024;
   }
   if (bytes > 9.0e18) usage("--" + flag + " is too large (got '" + shorten(v) + "')");
+  if (bytes != std::floor(bytes) && (at == std::string::npos || bytes < 1)) {
+    usage("--" + flag + " must be a whole number of bytes (got '" + shorten(v) + "'; a fraction takes a unit: 0.5G)");
+  }
   return static_cast<long long>(bytes);
 }
 

@@ -103,6 +103,13 @@ TEST_CASE("in-memory state: --state_memory takes sizes, and --no_state or 0 turn
     CAPTURE(bad);
     CHECK_THROWS_WITH(parse({std::string("--state_memory=") + bad, "/bin/true"}), Catch::Contains("--state_memory"));
   }
+  // A fraction of a byte (0.5 was 0: the state quietly off), a share no area fits in (16K for two
+  // ranks: 8K each), a share no machine has: refused at once, saying what to give.
+  CHECK_THROWS_WITH(parse({"--state_memory=0.5", "/bin/true"}), Catch::Contains("whole number of bytes"));
+  CHECK_THROWS_WITH(parse({"--nproc_per_node=2", "--state_memory=16K", "/bin/true"}),
+                    Catch::Contains("each of the 2 local ranks 8192 bytes") && Catch::Contains("give at least 40K"));
+  CHECK_THROWS_WITH(parse({"--state_memory=1e9G", "/bin/true"}), Catch::Contains("more than any machine's memory"));
+  CHECK(parse({"--nproc_per_node=2", "--state_memory=40K", "/bin/true"}).agent.state_memory == 40 << 10);
 }
 
 TEST_CASE("PET_ values are parsed as strictly as flags (issue 18, case 8)", "[units]") {
