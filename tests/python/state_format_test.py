@@ -304,6 +304,15 @@ def count_again(st):
     st.save(4, {"x": torch.full((1 << 16,), 4.0)}, blocking=True)
     check(st.steps() == [4, 3], f"then steps increase again, both kept: {st.steps()}")
 
+    # Tensors that are not dense refused at once, each named as what it is.
+    for what, t in (("sparse", torch.ones(3).to_sparse()),
+                    ("quantized", torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.quint8))):
+        try:
+            st.save(6, {"x": t})
+            check(False, f"a {what} tensor is refused")
+        except st.StateError as e:
+            check(what in str(e) and st.steps() == [4, 3], f"a {what} tensor refused, named: {e}")
+
     # A step that is not a whole number from 0 to 2^63-1 is refused at once, nothing written
     # (int() would save 12.9 as 12; 2^63 failed on the copy's thread, at the next step).
     for bad in (12.9, -1, 2**63, "5", None, torch.tensor(5.0)):

@@ -265,7 +265,10 @@ class _Skeleton(pickle.Pickler):
         if not isinstance(obj, self.torch.Tensor):
             return None
         if obj.layout != self.torch.strided or obj.is_quantized:
-            raise StateError(f"ddprun.state.save: a {obj.layout} tensor cannot be saved (dense tensors only)")
+            kind, instead = ((f"quantized ({obj.dtype})", "its dequantize(), or its int_repr() and scales")
+                             if obj.is_quantized else (str(obj.layout), "its to_dense()"))
+            raise StateError(f"ddprun.state.save: a {kind} tensor cannot be saved (dense, unquantized tensors only: "
+                             f"save {instead})")
         nbytes = obj.numel() * obj.element_size()
         dtype, shape, grad = str(obj.dtype).replace("torch.", ""), tuple(obj.shape), bool(obj.requires_grad)
         if id(obj) in self.shared:
