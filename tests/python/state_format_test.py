@@ -323,6 +323,22 @@ def count_again(st):
             check("step" in str(e) and st._pending is None and st.steps() == [4, 3], f"step {bad!r} refused: {e}")
     st.save(torch.tensor(5), {"x": torch.zeros(3)}, blocking=True)
     check(st.steps() == [5, 4], f"an integer tensor's value is a step: {st.steps()}")
+    try:
+        st.save(6, {"x": torch.zeros(3)}, replicated=5)
+        check(False, "replicated=5 is refused")
+    except st.StateError as e:
+        check("replicated=" in str(e) and st.steps() == [5, 4], f"replicated=5 refused, saying what it takes: {e}")
+
+    # load() in a job of several ranks before init_process_group: said (each rank takes its own).
+    os.environ["WORLD_SIZE"] = "2"
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            got = st.load()
+    finally:
+        del os.environ["WORLD_SIZE"]
+    check(got[0] == 5 and any("before init_process_group" in str(w.message) for w in said),
+          f"load() before init_process_group in a job of 2 ranks: said: {[str(w.message) for w in said]}")
 
 
 def not_an_area():

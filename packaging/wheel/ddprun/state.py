@@ -460,11 +460,23 @@ def save(step, obj, blocking=False, replicated=()):
             return
         _install_fence()
         wait()  # the previous save's thread still writes the slot this one picks (counted as save()'s time)
-        _save(area, _step(step), obj, (replicated,) if isinstance(replicated, str) else tuple(replicated or ()))
+        _save(area, _step(step), obj, _replicated(replicated))
         if blocking:
             wait()
     finally:
         _Stats.save_blocked_s += time.perf_counter() - t0
+
+
+def _replicated(replicated):
+    """save()'s replicated= as a tuple of top-level keys: a key, or an iterable of keys."""
+    if isinstance(replicated, str):
+        return (replicated,)
+    try:
+        return tuple(replicated or ())
+    except TypeError:
+        raise StateError(f"ddprun.state.save: replicated= takes the top-level keys of the saved dict whose tensors "
+                         f"every rank holds alike, e.g. replicated=(\"model\", \"optimizer\"), not "
+                         f"{type(replicated).__name__} {replicated!r}") from None
 
 
 def _step(step):
@@ -725,6 +737,11 @@ def load(path=None, verify=True):
 
 
 def _load(area, verify, where):
+    world = os.environ.get("WORLD_SIZE", "1")
+    if area is not None and world.isdigit() and int(world) > 1 and _group() is None:
+        warnings.warn(f"ddprun.state: load() before init_process_group in a job of {world} ranks: each rank takes "
+                      f"its own newest state, and the ranks may resume at different steps; call load() after "
+                      f"init_process_group", RuntimeWarning, stacklevel=3)
     if area is _area and area is not None:
         try:
             wait()  # the last save committed (or failed) before what this rank holds is read
