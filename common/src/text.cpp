@@ -23,7 +23,12 @@ std::optional<long long> parse_int(std::string_view s, long long lo, long long h
 }
 
 std::optional<double> parse_double(std::string_view s) noexcept {
-  if (s.empty() || std::isspace(static_cast<unsigned char>(s.front()))) return std::nullopt;
+  if (s.empty()) return std::nullopt;
+  for (char c : s) {  // decimal only: strtod would take hex ("0x10", "0x1p3"), "inf", "nan", spaces
+    if (!std::isdigit(static_cast<unsigned char>(c)) && c != '.' && c != 'e' && c != 'E' && c != '+' && c != '-') {
+      return std::nullopt;
+    }
+  }
   std::string copy(s);
   char* end = nullptr;
   double v = std::strtod(copy.c_str(), &end);

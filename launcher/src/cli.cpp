@@ -150,18 +150,25 @@ Settings resolve(const ParsedArgs& given, const std::map<std::string, std::strin
     auto pet = env.find(pet_name(o.name));
     auto explicit_value = given.values.find(o.name);
     std::string value;
+    bool from_pet = false;
     if (o.kind == OptionKind::flag) {
       value = given.flags.count(o.name) || (pet != env.end() && pet_flag(pet->first, pet->second)) ? "1" : "0";
     } else if (explicit_value != given.values.end()) {
       value = explicit_value->second;
     } else if (pet != env.end()) {
       value = pet->second;
+      from_pet = true;
     } else if (slurm && slurm->count(o.name)) {
       value = derived[o.name] = slurm->at(o.name);
     } else {
       value = o.default_value;
     }
-    o.parse(value, s);
+    try {
+      o.parse(value, s);
+    } catch (const UsageError& e) {
+      if (!from_pet) throw;
+      usage(pet->first + "='" + shorten(value) + "' (the environment, read as --" + o.name + "): " + e.what());
+    }
   }
   return s;
 }
@@ -231,7 +238,12 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
   if (s.shutdown_timeout) {
     a.stop_timeout = *s.shutdown_timeout;
   } else if (auto t = get_env(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", ""); !t.empty()) {
-    a.stop_timeout = parse_seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", t, false);
+    try {
+      a.stop_timeout = parse_seconds("shutdown_timeout", t, false);
+    } catch (const UsageError& e) {
+      usage("TORCH_ELASTIC_SHUTDOWN_TIMEOUT='" + shorten(t) + "' (the environment, read as --shutdown_timeout): " +
+            e.what());
+    }
   }
   a.max_same_failures = s.max_same_failures;
   a.virtual_local_rank = s.virtual_local_rank;

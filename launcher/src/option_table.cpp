@@ -21,7 +21,7 @@ void parse_nnodes(const std::string& v, Settings& s) {
   }
   if (parts.size() != 2) usage("--nnodes must be N or MIN:MAX (got '" + v + "')");
   auto lo = parse_int(parts[0], 1, 1'000'000), hi = parse_int(parts[1], 1, 1'000'000);
-  if (!lo || !hi) usage("--nnodes must be N or MIN:MAX with positive numbers (got '" + v + "')");
+  if (!lo || !hi) usage("--nnodes must be N or MIN:MAX with numbers from 1 to 1000000 (got '" + v + "')");
   if (*lo > *hi) usage("--nnodes=" + v + ": MIN is larger than MAX");
   s.min_nodes = static_cast<int>(*lo);
   s.max_nodes = static_cast<int>(*hi);
@@ -152,7 +152,13 @@ std::vector<OptionSpec> worker_options() {
   return {
     {"nproc_per_node", "", kWorkers, K::value, "1",
      "workers on this node: a number, 'cpu' (one per CPU), 'gpu' (one per GPU) or 'auto' (GPUs, else CPUs)",
-     [](const std::string& v, Settings& s) { s.nproc_per_node = v; }},
+     [](const std::string& v, Settings& s) {
+       // (checked here, so that a bad PET_NPROC_PER_NODE is named; 'gpu' and 'auto' count GPUs later)
+       if (v != "cpu" && v != "gpu" && v != "auto" && !parse_int(v, 1, 100'000)) {
+         usage("--nproc_per_node must be a positive integer, 'cpu', 'gpu' or 'auto' (got '" + shorten(v) + "')");
+       }
+       s.nproc_per_node = v;
+     }},
     {"nnodes", "", kWorkers, K::value, "1:1", "number of nodes, N or MIN:MAX", parse_nnodes},
     {"node_rank", "", kWorkers, K::value, "0", "rank of this node (static rendezvous)",
      [](const std::string& v, Settings& s) { s.node_rank = parse_count("node_rank", v, true); }},
@@ -219,6 +225,9 @@ std::vector<OptionSpec> failure_options() {
      "rank's stack and a verdict), then stopped (exit 124)",
      [](const std::string& v, Settings& s) {
        s.worker_timeout_auto = v == "auto";
+       if (!s.worker_timeout_auto && !parse_double(v)) {
+         usage("--worker_timeout must be 'auto', a number of seconds, or 0 (off) (got '" + shorten(v) + "')");
+       }
        s.worker_timeout = s.worker_timeout_auto ? std::chrono::milliseconds(0) : parse_seconds("worker_timeout", v, true);
      }},
     {"worker_start_timeout", "", kFault, K::value, "",

@@ -1,5 +1,6 @@
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "ddprun/common/error.hpp"
@@ -18,11 +19,18 @@ std::chrono::milliseconds parse_seconds(const std::string& flag, const std::stri
     usage("--" + flag + " must be a " + std::string(allow_zero ? "non-negative" : "positive") +
           " number of seconds (got '" + v + "')");
   }
-  return std::chrono::milliseconds(static_cast<long long>(*d * 1000.0 + 0.5));
+  const auto ms = static_cast<long long>(*d * 1000.0 + 0.5);
+  if (*d > 0 && ms == 0) {  // (rounded to 0, it would mean "off" or "at once")
+    usage("--" + flag + " is under a millisecond (got '" + v + "'): give 0.001 or more" + (allow_zero ? ", or 0" : ""));
+  }
+  return std::chrono::milliseconds(ms);
 }
 
 int parse_count(const std::string& flag, const std::string& v, bool allow_zero) {
   auto n = parse_int(v, allow_zero ? 0 : 1, 1'000'000);
+  if (!n && parse_int(v, 1'000'001, std::numeric_limits<long long>::max())) {
+    usage("--" + flag + " must be at most 1000000 (got '" + shorten(v) + "')");
+  }
   if (!n) usage("--" + flag + " must be " + (allow_zero ? "a non-negative" : "a positive") + " integer (got '" + v + "')");
   return static_cast<int>(*n);
 }

@@ -33,7 +33,7 @@ TEST_CASE("parse_double takes finite numbers only", "[common]") {
   CHECK(parse_double("1.5") == 1.5);
   CHECK(parse_double("2") == 2.0);
   CHECK(parse_double("1e3") == 1000.0);
-  for (const char* bad : {"", " 1", "1s", "nan", "inf", "1e999", "."}) CHECK_FALSE(parse_double(bad));
+  for (const char* bad : {"", " 1", "1s", "nan", "inf", "1e999", ".", "0x10", "0x1p3", "1 "}) CHECK_FALSE(parse_double(bad));
 }
 
 TEST_CASE("durations and addresses read well in messages", "[common]") {

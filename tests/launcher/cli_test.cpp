@@ -120,6 +120,11 @@ TEST_CASE("PET_ values are parsed as strictly as flags (issue 18, case 8)", "[un
     CHECK_THROWS_WITH(parse({"/bin/true"}, {{"PET_MAX_RESTARTS", bad}}), Catch::Contains("--max_restarts"));
   }
   CHECK(parse({"/bin/true"}, {{"PET_NPROC_PER_NODE", "16"}}).agent.nproc_per_node == 16);
+  // A bad value from the environment names the variable it came from.
+  CHECK_THROWS_WITH(parse({"/bin/true"}, {{"PET_NPROC_PER_NODE", "0x10"}}), Catch::StartsWith("PET_NPROC_PER_NODE='0x10'"));
+  CHECK_THROWS_WITH(parse({"/bin/true"}, {{"PET_HANG_FLOOR", "abc"}}), Catch::StartsWith("PET_HANG_FLOOR='abc'"));
+  CHECK_THROWS_WITH(parse({"/bin/true"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "abc"}}),
+                    Catch::StartsWith("TORCH_ELASTIC_SHUTDOWN_TIMEOUT='abc'"));
   // Switches: 1/true, 0/false (any case); nothing else (PET_STANDALONE: empty is on).
   for (const char* on : {"1", "true", "TRUE", "True"}) {
     CHECK(parse({"/bin/true"}, {{"PET_MODULE", on}, {"PYTHON_EXEC", "/bin/sh"}}).agent.command[0] == "/bin/sh");
@@ -165,6 +170,12 @@ TEST_CASE("heartbeat options: auto by default, the start-up bound and the progre
   CHECK(d.agent.worker_start_timeout == std::chrono::seconds(1800));
   CHECK(parse({"--worker_start_timeout=0", "/bin/true"}).agent.worker_start_timeout.count() == 0);
   CHECK(parse({"--worker_start_timeout=60", "/bin/true"}).agent.worker_start_timeout == std::chrono::seconds(60));
+  // Under a millisecond would round to 0 ("off", or "at once"); hex is not a decimal number.
+  CHECK_THROWS_WITH(parse({"--worker_timeout=0.0004", "/bin/true"}), Catch::Contains("under a millisecond"));
+  CHECK_THROWS_WITH(parse({"--stop_timeout=0.0001", "/bin/true"}), Catch::Contains("under a millisecond"));
+  CHECK_THROWS_WITH(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29400", "--rdzv_conf=join_timeout=0.0001", "/bin/true"}), Catch::Contains("under a millisecond"));
+  CHECK_THROWS_WITH(parse({"--worker_timeout=0x10", "/bin/true"}), Catch::Contains("--worker_timeout"));
+  CHECK(parse({"--worker_timeout=0.001", "/bin/true"}).agent.worker_timeout == std::chrono::milliseconds(1));
   // This test binary sits in the build tree beside share/ddprun/python, as ddprun does.
   CHECK_FALSE(d.agent.python_site_dir.empty());
   CHECK(parse({"--no_progress_hook", "/bin/true"}).agent.python_site_dir.empty());
