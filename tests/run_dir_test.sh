@@ -96,13 +96,24 @@ else
   bad "--log_dir: $(find /tmp/keep -exec stat -c '%a %n' {} \;)"
 fi
 
-# A link planted where a log file goes is not written through.
+# A run's logs go to a directory it made itself: beside an earlier run's (the same run id), never
+# into it, so a link planted where a log file would go there is never reached, and the earlier
+# run's logs stay.
 mkdir -p /tmp/links/linkjob/attempt_0/0 && echo precious > /tmp/victim
 ln -s /tmp/victim /tmp/links/linkjob/attempt_0/0/stdout.log
+echo earlier > /tmp/links/linkjob/attempt_0/0/stderr.log
 "$ddprun" --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:0 --rdzv_id=linkjob --nproc_per_node=1 --log_dir=/tmp/links \
-  --redirects 3 --no_python /bin/sh -c 'echo overwritten' >/dev/null 2>&1
-[ "$(cat /tmp/victim)" = precious ] && ok "a link planted at a log file's path is not followed" \
-  || bad "the victim of a planted link was overwritten: $(cat /tmp/victim)"
+  --redirects 3 --no_python /bin/sh -c 'echo overwritten; echo later >&2' >/dev/null 2>&1
+[ "$(cat /tmp/victim)" = precious ] && [ "$(cat /tmp/links/linkjob/attempt_0/0/stderr.log)" = earlier ] &&
+  [ "$(cat /tmp/links/linkjob.2/attempt_0/0/stdout.log)" = overwritten ] &&
+  [ "$(cat /tmp/links/linkjob.2/attempt_0/0/stderr.log)" = later ] &&
+  ok "a run's logs go beside an earlier run's (linkjob.2): its files kept, a link planted there not reached" \
+  || bad "an earlier run's directory: victim '$(cat /tmp/victim)', $(find /tmp/links -exec stat -c '%a %n' {} \;)"
+# A --log_dir that is a file, or cannot be made, is bad usage: exit 2, at once.
+touch /tmp/afile
+"$ddprun" --log_dir=/tmp/afile/logs --no_python /bin/true >/dev/null 2>&1; rc=$?
+[ $rc -eq 2 ] && ok "a --log_dir below a file exits 2" || bad "a --log_dir below a file: exit $rc"
+rm -f /tmp/afile
 
 # 4. A worker starts with exactly 0, 1 and 2 (no store socket, no pipe of another worker), and 5:
 # its own rank's state area (docs/usage.md: In-memory state), none with --no_state.

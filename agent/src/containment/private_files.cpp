@@ -45,13 +45,13 @@ void check_private(int fd, const std::string& shown, bool want_dir) {
 
 Fd open_private_dir(int parent, const std::string& name, const std::string& shown) {
   if (::mkdirat(parent, name.c_str(), 0700) != 0 && errno != EEXIST) {
-    throw Error("cannot create the log directory '" + shown + "': " + std::strerror(errno) + " (choose another --log_dir)");
+    throw UsageError("cannot create the log directory '" + shown + "': " + std::strerror(errno) + " (choose another --log_dir)");
   }
   Fd fd(::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (fd.get() < 0) {
     int e = errno;
     if (e == ELOOP || e == ENOTDIR) {
-      throw Error("'" + shown + "' is a link or not a directory: refusing to write this job's logs through it; remove "
+      throw UsageError("'" + shown + "' is a link or not a directory: refusing to write this job's logs through it; remove "
                   "it, or choose another --log_dir or --rdzv_id");
     }
     throw Error("cannot open the log directory '" + shown + "': " + std::strerror(e));

@@ -72,12 +72,20 @@ RunDir::RunDir(const AgentOptions& opt, const std::function<void(const std::stri
             !opt.duplicate_stderr_filters.empty()) {
   std::string base = opt.log_dir;
   if (base.empty()) base = temp_root_ = make_temp_root(opt, keep_, announce);
-  run_dir_ = base + "/" + opt.rdzv.run_id;
+  std::string name = opt.rdzv.run_id;
   try {
     // The base is the user's choice (or ddprun's own temporary one): made where missing, and
     // reached through no other user's link planted in a shared directory.
     Fd base_fd = open_dir_refusing_planted_links(base);
-    Fd run = open_private_dir(base_fd.get(), opt.rdzv.run_id, run_dir_);
+    // One node's run in a --log_dir that holds an earlier run's logs (the same run id): in
+    // RUN_ID.2, .3, ... beside them, never over them. (Several nodes share RUN_ID, each below it.)
+    if (!opt.log_dir.empty() && opt.rdzv.max_nodes <= 1) {
+      for (int n = 2; n <= 10'000 && ::mkdirat(base_fd.get(), name.c_str(), 0700) != 0 && errno == EEXIST; ++n) {
+        name = opt.rdzv.run_id + "." + std::to_string(n);
+      }
+    }
+    run_dir_ = base + "/" + name;
+    Fd run = open_private_dir(base_fd.get(), name, run_dir_);
     // Several nodes may share one --log_dir (a network filesystem, or agents on one host): each
     // agent's files go below a directory of its own, named by its host and pid.
     if (!opt.log_dir.empty() && opt.rdzv.max_nodes > 1) {
@@ -89,7 +97,10 @@ RunDir::RunDir(const AgentOptions& opt, const std::function<void(const std::stri
     if (!temp_root_.empty()) ::rmdir(temp_root_.c_str());
     throw;
   }
-  if (!opt.log_dir.empty() || keep_) spdlog::info("ddprun: worker logs in {}", run_dir_);
+  if (!opt.log_dir.empty() || keep_) {
+    spdlog::info("ddprun: worker logs in {}{}", run_dir_,
+                 name == opt.rdzv.run_id ? "" : " (" + base + "/" + opt.rdzv.run_id + " holds an earlier run's)");
+  }
 }
 
 RunDir::~RunDir() {

@@ -31,7 +31,7 @@ void check_link(int parent, const std::string& name, const std::string& shown) {
 }  // namespace
 
 Fd open_dir_refusing_planted_links(const std::string& path) {
-  if (path.empty()) throw Error("the log directory is empty (give --log_dir a path)");
+  if (path.empty()) throw UsageError("the log directory is empty (give --log_dir a path)");
   Fd at(::open(path[0] == '/' ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (at.get() < 0) throw Error("cannot open '" + path + "': " + std::strerror(errno));
   std::string shown = path[0] == '/' ? "" : ".";
@@ -50,11 +50,11 @@ Fd open_dir_refusing_planted_links(const std::string& path) {
           if (fd < 0) throw Error("cannot open the log directory '" + shown + "': " + std::strerror(errno));
           break;
         }
-        throw Error("cannot use '" + shown + "' as a log directory: not a directory");
+        throw UsageError("cannot use '" + shown + "' as a log directory: not a directory");
       }
       if (errno != ENOENT) throw Error("cannot open the log directory '" + shown + "': " + std::strerror(errno));
       if (::mkdirat(at.get(), name.c_str(), 0700) != 0 && errno != EEXIST) {
-        throw Error("cannot create log directory '" + shown + "': " + std::strerror(errno) + " (choose another --log_dir)");
+        throw UsageError("cannot create log directory '" + shown + "': " + std::strerror(errno) + " (choose another --log_dir)");
       }
     }
     if (fd < 0) throw Error("cannot open the log directory '" + shown + "': it keeps changing");
