@@ -187,6 +187,26 @@ TEST_CASE("spares: a single node's last allowed attempt, or a job with --max_res
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("stacks: without --log_dir the dumps a hang report names are kept after ddprun exits, and it says where", "[stacks]") {
+  SKIP_UNLESS(std::filesystem::exists("/usr/bin/eu-stack") || std::filesystem::exists("/usr/bin/gdb"),
+              "neither eu-stack nor gdb is installed (scripts/setup.sh installs elfutils)");
+  auto tmp = temp_dir();
+  auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.5", "--stop_timeout=1", kWorker,
+                       "heartbeat:2:50", "stuck"}),
+                  {{"TMPDIR", tmp}})
+               .finish(60s);
+  CHECK(r.code == 124);
+  INFO(r.err);
+  const std::string mark = "(full dumps: ";
+  const auto at = r.err.find(mark);
+  REQUIRE(at != std::string::npos);
+  const auto file = r.err.substr(at + mark.size(), r.err.find(')', at) - at - mark.size());
+  CHECK(file.rfind(tmp + "/ddprun-", 0) == 0);
+  CHECK_THAT(slurp(file), Catch::Contains("ddprun_test_stuck_in_all_reduce"));
+  CHECK_THAT(r.err, Catch::Contains("the workers' stack dumps are kept in " + tmp + "/ddprun-"));
+  std::filesystem::remove_all(tmp);
+}
+
 TEST_CASE("stacks: --stack_dump_timeout=0 stops a hung group at once, without stacks", "[stacks]") {
   auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.3", "--stop_timeout=1",
                        "--stack_dump_timeout=0", kWorker, "heartbeat:2:50", "stuck"}))

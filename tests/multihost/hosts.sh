@@ -6,7 +6,7 @@
 #
 #   hosts_up N          N hosts h1..hN at $net.1..$net.N (exits 77 where namespaces cannot be
 #                       made; under CI=true that is a failure)
-#   on I CMD...         runs CMD on host I (foreground)
+#   on I CMD...         runs CMD on host I (foreground), with TMPDIR the host's own ($out/tmp-hI)
 #   start I NAME CMD... runs CMD on host I in the background; output in $out/NAME.{out,err},
 #                       its pid in pid_NAME
 #   addr I              host I's address
@@ -85,13 +85,15 @@ hosts_up() {
     ip -n "$ns" link set "h$i-$id" up
     mkdir -p "/etc/netns/$ns"
     printf '%s' "$hosts" >"/etc/netns/$ns/hosts"
+    mkdir -p -m 1777 "$out/tmp-h$i"
   done
 }
 
 on() {
   local i=$1
   shift
-  ip netns exec "ns-$id-h$i" unshare --uts -- /bin/sh -c 'hostname "$0" && exec "$@"' "h$i" "$@"
+  # Its own TMPDIR too, as its own /tmp: what a host killed whole leaves there goes with $out.
+  ip netns exec "ns-$id-h$i" unshare --uts -- env TMPDIR="$out/tmp-h$i" /bin/sh -c 'hostname "$0" && exec "$@"' "h$i" "$@"
 }
 
 start() {
@@ -108,7 +110,7 @@ on_host() {
   on "$i" "$@"
 }
 export -f on on_host
-export id
+export id out
 
 # Waits (bounded, `secs`) until FILE has a line matching PATTERN.
 wait_line() {

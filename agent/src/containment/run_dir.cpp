@@ -104,8 +104,17 @@ RunDir::RunDir(const AgentOptions& opt, const std::function<void(const std::stri
 }
 
 RunDir::~RunDir() {
+  if (kept_for_stacks_) {
+    spdlog::warn("ddprun: the workers' stack dumps are kept in {} (remove it once read; --log_dir puts them "
+                 "where you choose)", run_dir_);
+  }
   if (temp_root_.empty() || keep_) return;
   remove_tree(AT_FDCWD, temp_root_.c_str());
+}
+
+void RunDir::keep_for_stacks() {
+  if (temp_root_.empty() || keep_) return;
+  keep_ = kept_for_stacks_ = true;
 }
 
 std::string RunDir::disposable() const { return keep_ ? std::string() : temp_root_; }

@@ -30,11 +30,15 @@ class RunDir {
   // <run dir>/attempt_<round>/<local_rank> for local ranks 0 .. count-1, in order, created (the
   // run and attempt directories opened once for all).
   std::vector<std::string> worker_dirs(int round, int count) const;
+  // Keeps the temporary directory at the end, saying so: it holds stack dumps a report named.
+  // (A --log_dir is always kept.)
+  void keep_for_stacks();
 
  private:
   std::string run_dir_;
   std::string temp_root_;  // the temporary directory ddprun created, or empty
   bool keep_ = false;
+  bool kept_for_stacks_ = false;
 };
 
 // Creates `dir` and its missing parents, each new one 0700 (existing ones are left as they are),

@@ -37,7 +37,7 @@ const char* to_string(Phase p) {
 }
 
 JobController::JobController(const AgentOptions& opt, WorkerGroup& group, Rendezvous& rdzv, EventLog& events,
-                             const RunDir& dir, std::string node_name, FenceState* fence, const StateAreas* state)
+                             RunDir& dir, std::string node_name, FenceState* fence, const StateAreas* state)
     : opt_(opt), group_(group), rdzv_(rdzv), events_(events), dir_(dir), node_name_(std::move(node_name)), fence_(fence),
       state_(state), clock_(events) {
   rdzv_.set_listener(*this);

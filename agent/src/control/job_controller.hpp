@@ -63,7 +63,7 @@ const char* to_string(Phase p);
 class JobController : public WorkerGroup::Listener, public Rendezvous::Listener {
  public:
   // `node_name`: how the other nodes know this one (failure summaries).
-  JobController(const AgentOptions& opt, WorkerGroup& group, Rendezvous& rdzv, EventLog& events, const RunDir& dir,
+  JobController(const AgentOptions& opt, WorkerGroup& group, Rendezvous& rdzv, EventLog& events, RunDir& dir,
                 std::string node_name, FenceState* fence = nullptr, const StateAreas* state = nullptr);
 
   void start();             // joins the first round
@@ -129,7 +129,7 @@ class JobController : public WorkerGroup::Listener, public Rendezvous::Listener 
   WorkerGroup& group_;
   Rendezvous& rdzv_;
   EventLog& events_;
-  const RunDir& dir_;
+  RunDir& dir_;
   std::string node_name_;
   FenceState* fence_;
   const StateAreas* state_;  // each local rank's state area, handed to its workers; may be null

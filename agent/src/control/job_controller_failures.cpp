@@ -14,6 +14,7 @@ namespace ddprun::agent {
 void JobController::on_stacks_dumped(const std::map<int, std::vector<StackFrame>>& by_rank,
                                      const std::vector<std::string>& files) {
   if (by_rank.empty()) return;
+  if (!files.empty()) dir_.keep_for_stacks();
   std::string where = files.empty() ? "" : " (full dumps: " + files.front().substr(0, files.front().rfind('/')) +
                                                (files.size() > 1 ? " and the other ranks' stack.txt)" : ")");
   write_to_console("ddprun: stacks of the workers on " + node_name_ + ", innermost first" + where + ":\n" +
@@ -35,6 +36,7 @@ void JobController::on_hang_report(const HangReport& report) {
   ++hang_reports_in_attempt_;
   const int seq = ++hang_seq_;
   const bool several = across_nodes();
+  if (!report.files.empty()) dir_.keep_for_stacks();
   write_to_console(format_hang_report(*verdict_, ranks, node_name_, report.reason, report.files, report.stop_in,
                                       report.rank, several));
   if (several) {

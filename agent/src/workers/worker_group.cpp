@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/text.hpp"
 #include "observe/event_log.hpp"
 #include "workers/process_runner.hpp"
@@ -222,12 +223,13 @@ void WorkerGroup::Impl::stop(int sig, Stacks stacks) {
   if (!any || state != State::stopping) return;
   state = State::killing;
   kill_timer.expires_after(opt.stop_timeout);
-  kill_timer.async_wait([this, gen = generation](boost::system::error_code ec) {
+  kill_timer.async_wait([this, sig, gen = generation](boost::system::error_code ec) {
     if (ec || gen != generation) return;
     for (auto& s : slots) {
       if (!s->w.running()) continue;
-      spdlog::warn("ddprun: worker {} (pid {}) did not stop within {} of SIGTERM; {}sending SIGKILL", s->w.spec.rank,
-                   s->w.pid, duration_text(opt.stop_timeout), dump_started ? "" : "collecting its stack, then ");
+      spdlog::warn("ddprun: worker {} (pid {}) did not stop within {} of {}; {}sending SIGKILL", s->w.spec.rank,
+                   s->w.pid, duration_text(opt.stop_timeout), signal_name(sig),
+                   dump_started ? "" : "collecting its stack, then ");
     }
     if (!start_dump([this] { signal_running(SIGKILL); })) signal_running(SIGKILL);
   });
