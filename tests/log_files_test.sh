@@ -27,24 +27,40 @@ ddprun=/tmp/.under-test/ddprun
 as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups "$@"; }
 run() { "$ddprun" --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:0 --nproc_per_node=1 --rdzv_id=job7 "$@" --no_python /bin/echo --api-key=s3cret 2>&1; }
 
-# 1. A shared log directory: the run id's directory made by another user, or a link.
+# 1. A shared log directory: the run id's directory made by another user, or a link. Nodes of one
+# job share it (--nnodes above 1: each node below it in HOST.PID), so such a job must refuse it; a
+# one-node run writes in a directory it makes itself, beside it (job7.2), never through it.
 mkdir -m 1777 /tmp/shared
 as_nobody mkdir -m 0777 /tmp/shared/job7
-out=$(run --log_dir=/tmp/shared --tee=3); rc=$?
+out=$(run --nnodes=1:2 --log_dir=/tmp/shared --tee=3); rc=$?
 if [ $rc -eq 1 ] && echo "$out" | grep -q "'/tmp/shared/job7' belongs to uid 65534 with mode 0777" &&
    [ -z "$(ls -A /tmp/shared/job7)" ]; then
-  ok "a run directory made by another user (0777) is refused, nothing written in it"
+  ok "a run directory made by another user (0777) is refused by a job of several nodes, nothing written in it"
 else
   bad "another user's run directory (exit $rc, contents: $(ls -A /tmp/shared/job7)): $out"
 fi
+out=$(run --log_dir=/tmp/shared --tee=3); rc=$?
+if [ $rc -eq 0 ] && [ -z "$(ls -A /tmp/shared/job7)" ] && grep -q api-key /tmp/shared/job7.2/attempt_0/0/stdout.log; then
+  ok "a one-node run writes beside another user's run directory (job7.2), nothing in it"
+else
+  bad "a one-node run beside another user's run directory (exit $rc, contents: $(ls -A /tmp/shared/job7)): $out"
+fi
+rm -rf /tmp/shared/job7.2
 rmdir /tmp/shared/job7
 as_nobody mkdir -m 0700 /tmp/nobodys && as_nobody ln -s /tmp/nobodys /tmp/shared/job7
-out=$(run --log_dir=/tmp/shared --tee=3); rc=$?
-if [ $rc -eq 1 ] && echo "$out" | grep -q "is a link or not a directory" && [ -z "$(ls -A /tmp/nobodys)" ]; then
-  ok "a link planted as the run directory is refused, nothing written through it"
+out=$(run --nnodes=1:2 --log_dir=/tmp/shared --tee=3); rc=$?
+if [ $rc -eq 2 ] && echo "$out" | grep -q "is a link or not a directory" && [ -z "$(ls -A /tmp/nobodys)" ]; then
+  ok "a link planted as the run directory is refused (exit 2) by a job of several nodes, nothing written through it"
 else
   bad "a planted link (exit $rc): $out"
 fi
+out=$(run --log_dir=/tmp/shared --tee=3); rc=$?
+if [ $rc -eq 0 ] && [ -z "$(ls -A /tmp/nobodys)" ] && [ -f /tmp/shared/job7.2/attempt_0/0/stdout.log ]; then
+  ok "a one-node run writes beside a link planted as its run directory (job7.2), nothing through it"
+else
+  bad "a one-node run beside a planted link (exit $rc, through it: $(ls -A /tmp/nobodys)): $out"
+fi
+rm -rf /tmp/shared/job7.2
 rm /tmp/shared/job7
 out=$(run --log_dir=/tmp/shared --tee=3); rc=$?
 mode=$(stat -c %a /tmp/shared/job7/attempt_0/0)

@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <cstdio>
+
 namespace ddprun {
 namespace {
 
@@ -60,6 +63,14 @@ std::string host_name_problem(const std::string& host) {
   if (!name.empty() && name.back() == '.') name.pop_back();  // the root's dot: not counted
   if (name.empty()) return "the host name is empty";
   if (name.size() > 253) return "the host name has " + std::to_string(name.size()) + " characters, over DNS's 253";
+  for (char c : name) {  // a name's letters, digits, '-', '.' (and '_', which some sites use)
+    const auto u = static_cast<unsigned char>(c);
+    if (!std::isalnum(u) && c != '-' && c != '.' && c != '_') {
+      char shown[8];
+      std::snprintf(shown, sizeof(shown), std::isprint(u) ? "'%c'" : "\\x%02x", u);
+      return std::string("the host name holds ") + shown + ", which no host name or IP address has";
+    }
+  }
   std::size_t start = 0;
   for (;;) {
     std::size_t dot = name.find('.', start);

@@ -226,7 +226,7 @@ TEST_CASE("options: --help lists every option of the table, its value and defaul
 }
 
 // Issue 33: names DNS cannot hold go no further than the command line.
-TEST_CASE("host names over 253 characters or with a label over 63 are usage errors", "[units]") {
+TEST_CASE("host names over 253 characters, with a label over 63 or a character no name has are usage errors", "[units]") {
   const std::string huge(100000, 'a');
   CHECK_THROWS_AS(parse({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=" + huge + ":29400", "/bin/true"}),
                   ddprun::UsageError);
@@ -235,6 +235,10 @@ TEST_CASE("host names over 253 characters or with a label over 63 are usage erro
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--master_addr=" + std::string(64, 'b') + ".example", "/bin/true"}),
                     Catch::Contains("64 characters, over DNS's 63"));
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=a..b", "/bin/true"}), Catch::Contains("empty label"));
+  // A character no host name has (it reached the workers as MASTER_ADDR='a b').
+  CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=a b", "/bin/true"}), Catch::Contains("holds ' '"));
+  CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=x/y", "/bin/true"}), Catch::Contains("holds '/'"));
+  CHECK(parse({"--nnodes=2", "--local_addr=node_3.example-1", "/bin/true"}).agent.rdzv.local_addr == "node_3.example-1");
   // At the limits, and addresses, pass.
   std::string longest;
   for (int i = 0; i < 4; ++i) longest += std::string(i < 3 ? 63 : 61, 'c') + (i < 3 ? "." : "");
