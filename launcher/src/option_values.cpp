@@ -66,6 +66,7 @@ std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& v, std::
     usage("--rdzv_endpoint='" + shorten(v) + "' is malformed: " + why + " (expected HOST[:PORT], e.g. node0:29400 or [::1]:29400)");
   };
   if (v.empty()) bad("empty");
+  if (v.find(',') != std::string::npos) bad("a list; the c10d and static rendezvous take one endpoint (etcd takes a list)");
   std::string host, port;
   bool has_port = false;
   if (v[0] == '[') {

@@ -235,6 +235,8 @@ TEST_CASE("host names over 253 characters, with a label over 63 or a character n
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--master_addr=" + std::string(64, 'b') + ".example", "/bin/true"}),
                     Catch::Contains("64 characters, over DNS's 63"));
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=a..b", "/bin/true"}), Catch::Contains("empty label"));
+  CHECK_THROWS_WITH(parse({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29400,127.0.0.2:29400", "/bin/true"}),
+                    Catch::Contains("take one endpoint"));
   // A character no host name has (it reached the workers as MASTER_ADDR='a b').
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=a b", "/bin/true"}), Catch::Contains("holds ' '"));
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=x/y", "/bin/true"}), Catch::Contains("holds '/'"));

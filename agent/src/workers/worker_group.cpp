@@ -229,7 +229,7 @@ void WorkerGroup::Impl::stop(int sig, Stacks stacks) {
       if (!s->w.running()) continue;
       spdlog::warn("ddprun: worker {} (pid {}) did not stop within {} of {}; {}sending SIGKILL", s->w.spec.rank,
                    s->w.pid, duration_text(opt.stop_timeout), signal_name(sig),
-                   dump_started ? "" : "collecting its stack, then ");
+                   dump_started || opt.stack_dump_timeout.count() == 0 ? "" : "collecting its stack, then ");
     }
     if (!start_dump([this] { signal_running(SIGKILL); })) signal_running(SIGKILL);
   });
