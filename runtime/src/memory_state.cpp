@@ -296,10 +296,6 @@ void MemoryState::write_slot(std::int64_t step, int slot, std::uint64_t gen, con
   write_slot_header(base, h);  // its fields, then the commit word, last
   std::atomic_thread_fence(std::memory_order_seq_cst);
   write_header(map_, kSlots, slot_bytes_, gen << 1 | static_cast<std::uint64_t>(slot));
-  // A count started again: the newest save is the state, the other slot's higher step goes.
-  unsigned char* other = map_ + page() + static_cast<std::size_t>(1 - slot) * slot_bytes_;
-  const SlotHeader o = slot_header(other);
-  if (o.committed_within(slot_bytes_) && o.step > step) write_at<std::uint64_t>(other, 0);
 }
 
 namespace {

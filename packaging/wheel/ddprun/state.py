@@ -399,9 +399,6 @@ def _write(area, slot, gen, step, skeleton, tensors, data_bytes):
     _SLOT.pack_into(area.map, base, 0, gen, step, len(skeleton), data_bytes, chunk, len(crcs))
     _SLOT.pack_into(area.map, base, gen, gen, step, len(skeleton), data_bytes, chunk, len(crcs))  # the commit, last
     _HEADER.pack_into(area.map, 0, _MAGIC, _VERSION, _SLOTS, area.slot_bytes, gen << 1 | slot)
-    other = area.slot(1 - slot)
-    if other is not None and other[1] > step:  # a count started again: the newest save is the state
-        struct.pack_into("<Q", area.map, area.offset(1 - slot), 0)
     _Stats.copy_s += time.perf_counter() - t0
 
 
@@ -480,16 +477,19 @@ def _replicated(replicated):
 
 
 def _step(step):
-    """`step` as an int: an integer (a Python, NumPy or one-element integer torch value) in
-    0 .. 2^63-1; anything else raises StateError before a byte is written."""
+    """`step` as an int: an integer (a Python, NumPy or one-element integer torch value), or a
+    whole float (12.0), in 0 .. 2^63-1; anything else (12.9, True) raises StateError before a byte
+    is written."""
     try:
-        value = operator.index(step)  # not int(): 12.9 would quietly become 12
+        value = None if isinstance(step, bool) else operator.index(step)  # not int(): 12.9 would become 12
     except TypeError:
         item = getattr(step, "item", None)
-        value = item() if callable(item) and getattr(step, "numel", lambda: 0)() == 1 else None
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise StateError(f"ddprun.state.save: step must be an integer (the job's global step), not "
-                             f"{type(step).__name__} {step!r}; the previous state is kept") from None
+        value = item() if callable(item) and getattr(step, "numel", lambda: 0)() == 1 else step
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # 12.0
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise StateError(f"ddprun.state.save: step must be an integer (the job's global step), not "
+                         f"{type(step).__name__} {step!r}; the previous state is kept")
     if not 0 <= value < 2**63:
         raise StateError(f"ddprun.state.save: step {value} is outside 0 .. 2^63-1; save the job's global "
                          f"step, counted from 0 (the previous state is kept)")
@@ -512,6 +512,10 @@ def _save(area, step, obj, replicated):
     if needed > area.capacity():
         raise StateTooLarge(needed, area.capacity())
     found = area.committed()
+    if found and step < max(s for _g, s, _slot in found):
+        warnings.warn(f"ddprun.state.save: step {step} is below step {max(s for _g, s, _slot in found)}, which this "
+                      f"rank holds: load() takes the highest step held; steps must increase (the job's global "
+                      f"step, not a batch index that starts again)", RuntimeWarning, stacklevel=3)
     slot = 1 - found[0][2] if found else 0
     # Never a generation used before: a persist request may name one whose save never ended, and
     # the header's latest keeps the newest ever committed (a load drops newer states: _drop_newer).
@@ -685,7 +689,7 @@ def _agree(held):
     mine = [(step, gen >> _COURSE_SHIFT) for gen, step in held]
     dist = _group()
     if dist is None:
-        return mine[0] if mine else None
+        return max(mine) if mine else None  # the highest step, as ranks agree on (steps increase)
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     common = set(map(tuple, every[0])).intersection(*[set(map(tuple, e)) for e in every[1:]])
