@@ -59,6 +59,11 @@ bool is_ip_literal(const std::string& address) {
 
 std::string host_name_problem(const std::string& host) {
   if (is_ip_literal(host)) return "";
+  // A link-local IPv6 address with its zone (fe80::1%eth0), which getaddrinfo takes.
+  if (const auto pct = host.find('%'); pct != std::string::npos && pct + 1 < host.size() &&
+      is_ip_literal(host.substr(0, pct)) && host.find_first_of("/ \t%", pct + 1) == std::string::npos) {
+    return "";
+  }
   std::string name = host;
   if (!name.empty() && name.back() == '.') name.pop_back();  // the root's dot: not counted
   if (name.empty()) return "the host name is empty";

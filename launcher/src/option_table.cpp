@@ -292,7 +292,11 @@ std::vector<OptionSpec> failure_options() {
      [](const std::string& v, Settings& s) { s.max_same_failures = parse_count("max_same_failures", v, true); }},
     {"monitor_interval", "", kFault, K::value, "0.1",
      "accepted for torchrun compatibility; ddprun sees worker exits as they happen",
-     [](const std::string& v, Settings&) { parse_seconds("monitor_interval", v, true); }},
+     [](const std::string& v, Settings&) {  // (any number torchrun takes: it is not used)
+       if (auto d = parse_double(v); !d || *d < 0) {
+         usage("--monitor_interval must be a non-negative number of seconds (got '" + shorten(v) + "')");
+       }
+     }},
   };
 }
 

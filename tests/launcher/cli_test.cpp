@@ -241,6 +241,8 @@ TEST_CASE("host names over 253 characters, with a label over 63 or a character n
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=a b", "/bin/true"}), Catch::Contains("holds ' '"));
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=x/y", "/bin/true"}), Catch::Contains("holds '/'"));
   CHECK(parse({"--nnodes=2", "--local_addr=node_3.example-1", "/bin/true"}).agent.rdzv.local_addr == "node_3.example-1");
+  CHECK(parse({"--nnodes=2", "--local_addr=fe80::1%eth0", "/bin/true"}).agent.rdzv.local_addr == "fe80::1%eth0");
+  CHECK(parse({"--monitor_interval=0.0001", "/bin/true"}).agent.nproc_per_node == 1);  // torchrun's, unused
   // At the limits, and addresses, pass.
   std::string longest;
   for (int i = 0; i < 4; ++i) longest += std::string(i < 3 ? 63 : 61, 'c') + (i < 3 ? "." : "");

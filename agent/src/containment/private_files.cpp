@@ -43,9 +43,21 @@ void check_private(int fd, const std::string& shown, bool want_dir) {
   }
 }
 
+void throw_log_dir_error(int err, const std::string& what) {
+  // A path no run can use (bad usage: exit 2), or a disk full, a quota, an I/O error (exit 1:
+  // a restart elsewhere may do).
+  if (err == ENOTDIR || err == ELOOP || err == EACCES || err == EPERM || err == EROFS || err == ENAMETOOLONG ||
+      err == ENOENT) {
+    throw UsageError(what);
+  }
+  throw Error(what);
+}
+
 Fd open_private_dir(int parent, const std::string& name, const std::string& shown) {
   if (::mkdirat(parent, name.c_str(), 0700) != 0 && errno != EEXIST) {
-    throw UsageError("cannot create the log directory '" + shown + "': " + std::strerror(errno) + " (choose another --log_dir)");
+    const int e = errno;
+    throw_log_dir_error(e, "cannot create the log directory '" + shown + "': " + std::strerror(e) +
+                               " (choose another --log_dir)");
   }
   Fd fd(::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (fd.get() < 0) {

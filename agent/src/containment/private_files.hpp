@@ -42,6 +42,11 @@ Fd open_private_dir(int parent, const std::string& name, const std::string& show
 // or others. Throws ddprun::Error.
 Fd open_private_file(const std::string& path, int flags);
 
+// Throws `what` about a log directory that could not be made: UsageError where no run could
+// use the path (ENOTDIR, ELOOP, EACCES, EPERM, EROFS, ENAMETOOLONG, ENOENT), else Error (a full
+// disk, a quota, an I/O error).
+[[noreturn]] void throw_log_dir_error(int err, const std::string& what);
+
 // Throws unless the open object `fd` (found at `shown`) is this user's and not writable by group
 // or others (and, with `want_dir`, a directory; else a regular file).
 void check_private(int fd, const std::string& shown, bool want_dir);

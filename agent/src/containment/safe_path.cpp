@@ -54,7 +54,9 @@ Fd open_dir_refusing_planted_links(const std::string& path) {
       }
       if (errno != ENOENT) throw Error("cannot open the log directory '" + shown + "': " + std::strerror(errno));
       if (::mkdirat(at.get(), name.c_str(), 0700) != 0 && errno != EEXIST) {
-        throw UsageError("cannot create log directory '" + shown + "': " + std::strerror(errno) + " (choose another --log_dir)");
+        const int e = errno;
+        throw_log_dir_error(e, "cannot create log directory '" + shown + "': " + std::strerror(e) +
+                                   " (choose another --log_dir)");
       }
     }
     if (fd < 0) throw Error("cannot open the log directory '" + shown + "': it keeps changing");
