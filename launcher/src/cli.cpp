@@ -306,6 +306,17 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
     r.notes.push_back("ddprun: inside Slurm job " + get_env(env, "SLURM_JOB_ID", get_env(env, "SLURM_JOBID", "?")) +
                       ":" + said + " (from SLURM_*; explicit flags and PET_ variables win)");
   }
+  if (!s.worker_timeout_auto) {  // --hang_floor and --hang_stop shape the auto rule only
+    std::string unused;
+    for (const char* name : {"hang_floor", "hang_stop"}) {
+      if (given.values.count(name) || env.count(pet_name(name))) unused += std::string(unused.empty() ? "" : " and ") + "--" + name;
+    }
+    if (!unused.empty()) {
+      r.notes.push_back("ddprun: warning: " + unused + (unused.find(" and ") == std::string::npos ? " applies" : " apply") +
+                        " to --worker_timeout=auto only; with --worker_timeout=" +
+                        (s.worker_timeout.count() ? "S a worker is stopped S seconds after its last beat" : "0 no hang is looked for"));
+    }
+  }
   std::string hook_refused;
   if (!s.no_progress_hook) r.agent.python_site_dir = agent::python_site_dir(&hook_refused);
   if (!hook_refused.empty()) {

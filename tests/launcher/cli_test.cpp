@@ -176,6 +176,12 @@ TEST_CASE("heartbeat options: auto by default, the start-up bound and the progre
   CHECK_THROWS_WITH(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29400", "--rdzv_conf=join_timeout=0.0001", "/bin/true"}), Catch::Contains("under a millisecond"));
   CHECK_THROWS_WITH(parse({"--worker_timeout=0x10", "/bin/true"}), Catch::Contains("--worker_timeout"));
   CHECK(parse({"--worker_timeout=0.001", "/bin/true"}).agent.worker_timeout == std::chrono::milliseconds(1));
+  // --hang_floor and --hang_stop shape the auto rule: given beside a fixed bound, said unused.
+  auto fixed = parse({"--worker_timeout=5", "--hang_stop=10", "/bin/true"});
+  CHECK(std::any_of(fixed.notes.begin(), fixed.notes.end(), [](const std::string& n) {
+    return n.find("--hang_stop applies to --worker_timeout=auto only") != std::string::npos;
+  }));
+  CHECK(parse({"--hang_stop=10", "/bin/true"}).notes.empty());
   // This test binary sits in the build tree beside share/ddprun/python, as ddprun does.
   CHECK_FALSE(d.agent.python_site_dir.empty());
   CHECK(parse({"--no_progress_hook", "/bin/true"}).agent.python_site_dir.empty());
