@@ -112,7 +112,7 @@ def rank_main(rank, package, init):
         found = st.load()
     check(found is not None and found[0] == 20,
           f"rank {rank}: step 21 saved in two courses: the ranks agree on step 20 ({found and found[0]}; {err.getvalue()!r})")
-    st.save(12, state, blocking=True, replicated=("model", "optimizer"))
+    st.save(22, state, blocking=True, replicated=("model", "optimizer"))
     dist.destroy_process_group()
     err = io.StringIO()
     with redirect_stderr(err):
