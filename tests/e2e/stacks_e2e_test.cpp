@@ -187,7 +187,7 @@ TEST_CASE("spares: a single node's last allowed attempt, or a job with --max_res
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("stacks: without --log_dir the dumps a hang report names are kept after ddprun exits, and it says where", "[stacks]") {
+TEST_CASE("stacks: without --log_dir the dumps a hang report names are kept after ddprun exits (on disk), and it says where", "[stacks]") {
   SKIP_UNLESS(std::filesystem::exists("/usr/bin/eu-stack") || std::filesystem::exists("/usr/bin/gdb"),
               "neither eu-stack nor gdb is installed (scripts/setup.sh installs elfutils)");
   auto tmp = temp_dir();
@@ -205,6 +205,27 @@ TEST_CASE("stacks: without --log_dir the dumps a hang report names are kept afte
   CHECK_THAT(slurp(file), Catch::Contains("ddprun_test_stuck_in_all_reduce"));
   CHECK_THAT(r.err, Catch::Contains("the workers' stack dumps are kept in " + tmp + "/ddprun-"));
   std::filesystem::remove_all(tmp);
+  // Without TMPDIR the temporary directory is in memory (/dev/shm): the dumps are copied to a
+  // directory of their own on disk, and the one in memory goes.
+  auto m = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.5", "--stop_timeout=1", kWorker,
+                       "heartbeat:2:50", "stuck"}),
+                  {{"TMPDIR", ""}})
+               .finish(60s);
+  CHECK(m.code == 124);
+  INFO(m.err);
+  const std::string kept = "the workers' stack dumps are kept in ";
+  const auto k = m.err.find(kept);
+  REQUIRE(k != std::string::npos);
+  const auto dir = m.err.substr(k + kept.size(), m.err.find(' ', k + kept.size()) - k - kept.size());
+  CHECK(dir.rfind("/tmp/ddprun-stacks-", 0) == 0);
+  CHECK_THAT(slurp(dir + "/attempt_0/0/stack.txt"), Catch::Contains("ddprun_test_stuck_in_all_reduce"));
+  const auto shm = m.err.find("(full dumps: /dev/shm/ddprun-");
+  CHECK(shm != std::string::npos);
+  if (shm != std::string::npos) {
+    const auto root = m.err.substr(shm + 13, m.err.find('/', shm + 13 + 9) - shm - 13);  // /dev/shm/ddprun-X
+    CHECK_FALSE(std::filesystem::exists(root));
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("stacks: --stack_dump_timeout=0 stops a hung group at once, without stacks", "[stacks]") {

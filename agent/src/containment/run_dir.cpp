@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <spdlog/spdlog.h>
 #include <vector>
 
@@ -106,15 +107,48 @@ RunDir::RunDir(const AgentOptions& opt, const std::function<void(const std::stri
 RunDir::~RunDir() {
   if (kept_for_stacks_) {
     spdlog::warn("ddprun: the workers' stack dumps are kept in {} (remove it once read; --log_dir puts them "
-                 "where you choose)", run_dir_);
+                 "where you choose)", keep_stacks());
   }
   if (temp_root_.empty() || keep_) return;
   remove_tree(AT_FDCWD, temp_root_.c_str());
 }
 
 void RunDir::keep_for_stacks() {
-  if (temp_root_.empty() || keep_) return;
-  keep_ = kept_for_stacks_ = true;
+  if (!temp_root_.empty() && !keep_) kept_for_stacks_ = true;
+}
+
+// The stack dumps out of a temporary directory in memory (/dev/shm), whose RAM a job's NCCL and
+// a container's 64 MB share, into a fresh one on disk (/tmp), as attempt_N/LOCAL_RANK/stack.txt;
+// elsewhere ($TMPDIR), or where the copy fails, the directory is kept as it is.
+std::string RunDir::keep_stacks() {
+  namespace fs = std::filesystem;
+  if (temp_root_.rfind("/dev/shm/", 0) == 0) {
+    std::string dest = "/tmp/ddprun-stacks-XXXXXX";
+    if (::mkdtemp(dest.data()) != nullptr) {
+      bool copied = true;
+      std::error_code ec;
+      // (what cannot be listed has no dumps to copy: the ones that are listed must all copy)
+      for (const auto& attempt : fs::directory_iterator(run_dir_, ec)) {
+        std::error_code skip;
+        if (!attempt.is_directory(skip)) continue;
+        for (const auto& rank : fs::directory_iterator(attempt.path(), skip)) {
+          const auto from = rank.path() / "stack.txt";
+          if (!fs::is_regular_file(fs::symlink_status(from, skip))) continue;
+          const auto to = fs::path(dest) / attempt.path().filename() / rank.path().filename();
+          std::error_code e;
+          // (made under a 0700 directory of this user's, so never seen by another)
+          fs::create_directories(to, e);
+          for (const auto& d : {to.parent_path(), to}) fs::permissions(d, fs::perms::owner_all, e);
+          if (!e) fs::copy_file(from, to / "stack.txt", e);
+          copied = copied && !e;
+        }
+      }
+      if (copied && !ec) return dest;
+      remove_tree(AT_FDCWD, dest.c_str());
+    }
+  }
+  keep_ = true;
+  return run_dir_;
 }
 
 std::string RunDir::disposable() const { return keep_ ? std::string() : temp_root_; }

@@ -30,8 +30,8 @@ class RunDir {
   // <run dir>/attempt_<round>/<local_rank> for local ranks 0 .. count-1, in order, created (the
   // run and attempt directories opened once for all).
   std::vector<std::string> worker_dirs(int round, int count) const;
-  // Keeps the temporary directory at the end, saying so: it holds stack dumps a report named.
-  // (A --log_dir is always kept.)
+  // Keeps the stack dumps a report named past the end, saying where: the temporary directory, or
+  // where that is in memory (/dev/shm) a copy of the dumps on disk (/tmp). (A --log_dir stays.)
   void keep_for_stacks();
 
  private:
@@ -39,6 +39,7 @@ class RunDir {
   std::string temp_root_;  // the temporary directory ddprun created, or empty
   bool keep_ = false;
   bool kept_for_stacks_ = false;
+  std::string keep_stacks();  // at the end: where the dumps are kept
 };
 
 // Creates `dir` and its missing parents, each new one 0700 (existing ones are left as they are),
