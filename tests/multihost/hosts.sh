@@ -71,6 +71,13 @@ hosts_up() {
   nhosts=$1
   [ "$(id -u)" -eq 0 ] || skip_or_fail "multi-host tests need root (network namespaces)"
   command -v ip >/dev/null && command -v unshare >/dev/null || skip_or_fail "iproute2 and util-linux are needed"
+  # Names with this shell's pid that exist are a killed test's, whose pid this one reuses (no
+  # live process has it): gone first.
+  local stale
+  for stale in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^(ddprun-sw-$id|ns-$id-h[0-9]+)$"); do
+    ip netns del "$stale" 2>/dev/null
+  done
+  rm -rf /etc/netns/ns-"$id"-h*
   ip netns add "$sw" 2>/dev/null || skip_or_fail "cannot create network namespaces here"
   ip -n "$sw" link add br0 type bridge && ip -n "$sw" link set br0 up || skip_or_fail "cannot make a bridge"
   local hosts="127.0.0.1 localhost"$'\n'
