@@ -190,41 +190,45 @@ TEST_CASE("spares: a single node's last allowed attempt, or a job with --max_res
 TEST_CASE("stacks: without --log_dir the dumps a hang report names are kept after ddprun exits (on disk), and it says where", "[stacks]") {
   SKIP_UNLESS(std::filesystem::exists("/usr/bin/eu-stack") || std::filesystem::exists("/usr/bin/gdb"),
               "neither eu-stack nor gdb is installed (scripts/setup.sh installs elfutils)");
+  // A one-rank hang with TMPDIR as given ("": unset), and its stderr.
+  auto hang = [](const std::string& tmpdir) {
+    auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.5", "--stop_timeout=1", kWorker,
+                         "heartbeat:2:50", "stuck"}),
+                    {{"TMPDIR", tmpdir}})
+                 .finish(60s);
+    CHECK(r.code == 124);
+    return r.err;
+  };
+  // The text after `mark` up to `end` ("" where `mark` is missing).
+  auto after = [](const std::string& text, const std::string& mark, char end) {
+    const auto at = text.find(mark);
+    if (at == std::string::npos) return std::string();
+    const auto from = at + mark.size();
+    return text.substr(from, text.find(end, from) - from);
+  };
+  const std::string dumps = "(full dumps: ", kept = "the workers' stack dumps are kept in ";
+
   auto tmp = temp_dir();
-  auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.5", "--stop_timeout=1", kWorker,
-                       "heartbeat:2:50", "stuck"}),
-                  {{"TMPDIR", tmp}})
-               .finish(60s);
-  CHECK(r.code == 124);
-  INFO(r.err);
-  const std::string mark = "(full dumps: ";
-  const auto at = r.err.find(mark);
-  REQUIRE(at != std::string::npos);
-  const auto file = r.err.substr(at + mark.size(), r.err.find(')', at) - at - mark.size());
+  auto err = hang(tmp);
+  INFO(err);
+  const auto file = after(err, dumps, ')');
+  REQUIRE_FALSE(file.empty());
   CHECK(file.rfind(tmp + "/ddprun-", 0) == 0);
   CHECK_THAT(slurp(file), Catch::Contains("ddprun_test_stuck_in_all_reduce"));
-  CHECK_THAT(r.err, Catch::Contains("the workers' stack dumps are kept in " + tmp + "/ddprun-"));
+  CHECK_THAT(err, Catch::Contains(kept + tmp + "/ddprun-"));
   std::filesystem::remove_all(tmp);
+
   // Without TMPDIR the temporary directory is in memory (/dev/shm): the dumps are copied to a
   // directory of their own on disk, and the one in memory goes.
-  auto m = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.5", "--stop_timeout=1", kWorker,
-                       "heartbeat:2:50", "stuck"}),
-                  {{"TMPDIR", ""}})
-               .finish(60s);
-  CHECK(m.code == 124);
-  INFO(m.err);
-  const std::string kept = "the workers' stack dumps are kept in ";
-  const auto k = m.err.find(kept);
-  REQUIRE(k != std::string::npos);
-  const auto dir = m.err.substr(k + kept.size(), m.err.find(' ', k + kept.size()) - k - kept.size());
+  auto mem = hang("");
+  INFO(mem);
+  const auto dir = after(mem, kept, ' ');
+  REQUIRE_FALSE(dir.empty());
   CHECK(dir.rfind("/tmp/ddprun-stacks-", 0) == 0);
   CHECK_THAT(slurp(dir + "/attempt_0/0/stack.txt"), Catch::Contains("ddprun_test_stuck_in_all_reduce"));
-  const auto shm = m.err.find("(full dumps: /dev/shm/ddprun-");
-  CHECK(shm != std::string::npos);
-  if (shm != std::string::npos) {
-    const auto root = m.err.substr(shm + 13, m.err.find('/', shm + 13 + 9) - shm - 13);  // /dev/shm/ddprun-X
-    CHECK_FALSE(std::filesystem::exists(root));
-  }
+  const auto in_memory = after(mem, dumps + "/dev/shm/", '/');  // ddprun-X
+  CHECK_FALSE(in_memory.empty());
+  CHECK_FALSE(std::filesystem::exists("/dev/shm/" + in_memory));
   std::filesystem::remove_all(dir);
 }
 
