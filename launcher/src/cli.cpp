@@ -139,6 +139,16 @@ bool pet_flag(const std::string& name, const std::string& v) {
   usage(name + "='" + v + "' is not a switch value: use 1 or true, 0 or false");
 }
 
+// parse(), its usage error naming the environment variable `var` whose `value` it read as --flag.
+template <class Parse>
+auto from_env(const std::string& var, const std::string& value, const std::string& flag, Parse&& parse) {
+  try {
+    return parse();
+  } catch (const UsageError& e) {
+    usage(var + "='" + shorten(value) + "' (the environment, read as --" + flag + "): " + e.what());
+  }
+}
+
 // Each option's value: an explicit flag wins, then PET_<NAME>, then (inside a Slurm step) what
 // Slurm implies, then the default. Every value is checked by the table's parser.
 Settings resolve(const ParsedArgs& given, const std::map<std::string, std::string>& env,
@@ -163,11 +173,10 @@ Settings resolve(const ParsedArgs& given, const std::map<std::string, std::strin
     } else {
       value = o.default_value;
     }
-    try {
+    if (from_pet) {
+      from_env(pet->first, value, o.name, [&] { o.parse(value, s); });
+    } else {
       o.parse(value, s);
-    } catch (const UsageError& e) {
-      if (!from_pet) throw;
-      usage(pet->first + "='" + shorten(value) + "' (the environment, read as --" + o.name + "): " + e.what());
     }
   }
   return s;
@@ -184,9 +193,7 @@ int resolve_nproc(const std::string& v, const HostInfo& host) {
     int g = host.count_gpus();
     return g > 0 ? g : host.cpus;
   }
-  auto n = parse_int(v, 1, 100'000);
-  if (!n) usage("--nproc_per_node must be a positive integer, 'cpu', 'gpu' or 'auto' (got '" + v + "')");
-  return static_cast<int>(*n);
+  return static_cast<int>(*parse_int(v, 1, 100'000));  // (the option table's parser checked it)
 }
 
 // Each local rank's share of --state_memory must make an area: a header page and two slots of at
@@ -238,12 +245,8 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
   if (s.shutdown_timeout) {
     a.stop_timeout = *s.shutdown_timeout;
   } else if (auto t = get_env(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", ""); !t.empty()) {
-    try {
-      a.stop_timeout = parse_seconds("shutdown_timeout", t, false);
-    } catch (const UsageError& e) {
-      usage("TORCH_ELASTIC_SHUTDOWN_TIMEOUT='" + shorten(t) + "' (the environment, read as --shutdown_timeout): " +
-            e.what());
-    }
+    a.stop_timeout = from_env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", t, "shutdown_timeout",
+                              [&] { return parse_seconds("shutdown_timeout", t, false); });
   }
   a.max_same_failures = s.max_same_failures;
   a.virtual_local_rank = s.virtual_local_rank;

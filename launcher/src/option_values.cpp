@@ -86,9 +86,6 @@ std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& v, std::
   }
   if (has_port && port.empty()) bad("empty port");
   if (host.empty()) bad("empty host");
-  for (char c : host) {
-    if (std::isspace(static_cast<unsigned char>(c)) || c == '/' || c == ',') bad("invalid character in host");
-  }
   if (auto why = host_name_problem(host); !why.empty()) bad(why);
   if (!has_port) return {host, default_port};
   auto n = parse_int(port, 0, 65535);
