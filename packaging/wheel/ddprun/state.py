@@ -512,8 +512,9 @@ def _save(area, step, obj, replicated):
     if needed > area.capacity():
         raise StateTooLarge(needed, area.capacity())
     found = area.committed()
-    if found and step < max(s for _g, s, _slot in found):
-        warnings.warn(f"ddprun.state.save: step {step} is below step {max(s for _g, s, _slot in found)}, which this "
+    highest = max((s for _g, s, _slot in found), default=step)
+    if step < highest:
+        warnings.warn(f"ddprun.state.save: step {step} is below step {highest}, which this "
                       f"rank holds: load() takes the highest step held; steps must increase (the job's global "
                       f"step, not a batch index that starts again)", RuntimeWarning, stacklevel=3)
     slot = 1 - found[0][2] if found else 0
@@ -744,7 +745,7 @@ def _load(area, verify, where):
     world = os.environ.get("WORLD_SIZE", "1")
     if area is not None and world.isdigit() and int(world) > 1 and _group() is None:
         warnings.warn(f"ddprun.state: load() before init_process_group in a job of {world} ranks: each rank takes "
-                      f"its own newest state, and the ranks may resume at different steps; call load() after "
+                      f"the highest step it holds, and the ranks may resume at different steps; call load() after "
                       f"init_process_group", RuntimeWarning, stacklevel=3)
     if area is _area and area is not None:
         try:
