@@ -8,6 +8,9 @@
 set -u
 source "$(dirname "$0")/lib.sh"
 ddprun=$1
+# (ddprun's temporary directory, where the hang's stack dumps are kept, goes with this one)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 past='for i in $(seq 25); do touch -d "2000-01-0$((i % 2 + 1))" "$DDPRUN_HEARTBEAT_FILE"; sleep 0.1; done; exit 0'
 out=$(timeout 60 "$ddprun" --standalone --nproc_per_node=2 --worker_timeout=1 --no_python /bin/sh -c "$past" 2>&1)
 rc=$?
@@ -18,7 +21,7 @@ else
 fi
 future='touch -d "2099-01-01" "$DDPRUN_HEARTBEAT_FILE"; exec sleep 30'
 t0=$(date +%s)
-out=$(timeout 60 "$ddprun" --standalone --nproc_per_node=1 --worker_timeout=1 --stop_timeout=1 --no_python /bin/sh -c "$future" 2>&1)
+out=$(TMPDIR=$tmp timeout 60 "$ddprun" --standalone --nproc_per_node=1 --worker_timeout=1 --stop_timeout=1 --no_python /bin/sh -c "$future" 2>&1)
 rc=$?
 secs=$(( $(date +%s) - t0 ))
 if [ $rc -eq 124 ] && [ $secs -lt 10 ] && echo "$out" | grep -q "no heartbeat for"; then

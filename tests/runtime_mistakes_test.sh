@@ -13,14 +13,14 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # run NAME NPROC [ddprun options...] -- MODE: ddprun's output in $work/NAME.txt, exit code in rc,
-# seconds in secs.
+# seconds in secs. Its temporary directory in $work, where the stacks a hang keeps go with it.
 run() {
   local name=$1 n=$2; shift 2
   local opts=()
   while [ "$1" != -- ]; do opts+=("$1"); shift; done
   shift
   local t0; t0=$(date +%s.%N)
-  timeout 120 "$ddprun" --standalone --nproc_per_node="$n" --log_level warn "${opts[@]}" "$worker" "$@" \
+  TMPDIR=$work timeout 120 "$ddprun" --standalone --nproc_per_node="$n" --log_level warn "${opts[@]}" "$worker" "$@" \
     >"$work/$name.txt" 2>&1
   rc=$?
   secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')

@@ -13,8 +13,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <stdexcept>
 #include <map>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,24 @@ struct Result {
   int code = -1;  // exit code, or 128 + signal
   std::string out, err;
   double seconds = 0;
+  // The stack dumps ddprun kept in /tmp after a hang without --log_dir (it says where): removed
+  // with the last copy of this result, so that a test reads them and no run leaves them behind.
+  std::shared_ptr<const std::string> kept_dumps;
 };
+
+// The dumps directory a run's stderr names as kept, when it is one ddprun made in /tmp; else null.
+inline std::shared_ptr<const std::string> own_kept_dumps(const std::string& err) {
+  const std::string mark = "the workers' stack dumps are kept in ", own = "/tmp/ddprun-stacks-";
+  const auto at = err.find(mark + own);
+  if (at == std::string::npos) return nullptr;
+  const auto from = at + mark.size();
+  return std::shared_ptr<const std::string>(new std::string(err.substr(from, err.find(' ', from) - from)),
+                                            [](const std::string* dir) {
+                                              std::error_code ec;
+                                              std::filesystem::remove_all(*dir, ec);
+                                              delete dir;
+                                            });
+}
 
 class Launch {
  public:
@@ -102,6 +120,7 @@ class Launch {
     }
     pid_ = -1;
     r_.seconds = std::chrono::duration<double>(Clock::now() - started_).count();
+    r_.kept_dumps = own_kept_dumps(r_.err);
     return r_;
   }
 

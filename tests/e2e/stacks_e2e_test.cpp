@@ -190,14 +190,14 @@ TEST_CASE("spares: a single node's last allowed attempt, or a job with --max_res
 TEST_CASE("stacks: without --log_dir the dumps a hang report names are kept after ddprun exits (on disk), and it says where", "[stacks]") {
   SKIP_UNLESS(std::filesystem::exists("/usr/bin/eu-stack") || std::filesystem::exists("/usr/bin/gdb"),
               "neither eu-stack nor gdb is installed (scripts/setup.sh installs elfutils)");
-  // A one-rank hang with TMPDIR as given ("": unset), and its stderr.
+  // A one-rank hang with TMPDIR as given ("": unset); the result removes the dumps it kept in /tmp.
   auto hang = [](const std::string& tmpdir) {
     auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.5", "--stop_timeout=1", kWorker,
                          "heartbeat:2:50", "stuck"}),
                     {{"TMPDIR", tmpdir}})
                  .finish(60s);
     CHECK(r.code == 124);
-    return r.err;
+    return r;
   };
   // The text after `mark` up to `end` ("" where `mark` is missing).
   auto after = [](const std::string& text, const std::string& mark, char end) {
@@ -209,7 +209,7 @@ TEST_CASE("stacks: without --log_dir the dumps a hang report names are kept afte
   const std::string dumps = "(full dumps: ", kept = "the workers' stack dumps are kept in ";
 
   auto tmp = temp_dir();
-  auto err = hang(tmp);
+  const auto err = hang(tmp).err;
   INFO(err);
   const auto file = after(err, dumps, ')');
   REQUIRE_FALSE(file.empty());
@@ -220,7 +220,8 @@ TEST_CASE("stacks: without --log_dir the dumps a hang report names are kept afte
 
   // Without TMPDIR the temporary directory is in memory (/dev/shm): the dumps are copied to a
   // directory of their own on disk, and the one in memory goes.
-  auto mem = hang("");
+  const auto run = hang("");
+  const auto& mem = run.err;
   INFO(mem);
   const auto dir = after(mem, kept, ' ');
   REQUIRE_FALSE(dir.empty());
@@ -229,7 +230,8 @@ TEST_CASE("stacks: without --log_dir the dumps a hang report names are kept afte
   const auto in_memory = after(mem, dumps + "/dev/shm/", '/');  // ddprun-X
   CHECK_FALSE(in_memory.empty());
   CHECK_FALSE(std::filesystem::exists("/dev/shm/" + in_memory));
-  std::filesystem::remove_all(dir);
+  REQUIRE(run.kept_dumps);
+  CHECK(*run.kept_dumps == dir);
 }
 
 TEST_CASE("stacks: --stack_dump_timeout=0 stops a hung group at once, without stacks", "[stacks]") {

@@ -36,14 +36,16 @@ def results(text):
     return {int(m.group(1)): m.group(2) for m in re.finditer(r"RESULT rank=(\d+) world=\d+ loss=\S+ checksum=(-?[0-9]+\.[0-9]{6})", text)}
 
 
-def ddp_same_as_torchrun(ddprun, env):
+def ddp_same_as_torchrun(ddprun, env, tmp):
     script = os.path.join(ROOT, "examples", "ddp_train.py")
     p, t_ours = run([ddprun, "--standalone", "--nproc_per_node=2", script, "--epochs", "2"], env)
     require(p.returncode == 0, f"ddprun ran the DDP script (exit {p.returncode}; {p.stderr[-500:]})")
     ours = results(p.stdout)
     require(sorted(ours) == [0, 1], f"both ranks reported under ddprun: {ours}")
     require(len(set(ours.values())) == 1, "ranks agree under ddprun")
-    p, t_theirs = run([sys.executable, TORCHRUN, "--standalone", "--nproc_per_node=2", script, "--epochs", "2"], env)
+    # (torchrun leaves a torchelastic_* directory in its TMPDIR: this test's, removed with it)
+    p, t_theirs = run([sys.executable, TORCHRUN, "--standalone", "--nproc_per_node=2", script, "--epochs", "2"],
+                      dict(env, TMPDIR=tmp))
     require(p.returncode == 0, f"torchrun ran the DDP script (exit {p.returncode}; {p.stderr[-500:]})")
     theirs = results(p.stdout)
     require(ours == theirs, f"same parameters under ddprun and torchrun: {ours} vs {theirs}")
@@ -127,24 +129,46 @@ def two_nodes_same_as_one(ddprun, env, single):
     require(multi == single, f"2 agents x 2 workers == 1 node x 4 workers: {multi} vs {single}")
 
 
-def free_port():
+def start_etcd(data):
+    """A one-member etcd, and its client port. Its ports are picked free, and may be taken by
+    another test before etcd binds them: then etcd exits, and it starts again on new ones (and a
+    fresh data directory). It is up when it answers /health, which no other listener would."""
     import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    import urllib.request
+
+    def free_port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # (never through a proxy)
+    for attempt in range(5):
+        client, peer = free_port(), free_port()
+        etcd = subprocess.Popen(["/usr/bin/etcd", "--name", "e0", "--data-dir", f"{data}{attempt}",
+                                 "--listen-client-urls", f"http://127.0.0.1:{client}",
+                                 "--advertise-client-urls", f"http://127.0.0.1:{client}",
+                                 "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                                 "--initial-cluster", f"e0=http://127.0.0.1:{peer}", "--log-level", "error"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while etcd.poll() is None and time.monotonic() < deadline:
+            try:
+                with direct.open(f"http://127.0.0.1:{client}/health", timeout=1) as health:
+                    if b'"health":"true"' in health.read():
+                        return etcd, client
+            except OSError:
+                pass
+            time.sleep(0.05)
+        etcd.kill()
+        etcd.wait()
+    require(False, "etcd started, listening on its client port, in 5 tries")
 
 
 def two_etcd_agents_same_as_one(ddprun, env, tmp, single):
     """The same DDP job across 2 agents meeting through etcd (--rdzv_backend=etcd)."""
     script = os.path.join(ROOT, "examples", "ddp_train.py")
-    client, peer = free_port(), free_port()
-    etcd = subprocess.Popen(["/usr/bin/etcd", "--name", "e0", "--data-dir", os.path.join(tmp, "etcd"),
-                             "--listen-client-urls", f"http://127.0.0.1:{client}",
-                             "--advertise-client-urls", f"http://127.0.0.1:{client}",
-                             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                             "--initial-cluster", f"e0=http://127.0.0.1:{peer}", "--log-level", "error"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    etcd, client = start_etcd(os.path.join(tmp, "etcd"))
     try:
         args = [ddprun, "--nnodes=2", "--rdzv_backend=etcd", f"--rdzv_endpoint=127.0.0.1:{client}",
                 "--rdzv_id=ddp-etcd", "--rdzv_conf=join_timeout=60", "--nproc_per_node=2", script, "--epochs", "2"]
@@ -169,7 +193,7 @@ def main():
         skip("etcd is not installed (scripts/setup.sh installs etcd-server)")
     env = dict(os.environ, PYTHON_EXEC="/usr/bin/python3")
     with tempfile.TemporaryDirectory() as tmp:
-        ddp_same_as_torchrun(args.ddprun, env)
+        ddp_same_as_torchrun(args.ddprun, env, tmp)
         tcpstore_script(args.ddprun, env, tmp)
         error_file(args.ddprun, env, tmp)
         single = one_node_of_four(args.ddprun, env)
