@@ -234,12 +234,16 @@ TEST_CASE("stacks: without --log_dir the dumps a hang report names are kept afte
   CHECK(*run.kept_dumps == dir);
 }
 
-TEST_CASE("stacks: --stack_dump_timeout=0 stops a hung group at once, without stacks", "[stacks]") {
+TEST_CASE("stacks: --stack_dump_timeout=0 stops a hung group at once, without stacks (states only, no dump kept)", "[stacks]") {
   auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.3", "--stop_timeout=1",
                        "--stack_dump_timeout=0", kWorker, "heartbeat:2:50", "stuck"}))
                .finish(60s);
+  INFO(r.err);
   CHECK(r.code == 124);
   CHECK_THAT(r.err, !Catch::Contains("stacks of the workers"));
+  CHECK_THAT(r.err, Catch::Contains("reading every rank's state (no stacks: --stack_dump_timeout=0)"));
+  CHECK_THAT(r.err, Catch::Contains("]: (no stack: --stack_dump_timeout=0)"));
+  CHECK_THAT(r.err, !Catch::Contains("full dumps") && !Catch::Contains("dumps are kept"));
 }
 
 TEST_CASE("stacks: a hang on one node makes every node dump its own workers' stacks", "[stacks][multinode]") {

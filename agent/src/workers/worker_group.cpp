@@ -435,7 +435,8 @@ void WorkerGroup::Impl::find_hang(SteadyClock::time_point now) {
     }
     hang = Hang{w.spec.local_rank, s->hb.last(), now, silence_reason(*s, now), false, std::nullopt};
     w.silent_s = secs(s->hb.silent(now));
-    spdlog::warn("ddprun: rank {} (pid {}) looks hung: {}; reading every rank's stack", w.spec.rank, w.pid, hang->reason);
+    spdlog::warn("ddprun: rank {} (pid {}) looks hung: {}; reading every rank's {}", w.spec.rank, w.pid, hang->reason,
+                 opt.stack_dump_timeout.count() > 0 ? "stack" : "state (no stacks: --stack_dump_timeout=0)");
     inspect();
     return;
   }

@@ -111,9 +111,12 @@ void WorkerGroup::Impl::read_stacks() {
   in.window = std::chrono::duration<double>(now - in.started).count();
   in.deadline = now + std::max(opt.stack_dump_timeout, std::chrono::milliseconds(500));
   in.python_by = now + (in.deadline - now) / 2;
+  const bool off = opt.stack_dump_timeout.count() <= 0;  // states only
   for (auto& t : in.targets) {
     t.after = runner.sample(t.pid);
-    if (t.python) {
+    if (off) {
+      t.python_note = "--stack_dump_timeout=0";
+    } else if (t.python) {
       if (t.before.state == 'T' || t.before.state == 't') {
         t.python_note = "stopped: it reads no signal until it is continued";
       } else if (opt.stack_signal > 0 && t.before.catches(opt.stack_signal) && !t.slot->w.spec.heartbeat_file.empty()) {
@@ -127,7 +130,7 @@ void WorkerGroup::Impl::read_stacks() {
     }
     // A stopped process is not attached to (a debugger's detach could continue it), nor one in
     // uninterruptible sleep (the attach would wait on it).
-    t.native_wanted = opt.stack_dump_timeout.count() > 0 && !stopped_or_gone(t.before.state) && t.before.state != 'D';
+    t.native_wanted = !off && !stopped_or_gone(t.before.state) && t.before.state != 'D';
   }
   poll_inspection();
 }
@@ -204,7 +207,8 @@ void WorkerGroup::Impl::finish_inspection() {
       }
       text += *t.native;
     }
-    if (!t.slot->w.spec.dir.empty() && write_stack_file(t.slot->w.spec.dir + "/stack.txt", text)) {
+    // (a rank without a stack has no dump to name, nor to keep)
+    if (!text.empty() && !t.slot->w.spec.dir.empty() && write_stack_file(t.slot->w.spec.dir + "/stack.txt", text)) {
       report.files.push_back(t.slot->w.spec.dir + "/stack.txt");
     }
     report.ranks.push_back(std::move(v));
