@@ -66,7 +66,8 @@ Fd open_private_dir(int parent, const std::string& name, const std::string& show
       throw UsageError("'" + shown + "' is a link or not a directory: refusing to write this job's logs through it; remove "
                   "it, or choose another --log_dir or --rdzv_id");
     }
-    throw Error("cannot open the log directory '" + shown + "': " + std::strerror(e));
+    throw_log_dir_error(e, "cannot open the log directory '" + shown + "': " + std::strerror(e) +
+                               " (choose another --log_dir)");
   }
   check_private(fd.get(), shown, true);
   return fd;
