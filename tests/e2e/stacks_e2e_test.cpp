@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "e2e/agents.hpp"
@@ -187,51 +188,80 @@ TEST_CASE("spares: a single node's last allowed attempt, or a job with --max_res
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("stacks: without --log_dir the dumps a hang report names are kept after ddprun exits (on disk), and it says where", "[stacks]") {
+// The text after `mark` up to `end` ("" where `mark` is missing).
+std::string after(const std::string& text, const std::string& mark, char end) {
+  const auto at = text.find(mark);
+  if (at == std::string::npos) return std::string();
+  const auto from = at + mark.size();
+  return text.substr(from, text.find(end, from) - from);
+}
+
+// ddprun's temporary directory, from a worker's DDPRUN_HEARTBEAT_FILE (ddprun-X/RUN_ID/attempt_0/...).
+std::string temp_root(const std::string& out) {
+  const auto file = after(out, "DDPRUN_HEARTBEAT_FILE=", '\n');
+  const auto at = file.find("/attempt_");
+  return at == std::string::npos ? std::string() : std::filesystem::path(file.substr(0, at)).parent_path().string();
+}
+
+const std::string kDumps = "(full dumps: ", kKept = "the workers' stack dumps are kept in ";
+
+TEST_CASE("stacks: without --log_dir the dumps a hang report names are copied beside the temporary directory, which goes, and ddprun says where", "[stacks]") {
   SKIP_UNLESS(std::filesystem::exists("/usr/bin/eu-stack") || std::filesystem::exists("/usr/bin/gdb"),
               "neither eu-stack nor gdb is installed (scripts/setup.sh installs elfutils)");
   // A one-rank hang with TMPDIR as given ("": unset); the result removes the dumps it kept in /tmp.
   auto hang = [](const std::string& tmpdir) {
     auto r = Launch(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=0.5", "--stop_timeout=1", kWorker,
-                         "heartbeat:2:50", "stuck"}),
+                         "env", "heartbeat:2:50", "stuck"}),
                     {{"TMPDIR", tmpdir}})
                  .finish(60s);
     CHECK(r.code == 124);
     return r;
   };
-  // The text after `mark` up to `end` ("" where `mark` is missing).
-  auto after = [](const std::string& text, const std::string& mark, char end) {
-    const auto at = text.find(mark);
-    if (at == std::string::npos) return std::string();
-    const auto from = at + mark.size();
-    return text.substr(from, text.find(end, from) - from);
+  // The report's dump, in the directory the end names, and the temporary directory gone.
+  auto check = [](const Result& r, const std::string& where) {
+    INFO(r.out << r.err);
+    const auto file = after(r.err, kDumps, ')'), kept = after(r.err, kKept, ' ');
+    REQUIRE_FALSE(kept.empty());
+    CHECK(kept.rfind(where + "/ddprun-stacks-", 0) == 0);
+    CHECK(file == kept + "/attempt_0/0/stack.txt");
+    CHECK_THAT(slurp(file), Catch::Contains("ddprun_test_stuck_in_all_reduce"));
+    const auto root = temp_root(r.out);
+    CHECK_FALSE(root.empty());
+    CHECK_FALSE(std::filesystem::exists(root));
   };
-  const std::string dumps = "(full dumps: ", kept = "the workers' stack dumps are kept in ";
 
   auto tmp = temp_dir();
-  const auto err = hang(tmp).err;
-  INFO(err);
-  const auto file = after(err, dumps, ')');
-  REQUIRE_FALSE(file.empty());
-  CHECK(file.rfind(tmp + "/ddprun-", 0) == 0);
-  CHECK_THAT(slurp(file), Catch::Contains("ddprun_test_stuck_in_all_reduce"));
-  CHECK_THAT(err, Catch::Contains(kept + tmp + "/ddprun-"));
+  check(hang(tmp), tmp);
   std::filesystem::remove_all(tmp);
 
-  // Without TMPDIR the temporary directory is in memory (/dev/shm): the dumps are copied to a
-  // directory of their own on disk, and the one in memory goes.
+  // Without TMPDIR the temporary directory is in memory (/dev/shm): the dumps go to /tmp.
   const auto run = hang("");
-  const auto& mem = run.err;
-  INFO(mem);
-  const auto dir = after(mem, kept, ' ');
-  REQUIRE_FALSE(dir.empty());
-  CHECK(dir.rfind("/tmp/ddprun-stacks-", 0) == 0);
-  CHECK_THAT(slurp(dir + "/attempt_0/0/stack.txt"), Catch::Contains("ddprun_test_stuck_in_all_reduce"));
-  const auto in_memory = after(mem, dumps + "/dev/shm/", '/');  // ddprun-X
-  CHECK_FALSE(in_memory.empty());
-  CHECK_FALSE(std::filesystem::exists("/dev/shm/" + in_memory));
-  REQUIRE(run.kept_dumps);
-  CHECK(*run.kept_dumps == dir);
+  check(run, "/tmp");
+  CHECK(run.kept_dumps);
+}
+
+TEST_CASE("stacks: the dumps a hang report names outlive an agent killed after it (kill -9: its guardian removes the temporary directory)", "[stacks]") {
+  SKIP_UNLESS(std::filesystem::exists("/usr/bin/eu-stack") || std::filesystem::exists("/usr/bin/gdb"),
+              "neither eu-stack nor gdb is installed (scripts/setup.sh installs elfutils)");
+  Launch l(cmd({"--standalone", "--nproc_per_node=1", "--worker_timeout=auto", "--hang_floor=0.5", "--hang_stop=60",
+                kWorker, "env", "heartbeat:2:50", "stuck"}));
+  const auto deadline = Clock::now() + 30s;
+  while (Clock::now() < deadline && l.err().find("the workers still run") == std::string::npos) {
+    l.wait_for("\x01", 1, 50ms);  // pumps both streams for a moment
+  }
+  const auto file = after(l.err(), kDumps, ')');
+  const auto root = temp_root(l.out());
+  INFO(l.out() << l.err());
+  REQUIRE(file.rfind("/tmp/ddprun-stacks-", 0) == 0);
+  REQUIRE_FALSE(root.empty());
+  l.signal(SIGKILL);
+  l.finish(10s);
+  for (auto until = Clock::now() + 10s; std::filesystem::exists(root) && Clock::now() < until;) {
+    std::this_thread::sleep_for(20ms);  // the guardian's removal, after the agent's death
+  }
+  CHECK_FALSE(std::filesystem::exists(root));
+  CHECK_THAT(slurp(file), Catch::Contains("ddprun_test_stuck_in_all_reduce"));
+  std::filesystem::remove_all(file.substr(0, file.find("/attempt_")));
 }
 
 TEST_CASE("stacks: --stack_dump_timeout=0 stops a hung group at once, without stacks (states only, no dump kept)", "[stacks]") {

@@ -105,50 +105,46 @@ RunDir::RunDir(const AgentOptions& opt, const std::function<void(const std::stri
 }
 
 RunDir::~RunDir() {
-  if (kept_for_stacks_) {
-    spdlog::warn("ddprun: the workers' stack dumps are kept in {} (remove it once read; --log_dir puts them "
-                 "where you choose)", keep_stacks());
+  for (const auto* dir : {&stacks_dir_, kept_for_stacks_ ? &run_dir_ : nullptr}) {
+    if (dir && !dir->empty()) {
+      spdlog::warn("ddprun: the workers' stack dumps are kept in {} (remove it once read; --log_dir puts them "
+                   "where you choose)", *dir);
+    }
   }
   if (temp_root_.empty() || keep_) return;
   remove_tree(AT_FDCWD, temp_root_.c_str());
 }
 
-void RunDir::keep_for_stacks() {
-  if (!temp_root_.empty() && !keep_) kept_for_stacks_ = true;
-}
-
-// The stack dumps out of a temporary directory in memory (/dev/shm), whose RAM a job's NCCL and
-// a container's 64 MB share, into a fresh one on disk (/tmp), as attempt_N/LOCAL_RANK/stack.txt;
-// elsewhere ($TMPDIR), or where the copy fails, the directory is kept as it is.
-std::string RunDir::keep_stacks() {
+std::vector<std::string> RunDir::keep_stacks(const std::vector<std::string>& files) {
   namespace fs = std::filesystem;
-  if (temp_root_.rfind("/dev/shm/", 0) == 0) {
-    std::string dest = "/tmp/ddprun-stacks-XXXXXX";
-    if (::mkdtemp(dest.data()) != nullptr) {
-      bool copied = true;
-      std::error_code ec;
-      // (what cannot be listed has no dumps to copy: the ones that are listed must all copy)
-      for (const auto& attempt : fs::directory_iterator(run_dir_, ec)) {
-        std::error_code skip;
-        if (!attempt.is_directory(skip)) continue;
-        for (const auto& rank : fs::directory_iterator(attempt.path(), skip)) {
-          const auto from = rank.path() / "stack.txt";
-          if (!fs::is_regular_file(fs::symlink_status(from, skip))) continue;
-          const auto to = fs::path(dest) / attempt.path().filename() / rank.path().filename();
-          std::error_code e;
-          // (made under a 0700 directory of this user's, so never seen by another)
-          fs::create_directories(to, e);
-          for (const auto& d : {to.parent_path(), to}) fs::permissions(d, fs::perms::owner_all, e);
-          if (!e) fs::copy_file(from, to / "stack.txt", e);
-          copied = copied && !e;
-        }
-      }
-      if (copied && !ec) return dest;
-      remove_tree(AT_FDCWD, dest.c_str());
-    }
+  if (temp_root_.empty() || keep_ || files.empty()) return files;
+  if (stacks_dir_.empty()) {
+    const bool in_memory = temp_root_.rfind("/dev/shm/", 0) == 0;  // (whose RAM a job's NCCL shares)
+    std::string dir = (in_memory ? std::string("/tmp") : fs::path(temp_root_).parent_path().string()) +
+                      "/ddprun-stacks-XXXXXX";
+    if (::mkdtemp(dir.data()) != nullptr) stacks_dir_ = dir;
   }
-  keep_ = true;
-  return run_dir_;
+  std::vector<std::string> kept;
+  const std::string below = run_dir_ + "/";
+  for (const auto& from : files) {
+    std::error_code e = std::make_error_code(std::errc::invalid_argument);
+    fs::path to;
+    if (!stacks_dir_.empty() && from.rfind(below, 0) == 0) {
+      e.clear();
+      to = fs::path(stacks_dir_) / from.substr(below.size());
+      // (attempt_N/LOCAL_RANK, made 0700 under a 0700 directory of this user's)
+      for (const auto& d : {to.parent_path().parent_path(), to.parent_path()}) {
+        if (!e && fs::create_directory(d, e)) fs::permissions(d, fs::perms::owner_all, e);
+      }
+      if (!e) fs::copy_file(from, to, fs::copy_options::overwrite_existing, e);
+    }
+    if (e) {  // the temporary directory is kept whole instead, where the report says
+      keep_ = kept_for_stacks_ = true;
+      return files;
+    }
+    kept.push_back(to.string());
+  }
+  return kept;
 }
 
 std::string RunDir::disposable() const { return keep_ ? std::string() : temp_root_; }

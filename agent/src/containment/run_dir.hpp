@@ -30,16 +30,20 @@ class RunDir {
   // <run dir>/attempt_<round>/<local_rank> for local ranks 0 .. count-1, in order, created (the
   // run and attempt directories opened once for all).
   std::vector<std::string> worker_dirs(int round, int count) const;
-  // Keeps the stack dumps a report named past the end, saying where: the temporary directory, or
-  // where that is in memory (/dev/shm) a copy of the dumps on disk (/tmp). (A --log_dir stays.)
-  void keep_for_stacks();
+  // The stack dumps a report is about to name, where they will outlive the agent, however it ends
+  // (the guardian removes the temporary directory when the agent is killed): copied now from the
+  // temporary directory into one of their own beside it (ddprun-stacks-XXXXXX in /tmp for one in
+  // /dev/shm, else in the same place), which nothing removes, as attempt_N/LOCAL_RANK/stack.txt.
+  // A --log_dir, or a temporary directory kept for its logs, stays as it is: the same paths.
+  // ddprun says at the end where they are.
+  std::vector<std::string> keep_stacks(const std::vector<std::string>& files);
 
  private:
   std::string run_dir_;
   std::string temp_root_;  // the temporary directory ddprun created, or empty
   bool keep_ = false;
-  bool kept_for_stacks_ = false;
-  std::string keep_stacks();  // at the end: where the dumps are kept
+  std::string stacks_dir_;     // where the dumps are copied, once one was
+  bool kept_for_stacks_ = false;  // a copy failed: the temporary directory is kept whole instead
 };
 
 // Creates `dir` and its missing parents, each new one 0700 (existing ones are left as they are),

@@ -12,9 +12,9 @@
 namespace ddprun::agent {
 
 void JobController::on_stacks_dumped(const std::map<int, std::vector<StackFrame>>& by_rank,
-                                     const std::vector<std::string>& files) {
+                                     const std::vector<std::string>& dumped) {
   if (by_rank.empty()) return;
-  if (!files.empty()) dir_.keep_for_stacks();
+  const auto files = dir_.keep_stacks(dumped);
   std::string where = files.empty() ? "" : " (full dumps: " + files.front().substr(0, files.front().rfind('/')) +
                                                (files.size() > 1 ? " and the other ranks' stack.txt)" : ")");
   write_to_console("ddprun: stacks of the workers on " + node_name_ + ", innermost first" + where + ":\n" +
@@ -36,8 +36,8 @@ void JobController::on_hang_report(const HangReport& report) {
   ++hang_reports_in_attempt_;
   const int seq = ++hang_seq_;
   const bool several = across_nodes();
-  if (!report.files.empty()) dir_.keep_for_stacks();
-  write_to_console(format_hang_report(*verdict_, ranks, node_name_, report.reason, report.files, report.stop_in,
+  const auto files = dir_.keep_stacks(report.files);
+  write_to_console(format_hang_report(*verdict_, ranks, node_name_, report.reason, files, report.stop_in,
                                       report.rank, several));
   if (several) {
     if (!exchange_) exchange_ = std::make_unique<HangExchange>(group_.loop());
@@ -63,7 +63,7 @@ void JobController::on_hang_report(const HangReport& report) {
                                  {"reason", report.reason}, {"silent_s", report.silent_s},
                                  {"kind", to_string(verdict_->kind)}, {"blamed", verdict_->blamed},
                                  {"verdict", verdict_->text}, {"stacks", stacks}, {"states", states},
-                                 {"files", report.files}, {"node_only", several},
+                                 {"files", files}, {"node_only", several},
                                  {"stop_in_s", std::chrono::duration<double>(report.stop_in).count()}});
 }
 
