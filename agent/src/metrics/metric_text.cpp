@@ -37,7 +37,7 @@ std::string number(double v) {
 
 void MetricText::declare(const std::string& name, const std::string& help, Type type) {
   std::lock_guard<std::mutex> lk(mu_);
-  families_.push_back(Family{name, help, type, {}});
+  families_.push_back(Family{name, help, type, {}, {}, {}});
 }
 
 void MetricText::declare_histogram(const std::string& name, const std::string& help, std::vector<double> bounds) {
