@@ -311,7 +311,8 @@ void StateCopies::send(Round& r) {
             std::vector<std::optional<Sending::Pending>>(static_cast<std::size_t>(n)),
             nullptr};
   for (int i = 0; i < n; ++i) s.sent[static_cast<std::size_t>(i)] = get_u64(areas_.fd(i), sl::kLatestAt) >> 1;
-  std::optional<std::chrono::steady_clock::time_point> failing, held;
+  std::optional<std::chrono::steady_clock::time_point> failing;
+  std::chrono::steady_clock::time_point held{};  // since when the saves are held back ({}: they are not)
   // Idle (no new state, no step pending), the areas are looked at again after 5 ms; until a
   // state was copied this round, less and less often, up to every 100 ms, or every second while
   // this node has seen no state in the job: a node whose workers do not save costs next to
@@ -335,15 +336,15 @@ void StateCopies::send(Round& r) {
       for (int i = 0; i < n; ++i) put_u64(areas_.fd(i), sl::kHoldLimitAt, limit);
     }
     if (!holding) {
-      held.reset();
-    } else if (!held) {
+      held = {};
+    } else if (held == std::chrono::steady_clock::time_point{}) {
       held = now;
-    } else if (!s.unpinned && now - *held > give_up) {
+    } else if (!s.unpinned && now - held > give_up) {
       s.unpin(areas_);
       spdlog::warn("ddprun: round {}: a save has waited {:.0f} s for its step to reach every rank's buddy (does "
                    "every rank save the same steps? is the buddy node out of room?); the saves stop waiting for "
                    "the copies until one does: a node lost meanwhile may lose its ranks' state",
-                   round, std::chrono::duration<double>(now - *held).count());
+                   round, std::chrono::duration<double>(now - held).count());
     }
     try {
       bool busy = false;
