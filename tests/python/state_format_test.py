@@ -147,6 +147,37 @@ def native_state(st):
     check(got is None and "native trainer" in said, f"a native trainer's state: not loaded, and said so: {said.strip()}")
 
 
+def tied(st):
+    import torch
+
+    # Tied weights (one Parameter under two names: state_dict() gives each a detach()) are saved
+    # once, and load as one memory: a model of a bit over half the capacity fits.
+    n = st.capacity() * 6 // 10 // 4
+    emb, head = torch.nn.Embedding(n // 8, 8), torch.nn.Linear(8, n // 8, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.Sequential(emb, head)
+    sd = model.state_dict()
+    check(sd["0.weight"] is not sd["1.weight"] and sd["0.weight"].data_ptr() == sd["1.weight"].data_ptr(),
+          "state_dict() of tied weights: two tensors over one memory")
+    try:
+        square = torch.randn(3, 3)
+        st.save(10, {"model": sd, "square": square, "t": square.t()})
+        st.wait()
+    except st.StateTooLarge as e:
+        check(False, f"tied weights saved once: {e}")
+        return
+    got = st.load()
+    w0, w1, t = got[1]["model"]["0.weight"], got[1]["model"]["1.weight"], got[1]["t"]
+    check(got[0] == 10 and torch.equal(w0, emb.weight) and w0.data_ptr() == w1.data_ptr(),
+          "... they load as one memory, with their values")
+    check(torch.equal(t, square.t()) and torch.equal(got[1]["square"], square), "a transposed view of a tensor stays its own")
+    fresh = torch.nn.Sequential(torch.nn.Embedding(n // 8, 8), torch.nn.Linear(8, n // 8, bias=False))
+    fresh[1].weight = fresh[0].weight
+    fresh.load_state_dict(got[1]["model"])
+    check(torch.equal(fresh[1].weight, emb.weight) and fresh[1].weight is fresh[0].weight,
+          "... and into a tied model, still tied")
+
+
 def pinned(st):
     # A persist request pins a state until the agent has copied it: the save that would write
     # its slot waits on its thread (both committed states stay whole), then goes on; a save never
@@ -370,6 +401,7 @@ def main():
     slots(st, held, want, derived)
     too_large_and_fence(st)
     native_state(st)
+    tied(st)
     pinned(st)
     copies_hold(st)
     count_again(st)

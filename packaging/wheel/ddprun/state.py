@@ -260,6 +260,7 @@ class _Skeleton(pickle.Pickler):
         self.shared, self.world, self.rank = shared, world, rank
         self.space = []  # [(tensor, offset)] of the replicated tensors
         self.space_bytes = 0
+        self.seen = {}  # a tensor's memory and view -> its pid
 
     def persistent_id(self, obj):
         if not isinstance(obj, self.torch.Tensor):
@@ -271,15 +272,23 @@ class _Skeleton(pickle.Pickler):
                              f"save {instead})")
         nbytes = obj.numel() * obj.element_size()
         dtype, shape, grad = str(obj.dtype).replace("torch.", ""), tuple(obj.shape), bool(obj.requires_grad)
+        # The same memory seen the same way again (tied weights: state_dict() gives one detach() a
+        # key) is saved once, and loads as one memory again.
+        key = (obj.data_ptr(), str(obj.device), dtype, shape, obj.stride(), grad, obj.is_conj(), obj.is_neg())
+        if key in self.seen:
+            return self.seen[key]
         if id(obj) in self.shared:
             offset = self.space_bytes
             self.space.append((obj, offset))
             self.space_bytes = _align(offset + nbytes)
-            return ("s", dtype, shape, offset, grad)
-        offset = self.data
-        self.tensors.append((obj, offset, nbytes))
-        self.data = _align(offset + nbytes)
-        return ("t", dtype, shape, offset, grad)
+            pid = ("s", dtype, shape, offset, grad)
+        else:
+            offset = self.data
+            self.tensors.append((obj, offset, nbytes))
+            self.data = _align(offset + nbytes)
+            pid = ("t", dtype, shape, offset, grad)
+        self.seen[key] = pid
+        return pid
 
     def split(self):
         """The record of the split (the world, this rank, where its range starts in the space
