@@ -113,4 +113,12 @@ std::string source_address_towards(const std::string& host) {
   return out;
 }
 
+std::string bound_address(int fd) {
+  sockaddr_storage local{};
+  socklen_t len = sizeof(local);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) return "";
+  if (local.ss_family != AF_INET && local.ss_family != AF_INET6) return "";
+  return numeric(reinterpret_cast<sockaddr*>(&local), len);
+}
+
 }  // namespace ddprun

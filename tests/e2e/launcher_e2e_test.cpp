@@ -77,6 +77,18 @@ TEST_CASE("every rank gets torchrun's environment", "[e2e]") {
   CHECK(error_files.size() == 3);
 }
 
+TEST_CASE("one node with --master_addr a name: the workers get the numeric address the store listens on", "[e2e]") {
+  // (torchrun passes the name on; a worker's resolver may then answer ::1 first for localhost)
+  auto r = Launch(with_ddprun({"--master_addr=localhost", "--master_port=0", kWorker, "env"})).finish();
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  const auto env = parse_env(r.out, 0);
+  const auto addr = env.at("MASTER_ADDR");
+  CHECK((addr == "127.0.0.1" || addr == "::1"));
+  CHECK_THAT(r.err, Catch::Contains("store " + addr + ":" + env.at("MASTER_PORT") + ")") ||
+                        Catch::Contains("store [" + addr + "]:" + env.at("MASTER_PORT") + ")"));
+}
+
 TEST_CASE("a binary runs directly, with ${local_rank} substituted in its arguments", "[e2e]") {
   Launch l(with_ddprun({"--standalone", "--nproc-per-node", "2", kWorker, "arg", "--shard=${local_rank}", "x"}));
   auto r = l.finish();

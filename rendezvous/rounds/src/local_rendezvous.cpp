@@ -1,6 +1,7 @@
 #include "local_rendezvous.hpp"
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/net.hpp"
 #include "ddprun/common/system.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 #include "workers_store.hpp"
@@ -25,6 +26,11 @@ LocalRendezvous::LocalRendezvous(const RendezvousOptions& opt, Post post, WhenRe
                 ": the address is already in use (another job?). Use --standalone to pick a free port, "
                 "or another --master_port.");
   }
+  // The workers get the numeric address the store listens on, as with several nodes: a name
+  // given as --master_addr (localhost, this host's) is resolved once, here, by the bind (a
+  // worker's resolver might answer ::1 first for localhost, where the store does not listen).
+  const auto bound = bound_address(store_->listen_fd());
+  if (!bound.empty() && bound != "0.0.0.0" && bound != "::") host_ = bound;
   // Listening from here on; its thread starts when the first client connects (join()): a
   // launch whose workers never use the store (not PyTorch) neither starts nor stops one. A
   // client waits in the listen queue meanwhile.

@@ -30,4 +30,7 @@ bool is_loopback(const std::string& address);
 // Empty when `host` does not resolve or no route leads there.
 std::string source_address_towards(const std::string& host);
 
+// The numeric address the socket `fd` is bound to ("" when it is not, or is not IP).
+std::string bound_address(int fd);
+
 }  // namespace ddprun
