@@ -48,7 +48,11 @@ std::vector<std::string> resolve_command(const std::vector<std::string>& program
   } else {
     std::string path = agent::find_executable(script, path_env);
     if (path.empty()) {
-      if (is_file(script) || is_file("./" + script)) {
+      if (script.find('/') == std::string::npos && is_file(script) && ::access(script.c_str(), X_OK) == 0) {
+        usage("'" + script + "' is not in PATH (a name without '/' is looked up there, as a shell does); to run the "
+              "file in this directory, give ./" + script);
+      }
+      if (is_file(script)) {
         usage("'" + script + "' is not executable: chmod +x it, or name a .py script to run it with Python");
       }
       usage("training program '" + script + "' not found (not a file, and not in PATH)");
@@ -100,7 +104,7 @@ std::string bash_completion() {
          "  case $prev in\n"
          "    --nproc_per_node|--nproc-per-node) COMPREPLY=($(compgen -W \"1 2 4 8 cpu gpu auto\" -- \"$cur\")); return ;;\n"
          "    --rdzv_backend|--rdzv-backend) COMPREPLY=($(compgen -W \"static c10d\" -- \"$cur\")); return ;;\n"
-         "    --log_level|--log-level) COMPREPLY=($(compgen -W \"debug info warn error\" -- \"$cur\")); return ;;\n"
+         "    --log_level|--log-level) COMPREPLY=($(compgen -W \"trace debug info warn error off\" -- \"$cur\")); return ;;\n"
          "    --redirects|--tee|-r|-t) COMPREPLY=($(compgen -W \"0 1 2 3\" -- \"$cur\")); return ;;\n"
          "    --log_dir|--log-dir) COMPREPLY=($(compgen -d -- \"$cur\")); return ;;\n"
          "    " + takes + ") COMPREPLY=(); return ;;\n"
@@ -319,6 +323,14 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
                         " to --worker_timeout=auto only; with --worker_timeout=" +
                         (s.worker_timeout.count() ? "S a worker is stopped S seconds after its last beat" : "0 no hang is looked for"));
     }
+  }
+  if (!s.logs_specs.empty()) {
+    r.notes.push_back("ddprun: warning: --logs_specs=" + s.logs_specs + " names a plug-in of torchrun's, which ddprun "
+                      "does not load: it writes the workers' logs itself (--log_dir, --redirects, --tee)");
+  }
+  if (!s.event_log_handler.empty() && s.event_log_handler != "null") {
+    r.notes.push_back("ddprun: warning: --event_log_handler=" + s.event_log_handler + " names a handler of torchrun's, "
+                      "which ddprun does not load: its events go to --events_file (JSON Lines)");
   }
   std::string hook_refused;
   if (!s.no_progress_hook) r.agent.python_site_dir = agent::python_site_dir(&hook_refused);

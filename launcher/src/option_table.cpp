@@ -95,10 +95,10 @@ std::string parse_run_id(const std::string& id) {
 }
 
 std::string parse_log_level(const std::string& v) {
-  for (const char* ok : {"debug", "info", "warn", "error", "trace", "off"}) {
+  for (const char* ok : {"trace", "debug", "info", "warn", "error", "off"}) {
     if (v == ok) return v;
   }
-  usage("--log_level must be debug, info, warn or error (got '" + v + "')");
+  usage("--log_level must be trace, debug, info, warn, error or off (got '" + v + "')");
 }
 
 std::string not_empty(const char* flag, const std::string& v) {
@@ -310,7 +310,12 @@ std::vector<OptionSpec> program_options() {
     {"run_path", "", kProgram, K::flag, "", "accepted for compatibility: runs the script with Python like the default",
      [](const std::string&, Settings&) {}},
     {"start_method", "", kProgram, K::value, "spawn", "accepted for compatibility (spawn, fork, forkserver)",
-     [](const std::string&, Settings&) {}},
+     [](const std::string& v, Settings&) {
+       if (v != "spawn" && v != "fork" && v != "forkserver") {
+         usage("--start_method must be spawn, fork or forkserver, as torchrun's (got '" + v + "'); ddprun starts "
+               "every worker the same way whichever is given");
+       }
+     }},
   };
 }
 
@@ -336,11 +341,18 @@ std::vector<OptionSpec> output_options() {
      [](const std::string& v, Settings& s) { s.duplicate_stdout_filters = parse_filters(v); }},
     {"duplicate_stderr_filters", "", kOutput, K::value, "", "as --duplicate_stdout_filters, for stderr (filtered_stderr.log)",
      [](const std::string& v, Settings& s) { s.duplicate_stderr_filters = parse_filters(v); }},
-    {"log_level", "", kOutput, K::value, "info", "ddprun's own messages: debug, info, warn, error",
+    {"log_level", "", kOutput, K::value, "info", "ddprun's own messages: trace, debug, info, warn, error, off",
      [](const std::string& v, Settings& s) { s.log_level = parse_log_level(v); }},
     {"events_file", "", kOutput, K::value, "",
      "append machine-readable events (JSON Lines) to this file; also DDPRUN_EVENTS_FILE",
      [](const std::string& v, Settings& s) { s.events_file = v; }},
+    {"logs_specs", "", kOutput, K::value, "",
+     "accepted for torchrun 2.x compatibility (its LogsSpecs plug-in): ddprun writes the logs itself, as --log_dir, "
+     "--redirects and --tee say",
+     [](const std::string& v, Settings& s) { s.logs_specs = v; }},
+    {"event_log_handler", "", kOutput, K::value, "null",
+     "accepted for torchrun 2.x compatibility (its event handler): ddprun's events go to --events_file",
+     [](const std::string& v, Settings& s) { s.event_log_handler = v; }},
   };
 }
 

@@ -47,6 +47,7 @@ struct Settings {
   std::string local_ranks_filter;
   std::string log_level;
   std::string events_file;
+  std::string logs_specs, event_log_handler;  // torchrun 2.x's plug-ins: accepted, said to be ignored
   std::string numa_binding;
   bool report_bindings = false;
   int max_same_failures = 0;

@@ -362,6 +362,11 @@ TEST_CASE("bad input gets one clear message and exit 2", "[e2e]") {
     CHECK(Launch::occurrences(r.err, "\n") == 1);  // one line
     CHECK(r.err.find("terminate called") == std::string::npos);
   }
+  // An executable file in the working directory named without './': PATH is searched, not it.
+  fs::permissions(not_exec, fs::perms::owner_all);
+  auto r = Launch({"/bin/sh", "-c", "cd " + dir + " && exec " + kDdprun + " --standalone train"}).finish();
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("'train' is not in PATH") && Catch::Contains("give ./train"));
   fs::remove_all(dir);
 }
 

@@ -72,8 +72,8 @@ TEST_CASE("store placement follows the rendezvous flags", "[units]") {
 
 TEST_CASE("every option of the table reads PET_NAME and is validated by the table's parser", "[units]") {
   // Free text by design: names, paths, addresses, accepted-and-ignored compatibility options.
-  const std::set<std::string> free_text = {"role", "local_addr", "log_dir", "events_file", "start_method",
-                                           "local_ranks_filter", "master_addr", "rdzv_conf", "log_line_prefix_template",
+  const std::set<std::string> free_text = {"role", "local_addr", "log_dir", "events_file", "local_ranks_filter",
+                                           "logs_specs", "event_log_handler", "master_addr", "rdzv_conf", "log_line_prefix_template",
                                            "duplicate_stdout_filters", "duplicate_stderr_filters"};
   int checked = 0;
   for (const auto& o : launcher::option_table()) {
@@ -84,6 +84,16 @@ TEST_CASE("every option of the table reads PET_NAME and is validated by the tabl
     ++checked;
   }
   CHECK(checked >= 15);
+  // Compatibility options still take only what torchrun takes.
+  for (const char* m : {"spawn", "fork", "forkserver"}) CHECK_NOTHROW(parse({std::string("--start_method=") + m, "/bin/true"}));
+  for (const char* l : {"trace", "off"}) CHECK(parse({std::string("--log_level=") + l, "/bin/true"}).log_level == l);
+  // torchrun 2.x's plug-in flags: accepted (a 2.x command line runs), said to be ignored.
+  const auto plugins = parse({"--logs-specs=my.Specs", "--event-log-handler=console", "/bin/true"}).notes;
+  CHECK(std::count_if(plugins.begin(), plugins.end(), [](const std::string& n) {
+          return n.find("--logs_specs=my.Specs names a plug-in") != std::string::npos ||
+                 n.find("--event_log_handler=console names a handler") != std::string::npos;
+        }) == 2);
+  CHECK(parse({"--event_log_handler=null", "/bin/true"}).notes.empty());
   // An explicit flag wins over PET_, PET_ over the default.
   CHECK(parse({"--max_restarts=2", "/bin/true"}, {{"PET_MAX_RESTARTS", "5"}}).agent.max_restarts == 2);
   CHECK(parse({"/bin/true"}, {{"PET_MAX_RESTARTS", "5"}}).agent.max_restarts == 5);
