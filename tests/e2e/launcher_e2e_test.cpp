@@ -132,14 +132,21 @@ TEST_CASE("a worker killed by a signal gives 128 + the signal", "[e2e]") {
   CHECK_THAT(r.err, Catch::Contains("signal SIGSEGV (11)"));
 }
 
-TEST_CASE("the error file a worker writes appears in the summary", "[e2e]") {
-  Launch l(with_ddprun({"--standalone", "--nproc_per_node=1", kWorker, "errorfile", "exit:1"}));
-  auto r = l.finish();
-  INFO(r.out << r.err);
-  CHECK(r.code == 1);
-  CHECK_THAT(r.err, Catch::Contains("ValueError: loss is NaN at step 7"));
-  CHECK_THAT(r.err, Catch::Contains("File \"train.py\", line 12, in step"));
-  CHECK_THAT(r.err, Catch::Contains("error file : /"));
+TEST_CASE("the error file a worker writes appears in the summary (its path where it is kept)", "[e2e]") {
+  auto dir = temp_dir();
+  for (const bool logs : {false, true}) {
+    auto r = Launch(with_ddprun({"--standalone", "--nproc_per_node=1", "--log_dir=" + (logs ? dir : std::string()),
+                                 kWorker, "errorfile", "exit:1"}))
+                 .finish();
+    INFO(r.out << r.err);
+    CHECK(r.code == 1);
+    CHECK_THAT(r.err, Catch::Contains("ValueError: loss is NaN at step 7"));
+    CHECK_THAT(r.err, Catch::Contains("File \"train.py\", line 12, in step"));
+    // (without --log_dir the file is in ddprun's temporary directory, gone at the end)
+    CHECK(Launch::occurrences(r.err, "error file : " + dir + "/") == (logs ? 1 : 0));
+    CHECK(Launch::occurrences(r.err, "error file :") == (logs ? 1 : 0));
+  }
+  fs::remove_all(dir);
 }
 
 TEST_CASE("one worker dying while another blocks tears the group down at once", "[e2e]") {

@@ -294,6 +294,8 @@ void JobController::start_workers() {
 void JobController::on_worker_failed(const Worker& w, const std::string& reason, int code, FailureKind kind) {
   auto when = w.running() ? std::chrono::system_clock::now() : w.ended_wall;
   FailureRecord f = make_failure_record(w.spec.rank, w.spec.local_rank, w.pid, w.status, when, w.spec.error_file, {});
+  // (one in ddprun's temporary directory is gone when the summary is read: what it held is in it)
+  if (const auto temp = dir_.disposable(); !temp.empty() && f.error_file.rfind(temp + "/", 0) == 0) f.error_file.clear();
   f.host = node_name_;
   f.reason = reason;
   f.exit_code = code;
@@ -383,7 +385,7 @@ void JobController::decide() {
       if (info_.group_world > 1) spdlog::info("ddprun: all {} nodes finished; job done", info_.group_world);
       return finish(0, Rendezvous::Ack::yes);
     case Kind::stopped:
-      spdlog::warn("ddprun: stopped by {}; workers ended after {:.2f} s", signal_name(e.signal),
+      spdlog::warn("ddprun: stopped by {}; the workers had run {:.2f} s", signal_name(e.signal),
                    seconds_since(attempt_started_));
       return finish(128 + (e.signal > 0 ? e.signal : SIGTERM), Rendezvous::Ack::yes);
     case Kind::failure:
