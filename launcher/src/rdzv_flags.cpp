@@ -110,6 +110,8 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
   z.min_nodes = s.min_nodes;
   z.max_nodes = s.max_nodes;
   z.local_addr = s.local_addr;
+  z.max_restarts = s.max_restarts;
+  z.max_same_failures = s.max_same_failures;
   if (s.standalone) {
     if (s.max_nodes != 1) usage("--standalone runs a single node: drop --nnodes or set it to 1");
     z.store_host = "127.0.0.1";

@@ -4,6 +4,7 @@
 #include <csignal>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "round_state.hpp"
 #include "rules_nodes.hpp"
@@ -378,6 +379,76 @@ TEST_CASE("rules: a stop during the rendezvous reaches every node waiting in it"
   CHECK(n.rec[0]->failed.front().signal == SIGINT);
   CHECK_THAT(n.rec[0]->failed.front().message, Catch::Contains("stopped by SIGINT"));
   CHECK(n.rec[1]->wait([&] { return n.rec[1]->finished == 1; }));
+}
+
+TEST_CASE("rules: a stop during the rendezvous ends the job - a node within close_timeout is told, a relaunch after it meets",
+          "[rules]") {
+  Nodes n(2, 2);
+  n.opt.close_timeout = 600ms;
+  n.add();
+  n.nodes[0]->join(0, 0);
+  n.nodes[0]->leave(0, SIGTERM);  // (alone in its round: stopped before it ran)
+  REQUIRE(n.rec[0]->wait([&] { return n.rec[0]->finished == 1; }));
+  const int late = n.add();
+  n.nodes[late]->join(0, 0);
+  REQUIRE(n.rec[late]->wait_failed());
+  CHECK(n.rec[late]->failed.front().kind == FK::finished);
+  CHECK_THAT(n.rec[late]->failed.front().message, Catch::Contains("already finished") && Catch::Contains("close_timeout"));
+  std::this_thread::sleep_for(700ms);  // (close_timeout: the run id is free again)
+  const int a = n.add(), b = n.add();
+  n.nodes[a]->join(0, -1);  // (new to the job, as an agent's first join)
+  n.nodes[b]->join(0, -1);
+  for (int i : {a, b}) {
+    REQUIRE(n.rec[i]->wait_ready());
+    CHECK(n.rec[i]->ready.front().round == 2);  // after the stopped round and its marker
+    CHECK(n.rec[i]->failed.empty());
+  }
+}
+
+TEST_CASE("rules: a join that times out abandons its round - a relaunch with the run id meets at once, in the next", "[rules]") {
+  Nodes n(2, 2);
+  n.opt.join_timeout = 300ms;
+  n.add();
+  n.nodes[0]->join(0, 0);
+  REQUIRE(n.rec[0]->wait_failed());
+  CHECK(n.rec[0]->failed.front().kind == FK::timeout);
+  CHECK_THAT(n.world->value("r0/closed").value_or(""), Catch::Contains("abandoned"));
+  n.opt.join_timeout = 10s;
+  const int a = n.add(), b = n.add();
+  const auto t0 = std::chrono::steady_clock::now();
+  n.nodes[a]->join(0, -1);
+  n.nodes[b]->join(0, -1);
+  for (int i : {a, b}) {
+    REQUIRE(n.rec[i]->wait_ready());
+    CHECK(n.rec[i]->ready.front().round == 1);
+  }
+  // (the timed-out node's arrival counted in round 0: it was kept 60 s for a record never written)
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+}
+
+TEST_CASE("rules: nodes with other keep-alives or another restart policy are refused at once, naming both", "[rules]") {
+  Nodes n(1, 2);
+  n.opt.max_restarts = 3;
+  n.opt.max_same_failures = 0;
+  n.add();
+  n.nodes[0]->join(0, 0);
+  REQUIRE(n.rec[0]->wait_ready());
+  const int fast = n.add(0, [](RendezvousOptions& o) {
+    o.keep_alive_interval = 500ms;  // judged lost after 1 s by it: the others beat every 5 s
+    o.keep_alive_max_attempt = 2;
+  });
+  const int policy = n.add(0, [](RendezvousOptions& o) { o.max_restarts = 0; });
+  for (int i : {fast, policy}) n.nodes[i]->join(0, 0);
+  for (int i : {fast, policy}) {
+    REQUIRE(n.rec[i]->wait_failed());
+    CHECK(n.rec[i]->failed.front().kind == FK::in_use);
+  }
+  CHECK_THAT(n.rec[fast]->failed.front().message,
+             Catch::Contains("keep_alive_interval=5 s, keep_alive_max_attempt=3; this node: keep_alive_interval=500 ms, "
+                             "keep_alive_max_attempt=2") &&
+                 Catch::Contains("give every node of a job the same settings"));
+  CHECK_THAT(n.rec[policy]->failed.front().message,
+             Catch::Contains("--max_restarts=3, --max_same_failures=0; this node: --max_restarts=0"));
 }
 
 TEST_CASE("rules: a malformed record is a typed failure naming the key", "[rules]") {

@@ -61,7 +61,16 @@ void RoundRules::connect() {
     spdlog::info("ddprun: run id '{}' finished {} s ago; starting it again from round {}", opt_.run_id,
                  (now - m.at_ms) / 1000, first_round_);
   }
-  const RunConfig mine{opt_.backend, opt_.min_nodes, opt_.max_nodes};
+  RunConfig mine{opt_.backend, opt_.min_nodes, opt_.max_nodes};
+  if (opt_.backend != BackendKind::etcd) {  // (etcd: each node's own lease, watched by etcd)
+    mine.keep_alive_ms = opt_.keep_alive_interval.count();
+    mine.keep_alive_attempts = opt_.keep_alive_max_attempt;
+  }
+  if (opt_.max_restarts && opt_.max_same_failures) {
+    mine.restart_policy = true;
+    mine.max_restarts = *opt_.max_restarts;
+    mine.max_same_failures = *opt_.max_same_failures;
+  }
   const RunConfig theirs = parse_config(c.name(config), c.create(config, config_json(mine)));
   if (theirs.protocol != mine.protocol) {
     throw RendezvousError(K::in_use, "rendezvous: run id '" + opt_.run_id + "' is in use on " + where_ +
@@ -69,10 +78,10 @@ void RoundRules::connect() {
                                          std::to_string(theirs.protocol) + "; this node: " + std::to_string(mine.protocol) +
                                          "): run the same ddprun on every node of a job");
   }
-  if (!(theirs == mine)) {
+  if (const auto diff = theirs.differences(mine); !diff.empty()) {
     throw RendezvousError(K::in_use, "rendezvous: run id '" + opt_.run_id + "' is in use on " + where_ +
-                                         " by a job with other settings (" + theirs.describe() + "; this node: " +
-                                         mine.describe() + "); give this job its own --rdzv_id");
+                                         " by a job with other settings (" + diff + "); give every node of a job "
+                                         "the same settings, or this job its own --rdzv_id");
   }
 }
 
@@ -148,11 +157,18 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
     }
   } else if (!wait_for_others(c, round, deadline, true)) {
     throw_if_stopped(c, round);
-    throw RendezvousError(K::timeout, "rendezvous: only " + std::to_string(c.add(joins, 0)) + " of the " +
-                                          std::to_string(opt_.min_nodes) + " nodes needed joined round " +
-                                          std::to_string(round) + " on " + where_ + " within " +
-                                          duration_text(opt_.join_timeout) +
-                                          " (join_timeout); start the other nodes, or lower --nnodes");
+    // Given up, the round is abandoned (first writer wins): whoever waits in it meets in the next
+    // one, and so does a relaunch with this run id, where this node's arrival would count for a
+    // node that never comes. Closed meanwhile, this node is in it after all.
+    const int gone = opt_.backend == BackendKind::static_ranks ? opt_.node_rank : idx;
+    if (parse_closed(c.name(closed), c.create(closed, closed_json(Closed::abandoned(gone)))).kind ==
+        Closed::Kind::abandoned) {
+      throw RendezvousError(K::timeout, "rendezvous: only " + std::to_string(c.add(joins, 0)) + " of the " +
+                                            std::to_string(opt_.min_nodes) + " nodes needed joined round " +
+                                            std::to_string(round) + " on " + where_ + " within " +
+                                            duration_text(opt_.join_timeout) +
+                                            " (join_timeout); start the other nodes, or lower --nnodes");
+    }
   }
   const Closed result = parse_closed(c.name(closed), existing(c, closed));
   if (result.kind == Closed::Kind::abandoned) return -1;

@@ -74,6 +74,13 @@ void RoundRules::announce_stop(Connection& c, int round, int signal) {
   Assignment none;
   none.stopped = true;
   for (int i = 0; i < members; ++i) c.create(round_key(round, Name::assign, i), assignment_json(none));
+  // Stopped before it ran, the job is over, as one that ran is once its members acknowledge the
+  // end: the marker tells a late node so, and lets a relaunch with this run id meet after
+  // close_timeout (the stopped round would stop it forever).
+  if (stood == stop) {
+    c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms(time_)}), Lifetime::marker);
+    c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
+  }
   if (!backend_.holds_records()) return;
   bool others = c.add(round_key(round, Name::join), 0) > 1;
   if (!c.wait({round_key(round, Name::stop_seen)}, time_.now() + (others ? 1500ms : 300ms))) {

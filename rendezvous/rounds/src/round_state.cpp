@@ -107,11 +107,41 @@ std::string RunConfig::describe() const {
          (min_nodes == max_nodes ? "" : " to " + std::to_string(max_nodes)) + " node" + (max_nodes == 1 ? "" : "s");
 }
 
+std::string RunConfig::differences(const RunConfig& mine) const {
+  std::string out;
+  auto add = [&](const std::string& theirs, const std::string& ours) {
+    out += (out.empty() ? "" : "; and ") + theirs + "; this node: " + ours;
+  };
+  if (!(*this == mine)) add(describe(), mine.describe());
+  if (keep_alive_ms >= 0 && mine.keep_alive_ms >= 0 &&
+      (keep_alive_ms != mine.keep_alive_ms || keep_alive_attempts != mine.keep_alive_attempts)) {
+    auto ka = [](const RunConfig& c) {
+      return "keep_alive_interval=" + duration_text(std::chrono::milliseconds(c.keep_alive_ms)) +
+             ", keep_alive_max_attempt=" + std::to_string(c.keep_alive_attempts);
+    };
+    add(ka(*this), ka(mine));
+  }
+  if (restart_policy && mine.restart_policy &&
+      (max_restarts != mine.max_restarts || max_same_failures != mine.max_same_failures)) {
+    auto policy = [](const RunConfig& c) {
+      return "--max_restarts=" + std::to_string(c.max_restarts) + ", --max_same_failures=" + std::to_string(c.max_same_failures);
+    };
+    add(policy(*this), policy(mine));
+  }
+  return out;
+}
+
 std::string config_json(const RunConfig& c) {
-  return text(json{{"backend", to_string(c.backend)},
-                   {"min_nodes", c.min_nodes},
-                   {"max_nodes", c.max_nodes},
-                   {"protocol", c.protocol}});
+  json j{{"backend", to_string(c.backend)}, {"min_nodes", c.min_nodes}, {"max_nodes", c.max_nodes}, {"protocol", c.protocol}};
+  if (c.keep_alive_ms >= 0) {
+    j["keep_alive_ms"] = c.keep_alive_ms;
+    j["keep_alive_attempts"] = c.keep_alive_attempts;
+  }
+  if (c.restart_policy) {
+    j["max_restarts"] = c.max_restarts;
+    j["max_same_failures"] = c.max_same_failures;
+  }
+  return text(j);
 }
 
 RunConfig parse_config(const std::string& key, const std::string& value) {
@@ -130,6 +160,11 @@ RunConfig parse_config(const std::string& key, const std::string& value) {
   c.max_nodes = field<int>(j, key, "max_nodes", 0);
   if (c.min_nodes < 1 || c.max_nodes < c.min_nodes) malformed(key, "min_nodes/max_nodes out of range");
   c.protocol = field<int>(j, key, "protocol", 1);
+  c.keep_alive_ms = field<long long>(j, key, "keep_alive_ms", -1);
+  c.keep_alive_attempts = field<int>(j, key, "keep_alive_attempts", -1);
+  c.restart_policy = j.contains("max_restarts");
+  c.max_restarts = field<int>(j, key, "max_restarts", -1);
+  c.max_same_failures = field<int>(j, key, "max_same_failures", -1);
   return c;
 }
 

@@ -90,10 +90,21 @@ struct RunConfig {
   int min_nodes = 1;
   int max_nodes = 1;
   int protocol = kRoundProtocol;
+  // What else every node of a job must share, where recorded (-1: not, as in records of this
+  // version written before these fields): the keep-alives by which a store backend's nodes judge
+  // each other lost (each by its own: a node that beats slower than another judges is lost over
+  // and over), and the restart policy every member applies alike to a failed round.
+  long long keep_alive_ms = -1;
+  int keep_alive_attempts = -1;
+  int max_restarts = -1, max_same_failures = -1;  // (-1 also: unlimited, never; see the JSON)
+  bool restart_policy = false;                    // max_restarts and max_same_failures recorded
   bool operator==(const RunConfig& o) const {
     return backend == o.backend && min_nodes == o.min_nodes && max_nodes == o.max_nodes && protocol == o.protocol;
   }
   std::string describe() const;  // "c10d, 2 to 4 nodes"
+  // How `mine` differs from this standing config, as "X; this node: Y" parts; "" when alike
+  // (a field one of them does not record is alike).
+  std::string differences(const RunConfig& mine) const;
 };
 std::string config_json(const RunConfig& c);
 RunConfig parse_config(const std::string& key, const std::string& value);

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace ddprun::rounds {
@@ -52,6 +53,9 @@ struct RendezvousOptions {
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
   int keep_alive_max_attempt = 3;
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
+  // The agents' restart policy (--max_restarts, --max_same_failures), which every member of a
+  // round applies alike: a node that joins with another is refused. Unset: not compared.
+  std::optional<int> max_restarts, max_same_failures;
 
   // etcd: the cluster's members ("h1:2379,h2:2379", "https://h1:2379"), the key prefix (keys
   // under <prefix>/<run_id>/), each node's lease (a node silent this long is lost), credentials.
