@@ -7,6 +7,8 @@
 #include <mutex>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "ddprun/common/error.hpp"
 #include "ddprun/rendezvous/auth.hpp"
 #include "ddprun/rendezvous/protocol.hpp"
@@ -82,9 +84,12 @@ struct TcpStore::Impl {
     auto backoff = std::chrono::milliseconds(10);
     std::string last;
     bool busy = false;
+    bool mute = false;  // a listener there took the connection, and never answered as a store
     for (;;) {
+      bool accepted = false;
       try {
         Socket s = Socket::connect(options.host, options.port, until);
+        accepted = true;
         if (!options.secret.empty()) authenticate(s, until);
         std::string hello;
         wire::put_u8(hello, opcode(Op::kValidate));
@@ -93,13 +98,23 @@ struct TcpStore::Impl {
         auto nonce = static_cast<std::uint32_t>(::getpid());
         wire::put_u32(hello, nonce);
         s.send_all(hello, until);
+        // A store answers at once; something else (an HTTP server, a wrong port) is said to be
+        // there after 10 s, the wait going on (a store that is only slow answers later).
+        if (!s.wait_readable(std::min(until, Clock::now() + std::chrono::seconds(10))) && Clock::now() < until) {
+          spdlog::warn("ddprun: {} took the connection but has not answered the store's handshake within 10 s: is it "
+                       "a ddprun or PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)? Waiting until the time-out",
+                       address);
+        }
         std::uint32_t echo = 0;
         s.recv_exact(&echo, sizeof(echo), until);
         if (echo == auth::kRefusedMarker) {
           throw AuthError("the store at " + address + " refused this client: wrong or missing secret (it requires "
                           "ddprun's authentication; give this client the job's secret file)");
         }
-        if (echo != nonce) throw ProtocolError("server answered PING with a wrong nonce");
+        if (echo != nonce) {
+          throw ProtocolError("store: " + address + " answered the store's handshake with something else: it is not a "
+                              "ddprun or PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)");
+        }
         sock = std::move(s);
         return;
       } catch (const BusyError& e) {
@@ -108,9 +123,11 @@ struct TcpStore::Impl {
       } catch (const NetworkError& e) {
         last = e.what();
         busy = false;
+        mute = mute || accepted;
       } catch (const TimeoutError& e) {
         last = e.what();
         busy = false;
+        mute = mute || accepted;
       }
       // The last try comes just before the time-out, not a whole backoff earlier.
       constexpr auto kLastTry = std::chrono::milliseconds(20);
@@ -120,7 +137,9 @@ struct TcpStore::Impl {
                            last + ")" +
                            (busy ? "; the store is reachable but was at capacity: raise its connection limits, or "
                                    "look for clients flooding it"
-                                 : "; is the store running and reachable there?"));
+                            : mute ? "; something there took the connection but never answered as a store: is it a "
+                                     "ddprun or PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)?"
+                                   : "; is the store running and reachable there?"));
       }
       std::this_thread::sleep_for(std::min(backoff, left - kLastTry));  // retry backoff, not synchronisation
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));

@@ -102,6 +102,36 @@ TEST_CASE("TcpStore timeouts name the keys, the server and the duration, and kee
   CHECK(s.add("c", 1) == 2);
 }
 
+TEST_CASE("TcpStore: a listener that is not a store is named as such - one that answers at once, one that never does",
+          "[client]") {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(fd, 8) == 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::uint16_t port = ntohs(addr.sin_port);
+  SECTION("an HTTP server's answer: refused at once") {
+    std::thread http([fd] {
+      const int c = ::accept(fd, nullptr, nullptr);
+      const char reply[] = "HTTP/1.0 400 Bad Request\r\n\r\n";
+      (void)!::write(c, reply, sizeof(reply) - 1);
+      ::close(c);
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(TcpStore(client_of(port, 20s)), Catch::Contains("answered the store's handshake with something else") &&
+                                                          Catch::Contains("not a ddprun or PyTorch c10d store"));
+    CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+    http.join();
+  }
+  SECTION("no answer (the connection taken, held): the time-out says something else is there") {
+    CHECK_THROWS_WITH(TcpStore(client_of(port, 300ms)), Catch::Contains("never answered as a store"));
+  }
+  ::close(fd);
+}
+
 TEST_CASE("TcpStore: connecting retries until the server starts, and times out clearly", "[client]") {
   // Hold a port without listening: connecting is refused until we let the server have it.
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);

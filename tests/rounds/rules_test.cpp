@@ -381,7 +381,7 @@ TEST_CASE("rules: a stop during the rendezvous reaches every node waiting in it"
   CHECK(n.rec[1]->wait([&] { return n.rec[1]->finished == 1; }));
 }
 
-TEST_CASE("rules: a stop during the rendezvous ends the job - a node within close_timeout is told, a relaunch after it meets",
+TEST_CASE("rules: a stop during the rendezvous ends the job - a node within close_timeout is told the stop, a relaunch after it meets",
           "[rules]") {
   Nodes n(2, 2);
   n.opt.close_timeout = 600ms;
@@ -392,8 +392,10 @@ TEST_CASE("rules: a stop during the rendezvous ends the job - a node within clos
   const int late = n.add();
   n.nodes[late]->join(0, 0);
   REQUIRE(n.rec[late]->wait_failed());
-  CHECK(n.rec[late]->failed.front().kind == FK::finished);
-  CHECK_THAT(n.rec[late]->failed.front().message, Catch::Contains("already finished") && Catch::Contains("close_timeout"));
+  CHECK(n.rec[late]->failed.front().kind == FK::stopped);  // (told the stop, as the nodes waiting were)
+  CHECK_THAT(n.rec[late]->failed.front().message,
+             Catch::Contains("stopped by SIGTERM") && Catch::Contains("a relaunch with it can start") &&
+                 Catch::Contains("close_timeout"));
   std::this_thread::sleep_for(700ms);  // (close_timeout: the run id is free again)
   const int a = n.add(), b = n.add();
   n.nodes[a]->join(0, -1);  // (new to the job, as an agent's first join)

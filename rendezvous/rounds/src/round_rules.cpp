@@ -52,10 +52,15 @@ void RoundRules::connect() {
     const long long now = wall_ms(time_), life = opt_.close_timeout.count();
     const FinishedMark& m = *mark;
     if (now - m.at_ms < life) {
+      const std::string relaunch = "a relaunch with it can start " + std::to_string((life - (now - m.at_ms) + 999) / 1000) +
+                                   " s from now (close_timeout), or give this job a new --rdzv_id";
+      try {
+        throw_if_stopped(c, m.round, false);  // stopped before its round ran: what its late nodes are told
+      } catch (const RendezvousError& e) {
+        throw RendezvousError(K::stopped, e.failure.message + "; " + relaunch, e.failure.signal);
+      }
       throw RendezvousError(K::finished, "rendezvous: run id '" + opt_.run_id + "' already finished on " + where_ + " " +
-                                             std::to_string((now - m.at_ms) / 1000) + " s ago; a relaunch with it can start " +
-                                             std::to_string((life - (now - m.at_ms) + 999) / 1000) +
-                                             " s from now (close_timeout), or give this job a new --rdzv_id");
+                                             std::to_string((now - m.at_ms) / 1000) + " s ago; " + relaunch);
     }
     first_round_ = m.round + 2;  // r<round+1>/rc holds the old job's "finished"
     spdlog::info("ddprun: run id '{}' finished {} s ago; starting it again from round {}", opt_.run_id,

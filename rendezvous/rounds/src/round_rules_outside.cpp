@@ -107,7 +107,10 @@ void RoundRules::throw_if_finished(Connection& c, int round, const char* while_)
 // (etcd: clear_run took the rounds' keys, the marker stays).
 void RoundRules::throw_if_job_finished() {
   auto m = finished_mark(*conn_);
-  if (m && m->round + 2 > first_round_) throw_finished();
+  if (!m || m->round + 2 <= first_round_) return;
+  // (stopped before its round ran: the stop is what its nodes are told, as those waiting in it)
+  throw_if_stopped(*conn_, m->round, told_ == m->round);
+  throw_finished();
 }
 
 // The round runs without this node: with room, it is asked to restart with this node in.
