@@ -101,9 +101,8 @@ struct TcpStore::Impl {
         // A store answers at once; something else (an HTTP server, a wrong port) is said to be
         // there after 10 s, the wait going on (a store that is only slow answers later).
         if (!s.wait_readable(std::min(until, Clock::now() + std::chrono::seconds(10))) && Clock::now() < until) {
-          spdlog::warn("ddprun: {} took the connection but has not answered the store's handshake within 10 s: is it "
-                       "a ddprun or PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)? Waiting until the time-out",
-                       address);
+          spdlog::warn("ddprun: {} has not answered the store's handshake within 10 s: overloaded, or not a ddprun or "
+                       "PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)? Waiting until the time-out", address);
         }
         std::uint32_t echo = 0;
         s.recv_exact(&echo, sizeof(echo), until);
@@ -123,11 +122,11 @@ struct TcpStore::Impl {
       } catch (const NetworkError& e) {
         last = e.what();
         busy = false;
-        mute = mute || accepted;
+        mute = accepted;
       } catch (const TimeoutError& e) {
         last = e.what();
         busy = false;
-        mute = mute || accepted;
+        mute = accepted;
       }
       // The last try comes just before the time-out, not a whole backoff earlier.
       constexpr auto kLastTry = std::chrono::milliseconds(20);
@@ -137,8 +136,8 @@ struct TcpStore::Impl {
                            last + ")" +
                            (busy ? "; the store is reachable but was at capacity: raise its connection limits, or "
                                    "look for clients flooding it"
-                            : mute ? "; something there took the connection but never answered as a store: is it a "
-                                     "ddprun or PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)?"
+                            : mute ? "; the connection was taken but never answered: a store too loaded to accept, "
+                                     "or not a ddprun or PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)?"
                                    : "; is the store running and reachable there?"));
       }
       std::this_thread::sleep_for(std::min(backoff, left - kLastTry));  // retry backoff, not synchronisation

@@ -127,7 +127,7 @@ TEST_CASE("TcpStore: a listener that is not a store is named as such - one that 
     http.join();
   }
   SECTION("no answer (the connection taken, held): the time-out says something else is there") {
-    CHECK_THROWS_WITH(TcpStore(client_of(port, 300ms)), Catch::Contains("never answered as a store"));
+    CHECK_THROWS_WITH(TcpStore(client_of(port, 300ms)), Catch::Contains("never answered: a store too loaded"));
   }
   ::close(fd);
 }

@@ -168,6 +168,24 @@ TEST_CASE("rules: a node beyond MAX waits for a place, and is told when the job 
   REQUIRE(n.rec[0]->wait_over());
   n.nodes[0]->finish(0, Rendezvous::Ack::yes);
   REQUIRE(n.rec[spare]->wait_failed());
+  // (the job succeeded: nothing failed for the waiting node, which exits 0)
+  CHECK(n.rec[spare]->failed.front().kind == FK::done);
+  CHECK_THAT(n.rec[spare]->failed.front().message,
+             Catch::Contains("succeeded while this node waited") && Catch::Contains("nothing was left for it to do"));
+}
+
+TEST_CASE("rules: a node beyond MAX is told 'finished' when the job ended in a failure", "[rules]") {
+  Nodes n(1, 1);
+  n.add();
+  n.nodes[0]->join(0, 0);
+  REQUIRE(n.rec[0]->wait_ready());
+  int spare = n.add();
+  n.nodes[spare]->join(0, -1);
+  CHECK(n.rec[spare]->wait([&] { return n.rec[spare]->waiting == 1; }));
+  n.nodes[0]->end_round(0, RoundEnd::of_failure(FailureRecord{}), 0);
+  REQUIRE(n.rec[0]->wait_over());
+  n.nodes[0]->finish(0, Rendezvous::Ack::yes);
+  REQUIRE(n.rec[spare]->wait_failed());
   CHECK(n.rec[spare]->failed.front().kind == FK::finished);
   CHECK_THAT(n.rec[spare]->failed.front().message, Catch::Contains("finished while this node waited"));
 }
@@ -405,6 +423,65 @@ TEST_CASE("rules: a stop during the rendezvous ends the job - a node within clos
     CHECK(n.rec[i]->ready.front().round == 2);  // after the stopped round and its marker
     CHECK(n.rec[i]->failed.empty());
   }
+}
+
+TEST_CASE("rules: etcd: a stop during the rendezvous clears the run once read - a relaunch after the marker's lease meets afresh",
+          "[rules]") {
+  Nodes n(2, 2, BackendKind::etcd);
+  n.add();
+  n.nodes[0]->join(0, 0);
+  n.nodes[0]->leave(0, SIGTERM);
+  REQUIRE(n.rec[0]->wait([&] { return n.rec[0]->finished == 1; }));
+  CHECK(n.world->cleared == 1);
+  CHECK_FALSE(n.world->value("r0/closed"));  // (etcd would keep it for good: no lease)
+  {
+    std::lock_guard<std::mutex> lk(n.world->mu);
+    n.world->kv.erase("finished");  // its lease ran out
+  }
+  const int a = n.add(), b = n.add();
+  n.nodes[a]->join(0, -1);
+  n.nodes[b]->join(0, -1);
+  for (int i : {a, b}) REQUIRE(n.rec[i]->wait_ready());
+}
+
+TEST_CASE("rules: a late stop does not move a later job's finished marker back", "[rules]") {
+  Nodes n(2, 2);
+  n.add();
+  n.nodes[0]->join(0, 0);
+  for (auto until = std::chrono::steady_clock::now() + 5s; !n.world->value("r0/node/0");) {
+    REQUIRE(std::chrono::steady_clock::now() < until);  // (arrived in round 0 first)
+    std::this_thread::sleep_for(5ms);
+  }
+  n.world->set("finished", finished_json(FinishedMark{5, 1}));  // (a later job's, as a relaunch writes)
+  n.nodes[0]->leave(0, SIGTERM);
+  REQUIRE(n.rec[0]->wait([&] { return n.rec[0]->finished == 1; }));
+  CHECK_THAT(n.world->value("finished").value_or(""), Catch::Contains("\"round\":5"));
+}
+
+TEST_CASE("rules: a job stopped while it ran is told 'finished' to a late node - a relaunch may change the settings",
+          "[rules]") {
+  Nodes n(1, 1);
+  n.opt.close_timeout = 500ms;
+  n.add();
+  n.nodes[0]->join(0, 0);
+  REQUIRE(n.rec[0]->wait_ready());
+  n.nodes[0]->end_round(0, RoundEnd::of_stop(SIGTERM, "h", "x"), 0);
+  REQUIRE(n.rec[0]->wait_over());
+  n.nodes[0]->finish(0, Rendezvous::Ack::yes);
+  REQUIRE(n.rec[0]->wait([&] { return n.rec[0]->finished == 1; }));
+  const int late = n.add();
+  n.nodes[late]->join(0, -1);
+  REQUIRE(n.rec[late]->wait_failed());
+  CHECK(n.rec[late]->failed.front().kind == FK::finished);  // (not "stopped during the rendezvous")
+  std::this_thread::sleep_for(600ms);
+  const int relaunch = n.add(0, [](RendezvousOptions& o) {
+    o.max_nodes = 2;  // other settings: the old job's were its own
+    o.max_restarts = 5;
+    o.max_same_failures = 0;
+  });
+  n.nodes[relaunch]->join(0, -1);
+  REQUIRE(n.rec[relaunch]->wait_ready());
+  CHECK(n.rec[relaunch]->ready.front().round == 2);
 }
 
 TEST_CASE("rules: a join that times out abandons its round - a relaunch with the run id meets at once, in the next", "[rules]") {

@@ -8,8 +8,11 @@
 namespace ddprun::rounds::sim {
 namespace {
 
-// Told that its job finished (a node of a finished job ends so).
-bool told(const Node* n) { return n->state == Node::State::failed && n->why.rfind("finished", 0) == 0; }
+// Told that its job finished (a node of a finished job ends so; "done": it succeeded while the
+// node waited outside it for a place).
+bool told(const Node* n) {
+  return n->state == Node::State::failed && (n->why.rfind("finished", 0) == 0 || n->why.rfind("done", 0) == 0);
+}
 
 }  // namespace
 

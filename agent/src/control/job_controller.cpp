@@ -147,12 +147,17 @@ void JobController::on_round_ready(const RoundInfo& info) {
 void JobController::on_rendezvous_failed(const RendezvousFailure& f) {
   if (phase_ != Phase::rendezvous) return;
   using K = RendezvousFailure::Kind;
-  if (f.kind == K::stopped) {
+  if (f.kind == K::done) {
+    spdlog::info("ddprun: {}", f.message);
+  } else if (f.kind == K::stopped) {
     spdlog::warn("ddprun: {}", f.message);
   } else {
     spdlog::error("ddprun: {}", f.message);
   }
-  exit_code_ = f.kind == K::stopped ? 128 + (f.signal > 0 ? f.signal : SIGTERM) : f.kind == K::usage ? 2 : 1;
+  exit_code_ = f.kind == K::done      ? 0
+               : f.kind == K::stopped ? 128 + (f.signal > 0 ? f.signal : SIGTERM)
+               : f.kind == K::usage   ? 2
+                                      : 1;
   enter(Phase::done);
 }
 

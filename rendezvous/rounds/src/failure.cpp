@@ -22,6 +22,7 @@ const char* to_string(RendezvousFailure::Kind k) {
     case K::timeout: return "timeout";
     case K::stopped: return "stopped";
     case K::finished: return "finished";
+    case K::done: return "done";
     case K::in_use: return "in_use";
     case K::refused: return "refused";
     case K::unreachable: return "unreachable";

@@ -4,6 +4,7 @@
 //
 // Run-wide:
 //   config             RunConfig of the first node: a node whose settings differ is another job
+//                      (a relaunch's is r<F>/config, F its first round)
 //   finished           the job ended (a node arriving later is told so)
 // Round R (r<R>/...):
 //   rc                 the restart count of round R (first writer wins)
@@ -19,7 +20,8 @@
 //   held/<n>           static: counter the holder of rank n bumps while it waits for round R to
 //                      close (a store has no other sign of its life before a round runs)
 //   closed             Closed: the first K arrivals are the round; or stopped; or abandoned (a
-//                      static rank's holder died in it before it closed: meet in the next)
+//                      static rank's holder died in it before it closed, or a node's join timed
+//                      out in it: meet in the next)
 //   members            Lineup: the members' hosts and arrival indices by group rank (written
 //                      with the assignments, by the round's last member, or first writer wins)
 //   assign/<i>         Assignment of the i-th arrival: its group rank, rank offset, the world

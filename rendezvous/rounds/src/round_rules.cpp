@@ -45,7 +45,6 @@ void RoundRules::connect() {
   // The backend's name may have resolved only now (Kubernetes): the route to it is known now.
   if (self_.info.reach.empty()) self_.info.reach = backend_.reach();
   auto& c = *conn_;
-  const Key config = run_key(Name::config);
   if (auto mark = finished_mark(c)) {
     // A node of the job that arrives late is told; after close_timeout the run id is free again
     // and this is a relaunch: it meets after the old job's rounds.
@@ -55,7 +54,7 @@ void RoundRules::connect() {
       const std::string relaunch = "a relaunch with it can start " + std::to_string((life - (now - m.at_ms) + 999) / 1000) +
                                    " s from now (close_timeout), or give this job a new --rdzv_id";
       try {
-        throw_if_stopped(c, m.round, false);  // stopped before its round ran: what its late nodes are told
+        if (stopped_before_run(c, m.round)) throw_if_stopped(c, m.round, false);  // what its late nodes are told
       } catch (const RendezvousError& e) {
         throw RendezvousError(K::stopped, e.failure.message + "; " + relaunch, e.failure.signal);
       }
@@ -66,6 +65,9 @@ void RoundRules::connect() {
     spdlog::info("ddprun: run id '{}' finished {} s ago; starting it again from round {}", opt_.run_id,
                  (now - m.at_ms) / 1000, first_round_);
   }
+  // A relaunch's settings are its own, beside the old job's (which may have had others): in its
+  // first round, written by the first of its nodes.
+  const Key config = first_round_ > 0 ? round_key(first_round_, Name::config) : run_key(Name::config);
   RunConfig mine{opt_.backend, opt_.min_nodes, opt_.max_nodes};
   if (opt_.backend != BackendKind::etcd) {  // (etcd: each node's own lease, watched by etcd)
     mine.keep_alive_ms = opt_.keep_alive_interval.count();
@@ -333,7 +335,7 @@ void RoundRules::report_success(int round, int group_world) {
   }
 }
 
-void RoundRules::acknowledge_end(int round, int group_world) {
+void RoundRules::acknowledge_end(int round, int group_world, bool succeeded) {
   auto& c = *conn_;
   const Key all = round_key(round, Name::all_acked);
   const bool last = c.add(round_key(round, Name::acked), 1) >= group_world;
@@ -344,7 +346,7 @@ void RoundRules::acknowledge_end(int round, int group_world) {
   // writing), the last one before clearing the run (clear_run keeps it): nothing of the job stays
   // but markers, so a node started late with this run id is told the job finished, and one
   // waiting for a place in a next round learns there is none.
-  c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms(time_)}), Lifetime::marker);
+  c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms(time_), succeeded}), Lifetime::marker);
   if (last) c.clear_run();
   c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
   // The records must outlive the others' last reads; bounded (close_timeout), it is no exit

@@ -70,7 +70,9 @@ class RoundRules {
   void report_success(int round, int group_world);
   // After the end: every node acknowledges; the last one clears the run and marks it finished;
   // a node holding the records waits (bounded) for every acknowledgement.
-  void acknowledge_end(int round, int group_world);
+  // `succeeded`: the round ended "success" (the marker says so: a node waiting outside the job
+  // then exits 0).
+  void acknowledge_end(int round, int group_world, bool succeeded = false);
 
   // A stop signal while this node joins `round`: ends it "stopped" and wakes every node waiting
   // in its rendezvous. A node holding the records keeps them until the others have read why
@@ -123,6 +125,7 @@ class RoundRules {
   void wait_next_round(int round, int closed);
   bool ended_without_count(Connection& c, int round);
   [[noreturn]] void throw_finished(const char* while_ = "waited for a place in it");
+  bool stopped_before_run(Connection& c, int round);
   std::string existing(Connection& c, const Key& k);
   std::optional<FinishedMark> finished_mark(Connection& c);
   bool finished_since(Connection& c, int round);

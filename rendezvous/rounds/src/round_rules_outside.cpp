@@ -80,8 +80,20 @@ std::string RoundRules::existing(Connection& c, const Key& k) {
 }
 
 void RoundRules::throw_finished(const char* while_) {
-  throw RendezvousError(K::finished, "rendezvous: the job of run id '" + opt_.run_id + "' on " + where_ +
-                                         " finished while this node " + while_);
+  // Outside the job's rounds (a standby node beyond MAX), a job that succeeded left it nothing to
+  // do, and nothing that failed: its exit is the job's (a scheduler counts the step).
+  std::optional<FinishedMark> m;
+  if (told_ == kNobody && opt_.backend != BackendKind::static_ranks && conn_) {
+    try {
+      m = finished_mark(*conn_);
+    } catch (const Error&) {
+    }
+  }
+  const bool done = m && m->succeeded;
+  throw RendezvousError(done ? K::done : K::finished, "rendezvous: the job of run id '" + opt_.run_id + "' on " +
+                                                          where_ + (done ? " succeeded" : " finished") +
+                                                          " while this node " + while_ +
+                                                          (done ? ": nothing was left for it to do" : ""));
 }
 
 // The run's finished marker, if it has one.
@@ -109,7 +121,7 @@ void RoundRules::throw_if_job_finished() {
   auto m = finished_mark(*conn_);
   if (!m || m->round + 2 <= first_round_) return;
   // (stopped before its round ran: the stop is what its nodes are told, as those waiting in it)
-  throw_if_stopped(*conn_, m->round, told_ == m->round);
+  if (stopped_before_run(*conn_, m->round)) throw_if_stopped(*conn_, m->round, told_ == m->round);
   throw_finished();
 }
 

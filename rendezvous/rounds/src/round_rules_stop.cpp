@@ -76,16 +76,34 @@ void RoundRules::announce_stop(Connection& c, int round, int signal) {
   for (int i = 0; i < members; ++i) c.create(round_key(round, Name::assign, i), assignment_json(none));
   // Stopped before it ran, the job is over, as one that ran is once its members acknowledge the
   // end: the marker tells a late node so, and lets a relaunch with this run id meet after
-  // close_timeout (the stopped round would stop it forever).
+  // close_timeout (the stopped round would stop it forever). Unless a mark of this job's end, or
+  // of a later one, stands (a late announce, its job over): it is not moved back.
+  bool ends_job = false;
   if (stood == stop) {
-    c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms(time_)}), Lifetime::marker);
-    c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
+    const auto m = finished_mark(c);
+    ends_job = !m || m->round + 2 <= round;
+    if (ends_job) c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms(time_)}), Lifetime::marker);
   }
-  if (!backend_.holds_records()) return;
-  bool others = c.add(round_key(round, Name::join), 0) > 1;
-  if (!c.wait({round_key(round, Name::stop_seen)}, time_.now() + (others ? 1500ms : 300ms))) {
-    spdlog::debug("ddprun: not every node acknowledged the stop of round {}", round);
+  // etcd keeps a run's keys: once the waiting nodes read the stop, they go, as after a job's last
+  // acknowledgement (the marker's lease is 10 minutes: a relaunch after it must not find the
+  // stopped round). A store's go with its host, or stay with the marker before them.
+  const bool clear = ends_job && opt_.backend == BackendKind::etcd;
+  if (backend_.holds_records() || clear) {
+    bool others = c.add(round_key(round, Name::join), 0) > 1;
+    if (!c.wait({round_key(round, Name::stop_seen)}, time_.now() + (others ? 1500ms : 300ms))) {
+      spdlog::debug("ddprun: not every node acknowledged the stop of round {}", round);
+    }
   }
+  if (clear) c.clear_run();
+  if (ends_job) c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
+}
+
+// The job's round `round` was stopped before it ran (its `closed` says so, not only its end: a
+// stop while it ran ends it "stopped" too, and its members then acknowledged a finished job).
+bool RoundRules::stopped_before_run(Connection& c, int round) {
+  const Key k = round_key(round, Name::closed);
+  auto v = c.get(k);
+  return v && parse_closed(c.name(k), *v).kind == Closed::Kind::stopped;
 }
 
 }  // namespace ddprun::rounds

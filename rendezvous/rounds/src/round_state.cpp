@@ -175,12 +175,17 @@ RankClaim parse_claim(const std::string& key, const std::string& value) {
   return RankClaim{field<std::string>(j, key, "node_id", ""), field<std::string>(j, key, "host", "?")};
 }
 
-std::string finished_json(const FinishedMark& f) { return text(json{{"round", f.round}, {"at_ms", f.at_ms}}); }
+std::string finished_json(const FinishedMark& f) {
+  json j{{"round", f.round}, {"at_ms", f.at_ms}};
+  if (f.succeeded) j["succeeded"] = true;
+  return text(j);
+}
 
 FinishedMark parse_finished(const std::string& key, const std::string& value, long long now_ms) {
   if (value == "1") return FinishedMark{-1, now_ms};
   auto j = object(key, value);
-  return FinishedMark{field<int>(j, key, "round", -1), field<long long>(j, key, "at_ms", now_ms)};
+  return FinishedMark{field<int>(j, key, "round", -1), field<long long>(j, key, "at_ms", now_ms),
+                      field<bool>(j, key, "succeeded", false)};
 }
 
 long long parse_number(const std::string& key, const std::string& value, long long lo, long long hi) {

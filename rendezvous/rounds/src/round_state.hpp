@@ -16,7 +16,8 @@ struct Closed {
   enum class Kind { nodes, stopped, abandoned };
   Kind kind = Kind::nodes;
   int nodes = 0;  // the first `nodes` arrivals are the round
-  int rank = -1;  // abandoned: the static rank whose holder died in the round before it closed
+  int rank = -1;  // abandoned: the static rank whose holder died in (or gave up on) the round before
+                  // it closed; c10d, etcd: the arrival whose join timed out in it
 
   static Closed of_nodes(int n) { return {Kind::nodes, n}; }
   static Closed stopped() { return {Kind::stopped, 0}; }
@@ -121,6 +122,7 @@ RankClaim parse_claim(const std::string& key, const std::string& value);
 struct FinishedMark {
   int round = -1;
   long long at_ms = 0;
+  bool succeeded = false;  // its last round ended "success" (every worker exited 0)
 };
 std::string finished_json(const FinishedMark& f);
 // "1" (written by an older ddprun) reads as a job that finished just now, in round -1.

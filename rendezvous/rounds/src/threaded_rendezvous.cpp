@@ -1,3 +1,4 @@
+#include <atomic>
 #include "threaded_rendezvous.hpp"
 
 #include <spdlog/spdlog.h>
@@ -34,6 +35,7 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
   // Any thread.
   TaskQueue tasks;
   RoundEnds ended;
+  std::atomic<int> succeeded_round{-1};  // the last round whose end was "success"
 
   // Coordinator thread only.
   bool connected = false;
@@ -67,6 +69,7 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
   void over(RoundOutcome o) {
     // After shutdown nothing is told: the listener may be gone (a thread left behind wakes late).
     if (tasks.stopped() || !ended.claim(o.round)) return;
+    if (o.end && o.end->kind == RoundEnd::Kind::success) succeeded_round = o.round;
     // Only this round's watch: the loop may have joined the next round already.
     tasks.submit([this, r = o.round] {
       if (liveness_round == r) stop_liveness();
@@ -239,7 +242,7 @@ void ThreadedRendezvous::finish(int round, Ack ack) {
     c->stop_liveness();
     if (ack == Ack::yes && c->connected) {
       try {
-        c->rules->acknowledge_end(round, c->group_world);
+        c->rules->acknowledge_end(round, c->group_world, c->succeeded_round.load() == round);
       } catch (const Error& e) {
         spdlog::debug("ddprun: could not acknowledge the end of round {}: {}", round, e.what());
       }

@@ -49,6 +49,7 @@ struct RendezvousFailure {
     timeout,      // too few nodes within join_timeout, a store that never answered
     stopped,      // a node was stopped by `signal` during the rendezvous
     finished,     // the job (this run id) is over
+    done,         // the job succeeded while this node waited outside it for a place (exit 0)
     in_use,       // the run id or node rank is taken by another job or node
     refused,      // wrong or missing secret or credentials
     unreachable,  // the backend cannot be reached, or was lost
