@@ -1,5 +1,5 @@
 #pragma once
-// What round_rules.cpp and round_rules_outside.cpp share.
+// What round_rules.cpp, round_rules_outside.cpp and round_rules_stop.cpp share.
 
 #include <chrono>
 #include <cstdint>

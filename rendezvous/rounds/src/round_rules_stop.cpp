@@ -6,11 +6,13 @@
 #include "ddprun/common/system.hpp"
 #include "rendezvous_error.hpp"
 #include "round_rules.hpp"
+#include "round_rules_detail.hpp"
 #include "round_state.hpp"
 
 namespace ddprun::rounds {
 
 using namespace std::chrono_literals;
+using namespace detail;
 using K = RendezvousFailure::Kind;
 
 void RoundRules::throw_if_stopped(Connection& c, int round, bool member) {
