@@ -10,8 +10,10 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
 #include "observe/event_log.hpp"
-#include "workers/output.hpp"
 #include "containment/run_dir.hpp"
+#include "workers/output.hpp"
+#include "workers/state_areas.hpp"
+#include "workers/state_copies.hpp"
 #include "workers/worker_plan.hpp"
 
 namespace ddprun::agent {

@@ -4,7 +4,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "containment/run_dir.hpp"
 #include "control/job_controller.hpp"
+#include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
 #include "observe/event_log.hpp"
 #include "workers/output.hpp"
