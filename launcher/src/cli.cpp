@@ -183,6 +183,7 @@ Settings resolve(const ParsedArgs& given, const std::map<std::string, std::strin
       o.parse(value, s);
     }
   }
+  s.rdzv_endpoint_from_slurm = derived.count("rdzv_endpoint") > 0;
   return s;
 }
 

@@ -28,6 +28,7 @@ struct Settings {
   std::uint16_t master_port = 0;
   std::string rdzv_backend;
   std::string rdzv_endpoint;
+  bool rdzv_endpoint_from_slurm = false;  // (c10d's, derived: a static store stays at --master_addr)
   std::string rdzv_id;
   std::map<std::string, std::string> rdzv_conf;
   std::string local_addr;

@@ -124,7 +124,7 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
     z.store_port = 0;
   } else if (s.rdzv_backend == "c10d") {
     std::tie(z.store_host, z.store_port) = store_endpoint(s.rdzv_endpoint);
-  } else if (!s.rdzv_endpoint.empty()) {  // static with an endpoint: there, as torchrun does
+  } else if (!s.rdzv_endpoint.empty() && !s.rdzv_endpoint_from_slurm) {  // static with an endpoint: there, as torchrun does
     std::tie(z.store_host, z.store_port) = store_endpoint(s.rdzv_endpoint);
   } else {
     z.store_host = s.master_addr;
