@@ -32,7 +32,7 @@ for sig in USR1 USR2 ALRM XCPU VTALRM PWR RTMIN RTMAX; do
   wait $pid; rc=$?
   left=$(pgrep -c -f "while :; do sleep" || true)
   if [ $rc -eq $((128 + num)) ] && [ "$(grep -c 'done-TERM' "$log")" = 2 ] &&
-     grep -q "received SIG$sig; stopping the job" "$log" && grep -q "stopped by SIG$sig; workers ended" "$log" &&
+     grep -q "received SIG$sig; stopping the job" "$log" && grep -q "stopped by SIG$sig; the workers had run" "$log" &&
      [ -z "$(ls -A "$tmp")" ] && [ "$left" = 0 ]; then
     ok "SIG$sig stops the job: both workers ran their SIGTERM handler to its end, summary printed, exit $rc, temporary directory empty, $left processes left"
   else
