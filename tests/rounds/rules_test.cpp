@@ -531,6 +531,8 @@ TEST_CASE("rules: too few nodes within join_timeout is a time-out saying what to
   REQUIRE(n.rec[0]->wait_failed());
   CHECK(n.rec[0]->failed.front().kind == FK::timeout);
   CHECK_THAT(n.rec[0]->failed.front().message, Catch::Contains("only 1 of the 2 nodes") && Catch::Contains("--nnodes"));
+  // The store outlives this node and keeps the run id's settings: a lower --nnodes needs a new id.
+  CHECK_THAT(n.rec[0]->failed.front().message, Catch::Contains("a new --rdzv_id (this one keeps its settings on"));
   CHECK_THAT(n.world->value("r0/closed").value_or(""), Catch::Contains("abandoned"));
   n.opt.join_timeout = 10s;
   const int a = n.add(), b = n.add();

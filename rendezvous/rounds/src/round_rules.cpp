@@ -174,7 +174,11 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
                                             std::to_string(opt_.min_nodes) + " nodes needed joined round " +
                                             std::to_string(round) + " on " + where_ + " within " +
                                             duration_text(opt_.join_timeout) +
-                                            " (join_timeout); start the other nodes, or lower --nnodes");
+                                            " (join_timeout); start the other nodes, or lower --nnodes" +
+                                            (backend_.holds_records()
+                                                 ? std::string()
+                                                 : " and give the job a new --rdzv_id (this one keeps its settings on " +
+                                                       where_ + ")"));
     }
   }
   const Closed result = parse_closed(c.name(closed), existing(c, closed));
