@@ -77,7 +77,10 @@ std::map<std::string, std::string> parse_conf(const std::string& v) {
     if (trim(kv).empty()) continue;
     auto eq = kv.find('=');
     if (eq == std::string::npos) usage("--rdzv_conf items are KEY=VALUE (got '" + kv + "')");
-    conf[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));
+    const std::string key = trim(kv.substr(0, eq)), value = trim(kv.substr(eq + 1));
+    if (auto [it, fresh] = conf.emplace(key, value); !fresh) {
+      usage("--rdzv_conf " + key + " is given twice ('" + it->second + "' and '" + value + "'): keep one");
+    }
   }
   return conf;
 }

@@ -18,8 +18,29 @@ struct ConfExtras {
   std::string protocol;
 };
 
+// A key that has no effect on this job's backend is refused: the user meant something by it
+// (a password the store would not ask for, a TTL no lease has).
+void check_backend(const std::string& k, const rounds::RendezvousOptions& z) {
+  const bool etcd = z.backend == rounds::BackendKind::etcd;
+  if (!etcd && (k == "prefix" || k == "lease_ttl" || k == "user" || k == "password" || k == "protocol")) {
+    usage("--rdzv_conf " + k + " applies to --rdzv_backend=etcd; this job meets in a c10d store" +
+          (k == "lease_ttl" ? std::string(", where a node is lost after keep_alive_interval x keep_alive_max_attempt")
+           : k == "password" || k == "user" ? std::string(", whose clients prove themselves with secret_file=PATH")
+                                             : std::string()));
+  }
+  if (etcd && (k == "is_host" || k == "keep_alive_interval" || k == "keep_alive_max_attempt")) {
+    usage("--rdzv_conf " + k + " applies to the c10d store; with --rdzv_backend=etcd " +
+          (k == "is_host" ? "no node hosts the records (every node is etcd's client)"
+                          : "a node is lost when its lease runs out: set lease_ttl (seconds)"));
+  }
+}
+
 void apply_rdzv_conf(const std::map<std::string, std::string>& conf, rounds::RendezvousOptions& z, ConfExtras& x) {
+  if (conf.count("timeout") && conf.count("join_timeout")) {
+    usage("--rdzv_conf timeout and join_timeout are one setting (timeout is torchrun's name for it): give one");
+  }
   for (const auto& [k, v] : conf) {
+    check_backend(k, z);
     if (k == "join_timeout" || k == "timeout") z.join_timeout = parse_seconds("rdzv_conf " + k, v, false);
     else if (k == "last_call_timeout") z.last_call_timeout = parse_seconds("rdzv_conf " + k, v, true);
     else if (k == "close_timeout") z.close_timeout = parse_seconds("rdzv_conf " + k, v, true);

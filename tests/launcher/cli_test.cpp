@@ -286,6 +286,27 @@ TEST_CASE("launcher: --nnodes=1 with --rdzv_backend=etcd or c10d uses that backe
                     Catch::Contains("c10d or etcd") && Catch::Contains("static rendezvous"));
 }
 
+TEST_CASE("rdzv_conf: a key of the other backend, or one given twice, is refused saying what to use", "[units]") {
+  auto c10d = [](const std::string& conf) {
+    return parse({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "--rdzv_conf=" + conf, "/bin/true"});
+  };
+  auto etcd = [](const std::string& conf) {
+    return parse({"--nnodes=2", "--rdzv_backend=etcd", "--rdzv_endpoint=127.0.0.1:2379", "--rdzv_conf=" + conf, "/bin/true"});
+  };
+  CHECK_THROWS_WITH(c10d("password=x"), Catch::Contains("applies to --rdzv_backend=etcd") && Catch::Contains("secret_file"));
+  CHECK_THROWS_WITH(c10d("lease_ttl=2"), Catch::Contains("applies to --rdzv_backend=etcd") && Catch::Contains("keep_alive_interval"));
+  CHECK_THROWS_WITH(c10d("prefix=/x"), Catch::Contains("prefix applies to --rdzv_backend=etcd"));
+  CHECK_THROWS_WITH(parse({"--nnodes=2", "--node_rank=1", "--master_addr=h", "--rdzv_conf=protocol=https", "/bin/true"}),
+                    Catch::Contains("protocol applies to --rdzv_backend=etcd"));
+  CHECK_THROWS_WITH(etcd("is_host=1"), Catch::Contains("is_host applies to the c10d store") && Catch::Contains("no node hosts"));
+  CHECK_THROWS_WITH(etcd("keep_alive_interval=1"), Catch::Contains("lease_ttl"));
+  CHECK_THROWS_WITH(c10d("join_timeout=5,join_timeout=6"), Catch::Contains("join_timeout is given twice ('5' and '6')"));
+  CHECK_THROWS_WITH(c10d("timeout=5,join_timeout=6"), Catch::Contains("one setting"));
+  // Each backend's own keys still pass.
+  CHECK(c10d("is_host=0,keep_alive_interval=1,read_timeout=9").agent.rdzv.keep_alive_interval == std::chrono::seconds(1));
+  CHECK(etcd("lease_ttl=3,prefix=/p,user=u").agent.rdzv.lease_ttl == std::chrono::seconds(3));
+}
+
 TEST_CASE("the etcd password from a private file or DDPRUN_ETCD_PASSWORD, not only the command line", "[units]") {
   char dir[] = "/tmp/ddprun-pw-XXXXXX";
   REQUIRE(::mkdtemp(dir));
