@@ -155,10 +155,10 @@ auto from_env(const std::string& var, const std::string& value, const std::strin
 
 // Each option's value: an explicit flag wins, then PET_<NAME>, then (inside a Slurm step) what
 // Slurm implies, then the default. Every value is checked by the table's parser.
-Settings resolve(const ParsedArgs& given, const std::map<std::string, std::string>& env,
-                 const std::optional<std::map<std::string, std::string>>& slurm,
+Settings resolve(const ParsedArgs& given, const std::map<std::string, std::string>& env, const std::optional<SlurmStep>& slurm,
                  std::map<std::string, std::string>& derived) {
   Settings s;
+  std::vector<std::string> slurm_problems;
   for (const auto& o : option_table()) {
     if (o.kind == OptionKind::action || o.parse == nullptr) continue;
     auto pet = env.find(pet_name(o.name));
@@ -172,8 +172,11 @@ Settings resolve(const ParsedArgs& given, const std::map<std::string, std::strin
     } else if (pet != env.end()) {
       value = pet->second;
       from_pet = true;
-    } else if (slurm && slurm->count(o.name)) {
-      value = derived[o.name] = slurm->at(o.name);
+      s.origin[o.name] = pet->first;
+    } else if (slurm && (slurm->values.count(o.name) || slurm->problems.count(o.name))) {
+      if (slurm->problems.count(o.name)) slurm_problems.push_back(o.name);
+      value = slurm->values.count(o.name) ? slurm->values.at(o.name) : o.default_value;
+      if (slurm->values.count(o.name)) derived[o.name] = value, s.origin[o.name] = slurm->from.at(o.name);
     } else {
       value = o.default_value;
     }
@@ -184,6 +187,10 @@ Settings resolve(const ParsedArgs& given, const std::map<std::string, std::strin
     }
   }
   s.rdzv_endpoint_from_slurm = derived.count("rdzv_endpoint") > 0;
+  // What Slurm gave wrongly counts only where it is used: the c10d endpoint with c10d only.
+  for (const auto& name : slurm_problems) {
+    if (name != "rdzv_endpoint" || s.rdzv_backend == "c10d") usage(slurm->problems.at(name));
+  }
   return s;
 }
 
@@ -300,7 +307,7 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
   }
   // Inside a Slurm step, the settings it implies stand in for defaults (not with --standalone:
   // one node, whatever Slurm says).
-  auto slurm = slurm_defaults(env);
+  auto slurm = slurm_step(env);
   auto pet_standalone = env.find("PET_STANDALONE");
   bool standalone = given.flags.count("standalone") > 0 || (pet_standalone != env.end() && pet_flag(pet_standalone->first, pet_standalone->second));
   if (standalone) slurm.reset();

@@ -29,6 +29,9 @@ struct Settings {
   std::string rdzv_backend;
   std::string rdzv_endpoint;
   bool rdzv_endpoint_from_slurm = false;  // (c10d's, derived: a static store stays at --master_addr)
+  // Where an option's value came from when not a flag: "PET_NODE_RANK", "SLURM_NODEID" (by option
+  // name), for messages that must name what the user can change.
+  std::map<std::string, std::string> origin;
   std::string rdzv_id;
   std::map<std::string, std::string> rdzv_conf;
   std::string local_addr;

@@ -10,6 +10,12 @@ namespace {
 
 std::string random_run_id() { return random_hex(12); }
 
+// Option `name` with `value` as the user gave it: its flag, or the variable it was read from.
+std::string given_as(const Settings& s, const std::string& name, const std::string& value) {
+  const auto it = s.origin.find(name);
+  return it == s.origin.end() ? "--" + name + "=" + value : it->second + "=" + value + " (read as --" + name + ")";
+}
+
 // The --rdzv_conf values that are not settings of their own: where the job's secret is, and
 // torchrun's etcd protocol (http or https) for endpoints written without a scheme.
 struct ConfExtras {
@@ -155,7 +161,10 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
   // backend asked for by name is used, as torchrun does: etcd checks the run id's exclusivity and
   // its TLS even for one node.
   if (s.max_nodes == 1 && (s.standalone || s.rdzv_backend == "static")) {
-    if (z.node_rank != 0) usage("--node_rank=" + std::to_string(z.node_rank) + " needs --nnodes > " + std::to_string(z.node_rank));
+    if (z.node_rank != 0) {
+      usage(given_as(s, "node_rank", std::to_string(z.node_rank)) + " needs --nnodes > " + std::to_string(z.node_rank) +
+            " (this job: " + given_as(s, "nnodes", s.nnodes_text) + ")");
+    }
     if (!s.rdzv_conf.empty() && !s.standalone) {
       usage("--rdzv_conf applies to --rdzv_backend=c10d or etcd (this one-node job uses the static rendezvous, which has "
             "no settings)");
@@ -168,9 +177,11 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
   z.endpoint_port = z.store_port;
   if (z.backend == BackendKind::static_ranks) {
     if (s.min_nodes != s.max_nodes) {
-      usage("--nnodes=" + s.nnodes_text + ": a range needs --rdzv_backend=c10d (static rendezvous has a fixed number of nodes)");
+      usage(given_as(s, "nnodes", s.nnodes_text) + ": a range needs --rdzv_backend=c10d (static rendezvous has a fixed number of nodes)");
     }
-    if (z.node_rank >= s.max_nodes) usage("--node_rank=" + std::to_string(z.node_rank) + " must be below --nnodes=" + std::to_string(s.max_nodes));
+    if (z.node_rank >= s.max_nodes) {
+      usage(given_as(s, "node_rank", std::to_string(z.node_rank)) + " must be below " + given_as(s, "nnodes", s.nnodes_text));
+    }
     // Node 0 hosts the store at --master_addr:--master_port.
     z.host_role = z.node_rank == 0 ? rounds::HostRole::always : rounds::HostRole::never;
   }

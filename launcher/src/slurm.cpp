@@ -1,6 +1,8 @@
 #include "slurm.hpp"
 
 #include <cctype>
+#include <initializer_list>
+#include <utility>
 
 #include "ddprun/common/error.hpp"
 
@@ -74,14 +76,14 @@ void expand_item(const std::string& list, const std::string& item, std::vector<s
   out.insert(out.end(), names.begin(), names.end());
 }
 
-std::string env_or(const std::map<std::string, std::string>& env, const char* k, const char* k2 = nullptr) {
-  auto it = env.find(k);
-  if (it != env.end() && !it->second.empty()) return it->second;
-  if (k2) {
-    it = env.find(k2);
-    if (it != env.end()) return it->second;
+// The first of `names` set (not empty) in `env`: its name and value; empty when none is.
+std::pair<std::string, std::string> first_set(const std::map<std::string, std::string>& env,
+                                              std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    auto it = env.find(n);
+    if (it != env.end() && !it->second.empty()) return {n, it->second};
   }
-  return "";
+  return {};
 }
 
 }  // namespace
@@ -109,34 +111,59 @@ std::vector<std::string> expand_hostlist(const std::string& list, std::size_t li
   return out;
 }
 
-std::optional<std::map<std::string, std::string>> slurm_defaults(const std::map<std::string, std::string>& env) {
-  std::string job = env_or(env, "SLURM_JOB_ID", "SLURM_JOBID");
-  std::string nnodes = env_or(env, "SLURM_NNODES", "SLURM_JOB_NUM_NODES");
-  std::string nodeid = env_or(env, "SLURM_NODEID");
-  std::string nodelist = env_or(env, "SLURM_JOB_NODELIST", "SLURM_NODELIST");
-  if (job.empty() || nnodes.empty() || nodeid.empty() || nodelist.empty()) return std::nullopt;
+std::optional<SlurmStep> slurm_step(const std::map<std::string, std::string>& env) {
+  // srun sets the step's own count and list beside the allocation's (a step may hold some of the
+  // job's nodes, and several steps may run at once); SLURM_NODEID counts within the step.
+  auto [job_var, job] = first_set(env, {"SLURM_JOB_ID", "SLURM_JOBID"});
+  const auto [nnodes_var, nnodes] = first_set(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
+  const auto [nodeid_var, nodeid] = first_set(env, {"SLURM_NODEID"});
+  const auto [list_var, list] = first_set(env, {"SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"});
+  if (job.empty() || nnodes.empty() || nodeid.empty() || list.empty()) return std::nullopt;
+  SlurmStep step;
+  auto set = [&](const char* option, const std::string& value, const std::string& var) {
+    step.values[option] = value;
+    step.from[option] = var;
+  };
+  const std::string flags = "give --nnodes, --node_rank and --master_addr (or --rdzv_endpoint)";
   if (!all_digits(nnodes) || !all_digits(nodeid)) {
-    throw UsageError("inside Slurm, SLURM_NNODES='" + nnodes + "' and SLURM_NODEID='" + nodeid +
-                     "' must be numbers (or give --nnodes and --node_rank)");
+    const std::string why = "inside Slurm, " + nnodes_var + "='" + nnodes + "' and SLURM_NODEID='" + nodeid +
+                            "' must be numbers (or give --nnodes and --node_rank)";
+    step.problems["nnodes"] = step.problems["node_rank"] = why;
+  } else {
+    set("nnodes", nnodes, nnodes_var);
+    set("node_rank", nodeid, nodeid_var);
+    if (std::stoll(nodeid) >= std::stoll(nnodes)) {
+      step.problems["node_rank"] = "inside Slurm, SLURM_NODEID=" + nodeid + " is not below " + nnodes_var + "=" + nnodes +
+                                   ": Slurm's variables disagree; " + flags;
+    }
   }
-  std::vector<std::string> hosts;
   try {
-    hosts = expand_hostlist(nodelist);
+    const auto hosts = expand_hostlist(list);
+    set("master_addr", hosts.front(), list_var);
+    set("rdzv_endpoint", hosts.front(), list_var);  // c10d: the first host serves the rendezvous (port 29400)
+    if (all_digits(nnodes) && hosts.size() != std::stoull(nnodes)) {
+      // (the allocation's list beside a step's count: its first host may not be in the step)
+      const std::string why = "inside Slurm, " + list_var + " names " + std::to_string(hosts.size()) + " host" +
+                              (hosts.size() == 1 ? "" : "s") + " but " + nnodes_var + "=" + nnodes +
+                              ": which node is the first of this step is unknown; " + flags;
+      for (const char* o : {"nnodes", "master_addr", "rdzv_endpoint"}) step.problems[o] = why;
+    }
   } catch (const UsageError& e) {
-    throw UsageError(std::string("inside Slurm, SLURM_JOB_NODELIST: ") + e.what() + "; give --master_addr");
+    step.problems["master_addr"] = "inside Slurm, " + list_var + ": " + e.what() + "; give --master_addr";
+    step.problems["rdzv_endpoint"] = "inside Slurm, " + list_var + ": " + e.what() + "; give --rdzv_endpoint";
   }
-  // A requeued job keeps its id and counts SLURM_RESTART_COUNT: each run gets a run id of its
-  // own, so that it does not meet what an earlier run left in an external store or etcd.
-  std::string restarts = env_or(env, "SLURM_RESTART_COUNT");
+  // A requeued job keeps its id and counts SLURM_RESTART_COUNT, and each step of a job (two may
+  // run at once, on other nodes) has a number: each run and step gets a run id of its own, so
+  // that it does not meet another's nodes, or what an earlier one left in an external store or
+  // etcd.
+  const auto [restarts_var, restarts] = first_set(env, {"SLURM_RESTART_COUNT"});
   if (!restarts.empty() && restarts != "0") job += "-r" + restarts;
+  const auto [step_var, step_id] = first_set(env, {"SLURM_STEP_ID", "SLURM_STEPID"});
+  if (all_digits(step_id)) job += "-s" + step_id;
   std::string run_id;
   for (char c : job) run_id += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ? c : '_';
-  return std::map<std::string, std::string>{
-      {"nnodes", nnodes},
-      {"node_rank", nodeid},
-      {"master_addr", hosts.front()},
-      {"rdzv_endpoint", hosts.front()},  // c10d: the first host serves the rendezvous (port 29400)
-      {"rdzv_id", run_id.substr(0, 128)}};
+  set("rdzv_id", run_id.substr(0, 128), job_var);
+  return step;
 }
 
 }  // namespace ddprun::launcher

@@ -15,9 +15,17 @@ namespace ddprun::launcher {
 std::vector<std::string> expand_hostlist(const std::string& list, std::size_t limit = 100000);
 
 // The settings a Slurm step implies, by option name (nnodes, node_rank, master_addr,
-// rdzv_endpoint, rdzv_id),
-// when SLURM_JOB_ID, SLURM_NNODES (or SLURM_JOB_NUM_NODES), SLURM_NODEID and SLURM_JOB_NODELIST
-// (or SLURM_NODELIST) are set; nullopt outside Slurm. Throws UsageError for malformed values.
-std::optional<std::map<std::string, std::string>> slurm_defaults(const std::map<std::string, std::string>& env);
+// rdzv_endpoint, rdzv_id), and the variable each came from: the step's node count and host list
+// (SLURM_STEP_NUM_NODES, SLURM_STEP_NODELIST; outside srun the job's), SLURM_NODEID, and the job
+// id with its requeue count and step number. A value Slurm gives wrongly (a malformed host list,
+// a count the list disagrees with) is a problem of the options it would set: the caller raises
+// it only for an option it takes from Slurm, since an explicit flag stands in for it.
+struct SlurmStep {
+  std::map<std::string, std::string> values;
+  std::map<std::string, std::string> from;      // option -> SLURM_ variable
+  std::map<std::string, std::string> problems;  // option -> what is wrong, what to give
+};
+// nullopt outside a Slurm step (SLURM_JOB_ID, a node count, SLURM_NODEID and a host list).
+std::optional<SlurmStep> slurm_step(const std::map<std::string, std::string>& env);
 
 }  // namespace ddprun::launcher

@@ -501,10 +501,12 @@ TEST_CASE("SIGINT during a re-rendezvous after a lost node: every agent exits 13
 // environment alone (the store's port is the only flag: tests use free ports).
 TEST_CASE("two agents started with Slurm environments form one 4-rank world", "[multinode][slurm]") {
   auto slurm_env = [](const char* nodeid) {
-    return std::map<std::string, std::string>{{"SLURM_JOB_ID", "777"},
-                                              {"SLURM_NNODES", "2"},
-                                              {"SLURM_NODEID", nodeid},
-                                              {"SLURM_JOB_NODELIST", "127.0.0.[1-2]"}};
+    // (srun's: the step's two nodes in a three-node allocation)
+    return std::map<std::string, std::string>{{"SLURM_JOB_ID", "777"},          {"SLURM_JOB_NUM_NODES", "3"},
+                                              {"SLURM_JOB_NODELIST", "127.0.0.[1-3]"}, {"SLURM_NNODES", "2"},
+                                              {"SLURM_NODELIST", "127.0.0.[1-2]"},  {"SLURM_STEP_NUM_NODES", "2"},
+                                              {"SLURM_STEP_NODELIST", "127.0.0.[1-2]"}, {"SLURM_STEP_ID", "0"},
+                                              {"SLURM_NODEID", nodeid}};
   };
   Launch n0(cmd({"--master_port=0", "--nproc_per_node=2", kWorker, "env"}), slurm_env("0"));
   auto port = host_port(n0);
@@ -520,7 +522,7 @@ TEST_CASE("two agents started with Slurm environments form one 4-rank world", "[
     CHECK(e1[local]["RANK"] == std::to_string(2 + local));
     CHECK(e0[local]["WORLD_SIZE"] == "4");
     CHECK(e1[local]["GROUP_RANK"] == "1");
-    CHECK(e1[local]["TORCHELASTIC_RUN_ID"] == "777");
+    CHECK(e1[local]["TORCHELASTIC_RUN_ID"] == "777-s0");
   }
   CHECK(r0.err.find("inside Slurm job 777") != std::string::npos);
   CHECK(r1.err.find("--node_rank=1") != std::string::npos);

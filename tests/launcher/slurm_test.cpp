@@ -61,8 +61,47 @@ TEST_CASE("inside a Slurm step the multi-node settings are derived - flags and P
   // outside Slurm, or with --standalone: nothing derived
   CHECK(parse_command_line({"/bin/true"}, {}, host).notes.empty());
   CHECK(parse_command_line({"--standalone", "/bin/true"}, env, host).agent.rdzv.max_nodes == 1);
-  // a malformed node list is a clear error
+  // a malformed node list is a clear error, unless the flag it would stand in for is given
   env["SLURM_JOB_NODELIST"] = "gpu[07-";
   CHECK_THROWS_WITH(parse_command_line({"/bin/true"}, env, host),
                     Catch::Contains("SLURM_JOB_NODELIST") && Catch::Contains("give --master_addr"));
+  CHECK(parse_command_line({"--master_addr=head", "/bin/true"}, env, host).agent.rdzv.store_host == "head");
+  CHECK_THROWS_WITH(parse_command_line({"--master_addr=head", "--rdzv_backend=c10d", "/bin/true"}, env, host),
+                    Catch::Contains("give --rdzv_endpoint"));
+}
+
+TEST_CASE("inside an srun step the step's nodes count, not the allocation's, and each step has its own run id", "[slurm]") {
+  // srun -N2 -r2 in a 4-node allocation: the step runs on gpu09 and gpu10.
+  std::map<std::string, std::string> env = {{"SLURM_JOB_ID", "4242"},         {"SLURM_JOB_NUM_NODES", "4"},
+                                            {"SLURM_JOB_NODELIST", "gpu[07-10]"}, {"SLURM_NNODES", "2"},
+                                            {"SLURM_NODELIST", "gpu[09-10]"},  {"SLURM_STEP_NUM_NODES", "2"},
+                                            {"SLURM_STEP_NODELIST", "gpu[09-10]"}, {"SLURM_NODEID", "1"},
+                                            {"SLURM_STEP_ID", "3"}};
+  HostInfo host;
+  host.cpus = 8;
+  auto r = parse_command_line({"/bin/true"}, env, host);
+  CHECK(r.agent.rdzv.max_nodes == 2);
+  CHECK(r.agent.rdzv.node_rank == 1);
+  CHECK(r.agent.rdzv.store_host == "gpu09");  // not gpu07, which another step may use
+  CHECK(r.agent.rdzv.run_id == "4242-s3");     // a step running beside it meets its own nodes only
+  env["SLURM_RESTART_COUNT"] = "1";
+  CHECK(parse_command_line({"/bin/true"}, env, host).agent.rdzv.run_id == "4242-r1-s3");
+  // The allocation's list beside the step's count (a launcher that kept only SLURM_JOB_*): the
+  // first host may not be in the step, said at once, not a wait for a store nobody hosts.
+  auto job_only = env;
+  job_only.erase("SLURM_STEP_NODELIST");
+  job_only.erase("SLURM_NODELIST");
+  CHECK_THROWS_WITH(parse_command_line({"/bin/true"}, job_only, host),
+                    Catch::Contains("SLURM_JOB_NODELIST names 4 hosts but SLURM_STEP_NUM_NODES=2") &&
+                        Catch::Contains("give --nnodes, --node_rank and --master_addr"));
+  CHECK(parse_command_line({"--nnodes=2", "--master_addr=gpu09", "/bin/true"}, job_only, host).agent.rdzv.store_host == "gpu09");
+  // SLURM_NODEID beyond the count: named as Slurm's, not as a flag the user did not give.
+  auto beyond = env;
+  beyond["SLURM_NODEID"] = "2";
+  CHECK_THROWS_WITH(parse_command_line({"/bin/true"}, beyond, host),
+                    Catch::Contains("SLURM_NODEID=2 is not below SLURM_STEP_NUM_NODES=2"));
+  CHECK_THROWS_WITH(parse_command_line({"--nnodes=2", "/bin/true"}, beyond, host),
+                    Catch::Contains("SLURM_NODEID=2 is not below"));
+  CHECK_THROWS_WITH(parse_command_line({"--nnodes=2", "/bin/true"}, {{"PET_NODE_RANK", "3"}}, host),
+                    Catch::Contains("PET_NODE_RANK=3 (read as --node_rank) must be below --nnodes=2"));
 }
