@@ -85,6 +85,7 @@ struct TcpStore::Impl {
     std::string last;
     bool busy = false;
     bool mute = false;  // a listener there took the connection, and never answered as a store
+    auto say_at = Clock::now() + std::chrono::seconds(10);  // a long wait is not a silent one
     for (;;) {
       bool accepted = false;
       try {
@@ -139,6 +140,11 @@ struct TcpStore::Impl {
                             : mute ? "; the connection was taken but never answered: a store too loaded to accept, "
                                      "or not a ddprun or PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)?"
                                    : "; is the store running and reachable there?"));
+      }
+      if (Clock::now() >= say_at) {
+        spdlog::info("ddprun: no store answers at {} yet ({}); trying for {} more", address, last,
+                     seconds(std::chrono::duration_cast<std::chrono::milliseconds>(left)));
+        say_at = Clock::now() + std::chrono::seconds(60);
       }
       std::this_thread::sleep_for(std::min(backoff, left - kLastTry));  // retry backoff, not synchronisation
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));

@@ -3,7 +3,11 @@
 // The first agent hosts the store on a free port (--master_port=0 or an endpoint with port 0)
 // and prints it; the others are started with that port: no fixed ports.
 
+#include <arpa/inet.h>
 #include <catch2/catch.hpp>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -372,6 +376,38 @@ TEST_CASE("too few nodes within the join timeout: a clear error", "[multinode]")
   CHECK_THAT(r.err, Catch::Contains("join_timeout"));
   // This node hosted the store, gone with it: the same run id takes a lower --nnodes.
   CHECK_THAT(r.err, !Catch::Contains("--rdzv_id"));
+}
+
+TEST_CASE("a long wait for nodes or for the store is not a silent one", "[multinode]") {
+  // Static node 0 alone of 3: after 10 s it says how many joined and which node ranks are missing.
+  Launch n0(cmd({"--nnodes=3", "--node_rank=0", "--master_port=0", "--rdzv_conf=join_timeout=11", kWorker, "env"}));
+  // A node whose store nobody hosts: a port bound and never listened on refuses connections, and
+  // no other process can take it meanwhile.
+  struct Refusing {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    std::uint16_t port = 0;
+    Refusing() {
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      socklen_t len = sizeof(a);
+      REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+      REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+      port = ntohs(a.sin_port);
+    }
+    ~Refusing() { ::close(fd); }
+  } refusing;
+  Launch n2(cmd({"--nnodes=3", "--node_rank=2", "--master_addr=127.0.0.1", "--master_port=" + std::to_string(refusing.port),
+                 "--rdzv_conf=join_timeout=11", kWorker, "env"}));
+  auto r0 = n0.finish(40s), r2 = n2.finish(40s);
+  INFO(r0.err << "\n----\n" << r2.err);
+  CHECK(r0.code == 1);
+  CHECK_THAT(r0.err, Catch::Contains("waiting for nodes: 1 of the 3 needed have joined round 0") &&
+                         Catch::Contains("missing --node_rank 1, 2"));
+  CHECK(r2.code == 1);
+  CHECK_THAT(r2.err, Catch::Contains("no store answers at 127.0.0.1:") && Catch::Contains("yet (") &&
+                         Catch::Contains("trying for"));
+  CHECK_THAT(r2.err, Catch::Contains("is node 0's ddprun") && Catch::Contains("--master_addr and --master_port right?"));
 }
 
 TEST_CASE("SIGINT on one node stops the job on every node, all exiting 130", "[multinode]") {

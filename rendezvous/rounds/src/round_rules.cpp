@@ -1,6 +1,7 @@
 #include "round_rules.hpp"
 #include "round_rules_detail.hpp"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <spdlog/spdlog.h>
@@ -192,7 +193,7 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
 // arriving late is told so, not kept until join_timeout). A static rank's holder shows it is
 // alive meanwhile, every third of a TTL (the store has no other sign of its life before a round
 // runs): claim_rank abandons a round whose holder went silent, so that the rank's replacement
-// can meet in the next.
+// can meet in the next. With `look`, it says how many have joined after 10 s, then every minute.
 bool RoundRules::wait_for_others(Connection& c, int round, Clock::time_point deadline, bool look) {
   const Key closed = round_key(round, Name::closed);
   const bool held = opt_.backend == BackendKind::static_ranks;
@@ -202,12 +203,39 @@ bool RoundRules::wait_for_others(Connection& c, int round, Clock::time_point dea
   } else if (look) {
     slice = backend_.liveness_ttl();
   }
+  auto say_at = time_.now() + std::chrono::seconds(10);
   for (;;) {
     if (held) c.add(round_key(round, Name::held, opt_.node_rank), 1);
-    if (c.wait({closed}, std::min(deadline, time_.now() + slice))) return true;
+    if (c.wait({closed}, std::min({deadline, time_.now() + slice, look ? say_at : deadline}))) return true;
     if (time_.now() >= deadline) return false;
+    if (look && time_.now() >= say_at) {
+      say_waiting(c, round, deadline);
+      say_at = time_.now() + std::chrono::seconds(60);
+    }
     if (look) throw_if_job_finished();
   }
+}
+
+// One line while a node waits for the nodes a round needs: how many have joined; static node 0
+// (the store's usual host, whose log is read first) names the node ranks missing, in one read.
+void RoundRules::say_waiting(Connection& c, int round, Clock::time_point deadline) {
+  const auto joined = std::min<std::int64_t>(c.add(round_key(round, Name::join), 0), opt_.max_nodes);
+  std::string missing;
+  if (opt_.backend == BackendKind::static_ranks && opt_.node_rank == 0) {
+    std::vector<Key> ranks;
+    for (int r = 0; r < opt_.max_nodes; ++r) ranks.push_back(round_key(round, Name::rank, r));
+    const auto held = c.get_many(ranks);
+    int absent = 0;
+    for (int r = 0; r < opt_.max_nodes; ++r) {
+      if (held[r]) continue;
+      if (++absent <= 8) missing += (absent == 1 ? "" : ", ") + std::to_string(r);
+    }
+    if (absent > 8) missing += " and " + std::to_string(absent - 8) + " more";
+    if (absent > 0) missing = "; missing --node_rank " + missing;
+  }
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - time_.now());
+  spdlog::info("ddprun: waiting for nodes: {} of the {} needed have joined round {} on {}{}; {} left (join_timeout)", joined,
+               opt_.min_nodes, round, where_, missing, duration_text(std::max(left, std::chrono::milliseconds(0))));
 }
 
 // Runs round `round` as its idx-th arrival, or gives it up (nullopt) when a member never came to

@@ -215,8 +215,10 @@ std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds time
   } catch (const TimeoutError& e) {
     // A store that was there but full says so (its client's message names it); else, none came.
     if (std::string(e.what()).find("at capacity") != std::string::npos) throw TimeoutError("rendezvous: " + std::string(e.what()));
-    throw TimeoutError("rendezvous: no store at " + endpoint() + " within " + duration_text(timeout) +
-                       ": is the host node's ddprun (or ddprun-store) running, and is --rdzv_endpoint right? (" + e.what() + ")");
+    const bool fixed = opt_.backend == BackendKind::static_ranks;
+    throw TimeoutError("rendezvous: no store at " + endpoint() + " within " + duration_text(timeout) + ": is " +
+                       (fixed ? "node 0's" : "the host node's") + " ddprun (or ddprun-store) running, and " +
+                       (fixed ? "are --master_addr and --master_port" : "is --rdzv_endpoint") + " right? (" + e.what() + ")");
   }
   tcp->set_timeout(std::min(timeout, opt_.read_timeout));
   return std::make_unique<StoreConnection>(std::make_shared<rendezvous::PrefixStore>("ddprun/rdzv/" + opt_.run_id, tcp));
