@@ -178,6 +178,26 @@ def tied(st):
           "... and into a tied model, still tied")
 
 
+def parameters(st):
+    import torch
+
+    # Parameters saved bare (not through state_dict(): a list of them, an optimizer's own) come
+    # back Parameters, requires_grad as saved, and over one memory with a plain tensor of the
+    # same memory saved beside them.
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    frozen = torch.nn.Parameter(torch.randn(2), requires_grad=False)
+    st.save(11, {"params": [w, frozen], "plain": w.detach(), "t": torch.ones(2)})
+    st.wait()
+    got = st.load()[1]
+    p0, p1 = got["params"]
+    check(type(p0) is torch.nn.Parameter and p0.requires_grad and torch.equal(p0, w),
+          f"an nn.Parameter loads as one, with its values (got {type(p0).__name__})")
+    check(type(p1) is torch.nn.Parameter and not p1.requires_grad, "... and a frozen one stays frozen")
+    check(type(got["plain"]) is torch.Tensor and got["plain"].data_ptr() == p0.data_ptr(),
+          "a plain tensor of its memory stays a tensor, over the same memory")
+    check(type(got["t"]) is torch.Tensor and not got["t"].requires_grad, "a plain tensor stays a plain tensor")
+
+
 def pinned(st):
     # A persist request pins a state until the agent has copied it: the save that would write
     # its slot waits on its thread (both committed states stay whole), then goes on; a save never
@@ -402,6 +422,7 @@ def main():
     too_large_and_fence(st)
     native_state(st)
     tied(st)
+    parameters(st)
     pinned(st)
     copies_hold(st)
     count_again(st)

@@ -274,19 +274,22 @@ class _Skeleton(pickle.Pickler):
         dtype, shape, grad = str(obj.dtype).replace("torch.", ""), tuple(obj.shape), bool(obj.requires_grad)
         # The same memory seen the same way again (tied weights: state_dict() gives one detach() a
         # key) is saved once, and loads as one memory again.
-        key = (obj.data_ptr(), str(obj.device), dtype, shape, obj.stride(), grad, obj.is_conj(), obj.is_neg())
+        key = (obj.data_ptr(), str(obj.device), dtype, shape, obj.stride(), obj.is_conj(), obj.is_neg())
+        # An nn.Parameter comes back one (a model's parameters saved bare), over the same memory
+        # as a detach() of it saved beside it; each as it was, requires_grad and all.
+        param = isinstance(obj, self.torch.nn.Parameter)
         if key in self.seen:
-            return self.seen[key]
+            return self.seen[key][:4] + (grad, param)
         if id(obj) in self.shared:
             offset = self.space_bytes
             self.space.append((obj, offset))
             self.space_bytes = _align(offset + nbytes)
-            pid = ("s", dtype, shape, offset, grad)
+            pid = ("s", dtype, shape, offset, grad, param)
         else:
             offset = self.data
             self.tensors.append((obj, offset, nbytes))
             self.data = _align(offset + nbytes)
-            pid = ("t", dtype, shape, offset, grad)
+            pid = ("t", dtype, shape, offset, grad, param)
         self.seen[key] = pid
         return pid
 
@@ -891,25 +894,22 @@ class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid):
         import torch
 
-        if pid[0] == "s":
-            _tag, dtype, shape, offset, requires_grad = pid
-            self.layout = zlib.crc32(repr(pid[1:4]).encode(), self.layout)
-            dtype = getattr(torch, dtype)
-            count = 1
-            for n in shape:
-                count *= n
-            size = count * torch.empty((), dtype=dtype).element_size()
-            t = self.space[offset:offset + size].view(dtype).view(shape)
-            return t.requires_grad_(requires_grad) if requires_grad else t
-        _tag, dtype, shape, offset, requires_grad = pid
+        tag, dtype, shape, offset, requires_grad = pid[:5]
+        param = len(pid) > 5 and pid[5]  # (a state saved before Parameters were marked has none)
         dtype = getattr(torch, dtype)
         count = 1
         for n in shape:
             count *= n
-        if count == 0:
+        if tag == "s":
+            self.layout = zlib.crc32(repr(pid[1:4]).encode(), self.layout)
+            size = count * torch.empty((), dtype=dtype).element_size()
+            t = self.space[offset:offset + size].view(dtype).view(shape)
+        elif count == 0:
             t = torch.empty(shape, dtype=dtype)
         else:
             t = torch.frombuffer(self.buf, dtype=dtype, count=count, offset=self.data_at + offset).view(shape)
+        if param:
+            return torch.nn.Parameter(t, requires_grad=requires_grad)
         return t.requires_grad_(requires_grad) if requires_grad else t
 
 
