@@ -25,6 +25,7 @@ struct FakeWorld {
   };
   std::vector<Watch> watches;
   int cleared = 0;  // clear_run calls
+  std::map<std::string, int> looks;  // add(key, 0) calls by key: a node reading a counter (a test waits for it)
 
   void check_up() {
     if (down) throw NetworkError("fake backend: gone");
@@ -86,6 +87,7 @@ class FakeConnection : public Connection {
       std::lock_guard<std::mutex> lk(w_->mu);
       w_->check_up();
       n = w_->kv.add(k.text(), d);
+      if (d == 0) ++w_->looks[k.text()];
     }
     w_->cv.notify_all();
     return n;

@@ -547,6 +547,21 @@ TEST_CASE("rules: too few nodes within join_timeout is a time-out saying what to
   CHECK(std::chrono::steady_clock::now() - t0 < 5s);
 }
 
+TEST_CASE("rules: a node reaching its join_timeout while MIN have arrived and a last call runs is in the round, not "
+          "abandoning it", "[rules]") {
+  Nodes n(2, 3);
+  n.opt.last_call_timeout = 1500ms;
+  const int early = n.add(0, [](RendezvousOptions& o) { o.join_timeout = 500ms; });
+  const int late = n.add();
+  n.join_in_order(0, {{early, -1}, {late, -1}});  // MIN arrived: the late one's last call (1.5 s) runs
+  for (int i : {early, late}) {
+    REQUIRE(n.rec[i]->wait_ready());
+    CHECK(n.rec[i]->ready.front().round == 0);  // (the early one abandoned round 0 at 500 ms, and failed)
+    CHECK(n.rec[i]->ready.front().world_size == 4);
+  }
+  CHECK(n.rec[early]->failed.empty());
+}
+
 TEST_CASE("rules: the fence is told TTL minus a margin at each renewal, and released at the round's end", "[rules]") {
   Nodes n(1, 1);
   n.add();

@@ -48,6 +48,29 @@ TEST_CASE("rules: a node rank held by a live node is refused within the liveness
   }
 }
 
+TEST_CASE("rules: a duplicate static rank whose holder's job finishes meanwhile is refused as a duplicate", "[rules]") {
+  Nodes n(2, 2, BackendKind::static_ranks);
+  n.add(0);
+  n.add(1);
+  n.join_all(0, 0);
+  const int dup = n.add(1);
+  n.nodes[dup]->join(0, -1);
+  {
+    // Its claim refused, it reads the holder's counters: the job ends while it looks.
+    const std::string held = round_key(0, Name::held, 1).text();
+    std::unique_lock<std::mutex> lk(n.world->mu);
+    REQUIRE(n.world->cv.wait_for(lk, 10s, [&] { return n.world->looks[held] > 0; }));
+  }
+  n.nodes[0]->report_success(0);
+  n.nodes[1]->report_success(0);
+  REQUIRE(n.rec[dup]->wait_failed());
+  const auto& f = n.rec[dup]->failed.front();
+  CHECK(f.kind == FK::in_use);
+  // (it met in the next round and waited there, for nodes of a job that was over)
+  CHECK_THAT(f.message, Catch::Contains("node rank 1 was held by") && Catch::Contains("whose job finished while this node "
+                                                                                       "waited; give each node its own --node_rank"));
+}
+
 // A second --node_rank=1 while the round is open (rank 2 not there yet): the holder's `held`
 // counter moves every third of a TTL, so the duplicate is refused at its next look, a little over
 // a third of a TTL after its claim, naming the holder's host (it waited silently until

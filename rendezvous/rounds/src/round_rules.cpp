@@ -167,15 +167,17 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
     throw_if_stopped(c, round);
     // Given up, the round is abandoned (first writer wins): whoever waits in it meets in the next
     // one, and so does a relaunch with this run id, where this node's arrival would count for a
-    // node that never comes. Closed meanwhile, this node is in it after all.
+    // node that never comes. Not while MIN have arrived and a last call runs; closed meanwhile,
+    // this node is in it after all.
     const int gone = opt_.backend == BackendKind::static_ranks ? opt_.node_rank : idx;
-    if (parse_closed(c.name(closed), c.create(closed, closed_json(Closed::abandoned(gone)))).kind ==
+    if (!last_call_closes(c, round) && parse_closed(c.name(closed), c.create(closed, closed_json(Closed::abandoned(gone)))).kind ==
         Closed::Kind::abandoned) {
       throw RendezvousError(K::timeout, "rendezvous: only " + std::to_string(c.add(joins, 0)) + " of the " +
                                             std::to_string(opt_.min_nodes) + " nodes needed joined round " +
                                             std::to_string(round) + " on " + where_ + " within " +
                                             duration_text(opt_.join_timeout) +
-                                            " (join_timeout); start the other nodes, or lower --nnodes" +
+                                            " (join_timeout); start the other nodes (with this run id, --rdzv_id=" +
+                                            opt_.run_id + "), or lower --nnodes" +
                                             (backend_.holds_records()
                                                  ? std::string()
                                                  : " and give the job a new --rdzv_id (this one keeps its settings on " +
@@ -186,6 +188,15 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
   if (result.kind == Closed::Kind::abandoned) return -1;
   if (result.kind == Closed::Kind::stopped) throw_closed_stopped(c, round);
   return result.nodes;
+}
+
+// At this node's join_timeout, with MIN nodes arrived meanwhile: the last call of the MIN-th
+// closes the round within last_call_timeout, and this node waits for it (a read_timeout more: the
+// closer may be slow) rather than abandon a round about to run. False: fewer arrived, or no close
+// came.
+bool RoundRules::last_call_closes(Connection& c, int round) {
+  if (c.add(round_key(round, Name::join), 0) < opt_.min_nodes) return false;
+  return wait_for_others(c, round, time_.now() + opt_.last_call_timeout + opt_.read_timeout, false);
 }
 
 // Waits for round `round` to close until `deadline`; with `look`, it looks every liveness TTL
@@ -234,8 +245,9 @@ void RoundRules::say_waiting(Connection& c, int round, Clock::time_point deadlin
     if (absent > 0) missing = "; missing --node_rank " + missing;
   }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - time_.now());
-  spdlog::info("ddprun: waiting for nodes: {} of the {} needed have joined round {} on {}{}; {} left (join_timeout)", joined,
-               opt_.min_nodes, round, where_, missing, duration_text(std::max(left, std::chrono::milliseconds(0))));
+  spdlog::info("ddprun: waiting for nodes: {} of the {} needed have joined round {} of run id '{}' on {}{}; {} left (join_timeout)",
+               joined, opt_.min_nodes, round, opt_.run_id, where_, missing,
+               duration_text(std::max(left, std::chrono::milliseconds(0))));
 }
 
 // Runs round `round` as its idx-th arrival, or gives it up (nullopt) when a member never came to

@@ -180,6 +180,15 @@ bool RoundRules::claim_rank(int round, Clock::time_point deadline) {
   for (;;) {
     if (c.wait({end}, std::min(deadline, time_.now() + look))) {
       throw_if_stopped(c, round, false);  // the job is stopping: so is this node of it
+      // The holder's round succeeded: the job is over, and this node was a duplicate (meeting in
+      // the next round, it would wait for a job that is gone).
+      if (const auto e = c.get(end); e && parse_round_end(c.name(end), *e).kind == RoundEnd::Kind::success) {
+        throw RendezvousError(K::in_use, "rendezvous: node rank " + std::to_string(opt_.node_rank) + " was held by " +
+                                             holder.host + " in round " + std::to_string(round) + " of run '" + opt_.run_id +
+                                             "' on " + where_ + ", whose job finished while this node waited; give each "
+                                             "node its own --node_rank (0.." + std::to_string(opt_.max_nodes - 1) +
+                                             "), or a new job its own --rdzv_id");
+      }
       return false;
     }
     const bool waited = time_.now() - since >= patience, running = c.get(round_key(round, Name::store)).has_value();
