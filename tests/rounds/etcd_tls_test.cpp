@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/rendezvous/store_server.hpp"
 #include "etcd_cluster.hpp"
 #include "etcd_transport.hpp"
 #include "skip.hpp"
@@ -127,6 +128,15 @@ TEST_CASE("etcd TLS: a wrong CA, a name not in the certificate, no client certif
   auto plain = failure(client({{"127.0.0.1", port, false}}, {}));
   CHECK_THAT(plain, Catch::Contains("cannot reach etcd at " + at));
   CHECK_THAT(plain, Catch::Contains("etcd with TLS does that: write https://" + at + " and give --rdzv_conf cacert"));
+}
+
+TEST_CASE("etcd pointed at a c10d store: the message says it may not be etcd at all, and what to use then", "[etcd][tls]") {
+  ddprun::rendezvous::StoreServer store(ddprun::rendezvous::StoreServerOptions{});
+  store.start();
+  const std::string at = "127.0.0.1:" + std::to_string(store.port());
+  auto said = failure(client({{"127.0.0.1", store.port(), false}}, {}));
+  CHECK_THAT(said, Catch::Contains("cannot reach etcd at " + at));
+  CHECK_THAT(said, Catch::Contains("a server that is not etcd (a c10d store there: --rdzv_backend=c10d)"));
 }
 
 TEST_CASE("etcd TLS: an expired server certificate, and https:// to a plain member - each says what to check",

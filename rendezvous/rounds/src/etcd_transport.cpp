@@ -292,7 +292,8 @@ std::string EtcdStream::explain(const error_code& ec) {
   // A TLS-only member closes a plain-HTTP connection without an answer.
   if (ec == beast::http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset) {
     return "it closed the connection without an answer (" + ec.message() + "); etcd with TLS does that: write https://" +
-           etcd_detail::where(s_->endpoint) + " and give --rdzv_conf cacert=PATH (etcdctl's --cacert)";
+           etcd_detail::where(s_->endpoint) + " and give --rdzv_conf cacert=PATH (etcdctl's --cacert); so does a server that is "
+           "not etcd (a c10d store there: --rdzv_backend=c10d)";
   }
   return ec.message();
 }
