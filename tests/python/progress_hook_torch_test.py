@@ -76,7 +76,8 @@ def sigstop_is_caught(ddprun, env, tmp):
     events = os.path.join(tmp, "events.jsonl")
     p = subprocess.Popen([ddprun, "--standalone", "--nproc_per_node=2", "--worker_timeout=3", "--stop_timeout=2",
                           f"--events_file={events}", DDP_SCRIPT, "--epochs", "100000"],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         # (the dumps it keeps without --log_dir go to TMPDIR: this test's, removed with it)
+                         env=dict(env, TMPDIR=tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_line(p.stdout, "epoch 2 loss", time.monotonic() + 120)
         with open(events) as f:
