@@ -84,7 +84,8 @@ void RoundRules::announce_stop(Connection& c, int round, int signal) {
   if (stood == stop) {
     const auto m = finished_mark(c);
     ends_job = !m || m->round + 2 <= round;
-    if (ends_job) c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms(time_)}), Lifetime::marker);
+    FinishedMark stopped{round, wall_ms(time_), false, signal, self_.info.host};
+    if (ends_job) c.put(run_key(Name::finished), finished_json(stopped), Lifetime::marker);
   }
   // etcd keeps a run's keys: once the waiting nodes read the stop, they go, as after a job's last
   // acknowledgement (the marker's lease is 10 minutes: a relaunch after it must not find the

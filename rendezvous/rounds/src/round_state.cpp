@@ -178,14 +178,16 @@ RankClaim parse_claim(const std::string& key, const std::string& value) {
 std::string finished_json(const FinishedMark& f) {
   json j{{"round", f.round}, {"at_ms", f.at_ms}};
   if (f.succeeded) j["succeeded"] = true;
+  if (f.signal > 0) j["signal"] = f.signal, j["host"] = f.host;
   return text(j);
 }
 
 FinishedMark parse_finished(const std::string& key, const std::string& value, long long now_ms) {
-  if (value == "1") return FinishedMark{-1, now_ms};
+  if (value == "1") return FinishedMark{-1, now_ms, false, 0, ""};
   auto j = object(key, value);
   return FinishedMark{field<int>(j, key, "round", -1), field<long long>(j, key, "at_ms", now_ms),
-                      field<bool>(j, key, "succeeded", false)};
+                      field<bool>(j, key, "succeeded", false), field<int>(j, key, "signal", 0),
+                      field<std::string>(j, key, "host", "?")};
 }
 
 long long parse_number(const std::string& key, const std::string& value, long long lo, long long hi) {
