@@ -187,9 +187,26 @@ Settings resolve(const ParsedArgs& given, const std::map<std::string, std::strin
     }
   }
   s.rdzv_endpoint_from_slurm = derived.count("rdzv_endpoint") > 0;
-  // What Slurm gave wrongly counts only where it is used: the c10d endpoint with c10d only.
+  // What Slurm implies counts only where it is used: the master address and the node rank by the
+  // static rendezvous (one node's too), the endpoint by c10d. Only that is said to be derived,
+  // and a problem of Slurm's only there is an error; the flags it says to give are those of every
+  // option the same problem spoils.
+  auto used = [&](const std::string& name) {
+    if (name == "rdzv_endpoint") return s.rdzv_backend == "c10d";
+    if (name == "master_addr" || name == "node_rank") return s.rdzv_backend == "static";
+    return true;
+  };
+  std::erase_if(derived, [&](const auto& kv) { return !used(kv.first); });
   for (const auto& name : slurm_problems) {
-    if (name != "rdzv_endpoint" || s.rdzv_backend == "c10d") usage(slurm->problems.at(name));
+    if (!used(name)) continue;
+    const std::string& why = slurm->problems.at(name);
+    std::vector<std::string> flags;
+    for (const auto& other : slurm_problems) {
+      if (used(other) && slurm->problems.at(other) == why) flags.push_back("--" + other);
+    }
+    std::string give;
+    for (std::size_t i = 0; i < flags.size(); ++i) give += (i == 0 ? "" : i + 1 == flags.size() ? " and " : ", ") + flags[i];
+    usage(why + "; give " + give + " (flags win over Slurm's variables)");
   }
   return s;
 }

@@ -71,15 +71,15 @@ std::set<int> parse_signals(const std::string& v) {
   return out;
 }
 
-std::map<std::string, std::string> parse_conf(const std::string& v) {
+std::map<std::string, std::string> parse_conf(const std::string& v, std::string& twice) {
   std::map<std::string, std::string> conf;
   for (const auto& kv : split(v, ',')) {
     if (trim(kv).empty()) continue;
     auto eq = kv.find('=');
     if (eq == std::string::npos) usage("--rdzv_conf items are KEY=VALUE (got '" + kv + "')");
     const std::string key = trim(kv.substr(0, eq)), value = trim(kv.substr(eq + 1));
-    if (auto [it, fresh] = conf.emplace(key, value); !fresh) {
-      usage("--rdzv_conf " + key + " is given twice ('" + it->second + "' and '" + value + "'): keep one");
+    if (auto [it, fresh] = conf.emplace(key, value); !fresh && twice.empty()) {
+      twice = "--rdzv_conf " + key + " is given twice ('" + it->second + "' and '" + value + "'): keep one";
     }
   }
   return conf;
@@ -212,7 +212,7 @@ std::vector<OptionSpec> rendezvous_options() {
     {"rdzv_id", "", kRdzv, K::value, "none", "job id shared by all nodes (TORCHELASTIC_RUN_ID)",
      [](const std::string& v, Settings& s) { s.rdzv_id = parse_run_id(v); }},
     {"rdzv_conf", "", kRdzv, K::value, "", "key=value,... rendezvous settings",
-     [](const std::string& v, Settings& s) { s.rdzv_conf = parse_conf(v); }},
+     [](const std::string& v, Settings& s) { s.rdzv_conf = parse_conf(v, s.rdzv_conf_twice); }},
     {"local_addr", "", kRdzv, K::value, "", "this node's address as other nodes see it",
      [](const std::string& v, Settings& s) { s.local_addr = v.empty() ? v : host_name("local_addr", v); }},
   };

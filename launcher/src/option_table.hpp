@@ -34,6 +34,7 @@ struct Settings {
   std::map<std::string, std::string> origin;
   std::string rdzv_id;
   std::map<std::string, std::string> rdzv_conf;
+  std::string rdzv_conf_twice;  // a key given twice: an error where --rdzv_conf applies (not --standalone)
   std::string local_addr;
   bool worker_timeout_auto = true;
   std::chrono::milliseconds worker_timeout{0}, stop_timeout{0}, stack_dump_timeout{0}, hang_floor{0}, hang_stop{0};

@@ -145,7 +145,10 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
     z.store_port = 0;  // bound first, then published: no free-port race
     z.run_id = random_run_id();
   } else if (s.rdzv_backend == "etcd") {
-    if (s.rdzv_endpoint.empty()) usage("--rdzv_backend=etcd needs --rdzv_endpoint=HOST:PORT[,HOST:PORT...] (etcd's members)");
+    // (not the first host of a Slurm step: etcd runs on machines of its own)
+    if (s.rdzv_endpoint.empty() || s.rdzv_endpoint_from_slurm) {
+      usage("--rdzv_backend=etcd needs --rdzv_endpoint=HOST:PORT[,HOST:PORT...] (etcd's members)");
+    }
     z.etcd_endpoints = s.rdzv_endpoint;
     z.store_host = "127.0.0.1";
     z.store_port = 0;
@@ -186,6 +189,7 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
     z.host_role = z.node_rank == 0 ? rounds::HostRole::always : rounds::HostRole::never;
   }
   ConfExtras x;
+  if (!s.rdzv_conf_twice.empty()) usage(s.rdzv_conf_twice);
   apply_rdzv_conf(s.rdzv_conf, z, x);
   if (!x.protocol.empty()) z.etcd_endpoints = with_scheme(z.etcd_endpoints, x.protocol);
   if (x.secret_file.empty()) x.secret_file = get_env(env, "DDPRUN_SECRET_FILE", "");

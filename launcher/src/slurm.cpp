@@ -124,17 +124,15 @@ std::optional<SlurmStep> slurm_step(const std::map<std::string, std::string>& en
     step.values[option] = value;
     step.from[option] = var;
   };
-  const std::string flags = "give --nnodes, --node_rank and --master_addr (or --rdzv_endpoint)";
   if (!all_digits(nnodes) || !all_digits(nodeid)) {
-    const std::string why = "inside Slurm, " + nnodes_var + "='" + nnodes + "' and SLURM_NODEID='" + nodeid +
-                            "' must be numbers (or give --nnodes and --node_rank)";
-    step.problems["nnodes"] = step.problems["node_rank"] = why;
+    step.problems["nnodes"] = step.problems["node_rank"] =
+        "inside Slurm, " + nnodes_var + "='" + nnodes + "' and SLURM_NODEID='" + nodeid + "' must be numbers";
   } else {
     set("nnodes", nnodes, nnodes_var);
     set("node_rank", nodeid, nodeid_var);
     if (std::stoll(nodeid) >= std::stoll(nnodes)) {
       step.problems["node_rank"] = "inside Slurm, SLURM_NODEID=" + nodeid + " is not below " + nnodes_var + "=" + nnodes +
-                                   ": Slurm's variables disagree; " + flags;
+                                   ": Slurm's variables disagree";
     }
   }
   try {
@@ -145,12 +143,11 @@ std::optional<SlurmStep> slurm_step(const std::map<std::string, std::string>& en
       // (the allocation's list beside a step's count: its first host may not be in the step)
       const std::string why = "inside Slurm, " + list_var + " names " + std::to_string(hosts.size()) + " host" +
                               (hosts.size() == 1 ? "" : "s") + " but " + nnodes_var + "=" + nnodes +
-                              ": which node is the first of this step is unknown; " + flags;
+                              ": which node is the first of this step is unknown";
       for (const char* o : {"nnodes", "master_addr", "rdzv_endpoint"}) step.problems[o] = why;
     }
   } catch (const UsageError& e) {
-    step.problems["master_addr"] = "inside Slurm, " + list_var + ": " + e.what() + "; give --master_addr";
-    step.problems["rdzv_endpoint"] = "inside Slurm, " + list_var + ": " + e.what() + "; give --rdzv_endpoint";
+    step.problems["master_addr"] = step.problems["rdzv_endpoint"] = "inside Slurm, " + list_var + ": " + e.what();
   }
   // A requeued job keeps its id and counts SLURM_RESTART_COUNT, and each step of a job (two may
   // run at once, on other nodes) has a number: each run and step gets a run id of its own, so

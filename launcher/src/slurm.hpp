@@ -23,7 +23,7 @@ std::vector<std::string> expand_hostlist(const std::string& list, std::size_t li
 struct SlurmStep {
   std::map<std::string, std::string> values;
   std::map<std::string, std::string> from;      // option -> SLURM_ variable
-  std::map<std::string, std::string> problems;  // option -> what is wrong, what to give
+  std::map<std::string, std::string> problems;  // option -> what is wrong (the caller says which flags to give)
 };
 // nullopt outside a Slurm step (SLURM_JOB_ID, a node count, SLURM_NODEID and a host list).
 std::optional<SlurmStep> slurm_step(const std::map<std::string, std::string>& env);

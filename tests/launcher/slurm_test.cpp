@@ -93,8 +93,22 @@ TEST_CASE("inside an srun step the step's nodes count, not the allocation's, and
   job_only.erase("SLURM_NODELIST");
   CHECK_THROWS_WITH(parse_command_line({"/bin/true"}, job_only, host),
                     Catch::Contains("SLURM_JOB_NODELIST names 4 hosts but SLURM_STEP_NUM_NODES=2") &&
-                        Catch::Contains("give --nnodes, --node_rank and --master_addr"));
+                        Catch::Contains("give --nnodes and --master_addr"));
   CHECK(parse_command_line({"--nnodes=2", "--master_addr=gpu09", "/bin/true"}, job_only, host).agent.rdzv.store_host == "gpu09");
+  // c10d: the endpoint, not --master_addr or --node_rank, which it does not use; followed, the
+  // advice works.
+  CHECK_THROWS_WITH(parse_command_line({"--rdzv_backend=c10d", "/bin/true"}, job_only, host),
+                    Catch::Contains("give --nnodes and --rdzv_endpoint (flags win"));
+  auto c10d = parse_command_line({"--rdzv_backend=c10d", "--nnodes=2", "--rdzv_endpoint=gpu09", "/bin/true"}, job_only, host);
+  CHECK(c10d.agent.rdzv.endpoint_host == "gpu09");
+  CHECK_THAT(c10d.notes.at(0), !Catch::Contains("--node_rank") && !Catch::Contains("--master_addr"));  // (not used)
+  // etcd: never the first host of the step; --rdzv_endpoint is needed.
+  CHECK_THROWS_WITH(parse_command_line({"--rdzv_backend=etcd", "/bin/true"}, env, host),
+                    Catch::Contains("--rdzv_backend=etcd needs --rdzv_endpoint"));
+  CHECK(parse_command_line({"--rdzv_backend=etcd", "--nnodes=2", "--rdzv_endpoint=etcd0:2379", "/bin/true"}, job_only, host)
+            .agent.rdzv.etcd_endpoints == "etcd0:2379");
+  // --standalone ignores --rdzv_conf, a key given twice too (PET_RDZV_CONF in a Kubeflow pod).
+  CHECK_NOTHROW(parse_command_line({"--standalone", "--rdzv_conf=join_timeout=5,join_timeout=6", "/bin/true"}, {}, host));
   // SLURM_NODEID beyond the count: named as Slurm's, not as a flag the user did not give.
   auto beyond = env;
   beyond["SLURM_NODEID"] = "2";

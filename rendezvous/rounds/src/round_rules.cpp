@@ -166,10 +166,10 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
     throw_if_stopped(c, round);
     // Given up, the round is abandoned (first writer wins): whoever waits in it meets in the next
     // one, and so does a relaunch with this run id, where this node's arrival would count for a
-    // node that never comes. Not while MIN have arrived and a last call runs; closed meanwhile,
+    // node that never comes. Not when MIN have arrived (a last call runs); closed meanwhile,
     // this node is in it after all.
     const int gone = opt_.backend == BackendKind::static_ranks ? opt_.node_rank : idx;
-    if (!last_call_closes(c, round) && parse_closed(c.name(closed), c.create(closed, closed_json(Closed::abandoned(gone)))).kind ==
+    if (!close_after_last_call(c, round) && parse_closed(c.name(closed), c.create(closed, closed_json(Closed::abandoned(gone)))).kind ==
         Closed::Kind::abandoned) {
       throw RendezvousError(K::timeout, "rendezvous: only " + std::to_string(c.add(joins, 0)) + " of the " +
                                             std::to_string(opt_.min_nodes) + " nodes needed joined round " +
@@ -189,13 +189,19 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
   return result.nodes;
 }
 
-// At this node's join_timeout, with MIN nodes arrived meanwhile: the last call of the MIN-th
-// closes the round within last_call_timeout, and this node waits for it (a read_timeout more: the
-// closer may be slow) rather than abandon a round about to run. False: fewer arrived, or no close
-// came.
-bool RoundRules::last_call_closes(Connection& c, int round) {
-  if (c.add(round_key(round, Name::join), 0) < opt_.min_nodes) return false;
-  return wait_for_others(c, round, time_.now() + opt_.last_call_timeout + opt_.read_timeout, false);
+// At this node's join_timeout, with MIN nodes arrived meanwhile: the MIN-th arrival's last call
+// runs, and this node waits it out as that node does, then closes the round with whoever has
+// arrived, first writer wins (that node may have died in its last call: the round then runs
+// without it, as any round whose member died). False: fewer than MIN arrived.
+bool RoundRules::close_after_last_call(Connection& c, int round) {
+  const Key joins = round_key(round, Name::join);
+  if (c.add(joins, 0) < opt_.min_nodes) return false;
+  if (!wait_for_others(c, round, time_.now() + opt_.last_call_timeout, false)) {
+    const int joined = static_cast<int>(std::min<std::int64_t>(c.add(joins, 0), opt_.max_nodes));
+    if (joined < opt_.min_nodes) throw_finished();  // the counter went back: the job finished, its keys were cleared
+    c.create(round_key(round, Name::closed), closed_json(Closed::of_nodes(joined)));
+  }
+  return true;
 }
 
 // Waits for round `round` to close until `deadline`; with `look`, it looks every liveness TTL
@@ -230,6 +236,11 @@ bool RoundRules::wait_for_others(Connection& c, int round, Clock::time_point dea
 // (the store's usual host, whose log is read first) names the node ranks missing, in one read.
 void RoundRules::say_waiting(Connection& c, int round, Clock::time_point deadline) {
   const auto joined = std::min<std::int64_t>(c.add(round_key(round, Name::join), 0), opt_.max_nodes);
+  if (joined >= opt_.min_nodes) {
+    spdlog::info("ddprun: waiting for round {} of run id '{}' on {} to close: {} nodes have joined ({} needed), and a "
+                 "last call runs (last_call_timeout)", round, opt_.run_id, where_, joined, opt_.min_nodes);
+    return;
+  }
   std::string missing;
   if (opt_.backend == BackendKind::static_ranks && opt_.node_rank == 0) {
     std::vector<Key> ranks;
