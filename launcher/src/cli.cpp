@@ -153,6 +153,38 @@ auto from_env(const std::string& var, const std::string& value, const std::strin
   }
 }
 
+// What Slurm implies counts only where it is used: the master address and the node rank by the
+// static rendezvous, the endpoint by c10d, of several nodes (one node, --nnodes=1 in a step of
+// several, meets nobody: its store stays on this machine). The rest goes back to its default and
+// is not said to be derived; a problem of Slurm's is an error only where used, and the flags it
+// says to give are those of every option the same problem spoils.
+void keep_used_slurm(Settings& s, const std::optional<SlurmStep>& slurm, const std::vector<std::string>& problems,
+                     std::map<std::string, std::string>& derived) {
+  auto used = [&](const std::string& name) {
+    if (name == "rdzv_endpoint") return s.rdzv_backend == "c10d" && s.max_nodes > 1;
+    if (name == "master_addr" || name == "node_rank") return s.rdzv_backend == "static" && s.max_nodes > 1;
+    return true;
+  };
+  for (const auto& o : option_table()) {
+    if (!derived.count(o.name) || used(o.name)) continue;
+    o.parse(o.default_value, s);
+    derived.erase(o.name);
+    s.origin.erase(o.name);
+  }
+  s.rdzv_endpoint_from_slurm = derived.count("rdzv_endpoint") > 0;
+  for (const auto& name : problems) {
+    if (!used(name)) continue;
+    const std::string& why = slurm->problems.at(name);
+    std::vector<std::string> flags;
+    for (const auto& other : problems) {
+      if (used(other) && slurm->problems.at(other) == why) flags.push_back("--" + other);
+    }
+    std::string give;
+    for (std::size_t i = 0; i < flags.size(); ++i) give += (i == 0 ? "" : i + 1 == flags.size() ? " and " : ", ") + flags[i];
+    usage(why + "; give " + give + " (flags win over Slurm's variables)");
+  }
+}
+
 // Each option's value: an explicit flag wins, then PET_<NAME>, then (inside a Slurm step) what
 // Slurm implies, then the default. Every value is checked by the table's parser.
 Settings resolve(const ParsedArgs& given, const std::map<std::string, std::string>& env, const std::optional<SlurmStep>& slurm,
@@ -186,28 +218,7 @@ Settings resolve(const ParsedArgs& given, const std::map<std::string, std::strin
       o.parse(value, s);
     }
   }
-  s.rdzv_endpoint_from_slurm = derived.count("rdzv_endpoint") > 0;
-  // What Slurm implies counts only where it is used: the master address and the node rank by the
-  // static rendezvous (one node's too), the endpoint by c10d. Only that is said to be derived,
-  // and a problem of Slurm's only there is an error; the flags it says to give are those of every
-  // option the same problem spoils.
-  auto used = [&](const std::string& name) {
-    if (name == "rdzv_endpoint") return s.rdzv_backend == "c10d";
-    if (name == "master_addr" || name == "node_rank") return s.rdzv_backend == "static";
-    return true;
-  };
-  std::erase_if(derived, [&](const auto& kv) { return !used(kv.first); });
-  for (const auto& name : slurm_problems) {
-    if (!used(name)) continue;
-    const std::string& why = slurm->problems.at(name);
-    std::vector<std::string> flags;
-    for (const auto& other : slurm_problems) {
-      if (used(other) && slurm->problems.at(other) == why) flags.push_back("--" + other);
-    }
-    std::string give;
-    for (std::size_t i = 0; i < flags.size(); ++i) give += (i == 0 ? "" : i + 1 == flags.size() ? " and " : ", ") + flags[i];
-    usage(why + "; give " + give + " (flags win over Slurm's variables)");
-  }
+  keep_used_slurm(s, slurm, slurm_problems, derived);
   return s;
 }
 

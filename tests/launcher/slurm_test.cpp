@@ -107,6 +107,12 @@ TEST_CASE("inside an srun step the step's nodes count, not the allocation's, and
                     Catch::Contains("--rdzv_backend=etcd needs --rdzv_endpoint"));
   CHECK(parse_command_line({"--rdzv_backend=etcd", "--nnodes=2", "--rdzv_endpoint=etcd0:2379", "/bin/true"}, job_only, host)
             .agent.rdzv.etcd_endpoints == "etcd0:2379");
+  // --nnodes=1 on each node of a step: one-node jobs, each with its store on its own machine (not
+  // the step's first host, nor node rank SLURM_NODEID).
+  auto one = parse_command_line({"--nnodes=1", "/bin/true"}, env, host);
+  CHECK(one.agent.rdzv.node_rank == 0);
+  CHECK(one.agent.rdzv.store_host != "gpu09");
+  CHECK_THAT(one.notes.at(0), !Catch::Contains("--master_addr") && Catch::Contains("--rdzv_id=4242-r1-s3"));
   // --standalone ignores --rdzv_conf, a key given twice too (PET_RDZV_CONF in a Kubeflow pod).
   CHECK_NOTHROW(parse_command_line({"--standalone", "--rdzv_conf=join_timeout=5,join_timeout=6", "/bin/true"}, {}, host));
   // SLURM_NODEID beyond the count: named as Slurm's, not as a flag the user did not give.
