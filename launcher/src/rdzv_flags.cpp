@@ -189,8 +189,14 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
     z.host_role = z.node_rank == 0 ? rounds::HostRole::always : rounds::HostRole::never;
   }
   ConfExtras x;
-  if (!s.rdzv_conf_twice.empty()) usage(s.rdzv_conf_twice);
-  apply_rdzv_conf(s.rdzv_conf, z, x);
+  try {
+    if (!s.rdzv_conf_twice.empty()) usage(s.rdzv_conf_twice);
+    apply_rdzv_conf(s.rdzv_conf, z, x);
+  } catch (const UsageError& e) {
+    const auto from = s.origin.find("rdzv_conf");  // PET_RDZV_CONF (Kubeflow): named, it is what to change
+    if (from == s.origin.end()) throw;
+    usage(from->second + " (read as --rdzv_conf): " + e.what());
+  }
   if (!x.protocol.empty()) z.etcd_endpoints = with_scheme(z.etcd_endpoints, x.protocol);
   if (x.secret_file.empty()) x.secret_file = get_env(env, "DDPRUN_SECRET_FILE", "");
   if (!x.secret_file.empty()) z.secret = rendezvous::auth::read_secret_file(x.secret_file);

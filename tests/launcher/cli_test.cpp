@@ -302,6 +302,10 @@ TEST_CASE("rdzv_conf: a key of the other backend, or one given twice, is refused
   CHECK_THROWS_WITH(etcd("keep_alive_interval=1"), Catch::Contains("lease_ttl"));
   CHECK_THROWS_WITH(c10d("join_timeout=5,join_timeout=6"), Catch::Contains("join_timeout is given twice ('5' and '6')"));
   CHECK_THROWS_WITH(c10d("timeout=5,join_timeout=6"), Catch::Contains("one setting"));
+  // From PET_RDZV_CONF (a Kubeflow pod): the variable is named.
+  CHECK_THROWS_WITH(parse({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "/bin/true"},
+                          {{"PET_RDZV_CONF", "lease_ttl=5"}}),
+                    Catch::Contains("PET_RDZV_CONF (read as --rdzv_conf): --rdzv_conf lease_ttl applies to"));
   // Each backend's own keys still pass.
   CHECK(c10d("is_host=0,keep_alive_interval=1,read_timeout=9").agent.rdzv.keep_alive_interval == std::chrono::seconds(1));
   CHECK(etcd("lease_ttl=3,prefix=/p,user=u").agent.rdzv.lease_ttl == std::chrono::seconds(3));
