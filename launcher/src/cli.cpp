@@ -1,5 +1,6 @@
 #include "ddprun/launcher/cli.hpp"
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <random>
@@ -160,9 +161,11 @@ auto from_env(const std::string& var, const std::string& value, const std::strin
 // says to give are those of every option the same problem spoils.
 void keep_used_slurm(Settings& s, const std::optional<SlurmStep>& slurm, const std::vector<std::string>& problems,
                      std::map<std::string, std::string>& derived) {
+  // (a count Slurm gave wrongly is several nodes: every flag it spoils is named at once)
+  const bool several = s.max_nodes > 1 || std::find(problems.begin(), problems.end(), "nnodes") != problems.end();
   auto used = [&](const std::string& name) {
-    if (name == "rdzv_endpoint") return s.rdzv_backend == "c10d" && s.max_nodes > 1;
-    if (name == "master_addr" || name == "node_rank") return s.rdzv_backend == "static" && s.max_nodes > 1;
+    if (name == "rdzv_endpoint") return s.rdzv_backend == "c10d" && several;
+    if (name == "master_addr" || name == "node_rank") return s.rdzv_backend == "static" && several;
     return true;
   };
   for (const auto& o : option_table()) {
@@ -172,6 +175,15 @@ void keep_used_slurm(Settings& s, const std::optional<SlurmStep>& slurm, const s
     s.origin.erase(o.name);
   }
   s.rdzv_endpoint_from_slurm = derived.count("rdzv_endpoint") > 0;
+  // One node of a step of several is a job of its own, under a run id of its own (on etcd the
+  // step's nodes would otherwise share one run, and wait beside its one node).
+  if (slurm && !several && derived.count("rdzv_id")) {
+    const auto count = slurm->values.find("nnodes");
+    if (count != slurm->values.end() && count->second != "1") {
+      s.rdzv_id = s.rdzv_id.substr(0, 100) + "-n" + slurm->values.at("node_rank");
+      derived["rdzv_id"] = s.rdzv_id;
+    }
+  }
   for (const auto& name : problems) {
     if (!used(name)) continue;
     const std::string& why = slurm->problems.at(name);

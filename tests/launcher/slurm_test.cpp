@@ -112,7 +112,15 @@ TEST_CASE("inside an srun step the step's nodes count, not the allocation's, and
   auto one = parse_command_line({"--nnodes=1", "/bin/true"}, env, host);
   CHECK(one.agent.rdzv.node_rank == 0);
   CHECK(one.agent.rdzv.store_host != "gpu09");
-  CHECK_THAT(one.notes.at(0), !Catch::Contains("--master_addr") && Catch::Contains("--rdzv_id=4242-r1-s3"));
+  // Each its own run id: on etcd one shared run would hold one node's job and keep the others waiting.
+  CHECK(one.agent.rdzv.run_id == "4242-r1-s3-n1");
+  CHECK_THAT(one.notes.at(0), !Catch::Contains("--master_addr") && Catch::Contains("--rdzv_id=4242-r1-s3-n1"));
+  CHECK(parse_command_line({"--nnodes=1", "--rdzv_backend=etcd", "--rdzv_endpoint=e:2379", "/bin/true"}, env, host)
+            .agent.rdzv.run_id == "4242-r1-s3-n1");
+  // A count Slurm gives wrongly: every flag it spoils at once (static: the node rank and address too).
+  auto bad = env;
+  bad["SLURM_STEP_NUM_NODES"] = "two";
+  CHECK_THROWS_WITH(parse_command_line({"/bin/true"}, bad, host), Catch::Contains("give --nnodes and --node_rank"));
   // --standalone ignores --rdzv_conf, a key given twice too (PET_RDZV_CONF in a Kubeflow pod).
   CHECK_NOTHROW(parse_command_line({"--standalone", "--rdzv_conf=join_timeout=5,join_timeout=6", "/bin/true"}, {}, host));
   // SLURM_NODEID beyond the count: named as Slurm's, not as a flag the user did not give.

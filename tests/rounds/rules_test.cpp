@@ -452,7 +452,7 @@ TEST_CASE("rules: a late stop does not move a later job's finished marker back",
     REQUIRE(std::chrono::steady_clock::now() < until);  // (arrived in round 0 first)
     std::this_thread::sleep_for(5ms);
   }
-  n.world->set("finished", finished_json(FinishedMark{5, 1, false, 0, ""}));  // (a later job's, as a relaunch writes)
+  n.world->set("finished", finished_json(FinishedMark{5, 1}));  // (a later job's, as a relaunch writes)
   n.nodes[0]->leave(0, SIGTERM);
   REQUIRE(n.rec[0]->wait([&] { return n.rec[0]->finished == 1; }));
   CHECK_THAT(n.world->value("finished").value_or(""), Catch::Contains("\"round\":5"));
@@ -550,13 +550,13 @@ TEST_CASE("rules: too few nodes within join_timeout is a time-out saying what to
 TEST_CASE("rules: a node reaching its join_timeout while MIN have arrived and a last call runs is in the round, not "
           "abandoning it", "[rules]") {
   Nodes n(2, 3);
-  n.opt.last_call_timeout = 1500ms;
-  const int early = n.add(0, [](RendezvousOptions& o) { o.join_timeout = 500ms; });
+  n.opt.last_call_timeout = 2s;
+  const int early = n.add(0, [](RendezvousOptions& o) { o.join_timeout = 1s; });
   const int late = n.add();
-  n.join_in_order(0, {{early, -1}, {late, -1}});  // MIN arrived: the late one's last call (1.5 s) runs
+  n.join_in_order(0, {{early, -1}, {late, -1}});  // MIN arrived: the late one's last call (2 s) runs
   for (int i : {early, late}) {
     REQUIRE(n.rec[i]->wait_ready());
-    CHECK(n.rec[i]->ready.front().round == 0);  // (the early one abandoned round 0 at 500 ms, and failed)
+    CHECK(n.rec[i]->ready.front().round == 0);  // (the early one abandoned round 0 at 1 s, and failed)
     CHECK(n.rec[i]->ready.front().world_size == 4);
   }
   CHECK(n.rec[early]->failed.empty());
@@ -566,7 +566,7 @@ TEST_CASE("rules: ... and closes it itself after a last call when the node whose
           "or waits longer)", "[rules]") {
   Nodes n(2, 3);
   n.opt.last_call_timeout = 800ms;
-  const int early = n.add(0, [](RendezvousOptions& o) { o.join_timeout = 300ms; });
+  const int early = n.add(0, [](RendezvousOptions& o) { o.join_timeout = 1s; });
   const int late = n.add(0, [](RendezvousOptions& o) { o.last_call_timeout = 60s; });  // (never closes in time)
   const auto t0 = std::chrono::steady_clock::now();
   n.join_in_order(0, {{early, -1}, {late, -1}});
@@ -628,7 +628,7 @@ TEST_CASE("rules: a member whose wait for the end times out just as the end and 
   RoundRules rules(n.opt, backend, workers, Self{"n1", {}});
   LateWaits c(world);
   c.put(round_key(0, Name::end), round_end_json(RoundEnd::of_success()), Lifetime::node);
-  c.put(run_key(Name::finished), finished_json(FinishedMark{0, 1, false, 0, ""}), Lifetime::marker);
+  c.put(run_key(Name::finished), finished_json(FinishedMark{0, 1}), Lifetime::marker);
   auto end = rules.end_by(c, 0, Clock::now());
   REQUIRE(end);
   CHECK(end->kind == Kind::success);

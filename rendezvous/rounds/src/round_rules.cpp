@@ -54,10 +54,7 @@ void RoundRules::connect() {
     if (now - m.at_ms < life) {
       const std::string relaunch = "a relaunch with it can start " + std::to_string((life - (now - m.at_ms) + 999) / 1000) +
                                    " s from now (close_timeout), or give this job a new --rdzv_id";
-      if (m.signal > 0) {  // stopped before it ran: its late nodes are told so, as its members were
-        throw RendezvousError(K::stopped, "the job was stopped by " + signal_name(m.signal) + " on host " + m.host +
-                                              " during the rendezvous; " + relaunch, m.signal);
-      }
+      if (m.signal > 0) throw_marked_stop(m, "; " + relaunch);  // its late nodes are told, as its members were
       throw RendezvousError(K::finished, "rendezvous: run id '" + opt_.run_id + "' already finished on " + where_ + " " +
                                              std::to_string((now - m.at_ms) / 1000) + " s ago; " + relaunch);
     }
@@ -400,7 +397,7 @@ void RoundRules::acknowledge_end(int round, int group_world, bool succeeded) {
   // writing), the last one before clearing the run (clear_run keeps it): nothing of the job stays
   // but markers, so a node started late with this run id is told the job finished, and one
   // waiting for a place in a next round learns there is none.
-  c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms(time_), succeeded, 0, ""}), Lifetime::marker);
+  c.put(run_key(Name::finished), finished_json(FinishedMark{round, wall_ms(time_), succeeded}), Lifetime::marker);
   if (last) c.clear_run();
   c.create(round_key(round + 1, Name::rc), kFinished, Lifetime::marker);
   // The records must outlive the others' last reads; bounded (close_timeout), it is no exit

@@ -120,8 +120,10 @@ void RoundRules::throw_if_finished(Connection& c, int round, const char* while_)
 void RoundRules::throw_if_job_finished() {
   auto m = finished_mark(*conn_);
   if (!m || m->round + 2 <= first_round_) return;
-  // (stopped before its round ran: the stop is what its nodes are told, as those waiting in it)
+  // (stopped before its round ran: the stop is what its nodes are told, as those waiting in it;
+  // from the mark where etcd cleared the round)
   if (stopped_before_run(*conn_, m->round)) throw_if_stopped(*conn_, m->round, told_ == m->round);
+  if (m->signal > 0) throw_marked_stop(*m, "");
   throw_finished();
 }
 

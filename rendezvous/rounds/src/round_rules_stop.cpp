@@ -37,6 +37,12 @@ void RoundRules::throw_if_stopped(Connection& c, int round, bool member) {
                                         " during the rendezvous", sig);
 }
 
+// The job was stopped before it ran, as its finished mark says (`then`: what follows).
+void RoundRules::throw_marked_stop(const FinishedMark& m, const std::string& then) {
+  throw RendezvousError(K::stopped, "the job was stopped by " + signal_name(m.signal) + " on host " + m.host +
+                                        " during the rendezvous" + then, m.signal);
+}
+
 // Round `round` was stopped: who stopped it and with what signal, when its end says so.
 void RoundRules::throw_stopped(Connection& c, int round, bool member) {
   throw_if_stopped(c, round, member);

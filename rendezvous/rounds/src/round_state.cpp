@@ -183,7 +183,7 @@ std::string finished_json(const FinishedMark& f) {
 }
 
 FinishedMark parse_finished(const std::string& key, const std::string& value, long long now_ms) {
-  if (value == "1") return FinishedMark{-1, now_ms, false, 0, ""};
+  if (value == "1") return FinishedMark{-1, now_ms};
   auto j = object(key, value);
   return FinishedMark{field<int>(j, key, "round", -1), field<long long>(j, key, "at_ms", now_ms),
                       field<bool>(j, key, "succeeded", false), field<int>(j, key, "signal", 0),

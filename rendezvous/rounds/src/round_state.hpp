@@ -124,7 +124,7 @@ struct FinishedMark {
   long long at_ms = 0;
   bool succeeded = false;  // its last round ended "success" (every worker exited 0)
   int signal = 0;          // stopped before its round ran: the signal, and the host that got it
-  std::string host;
+  std::string host = "";
 };
 std::string finished_json(const FinishedMark& f);
 // "1" (written by an older ddprun) reads as a job that finished just now, in round -1.

@@ -105,7 +105,7 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
           !dynamic_cast<const RendezvousError*>(&e)) {
         f = lost(e.what());
         // (a host node that gave up waiting for nodes leaves with the store: the others are joining)
-        if (backend->outage_tolerance() == 0ms) f.message += "; a host node also leaves when it reaches its join_timeout";
+        if (backend->outage_tolerance() == 0ms) f.message += "; where a node hosted it: it leaves when it reaches its join_timeout";
       }
       tell([f](Listener& l) { l.on_rendezvous_failed(f); });
     }
