@@ -239,7 +239,8 @@ void RoundRules::say_waiting(Connection& c, int round, Clock::time_point deadlin
     return;
   }
   std::string missing;
-  if (opt_.backend == BackendKind::static_ranks && opt_.node_rank == 0) {
+  // (up to 1,024 ranks: one read of a few tens of kB, not one a store would refuse)
+  if (opt_.backend == BackendKind::static_ranks && opt_.node_rank == 0 && opt_.max_nodes <= 1024) {
     std::vector<Key> ranks;
     for (int r = 0; r < opt_.max_nodes; ++r) ranks.push_back(round_key(round, Name::rank, r));
     const auto held = c.get_many(ranks);
