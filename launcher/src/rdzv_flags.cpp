@@ -1,5 +1,7 @@
 #include "rdzv_flags.hpp"
 
+#include <set>
+
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/system.hpp"
 #include "ddprun/common/text.hpp"
@@ -28,11 +30,15 @@ struct ConfExtras {
 // (a password the store would not ask for, a TTL no lease has).
 void check_backend(const std::string& k, const rounds::RendezvousOptions& z) {
   const bool etcd = z.backend == rounds::BackendKind::etcd;
-  if (!etcd && (k == "prefix" || k == "lease_ttl" || k == "user" || k == "password" || k == "protocol")) {
-    usage("--rdzv_conf " + k + " applies to --rdzv_backend=etcd; this job meets in a c10d store" +
+  static const std::set<std::string> etcd_only = {"prefix", "lease_ttl", "user", "password", "password_file",
+                                                   "protocol", "cacert", "cert", "key"};
+  if (!etcd && etcd_only.count(k)) {
+    usage("--rdzv_conf " + k + " applies to --rdzv_backend=etcd" +
+          (k == "cacert" || k == "cert" || k == "key" ? std::string(" (TLS to etcd)") : std::string()) +
+          "; this job meets in a c10d store" +
           (k == "lease_ttl" ? std::string(", where a node is lost after keep_alive_interval x keep_alive_max_attempt")
-           : k == "password" || k == "user" ? std::string(", whose clients prove themselves with secret_file=PATH")
-                                             : std::string()));
+           : k.rfind("password", 0) == 0 || k == "user" ? std::string(", whose clients prove themselves with secret_file=PATH")
+                                                         : std::string()));
   }
   if (etcd && (k == "is_host" || k == "keep_alive_interval" || k == "keep_alive_max_attempt")) {
     usage("--rdzv_conf " + k + " applies to the c10d store; with --rdzv_backend=etcd " +
@@ -70,11 +76,9 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, rounds::Ren
     } else if (k == "password") {
       z.etcd_password = v;  // seen by every local user in ps: password_file or DDPRUN_ETCD_PASSWORD instead
     } else if (k == "password_file") {
-      if (z.backend != rounds::BackendKind::etcd) usage("--rdzv_conf password_file applies to --rdzv_backend=etcd");
       if (v.empty()) usage("--rdzv_conf password_file needs a path");
       x.password_file = v;
     } else if (k == "cacert" || k == "cert" || k == "key") {
-      if (z.backend != rounds::BackendKind::etcd) usage("--rdzv_conf " + k + " applies to --rdzv_backend=etcd (TLS to etcd)");
       if (v.empty()) usage("--rdzv_conf " + k + " needs a path (a PEM file, as etcdctl --" + k + ")");
       (k == "cacert" ? z.etcd_cacert : k == "cert" ? z.etcd_cert : z.etcd_key) = v;
     } else if (k == "protocol") {

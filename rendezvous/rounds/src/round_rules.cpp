@@ -54,7 +54,7 @@ void RoundRules::connect() {
     if (now - m.at_ms < life) {
       const std::string relaunch = "a relaunch with it can start " + std::to_string((life - (now - m.at_ms) + 999) / 1000) +
                                    " s from now (close_timeout), or give this job a new --rdzv_id";
-      if (m.signal > 0) throw_marked_stop(m, "; " + relaunch);  // its late nodes are told, as its members were
+      if (m.signal > 0) throw_stop(m.signal, m.host, "; " + relaunch);  // its late nodes are told, as its members were
       throw RendezvousError(K::finished, "rendezvous: run id '" + opt_.run_id + "' already finished on " + where_ + " " +
                                              std::to_string((now - m.at_ms) / 1000) + " s ago; " + relaunch);
     }

@@ -160,7 +160,7 @@ class RoundRules {
   std::optional<MemberGone> publish_store(Joined& j);
   // `member`: this node arrived in the round (it acknowledges a stop); false for a claimer.
   void throw_if_stopped(Connection& c, int round, bool member = true);
-  [[noreturn]] void throw_marked_stop(const FinishedMark& m, const std::string& then);
+  [[noreturn]] void throw_stop(int signal, const std::string& host, const std::string& then);
   [[noreturn]] void throw_stopped(Connection& c, int round, bool member = true);
   [[noreturn]] void throw_closed_stopped(Connection& c, int round, bool member = true);
   void ask_to_join(int round, int closed);

@@ -123,7 +123,7 @@ void RoundRules::throw_if_job_finished() {
   // (stopped before its round ran: the stop is what its nodes are told, as those waiting in it;
   // from the mark where etcd cleared the round)
   if (stopped_before_run(*conn_, m->round)) throw_if_stopped(*conn_, m->round, told_ == m->round);
-  if (m->signal > 0) throw_marked_stop(*m, "");
+  if (m->signal > 0) throw_stop(m->signal, m->host, "");
   throw_finished();
 }
 

@@ -32,15 +32,14 @@ void RoundRules::throw_if_stopped(Connection& c, int round, bool member) {
       // The records are gone already: the stop is known, which is all that matters here.
     }
   }
-  const int sig = e.signal > 0 ? e.signal : SIGTERM;
-  throw RendezvousError(K::stopped, "the job was stopped by " + signal_name(sig) + " on host " + e.host +
-                                        " during the rendezvous", sig);
+  throw_stop(e.signal > 0 ? e.signal : SIGTERM, e.host, "");
 }
 
-// The job was stopped before it ran, as its finished mark says (`then`: what follows).
-void RoundRules::throw_marked_stop(const FinishedMark& m, const std::string& then) {
-  throw RendezvousError(K::stopped, "the job was stopped by " + signal_name(m.signal) + " on host " + m.host +
-                                        " during the rendezvous" + then, m.signal);
+// The job was stopped during the rendezvous by `signal` on `host`, as a round's end or the
+// finished mark says (`then`: what follows).
+void RoundRules::throw_stop(int signal, const std::string& host, const std::string& then) {
+  throw RendezvousError(K::stopped, "the job was stopped by " + signal_name(signal) + " on host " + host +
+                                        " during the rendezvous" + then, signal);
 }
 
 // Round `round` was stopped: who stopped it and with what signal, when its end says so.
