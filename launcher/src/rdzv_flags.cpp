@@ -163,6 +163,7 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
   } else {
     z.store_host = s.master_addr;
     z.store_port = s.master_port;
+    z.endpoint_from_master = true;
   }
   // One node meets nobody: the static rendezvous (and --standalone) is skipped. A c10d or etcd
   // backend asked for by name is used, as torchrun does: etcd checks the run id's exclusivity and
@@ -189,7 +190,7 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
     if (z.node_rank >= s.max_nodes) {
       usage(given_as(s, "node_rank", std::to_string(z.node_rank)) + " must be below " + given_as(s, "nnodes", s.nnodes_text));
     }
-    // Node 0 hosts the store at --master_addr:--master_port.
+    // Node 0 hosts the store (at --master_addr:--master_port, or at --rdzv_endpoint).
     z.host_role = z.node_rank == 0 ? rounds::HostRole::always : rounds::HostRole::never;
   }
   ConfExtras x;

@@ -55,9 +55,11 @@ TEST_CASE("store placement follows the rendezvous flags", "[units]") {
   CHECK(multi.agent.rdzv.backend == ddprun::rounds::BackendKind::static_ranks);
     CHECK(multi.agent.rdzv.host_role == ddprun::rounds::HostRole::never);
   CHECK(multi.agent.rdzv.endpoint_port == 1234);
+  CHECK(multi.agent.rdzv.endpoint_from_master);  // what its messages name
   // Static with --rdzv_endpoint: the store is there, as torchrun's (it ignored the endpoint).
   auto at = parse({"--nnodes=2", "--node_rank=1", "--master_port=1234", "--rdzv_endpoint=127.0.0.3:5555", "/bin/true"});
   CHECK((at.agent.rdzv.endpoint_host == "127.0.0.3" && at.agent.rdzv.endpoint_port == 5555));
+  CHECK_FALSE(at.agent.rdzv.endpoint_from_master);
   auto elastic = parse({"--nnodes=2:4", "--rdzv_backend=c10d", "--rdzv_endpoint=node0",
                         "--rdzv_conf=join_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=2,is_host=false", "/bin/true"});
   CHECK(elastic.agent.rdzv.backend == ddprun::rounds::BackendKind::c10d);

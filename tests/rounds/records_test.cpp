@@ -77,6 +77,11 @@ TEST_CASE("round records: each kind round-trips, anything malformed names the ke
                     Catch::Contains("'at_ms' is out of range"));
   CHECK_THROWS_WITH(parse_finished("finished", R"({"round": 1, "at_ms": 18446744073709551615})", 0),
                     Catch::Contains("'at_ms' is out of range"));
+  // A stop's signal becomes the late node's exit status (128 + signal): a signal number or none.
+  CHECK(parse_finished("finished", R"({"round": 1, "at_ms": 5, "signal": 15, "host": "h1"})", 0).signal == 15);
+  for (const char* bad : {R"({"round": 1, "at_ms": 5, "signal": 200})", R"({"round": 1, "at_ms": 5, "signal": -1})"}) {
+    CHECK_THROWS_WITH(parse_finished("finished", bad, 0), Catch::Contains("'signal' is not a signal number"));
+  }
 }
 
 TEST_CASE("round state: closed, store, config, assignment and members records round-trip - numbers are read strictly", "[records]") {

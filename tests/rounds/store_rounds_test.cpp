@@ -263,19 +263,34 @@ TEST_CASE("store rounds: no store at the endpoint within the join time-out says 
   CHECK_THAT(r.failed.front().message, Catch::Contains("no store at 127.0.0.1:1") && Catch::Contains("--rdzv_endpoint"));
 }
 
+TEST_CASE("store backend: a static node's messages name the flags its store came from", "[store]") {
+  auto o = store_options(2, 2);
+  o.backend = BackendKind::static_ranks;
+  o.host_role = HostRole::never;
+  o.endpoint_port = free_port();  // nothing listens there
+  StoreBackend at_endpoint(o, {});  // static with --rdzv_endpoint
+  CHECK_THROWS_WITH(at_endpoint.connect(200ms), Catch::Contains("node 0's") && Catch::Contains("is --rdzv_endpoint right"));
+  o.endpoint_from_master = true;
+  StoreBackend at_master(o, {});
+  CHECK_THROWS_WITH(at_master.connect(200ms), Catch::Contains("are --master_addr and --master_port right"));
+}
+
 TEST_CASE("store backend: an endpoint name that does not resolve is waited for until the join time-out, then named",
           "[store][names]") {
   auto o = store_options(1, 2);
   o.endpoint_host = "pod-0.never.invalid";  // .invalid never resolves (RFC 6761)
   o.endpoint_port = 29400;
+  o.join_timeout = 1500ms;
   StoreBackend b(o, {});
   CHECK_FALSE(b.holds_records());  // undecided: the name cannot say whether it is this node's
   auto t0 = Clock::now();
-  CHECK_THROWS_WITH(b.connect(1500ms), Catch::Contains("rendezvous: pod-0.never.invalid did not resolve within 1.5 s") &&
-                                           Catch::Contains("check --rdzv_endpoint"));
+  CHECK_THROWS_WITH(b.connect(1500ms), Catch::Contains("rendezvous: pod-0.never.invalid did not resolve within 1.5 s "
+                                                       "(--rdzv_conf join_timeout): check --rdzv_endpoint"));
   auto took = Clock::now() - t0;
   CHECK(took >= 1500ms);
   CHECK(took < 3500ms);
+  // A stop's announcement (a second of its own) names no setting of the user's.
+  CHECK_THROWS_WITH(b.connect(200ms), Catch::Contains("within 200 ms: check") && !Catch::Contains("join_timeout"));
   // An address, or a name that resolves, is not waited for.
   o.endpoint_host = "localhost";
   o.endpoint_port = free_port();  // nothing listens there

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/rounds/options.hpp"
+
 namespace ddprun::rounds {
 
 class NameWait {
@@ -22,8 +24,13 @@ class NameWait {
 
   // Returns once one of the names resolves (at once for an address, or a name that resolves).
   // Until then looks it up again with a growing pause (up to 1 s); the first wait is said at
-  // info. Throws TimeoutError at `deadline`, naming the names, the time waited and what to check.
-  void until(Clock::time_point deadline);
+  // info. Throws TimeoutError at `deadline`, naming the names, the time waited, the setting that
+  // set it (`bound`, "--rdzv_conf join_timeout"; empty: none of the user's) and what to check.
+  void until(Clock::time_point deadline, const std::string& bound);
+
+  // The setting of `opt` that a connection's `timeout` is: the join's or a read's time-out, or
+  // none (empty: a stop's announcement gets a second).
+  static std::string setting_of(std::chrono::milliseconds timeout, const RendezvousOptions& opt);
 
  private:
   const std::vector<std::string> names_;

@@ -185,9 +185,11 @@ std::string finished_json(const FinishedMark& f) {
 FinishedMark parse_finished(const std::string& key, const std::string& value, long long now_ms) {
   if (value == "1") return FinishedMark{-1, now_ms};
   auto j = object(key, value);
-  return FinishedMark{field<int>(j, key, "round", -1), field<long long>(j, key, "at_ms", now_ms),
-                      field<bool>(j, key, "succeeded", false), field<int>(j, key, "signal", 0),
-                      field<std::string>(j, key, "host", "?")};
+  FinishedMark f{field<int>(j, key, "round", -1), field<long long>(j, key, "at_ms", now_ms),
+                 field<bool>(j, key, "succeeded", false), field<int>(j, key, "signal", 0),
+                 field<std::string>(j, key, "host", "?")};
+  if (f.signal < 0 || f.signal > 64) malformed(key, "field 'signal' is not a signal number");
+  return f;
 }
 
 long long parse_number(const std::string& key, const std::string& value, long long lo, long long hi) {

@@ -103,7 +103,7 @@ struct Ring {
 
 StoreBackend::StoreBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
     : opt_(opt), renewals_(std::move(renewals)),
-      name_({opt.endpoint_host}, opt.backend == BackendKind::static_ranks ? "--master_addr" : "--rdzv_endpoint"),
+      name_({opt.endpoint_host}, opt.endpoint_from_master ? "--master_addr" : "--rdzv_endpoint"),
       port_(opt.endpoint_port) {
   // A name that does not resolve yet cannot say whether it is this node's: decided on connect.
   if (opt.host_role != HostRole::automatic || !resolve_host(opt.endpoint_host).empty()) decide_hosting();
@@ -117,7 +117,7 @@ void StoreBackend::decide_hosting() {
   } else if (port_ == 0) {
     // Only the host may bind a free port: no other node could learn which one it got.
     const bool fixed = opt_.backend == BackendKind::static_ranks;
-    throw UsageError(std::string(fixed ? "--master_port=0" : "--rdzv_endpoint=" + format_address(opt_.endpoint_host, 0)) +
+    throw UsageError(std::string(opt_.endpoint_from_master ? "--master_port=0" : "--rdzv_endpoint=" + format_address(opt_.endpoint_host, 0)) +
                      " names no port, and this node does not host the store (" +
                      (fixed                                  ? "--node_rank is not 0"
                       : opt_.host_role == HostRole::never ? "--rdzv_conf is_host=0"
@@ -198,7 +198,7 @@ std::chrono::milliseconds StoreBackend::liveness_ttl() const {
 
 std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
-  name_.until(deadline);
+  name_.until(deadline, NameWait::setting_of(timeout, opt_));
   decide_hosting();
   rendezvous::TcpStoreOptions o;
   o.host = opt_.endpoint_host;
@@ -218,7 +218,7 @@ std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds time
     const bool fixed = opt_.backend == BackendKind::static_ranks;
     throw TimeoutError("rendezvous: no store at " + endpoint() + " within " + duration_text(timeout) + ": is " +
                        (fixed ? "node 0's" : "the host node's") + " ddprun (or ddprun-store) running, and " +
-                       (fixed ? "are --master_addr and --master_port" : "is --rdzv_endpoint") + " right? (" + e.what() + ")");
+                       (opt_.endpoint_from_master ? "are --master_addr and --master_port" : "is --rdzv_endpoint") + " right? (" + e.what() + ")");
   }
   tcp->set_timeout(std::min(timeout, opt_.read_timeout));
   return std::make_unique<StoreConnection>(std::make_shared<rendezvous::PrefixStore>("ddprun/rdzv/" + opt_.run_id, tcp));
