@@ -201,6 +201,31 @@ TEST_CASE("etcd backend: etcd unreachable is a clear error naming the endpoints"
   CHECK_THAT(bad.err, Catch::Contains("--rdzv_backend=etcd needs --rdzv_endpoint"));
 }
 
+TEST_CASE("etcd backend: etcd that stops answering a joining node is named as what the node waited for", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  Launch a(agent(cluster, "job6", "2", {"--nproc_per_node=1", kWorker, "env"}, "lease_ttl=2,join_timeout=60"));
+  // Arrived (its record is there): it waits for the second node. etcd answers nothing from now on
+  // (every member paused).
+  EtcdClient c({cluster.endpoints(), 5s});
+  const auto until = Clock::now() + 20s;
+  while (!c.get("/ddprun/job6/r0/node/0") && Clock::now() < until) a.wait_for("\x01", 1, 50ms);
+  REQUIRE(c.get("/ddprun/job6/r0/node/0"));
+  for (int i = 0; i < 3; ++i) cluster.pause(i);
+  auto t0 = Clock::now();
+  auto r = a.finish(30s);
+  auto took = Clock::now() - t0;
+  for (int i = 0; i < 3; ++i) cluster.resume(i);
+  INFO(r.err);
+  CHECK(r.code == 1);
+  // One request of the join went unanswered for its call's time (lease_ttl), and the message says
+  // that, not the watch's ride-out (read_timeout, 60 s) that it did not wait for.
+  CHECK_THAT(r.err, Catch::Contains("lost etcd at " + cluster.endpoint_list() + " while joining: cannot reach etcd") &&
+                        Catch::Contains("within 2 s") && Catch::Contains("--rdzv_conf lease_ttl") &&
+                        !Catch::Contains("no member answered for"));
+  CHECK(took < 20s);
+}
+
 TEST_CASE("etcd backend: authentication - the job's user is served, a wrong password exits 1 saying so", "[etcd]") {
   SKIP_WITHOUT_ETCD();
   SKIP_UNLESS(std::filesystem::exists("/usr/bin/etcdctl"), "etcdctl is not installed (scripts/setup.sh installs etcd-client)");

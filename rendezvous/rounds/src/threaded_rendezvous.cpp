@@ -103,9 +103,16 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
       // Connected once, then unreachable or silent: the backend was lost; say what that means.
       if (connected && (f.kind == RendezvousFailure::Kind::unreachable || f.kind == RendezvousFailure::Kind::timeout) &&
           !dynamic_cast<const RendezvousError*>(&e)) {
-        f = lost(e.what());
-        // (a host node that gave up waiting for nodes leaves with the store: the others are joining)
-        if (backend->outage_tolerance() == 0ms) f.message += "; where a node hosted it: it leaves when it reaches its join_timeout";
+        if (backend->outage_tolerance() == 0ms) {
+          f = lost(e.what());
+          // (a host node that gave up waiting for nodes leaves with the store: the others are joining)
+          f.message += "; where a node hosted it: it leaves when it reaches its join_timeout";
+        } else {
+          // One request of the join went unanswered for a call's time (etcd: lease_ttl), not for
+          // the watch's ride-out that lost_hint() names.
+          f = {RendezvousFailure::Kind::unreachable, "lost " + backend->where() + " while joining: " + e.what() +
+               "; an etcd this slow is overloaded or cut off: a larger --rdzv_conf lease_ttl gives each request longer", 0};
+        }
       }
       tell([f](Listener& l) { l.on_rendezvous_failed(f); });
     }
