@@ -3,6 +3,7 @@
 // store or etcd. The test plays the backend's liveness (a member lost) and its failures.
 
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -26,6 +27,8 @@ struct FakeWorld {
   std::vector<Watch> watches;
   int cleared = 0;  // clear_run calls
   std::map<std::string, int> looks;  // add(key, 0) calls by key: a node reading a counter (a test waits for it)
+  // Called after each add(key, 0), outside the lock: a test's node arriving right after a read.
+  std::function<void(const std::string& key)> looked;
 
   void check_up() {
     if (down) throw NetworkError("fake backend: gone");
@@ -90,6 +93,7 @@ class FakeConnection : public Connection {
       if (d == 0) ++w_->looks[k.text()];
     }
     w_->cv.notify_all();
+    if (d == 0 && w_->looked) w_->looked(k.text());
     return n;
   }
   bool wait(const std::vector<Key>& keys, Clock::time_point deadline) override {

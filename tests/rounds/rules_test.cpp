@@ -547,6 +547,21 @@ TEST_CASE("rules: too few nodes within join_timeout is a time-out saying what to
   CHECK(std::chrono::steady_clock::now() - t0 < 5s);
 }
 
+TEST_CASE("rules: a join time-out says how many had joined when the node gave up, not how many came after", "[rules]") {
+  Nodes n(2, 2);
+  n.opt.join_timeout = 300ms;
+  n.add();
+  bool arrived = false;
+  n.world->looked = [&](const std::string& key) {  // a second node's arrival right after the node's read
+    if (key != "r0/join" || std::exchange(arrived, true)) return;
+    FakeConnection(n.world).add(round_key(0, Name::join), 1);
+  };
+  n.nodes[0]->join(0, 0);
+  REQUIRE(n.rec[0]->wait_failed());
+  CHECK(arrived);
+  CHECK_THAT(n.rec[0]->failed.front().message, Catch::Contains("only 1 of the 2 nodes"));
+}
+
 TEST_CASE("rules: a node reaching its join_timeout while MIN have arrived and a last call runs is in the round, not "
           "abandoning it", "[rules]") {
   Nodes n(2, 3);

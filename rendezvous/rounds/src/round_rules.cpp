@@ -166,9 +166,10 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
     // node that never comes. Not when MIN have arrived (a last call runs); closed meanwhile,
     // this node is in it after all.
     const int gone = opt_.backend == BackendKind::static_ranks ? opt_.node_rank : idx;
-    if (!close_after_last_call(c, round) && parse_closed(c.name(closed), c.create(closed, closed_json(Closed::abandoned(gone)))).kind ==
-        Closed::Kind::abandoned) {
-      throw RendezvousError(K::timeout, "rendezvous: only " + std::to_string(c.add(joins, 0)) + " of the " +
+    const std::int64_t joined = c.add(joins, 0);  // (said as read: a node arriving since is not in this decision)
+    if (!close_after_last_call(c, round, joined) &&
+        parse_closed(c.name(closed), c.create(closed, closed_json(Closed::abandoned(gone)))).kind == Closed::Kind::abandoned) {
+      throw RendezvousError(K::timeout, "rendezvous: only " + std::to_string(joined) + " of the " +
                                             std::to_string(opt_.min_nodes) + " nodes needed joined round " +
                                             std::to_string(round) + " on " + where_ + " within " +
                                             duration_text(opt_.join_timeout) +
@@ -186,13 +187,13 @@ int RoundRules::wait_closed(int round, int idx, Clock::time_point deadline) {
   return result.nodes;
 }
 
-// At this node's join_timeout, with MIN nodes arrived meanwhile: the MIN-th arrival's last call
-// runs, and this node waits it out as that node does, then closes the round with whoever has
-// arrived, first writer wins (that node may have died in its last call: the round then runs
-// without it, as any round whose member died). False: fewer than MIN arrived.
-bool RoundRules::close_after_last_call(Connection& c, int round) {
+// At this node's join_timeout, with MIN nodes arrived meanwhile (`joined_now`, as read then): the
+// MIN-th arrival's last call runs, and this node waits it out as that node does, then closes the
+// round with whoever has arrived, first writer wins (that node may have died in its last call:
+// the round then runs without it, as any round whose member died). False: fewer than MIN arrived.
+bool RoundRules::close_after_last_call(Connection& c, int round, std::int64_t joined_now) {
   const Key joins = round_key(round, Name::join);
-  if (c.add(joins, 0) < opt_.min_nodes) return false;
+  if (joined_now < opt_.min_nodes) return false;
   if (!wait_for_others(c, round, time_.now() + opt_.last_call_timeout, false)) {
     const int joined = static_cast<int>(std::min<std::int64_t>(c.add(joins, 0), opt_.max_nodes));
     if (joined < opt_.min_nodes) throw_finished();  // the counter went back: the job finished, its keys were cleared

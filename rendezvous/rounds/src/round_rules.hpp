@@ -123,7 +123,7 @@ class RoundRules {
   int wait_closed(int round, int idx, Clock::time_point deadline);
   bool wait_for_others(Connection& c, int round, Clock::time_point deadline, bool look);
   void say_waiting(Connection& c, int round, Clock::time_point deadline);
-  bool close_after_last_call(Connection& c, int round);
+  bool close_after_last_call(Connection& c, int round, std::int64_t joined_now);
   void wait_next_round(int round, int closed);
   bool ended_without_count(Connection& c, int round);
   [[noreturn]] void throw_finished(const char* while_ = "waited for a place in it");
