@@ -48,8 +48,8 @@ void NameWait::until(Clock::time_point deadline, const std::string& bound) {
       auto waited_for = std::chrono::round<std::chrono::milliseconds>(deadline - start);  // (1 s, not 999 ms)
       throw TimeoutError("rendezvous: " + std::string(names_.size() > 1 ? "none of " : "") + listed(names_) +
                          (names_.size() > 1 ? " resolved" : " did not resolve") + " within " + duration_text(waited_for) +
-                         (bound.empty() ? "" : " (" + bound + ")") + ": check " + flag_ + ", and on Kubernetes that the pod or service it "
-                         "names exists and is running (kubectl get pods,svc)");
+                         (bound.empty() ? "" : " (" + bound + ")") + ": check " + flag_ +
+                         ", and on Kubernetes that the pod or service it names exists and is running (kubectl get pods,svc)");
     }
     // A lookup again after a pause: nothing tells this process when DNS learns the name.
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));

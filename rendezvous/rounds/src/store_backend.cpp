@@ -117,7 +117,9 @@ void StoreBackend::decide_hosting() {
   } else if (port_ == 0) {
     // Only the host may bind a free port: no other node could learn which one it got.
     const bool fixed = opt_.backend == BackendKind::static_ranks;
-    throw UsageError(std::string(opt_.endpoint_from_master ? "--master_port=0" : "--rdzv_endpoint=" + format_address(opt_.endpoint_host, 0)) +
+    const std::string given =
+        opt_.endpoint_from_master ? "--master_port=0" : "--rdzv_endpoint=" + format_address(opt_.endpoint_host, 0);
+    throw UsageError(given +
                      " names no port, and this node does not host the store (" +
                      (fixed                                  ? "--node_rank is not 0"
                       : opt_.host_role == HostRole::never ? "--rdzv_conf is_host=0"
@@ -218,7 +220,8 @@ std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds time
     const bool fixed = opt_.backend == BackendKind::static_ranks;
     throw TimeoutError("rendezvous: no store at " + endpoint() + " within " + duration_text(timeout) + ": is " +
                        (fixed ? "node 0's" : "the host node's") + " ddprun (or ddprun-store) running, and " +
-                       (opt_.endpoint_from_master ? "are --master_addr and --master_port" : "is --rdzv_endpoint") + " right? (" + e.what() + ")");
+                       (opt_.endpoint_from_master ? "are --master_addr and --master_port" : "is --rdzv_endpoint") +
+                       " right? (" + e.what() + ")");
   }
   tcp->set_timeout(std::min(timeout, opt_.read_timeout));
   return std::make_unique<StoreConnection>(std::make_shared<rendezvous::PrefixStore>("ddprun/rdzv/" + opt_.run_id, tcp));
