@@ -389,7 +389,12 @@ TEST_CASE("a store address already in use is named, with a hint", "[e2e]") {
   CHECK_THAT(r.err, Catch::Contains("127.0.0.1:" + port));
   CHECK_THAT(r.err, Catch::Contains("already in use"));
   CHECK_THAT(r.err, Catch::Contains("--standalone"));
-  CHECK_THAT(r.err, Catch::Contains("--master_port"));
+  CHECK_THAT(r.err, Catch::Contains("or another --master_port"));
+  // The store given as --rdzv_endpoint (static, one node): that is what the hint names.
+  auto at = Launch(with_ddprun({"--nproc_per_node=1", "--rdzv_endpoint=127.0.0.1:" + port, kWorker})).finish();
+  INFO(at.err);
+  CHECK(at.code == 1);
+  CHECK_THAT(at.err, Catch::Contains("already in use") && Catch::Contains("or another port in --rdzv_endpoint"));
   store.signal(SIGTERM);
   CHECK(store.finish().code == 0);
 }

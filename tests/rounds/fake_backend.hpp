@@ -28,6 +28,7 @@ struct FakeWorld {
   int cleared = 0;  // clear_run calls
   std::map<std::string, int> looks;  // add(key, 0) calls by key: a node reading a counter (a test waits for it)
   // Called after each add(key, 0), outside the lock: a test's node arriving right after a read.
+  // Set before the nodes run, cleared before what it refers to goes.
   std::function<void(const std::string& key)> looked;
 
   void check_up() {

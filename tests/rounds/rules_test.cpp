@@ -560,6 +560,7 @@ TEST_CASE("rules: a join time-out says how many had joined when the node gave up
   REQUIRE(n.rec[0]->wait_failed());
   CHECK(arrived);
   CHECK_THAT(n.rec[0]->failed.front().message, Catch::Contains("only 1 of the 2 nodes"));
+  n.world->looked = nullptr;  // (it refers to `arrived`, gone before the nodes)
 }
 
 TEST_CASE("rules: a node reaching its join_timeout while MIN have arrived and a last call runs is in the round, not "

@@ -164,6 +164,9 @@ class Backend {
   virtual std::chrono::milliseconds outage_tolerance() const { return std::chrono::milliseconds(0); }
   // What losing it usually means, for the message.
   virtual std::string lost_hint() const { return "its node left or crashed"; }
+  // What to do when a request went unanswered for the whole time it was given (a backend that
+  // may come back: outage_tolerance() > 0), for the message; empty: nothing to add.
+  virtual std::string unanswered_hint() const { return ""; }
   // The address this node reaches the backend from.
   virtual std::string reach() const = 0;
   // The store this process hosts for the round records, if any (metrics). Any thread.

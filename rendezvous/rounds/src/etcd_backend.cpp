@@ -290,7 +290,7 @@ std::string EtcdBackend::reach() const {
 }
 
 std::unique_ptr<Connection> EtcdBackend::connect(std::chrono::milliseconds timeout) {
-  names_.until(Clock::now() + timeout, NameWait::setting_of(timeout, opt_));
+  names_.until(timeout, NameWait::setting_of(timeout, opt_));
   auto c = client(timeout);
   {
     // The first connection opens the session; a stop announced meanwhile (another thread) waits.

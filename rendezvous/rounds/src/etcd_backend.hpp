@@ -17,6 +17,7 @@
 
 #include "backend.hpp"
 #include "bounded_thread.hpp"
+#include "ddprun/common/text.hpp"
 #include "ddprun/rounds/options.hpp"
 #include "etcd_client.hpp"
 #include "name_wait.hpp"
@@ -48,7 +49,11 @@ class EtcdBackend : public Backend {
   std::chrono::milliseconds liveness_ttl() const override { return opt_.lease_ttl; }
   std::chrono::milliseconds outage_tolerance() const override { return opt_.read_timeout; }
   std::string lost_hint() const override {
-    return "no member answered for " + std::to_string(opt_.read_timeout.count() / 1000) + " s (read_timeout)";
+    return "no member answered for " + duration_text(opt_.read_timeout) + " (read_timeout)";
+  }
+  std::string unanswered_hint() const override {
+    return "where etcd or this machine is overloaded, a larger --rdzv_conf lease_ttl gives each request longer (it gets "
+           "lease_ttl, at least 2 s)";
   }
   std::unique_ptr<Liveness> watch(const Members& m, std::weak_ptr<LivenessEvents> events) override;
   bool members_silent(Connection& c, int round, int members, std::vector<long long>&) override {

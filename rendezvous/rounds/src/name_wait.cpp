@@ -20,13 +20,12 @@ std::string listed(const std::vector<std::string>& names) {
 }  // namespace
 
 std::string NameWait::setting_of(std::chrono::milliseconds timeout, const RendezvousOptions& opt) {
-  if (timeout == opt.join_timeout) return "--rdzv_conf join_timeout";
-  if (timeout == opt.read_timeout) return "--rdzv_conf read_timeout";
-  return "";
+  return timeout == opt.join_timeout ? "--rdzv_conf join_timeout" : "";
 }
 
-void NameWait::until(Clock::time_point deadline, const std::string& bound) {
+void NameWait::until(std::chrono::milliseconds timeout, const std::string& setting) {
   const auto start = Clock::now();
+  const auto deadline = start + timeout;
   auto pause = std::chrono::milliseconds(50);
   for (bool waited = false;; waited = true) {
     for (const auto& n : names_) {
@@ -45,10 +44,9 @@ void NameWait::until(Clock::time_point deadline, const std::string& bound) {
     if (now >= deadline) {
       // The bound the user set, not the time measured: a lookup that outlasts it on a loaded
       // machine (1.6 s for a 1.5 s join time-out in a CI run) does not change what to fix.
-      auto waited_for = std::chrono::round<std::chrono::milliseconds>(deadline - start);  // (1 s, not 999 ms)
       throw TimeoutError("rendezvous: " + std::string(names_.size() > 1 ? "none of " : "") + listed(names_) +
-                         (names_.size() > 1 ? " resolved" : " did not resolve") + " within " + duration_text(waited_for) +
-                         (bound.empty() ? "" : " (" + bound + ")") + ": check " + flag_ +
+                         (names_.size() > 1 ? " resolved" : " did not resolve") + " within " + duration_text(timeout) +
+                         (setting.empty() ? "" : " (" + setting + ")") + ": check " + flag_ +
                          ", and on Kubernetes that the pod or service it names exists and is running (kubectl get pods,svc)");
     }
     // A lookup again after a pause: nothing tells this process when DNS learns the name.

@@ -24,12 +24,13 @@ class NameWait {
 
   // Returns once one of the names resolves (at once for an address, or a name that resolves).
   // Until then looks it up again with a growing pause (up to 1 s); the first wait is said at
-  // info. Throws TimeoutError at `deadline`, naming the names, the time waited, the setting that
-  // set it (`bound`, "--rdzv_conf join_timeout"; empty: none of the user's) and what to check.
-  void until(Clock::time_point deadline, const std::string& bound);
+  // info. Throws TimeoutError `timeout` from now, naming the names, that time, the setting it
+  // is (`setting`, "--rdzv_conf join_timeout"; empty: none of the user's) and what to check.
+  void until(std::chrono::milliseconds timeout, const std::string& setting);
 
-  // The setting of `opt` that a connection's `timeout` is: the join's or a read's time-out, or
-  // none (empty: a stop's announcement gets a second).
+  // The setting of `opt` that a connection's `timeout` is: the join's time-out, or none (empty:
+  // the connections made after the join, whose names have resolved, and a stop's announcement,
+  // which gets a second).
   static std::string setting_of(std::chrono::milliseconds timeout, const RendezvousOptions& opt);
 
  private:

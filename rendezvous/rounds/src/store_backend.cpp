@@ -200,7 +200,7 @@ std::chrono::milliseconds StoreBackend::liveness_ttl() const {
 
 std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
-  name_.until(deadline, NameWait::setting_of(timeout, opt_));
+  name_.until(timeout, NameWait::setting_of(timeout, opt_));
   decide_hosting();
   rendezvous::TcpStoreOptions o;
   o.host = opt_.endpoint_host;

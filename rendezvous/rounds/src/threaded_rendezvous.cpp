@@ -108,10 +108,11 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
           // (a host node that gave up waiting for nodes leaves with the store: the others are joining)
           f.message += "; where a node hosted it: it leaves when it reaches its join_timeout";
         } else {
-          // One request of the join went unanswered for a call's time (etcd: lease_ttl), not for
-          // the watch's ride-out that lost_hint() names.
-          f = {RendezvousFailure::Kind::unreachable, "lost " + backend->where() + " while joining: " + e.what() +
-               "; an etcd this slow is overloaded or cut off: a larger --rdzv_conf lease_ttl gives each request longer", 0};
+          // One request of the join went unanswered for the time it was given, not for the
+          // watch's ride-out that lost_hint() names.
+          const auto hint = backend->unanswered_hint();
+          f = {RendezvousFailure::Kind::unreachable,
+               "lost " + backend->where() + " while joining: " + e.what() + (hint.empty() ? "" : "; " + hint), 0};
         }
       }
       tell([f](Listener& l) { l.on_rendezvous_failed(f); });
