@@ -11,6 +11,7 @@
 #include "ddprun/rendezvous/prefix_store.hpp"
 #include "ddprun/rendezvous/tcp_store.hpp"
 #include "helpers.hpp"
+#include "loopback.hpp"
 
 using namespace ddprun::rendezvous;
 using namespace ddprun::rendezvous::test;
@@ -104,15 +105,9 @@ TEST_CASE("TcpStore timeouts name the keys, the server and the duration, and kee
 
 TEST_CASE("TcpStore: a listener that is not a store is named as such - one that answers at once, one that never does",
           "[client]") {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  REQUIRE(::listen(fd, 8) == 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const std::uint16_t port = ntohs(addr.sin_port);
+  std::uint16_t port = 0;
+  const int fd = ddprun::test::listen_loopback(port);
+  REQUIRE(fd >= 0);
   SECTION("an HTTP server's answer: refused at once") {
     std::thread http([fd] {
       const int c = ::accept(fd, nullptr, nullptr);

@@ -14,6 +14,7 @@
 #include "ddprun/common/error.hpp"
 #include "etcd_cluster.hpp"
 #include "etcd_transport.hpp"
+#include "loopback.hpp"
 #include "skip.hpp"
 
 using namespace ddprun::rounds;
@@ -226,15 +227,8 @@ namespace {
 class EndlessServer {
  public:
   EndlessServer() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    ::listen(fd_, 8);
+    fd_ = ddprun::test::listen_loopback(port_);
+    REQUIRE(fd_ >= 0);
     thread_ = std::thread([this] { serve(); });
   }
   ~EndlessServer() {
@@ -288,19 +282,13 @@ TEST_CASE("etcd: a server whose answer never ends - bounded memory and time, a c
 TEST_CASE("etcd: an answer that arrived while the client's thread was kept off the CPU past its deadline counts",
           "[etcd]") {
   // A member that answers the moment this client is waiting for it.
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  REQUIRE(::listen(fd, 1) == 0);
+  std::uint16_t port = 0;
+  const int fd = ddprun::test::listen_loopback(port, 1);
+  REQUIRE(fd >= 0);
   int c = -1;
   std::thread member([&] { c = ::accept(fd, nullptr, nullptr); });
   boost::asio::io_context io;
-  auto stream = EtcdStream::open(io, EtcdEndpoint{"127.0.0.1", ntohs(a.sin_port)}, nullptr,
-                                 EtcdStream::Clock::now() + 5s);
+  auto stream = EtcdStream::open(io, EtcdEndpoint{"127.0.0.1", port}, nullptr, EtcdStream::Clock::now() + 5s);
   member.join();
   REQUIRE(c >= 0);
   boost::beast::flat_buffer buf;
