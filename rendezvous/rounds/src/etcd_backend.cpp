@@ -260,7 +260,7 @@ std::chrono::milliseconds etcd_renewal_interval(std::chrono::milliseconds ttl) {
 
 EtcdBackend::EtcdBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
     : opt_(opt), endpoints_(parse_etcd_endpoints(opt.etcd_endpoints, !opt.etcd_cacert.empty())),
-      names_(hosts_of(endpoints_), "--rdzv_endpoint"), prefix_(opt.etcd_prefix + "/" + opt.run_id),
+      names_(hosts_of(endpoints_), "--rdzv_endpoint", opt.join_timeout), prefix_(opt.etcd_prefix + "/" + opt.run_id),
       renewals_(std::move(renewals)) {}
 
 EtcdBackend::~EtcdBackend() {
@@ -290,7 +290,7 @@ std::string EtcdBackend::reach() const {
 }
 
 std::unique_ptr<Connection> EtcdBackend::connect(std::chrono::milliseconds timeout) {
-  names_.until(timeout, NameWait::setting_of(timeout, opt_));
+  names_.until(timeout);
   auto c = client(timeout);
   {
     // The first connection opens the session; a stop announced meanwhile (another thread) waits.

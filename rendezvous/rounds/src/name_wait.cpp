@@ -19,11 +19,7 @@ std::string listed(const std::vector<std::string>& names) {
 
 }  // namespace
 
-std::string NameWait::setting_of(std::chrono::milliseconds timeout, const RendezvousOptions& opt) {
-  return timeout == opt.join_timeout ? "--rdzv_conf join_timeout" : "";
-}
-
-void NameWait::until(std::chrono::milliseconds timeout, const std::string& setting) {
+void NameWait::until(std::chrono::milliseconds timeout) {
   const auto start = Clock::now();
   const auto deadline = start + timeout;
   auto pause = std::chrono::milliseconds(50);
@@ -46,7 +42,7 @@ void NameWait::until(std::chrono::milliseconds timeout, const std::string& setti
       // machine (1.6 s for a 1.5 s join time-out in a CI run) does not change what to fix.
       throw TimeoutError("rendezvous: " + std::string(names_.size() > 1 ? "none of " : "") + listed(names_) +
                          (names_.size() > 1 ? " resolved" : " did not resolve") + " within " + duration_text(timeout) +
-                         (setting.empty() ? "" : " (" + setting + ")") + ": check " + flag_ +
+                         (timeout == join_timeout_ ? " (--rdzv_conf join_timeout)" : "") + ": check " + flag_ +
                          ", and on Kubernetes that the pod or service it names exists and is running (kubectl get pods,svc)");
     }
     // A lookup again after a pause: nothing tells this process when DNS learns the name.

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/rounds/options.hpp"
 
 namespace ddprun::rounds {
 
@@ -19,23 +18,21 @@ class NameWait {
   using Clock = std::chrono::steady_clock;
 
   // `names`: where the backend is (any one resolving will do); `flag`: where the user set them,
-  // for the message ("--master_addr").
-  NameWait(std::vector<std::string> names, std::string flag) : names_(std::move(names)), flag_(std::move(flag)) {}
+  // for the message ("--master_addr"); `join_timeout`: the join's, which the message names.
+  NameWait(std::vector<std::string> names, std::string flag, std::chrono::milliseconds join_timeout)
+      : names_(std::move(names)), flag_(std::move(flag)), join_timeout_(join_timeout) {}
 
   // Returns once one of the names resolves (at once for an address, or a name that resolves).
   // Until then looks it up again with a growing pause (up to 1 s); the first wait is said at
-  // info. Throws TimeoutError `timeout` from now, naming the names, that time, the setting it
-  // is (`setting`, "--rdzv_conf join_timeout"; empty: none of the user's) and what to check.
-  void until(std::chrono::milliseconds timeout, const std::string& setting);
-
-  // The setting of `opt` that a connection's `timeout` is: the join's time-out, or none (empty:
-  // the connections made after the join, whose names have resolved, and a stop's announcement,
-  // which gets a second).
-  static std::string setting_of(std::chrono::milliseconds timeout, const RendezvousOptions& opt);
+  // info. Throws TimeoutError `timeout` from now, naming the names, that time, the setting it is
+  // when it is the join's ("--rdzv_conf join_timeout"; the connections made after the join, whose
+  // names have resolved, and a stop's announcement, which gets a second, name none) and what to check.
+  void until(std::chrono::milliseconds timeout);
 
  private:
   const std::vector<std::string> names_;
   const std::string flag_;
+  const std::chrono::milliseconds join_timeout_;
   std::atomic<bool> said_{false};  // the wait was logged (once per backend)
 };
 

@@ -103,7 +103,7 @@ struct Ring {
 
 StoreBackend::StoreBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
     : opt_(opt), renewals_(std::move(renewals)),
-      name_({opt.endpoint_host}, opt.endpoint_from_master ? "--master_addr" : "--rdzv_endpoint"),
+      name_({opt.endpoint_host}, opt.endpoint_from_master ? "--master_addr" : "--rdzv_endpoint", opt.join_timeout),
       port_(opt.endpoint_port) {
   // A name that does not resolve yet cannot say whether it is this node's: decided on connect.
   if (opt.host_role != HostRole::automatic || !resolve_host(opt.endpoint_host).empty()) decide_hosting();
@@ -200,7 +200,7 @@ std::chrono::milliseconds StoreBackend::liveness_ttl() const {
 
 std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
-  name_.until(timeout, NameWait::setting_of(timeout, opt_));
+  name_.until(timeout);
   decide_hosting();
   rendezvous::TcpStoreOptions o;
   o.host = opt_.endpoint_host;
