@@ -2,7 +2,9 @@
 """Functions over ~60 lines and files over ~400 in the project's code (not tests), each with the
 one-line reason it stays whole, from REASONS below; one without a reason is a prompt to look.
 
-  scripts/size_report.py [--strict]    # --strict: exit 1 if any has no reason
+  scripts/size_report.py [--strict] [--root DIR]
+      --strict: exit 1 if any has no reason (tests/size_report_test.sh)
+      --root:   the tree to look at (default: this script's; DIR must be a git work tree)
 
 Functions are found with Universal Ctags (`apt-get install universal-ctags`; C++ and Python, from
 the end line it gives each definition).
@@ -80,6 +82,10 @@ def files():
 
 
 def main():
+    global ROOT
+    args = sys.argv[1:]
+    if "--root" in args:
+        ROOT = os.path.abspath(args[args.index("--root") + 1])
     missing = 0
     print(f"Functions over {FUNCTION_LINES} lines:")
     for lines, path, line, name in sorted(functions(), reverse=True):
@@ -91,7 +97,7 @@ def main():
         print(f"  {n:4} {path}")
     if missing:
         print(f"{missing} function(s) without a reason: split by meaning, or say here why not")
-    return 1 if missing and "--strict" in sys.argv[1:] else 0
+    return 1 if missing and "--strict" in args else 0
 
 
 if __name__ == "__main__":

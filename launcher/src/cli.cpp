@@ -326,25 +326,70 @@ void to_agent_options(const Settings& s, const std::map<std::string, std::string
   place_store(s, env, a);
 }
 
+// --help, --version and --completion: answered at once, nothing run.
+bool answer_now(const ParsedArgs& given, CliResult& r) {
+  if (!given.flags.count("help") && !given.flags.count("version") && !given.values.count("completion")) return false;
+  r.exit_now = true;
+  if (given.flags.count("help")) {
+    r.text = help_text();
+  } else if (given.flags.count("version")) {
+    r.text = version_string() + "\n";
+  } else {
+    const auto& shell = given.values.at("completion");
+    if (shell != "bash") usage("--completion: only bash is supported (got '" + shell + "')");
+    r.text = bash_completion();
+  }
+  return true;
+}
+
+// Settings given that change nothing here: said, not refused (torchrun's plug-ins, the auto
+// hang rule's shape beside a fixed --worker_timeout).
+void note_unused(const ParsedArgs& given, const std::map<std::string, std::string>& env, const Settings& s,
+                 std::vector<std::string>& notes) {
+  if (!s.worker_timeout_auto) {  // --hang_floor and --hang_stop shape the auto rule only
+    std::string unused;
+    for (const char* name : {"hang_floor", "hang_stop"}) {
+      if (given.values.count(name) || env.count(pet_name(name))) unused += std::string(unused.empty() ? "" : " and ") + "--" + name;
+    }
+    if (!unused.empty()) {
+      notes.push_back("ddprun: warning: " + unused + (unused.find(" and ") == std::string::npos ? " applies" : " apply") +
+                      " to --worker_timeout=auto only; with --worker_timeout=" +
+                      (s.worker_timeout.count() ? "S a worker is stopped S seconds after its last beat" : "0 no hang is looked for"));
+    }
+  }
+  if (!s.logs_specs.empty()) {
+    notes.push_back("ddprun: warning: --logs_specs=" + s.logs_specs + " names a plug-in of torchrun's, which ddprun "
+                    "does not load: it writes the workers' logs itself (--log_dir, --redirects, --tee)");
+  }
+  if (!s.event_log_handler.empty() && s.event_log_handler != "null") {
+    notes.push_back("ddprun: warning: --event_log_handler=" + s.event_log_handler + " names a handler of torchrun's, "
+                    "which ddprun does not load: its events go to --events_file (JSON Lines)");
+  }
+}
+
+// The progress hook for Python workers (share/ddprun/python beside ddprun), refused where another
+// user could have planted it.
+void find_progress_hook(const Settings& s, CliResult& r) {
+  if (s.no_progress_hook) return;
+  std::string hook_refused;
+  r.agent.python_site_dir = agent::python_site_dir(&hook_refused);
+  if (!hook_refused.empty()) {
+    r.notes.push_back("ddprun: warning: not giving Python workers the progress hook beside ddprun: " + hook_refused +
+                      ", so another user could have planted or changed it (install ddprun where only root or you "
+                      "can write)");
+  } else if (r.agent.python_site_dir.empty() && (s.worker_timeout_auto || s.worker_timeout.count() > 0)) {
+    r.notes.push_back("ddprun: no progress hook for Python workers (share/ddprun/python/sitecustomize.py is not "
+                      "installed beside ddprun): they must touch DDPRUN_HEARTBEAT_FILE themselves");
+  }
+}
+
 }  // namespace
 
 CliResult parse_command_line(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
                              const HostInfo& host) {
   ParsedArgs given = parse_arguments(args);
   CliResult r;
-  if (given.flags.count("help") || given.flags.count("version") || given.values.count("completion")) {
-    r.exit_now = true;
-    if (given.flags.count("help")) {
-      r.text = help_text();
-    } else if (given.flags.count("version")) {
-      r.text = version_string() + "\n";
-    } else {
-      const auto& shell = given.values.at("completion");
-      if (shell != "bash") usage("--completion: only bash is supported (got '" + shell + "')");
-      r.text = bash_completion();
-    }
-    return r;
-  }
+  if (answer_now(given, r)) return r;
   // Inside a Slurm step, the settings it implies stand in for defaults (not with --standalone:
   // one node, whatever Slurm says).
   auto slurm = slurm_step(env);
@@ -361,36 +406,8 @@ CliResult parse_command_line(const std::vector<std::string>& args, const std::ma
     r.notes.push_back("ddprun: inside Slurm job " + get_env(env, "SLURM_JOB_ID", get_env(env, "SLURM_JOBID", "?")) +
                       ":" + said + " (from SLURM_*; explicit flags and PET_ variables win)");
   }
-  if (!s.worker_timeout_auto) {  // --hang_floor and --hang_stop shape the auto rule only
-    std::string unused;
-    for (const char* name : {"hang_floor", "hang_stop"}) {
-      if (given.values.count(name) || env.count(pet_name(name))) unused += std::string(unused.empty() ? "" : " and ") + "--" + name;
-    }
-    if (!unused.empty()) {
-      r.notes.push_back("ddprun: warning: " + unused + (unused.find(" and ") == std::string::npos ? " applies" : " apply") +
-                        " to --worker_timeout=auto only; with --worker_timeout=" +
-                        (s.worker_timeout.count() ? "S a worker is stopped S seconds after its last beat" : "0 no hang is looked for"));
-    }
-  }
-  if (!s.logs_specs.empty()) {
-    r.notes.push_back("ddprun: warning: --logs_specs=" + s.logs_specs + " names a plug-in of torchrun's, which ddprun "
-                      "does not load: it writes the workers' logs itself (--log_dir, --redirects, --tee)");
-  }
-  if (!s.event_log_handler.empty() && s.event_log_handler != "null") {
-    r.notes.push_back("ddprun: warning: --event_log_handler=" + s.event_log_handler + " names a handler of torchrun's, "
-                      "which ddprun does not load: its events go to --events_file (JSON Lines)");
-  }
-  std::string hook_refused;
-  if (!s.no_progress_hook) r.agent.python_site_dir = agent::python_site_dir(&hook_refused);
-  if (!hook_refused.empty()) {
-    r.notes.push_back("ddprun: warning: not giving Python workers the progress hook beside ddprun: " + hook_refused +
-                      ", so another user could have planted or changed it (install ddprun where only root or you "
-                      "can write)");
-  } else if (!s.no_progress_hook && r.agent.python_site_dir.empty() &&
-             (s.worker_timeout_auto || s.worker_timeout.count() > 0)) {
-    r.notes.push_back("ddprun: no progress hook for Python workers (share/ddprun/python/sitecustomize.py is not "
-                      "installed beside ddprun): they must touch DDPRUN_HEARTBEAT_FILE themselves");
-  }
+  note_unused(given, env, s, r.notes);
+  find_progress_hook(s, r);
   r.agent.command = resolve_command(given.program, s.module, s.no_python, env);
   const std::string& script = given.program.front();  // (resolve_command refused an empty one)
   r.agent.hook_sees_torch = s.module || (!s.no_python && script.size() > 3 && script.substr(script.size() - 3) == ".py");

@@ -131,6 +131,64 @@ std::pair<std::string, std::uint16_t> store_endpoint(const std::string& v) {
   return parse_endpoint(v.empty() ? "127.0.0.1" : v, 29400);
 }
 
+// Where the store is: --standalone binds a free port on loopback (bound first, then published: no
+// free-port race), as does etcd's node for its workers (etcd runs on machines of its own); c10d at
+// --rdzv_endpoint; static there too where given, as torchrun does, else at --master_addr.
+void locate_store(const Settings& s, rounds::RendezvousOptions& z) {
+  if (s.standalone) {
+    if (s.max_nodes != 1) usage("--standalone runs a single node: drop --nnodes or set it to 1");
+    z.store_host = "127.0.0.1";
+    z.store_port = 0;
+    z.run_id = random_run_id();
+  } else if (s.rdzv_backend == "etcd") {
+    // (not the first host of a Slurm step: etcd runs on machines of its own)
+    if (s.rdzv_endpoint.empty() || s.rdzv_endpoint_from_slurm) {
+      usage("--rdzv_backend=etcd needs --rdzv_endpoint=HOST:PORT[,HOST:PORT...] (etcd's members)");
+    }
+    z.etcd_endpoints = s.rdzv_endpoint;
+    z.store_host = "127.0.0.1";
+    z.store_port = 0;
+  } else if (s.rdzv_backend == "c10d") {
+    std::tie(z.store_host, z.store_port) = store_endpoint(s.rdzv_endpoint);
+  } else if (!s.rdzv_endpoint.empty() && !s.rdzv_endpoint_from_slurm) {
+    std::tie(z.store_host, z.store_port) = store_endpoint(s.rdzv_endpoint);
+  } else {
+    z.store_host = s.master_addr;
+    z.store_port = s.master_port;
+    z.endpoint_from_master = true;
+  }
+}
+
+// The static rendezvous' fixed number of nodes and this node's rank among them.
+void check_static(const Settings& s, rounds::RendezvousOptions& z) {
+  if (s.min_nodes != s.max_nodes) {
+    usage(given_as(s, "nnodes", s.nnodes_text) + ": a range needs --rdzv_backend=c10d (static rendezvous has a fixed number of nodes)");
+  }
+  if (z.node_rank >= s.max_nodes) {
+    usage(given_as(s, "node_rank", std::to_string(z.node_rank)) + " must be below " + given_as(s, "nnodes", s.nnodes_text));
+  }
+  // Node 0 hosts the store (at --master_addr:--master_port, or at --rdzv_endpoint).
+  z.host_role = z.node_rank == 0 ? rounds::HostRole::always : rounds::HostRole::never;
+}
+
+// --rdzv_conf (from PET_RDZV_CONF, Kubeflow's: named, it is what to change), the job's secret and
+// etcd's password.
+void apply_settings(const Settings& s, const std::map<std::string, std::string>& env, rounds::RendezvousOptions& z) {
+  ConfExtras x;
+  try {
+    if (!s.rdzv_conf_twice.empty()) usage(s.rdzv_conf_twice);
+    apply_rdzv_conf(s.rdzv_conf, z, x);
+  } catch (const UsageError& e) {
+    const auto from = s.origin.find("rdzv_conf");
+    if (from == s.origin.end()) throw;
+    usage(from->second + " (read as --rdzv_conf): " + e.what());
+  }
+  if (!x.protocol.empty()) z.etcd_endpoints = with_scheme(z.etcd_endpoints, x.protocol);
+  if (x.secret_file.empty()) x.secret_file = get_env(env, "DDPRUN_SECRET_FILE", "");
+  if (!x.secret_file.empty()) z.secret = rendezvous::auth::read_secret_file(x.secret_file);
+  etcd_password(x, env, z);
+}
+
 }  // namespace
 
 void place_store(const Settings& s, const std::map<std::string, std::string>& env, agent::AgentOptions& a) {
@@ -143,28 +201,7 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
   z.local_addr = s.local_addr;
   z.max_restarts = s.max_restarts;
   z.max_same_failures = s.max_same_failures;
-  if (s.standalone) {
-    if (s.max_nodes != 1) usage("--standalone runs a single node: drop --nnodes or set it to 1");
-    z.store_host = "127.0.0.1";
-    z.store_port = 0;  // bound first, then published: no free-port race
-    z.run_id = random_run_id();
-  } else if (s.rdzv_backend == "etcd") {
-    // (not the first host of a Slurm step: etcd runs on machines of its own)
-    if (s.rdzv_endpoint.empty() || s.rdzv_endpoint_from_slurm) {
-      usage("--rdzv_backend=etcd needs --rdzv_endpoint=HOST:PORT[,HOST:PORT...] (etcd's members)");
-    }
-    z.etcd_endpoints = s.rdzv_endpoint;
-    z.store_host = "127.0.0.1";
-    z.store_port = 0;
-  } else if (s.rdzv_backend == "c10d") {
-    std::tie(z.store_host, z.store_port) = store_endpoint(s.rdzv_endpoint);
-  } else if (!s.rdzv_endpoint.empty() && !s.rdzv_endpoint_from_slurm) {  // static with an endpoint: there, as torchrun does
-    std::tie(z.store_host, z.store_port) = store_endpoint(s.rdzv_endpoint);
-  } else {
-    z.store_host = s.master_addr;
-    z.store_port = s.master_port;
-    z.endpoint_from_master = true;
-  }
+  locate_store(s, z);
   // One node meets nobody: the static rendezvous (and --standalone) is skipped. A c10d or etcd
   // backend asked for by name is used, as torchrun does: etcd checks the run id's exclusivity and
   // its TLS even for one node.
@@ -183,29 +220,8 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
   z.backend = s.rdzv_backend == "static" ? BackendKind::static_ranks : s.rdzv_backend == "etcd" ? BackendKind::etcd : BackendKind::c10d;
   z.endpoint_host = z.store_host;
   z.endpoint_port = z.store_port;
-  if (z.backend == BackendKind::static_ranks) {
-    if (s.min_nodes != s.max_nodes) {
-      usage(given_as(s, "nnodes", s.nnodes_text) + ": a range needs --rdzv_backend=c10d (static rendezvous has a fixed number of nodes)");
-    }
-    if (z.node_rank >= s.max_nodes) {
-      usage(given_as(s, "node_rank", std::to_string(z.node_rank)) + " must be below " + given_as(s, "nnodes", s.nnodes_text));
-    }
-    // Node 0 hosts the store (at --master_addr:--master_port, or at --rdzv_endpoint).
-    z.host_role = z.node_rank == 0 ? rounds::HostRole::always : rounds::HostRole::never;
-  }
-  ConfExtras x;
-  try {
-    if (!s.rdzv_conf_twice.empty()) usage(s.rdzv_conf_twice);
-    apply_rdzv_conf(s.rdzv_conf, z, x);
-  } catch (const UsageError& e) {
-    const auto from = s.origin.find("rdzv_conf");  // PET_RDZV_CONF (Kubeflow): named, it is what to change
-    if (from == s.origin.end()) throw;
-    usage(from->second + " (read as --rdzv_conf): " + e.what());
-  }
-  if (!x.protocol.empty()) z.etcd_endpoints = with_scheme(z.etcd_endpoints, x.protocol);
-  if (x.secret_file.empty()) x.secret_file = get_env(env, "DDPRUN_SECRET_FILE", "");
-  if (!x.secret_file.empty()) z.secret = rendezvous::auth::read_secret_file(x.secret_file);
-  etcd_password(x, env, z);
+  if (z.backend == BackendKind::static_ranks) check_static(s, z);
+  apply_settings(s, env, z);
   rounds::validate(z);
 }
 

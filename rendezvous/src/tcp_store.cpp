@@ -91,30 +91,7 @@ struct TcpStore::Impl {
       try {
         Socket s = Socket::connect(options.host, options.port, until);
         accepted = true;
-        if (!options.secret.empty()) authenticate(s, until);
-        std::string hello;
-        wire::put_u8(hello, opcode(Op::kValidate));
-        wire::put_u32(hello, wire::kValidationMagic);
-        wire::put_u8(hello, opcode(Op::kPing));
-        auto nonce = static_cast<std::uint32_t>(::getpid());
-        wire::put_u32(hello, nonce);
-        s.send_all(hello, until);
-        // A store answers at once; something else (an HTTP server, a wrong port) is said to be
-        // there after 10 s, the wait going on (a store that is only slow answers later).
-        if (!s.wait_readable(std::min(until, Clock::now() + std::chrono::seconds(10))) && Clock::now() < until) {
-          spdlog::warn("ddprun: {} has not answered the store's handshake within 10 s: overloaded, or not a ddprun or "
-                       "PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)? Waiting until the time-out", address);
-        }
-        std::uint32_t echo = 0;
-        s.recv_exact(&echo, sizeof(echo), until);
-        if (echo == auth::kRefusedMarker) {
-          throw AuthError("the store at " + address + " refused this client: wrong or missing secret (it requires "
-                          "ddprun's authentication; give this client the job's secret file)");
-        }
-        if (echo != nonce) {
-          throw ProtocolError("store: " + address + " answered the store's handshake with something else: it is not a "
-                              "ddprun or PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)");
-        }
+        handshake(s, until);
         sock = std::move(s);
         return;
       } catch (const BusyError& e) {
@@ -148,6 +125,35 @@ struct TcpStore::Impl {
       }
       std::this_thread::sleep_for(std::min(backoff, left - kLastTry));  // retry backoff, not synchronisation
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+    }
+  }
+
+  // The 2.x handshake on a new connection (ddprun's authentication first where there is a
+  // secret): validation and a ping whose nonce the store echoes.
+  void handshake(Socket& s, Clock::time_point until) {
+    if (!options.secret.empty()) authenticate(s, until);
+    std::string hello;
+    wire::put_u8(hello, opcode(Op::kValidate));
+    wire::put_u32(hello, wire::kValidationMagic);
+    wire::put_u8(hello, opcode(Op::kPing));
+    auto nonce = static_cast<std::uint32_t>(::getpid());
+    wire::put_u32(hello, nonce);
+    s.send_all(hello, until);
+    // A store answers at once; something else (an HTTP server, a wrong port) is said to be
+    // there after 10 s, the wait going on (a store that is only slow answers later).
+    if (!s.wait_readable(std::min(until, Clock::now() + std::chrono::seconds(10))) && Clock::now() < until) {
+      spdlog::warn("ddprun: {} has not answered the store's handshake within 10 s: overloaded, or not a ddprun or "
+                   "PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)? Waiting until the time-out", address);
+    }
+    std::uint32_t echo = 0;
+    s.recv_exact(&echo, sizeof(echo), until);
+    if (echo == auth::kRefusedMarker) {
+      throw AuthError("the store at " + address + " refused this client: wrong or missing secret (it requires "
+                      "ddprun's authentication; give this client the job's secret file)");
+    }
+    if (echo != nonce) {
+      throw ProtocolError("store: " + address + " answered the store's handshake with something else: it is not a "
+                          "ddprun or PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)");
     }
   }
 

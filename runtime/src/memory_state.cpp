@@ -205,38 +205,41 @@ void MemoryState::wait() const {
   if (copying_.joinable()) copying_.join();
 }
 
-void MemoryState::save_async(std::int64_t step, const std::vector<StateBuffer>& buffers) {
-  if (!map_) return;
-  if (step < 0) {
-    throw Error("ddprun state: step " + std::to_string(step) +
-                " is negative; save the job's global step, counted from 0 (the previous state is kept)");
-  }
-  wait();  // the last save's thread may still write the slot this one picks
-  // Replicated buffers are shared out among the ranks of the job (RANK of WORLD_SIZE, as ddprun
-  // sets them), laid out one after the other in a space of their own.
-  const int world = env_int("WORLD_SIZE", 1), rank = env_int("RANK", -1);
-  const bool shared = world > 1 && rank >= 0 && rank < world &&
-                      std::any_of(buffers.begin(), buffers.end(), [](const StateBuffer& b) { return b.replicated; });
-  std::string skeleton(shared ? kSharedMagic : kNativeMagic, 8);
-  auto put = [&](auto v) { skeleton.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  put(static_cast<std::uint32_t>(buffers.size()));
-  std::uint64_t data = 0, space = 0;
+// A save's layout over `buffers`: the skeleton (the format above) and the pieces this rank copies
+// into the slot's data, `data` bytes in all. Replicated buffers are shared out among the ranks of
+// the job (RANK of WORLD_SIZE, as ddprun sets them), laid out one after the other in a space of
+// their own, this rank's range of it after its own buffers.
+struct MemoryState::Layout {
+  struct Piece {  // bytes a save copies: from `from`, to `at` in the slot's data
+    const unsigned char* from;
+    std::uint64_t at, bytes;
+  };
+  std::string skeleton;
   std::vector<Piece> pieces;
-  std::vector<std::uint64_t> in_space(buffers.size(), ~0ull);
-  for (std::size_t i = 0; i < buffers.size(); ++i) {
-    const auto& b = buffers[i];
-    const bool rep = shared && b.replicated;
-    put(static_cast<std::uint32_t>(b.name.size()));
-    skeleton += b.name;
-    if (shared) put(static_cast<std::uint8_t>(rep ? 1 : 0));
-    std::uint64_t& end = rep ? space : data;
-    put(end);
-    put(static_cast<std::uint64_t>(b.bytes));
-    if (rep) in_space[i] = end;
-    else pieces.push_back(Piece{static_cast<const unsigned char*>(b.data), end, b.bytes});
-    end = align(end + b.bytes);
-  }
-  if (shared) {  // this rank's range of the space, after its own buffers
+  std::uint64_t data = 0;
+
+  explicit Layout(const std::vector<StateBuffer>& buffers) {
+    const int world = env_int("WORLD_SIZE", 1), rank = env_int("RANK", -1);
+    const bool shared = world > 1 && rank >= 0 && rank < world &&
+                        std::any_of(buffers.begin(), buffers.end(), [](const StateBuffer& b) { return b.replicated; });
+    skeleton.assign(shared ? kSharedMagic : kNativeMagic, 8);
+    put(static_cast<std::uint32_t>(buffers.size()));
+    std::uint64_t space = 0;
+    std::vector<std::uint64_t> in_space(buffers.size(), ~0ull);
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+      const auto& b = buffers[i];
+      const bool rep = shared && b.replicated;
+      put(static_cast<std::uint32_t>(b.name.size()));
+      skeleton += b.name;
+      if (shared) put(static_cast<std::uint8_t>(rep ? 1 : 0));
+      std::uint64_t& end = rep ? space : data;
+      put(end);
+      put(static_cast<std::uint64_t>(b.bytes));
+      if (rep) in_space[i] = end;
+      else pieces.push_back(Piece{static_cast<const unsigned char*>(b.data), end, b.bytes});
+      end = align(end + b.bytes);
+    }
+    if (!shared) return;
     const auto [lo, hi] = ranges(space, world)[static_cast<std::size_t>(rank)];
     for (std::size_t i = 0; i < buffers.size(); ++i) {
       if (in_space[i] == ~0ull) continue;
@@ -249,7 +252,22 @@ void MemoryState::save_async(std::int64_t step, const std::vector<StateBuffer>& 
     put(data);
     data = align(data + hi - lo);
   }
-  const std::size_t needed = align(skeleton.size()) + data;
+  std::size_t bytes() const { return align(skeleton.size()) + data; }  // what the slot must hold
+
+ private:
+  template <typename T>
+  void put(T v) { skeleton.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
+};
+
+void MemoryState::save_async(std::int64_t step, const std::vector<StateBuffer>& buffers) {
+  if (!map_) return;
+  if (step < 0) {
+    throw Error("ddprun state: step " + std::to_string(step) +
+                " is negative; save the job's global step, counted from 0 (the previous state is kept)");
+  }
+  wait();  // the last save's thread may still write the slot this one picks
+  Layout layout(buffers);
+  const std::size_t needed = layout.bytes();
   if (needed > capacity()) {
     throw Error("ddprun state: the state of step " + std::to_string(step) + " needs " + std::to_string(needed) +
                 " bytes but a slot holds " + std::to_string(capacity()) +
@@ -262,16 +280,16 @@ void MemoryState::save_async(std::int64_t step, const std::vector<StateBuffer>& 
   const std::uint64_t gen = std::max({held.empty() ? std::uint64_t{0} : std::get<0>(held.front()),
                                       read_at<std::uint64_t>(map_ + kRequestAt + 8), header(map_).latest >> 1}) +
                             1;
-  copying_ = start_thread("the thread of a MemoryState save", [this, step, slot, gen, data, skeleton = std::move(skeleton), pieces] {
-    write_slot(step, slot, gen, skeleton, data, pieces);
+  copying_ = start_thread("the thread of a MemoryState save", [this, step, slot, gen, layout = std::move(layout)] {
+    write_slot(step, slot, gen, layout);
   });
   last_gen_ = gen;  // (only once its copy runs: a persist names it)
   last_bytes_ = needed;
 }
 
 // The save's copy: the slot written, its CRC-32s, then its commit word and the header's latest.
-void MemoryState::write_slot(std::int64_t step, int slot, std::uint64_t gen, const std::string& skeleton,
-                             std::uint64_t data, const std::vector<Piece>& pieces) {
+void MemoryState::write_slot(std::int64_t step, int slot, std::uint64_t gen, const Layout& layout) {
+  const std::string& skeleton = layout.skeleton;
   unsigned char* base = map_ + page() + static_cast<std::size_t>(slot) * slot_bytes_;
   wait_unpinned(map_, slot_header(base));
   write_slot_header(base, SlotHeader{});  // uncommitted from here on
@@ -279,15 +297,15 @@ void MemoryState::write_slot(std::int64_t step, int slot, std::uint64_t gen, con
   unsigned char* payload = base + page();
   std::memcpy(payload, skeleton.data(), skeleton.size());
   unsigned char* at = payload + align(skeleton.size());
-  for (const auto& p : pieces) {
+  for (const auto& p : layout.pieces) {
     if (p.bytes) std::memcpy(at + p.at, p.from, p.bytes);
   }
   SlotHeader h;
   h.gen = gen;
   h.step = step;
   h.skel = skeleton.size();
-  h.data = data;
-  const std::uint64_t total = align(skeleton.size()) + data;
+  h.data = layout.data;
+  const std::uint64_t total = layout.bytes();
   h.chunk = chunk_bytes(total);
   for (std::uint64_t i = 0; i < total; i += h.chunk, ++h.chunks) {
     write_at(base + kSlotHeaderBytes + 4 * h.chunks, checksum(payload + i, std::min<std::uint64_t>(h.chunk, total - i)));

@@ -103,12 +103,8 @@ class MemoryState {
 
  private:
   void drop_newer(std::int64_t agreed, std::int64_t course);  // the states newer than the agreed one uncommitted
-  struct Piece {  // bytes a save copies: from `from`, to `at` in the slot's data
-    const unsigned char* from;
-    std::uint64_t at, bytes;
-  };
-  void write_slot(std::int64_t step, int slot, std::uint64_t gen, const std::string& skeleton, std::uint64_t data,
-                  const std::vector<Piece>& pieces);
+  struct Layout;  // what a save writes: its skeleton and the pieces of its buffers (memory_state.cpp)
+  void write_slot(std::int64_t step, int slot, std::uint64_t gen, const Layout& layout);
 
   unsigned char* map_ = nullptr;
   std::size_t size_ = 0, slot_bytes_ = 0;
