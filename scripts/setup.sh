@@ -41,7 +41,7 @@ test_packages=(
   elfutils gdb                 # eu-stack (else gdb): stacks of hung native workers when ddprun-stack is missing
   etcd-server                  # tests of the etcd client and backend (3-member clusters)
   etcd-client                  # etcdctl: turns authentication on in the auth tests
-  universal-ctags              # scripts/size_report.py: the functions over ~60 lines
+  universal-ctags git          # scripts/size_report.py (the functions over ~60 lines), the price patch's check
 )
 if [ "${targets[0]:-}" = --packages ]; then
   printf '%s\n' "${build_packages[@]}" "${test_packages[@]}"
