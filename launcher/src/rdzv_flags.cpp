@@ -18,6 +18,12 @@ std::string given_as(const Settings& s, const std::string& name, const std::stri
   return it == s.origin.end() ? "--" + name + "=" + value : it->second + "=" + value + " (read as --" + name + ")";
 }
 
+// Option `name` as the user set it, without its value: its flag, or the variable read for it.
+std::string setting_of(const Settings& s, const std::string& name) {
+  const auto it = s.origin.find(name);
+  return it == s.origin.end() ? "--" + name : it->second + " (read as --" + name + ")";
+}
+
 // The --rdzv_conf values that are not settings of their own: where the job's secret is, and
 // torchrun's etcd protocol (http or https) for endpoints written without a scheme.
 struct ConfExtras {
@@ -148,14 +154,15 @@ void locate_store(const Settings& s, rounds::RendezvousOptions& z) {
     z.etcd_endpoints = s.rdzv_endpoint;
     z.store_host = "127.0.0.1";
     z.store_port = 0;
-  } else if (s.rdzv_backend == "c10d") {
+    z.endpoint_host_setting = z.endpoint_port_setting = setting_of(s, "rdzv_endpoint");
+  } else if (s.rdzv_backend == "c10d" || (!s.rdzv_endpoint.empty() && !s.rdzv_endpoint_from_slurm)) {
     std::tie(z.store_host, z.store_port) = store_endpoint(s.rdzv_endpoint);
-  } else if (!s.rdzv_endpoint.empty() && !s.rdzv_endpoint_from_slurm) {
-    std::tie(z.store_host, z.store_port) = store_endpoint(s.rdzv_endpoint);
+    z.endpoint_host_setting = z.endpoint_port_setting = setting_of(s, "rdzv_endpoint");
   } else {
     z.store_host = s.master_addr;
     z.store_port = s.master_port;
-    z.endpoint_from_master = true;
+    z.endpoint_host_setting = setting_of(s, "master_addr");
+    z.endpoint_port_setting = setting_of(s, "master_port");
   }
 }
 

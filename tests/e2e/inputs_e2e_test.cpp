@@ -73,8 +73,16 @@ TEST_CASE("port 0 in the endpoint of a node that does not host the store is a us
     INFO(args[2] << ": " << r.err);
     CHECK(r.code == 2);
     CHECK_THAT(r.err, Catch::Contains("names no port, and this node does not host the store"));
+    CHECK_THAT(r.err, Catch::Contains(args[2].find("master") != std::string::npos ? "--master_port gives port 0"
+                                                                                  : "--rdzv_endpoint gives port 0"));
     CHECK(r.seconds < 10);
   }
+  // Read from PET_MASTER_PORT (Kubeflow's): that is what is named.
+  auto r = Launch(cmd({"--nnodes=2", "--node_rank=1", "--nproc_per_node=1", kWorker, "env"}), {{"PET_MASTER_PORT", "0"}})
+               .finish(60s);
+  INFO(r.err);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Catch::Contains("PET_MASTER_PORT (read as --master_port) gives port 0"));
 }
 
 TEST_CASE("a 100,000-character host name exits 2 at once, without asking DNS", "[inputs]") {

@@ -389,7 +389,12 @@ TEST_CASE("a store address already in use is named, with a hint", "[e2e]") {
   CHECK_THAT(r.err, Catch::Contains("127.0.0.1:" + port));
   CHECK_THAT(r.err, Catch::Contains("already in use"));
   CHECK_THAT(r.err, Catch::Contains("--standalone"));
-  CHECK_THAT(r.err, Catch::Contains("or another --master_port"));
+  CHECK_THAT(r.err, Catch::Contains("or another port in --master_port."));
+  // Read from PET_MASTER_PORT (Kubeflow): the variable is named, not a flag the user never gave.
+  auto pet = Launch(with_ddprun({"--nproc_per_node=1", kWorker}), {{"PET_MASTER_PORT", port}}).finish();
+  INFO(pet.err);
+  CHECK(pet.code == 1);
+  CHECK_THAT(pet.err, Catch::Contains("or another port in PET_MASTER_PORT (read as --master_port)."));
   // The store given as --rdzv_endpoint (static, one node): that is what the hint names.
   auto at = Launch(with_ddprun({"--nproc_per_node=1", "--rdzv_endpoint=127.0.0.1:" + port, kWorker})).finish();
   INFO(at.err);

@@ -55,11 +55,25 @@ TEST_CASE("store placement follows the rendezvous flags", "[units]") {
   CHECK(multi.agent.rdzv.backend == ddprun::rounds::BackendKind::static_ranks);
     CHECK(multi.agent.rdzv.host_role == ddprun::rounds::HostRole::never);
   CHECK(multi.agent.rdzv.endpoint_port == 1234);
-  CHECK(multi.agent.rdzv.endpoint_from_master);  // what its messages name
+  // What its messages name: the flags, or the variables they were read from.
+  CHECK(multi.agent.rdzv.endpoint_host_setting == "--master_addr");
+  CHECK(multi.agent.rdzv.endpoint_port_setting == "--master_port");
+  auto pet = parse({"--nnodes=2", "--node_rank=1", "/bin/true"}, {{"PET_MASTER_PORT", "1234"}});
+  CHECK(pet.agent.rdzv.endpoint_host_setting == "--master_addr");
+  CHECK(pet.agent.rdzv.endpoint_port_setting == "PET_MASTER_PORT (read as --master_port)");
+  auto pet_c10d = parse({"--nnodes=2", "--rdzv_backend=c10d", "/bin/true"}, {{"PET_RDZV_ENDPOINT", "node0:29400"}});
+  CHECK(pet_c10d.agent.rdzv.endpoint_host_setting == "PET_RDZV_ENDPOINT (read as --rdzv_endpoint)");
+  CHECK(pet_c10d.agent.rdzv.endpoint_port_setting == pet_c10d.agent.rdzv.endpoint_host_setting);
+  auto slurm = parse({"--rdzv_backend=c10d", "/bin/true"},
+                     {{"SLURM_JOB_ID", "7"}, {"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_NODEID", "1"},
+                      {"SLURM_STEP_NODELIST", "n[1-2]"}});
+  CHECK(slurm.agent.rdzv.endpoint_host == "n1");
+  CHECK(slurm.agent.rdzv.endpoint_host_setting == "SLURM_STEP_NODELIST (read as --rdzv_endpoint)");
   // Static with --rdzv_endpoint: the store is there, as torchrun's (it ignored the endpoint).
   auto at = parse({"--nnodes=2", "--node_rank=1", "--master_port=1234", "--rdzv_endpoint=127.0.0.3:5555", "/bin/true"});
   CHECK((at.agent.rdzv.endpoint_host == "127.0.0.3" && at.agent.rdzv.endpoint_port == 5555));
-  CHECK_FALSE(at.agent.rdzv.endpoint_from_master);
+  CHECK(at.agent.rdzv.endpoint_host_setting == "--rdzv_endpoint");
+  CHECK(at.agent.rdzv.endpoint_port_setting == "--rdzv_endpoint");
   auto elastic = parse({"--nnodes=2:4", "--rdzv_backend=c10d", "--rdzv_endpoint=node0",
                         "--rdzv_conf=join_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=2,is_host=false", "/bin/true"});
   CHECK(elastic.agent.rdzv.backend == ddprun::rounds::BackendKind::c10d);

@@ -263,16 +263,23 @@ TEST_CASE("store rounds: no store at the endpoint within the join time-out says 
   CHECK_THAT(r.failed.front().message, Catch::Contains("no store at 127.0.0.1:1") && Catch::Contains("--rdzv_endpoint"));
 }
 
-TEST_CASE("store backend: a static node's messages name the flags its store came from", "[store]") {
+TEST_CASE("store backend: a static node's messages name the settings its store came from", "[store]") {
   auto o = store_options(2, 2);
   o.backend = BackendKind::static_ranks;
   o.host_role = HostRole::never;
   o.endpoint_port = free_port();  // nothing listens there
   StoreBackend at_endpoint(o, {});  // static with --rdzv_endpoint
   CHECK_THROWS_WITH(at_endpoint.connect(200ms), Catch::Contains("node 0's") && Catch::Contains("is --rdzv_endpoint right"));
-  o.endpoint_from_master = true;
+  o.endpoint_host_setting = "--master_addr";
+  o.endpoint_port_setting = "--master_port";
   StoreBackend at_master(o, {});
   CHECK_THROWS_WITH(at_master.connect(200ms), Catch::Contains("are --master_addr and --master_port right"));
+  // Read from Kubeflow's variables: those are named, they are what the user can change.
+  o.endpoint_host_setting = "PET_MASTER_ADDR (read as --master_addr)";
+  o.endpoint_port_setting = "PET_MASTER_PORT (read as --master_port)";
+  StoreBackend from_pet(o, {});
+  CHECK_THROWS_WITH(from_pet.connect(200ms), Catch::Contains("are PET_MASTER_ADDR (read as --master_addr) and "
+                                                             "PET_MASTER_PORT (read as --master_port) right"));
 }
 
 TEST_CASE("store backend: an endpoint name that does not resolve is waited for until the join time-out, then named",

@@ -260,7 +260,7 @@ std::chrono::milliseconds etcd_renewal_interval(std::chrono::milliseconds ttl) {
 
 EtcdBackend::EtcdBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
     : opt_(opt), endpoints_(parse_etcd_endpoints(opt.etcd_endpoints, !opt.etcd_cacert.empty())),
-      names_(hosts_of(endpoints_), "--rdzv_endpoint", opt.join_timeout), prefix_(opt.etcd_prefix + "/" + opt.run_id),
+      names_(hosts_of(endpoints_), opt.endpoint_host_setting, opt.join_timeout), prefix_(opt.etcd_prefix + "/" + opt.run_id),
       renewals_(std::move(renewals)) {}
 
 EtcdBackend::~EtcdBackend() {

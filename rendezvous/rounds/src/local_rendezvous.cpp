@@ -23,8 +23,8 @@ LocalRendezvous::LocalRendezvous(const RendezvousOptions& opt, Post post, WhenRe
     store_ = std::make_unique<rendezvous::StoreServer>(so);
   } catch (const AddressInUseError&) {
     throw Error("cannot host the rendezvous store on " + opt.store_host + ":" + std::to_string(opt.store_port) +
-                ": the address is already in use (another job?). Use --standalone to pick a free port, or another " +
-                (opt.endpoint_from_master ? "--master_port." : "port in --rdzv_endpoint."));
+                ": the address is already in use (another job?). Use --standalone to pick a free port, or another "
+                "port in " + opt.endpoint_port_setting + ".");
   }
   // The workers get the numeric address the store listens on, as with several nodes: a name
   // given as --master_addr (localhost, this host's) is resolved once, here, by the bind (a

@@ -103,7 +103,7 @@ struct Ring {
 
 StoreBackend::StoreBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
     : opt_(opt), renewals_(std::move(renewals)),
-      name_({opt.endpoint_host}, opt.endpoint_from_master ? "--master_addr" : "--rdzv_endpoint", opt.join_timeout),
+      name_({opt.endpoint_host}, opt.endpoint_host_setting, opt.join_timeout),
       port_(opt.endpoint_port) {
   // A name that does not resolve yet cannot say whether it is this node's: decided on connect.
   if (opt.host_role != HostRole::automatic || !resolve_host(opt.endpoint_host).empty()) decide_hosting();
@@ -117,10 +117,8 @@ void StoreBackend::decide_hosting() {
   } else if (port_ == 0) {
     // Only the host may bind a free port: no other node could learn which one it got.
     const bool fixed = opt_.backend == BackendKind::static_ranks;
-    const std::string given =
-        opt_.endpoint_from_master ? "--master_port=0" : "--rdzv_endpoint=" + format_address(opt_.endpoint_host, 0);
-    throw UsageError(given +
-                     " names no port, and this node does not host the store (" +
+    throw UsageError(opt_.endpoint_port_setting + " gives port 0 (" + format_address(opt_.endpoint_host, 0) +
+                     "), which names no port, and this node does not host the store (" +
                      (fixed                                  ? "--node_rank is not 0"
                       : opt_.host_role == HostRole::never ? "--rdzv_conf is_host=0"
                                                           : opt_.endpoint_host + " is not one of its addresses") +
@@ -220,7 +218,9 @@ std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds time
     const bool fixed = opt_.backend == BackendKind::static_ranks;
     throw TimeoutError("rendezvous: no store at " + endpoint() + " within " + duration_text(timeout) + ": is " +
                        (fixed ? "node 0's" : "the host node's") + " ddprun (or ddprun-store) running, and " +
-                       (opt_.endpoint_from_master ? "are --master_addr and --master_port" : "is --rdzv_endpoint") +
+                       (opt_.endpoint_host_setting == opt_.endpoint_port_setting
+                            ? "is " + opt_.endpoint_host_setting
+                            : "are " + opt_.endpoint_host_setting + " and " + opt_.endpoint_port_setting) +
                        " right? (" + e.what() + ")");
   }
   tcp->set_timeout(std::min(timeout, opt_.read_timeout));

@@ -41,9 +41,11 @@ struct RendezvousOptions {
   std::string endpoint_host = "127.0.0.1";
   std::uint16_t endpoint_port = 29400;
   HostRole host_role = HostRole::automatic;
-  // The endpoint came from --master_addr and --master_port (static without --rdzv_endpoint):
-  // messages name those flags, else --rdzv_endpoint.
-  bool endpoint_from_master = false;
+  // The settings that gave the endpoint's host and port, as the user gave them, for messages:
+  // "--rdzv_endpoint", "--master_addr" and "--master_port" (static without --rdzv_endpoint), or
+  // the variable read for one ("PET_MASTER_ADDR (read as --master_addr)", Slurm's host list).
+  std::string endpoint_host_setting = "--rdzv_endpoint";
+  std::string endpoint_port_setting = "--rdzv_endpoint";
   // How other nodes reach this one (--local_addr): the workers' store is advertised at it when
   // this node hosts that store. Empty: the address this node reaches the rendezvous from.
   std::string local_addr;
