@@ -32,6 +32,13 @@
 // after it). The CPU is the 3 members' summed; the
 // requests, watch events ("waits woken") and bytes come from their /metrics, and each K prints
 // the requests of one round by kind (gRPC method).
+//
+// --procs P: the K nodes of each one-round run in P processes (forked, K/P
+// nodes each, told by pipes when to join and when to end) rather than one: an etcd node keeps a
+// connection per member for each of its clients, and K = 1,024 in one process passes this
+// machine's hard limit of 20,000 open files. The phases are timed by this process, from its word
+// to the last process's answer.
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -203,6 +210,101 @@ struct Result {
 // (fleet_bench_etcd.hpp).
 std::chrono::seconds lease_ttl{5};
 std::string etcd_data = "/tmp";
+int procs = 1;  // --procs
+
+// A process holding some of the nodes (--procs): its pipes, our ends.
+struct Part {
+  pid_t pid = -1;
+  int to = -1, from = -1;
+};
+
+using MakeNodes = std::function<std::vector<std::unique_ptr<Node>>(int, int, Fleet&, Loop&)>;
+
+// In a part: its nodes, made here with a loop of its own (the parent's thread is not in a forked
+// child), then the parent's words: 'j' join round 0 (answered 'm' when all are ready), 'e' report
+// success, wait for the end and acknowledge it (answered 'd' when all finished), 'q' shut down
+// (answered 'q'). A failure answers 'x'.
+[[noreturn]] void run_part(int lo, int hi, int in, int out, const MakeNodes& make) {
+  const auto limit = std::chrono::seconds(600);
+  Loop loop;
+  Fleet fleet;
+  auto nodes = make(lo, hi, fleet, loop);
+  const int n = hi - lo;
+  auto answer = [&](char c) {
+    if (write(out, &c, 1) != 1) _exit(3);
+  };
+  for (char c; read(in, &c, 1) == 1;) {
+    std::unique_lock<std::mutex> lk(fleet.mu);
+    auto wait = [&](const std::function<bool()>& pred) {
+      if (!fleet.cv.wait_for(lk, limit, [&] { return pred() || fleet.failed > 0; }) || fleet.failed > 0) {
+        std::fprintf(stderr, "fleet_bench part %d-%d: %s\n", lo, hi, fleet.failed ? fleet.first_error.c_str() : "timed out");
+        answer('x');
+        _exit(1);
+      }
+    };
+    if (c == 'j') {
+      lk.unlock();
+      for (auto& node : nodes) node->rdv->join(0, -1);
+      lk.lock();
+      wait([&] { return fleet.ready[0] == n; });
+      answer('m');
+    } else if (c == 'e') {
+      lk.unlock();
+      for (auto& node : nodes) node->rdv->report_success(0);
+      lk.lock();
+      wait([&] { return fleet.over[0] == n; });
+      lk.unlock();
+      for (auto& node : nodes) node->rdv->finish(0, Rendezvous::Ack::yes);
+      lk.lock();
+      wait([&] { return fleet.finished == n; });
+      answer('d');
+    } else if (c == 'q') {
+      lk.unlock();
+      for (auto& node : nodes) node->rdv->shutdown();
+      nodes.clear();
+      answer('q');
+      _exit(0);  // (nothing of the parent's to tear down here)
+    }
+  }
+  _exit(2);
+}
+
+// Forks `count` parts, K/count nodes each (the last one the rest).
+std::vector<Part> start_parts(int k, int count, const MakeNodes& make) {
+  std::vector<Part> parts;
+  for (int p = 0; p < count; ++p) {
+    const int lo = k * p / count, hi = k * (p + 1) / count;
+    int down[2], up[2];
+    if (pipe(down) != 0 || pipe(up) != 0) throw std::runtime_error("pipe failed");
+    std::fflush(stdout);
+    const pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {
+      close(down[1]), close(up[0]);
+      for (const auto& other : parts) close(other.to), close(other.from);
+      run_part(lo, hi, down[0], up[1], make);
+    }
+    close(down[0]), close(up[1]);
+    parts.push_back({pid, down[1], up[0]});
+  }
+  return parts;
+}
+
+// Says `word` to every part and waits for each to answer `done`; returns when the last did.
+Clock::time_point tell_parts(const std::vector<Part>& parts, char word, char done, std::chrono::seconds limit, const char* what) {
+  for (const auto& part : parts) {
+    if (write(part.to, &word, 1) != 1) throw std::runtime_error("a part is gone");
+  }
+  for (const auto& part : parts) {
+    pollfd p{part.from, POLLIN, 0};
+    char c = 0;
+    if (poll(&p, 1, static_cast<int>(limit.count() * 1000)) != 1 || read(part.from, &c, 1) != 1 || c != done) {
+      std::fprintf(stderr, "fleet_bench: %s: part %d answered '%c'\n", what, static_cast<int>(part.pid), c ? c : '-');
+      std::exit(1);
+    }
+  }
+  return Clock::now();
+}
 
 Result run_fleet(const std::string& store_bin, const std::string& etcd_bin, int k, double steady_s, Loop& loop, bool full,
                  std::chrono::milliseconds keep_alive, std::map<std::string, double>* by_kind = nullptr) {
@@ -218,9 +320,7 @@ Result run_fleet(const std::string& store_bin, const std::string& etcd_bin, int 
     return on_etcd ? etcd_tally(etcd, kinds) : read_tally(store, signal);
   };
   auto cpu = [&] { return on_etcd ? etcd_cpu(etcd) : cpu_of(store.pid); };
-  Fleet fleet;
-  std::vector<std::unique_ptr<Node>> nodes;
-  for (int i = 0; i < k; ++i) {
+  auto options_of = [&](int i) {
     RendezvousOptions o;
     o.backend = on_etcd ? BackendKind::etcd : BackendKind::c10d;
     o.run_id = "fleet" + std::to_string(k);
@@ -241,11 +341,26 @@ Result run_fleet(const std::string& store_bin, const std::string& etcd_bin, int 
       // so that the round's cost is the round's own.
       o.lease_ttl = full ? lease_ttl : std::chrono::duration_cast<std::chrono::seconds>(keep_alive);
     }
-    auto n = std::make_unique<Node>();
-    n->fleet = &fleet;
-    n->rdv = make_rendezvous(o, [&loop](std::function<void()> f) { loop.post(std::move(f)); }, nullptr);
-    n->rdv->set_listener(*n);
-    nodes.push_back(std::move(n));
+    return o;
+  };
+  auto make_nodes = [&](int lo, int hi, Fleet& fleet, Loop& loop) {
+    std::vector<std::unique_ptr<Node>> made;
+    for (int i = lo; i < hi; ++i) {
+      auto n = std::make_unique<Node>();
+      n->fleet = &fleet;
+      n->rdv = make_rendezvous(options_of(i), [&loop](std::function<void()> f) { loop.post(std::move(f)); }, nullptr);
+      n->rdv->set_listener(*n);
+      made.push_back(std::move(n));
+    }
+    return made;
+  };
+  Fleet fleet;
+  std::vector<std::unique_ptr<Node>> nodes;
+  std::vector<Part> parts;
+  if (procs > 1 && !full) {
+    parts = start_parts(k, procs, [&](int lo, int hi, Fleet& f, Loop& l) { return make_nodes(lo, hi, f, l); });
+  } else {
+    nodes = make_nodes(0, k, fleet, loop);
   }
   auto phase = [&](Phase& p, const std::function<Clock::time_point()>& body) {
     const Tally t0 = tally(SIGUSR1);
@@ -263,6 +378,7 @@ Result run_fleet(const std::string& store_bin, const std::string& etcd_bin, int 
   // Time limits: generous, scaled with K (a failure says which phase).
   const auto limit = std::chrono::seconds(60 + k / 20);
   phase(r.meet, [&] {
+    if (!parts.empty()) return tell_parts(parts, 'j', 'm', limit, "meet");
     for (auto& n : nodes) n->rdv->join(0, -1);
     return fleet.until([&] { return fleet.ready[0] == k; }, limit, "meet");
   });
@@ -292,6 +408,7 @@ Result run_fleet(const std::string& store_bin, const std::string& etcd_bin, int 
     last = 2;
   }
   phase(r.end, [&] {
+    if (!parts.empty()) return tell_parts(parts, 'e', 'd', limit, "end");
     for (auto& n : nodes) n->rdv->report_success(last);
     const int n = static_cast<int>(nodes.size());
     fleet.until([&] { return fleet.over[last] == n; }, limit, "end");
@@ -300,6 +417,11 @@ Result run_fleet(const std::string& store_bin, const std::string& etcd_bin, int 
   });
   for (auto& n : nodes) n->rdv->shutdown();
   nodes.clear();
+  tell_parts(parts, 'q', 'q', limit, "shutdown");
+  for (auto& part : parts) {
+    waitpid(part.pid, nullptr, 0);
+    close(part.to), close(part.from);
+  }
   if (by_kind) by_kind->clear();
   r.all = tally(SIGTERM, by_kind) - before;  // every node's connections closed
   if (by_kind) {
@@ -343,9 +465,10 @@ int main(int argc, char** argv) {
     else if (a == "--keep_alive_s") keep_alive_s = std::stod(next());
     else if (a == "--check_requests") check = true;
     else if (a == "--one_round") one_round_only = true;  // the one-round run of each K, nothing else
+    else if (a == "--procs") procs = std::stoi(next());
     else {
       std::fprintf(stderr, "usage: fleet_bench [--store PATH | --etcd PATH [--lease_ttl 5] [--etcd_data /tmp]] [--one_round] [--nodes 256,1024,4096] [--steady_s 5] [--one_round_keep_alive_s 60] [--keep_alive_s 5] "
-                           "[--check_requests]\n");
+                           "[--check_requests] [--procs P]\n");
       return 2;
     }
   }

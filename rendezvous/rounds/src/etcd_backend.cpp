@@ -258,6 +258,11 @@ std::chrono::milliseconds etcd_renewal_interval(std::chrono::milliseconds ttl) {
   return std::max<std::chrono::milliseconds>(ttl / 10, 100ms);
 }
 
+std::chrono::milliseconds etcd_renewal_patience(std::chrono::milliseconds ttl, std::chrono::milliseconds left) {
+  const auto attempt = etcd_keepalive_attempt(ttl);
+  return std::clamp<std::chrono::milliseconds>((left - 2 * attempt) / 2, attempt, std::max(attempt, 2000ms));
+}
+
 EtcdBackend::EtcdBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
     : opt_(opt), endpoints_(parse_etcd_endpoints(opt.etcd_endpoints, !opt.etcd_cacert.empty())),
       names_(hosts_of(endpoints_), opt.endpoint_host_setting, opt.join_timeout), prefix_(opt.etcd_prefix + "/" + opt.run_id),
@@ -300,9 +305,10 @@ std::unique_ptr<Connection> EtcdBackend::connect(std::chrono::milliseconds timeo
   return std::make_unique<EtcdConnection>(std::move(c), prefix_, lease_);
 }
 
-// The lease is renewed every TTL/10 on a thread of its own, for the whole job, through every
-// member at once (EtcdLeaseKeeper), each given etcd_keepalive_attempt(); a round that got
-// through nowhere is followed by another at once. A renewal counts from when the request that
+// The lease is renewed every TTL/10 on a thread of its own, for the whole job: through the member
+// that renewed it last, given etcd_renewal_patience(), then where that fails through every member
+// at once (EtcdLeaseKeeper), each given etcd_keepalive_attempt(); a round that got through
+// nowhere is followed by another at once. A renewal counts from when the request that
 // got through was sent. A round in which a majority of members said etcd has no leader (an
 // election) counts from when that was asked: nobody can revoke the lease meanwhile, and the
 // leader elected next extends it by its TTL (EtcdLeaseKeeper). A lease that expired anyway (the
@@ -334,7 +340,9 @@ void EtcdBackend::start_lease(EtcdClient& c) {
       const std::int64_t id = lease->id;
       if (id != renewing) keeper->restart(lease->term);  // replaced by a write that found it expired
       renewing = id;
-      auto r = keeper->renew(id);
+      const Clock::time_point counts_from{std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(lease->renewed_ns.load()))};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(counts_from + ttl - fence_margin(ttl) - Clock::now());
+      auto r = keeper->renew(id, etcd_renewal_patience(ttl, left));
       // After a round that renewed nowhere, the next at once (20 ms), then twice as long each
       // time, up to the renewal interval: a cluster too loaded to answer in time is not sent
       // each node's renewal (and its who-leads questions) fifty times a second.

@@ -156,10 +156,10 @@ void EtcdClient::Impl::authenticate(const EtcdEndpoint& e, Clock::time_point dea
 // holds a request until etcd's own time-out (seconds), while another may already serve it. The
 // first time round the members each gets `attempt`; each time round again, twice that (a slow
 // but healthy cluster still gets through), up to a third of the call's time.
-json EtcdClient::Impl::call(const std::string& path, const json& body) {
-  const auto deadline = Clock::now() + opt.timeout;
+json EtcdClient::Impl::call(const std::string& path, const json& body, std::chrono::milliseconds patient) {
+  const auto deadline = Clock::now() + (patient > 0ms ? patient : opt.timeout);
   const std::size_t first = current;
-  auto share = first_share();
+  auto share = patient > 0ms ? patient : first_share();
   std::vector<std::string> errors(opt.endpoints.size());
   for (int rounds = 0;;) {
     const auto& e = opt.endpoints[current];
@@ -193,7 +193,8 @@ json EtcdClient::Impl::call(const std::string& path, const json& body) {
     list += (i ? ", " : "") + where(opt.endpoints[i]);
     if (!errors[i].empty()) why += (why.empty() ? "" : "; ") + where(opt.endpoints[i]) + ": " + errors[i];
   }
-  throw NetworkError("cannot reach etcd at " + list + " within " + duration_text(opt.timeout) + ": " + why);
+  throw NetworkError("cannot reach etcd at " + list + " within " + duration_text(patient > 0ms ? patient : opt.timeout) +
+                     ": " + why);
 }
 
 EtcdClient::EtcdClient(EtcdOptions options) : impl_(std::make_unique<Impl>()) {
@@ -337,8 +338,8 @@ std::int64_t EtcdClient::grant_lease(std::chrono::seconds ttl) {
   return num(j, "ID");
 }
 
-bool EtcdClient::keep_alive(std::int64_t lease) {
-  auto j = impl_->call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}});
+bool EtcdClient::keep_alive(std::int64_t lease, std::chrono::milliseconds patient) {
+  auto j = impl_->call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}}, patient);
   auto r = j.contains("result") ? j["result"] : j;
   if (r.contains("header")) lease_term_ = num(r["header"], "raft_term");
   return num(r, "TTL") > 0;

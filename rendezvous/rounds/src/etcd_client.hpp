@@ -104,8 +104,9 @@ class EtcdClient {
   std::int64_t counter(const std::string& key);
 
   std::int64_t grant_lease(std::chrono::seconds ttl);
-  // Renews `lease`; false when it has expired already.
-  bool keep_alive(std::int64_t lease);
+  // Renews `lease`; false when it has expired already. `patient` (over 0): the call is given that
+  // long, as one attempt on the first member, in place of the options' time-out and attempts.
+  bool keep_alive(std::int64_t lease, std::chrono::milliseconds patient = std::chrono::milliseconds::zero());
   void revoke(std::int64_t lease);
 
   // The events on `key` (or every key under it, `prefix`) from revision `from` on; waits up to

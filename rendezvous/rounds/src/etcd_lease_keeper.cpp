@@ -70,14 +70,14 @@ One renew_through(EtcdClient& c, std::int64_t lease) {
 
 }  // namespace
 
-EtcdLeaseKeeper::Renewal EtcdLeaseKeeper::renew(std::int64_t lease) {
+EtcdLeaseKeeper::Renewal EtcdLeaseKeeper::renew(std::int64_t lease, std::chrono::milliseconds patience) {
   // The member that renewed it last, alone first: one request a renewal while it serves (each
   // member forwards a renewal to the leader, so asking all three costs etcd three). Where it
-  // does not renew it within its attempt, every member at once, as below.
+  // does not renew it within `patience`, every member at once, as below.
   if (preferred_ < members_.size()) {
     auto& c = *members_[preferred_];
     try {
-      if (c.keep_alive(lease)) {
+      if (c.keep_alive(lease, patience)) {
         renewed_term_ = std::max(renewed_term_, c.lease_term());
         Renewal out;
         out.sent = c.last_sent();

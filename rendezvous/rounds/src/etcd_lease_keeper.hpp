@@ -52,9 +52,10 @@ class EtcdLeaseKeeper {
     bool expired = false;                   // a member said the lease is gone
     std::string why;                        // when none of these: what the members said
   };
-  // One keep-alive of `lease` to the member that renewed it last; where it does not renew it
-  // within `each.timeout`, to every member at once, returning when all have answered or timed out.
-  Renewal renew(std::int64_t lease);
+  // One keep-alive of `lease` to the member that renewed it last, given `patience` (at least
+  // `each.timeout`) to answer; where it does not renew it, to every member at once, each given
+  // `each.timeout`, returning when all have answered or timed out.
+  Renewal renew(std::int64_t lease, std::chrono::milliseconds patience = std::chrono::milliseconds::zero());
   // A new lease, granted in `term`.
   void restart(std::int64_t term) { renewed_term_ = term; }
 
