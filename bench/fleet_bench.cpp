@@ -42,6 +42,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -225,6 +226,8 @@ using MakeNodes = std::function<std::vector<std::unique_ptr<Node>>(int, int, Fle
 // success, wait for the end and acknowledge it (answered 'd' when all finished), 'q' shut down
 // (answered 'q'). A failure answers 'x'.
 [[noreturn]] void run_part(int lo, int hi, int in, int out, const MakeNodes& make) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // gone with the bench, whatever ends it
+  if (getppid() == 1) _exit(1);
   const auto limit = std::chrono::seconds(600);
   Loop loop;
   Fleet fleet;
@@ -290,17 +293,34 @@ std::vector<Part> start_parts(int k, int count, const MakeNodes& make) {
   return parts;
 }
 
-// Says `word` to every part and waits for each to answer `done`; returns when the last did.
+// Says `word` to every part and waits for each to answer `done` (all watched at once: the first
+// that fails is named); returns when the last did. A failure or the limit ends the bench (its
+// parts die with it).
 Clock::time_point tell_parts(const std::vector<Part>& parts, char word, char done, std::chrono::seconds limit, const char* what) {
   for (const auto& part : parts) {
     if (write(part.to, &word, 1) != 1) throw std::runtime_error("a part is gone");
   }
-  for (const auto& part : parts) {
-    pollfd p{part.from, POLLIN, 0};
-    char c = 0;
-    if (poll(&p, 1, static_cast<int>(limit.count() * 1000)) != 1 || read(part.from, &c, 1) != 1 || c != done) {
-      std::fprintf(stderr, "fleet_bench: %s: part %d answered '%c'\n", what, static_cast<int>(part.pid), c ? c : '-');
+  std::vector<bool> answered(parts.size(), false);
+  const auto until = Clock::now() + limit;
+  for (std::size_t left = parts.size(); left > 0;) {
+    std::vector<pollfd> fds;
+    for (std::size_t i = 0; i < parts.size(); ++i) fds.push_back({answered[i] ? -1 : parts[i].from, POLLIN, 0});
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (wait <= 0 || poll(fds.data(), fds.size(), static_cast<int>(wait)) <= 0) {
+      std::fprintf(stderr, "fleet_bench: %s: %zu of %zu parts did not answer within %lld s\n", what, left, parts.size(),
+                   static_cast<long long>(limit.count()));
       std::exit(1);
+    }
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      if (answered[i] || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char c = 0;
+      if (read(parts[i].from, &c, 1) != 1 || c != done) {
+        std::fprintf(stderr, "fleet_bench: %s: part %d (pid %d) answered '%c'\n", what, static_cast<int>(i),
+                     static_cast<int>(parts[i].pid), c ? c : '-');
+        std::exit(1);
+      }
+      answered[i] = true;
+      --left;
     }
   }
   return Clock::now();

@@ -260,7 +260,7 @@ std::chrono::milliseconds etcd_renewal_interval(std::chrono::milliseconds ttl) {
 
 std::chrono::milliseconds etcd_renewal_patience(std::chrono::milliseconds ttl, std::chrono::milliseconds left) {
   const auto attempt = etcd_keepalive_attempt(ttl);
-  return std::clamp<std::chrono::milliseconds>((left - 2 * attempt) / 2, attempt, std::max(attempt, 2000ms));
+  return std::clamp<std::chrono::milliseconds>((left - 2 * attempt) / 2, attempt, std::max(attempt, kRenewalPatienceMost));
 }
 
 EtcdBackend::EtcdBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
@@ -342,7 +342,8 @@ void EtcdBackend::start_lease(EtcdClient& c) {
       renewing = id;
       const Clock::time_point counts_from{std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(lease->renewed_ns.load()))};
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(counts_from + ttl - fence_margin(ttl) - Clock::now());
-      auto r = keeper->renew(id, etcd_renewal_patience(ttl, left));
+      auto r = keeper->renew(id, etcd_renewal_patience(ttl, left), [&] { return lease->stop.stopped(); });
+      if (lease->stop.stopped()) break;  // (a renewal in flight at the end: nothing more, no new lease)
       // After a round that renewed nowhere, the next at once (20 ms), then twice as long each
       // time, up to the renewal interval: a cluster too loaded to answer in time is not sent
       // each node's renewal (and its who-leads questions) fifty times a second.

@@ -179,6 +179,7 @@ json EtcdClient::Impl::call(const std::string& path, const json& body, std::chro
     } catch (const Error& err) {
       errors[current] = err.what();
     }
+    if (patient > 0ms) break;  // the patience is for a slow member: one that refused or broke the connection is left
     next_member();
     auto now = Clock::now();
     if (now >= deadline) break;

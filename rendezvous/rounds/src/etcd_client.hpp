@@ -105,7 +105,8 @@ class EtcdClient {
 
   std::int64_t grant_lease(std::chrono::seconds ttl);
   // Renews `lease`; false when it has expired already. `patient` (over 0): the call is given that
-  // long, as one attempt on the first member, in place of the options' time-out and attempts.
+  // long, as one attempt on the first member, in place of the options' time-out and attempts; a
+  // refusal or a broken connection ends it at once.
   bool keep_alive(std::int64_t lease, std::chrono::milliseconds patient = std::chrono::milliseconds::zero());
   void revoke(std::int64_t lease);
 

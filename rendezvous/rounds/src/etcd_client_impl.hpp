@@ -73,7 +73,8 @@ struct EtcdClient::Impl {
   void authenticate(const EtcdEndpoint& e, Clock::time_point deadline);
   Clock::time_point auth_deadline() const;
   // The request on the current member, moving on to the next when one cannot serve it.
-  // `patient` (over 0): the call's time, and the first member's whole (one attempt, not shares).
+  // `patient` (over 0): the call's time, and the first member's whole (one attempt, not shares,
+  // ended by a refusal or a broken connection: patience is for a slow member).
   etcd_detail::json call(const std::string& path, const etcd_detail::json& body,
                          std::chrono::milliseconds patient = std::chrono::milliseconds::zero());
 

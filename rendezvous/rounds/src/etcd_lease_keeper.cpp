@@ -70,7 +70,8 @@ One renew_through(EtcdClient& c, std::int64_t lease) {
 
 }  // namespace
 
-EtcdLeaseKeeper::Renewal EtcdLeaseKeeper::renew(std::int64_t lease, std::chrono::milliseconds patience) {
+EtcdLeaseKeeper::Renewal EtcdLeaseKeeper::renew(std::int64_t lease, std::chrono::milliseconds patience,
+                                                const std::function<bool()>& stopped) {
   // The member that renewed it last, alone first: one request a renewal while it serves (each
   // member forwards a renewal to the leader, so asking all three costs etcd three). Where it
   // does not renew it within `patience`, every member at once, as below.
@@ -86,6 +87,7 @@ EtcdLeaseKeeper::Renewal EtcdLeaseKeeper::renew(std::int64_t lease, std::chrono:
     } catch (const Error&) {
     }
   }
+  if (stopped && stopped()) return {};
   std::vector<std::future<One>> calls;
   for (auto& m : members_) {
     calls.push_back(std::async(std::launch::async, [&c = *m, lease] { return renew_through(c, lease); }));

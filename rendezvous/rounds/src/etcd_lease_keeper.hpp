@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,7 +56,9 @@ class EtcdLeaseKeeper {
   // One keep-alive of `lease` to the member that renewed it last, given `patience` (at least
   // `each.timeout`) to answer; where it does not renew it, to every member at once, each given
   // `each.timeout`, returning when all have answered or timed out.
-  Renewal renew(std::int64_t lease, std::chrono::milliseconds patience = std::chrono::milliseconds::zero());
+  // `stopped` (when given) is asked before every member is: true ends the renewal there, unrenewed.
+  Renewal renew(std::int64_t lease, std::chrono::milliseconds patience = std::chrono::milliseconds::zero(),
+                const std::function<bool()>& stopped = {});
   // A new lease, granted in `term`.
   void restart(std::int64_t term) { renewed_term_ = term; }
 
