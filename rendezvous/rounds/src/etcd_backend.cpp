@@ -218,8 +218,7 @@ struct RecordWatch {
 }  // namespace
 
 static std::string expired_text(const EtcdBackend::Lease& lease) {
-  const auto renewed = Clock::time_point(std::chrono::nanoseconds(lease.renewed_ns.load()));
-  const auto unheard = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - renewed);
+  const auto unheard = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - lease.renewed());
   const auto ttl = std::chrono::duration_cast<std::chrono::milliseconds>(lease.ttl);
   if (unheard < ttl) {  // held in time, and gone all the same: etcd revoked it
     return "this node's etcd lease is gone although it was held " + duration_text(unheard) +
@@ -242,7 +241,7 @@ std::int64_t EtcdBackend::Lease::replace(EtcdClient& c, std::int64_t stale) {
   spdlog::warn("ddprun: {}", expired_text(*this));
   id = c.grant_lease(ttl);
   term = c.lease_term();
-  renewed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(c.last_sent().time_since_epoch()).count();
+  renewed_at(c.last_sent());
   return id;
 }
 
@@ -318,7 +317,7 @@ void EtcdBackend::start_lease(EtcdClient& c) {
   lease_->ttl = opt_.lease_ttl;
   lease_->id = c.grant_lease(opt_.lease_ttl);
   lease_->term = c.lease_term();
-  lease_->renewed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(c.last_sent().time_since_epoch()).count();
+  lease_->renewed_at(c.last_sent());
   if (auto r = renewals_.lock()) r->renewed(c.last_sent());
   EtcdOptions each(endpoints_, etcd_keepalive_attempt(opt_.lease_ttl));
   each.user = opt_.etcd_user;
@@ -333,15 +332,14 @@ void EtcdBackend::start_lease(EtcdClient& c) {
     std::chrono::milliseconds retry = 20ms;  // doubled at each round that renewed nowhere
     auto count_from = [&](Clock::time_point t) {
       counted = std::max(counted, t);
-      lease->renewed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(counted.time_since_epoch()).count();
+      lease->renewed_at(counted);
       if (auto rn = renewals.lock()) rn->renewed(counted);
     };
     for (auto pause = every; !lease->stop.wait_for(pause);) {
       const std::int64_t id = lease->id;
       if (id != renewing) keeper->restart(lease->term);  // replaced by a write that found it expired
       renewing = id;
-      const Clock::time_point counts_from{std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(lease->renewed_ns.load()))};
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(counts_from + ttl - fence_margin(ttl) - Clock::now());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(lease->renewed() + ttl - fence_margin(ttl) - Clock::now());
       auto r = keeper->renew(id, etcd_renewal_patience(ttl, left), [&] { return lease->stop.stopped(); });
       if (lease->stop.stopped()) break;  // (a renewal in flight at the end: nothing more, no new lease)
       // After a round that renewed nowhere, the next at once (20 ms), then twice as long each

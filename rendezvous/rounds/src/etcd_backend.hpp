@@ -34,9 +34,9 @@ std::chrono::milliseconds etcd_keepalive_attempt(std::chrono::milliseconds ttl);
 std::chrono::milliseconds etcd_renewal_interval(std::chrono::milliseconds ttl);
 // How long the member that renewed the lease last is given to renew it again, alone, before
 // every member is asked: half of what is left before the fence (`left`) beyond two rounds of
-// asking every member, at least etcd_keepalive_attempt() and at most kRenewalPatienceMost. A slow etcd is then
-// sent one renewal a node rather than one per member and a question of who leads, and a paused
-// member still leaves the others their time.
+// asking every member, at least etcd_keepalive_attempt() and at most kRenewalPatienceMost. A
+// slow etcd is then sent one renewal a node rather than one per member and a question of who
+// leads, and a paused member still leaves the others their time.
 std::chrono::milliseconds etcd_renewal_patience(std::chrono::milliseconds ttl, std::chrono::milliseconds left);
 // The most: a renewal in flight when the keeper is stopped ends within the 1 s the stop waits for it.
 inline constexpr std::chrono::milliseconds kRenewalPatienceMost{800};
@@ -74,8 +74,12 @@ class EtcdBackend : public Backend {
     std::atomic<std::int64_t> term{0};  // the raft term it was granted in
     std::chrono::seconds ttl{5};
     // When the latest renewal that counts was sent (steady clock, ns): how long this node went
-    // unheard, for the message when the lease expired anyway.
+    // unheard, for the message when the lease expired anyway, and how long is left before the fence.
     std::atomic<std::int64_t> renewed_ns{0};
+    Clock::time_point renewed() const { return Clock::time_point(std::chrono::nanoseconds(renewed_ns.load())); }
+    void renewed_at(Clock::time_point t) {
+      renewed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+    }
     StopSignal stop;  // the keeper's pause, cut short at the end
     std::mutex mu;    // one replacement at a time
     // A new lease through `c` in place of `stale`, which etcd no longer has (it expired): once,

@@ -157,7 +157,8 @@ void EtcdClient::Impl::authenticate(const EtcdEndpoint& e, Clock::time_point dea
 // first time round the members each gets `attempt`; each time round again, twice that (a slow
 // but healthy cluster still gets through), up to a third of the call's time.
 json EtcdClient::Impl::call(const std::string& path, const json& body, std::chrono::milliseconds patient) {
-  const auto deadline = Clock::now() + (patient > 0ms ? patient : opt.timeout);
+  const auto limit = patient > 0ms ? patient : opt.timeout;
+  const auto deadline = Clock::now() + limit;
   const std::size_t first = current;
   auto share = patient > 0ms ? patient : first_share();
   std::vector<std::string> errors(opt.endpoints.size());
@@ -194,8 +195,7 @@ json EtcdClient::Impl::call(const std::string& path, const json& body, std::chro
     list += (i ? ", " : "") + where(opt.endpoints[i]);
     if (!errors[i].empty()) why += (why.empty() ? "" : "; ") + where(opt.endpoints[i]) + ": " + errors[i];
   }
-  throw NetworkError("cannot reach etcd at " + list + " within " + duration_text(patient > 0ms ? patient : opt.timeout) +
-                     ": " + why);
+  throw NetworkError("cannot reach etcd at " + list + " within " + duration_text(limit) + ": " + why);
 }
 
 EtcdClient::EtcdClient(EtcdOptions options) : impl_(std::make_unique<Impl>()) {
