@@ -6,7 +6,9 @@
 
 #include <catch2/catch.hpp>
 #include <arpa/inet.h>
+#include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <fstream>
 #include <filesystem>
 #include <thread>
@@ -257,6 +259,71 @@ class EndlessServer {
   std::thread thread_;
 };
 
+// An overloaded "etcd" member: it reads each request, counts it, and answers it `delay` later on
+// the same connection, as a member behind with its work does.
+class SlowMember {
+ public:
+  explicit SlowMember(std::chrono::milliseconds delay) : delay_(delay) {
+    fd_ = ddprun::test::listen_loopback(port_);
+    REQUIRE(fd_ >= 0);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~SlowMember() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (int c : conns_) ::shutdown(c, SHUT_RDWR);
+    }
+    for (auto& t : served_) t.join();
+    for (int c : conns_) ::close(c);
+  }
+  std::uint16_t port() const { return port_; }
+  int requests() const { return requests_; }
+
+ private:
+  void serve() {
+    for (;;) {
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::lock_guard<std::mutex> lk(mu_);
+      conns_.push_back(c);
+      served_.emplace_back([this, c] { answer(c); });
+    }
+  }
+  void answer(int c) {
+    std::string in;
+    char buf[4096];
+    for (;;) {
+      auto head_end = in.find("\r\n\r\n");
+      auto length_at = in.find("Content-Length: ");
+      if (head_end != std::string::npos && length_at != std::string::npos &&
+          in.size() >= head_end + 4 + std::stoul(in.substr(length_at + 16))) {
+        in.clear();  // one request (the client sends one at a time on a connection)
+        ++requests_;
+        std::this_thread::sleep_for(delay_);
+        const std::string body = R"({"header":{"revision":"7"}})";
+        const std::string answer = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+                                   std::to_string(body.size()) + "\r\n\r\n" + body;
+        if (::send(c, answer.data(), answer.size(), MSG_NOSIGNAL) <= 0) return;
+        continue;
+      }
+      auto n = ::recv(c, buf, sizeof(buf), 0);
+      if (n <= 0) return;
+      in.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  std::chrono::milliseconds delay_;
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<int> requests_{0};
+  std::mutex mu_;
+  std::vector<int> conns_;
+  std::vector<std::thread> served_;
+  std::thread thread_;
+};
+
 long rss_kib() {
   std::ifstream in("/proc/self/status");
   for (std::string l; std::getline(in, l);) {
@@ -310,4 +377,48 @@ TEST_CASE("etcd: an answer that arrived while the client's thread was kept off t
   CHECK(res.body() == "{}");
   ::close(c);
   ::close(fd);
+}
+
+TEST_CASE("etcd: a cluster slower than every member's share still answers within the call's time - each member asked once, the first answer counts",
+          "[etcd]") {
+  // Every member answers 1.2 s after a request; a member's share is 300 ms at first and at most
+  // 1 s (a third of the call's 3 s). Giving up on a request after its share and sending it
+  // again would never see an answer, and would add to the work the cluster is behind with.
+  SlowMember a(1200ms), b(1200ms), c(1200ms);
+  EtcdOptions o({{"127.0.0.1", a.port()}, {"127.0.0.1", b.port()}, {"127.0.0.1", c.port()}}, 3s);
+  o.attempt = 300ms;
+  EtcdClient client(o);
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(client.get("/slow"));
+  auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(client.revision() == 7);
+  CHECK(took >= 1200ms);
+  CHECK(took < 2s);  // the first member's answer, not the third's (1.2 s after 600 ms)
+  CHECK(a.requests() == 1);
+  CHECK(b.requests() == 1);  // asked 300 ms in
+  CHECK(c.requests() == 1);  // and 600 ms in
+  CHECK(client.last_sent() - t0 < 100ms);  // the answer counted is to the request sent first
+}
+
+TEST_CASE("etcd: a slow member's request is waited for while the others refuse - they are asked again, it is not", "[etcd]") {
+  SlowMember slow(1200ms);
+  const auto gone1 = free_port(), gone2 = free_port();
+  EtcdOptions o({{"127.0.0.1", slow.port()}, {"127.0.0.1", gone1}, {"127.0.0.1", gone2}}, 3s);
+  o.attempt = 300ms;
+  EtcdClient client(o);
+  CHECK_FALSE(client.get("/slow"));
+  CHECK(slow.requests() == 1);
+  // Too slow for the call's time: said to be unanswered (slow), not refused; with a member that
+  // refused among them, it is not.
+  EtcdClient hurried({{{"127.0.0.1", slow.port()}}, 500ms});
+  CHECK_THROWS_AS(hurried.get("/slow"), ddprun::UnansweredError);
+  EtcdClient mixed({{{"127.0.0.1", slow.port()}, {"127.0.0.1", gone1}}, 500ms});
+  try {
+    mixed.get("/slow");
+    FAIL("answered");
+  } catch (const ddprun::UnansweredError&) {
+    FAIL("a refusal counted as unanswered");
+  } catch (const ddprun::NetworkError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("no answer from 127.0.0.1:" + std::to_string(slow.port()) + " in time"));
+  }
 }

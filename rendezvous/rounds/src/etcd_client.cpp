@@ -3,7 +3,6 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
-#include <thread>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/text.hpp"
@@ -78,131 +77,16 @@ Refused refused_of(const json& j, int http_status) {
 }  // namespace etcd_detail
 
 using namespace etcd_detail;
-namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 using namespace std::chrono_literals;
-
-std::chrono::milliseconds EtcdClient::Impl::most() const {
-  return std::clamp<std::chrono::milliseconds>(opt.timeout / 3, 300ms, 2000ms);
-}
-
-std::chrono::milliseconds EtcdClient::Impl::first_share() const {
-  return opt.attempt > 0ms ? std::min(opt.attempt, most()) : most();
-}
-
-// A login checks the password with bcrypt, slow on purpose (hundreds of ms on a busy member):
-// it is given 2 s (or the most a member gets), not one attempt. Once per client.
-EtcdClient::Impl::Clock::time_point EtcdClient::Impl::auth_deadline() const {
-  return Clock::now() + std::max<std::chrono::milliseconds>(most(), 2s);
-}
-
-EtcdClient::Impl::Request EtcdClient::Impl::request(const EtcdEndpoint& e, const std::string& path, const json& body) {
-  Request req{http::verb::post, path, 11};
-  req.set(http::field::host, where(e));
-  req.set(http::field::content_type, "application/json");
-  if (!token.empty()) req.set(http::field::authorization, token);
-  req.body() = body.dump();
-  req.prepare_payload();
-  return req;
-}
-
-json EtcdClient::Impl::post(const EtcdEndpoint& e, const std::string& path, const json& body, Clock::time_point deadline) {
-  auto req = request(e, path, body);
-  // The kept connection serves this request if it is to this member, was answered on lately, and
-  // the member has not closed it since (it restarted): a look at the socket, before anything is
-  // sent, so that no request is sent twice. A connection idle longer may have been dropped on
-  // the way without a word (a NAT or firewall forgetting it): a new one costs less than a wait.
-  if (conn && (conn_to != &e || Clock::now() - conn_used > kKeptIdle || !conn->open_while_idle())) conn.reset();
-  if (!conn) {
-    conn.emplace(connect(e, deadline));
-    conn_to = &e;
-  }
-  auto& s = *conn;
-  beast::flat_buffer buf;
-  EtcdStream::Response res;
-  boost::system::error_code ec;
-  s.async_write(req, [&](boost::system::error_code c, std::size_t) {
-    ec = c;
-    if (!c) s.async_read(buf, res, [&](boost::system::error_code r, std::size_t) { ec = r; });
-  });
-  if (!s.run(io, deadline)) {
-    conn.reset();
-    throw TimeoutError("no answer from " + where(e) + " in time");
-  }
-  if (ec) {
-    auto why = s.explain(ec);
-    conn.reset();
-    throw NetworkError("talking to " + where(e) + ": " + why);
-  }
-  if (res.keep_alive()) {
-    conn_used = Clock::now();
-  } else {
-    conn.reset();
-  }
-  auto j = json::parse(res.body(), nullptr, false);
-  if (j.is_discarded()) throw NetworkError(where(e) + " answered with something other than JSON (not etcd's gateway?)");
-  if (res.result() != http::status::ok || j.contains("error")) throw refused_of(j, res.result_int());
-  return j;
-}
-
-void EtcdClient::Impl::authenticate(const EtcdEndpoint& e, Clock::time_point deadline) {
-  if (opt.user.empty() || !token.empty()) return;
-  auto j = post(e, "/v3/auth/authenticate", {{"name", opt.user}, {"password", opt.password}}, deadline);
-  token = j.value("token", "");
-}
-
-// A member gets a share of the call's time: one that is paused, cut off, or without a leader
-// holds a request until etcd's own time-out (seconds), while another may already serve it. The
-// first time round the members each gets `attempt`; each time round again, twice that (a slow
-// but healthy cluster still gets through), up to a third of the call's time.
-json EtcdClient::Impl::call(const std::string& path, const json& body, std::chrono::milliseconds patient) {
-  const auto limit = patient > 0ms ? patient : opt.timeout;
-  const auto deadline = Clock::now() + limit;
-  const std::size_t first = current;
-  auto share = patient > 0ms ? patient : first_share();
-  std::vector<std::string> errors(opt.endpoints.size());
-  for (int rounds = 0;;) {
-    const auto& e = opt.endpoints[current];
-    try {
-      auto until = std::min(deadline, Clock::now() + share);
-      authenticate(e, auth_deadline());
-      sent = Clock::now();
-      return post(e, path, body, until);
-    } catch (const Refused& r) {
-      if (r.auth) throw AuthError("etcd at " + where(e) + " refused ddprun: " + r.message + " (check --rdzv_conf user, password)");
-      if (!r.transient) throw Error("etcd at " + where(e) + ": " + r.message);
-      errors[current] = r.message;
-    } catch (const TimeoutError& err) {
-      // The last try of a member may run out of the call's time: what an earlier try found
-      // (a TLS failure, a refused connection) says more.
-      if (errors[current].empty()) errors[current] = err.what();
-    } catch (const Error& err) {
-      errors[current] = err.what();
-    }
-    if (patient > 0ms) break;  // the patience is for a slow member: one that refused or broke the connection is left
-    next_member();
-    auto now = Clock::now();
-    if (now >= deadline) break;
-    if (current == first) {  // round them all: etcd may be electing a leader
-      share = std::min(share * 2, most());
-      auto pause = std::min<Clock::duration>(std::min<std::chrono::milliseconds>(50ms * ++rounds, 250ms), deadline - now);
-      std::this_thread::sleep_for(pause);
-    }
-  }
-  std::string list, why;
-  for (std::size_t i = 0; i < opt.endpoints.size(); ++i) {
-    list += (i ? ", " : "") + where(opt.endpoints[i]);
-    if (!errors[i].empty()) why += (why.empty() ? "" : "; ") + where(opt.endpoints[i]) + ": " + errors[i];
-  }
-  throw NetworkError("cannot reach etcd at " + list + " within " + duration_text(limit) + ": " + why);
-}
 
 EtcdClient::EtcdClient(EtcdOptions options) : impl_(std::make_unique<Impl>()) {
   if (options.endpoints.empty()) throw UsageError("no etcd endpoint given");
   check_etcd_tls(options.endpoints, options.tls);
   if (options.tls.enabled()) impl_->tls = make_tls_context(options.tls);
   impl_->opt = std::move(options);
+  impl_->kept.resize(impl_->opt.endpoints.size());
 }
 EtcdClient::~EtcdClient() = default;
 

@@ -5,10 +5,12 @@
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
+#include <list>
 #include <memory>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "etcd_client.hpp"
 #include "etcd_transport.hpp"
@@ -47,12 +49,14 @@ struct EtcdClient::Impl {
   std::string token;
   boost::asio::io_context io;
   Clock::time_point sent{};  // when the request that the last answer replied to was sent
-  // The connection of the last request, kept for the next request to the same member (etcd's
-  // gateway keeps HTTP/1.1 connections open): no TCP or TLS handshake per request, and no
-  // socket left in TIME_WAIT for each (at hundreds of nodes, thousands a second).
-  std::optional<EtcdStream> conn;
-  const EtcdEndpoint* conn_to = nullptr;  // its member, one of opt.endpoints
-  Clock::time_point conn_used{};           // when it last brought an answer
+  // Each member's connection, kept for the next request to it (etcd's gateway keeps HTTP/1.1
+  // connections open): no TCP or TLS handshake per request, and no socket left in TIME_WAIT for
+  // each (at hundreds of nodes, thousands a second). Empty while a request uses it.
+  struct Kept {
+    std::optional<EtcdStream> s;
+    Clock::time_point used{};  // when it last brought an answer
+  };
+  std::vector<Kept> kept;  // one per member of opt.endpoints
   static constexpr std::chrono::seconds kKeptIdle{30};
   // interrupt(): set once, from any thread; the watch stream being read, cancelled on `io`.
   std::atomic<bool> interrupted{false};
@@ -67,16 +71,42 @@ struct EtcdClient::Impl {
     return EtcdStream::open(io, e, tls.get(), deadline);
   }
   Request request(const EtcdEndpoint& e, const std::string& path, const etcd_detail::json& body);
-  // One request to one member. Throws NetworkError/TimeoutError (try another) or Refused.
+
+  // One request to one member, in flight on `io`: the member's kept connection or a new one,
+  // the request written, its answer read. Handlers hold its address: kept in a std::list.
+  struct Attempt {
+    std::size_t member = 0;
+    Clock::time_point sent{};
+    std::optional<EtcdStream> s;
+    Request req;
+    boost::beast::flat_buffer buf;
+    EtcdStream::Response res;
+    bool done = false;       // answered, or failed (`failed` says how), or cancelled
+    bool connected = false;  // the request is being written or its answer read
+    bool cancelled = false;  // given up on: no answer in time
+    std::string failed;      // the connection failed or broke, in words
+  };
+  void start(Attempt& a, const std::string& path, const etcd_detail::json& body);
+  void exchange(Attempt& a);
+  // Runs `io` until one of `live` is done, or `until`; what has arrived by then counts (a thread
+  // kept off the CPU past `until` finds its answer waiting: a bounded look at what is ready).
+  void wait_any(std::list<Attempt>& live, Clock::time_point until);
+  // Cancels those of `live` not done and runs `io` until they are (their connections reset).
+  void cancel(std::list<Attempt>& live);
+  // A done attempt's answer; throws NetworkError/TimeoutError (try another member) or Refused.
+  etcd_detail::json outcome(Attempt& a);
+  // One request to one member, by `deadline`: throws as outcome().
   etcd_detail::json post(const EtcdEndpoint& e, const std::string& path, const etcd_detail::json& body,
                          Clock::time_point deadline);
   void authenticate(const EtcdEndpoint& e, Clock::time_point deadline);
   Clock::time_point auth_deadline() const;
-  // The request on the current member, moving on to the next when one cannot serve it.
+  // The request on the current member; the next is asked too when one refuses, breaks the
+  // connection or has not answered within its share, and the first answer counts.
   // `patient` (over 0): the call's time, and the first member's whole (one attempt, not shares,
   // ended by a refusal or a broken connection: patience is for a slow member).
   etcd_detail::json call(const std::string& path, const etcd_detail::json& body,
                          std::chrono::milliseconds patient = std::chrono::milliseconds::zero());
+  struct Call;  // one call's members (etcd_client.cpp)
 
   // Watches (etcd_watch.cpp).
   struct WatchRead;

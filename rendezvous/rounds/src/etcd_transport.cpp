@@ -31,6 +31,8 @@ struct EtcdStream::State {
   std::variant<Plain, Tls> s;
   EtcdEndpoint endpoint;
   std::shared_ptr<CertProblem> problem;  // written by the verify callback
+  boost::asio::ip::tcp::resolver::results_type addrs;
+  bool handshaking = false;  // connected; the TLS handshake under way
 };
 
 namespace {
@@ -93,20 +95,16 @@ bool run_until(asio::io_context& io, std::chrono::steady_clock::time_point deadl
   return false;
 }
 
-void connect_tcp(asio::io_context& io, beast::tcp_stream& s, const tcp::resolver::results_type& addrs,
-                 const EtcdEndpoint& e, std::chrono::steady_clock::time_point deadline) {
+// A connection is kept for the client's next request to the same member, and closed by this side
+// when the client moves to another member or gives up on an answer: an orderly close would leave
+// it in TIME-WAIT here for 60 s, holding its local port (K nodes' requests once used up the ~28k
+// ports towards a member within a minute at K = 256, a connection a request). Closing with a
+// reset leaves nothing behind. Kept for the next requests: not inherited by a program the agent
+// starts meanwhile (Asio opens sockets without SOCK_CLOEXEC), which would hold it open past its
+// close.
+void prepare_connected(beast::tcp_stream& s) {
   error_code ec;
-  s.async_connect(addrs, [&](error_code c, const tcp::endpoint&) { ec = c; });
-  if (!run_until(io, deadline, s)) throw TimeoutError("connecting to " + etcd_detail::where(e) + " timed out");
-  if (ec) throw NetworkError("cannot connect to " + etcd_detail::where(e) + ": " + ec.message());
-  // A connection is kept for the client's next request to the same member, and closed by this
-  // side when the client moves to another member or gives up on an answer: an orderly close
-  // would leave it in TIME-WAIT here for 60 s, holding its local port (K nodes' requests once
-  // used up the ~28k ports towards a member within a minute at K = 256, a connection a
-  // request). Closing with a reset leaves nothing behind.
   s.socket().set_option(tcp::socket::linger(true, 0), ec);
-  // Kept for the next requests: not inherited by a program the agent starts meanwhile (Asio
-  // opens sockets without SOCK_CLOEXEC), which would hold it open past its close.
   ::fcntl(s.socket().native_handle(), F_SETFD, FD_CLOEXEC);
 }
 
@@ -228,31 +226,51 @@ std::shared_ptr<ssl::context> make_tls_context(const EtcdTls& tls) {
   return ctx;
 }
 
-EtcdStream EtcdStream::open(asio::io_context& io, const EtcdEndpoint& e, ssl::context* tls, Clock::time_point deadline) {
+EtcdStream EtcdStream::make(asio::io_context& io, const EtcdEndpoint& e, ssl::context* tls) {
   tcp::resolver resolver(io);
   error_code ec;
   auto addrs = resolver.resolve(e.host, std::to_string(e.port), ec);
   if (ec) throw NetworkError("cannot resolve " + e.host + ": " + ec.message());
   auto problem = std::make_shared<CertProblem>();
-  if (!e.tls) {
-    State::Plain s(io);
-    connect_tcp(io, s, addrs, e, deadline);
-    return EtcdStream(std::make_unique<State>(State{std::move(s), e, problem}));
-  }
+  if (!e.tls) return EtcdStream(std::make_unique<State>(State{State::Plain(io), e, problem, addrs}));
   if (tls == nullptr) throw UsageError("etcd endpoint https://" + etcd_detail::where(e) + " needs --rdzv_conf cacert=PATH");
-  State::Tls s(io, *tls);
-  expect_name(s, e.host, problem);
-  connect_tcp(io, beast::get_lowest_layer(s), addrs, e, deadline);
-  s.async_handshake(ssl::stream_base::client, [&](error_code c) { ec = c; });
-  if (!run_until(io, deadline, beast::get_lowest_layer(s))) {
-    throw TimeoutError("the TLS handshake with " + etcd_detail::where(e) + " timed out: is it a TLS endpoint?");
-  }
-  if (ec) {
-    throw NetworkError("TLS to " + etcd_detail::where(e) + ": " +
-                       (problem->code != 0 ? describe_cert_problem(e, *problem)
-                                             : describe_tls_error(e, ec, true, SSL_get_certificate(s.native_handle()) != nullptr)));
-  }
-  return EtcdStream(std::make_unique<State>(State{std::move(s), e, problem}));
+  auto st = std::make_unique<State>(State{State::Tls(io, *tls), e, problem, addrs});
+  expect_name(std::get<State::Tls>(st->s), e.host, problem);
+  return EtcdStream(std::move(st));
+}
+
+void EtcdStream::async_connect(std::function<void(std::string)> done) {
+  State& st = *s_;
+  auto& lowest = std::visit([](auto& s) -> beast::tcp_stream& { return beast::get_lowest_layer(s); }, st.s);
+  lowest.async_connect(st.addrs, [&st, &lowest, done = std::move(done)](error_code c, const tcp::endpoint&) {
+    if (c) return done("cannot connect to " + etcd_detail::where(st.endpoint) + ": " + c.message());
+    prepare_connected(lowest);
+    auto* tls = std::get_if<State::Tls>(&st.s);
+    if (tls == nullptr) return done("");
+    st.handshaking = true;
+    tls->async_handshake(ssl::stream_base::client, [&st, tls, done](error_code h) {
+      if (!h) return done("");
+      const auto& e = st.endpoint;
+      done("TLS to " + etcd_detail::where(e) + ": " +
+           (st.problem->code != 0 ? describe_cert_problem(e, *st.problem)
+                                  : describe_tls_error(e, h, true, SSL_get_certificate(tls->native_handle()) != nullptr)));
+    });
+  });
+}
+
+std::string EtcdStream::connect_timeout_text() const {
+  const auto where = etcd_detail::where(s_->endpoint);
+  return s_->handshaking ? "the TLS handshake with " + where + " timed out: is it a TLS endpoint?"
+                         : "connecting to " + where + " timed out";
+}
+
+EtcdStream EtcdStream::open(asio::io_context& io, const EtcdEndpoint& e, ssl::context* tls, Clock::time_point deadline) {
+  auto s = make(io, e, tls);
+  std::string why;
+  s.async_connect([&why](std::string w) { why = std::move(w); });
+  if (!s.run(io, deadline)) throw TimeoutError(s.connect_timeout_text());
+  if (!why.empty()) throw NetworkError(why);
+  return s;
 }
 
 EtcdStream::EtcdStream(std::unique_ptr<State> s) : s_(std::move(s)) {}

@@ -115,6 +115,12 @@ struct ThreadedRendezvous::Core : LivenessEvents, Renewals, std::enable_shared_f
                "lost " + backend->where() + " while joining: " + e.what() + (hint.empty() ? "" : "; " + hint), 0};
         }
       }
+      // Not yet connected: a backend that took the requests and answered none in time is slow,
+      // not gone; say what gives it longer.
+      if (!connected && dynamic_cast<const UnansweredError*>(&e)) {
+        const auto hint = backend->unanswered_hint();
+        if (!hint.empty()) f.message += "; " + hint;
+      }
       tell([f](Listener& l) { l.on_rendezvous_failed(f); });
     }
   }

@@ -26,6 +26,13 @@ class NetworkError : public Error {
   using Error::Error;
 };
 
+// Every server asked took the request and none answered within the time given: slow or
+// overloaded, or cut off after accepting, rather than refused or gone.
+class UnansweredError : public NetworkError {
+ public:
+  using NetworkError::NetworkError;
+};
+
 // Binding failed because another socket holds the address.
 class AddressInUseError : public NetworkError {
  public:
