@@ -203,6 +203,7 @@ void place_store(const Settings& s, const std::map<std::string, std::string>& en
   auto& z = a.rdzv;
   z.run_id = s.rdzv_id;
   z.node_rank = s.node_rank;
+  z.node_rank_setting = setting_of(s, "node_rank");
   z.min_nodes = s.min_nodes;
   z.max_nodes = s.max_nodes;
   z.local_addr = s.local_addr;

@@ -115,7 +115,7 @@ struct TcpStore::Impl {
                            (busy ? "; the store is reachable but was at capacity: raise its connection limits, or "
                                    "look for clients flooding it"
                             : mute ? "; the connection was taken but never answered: a store too loaded to accept, "
-                                     "or not a ddprun or PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)?"
+                                     "or not a ddprun or PyTorch c10d store" + check() + "?"
                                    : "; is the store running and reachable there?"));
       }
       if (Clock::now() >= say_at) {
@@ -127,6 +127,9 @@ struct TcpStore::Impl {
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
     }
   }
+
+  // " (check SETTINGS)" for the settings that pointed this client here, where there are some.
+  std::string check() const { return options.pointed_by.empty() ? "" : " (check " + options.pointed_by + ")"; }
 
   // The 2.x handshake on a new connection (ddprun's authentication first where there is a
   // secret): validation and a ping whose nonce the store echoes.
@@ -143,7 +146,7 @@ struct TcpStore::Impl {
     // there after 10 s, the wait going on (a store that is only slow answers later).
     if (!s.wait_readable(std::min(until, Clock::now() + std::chrono::seconds(10))) && Clock::now() < until) {
       spdlog::warn("ddprun: {} has not answered the store's handshake within 10 s: overloaded, or not a ddprun or "
-                   "PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)? Waiting until the time-out", address);
+                   "PyTorch c10d store{}? Waiting until the time-out", address, check());
     }
     std::uint32_t echo = 0;
     s.recv_exact(&echo, sizeof(echo), until);
@@ -153,7 +156,7 @@ struct TcpStore::Impl {
     }
     if (echo != nonce) {
       throw ProtocolError("store: " + address + " answered the store's handshake with something else: it is not a "
-                          "ddprun or PyTorch c10d store (--rdzv_endpoint, --rdzv_backend)");
+                          "ddprun or PyTorch c10d store" + check());
     }
   }
 

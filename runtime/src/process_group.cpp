@@ -105,6 +105,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, con
   so.host = env.master_addr;
   so.port = env.master_port;
   so.timeout = options.timeout;
+  so.pointed_by = "MASTER_ADDR, MASTER_PORT";
   auto store = std::make_shared<rendezvous::TcpStore>(so);
   std::shared_ptr<rendezvous::Store> attempt =
       std::make_shared<rendezvous::PrefixStore>("ddprun/attempt_" + std::to_string(env.restart_count), store);

@@ -83,6 +83,12 @@ TEST_CASE("port 0 in the endpoint of a node that does not host the store is a us
   INFO(r.err);
   CHECK(r.code == 2);
   CHECK_THAT(r.err, Catch::Contains("PET_MASTER_PORT (read as --master_port) gives port 0"));
+  // ... and the node rank read from PET_NODE_RANK is named as such.
+  auto pet = Launch(cmd({"--nnodes=2", "--nproc_per_node=1", kWorker, "env"}), {{"PET_MASTER_PORT", "0"}, {"PET_NODE_RANK", "1"}})
+                 .finish(60s);
+  INFO(pet.err);
+  CHECK(pet.code == 2);
+  CHECK_THAT(pet.err, Catch::Contains("does not host the store (PET_NODE_RANK (read as --node_rank) is not 0)"));
 }
 
 TEST_CASE("a 100,000-character host name exits 2 at once, without asking DNS", "[inputs]") {

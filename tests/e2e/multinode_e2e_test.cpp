@@ -457,7 +457,7 @@ TEST_CASE("a malformed round record: every agent exits 1 naming the key, no work
     const std::string key = std::string("ddprun/rdzv/") + v.id + "/r0/end";
     // A client gone before the agents end (the host waits for the other connections to close).
     const auto store_port = static_cast<std::uint16_t>(std::stoi(port));
-    ddprun::rendezvous::TcpStore({.host = "127.0.0.1", .port = store_port, .timeout = 5s, .secret = {}}).set(key, v.value);
+    ddprun::rendezvous::TcpStore({.host = "127.0.0.1", .port = store_port, .timeout = 5s, .secret = {}, .pointed_by = {}}).set(key, v.value);
     auto ra = a.finish(20s);
     auto rb = b.finish(20s);
     INFO(ra.err << rb.err);

@@ -34,7 +34,7 @@ TEST_CASE("a node rank already held by a live node is refused within a third of 
   auto port = host_port(n0);
   Launch n1(node(1, port, !open));
   ddprun::rendezvous::TcpStore store({.host = "127.0.0.1", .port = static_cast<std::uint16_t>(std::stoi(port)),
-                                      .timeout = 20s, .secret = {}});
+                                      .timeout = 20s, .secret = {}, .pointed_by = {}});
   if (open) {
     store.wait({"ddprun/rdzv/none/r0/node/0", "ddprun/rdzv/none/r0/node/1"}, 20s);
   } else {
@@ -85,7 +85,7 @@ TEST_CASE("a duplicate node rank stopped by a signal leaves the healthy nodes ru
   auto port = host_port(n0);
   Launch n1(node(1, port));
   ddprun::rendezvous::TcpStore store({.host = "127.0.0.1", .port = static_cast<std::uint16_t>(std::stoi(port)),
-                                      .timeout = 20s, .secret = {}});
+                                      .timeout = 20s, .secret = {}, .pointed_by = {}});
   store.wait({"ddprun/rdzv/none/r0/node/0", "ddprun/rdzv/none/r0/node/1"}, 20s);
   {
     Launch dup(node(1, port));
@@ -143,7 +143,7 @@ TEST_CASE("a node rank whose holder was killed before its round closed goes to i
   Launch n0(node(0, "0"));
   const auto port = host_port(n0);
   ddprun::rendezvous::TcpStore store({.host = "127.0.0.1", .port = static_cast<std::uint16_t>(std::stoi(port)),
-                                      .timeout = 20s, .secret = {}});
+                                      .timeout = 20s, .secret = {}, .pointed_by = {}});
   {
     Launch n1(node(1, port));
     // Both arrived in round 0 (in either order: node/1 is the second arrival's record).

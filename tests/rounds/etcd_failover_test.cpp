@@ -36,6 +36,16 @@ EtcdOptions options(std::vector<EtcdEndpoint> e, std::chrono::milliseconds timeo
 
 double millis(SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
+// A keeper's renewal through its first member, which it then asks alone first. Tried again where
+// that member, just resumed on a loaded machine, answered with an error (every member was asked).
+void renewed_through_first(EtcdLeaseKeeper& keeper, std::int64_t lease) {
+  for (int i = 0; i < 20; ++i) {
+    if (keeper.renew(lease, 3s).sent && keeper.preferred() == 0) return;
+    std::this_thread::sleep_for(100ms);
+  }
+  FAIL("the keeper's first member did not renew the lease in 20 tries");
+}
+
 }  // namespace
 
 TEST_CASE("etcd failover: a paused member costs a request one attempt, not the call's time", "[etcd]") {
@@ -135,7 +145,7 @@ TEST_CASE("etcd failover: a renewal waits out a member that pauses less than its
   // follower: the one above may not have, where the follower, resumed on a loaded machine,
   // answered with an error, which ends the patience and asks every member.)
   EtcdLeaseKeeper paused(EtcdOptions(starting_at(cluster, follower), etcd_keepalive_attempt(ttl)), c.lease_term());
-  REQUIRE(paused.renew(lease, 3s).sent);
+  renewed_through_first(paused, lease);
   cluster.pause(follower);
   t0 = SteadyClock::now();
   r = paused.renew(lease, 1500ms);
@@ -148,7 +158,7 @@ TEST_CASE("etcd failover: a renewal waits out a member that pauses less than its
   // Killed: a refused connection ends the patience at once (it is for a slow member). (A keeper
   // of its own, so that the follower is asked first again.)
   EtcdLeaseKeeper again(EtcdOptions(starting_at(cluster, follower), etcd_keepalive_attempt(ttl)), c.lease_term());
-  REQUIRE(again.renew(lease, 3s).sent);
+  renewed_through_first(again, lease);
   cluster.kill(follower);
   t0 = SteadyClock::now();
   r = again.renew(lease, 3s);

@@ -63,7 +63,7 @@ void EtcdClient::Impl::start(Attempt& a, const std::string& path, const json& bo
     return;
   }
   a.s->async_connect([this, &a](std::string why) {
-    if (why.empty()) return exchange(a);
+    if (why.empty() && !a.cancelled) return exchange(a);
     if (!a.cancelled) a.failed = std::move(why);
     a.done = true;
   });
@@ -76,7 +76,7 @@ void EtcdClient::Impl::exchange(Attempt& a) {
     a.done = true;
   };
   a.s->async_write(a.req, [&a, failed](boost::system::error_code ec, std::size_t) {
-    if (ec) return failed(ec);
+    if (ec || a.cancelled) return failed(ec);
     a.s->async_read(a.buf, a.res, [&a, failed](boost::system::error_code r, std::size_t) {
       if (r) return failed(r);
       a.done = true;
@@ -97,14 +97,21 @@ void EtcdClient::Impl::wait_any(std::list<Attempt>& live, Clock::time_point unti
   for (int i = 0; i < 64 && !any() && io.poll_one() > 0;) ++i;
 }
 
+// Closed, not only cancelled: a step that completed before (its handler queued behind the answer
+// that ended the wait, on a thread kept off the CPU) then fails at once instead of starting the
+// next on a member that may never answer.
 void EtcdClient::Impl::cancel(std::list<Attempt>& live) {
   for (auto& a : live) {
     if (a.done) continue;
     a.cancelled = true;
-    a.s->cancel();  // (an attempt without a stream is done: start() failed it)
+    if (a.s) a.s->close();
   }
   io.restart();
-  while (std::any_of(live.begin(), live.end(), [](const Attempt& a) { return !a.done; })) io.run_one();
+  while (std::any_of(live.begin(), live.end(), [](const Attempt& a) { return !a.done; })) {
+    if (io.run_one() == 0) {  // nothing left to run: none of them has a step pending
+      for (auto& a : live) a.done = true;
+    }
+  }
 }
 
 json EtcdClient::Impl::outcome(Attempt& a) {
@@ -223,6 +230,11 @@ struct EtcdClient::Impl::Call {
       const std::size_t m = it->member;
       try {
         auto j = im.outcome(*it);
+        // The member that answered is asked first next time; connections kept to the others
+        // would only hold a descriptor on each side.
+        for (std::size_t i = 0; i < n; ++i) {
+          if (i != m) im.kept[i].s.reset();
+        }
         im.current = m;
         im.sent = it->sent;
         return j;
@@ -241,7 +253,8 @@ struct EtcdClient::Impl::Call {
   // What every member failed with; UnansweredError where each had the request and none answered.
   [[noreturn]] void fail() {
     im.cancel(live);
-    const bool unanswered = live.size() == n;
+    const bool unanswered =
+        live.size() == n && std::all_of(live.begin(), live.end(), [](const Attempt& a) { return a.connected; });
     for (auto& a : live) {
       // A member's last try may run out of the call's time: what an earlier try found (a TLS
       // failure, a refused connection) says more.

@@ -61,6 +61,8 @@ class EtcdLeaseKeeper {
                 const std::function<bool()>& stopped = {});
   // A new lease, granted in `term`.
   void restart(std::int64_t term) { renewed_term_ = term; }
+  // The member (its index in `each.endpoints`) that renewed it last, asked alone first.
+  std::size_t preferred() const { return preferred_; }
 
  private:
   std::vector<std::unique_ptr<EtcdClient>> members_;  // one each; used by one thread at a time

@@ -298,6 +298,15 @@ void EtcdStream::cancel() {
   std::visit([](auto& s) { beast::get_lowest_layer(s).cancel(); }, s_->s);
 }
 
+void EtcdStream::close() {
+  std::visit(
+      [](auto& s) {
+        error_code ec;
+        beast::get_lowest_layer(s).socket().close(ec);
+      },
+      s_->s);
+}
+
 bool EtcdStream::open_while_idle() {
   return std::visit(
       [](auto& s) {

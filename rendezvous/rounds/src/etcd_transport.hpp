@@ -76,6 +76,9 @@ class EtcdStream {
   bool run(boost::asio::io_context& io, Clock::time_point deadline);
   // Cancels the operations started on this stream (they complete with operation_aborted).
   void cancel();
+  // Closes the connection (a reset): what is pending completes with an error, and so does any
+  // operation started on it later.
+  void close();
   // Whether a connection idle since its last answer is still open: the member has not closed or
   // reset it. A look at the socket; nothing is read. Bytes waiting on a plain connection (none
   // were asked for) count as broken; on a TLS one they may be a session ticket.

@@ -119,7 +119,7 @@ void StoreBackend::decide_hosting() {
     const bool fixed = opt_.backend == BackendKind::static_ranks;
     throw UsageError(opt_.endpoint_port_setting + " gives port 0 (" + format_address(opt_.endpoint_host, 0) +
                      "), which names no port, and this node does not host the store (" +
-                     (fixed                                  ? "--node_rank is not 0"
+                     (fixed                                  ? opt_.node_rank_setting + " is not 0"
                       : opt_.host_role == HostRole::never ? "--rdzv_conf is_host=0"
                                                           : opt_.endpoint_host + " is not one of its addresses") +
                      "): give the port the host listens on");
@@ -206,6 +206,10 @@ std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds time
   o.timeout = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
                        std::chrono::milliseconds(1));
   o.secret = opt_.secret;
+  o.pointed_by = (opt_.endpoint_host_setting == opt_.endpoint_port_setting
+                      ? opt_.endpoint_host_setting
+                      : opt_.endpoint_host_setting + ", " + opt_.endpoint_port_setting) +
+                 ", --rdzv_backend";
   std::shared_ptr<rendezvous::TcpStore> tcp;
   try {
     tcp = std::make_shared<rendezvous::TcpStore>(o);

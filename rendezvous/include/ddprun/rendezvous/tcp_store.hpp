@@ -21,6 +21,9 @@ struct TcpStoreOptions {
   // Non-empty: authenticate with ddprun's HMAC handshake before any request, and accept only a
   // server that proves it knows the same secret. Throws AuthError when either side refuses.
   std::string secret;
+  // The settings that pointed this client here (e.g. "--rdzv_endpoint, --rdzv_backend",
+  // "MASTER_ADDR, MASTER_PORT"), named where what answers there is not a store; empty: none.
+  std::string pointed_by;
 };
 
 // Thread-safe: calls from several threads are serialised on the one connection.

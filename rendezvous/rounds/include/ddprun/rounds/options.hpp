@@ -46,6 +46,7 @@ struct RendezvousOptions {
   // the variable read for one ("PET_MASTER_ADDR (read as --master_addr)", Slurm's host list).
   std::string endpoint_host_setting = "--rdzv_endpoint";
   std::string endpoint_port_setting = "--rdzv_endpoint";
+  std::string node_rank_setting = "--node_rank";  // or the variable read for it (PET_NODE_RANK, SLURM_NODEID)
   // How other nodes reach this one (--local_addr): the workers' store is advertised at it when
   // this node hosts that store. Empty: the address this node reaches the rendezvous from.
   std::string local_addr;
