@@ -174,8 +174,23 @@ class EtcdCluster {
   }
   // SIGSTOP: the member's sockets stay open and its kernel accepts connections, but it answers
   // nothing (a disk stall, a long GC pause).
-  void pause(int i) { ::kill(pids_[i], SIGSTOP); }
+  // Returns once every thread of the member is stopped: kill() returns before that, and a thread
+  // running on the other core (a loaded machine) could still answer a request sent meanwhile.
+  void pause(int i) {
+    ::kill(pids_[i], SIGSTOP);
+    for (int t = 0; t < 2000 && !stopped(pids_[i]); ++t) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   void resume(int i) { ::kill(pids_[i], SIGCONT); }
+  static bool stopped(pid_t pid) {
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+      std::ifstream in(task.path() / "stat");
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const auto close = stat.rfind(") ");
+      if (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'T' && stat[close + 2] != 't') return false;
+    }
+    return !ec;
+  }
   // The requests the members received (gRPC messages, the JSON gateway's included) by method
   // ("Range", "Watch", "LeaseKeepAlive", ...), summed over the members (their /metrics).
   std::map<std::string, double> requests() const {

@@ -4,6 +4,7 @@
 // Skipped where etcd is not installed (scripts/setup.sh installs etcd-server).
 #include <catch2/catch.hpp>
 #include <atomic>
+#include <memory>
 #include <thread>
 
 #include "etcd_backend.hpp"
@@ -36,14 +37,18 @@ EtcdOptions options(std::vector<EtcdEndpoint> e, std::chrono::milliseconds timeo
 
 double millis(SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-// A keeper's renewal through its first member, which it then asks alone first. Tried again where
-// that member, just resumed on a loaded machine, answered with an error (every member was asked).
-void renewed_through_first(EtcdLeaseKeeper& keeper, std::int64_t lease) {
+// A keeper that renewed the lease through its first member, which it then asks alone first. A new
+// one is made where that member, just resumed on a loaded machine, answered with an error (every
+// member was then asked, and another is asked first from then on).
+std::unique_ptr<EtcdLeaseKeeper> renewed_through_first(const std::vector<EtcdEndpoint>& members, std::chrono::milliseconds attempt,
+                                                       std::int64_t term, std::int64_t lease) {
   for (int i = 0; i < 20; ++i) {
-    if (keeper.renew(lease, 3s).sent && keeper.preferred() == 0) return;
+    auto keeper = std::make_unique<EtcdLeaseKeeper>(EtcdOptions(members, attempt), term);
+    if (keeper->renew(lease, 3s).sent && keeper->preferred() == 0) return keeper;
     std::this_thread::sleep_for(100ms);
   }
   FAIL("the keeper's first member did not renew the lease in 20 tries");
+  return nullptr;
 }
 
 }  // namespace
@@ -144,11 +149,10 @@ TEST_CASE("etcd failover: a renewal waits out a member that pauses less than its
   // Paused for good: the patience, then the others. (A keeper of its own that renewed through the
   // follower: the one above may not have, where the follower, resumed on a loaded machine,
   // answered with an error, which ends the patience and asks every member.)
-  EtcdLeaseKeeper paused(EtcdOptions(starting_at(cluster, follower), etcd_keepalive_attempt(ttl)), c.lease_term());
-  renewed_through_first(paused, lease);
+  auto paused = renewed_through_first(starting_at(cluster, follower), etcd_keepalive_attempt(ttl), c.lease_term(), lease);
   cluster.pause(follower);
   t0 = SteadyClock::now();
-  r = paused.renew(lease, 1500ms);
+  r = paused->renew(lease, 1500ms);
   took = SteadyClock::now() - t0;
   cluster.resume(follower);
   INFO("took " << millis(took) << " ms: " << r.why);
@@ -157,11 +161,10 @@ TEST_CASE("etcd failover: a renewal waits out a member that pauses less than its
   CHECK(took < 4s);
   // Killed: a refused connection ends the patience at once (it is for a slow member). (A keeper
   // of its own, so that the follower is asked first again.)
-  EtcdLeaseKeeper again(EtcdOptions(starting_at(cluster, follower), etcd_keepalive_attempt(ttl)), c.lease_term());
-  renewed_through_first(again, lease);
+  auto again = renewed_through_first(starting_at(cluster, follower), etcd_keepalive_attempt(ttl), c.lease_term(), lease);
   cluster.kill(follower);
   t0 = SteadyClock::now();
-  r = again.renew(lease, 3s);
+  r = again->renew(lease, 3s);
   took = SteadyClock::now() - t0;
   INFO("took " << millis(took) << " ms: " << r.why);
   CHECK(r.sent);

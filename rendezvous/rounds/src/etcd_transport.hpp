@@ -58,8 +58,9 @@ class EtcdStream {
   // The same in two steps, for a caller with other requests in flight on `io`: a stream to `e`,
   // its name resolved (throws NetworkError, or UsageError for TLS without a CA); then
   // async_connect(), whose `done` gets "" or what failed, in words. A time-out is the caller's:
-  // cancel() ends the connecting (`done` then gets operation_aborted's text), and
-  // connect_timeout_text() says what timed out.
+  // close() ends the connecting (`done` then gets the error's text; cancel() would not stop a
+  // connect that goes on to the name's next address), and connect_timeout_text() says what timed
+  // out.
   static EtcdStream make(boost::asio::io_context& io, const EtcdEndpoint& e, boost::asio::ssl::context* tls);
   void async_connect(std::function<void(std::string)> done);
   std::string connect_timeout_text() const;
