@@ -149,7 +149,7 @@ void EtcdClient::Impl::authenticate(const EtcdEndpoint& e, Clock::time_point dea
 // that refuses or breaks the connection is passed at once. The first time round the members each
 // gets `attempt`; each time round again (after those that failed), twice that, up to a third of
 // the call's time. A member is asked once at a time.
-// One call's members: which have the request (in flight), which were asked this time round, and
+// One call's members: which have the request (in `live`), which were asked this time round, and
 // what each failed with.
 struct EtcdClient::Impl::Call {
   Impl& im;
@@ -160,8 +160,8 @@ struct EtcdClient::Impl::Call {
   const std::size_t n;
   std::chrono::milliseconds share;
   std::vector<std::string> errors;
-  std::vector<bool> asked, in_flight;
-  std::list<Attempt> live;
+  std::vector<bool> asked;
+  std::list<Attempt> live;  // the requests in flight, one a member at most
   Clock::time_point next_at;  // when the next member is asked
   std::size_t next;
   int rounds = 0;
@@ -169,7 +169,7 @@ struct EtcdClient::Impl::Call {
   Call(Impl& i, const std::string& p, const json& b, std::chrono::milliseconds pat)
       : im(i), path(p), body(b), patient(pat), limit(pat > 0ms ? pat : i.opt.timeout), deadline(Clock::now() + limit),
         n(i.opt.endpoints.size()), share(pat > 0ms ? pat : i.first_share()), errors(n), asked(n, false),
-        in_flight(n, false), next_at(Clock::now()), next(i.current) {}
+        next_at(Clock::now()), next(i.current) {}
   // However the call ends, what is still in flight is cancelled before `live` goes: its handlers
   // hold the attempts' addresses.
   ~Call() { im.cancel(live); }
@@ -194,12 +194,13 @@ struct EtcdClient::Impl::Call {
     if (patient > 0ms && asked[im.current]) return;
     std::size_t m = n;
     for (std::size_t i = 0; i < n && m == n; ++i) m = asked[(next + i) % n] ? m : (next + i) % n;
-    if (m == n && std::all_of(in_flight.begin(), in_flight.end(), [](bool b) { return b; })) {
+    if (m == n && live.size() == n) {
       next_at = deadline;
       return;
     }
     if (m == n) {
-      asked = in_flight;
+      asked.assign(n, false);
+      for (const auto& a : live) asked[a.member] = true;
       share = std::min(share * 2, im.most());
       next_at = now + std::min<Clock::duration>(std::min<std::chrono::milliseconds>(50ms * ++rounds, 250ms), deadline - now);
       return;
@@ -210,7 +211,6 @@ struct EtcdClient::Impl::Call {
     try {
       im.authenticate(im.opt.endpoints[m], im.auth_deadline());
       live.emplace_back().member = m;
-      in_flight[m] = true;
       im.start(live.back(), path, body);
       next_at = now + share;
     } catch (const Refused& r) {
@@ -243,7 +243,6 @@ struct EtcdClient::Impl::Call {
       } catch (const Error& err) {
         errors[m] = err.what();
       }
-      in_flight[m] = false;
       it = live.erase(it);
       next_at = Clock::now();  // the next member at once
     }

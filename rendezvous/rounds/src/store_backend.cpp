@@ -206,10 +206,11 @@ std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds time
   o.timeout = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
                        std::chrono::milliseconds(1));
   o.secret = opt_.secret;
-  o.pointed_by = (opt_.endpoint_host_setting == opt_.endpoint_port_setting
-                      ? opt_.endpoint_host_setting
-                      : opt_.endpoint_host_setting + ", " + opt_.endpoint_port_setting) +
-                 ", --rdzv_backend";
+  // The settings that name the store's address: one (--rdzv_endpoint) or two (--master_addr, --master_port).
+  const bool one_setting = opt_.endpoint_host_setting == opt_.endpoint_port_setting;
+  const std::string settings =
+      one_setting ? opt_.endpoint_host_setting : opt_.endpoint_host_setting + " and " + opt_.endpoint_port_setting;
+  o.pointed_by = settings + ", --rdzv_backend";
   std::shared_ptr<rendezvous::TcpStore> tcp;
   try {
     tcp = std::make_shared<rendezvous::TcpStore>(o);
@@ -222,10 +223,7 @@ std::unique_ptr<Connection> StoreBackend::connect(std::chrono::milliseconds time
     const bool fixed = opt_.backend == BackendKind::static_ranks;
     throw TimeoutError("rendezvous: no store at " + endpoint() + " within " + duration_text(timeout) + ": is " +
                        (fixed ? "node 0's" : "the host node's") + " ddprun (or ddprun-store) running, and " +
-                       (opt_.endpoint_host_setting == opt_.endpoint_port_setting
-                            ? "is " + opt_.endpoint_host_setting
-                            : "are " + opt_.endpoint_host_setting + " and " + opt_.endpoint_port_setting) +
-                       " right? (" + e.what() + ")");
+                       (one_setting ? "is " : "are ") + settings + " right? (" + e.what() + ")");
   }
   tcp->set_timeout(std::min(timeout, opt_.read_timeout));
   return std::make_unique<StoreConnection>(std::make_shared<rendezvous::PrefixStore>("ddprun/rdzv/" + opt_.run_id, tcp));
