@@ -7,4 +7,5 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 build=${DDPRUN_BUILD_DIR:-$root/build}
 cd "$build"
-ctest --output-on-failure -j"${DDPRUN_TEST_JOBS:-4}" --timeout 600 "$@"
+# Four slots a core: a test takes the slots of the quarter-cores it keeps busy (tests/CMakeLists.txt).
+ctest --output-on-failure -j"${DDPRUN_TEST_JOBS:-$((4 * $(nproc)))}" --timeout 600 "$@"
