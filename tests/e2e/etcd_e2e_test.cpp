@@ -259,8 +259,8 @@ TEST_CASE("etcd backend: authentication - the job's user is served, a wrong pass
   CHECK_THAT(refused.err, Catch::Contains("user, password"));
 }
 
-TEST_CASE("etcd backend over TLS: agents meet through a TLS-only cluster with client certificates - a wrong CA exits 1",
-          "[etcd][tls]") {
+TEST_CASE("etcd backend over TLS: agents meet through a TLS-only cluster with client certificates - a wrong CA exits 1, "
+          "a cluster that finishes no handshake names lease_ttl", "[etcd][tls]") {
   SKIP_WITHOUT_ETCD();
   SKIP_UNLESS(TestPki::available(), "openssl is not installed (scripts/setup.sh installs openssl)");
   TestPki pki;
@@ -287,4 +287,15 @@ TEST_CASE("etcd backend over TLS: agents meet through a TLS-only cluster with cl
   auto usage = Launch(agent(cluster, "tls3", "1:2", {kWorker, "env"}, "lease_ttl=1")).finish(30s);
   CHECK(usage.code == 2);
   CHECK_THAT(usage.err, Catch::Contains("uses TLS: give --rdzv_conf cacert=PATH"));
+  // Every member stopped: the kernel takes the connections, no handshake is answered. That is a
+  // busy cluster (as the plain one's unanswered requests above), not a TLS set-up to check.
+  for (int i = 0; i < 3; ++i) cluster.pause(i);
+  auto busy = Launch(agent(cluster, "tls4", "2", {"--nproc_per_node=1", kWorker, "env"},
+                           "lease_ttl=2,join_timeout=60," + tls)).finish(30s);
+  for (int i = 0; i < 3; ++i) cluster.resume(i);
+  INFO(busy.err);
+  CHECK(busy.code == 1);
+  CHECK_THAT(busy.err, Catch::Contains("the TLS handshake with 127.0.0.1:") &&
+                           Catch::Contains("took the connection and did not answer") &&
+                           Catch::Contains("overloaded, a larger --rdzv_conf lease_ttl"));
 }

@@ -249,11 +249,13 @@ struct EtcdClient::Impl::Call {
     return std::nullopt;
   }
 
-  // What every member failed with; UnansweredError where each had the request and none answered.
+  // What every member failed with; UnansweredError where each took the connection (a TLS
+  // handshake under way counts: a busy member answers that no sooner) and none answered.
   [[noreturn]] void fail() {
+    const bool unanswered = live.size() == n && std::all_of(live.begin(), live.end(), [](const Attempt& a) {
+      return a.connected || (a.s && a.s->accepted());
+    });
     im.cancel(live);
-    const bool unanswered =
-        live.size() == n && std::all_of(live.begin(), live.end(), [](const Attempt& a) { return a.connected; });
     for (auto& a : live) {
       // A member's last try may run out of the call's time: what an earlier try found (a TLS
       // failure, a refused connection) says more.

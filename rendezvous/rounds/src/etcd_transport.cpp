@@ -260,9 +260,13 @@ void EtcdStream::async_connect(std::function<void(std::string)> done) {
 
 std::string EtcdStream::connect_timeout_text() const {
   const auto where = etcd_detail::where(s_->endpoint);
-  return s_->handshaking ? "the TLS handshake with " + where + " timed out: is it a TLS endpoint?"
+  return s_->handshaking ? "the TLS handshake with " + where +
+                               " timed out: the member took the connection and did not answer (overloaded, or not a "
+                               "TLS endpoint)"
                          : "connecting to " + where + " timed out";
 }
+
+bool EtcdStream::accepted() const { return s_->handshaking; }
 
 EtcdStream EtcdStream::open(asio::io_context& io, const EtcdEndpoint& e, ssl::context* tls, Clock::time_point deadline) {
   auto s = make(io, e, tls);

@@ -64,6 +64,9 @@ class EtcdStream {
   static EtcdStream make(boost::asio::io_context& io, const EtcdEndpoint& e, boost::asio::ssl::context* tls);
   void async_connect(std::function<void(std::string)> done);
   std::string connect_timeout_text() const;
+  // Whether the member took the connection, a TLS handshake then under way or done: a member
+  // that never answers from here on is busy (or not what the endpoint says), not unreachable.
+  bool accepted() const;
   EtcdStream(EtcdStream&&) noexcept;
   EtcdStream& operator=(EtcdStream&&) noexcept;
   ~EtcdStream();
