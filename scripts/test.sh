@@ -7,5 +7,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 build=${DDPRUN_BUILD_DIR:-$root/build}
 cd "$build"
-# Four slots a core: a test takes the slots of the quarter-cores it keeps busy (tests/CMakeLists.txt).
-ctest --output-on-failure -j"${DDPRUN_TEST_JOBS:-$((4 * $(nproc)))}" --timeout 600 "$@"
+# Four slots a core; a test takes slots by the CPU it keeps busy (tests/CMakeLists.txt). The cores:
+# this process's CPU affinity (nproc, without the OpenMP variables it would obey), fewer where a
+# cgroup's CPU quota allows fewer (a container's --cpus).
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+if read -r quota period < /sys/fs/cgroup/cpu.max 2>/dev/null && [[ $quota =~ ^[0-9]+$ ]]; then
+  cores=$(( (quota + period - 1) / period < cores ? (quota + period - 1) / period : cores ))
+fi
+ctest --output-on-failure -j"${DDPRUN_TEST_JOBS:-$((4 * cores))}" --timeout 600 "$@"

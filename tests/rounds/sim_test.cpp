@@ -176,14 +176,14 @@ void run_sweep(std::uint64_t default_count, bool liveness) {
 
 }  // namespace
 
-TEST_CASE("sim: seeded schedules of faults keep every safety invariant", "[sim]") {
+TEST_CASE("sim: seeded schedules of faults keep every safety invariant", "[sim][sweep]") {
   // The issue asks for 100,000 schedules within 2 minutes; see docs/architecture.md, "The round-rules simulator" for what
   // this machine reaches. DDPRUN_SIM_COUNT / DDPRUN_SIM_SECONDS run more.
   run_sweep(100000, false);
 }
 
 // 30,000 schedules (about 15 s of CPU on 2 threads).
-TEST_CASE("sim: liveness: once the faults stop, every node that keeps asking settles within 60 s", "[sim][liveness]") {
+TEST_CASE("sim: liveness: once the faults stop, every node that keeps asking settles within 60 s", "[sim][liveness][sweep]") {
   run_sweep(30000, true);
 }
 

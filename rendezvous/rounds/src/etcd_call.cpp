@@ -250,10 +250,11 @@ struct EtcdClient::Impl::Call {
   }
 
   // What every member failed with; UnansweredError where each took the connection (a TLS
-  // handshake under way counts: a busy member answers that no sooner) and none answered.
+  // handshake under way counts: a busy member answers that no sooner, unless an earlier try's
+  // handshake with it failed) and none answered.
   [[noreturn]] void fail() {
-    const bool unanswered = live.size() == n && std::all_of(live.begin(), live.end(), [](const Attempt& a) {
-      return a.connected || (a.s && a.s->accepted());
+    const bool unanswered = live.size() == n && std::all_of(live.begin(), live.end(), [this](const Attempt& a) {
+      return a.connected || (a.s && a.s->accepted() && errors[a.member].empty());
     });
     im.cancel(live);
     for (auto& a : live) {
