@@ -12,6 +12,7 @@ cd "$build"
 # cgroup's CPU quota allows fewer (a container's --cpus).
 cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 if read -r quota period < /sys/fs/cgroup/cpu.max 2>/dev/null && [[ $quota =~ ^[0-9]+$ ]]; then
-  cores=$(( (quota + period - 1) / period < cores ? (quota + period - 1) / period : cores ))
+  allowed=$(( (quota + period - 1) / period ))
+  if (( allowed < cores )); then cores=$allowed; fi
 fi
 ctest --output-on-failure -j"${DDPRUN_TEST_JOBS:-$((4 * cores))}" --timeout 600 "$@"

@@ -254,7 +254,7 @@ struct EtcdClient::Impl::Call {
   // handshake with it failed) and none answered.
   [[noreturn]] void fail() {
     const bool unanswered = live.size() == n && std::all_of(live.begin(), live.end(), [this](const Attempt& a) {
-      return a.connected || (a.s && a.s->accepted() && errors[a.member].empty());
+      return a.connected || (a.s && a.s->handshake_begun() && errors[a.member].empty());
     });
     im.cancel(live);
     for (auto& a : live) {

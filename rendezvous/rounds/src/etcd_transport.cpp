@@ -266,7 +266,7 @@ std::string EtcdStream::connect_timeout_text() const {
                          : "connecting to " + where + " timed out";
 }
 
-bool EtcdStream::accepted() const { return s_->handshaking; }
+bool EtcdStream::handshake_begun() const { return s_->handshaking; }
 
 EtcdStream EtcdStream::open(asio::io_context& io, const EtcdEndpoint& e, ssl::context* tls, Clock::time_point deadline) {
   auto s = make(io, e, tls);

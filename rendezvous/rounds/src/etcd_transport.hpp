@@ -64,9 +64,9 @@ class EtcdStream {
   static EtcdStream make(boost::asio::io_context& io, const EtcdEndpoint& e, boost::asio::ssl::context* tls);
   void async_connect(std::function<void(std::string)> done);
   std::string connect_timeout_text() const;
-  // Whether the member took the connection, a TLS handshake then under way or done: a member
-  // that never answers from here on is busy (or not what the endpoint says), not unreachable.
-  bool accepted() const;
+  // Whether a TLS handshake was begun (under way or done): the member took the connection. (A
+  // plain stream: false; its caller sends the request as soon as it connects.)
+  bool handshake_begun() const;
   EtcdStream(EtcdStream&&) noexcept;
   EtcdStream& operator=(EtcdStream&&) noexcept;
   ~EtcdStream();
