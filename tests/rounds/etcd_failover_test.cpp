@@ -10,6 +10,7 @@
 #include "etcd_backend.hpp"
 #include "etcd_cluster.hpp"
 #include "etcd_lease_keeper.hpp"
+#include "loopback.hpp"
 #include "skip.hpp"
 #include "threaded_rendezvous.hpp"
 
@@ -109,14 +110,13 @@ TEST_CASE("etcd failover: with the leader paused longer than the lease, renewals
   CHECK(alive);                             // nor did the lease (while ddprun held it)
 }
 
-TEST_CASE("etcd lease: the member that renewed last is given half of what is left before the fence, between one attempt and 800 ms", "[etcd][units]") {
+TEST_CASE("etcd lease: the member that renewed last is given half of what is left before the fence, at least one attempt", "[etcd][units]") {
   // TTL 5 s: one attempt 312 ms; 1.5 s left before the fence: (1500 - 2 x 312) / 2.
   CHECK(etcd_renewal_patience(5s, 1500ms) == 438ms);
-  CHECK(etcd_renewal_patience(5s, 3250ms) == kRenewalPatienceMost);       // just renewed: the most
-  CHECK(kRenewalPatienceMost < 1s);                                        // a stop waits 1 s for the keeper
+  CHECK(etcd_renewal_patience(5s, 3250ms) == 1313ms);                     // just renewed: (3250 - 2 x 312) / 2
   CHECK(etcd_renewal_patience(5s, 500ms) == etcd_keepalive_attempt(5s));  // little left: one attempt
   CHECK(etcd_renewal_patience(5s, -1s) == etcd_keepalive_attempt(5s));    // the fence passed already
-  CHECK(etcd_renewal_patience(60s, 52s) == kRenewalPatienceMost);         // a long lease: the most
+  CHECK(etcd_renewal_patience(60s, 52s) == 25500ms);                       // a long lease: no cap (a stop interrupts it)
   CHECK(etcd_renewal_patience(1s, 650ms) == 225ms);                        // rdzv_bench's 1 s lease
 }
 
@@ -169,6 +169,76 @@ TEST_CASE("etcd failover: a renewal waits out a member that pauses less than its
   INFO("took " << millis(took) << " ms: " << r.why);
   CHECK(r.sent);
   CHECK(took < 1500ms);
+}
+
+TEST_CASE("etcd failover: a renewal keeps its first request waiting while it asks the others - the late answer counts, from when it was sent", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;  // election timeout 500 ms: a follower is paused, so that no election runs
+  const int leader = cluster.leader();
+  REQUIRE(leader >= 0);
+  const int follower = (leader + 1) % 3;
+  const auto ttl = 5s;
+  EtcdClient c(options(cluster.endpoints(), ttl, etcd_attempt(ttl)));
+  const auto lease = c.grant_lease(5s);
+  // The follower, then two members that take the request and never answer (listeners that
+  // accept nothing): only the follower can renew it.
+  std::uint16_t p1 = 0, p2 = 0;
+  const int silent1 = ddprun::test::listen_loopback(p1, 64), silent2 = ddprun::test::listen_loopback(p2, 64);
+  REQUIRE(silent1 >= 0);
+  REQUIRE(silent2 >= 0);
+  auto members = starting_at(cluster, follower);
+  members.resize(1);
+  members.push_back({"127.0.0.1", p1});
+  members.push_back({"127.0.0.1", p2});
+  EtcdLeaseKeeper keeper(EtcdOptions(members, etcd_keepalive_attempt(ttl)), c.lease_term());
+  // Paused past its patience (600 ms), resumed within one attempt (312 ms) after: the request it
+  // had from the start renews the lease. (Given up at the patience and sent again, the answer
+  // would be to a request sent at 600 ms.)
+  cluster.pause(follower);
+  const auto t0 = SteadyClock::now();
+  std::thread resume([&] {
+    std::this_thread::sleep_for(750ms);
+    cluster.resume(follower);
+  });
+  auto r = keeper.renew(lease, 600ms);
+  const auto took = SteadyClock::now() - t0;
+  resume.join();
+  ::close(silent1);
+  ::close(silent2);
+  INFO("took " << millis(took) << " ms; " << r.why);
+  REQUIRE(r.sent);
+  INFO("the renewal that counts was sent " << millis(*r.sent - t0) << " ms after the start");
+  CHECK(*r.sent - t0 < 300ms);
+  CHECK(took >= 750ms);
+  CHECK(keeper.preferred() == 0);
+}
+
+TEST_CASE("etcd failover: a stop ends a patient renewal under way at once, unrenewed", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  const int follower = (std::max(cluster.leader(), 0) + 1) % 3;
+  EtcdClient c(options(cluster.endpoints(), 5s, etcd_attempt(5s)));
+  const auto lease = c.grant_lease(5s);
+  EtcdLeaseKeeper keeper(EtcdOptions(starting_at(cluster, follower), etcd_keepalive_attempt(5s)), c.lease_term());
+  cluster.pause(follower);
+  std::thread stop([&] {
+    std::this_thread::sleep_for(300ms);
+    keeper.interrupt();
+  });
+  const auto t0 = SteadyClock::now();
+  auto r = keeper.renew(lease, 20s);  // a long lease's patience: waited for unless stopped
+  const auto took = SteadyClock::now() - t0;
+  stop.join();
+  cluster.resume(follower);
+  INFO("took " << millis(took) << " ms; " << r.why);
+  CHECK_FALSE(r.sent);
+  CHECK_FALSE(r.held);
+  CHECK_FALSE(r.expired);
+  CHECK(took < 1s);
+  // Every later renewal ends at once too.
+  const auto t1 = SteadyClock::now();
+  CHECK_FALSE(keeper.renew(lease, 20s).sent);
+  CHECK(SteadyClock::now() - t1 < 200ms);
 }
 
 TEST_CASE("etcd failover: with two members of three paused, the one left saying it has no leader holds nothing: the fence lapses", "[etcd]") {

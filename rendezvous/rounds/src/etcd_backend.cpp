@@ -259,7 +259,7 @@ std::chrono::milliseconds etcd_renewal_interval(std::chrono::milliseconds ttl) {
 
 std::chrono::milliseconds etcd_renewal_patience(std::chrono::milliseconds ttl, std::chrono::milliseconds left) {
   const auto attempt = etcd_keepalive_attempt(ttl);
-  return std::clamp<std::chrono::milliseconds>((left - 2 * attempt) / 2, attempt, std::max(attempt, kRenewalPatienceMost));
+  return std::max<std::chrono::milliseconds>((left - 2 * attempt) / 2, attempt);
 }
 
 EtcdBackend::EtcdBackend(const RendezvousOptions& opt, std::weak_ptr<Renewals> renewals)
@@ -305,8 +305,9 @@ std::unique_ptr<Connection> EtcdBackend::connect(std::chrono::milliseconds timeo
 }
 
 // The lease is renewed every TTL/10 on a thread of its own, for the whole job: through the member
-// that renewed it last, given etcd_renewal_patience(), then where that fails through every member
-// at once (EtcdLeaseKeeper), each given etcd_keepalive_attempt(); a round that got through
+// that renewed it last, given etcd_renewal_patience(), then where that fails through the others at
+// once, its request still waited for (EtcdLeaseKeeper), each given etcd_keepalive_attempt(); a
+// stop ends a renewal under way at once. A round that got through
 // nowhere is followed by another at once. A renewal counts from when the request that
 // got through was sent. A round in which a majority of members said etcd has no leader (an
 // election) counts from when that was asked: nobody can revoke the lease meanwhile, and the
@@ -324,6 +325,7 @@ void EtcdBackend::start_lease(EtcdClient& c) {
   each.password = opt_.etcd_password;
   each.tls = {opt_.etcd_cacert, opt_.etcd_cert, opt_.etcd_key};
   auto keeper = std::make_shared<EtcdLeaseKeeper>(each, c.lease_term());
+  lease_->stop.also_on_stop([keeper] { keeper->interrupt(); });  // a renewal waiting on etcd ends at a stop
   keeper_.start([lease = lease_, c = client(opt_.lease_ttl), keeper, renewals = renewals_, ttl = opt_.lease_ttl]() mutable {
     const auto every = etcd_renewal_interval(ttl);
     auto counted = Clock::time_point::min();  // the latest time the lease counts from
@@ -340,7 +342,7 @@ void EtcdBackend::start_lease(EtcdClient& c) {
       if (id != renewing) keeper->restart(lease->term);  // replaced by a write that found it expired
       renewing = id;
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(lease->renewed() + ttl - fence_margin(ttl) - Clock::now());
-      auto r = keeper->renew(id, etcd_renewal_patience(ttl, left), [&] { return lease->stop.stopped(); });
+      auto r = keeper->renew(id, etcd_renewal_patience(ttl, left));
       if (lease->stop.stopped()) break;  // (a renewal in flight at the end: nothing more, no new lease)
       // After a round that renewed nowhere, the next at once (20 ms), then twice as long each
       // time, up to the renewal interval: a cluster too loaded to answer in time is not sent

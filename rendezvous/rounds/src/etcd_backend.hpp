@@ -32,14 +32,12 @@ std::chrono::milliseconds etcd_attempt(std::chrono::milliseconds ttl);
 std::chrono::milliseconds etcd_keepalive_attempt(std::chrono::milliseconds ttl);
 // How often the lease is renewed: TTL/10, at least 100 ms.
 std::chrono::milliseconds etcd_renewal_interval(std::chrono::milliseconds ttl);
-// How long the member that renewed the lease last is given to renew it again, alone, before
-// every member is asked: half of what is left before the fence (`left`) beyond two rounds of
-// asking every member, at least etcd_keepalive_attempt() and at most kRenewalPatienceMost. A
-// slow etcd is then sent one renewal a node rather than one per member and a question of who
-// leads, and a paused member still leaves the others their time.
+// How long the member that renewed the lease last is given to renew it again, alone, before the
+// others are asked: half of what is left before the fence (`left`) beyond two rounds of asking
+// every member, at least etcd_keepalive_attempt(). A slow etcd is then sent one renewal a node
+// rather than one per member and a question of who leads, and a paused member still leaves the
+// others their time. (A stop interrupts a renewal under way: EtcdLeaseKeeper::interrupt.)
 std::chrono::milliseconds etcd_renewal_patience(std::chrono::milliseconds ttl, std::chrono::milliseconds left);
-// The most: a renewal in flight when the keeper is stopped ends within the 1 s the stop waits for it.
-inline constexpr std::chrono::milliseconds kRenewalPatienceMost{800};
 
 class EtcdBackend : public Backend {
  public:

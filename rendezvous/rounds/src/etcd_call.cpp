@@ -91,7 +91,7 @@ void EtcdClient::Impl::wait_any(std::list<Attempt>& live, Clock::time_point unti
     return;
   }
   io.restart();
-  while (!any() && Clock::now() < until && io.run_one_until(until) > 0) {
+  while (!any() && !interrupted && Clock::now() < until && io.run_one_until(until) > 0) {
   }
   io.restart();
   for (int i = 0; i < 64 && !any() && io.poll_one() > 0;) ++i;
@@ -282,6 +282,7 @@ struct EtcdClient::Impl::Call {
 json EtcdClient::Impl::call(const std::string& path, const json& body, std::chrono::milliseconds patient) {
   Call c(*this, path, body, patient);
   for (;;) {
+    if (interrupted) throw Error("the etcd request was given up: ddprun is stopping");
     const auto now = Clock::now();
     if (c.over(now)) c.fail();
     if (now >= c.next_at) c.ask(now);

@@ -120,9 +120,9 @@ class EtcdClient {
   std::vector<EtcdEvent> watch(const std::string& key, bool prefix, std::int64_t from, std::chrono::milliseconds limit,
                                bool* quiet = nullptr);
   // Ends the watch running now on another thread within moments (as if its limit had come; a
-  // member being connected to gets its attempt first), and every later watch; other requests
-  // are served as before. For a thread that holds a watch long and must stop within a bound.
-  // Thread-safe.
+  // member being connected to gets its attempt first), and every later watch; a request waiting
+  // for its answer, and every later one, ends with an Error. For a thread that holds a watch or
+  // a patient request long and must stop within a bound. Thread-safe.
   void interrupt();
 
   // The member that answered, the cluster's leader as that member knows it ("0": none), as

@@ -1,9 +1,11 @@
 #pragma once
 // Renews one etcd lease through the member that renewed it last, and, where that one does not
-// within its attempt, through every member at once. A renewal sent to one member at a time
-// waits out each member that cannot answer (paused, cut off, forwarding to a leader that is
-// gone); sent to all at once, it gets through as soon as any member can serve it, so that the
-// only time a renewal cannot be had is while etcd has no leader at all.
+// within its patience, through the other members at once, its request still waited for. A
+// renewal sent to one member at a time waits out each member that cannot answer (paused, cut
+// off, forwarding to a leader that is gone); sent to the others as well, it gets through as soon
+// as any member can serve it, so that the only time a renewal cannot be had is while etcd has no
+// leader at all. A request is not given up while the renewal waits: on an etcd that is only
+// behind, each one sent again would add to the work it is behind with.
 //
 // While etcd has no leader, nobody can revoke the lease either: a revocation is a proposal that a
 // leader commits through a majority, and a newly elected leader first extends every lease by its
@@ -13,9 +15,9 @@
 // leaderless_quorum; why it is safe: docs/multi-node.md, "etcd outages"). A node cut off from
 // the majority cannot hear a majority, so it fences in time as before.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,11 +56,13 @@ class EtcdLeaseKeeper {
     std::string why;                        // when none of these: what the members said
   };
   // One keep-alive of `lease` to the member that renewed it last, given `patience` (at least
-  // `each.timeout`) to answer; where it does not renew it, to every member at once, each given
-  // `each.timeout`, returning when all have answered or timed out.
-  // `stopped` (when given) is asked before every member is: true ends the renewal there, unrenewed.
-  Renewal renew(std::int64_t lease, std::chrono::milliseconds patience = std::chrono::milliseconds::zero(),
-                const std::function<bool()>& stopped = {});
+  // `each.timeout`) to answer alone; where it has not, to the other members at once, each given
+  // `each.timeout`, while its request is waited for as long again; returning when all have
+  // answered or timed out (each member that did not renew asked who leads).
+  Renewal renew(std::int64_t lease, std::chrono::milliseconds patience = std::chrono::milliseconds::zero());
+  // Ends the renewal under way within moments, unrenewed, and every later one (a stop).
+  // Thread-safe.
+  void interrupt();
   // A new lease, granted in `term`.
   void restart(std::int64_t term) { renewed_term_ = term; }
   // The member (its index in `each.endpoints`) that renewed it last, asked alone first.
@@ -66,6 +70,8 @@ class EtcdLeaseKeeper {
 
  private:
   std::vector<std::unique_ptr<EtcdClient>> members_;  // one each; used by one thread at a time
+  std::chrono::milliseconds attempt_;                 // each.timeout
+  std::atomic<bool> interrupted_{false};
   std::int64_t renewed_term_;
   std::size_t voting_ = 0;  // the most voting members any member listed
   std::size_t preferred_ = 0;  // the member that renewed it last: asked alone first

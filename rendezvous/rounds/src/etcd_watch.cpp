@@ -193,8 +193,9 @@ std::vector<EtcdEvent> EtcdClient::watch(const std::string& key, bool prefix, st
   }
 }
 
-// The flag first: a watch not yet started returns at once. Then the stream being read (if any:
-// the handler runs on the watching thread, inside its run) is cancelled.
+// The flag first: a watch or request not yet started returns at once. Then the stream being read
+// (if any: the handler runs on the watching thread, inside its run) is cancelled; a request
+// waiting for its answer is woken by the handler and finds the flag.
 void EtcdClient::interrupt() {
   auto& im = *impl_;
   im.interrupted = true;
