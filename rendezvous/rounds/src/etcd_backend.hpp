@@ -1,7 +1,7 @@
 #pragma once
 // The round records in an etcd v3 cluster (--rdzv_backend=etcd): keys under
 // <prefix>/<run_id>/, first-writer-wins through transactions, counters through compare-and-swap,
-// waits through watches. Each node holds one lease for the job, renewed every TTL/10 (through the member that renewed it last, else every member at once); its node
+// waits through watches. Each node holds one lease for the job, renewed every TTL/10 (through the member that renewed it last, else the others as well); its node
 // records live on it, so a node that dies loses them when its lease expires, which every other
 // member of its round sees through a watch. No node holds the records: the cluster does.
 //
