@@ -192,10 +192,11 @@ TEST_CASE("etcd failover: a renewal keeps its first request waiting while it ask
   members.resize(1);
   members.push_back({"127.0.0.1", p1});
   members.push_back({"127.0.0.1", p2});
-  EtcdLeaseKeeper keeper(EtcdOptions(members, etcd_keepalive_attempt(ttl)), c.lease_term());
-  // Paused past its patience (600 ms), resumed within one attempt (312 ms) after: the request it
-  // had from the start renews the lease. (Given up at the patience and sent again, the answer
-  // would be to a request sent at 600 ms.)
+  EtcdLeaseKeeper keeper(EtcdOptions(members, 1s), c.lease_term());
+  // Paused past its patience (600 ms), resumed within one attempt (1 s: a member just resumed
+  // on a loaded machine takes a while) after: the request it had from the start renews the
+  // lease. (Given up at the patience and sent again, the answer would be to a request sent at
+  // 600 ms.)
   cluster.pause(follower);
   const auto t0 = SteadyClock::now();
   std::thread resume([&] {
@@ -241,6 +242,26 @@ TEST_CASE("etcd failover: a stop ends a patient renewal under way at once, unren
   const auto t1 = SteadyClock::now();
   CHECK_FALSE(keeper.renew(lease, 20s).sent);
   CHECK(SteadyClock::now() - t1 < 200ms);
+}
+
+TEST_CASE("etcd backend: a stop ends the lease keeper's patient renewal under way at once", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  RendezvousOptions opt;
+  opt.run_id = "stop";
+  opt.etcd_endpoints = cluster.endpoint_list();
+  opt.lease_ttl = std::chrono::seconds(30);  // renewed every 3 s, the first member given ~10 s
+  EtcdBackend backend(opt, {});
+  auto c = backend.connect(5s);  // the lease granted, its keeper started
+  // The keeper renews through the first member listed; paused, its next renewal waits on it.
+  cluster.pause(0);
+  std::this_thread::sleep_for(3500ms);  // past the renewal interval: a renewal under way
+  const auto t0 = SteadyClock::now();
+  backend.stop_renewals();
+  const auto took = SteadyClock::now() - t0;
+  cluster.resume(0);
+  INFO("the stop took " << millis(took) << " ms");
+  CHECK(took < 700ms);  // not the 1 s a stop waits before it gives the thread up
 }
 
 TEST_CASE("etcd failover: with two members of three paused, the one left saying it has no leader holds nothing: the fence lapses", "[etcd]") {

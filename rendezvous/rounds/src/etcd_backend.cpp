@@ -304,6 +304,56 @@ std::unique_ptr<Connection> EtcdBackend::connect(std::chrono::milliseconds timeo
   return std::make_unique<EtcdConnection>(std::move(c), prefix_, lease_);
 }
 
+// The keeper thread's loop (start_lease): `c` grants a new lease where the old one expired.
+static void keep_lease(const std::shared_ptr<EtcdBackend::Lease>& lease, EtcdClient* c, EtcdLeaseKeeper* keeper,
+                       const std::weak_ptr<Renewals>& renewals, std::chrono::seconds ttl) {
+  const auto every = etcd_renewal_interval(ttl);
+  auto counted = Clock::time_point::min();  // the latest time the lease counts from
+  bool holding = false;                     // held by a leaderless majority (said once)
+  std::int64_t renewing = lease->id;
+  std::chrono::milliseconds retry = 20ms;  // doubled at each round that renewed nowhere
+  auto count_from = [&](Clock::time_point t) {
+    counted = std::max(counted, t);
+    lease->renewed_at(counted);
+    if (auto rn = renewals.lock()) rn->renewed(counted);
+  };
+  for (auto pause = every; !lease->stop.wait_for(pause);) {
+    const std::int64_t id = lease->id;
+    if (id != renewing) keeper->restart(lease->term);  // replaced by a write that found it expired
+    renewing = id;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(lease->renewed() + ttl - fence_margin(ttl) - Clock::now());
+    auto r = keeper->renew(id, etcd_renewal_patience(ttl, left));
+    if (lease->stop.stopped()) break;  // (a renewal in flight at the end: nothing more, no new lease)
+    // After a round that renewed nowhere, the next at once (20 ms), then twice as long each
+    // time, up to the renewal interval: a cluster too loaded to answer in time is not sent
+    // each node's renewal (and its who-leads questions) fifty times a second.
+    retry = r.sent ? 20ms : std::min<std::chrono::milliseconds>(every, retry * 2);
+    pause = r.sent ? every : retry / 2;
+    if (r.sent) {
+      count_from(*r.sent);
+      holding = false;
+    } else if (r.held) {
+      if (!holding) {
+        spdlog::info("ddprun: etcd has no leader (a majority of its members say so): this node's lease cannot expire "
+                     "before the next leader extends it, so its workers go on");
+      }
+      holding = true;
+      count_from(*r.held);
+    } else if (r.expired) {
+      try {
+        lease->replace(*c, id);
+        count_from(c->last_sent());
+      } catch (const Error& e) {
+        spdlog::debug("ddprun: a new etcd lease: {}", e.what());
+      }
+    } else {
+      // No member renewed it this round: the next tries again at once; the fence stops this
+      // node's workers if none gets through in time.
+      spdlog::debug("ddprun: etcd keep-alive failed: {}", r.why);
+    }
+  }
+}
+
 // The lease is renewed every TTL/10 on a thread of its own, for the whole job: through the member
 // that renewed it last, given etcd_renewal_patience(), then where that fails through the others at
 // once, its request still waited for (EtcdLeaseKeeper), each given etcd_keepalive_attempt(); a
@@ -325,53 +375,14 @@ void EtcdBackend::start_lease(EtcdClient& c) {
   each.password = opt_.etcd_password;
   each.tls = {opt_.etcd_cacert, opt_.etcd_cert, opt_.etcd_key};
   auto keeper = std::make_shared<EtcdLeaseKeeper>(each, c.lease_term());
-  lease_->stop.also_on_stop([keeper] { keeper->interrupt(); });  // a renewal waiting on etcd ends at a stop
-  keeper_.start([lease = lease_, c = client(opt_.lease_ttl), keeper, renewals = renewals_, ttl = opt_.lease_ttl]() mutable {
-    const auto every = etcd_renewal_interval(ttl);
-    auto counted = Clock::time_point::min();  // the latest time the lease counts from
-    bool holding = false;                     // held by a leaderless majority (said once)
-    std::int64_t renewing = lease->id;
-    std::chrono::milliseconds retry = 20ms;  // doubled at each round that renewed nowhere
-    auto count_from = [&](Clock::time_point t) {
-      counted = std::max(counted, t);
-      lease->renewed_at(counted);
-      if (auto rn = renewals.lock()) rn->renewed(counted);
-    };
-    for (auto pause = every; !lease->stop.wait_for(pause);) {
-      const std::int64_t id = lease->id;
-      if (id != renewing) keeper->restart(lease->term);  // replaced by a write that found it expired
-      renewing = id;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(lease->renewed() + ttl - fence_margin(ttl) - Clock::now());
-      auto r = keeper->renew(id, etcd_renewal_patience(ttl, left));
-      if (lease->stop.stopped()) break;  // (a renewal in flight at the end: nothing more, no new lease)
-      // After a round that renewed nowhere, the next at once (20 ms), then twice as long each
-      // time, up to the renewal interval: a cluster too loaded to answer in time is not sent
-      // each node's renewal (and its who-leads questions) fifty times a second.
-      retry = r.sent ? 20ms : std::min<std::chrono::milliseconds>(every, retry * 2);
-      pause = r.sent ? every : retry / 2;
-      if (r.sent) {
-        count_from(*r.sent);
-        holding = false;
-      } else if (r.held) {
-        if (!holding) {
-          spdlog::info("ddprun: etcd has no leader (a majority of its members say so): this node's lease cannot expire "
-                       "before the next leader extends it, so its workers go on");
-        }
-        holding = true;
-        count_from(*r.held);
-      } else if (r.expired) {
-        try {
-          lease->replace(*c, id);
-          count_from(c->last_sent());
-        } catch (const Error& e) {
-          spdlog::debug("ddprun: a new etcd lease: {}", e.what());
-        }
-      } else {
-        // No member renewed it this round: the next tries again at once; the fence stops this
-        // node's workers if none gets through in time.
-        spdlog::debug("ddprun: etcd keep-alive failed: {}", r.why);
-      }
-    }
+  std::shared_ptr<EtcdClient> granting = client(opt_.lease_ttl);  // a new lease where it expired
+  // A renewal or grant waiting on etcd ends at a stop.
+  lease_->stop.also_on_stop([keeper, granting] {
+    keeper->interrupt();
+    granting->interrupt();
+  });
+  keeper_.start([lease = lease_, c = granting, keeper, renewals = renewals_, ttl = opt_.lease_ttl] {
+    keep_lease(lease, c.get(), keeper.get(), renewals, ttl);
   });
 }
 

@@ -87,7 +87,7 @@ void EtcdClient::Impl::exchange(Attempt& a) {
 void EtcdClient::Impl::wait_any(std::list<Attempt>& live, Clock::time_point until) {
   auto any = [&live] { return std::any_of(live.begin(), live.end(), [](const Attempt& a) { return a.done; }); };
   if (live.empty()) {
-    std::this_thread::sleep_until(until);
+    while (!interrupted && Clock::now() < until) std::this_thread::sleep_for(std::min<Clock::duration>(20ms, until - Clock::now()));
     return;
   }
   io.restart();

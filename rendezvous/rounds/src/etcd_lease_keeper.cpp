@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <future>
+#include <system_error>
 #include <set>
 
 #include "ddprun/common/error.hpp"
@@ -37,18 +38,9 @@ void EtcdLeaseKeeper::interrupt() {
 
 namespace {
 
-struct One {
-  std::optional<std::chrono::steady_clock::time_point> sent;
-  std::int64_t term = 0;
-  bool expired = false;
-  std::optional<LeaderlessAnswer> asked;  // it could not renew: who leads, as it knows it
-  std::size_t voting = 0;
-  std::string why;
-};
-
 // One keep-alive through one member (`patient`: its time, else the client's); true when it
 // answered (renewed, or said the lease is gone).
-bool keep_alive(EtcdClient& c, std::int64_t lease, std::chrono::milliseconds patient, One& r) {
+bool keep_alive(EtcdClient& c, std::int64_t lease, std::chrono::milliseconds patient, MemberRenewal& r) {
   try {
     if (c.keep_alive(lease, patient)) {
       r.sent = c.last_sent();
@@ -65,7 +57,7 @@ bool keep_alive(EtcdClient& c, std::int64_t lease, std::chrono::milliseconds pat
 
 // After a member did not renew: asks it whether it has a leader (served by the member alone)
 // and how many voting members the cluster has.
-void ask_who_leads(EtcdClient& c, One& r) {
+void ask_who_leads(EtcdClient& c, MemberRenewal& r) {
   try {
     auto s = c.status();
     const auto sent = c.last_sent();
@@ -88,39 +80,61 @@ EtcdLeaseKeeper::Renewal EtcdLeaseKeeper::renew(std::int64_t lease, std::chrono:
   // its late answer counts, from when it was sent). Where it answered otherwise within its
   // patience (refused, broke the connection, or said the lease is gone), it is asked again with
   // the others.
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<std::future<One>> calls(members_.size());
+  auto renewed = [this](const MemberRenewal& r) {
+    renewed_term_ = std::max(renewed_term_, r.term);
+    Renewal out;
+    out.sent = r.sent;
+    return out;
+  };
+  std::vector<std::future<MemberRenewal>> calls(members_.size());
+  std::size_t kept = members_.size();  // the preferred, its request in flight as the others are asked
+  std::string first_why;               // what it said within its patience, where it did not renew
   if (preferred_ < members_.size()) {
+    auto& c = *members_[preferred_];
     auto& first = calls[preferred_];
-    first = std::async(std::launch::async, [&c = *members_[preferred_], lease, patience, start, limit = patience + attempt_] {
-      One r;
-      if (!keep_alive(c, lease, limit, r) && std::chrono::steady_clock::now() - start >= patience) ask_who_leads(c, r);
-      return r;
-    });
-    if (first.wait_for(patience) == std::future_status::ready) {
-      One r = first.get();
-      if (r.sent) {
-        renewed_term_ = std::max(renewed_term_, r.term);
-        Renewal out;
-        out.sent = r.sent;
-        return out;
-      }
+    try {
+      first = std::async(std::launch::async, [&c, lease, limit = patience + attempt_] {
+        MemberRenewal r;
+        keep_alive(c, lease, limit, r);
+        return r;
+      });
+    } catch (const std::system_error&) {  // no thread to be had: the preferred alone, as it was
+      MemberRenewal r;
+      keep_alive(c, lease, patience, r);
+      first_why = r.why;
+      if (r.sent) return renewed(r);
     }
-    if (interrupted_) return {};
+    if (first.valid() && first.wait_for(patience) == std::future_status::ready) {
+      MemberRenewal r = first.get();
+      if (r.sent) return renewed(r);
+      first_why = r.expired ? "the lease is gone" : r.why;
+    } else if (first.valid()) {
+      kept = preferred_;
+    }
+    if (!first_why.empty()) first_why = "(at first) " + first_why;
   }
   for (std::size_t i = 0; i < members_.size() && !interrupted_; ++i) {
     if (calls[i].valid()) continue;
     calls[i] = std::async(std::launch::async, [&c = *members_[i], lease] {
-      One r;
+      MemberRenewal r;
       if (!keep_alive(c, lease, std::chrono::milliseconds::zero(), r)) ask_who_leads(c, r);
       return r;
     });
   }
+  return gather(calls, kept, first_why);
+}
+
+// Every member's answer in turn: the latest renewal counts (its member asked first next time);
+// else a member that said the lease is gone; else a leaderless majority, if any.
+EtcdLeaseKeeper::Renewal EtcdLeaseKeeper::gather(std::vector<std::future<MemberRenewal>>& calls, std::size_t kept,
+                                                 const std::string& first_why) {
   Renewal out;
   std::vector<LeaderlessAnswer> answers;
   for (std::size_t i = 0; i < calls.size(); ++i) {
     if (!calls[i].valid()) continue;
-    One r = calls[i].get();
+    MemberRenewal r = calls[i].get();
+    // The preferred, its request still in flight when the others were asked: asked who leads now.
+    if (i == kept && !r.sent && !r.expired && !interrupted_) ask_who_leads(*members_[i], r);
     if (r.sent && (!out.sent || *r.sent > *out.sent)) out.sent = r.sent, preferred_ = i;
     if (r.sent) renewed_term_ = std::max(renewed_term_, r.term);
     out.expired = out.expired || r.expired;
@@ -129,6 +143,7 @@ EtcdLeaseKeeper::Renewal EtcdLeaseKeeper::renew(std::int64_t lease, std::chrono:
     if (!r.why.empty()) out.why += (out.why.empty() ? "" : "; ") + r.why;
   }
   if (interrupted_) return {};
+  if (!first_why.empty()) out.why = first_why + (out.why.empty() ? "" : "; " + out.why);
   if (out.sent) {
     out.expired = false;  // a member that answered for it is right: it is alive
   } else if (!out.expired) {

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +42,16 @@ std::optional<std::chrono::steady_clock::time_point> leaderless_quorum(const std
                                                                        std::size_t voting_members,
                                                                        std::int64_t renewed_term);
 
+// One member's part in a round of renewals.
+struct MemberRenewal {
+  std::optional<std::chrono::steady_clock::time_point> sent;  // renewed: when the request was sent
+  std::int64_t term = 0;                                      // the raft term it renewed in
+  bool expired = false;                                       // it said the lease is gone
+  std::optional<LeaderlessAnswer> asked;  // it could not renew: who leads, as it knows it
+  std::size_t voting = 0;                 // the voting members it listed (when asked)
+  std::string why;
+};
+
 class EtcdLeaseKeeper {
  public:
   using Clock = std::chrono::steady_clock;
@@ -57,8 +68,9 @@ class EtcdLeaseKeeper {
   };
   // One keep-alive of `lease` to the member that renewed it last, given `patience` (at least
   // `each.timeout`) to answer alone; where it has not, to the other members at once, each given
-  // `each.timeout`, while its request is waited for as long again; returning when all have
-  // answered or timed out (each member that did not renew asked who leads).
+  // `each.timeout`, while its request is waited for as long again (where it answered without
+  // renewing, refused or broke the connection, it is asked again with them); returning when all
+  // have answered or timed out, each member that did not renew asked who leads.
   Renewal renew(std::int64_t lease, std::chrono::milliseconds patience = std::chrono::milliseconds::zero());
   // Ends the renewal under way within moments, unrenewed, and every later one (a stop).
   // Thread-safe.
@@ -69,6 +81,8 @@ class EtcdLeaseKeeper {
   std::size_t preferred() const { return preferred_; }
 
  private:
+  Renewal gather(std::vector<std::future<MemberRenewal>>& calls, std::size_t kept, const std::string& first_why);
+
   std::vector<std::unique_ptr<EtcdClient>> members_;  // one each; used by one thread at a time
   std::chrono::milliseconds attempt_;                 // each.timeout
   std::atomic<bool> interrupted_{false};

@@ -68,12 +68,19 @@ class StopSignal {
     if (also) also();
   }
   // `f` is run by stop() (at once if stopped already): it wakes a thread blocked elsewhere than
-  // in wait_for (a watch), which must stay valid until then. One at a time.
+  // in wait_for (a watch), which must stay valid until then. Each one given is run, in order.
   void also_on_stop(std::function<void()> f) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (!stopped_) {
-        also_ = std::move(f);
+        if (also_) {
+          also_ = [first = std::move(also_), then = std::move(f)] {
+            first();
+            then();
+          };
+        } else {
+          also_ = std::move(f);
+        }
         return;
       }
     }
