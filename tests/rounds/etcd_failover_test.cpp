@@ -255,7 +255,9 @@ TEST_CASE("etcd backend: a stop ends the lease keeper's patient renewal under wa
   auto c = backend.connect(5s);  // the lease granted, its keeper started
   // The keeper renews through the first member listed; paused, its next renewal waits on it.
   cluster.pause(0);
-  std::this_thread::sleep_for(3500ms);  // past the renewal interval: a renewal under way
+  // Past the renewal interval (3 s), with room for a keeper thread that runs late on a loaded
+  // machine: a renewal under way, waiting on the paused member for its ~12 s patience.
+  std::this_thread::sleep_for(5s);
   const auto t0 = SteadyClock::now();
   backend.stop_renewals();
   const auto took = SteadyClock::now() - t0;

@@ -101,8 +101,8 @@ EtcdLeaseKeeper::Renewal EtcdLeaseKeeper::renew(std::int64_t lease, std::chrono:
     } catch (const std::system_error&) {  // no thread to be had: the preferred alone, as it was
       MemberRenewal r;
       keep_alive(c, lease, patience, r);
-      first_why = r.why;
       if (r.sent) return renewed(r);
+      first_why = r.expired ? "the lease is gone" : r.why;
     }
     if (first.valid() && first.wait_for(patience) == std::future_status::ready) {
       MemberRenewal r = first.get();
@@ -115,11 +115,18 @@ EtcdLeaseKeeper::Renewal EtcdLeaseKeeper::renew(std::int64_t lease, std::chrono:
   }
   for (std::size_t i = 0; i < members_.size() && !interrupted_; ++i) {
     if (calls[i].valid()) continue;
-    calls[i] = std::async(std::launch::async, [&c = *members_[i], lease] {
+    auto ask = [&c = *members_[i], lease] {
       MemberRenewal r;
       if (!keep_alive(c, lease, std::chrono::milliseconds::zero(), r)) ask_who_leads(c, r);
       return r;
-    });
+    };
+    try {
+      calls[i] = std::async(std::launch::async, ask);
+    } catch (const std::system_error&) {  // no thread to be had: this member asked here, in turn
+      std::promise<MemberRenewal> now;
+      now.set_value(ask());
+      calls[i] = now.get_future();
+    }
   }
   return gather(calls, kept, first_why);
 }
