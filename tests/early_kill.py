@@ -13,13 +13,18 @@ import sys
 import time
 
 
-def guardians():
+def guardians(ddprun):
+    """The guardians left, and the killed ddprun's children not yet turned into one (forked, not
+    yet exec'd: they still show ddprun's command line, and become a guardian when next scheduled;
+    every ddprun started here was killed and reaped, so any other process with its command line
+    is such a child)."""
     found = []
     for p in glob.glob("/proc/[0-9]*/cmdline"):
         try:
             with open(p, "rb") as f:
-                if b"--ddprun-guardian\0" in f.read():
-                    found.append(p.split("/")[2])
+                cmdline = f.read()
+            if b"--ddprun-guardian\0" in cmdline or cmdline.split(b"\0")[0] == ddprun.encode():
+                found.append(p.split("/")[2])
         except OSError:
             pass
     return found
@@ -77,8 +82,8 @@ def main():
         delays.append(delay)
     # The guardians finish on their own; on a loaded machine some take seconds to be scheduled.
     t0 = time.monotonic()
-    if not wait_until(lambda: not guardians(), 120, 0.05):
-        print(f"FAILED: guardians still run 120 s after the last kill -9: {guardians()}")
+    if not wait_until(lambda: not guardians(ddprun), 120, 0.05):
+        print(f"FAILED: guardians still run 120 s after the last kill -9: {guardians(ddprun)}")
         return 1
     settled = time.monotonic() - t0
     leftovers = glob.glob("/dev/shm/ddprun-*") + glob.glob("/tmp/ddprun-*")
