@@ -7,7 +7,9 @@ step 10, long before spares importing at nice 19 beside the hogs could be ready.
 (the default) and a cold (--warm_spares=0) run, each timed from the crash to every rank's first
 step of the next attempt: the warm restart must not be slower than the cold one by more than
 noise, within 1.5 x the cold one + 1 s, where a spare left at nice 19 takes minutes (--pairs N
-alternates N pairs and compares their medians). docs/benchmarks.md has the bench's medians of 5 (bench/recovery_bench.py --hogs 2
+alternates N pairs and compares their medians). Where the medians are out of bounds, two more
+pairs are run and the medians of all are compared: one pair beside the suite's other busy tests
+once gave warm 6.96 s against cold 3.10 s, where alone its medians of 3 are 3.80 s and 3.96 s. docs/benchmarks.md has the bench's medians of 5 (bench/recovery_bench.py --hogs 2
 --crash_after 2).
 
 Usage: spare_under_load_torch_test.py --ddprun PATH [--pairs 1]"""
@@ -41,25 +43,36 @@ def main():
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     tmp = tempfile.mkdtemp(prefix="ddprun-spare-load-")
     failed = []
+
+    def pair(index):
+        for kind in ("warm", "cold") if index % 2 == 0 else ("cold", "warm"):
+            cmd = [a.ddprun] + common + ["--warm_spares", "1" if kind == "warm" else "0"]
+            secs, said, _ = rb.run_retried(cmd, env, 2, tmp, kind == "warm", failed, crash_after=0)
+            runs[kind].append(secs)
+            lines.append(said)
+            print(f"  {kind}: {secs:.3f} s  {said}", flush=True)
+
+    def verdict():
+        warm, cold = statistics.median(runs["warm"]), statistics.median(runs["cold"])
+        bound = 1.5 * cold + 1.0
+        return warm <= bound, (f"warm {warm:.3f} s, cold {cold:.3f} s (medians of {len(runs['warm'])}); "
+                               f"bound 1.5 x cold + 1 s = {bound:.3f} s")
+
     try:
-        for pair in range(a.pairs):
-            for kind in ("warm", "cold") if pair % 2 == 0 else ("cold", "warm"):
-                cmd = [a.ddprun] + common + ["--warm_spares", "1" if kind == "warm" else "0"]
-                secs, said, _ = rb.run_retried(cmd, env, 2, tmp, kind == "warm", failed, crash_after=0)
-                runs[kind].append(secs)
-                lines.append(said)
-                print(f"  {kind}: {secs:.3f} s  {said}", flush=True)
+        for index in range(a.pairs):
+            pair(index)
+        ok, text = verdict()
+        if not ok:
+            print(f"  out of bounds: {text}; two more pairs", flush=True)
+            for index in range(a.pairs, a.pairs + 2):
+                pair(index)
+            ok, text = verdict()
     finally:
         for h in hogs:
             h.kill()
             h.wait()
         shutil.rmtree(tmp, ignore_errors=True)
-    warm, cold = statistics.median(runs["warm"]), statistics.median(runs["cold"])
-    bound = 1.5 * cold + 1.0
-    ok = warm <= bound
-    print(("ok: " if ok else "FAILED: ") +
-          f"beside 2 CPU hogs, a crash before the spares are ready: warm {warm:.3f} s, cold {cold:.3f} s "
-          f"(medians of {a.pairs}); bound 1.5 x cold + 1 s = {bound:.3f} s")
+    print(("ok: " if ok else "FAILED: ") + "beside 2 CPU hogs, a crash before the spares are ready: " + text)
     print(f"{int(ok)} passed, {int(not ok)} failed")
     sys.exit(0 if ok else 1)
 
