@@ -266,6 +266,46 @@ TEST_CASE("etcd backend: a stop ends the lease keeper's patient renewal under wa
   CHECK(took < 700ms);  // not the 1 s a stop waits before it gives the thread up
 }
 
+// The agent's shutdown gives up, after 2 s, a rendezvous thread stuck connecting to an etcd that
+// does not answer, then stops the renewals: the grant under way ends at once, and no keeper or
+// lease is left to run behind the stop (before, the grant went on to its call's time and a keeper
+// could start after the stop had joined none).
+TEST_CASE("etcd backend: a stop during the first connect's lease grant ends it at once, with no keeper started", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster;
+  RendezvousOptions opt;
+  opt.run_id = "stop-grant";
+  opt.etcd_endpoints = cluster.endpoint_list();
+  EtcdBackend backend(opt, {});
+  for (int i = 0; i < 3; ++i) cluster.pause(i);
+  std::string why;
+  SteadyClock::time_point ended;
+  std::thread connecting([&] {
+    try {
+      backend.connect(20s);
+      why = "connected";
+    } catch (const ddprun::Error& e) {
+      why = e.what();
+    }
+    ended = SteadyClock::now();
+  });
+  std::this_thread::sleep_for(500ms);  // the grant waits on the paused members
+  const auto t0 = SteadyClock::now();
+  backend.stop_renewals();
+  const auto stop_took = SteadyClock::now() - t0;
+  connecting.join();
+  for (int i = 0; i < 3; ++i) cluster.resume(i);
+  INFO("the connect ended " << millis(ended - t0) << " ms after the stop, which took " << millis(stop_took)
+                            << " ms; it said: " << why);
+  CHECK(ended - t0 < 700ms);
+  CHECK(stop_took < 700ms);
+  CHECK(why.find("ddprun is stopping") != std::string::npos);
+  // A connect after the stop grants nothing either.
+  const auto t1 = SteadyClock::now();
+  CHECK_THROWS_WITH(backend.connect(5s), Catch::Contains("ddprun is stopping"));
+  CHECK(SteadyClock::now() - t1 < 500ms);
+}
+
 TEST_CASE("etcd failover: with two members of three paused, the one left saying it has no leader holds nothing: the fence lapses", "[etcd]") {
   SKIP_WITHOUT_ETCD();
   EtcdCluster cluster;  // election timeout 500 ms

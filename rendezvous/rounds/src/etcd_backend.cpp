@@ -297,9 +297,11 @@ std::unique_ptr<Connection> EtcdBackend::connect(std::chrono::milliseconds timeo
   names_.until(timeout);
   auto c = client(timeout);
   {
-    // The first connection opens the session; a stop announced meanwhile (another thread) waits.
+    // The first connection opens the session. A stop meanwhile (another thread: the agent's
+    // shutdown, which gives up a rendezvous thread stuck on etcd after 2 s) ends its grant at once,
+    // and waits here for a keeper started just before it.
     std::lock_guard<std::mutex> lk(lease_mu_);
-    if (lease_->id == 0) start_lease(*c);
+    if (lease_->id == 0) start_lease(timeout);
   }
   return std::make_unique<EtcdConnection>(std::move(c), prefix_, lease_);
 }
@@ -364,17 +366,26 @@ static void keep_lease(const std::shared_ptr<EtcdBackend::Lease>& lease, EtcdCli
 // leader elected next extends it by its TTL (EtcdLeaseKeeper). A lease that expired anyway (the
 // node was stopped, or cut off) is replaced: the others counted this node lost, and it joins
 // again as a new node.
-void EtcdBackend::start_lease(EtcdClient& c) {
+// The grant has a client of its own, which a stop interrupts (at once where it came first: the
+// grant is then not sent). A lease granted as a stop came is revoked, and no keeper started.
+void EtcdBackend::start_lease(std::chrono::milliseconds timeout) {
+  std::shared_ptr<EtcdClient> c = client(timeout);
+  lease_->stop.also_on_stop([c] { c->interrupt(); });
+  const std::int64_t id = c->grant_lease(opt_.lease_ttl);
+  if (lease_->stop.stopped()) {
+    revoke(id);
+    throw Error("the etcd lease was given up as soon as granted: ddprun is stopping");
+  }
   lease_->ttl = opt_.lease_ttl;
-  lease_->id = c.grant_lease(opt_.lease_ttl);
-  lease_->term = c.lease_term();
-  lease_->renewed_at(c.last_sent());
-  if (auto r = renewals_.lock()) r->renewed(c.last_sent());
+  lease_->id = id;
+  lease_->term = c->lease_term();
+  lease_->renewed_at(c->last_sent());
+  if (auto r = renewals_.lock()) r->renewed(c->last_sent());
   EtcdOptions each(endpoints_, etcd_keepalive_attempt(opt_.lease_ttl));
   each.user = opt_.etcd_user;
   each.password = opt_.etcd_password;
   each.tls = {opt_.etcd_cacert, opt_.etcd_cert, opt_.etcd_key};
-  auto keeper = std::make_shared<EtcdLeaseKeeper>(each, c.lease_term());
+  auto keeper = std::make_shared<EtcdLeaseKeeper>(each, c->lease_term());
   std::shared_ptr<EtcdClient> granting = client(opt_.lease_ttl);  // a new lease where it expired
   // A renewal or grant waiting on etcd ends at a stop.
   lease_->stop.also_on_stop([keeper, granting] {
@@ -386,17 +397,22 @@ void EtcdBackend::start_lease(EtcdClient& c) {
   });
 }
 
+// The stop first (it ends a grant under way), then the lease's mutex: a keeper started before the
+// stop is joined, none starts after it.
 void EtcdBackend::stop_renewals() {
   lease_->stop.stop();
+  std::lock_guard<std::mutex> lk(lease_mu_);
   keeper_.join_within(1s);
 }
 
 void EtcdBackend::close() {
-  lease_->stop.stop();
-  keeper_.join_within(1s);
-  if (lease_->id == 0) return;
+  stop_renewals();
+  if (lease_->id != 0) revoke(lease_->id);
+}
+
+void EtcdBackend::revoke(std::int64_t lease) const {
   try {
-    client(2s)->revoke(lease_->id);
+    client(2s)->revoke(lease);
   } catch (const Error& e) {
     spdlog::debug("ddprun: revoking this node's etcd lease: {}", e.what());
   }

@@ -87,14 +87,15 @@ class EtcdBackend : public Backend {
 
  private:
   std::unique_ptr<EtcdClient> client(std::chrono::milliseconds timeout) const;
-  void start_lease(EtcdClient& c);
+  void start_lease(std::chrono::milliseconds timeout);
+  void revoke(std::int64_t lease) const;  // best effort, 2 s
 
   RendezvousOptions opt_;
   std::vector<EtcdEndpoint> endpoints_;
   NameWait names_;
   std::string prefix_;
   std::weak_ptr<Renewals> renewals_;
-  std::mutex lease_mu_;  // the first connect opens the lease, once
+  std::mutex lease_mu_;  // the first connect opens the lease, once; a stop joins its keeper
   std::shared_ptr<Lease> lease_ = std::make_shared<Lease>();
   BoundedThread keeper_;
 };
