@@ -30,7 +30,7 @@ std::vector<std::string> hosts_of(const std::vector<EtcdEndpoint>& endpoints) {
 
 class EtcdConnection : public Connection {
  public:
-  EtcdConnection(std::unique_ptr<EtcdClient> c, std::string prefix, std::shared_ptr<EtcdBackend::Lease> lease)
+  EtcdConnection(std::shared_ptr<EtcdClient> c, std::string prefix, std::shared_ptr<EtcdBackend::Lease> lease)
       : c_(std::move(c)), prefix_(std::move(prefix)), lease_(std::move(lease)) {}
 
   std::optional<std::string> get(const Key& k) override {
@@ -145,7 +145,7 @@ class EtcdConnection : public Connection {
     return 0;
   }
 
-  std::unique_ptr<EtcdClient> c_;
+  std::shared_ptr<EtcdClient> c_;  // the first one's also granted the lease (a stop interrupts it)
   std::string prefix_;
   std::shared_ptr<EtcdBackend::Lease> lease_;
   std::string token_ = random_token();
@@ -238,6 +238,8 @@ static std::string expired_text(const EtcdBackend::Lease& lease) {
 std::int64_t EtcdBackend::Lease::replace(EtcdClient& c, std::int64_t stale) {
   std::lock_guard<std::mutex> lk(mu);
   if (id != stale) return id;
+  // No lease without a keeper (or a revoke) after a stop.
+  if (stop.stopped()) throw Error("no new etcd lease: ddprun is stopping");
   spdlog::warn("ddprun: {}", expired_text(*this));
   id = c.grant_lease(ttl);
   term = c.lease_term();
@@ -295,13 +297,17 @@ std::string EtcdBackend::reach() const {
 
 std::unique_ptr<Connection> EtcdBackend::connect(std::chrono::milliseconds timeout) {
   names_.until(timeout);
-  auto c = client(timeout);
+  std::shared_ptr<EtcdClient> c = client(timeout);
+  std::int64_t stray = 0;
   {
     // The first connection opens the session. A stop meanwhile (another thread: the agent's
-    // shutdown, which gives up a rendezvous thread stuck on etcd after 2 s) ends its grant at once,
-    // and waits here for a keeper started just before it.
+    // shutdown, which gives up a rendezvous thread stuck on etcd after 2 s) ends its grant at once.
     std::lock_guard<std::mutex> lk(lease_mu_);
-    if (lease_->id == 0) start_lease(timeout);
+    if (lease_->id == 0) stray = start_lease(c);
+  }
+  if (stray != 0) {
+    revoke(stray);
+    throw Error("the etcd lease was given up as soon as granted: ddprun is stopping");
   }
   return std::make_unique<EtcdConnection>(std::move(c), prefix_, lease_);
 }
@@ -366,16 +372,13 @@ static void keep_lease(const std::shared_ptr<EtcdBackend::Lease>& lease, EtcdCli
 // leader elected next extends it by its TTL (EtcdLeaseKeeper). A lease that expired anyway (the
 // node was stopped, or cut off) is replaced: the others counted this node lost, and it joins
 // again as a new node.
-// The grant has a client of its own, which a stop interrupts (at once where it came first: the
-// grant is then not sent). A lease granted as a stop came is revoked, and no keeper started.
-void EtcdBackend::start_lease(std::chrono::milliseconds timeout) {
-  std::shared_ptr<EtcdClient> c = client(timeout);
+// A stop interrupts the granting client (at once where it came first: the grant is then not sent).
+// A lease granted as a stop came is returned (the caller revokes it), and no keeper started.
+std::int64_t EtcdBackend::start_lease(const std::shared_ptr<EtcdClient>& c) {
   lease_->stop.also_on_stop([c] { c->interrupt(); });
   const std::int64_t id = c->grant_lease(opt_.lease_ttl);
-  if (lease_->stop.stopped()) {
-    revoke(id);
-    throw Error("the etcd lease was given up as soon as granted: ddprun is stopping");
-  }
+  std::lock_guard<std::mutex> lk(keeper_mu_);
+  if (lease_->stop.stopped()) return id;
   lease_->ttl = opt_.lease_ttl;
   lease_->id = id;
   lease_->term = c->lease_term();
@@ -395,13 +398,14 @@ void EtcdBackend::start_lease(std::chrono::milliseconds timeout) {
   keeper_.start([lease = lease_, c = granting, keeper, renewals = renewals_, ttl = opt_.lease_ttl] {
     keep_lease(lease, c.get(), keeper.get(), renewals, ttl);
   });
+  return 0;
 }
 
-// The stop first (it ends a grant under way), then the lease's mutex: a keeper started before the
+// The stop first (it ends a grant under way), then the keeper's mutex: a keeper started before the
 // stop is joined, none starts after it.
 void EtcdBackend::stop_renewals() {
   lease_->stop.stop();
-  std::lock_guard<std::mutex> lk(lease_mu_);
+  std::lock_guard<std::mutex> lk(keeper_mu_);
   keeper_.join_within(1s);
 }
 

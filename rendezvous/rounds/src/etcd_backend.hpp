@@ -87,7 +87,7 @@ class EtcdBackend : public Backend {
 
  private:
   std::unique_ptr<EtcdClient> client(std::chrono::milliseconds timeout) const;
-  void start_lease(std::chrono::milliseconds timeout);
+  std::int64_t start_lease(const std::shared_ptr<EtcdClient>& c);
   void revoke(std::int64_t lease) const;  // best effort, 2 s
 
   RendezvousOptions opt_;
@@ -95,7 +95,8 @@ class EtcdBackend : public Backend {
   NameWait names_;
   std::string prefix_;
   std::weak_ptr<Renewals> renewals_;
-  std::mutex lease_mu_;  // the first connect opens the lease, once; a stop joins its keeper
+  std::mutex lease_mu_;   // the first connect opens the lease, once
+  std::mutex keeper_mu_;  // the keeper starts before a stop, or not at all
   std::shared_ptr<Lease> lease_ = std::make_shared<Lease>();
   BoundedThread keeper_;
 };
