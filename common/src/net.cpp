@@ -76,6 +76,13 @@ std::string host_name_problem(const std::string& host) {
       return std::string("the host name holds ") + shown + ", which no host name or IP address has";
     }
   }
+  // Digits and dots only: an IPv4 address in one of the forms getaddrinfo takes (127.1 too), or
+  // nothing that can ever resolve (a name's last label is never all digits).
+  in_addr v4{};
+  if (name.find('.') != std::string::npos && name.find_first_not_of("0123456789.") == std::string::npos &&
+      ::inet_aton(name.c_str(), &v4) == 0) {
+    return "not an IPv4 address (four numbers from 0 to 255), and no host name is all digits";
+  }
   std::size_t start = 0;
   for (;;) {
     std::size_t dot = name.find('.', start);

@@ -17,6 +17,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/system.hpp"
+#include "option_table.hpp"
 
 namespace {
 
@@ -71,7 +72,7 @@ int main(int argc, char** argv) {
     cli = ddprun::launcher::parse_command_line(std::vector<std::string>(argv + 1, argv + argc), env,
                                                ddprun::launcher::probe_host());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    std::fprintf(stderr, "ddprun: error: %s\n", ddprun::launcher::shorten_quoted(e.what()).c_str());
     return 2;  // whatever went wrong, it came from the command line or the environment
   }
   if (cli.exit_now) {
@@ -101,7 +102,7 @@ int main(int argc, char** argv) {
     ddprun::agent::Agent agent(std::move(cli.agent));
     return agent.run();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    std::fprintf(stderr, "ddprun: error: %s\n", ddprun::launcher::shorten_quoted(e.what()).c_str());
     return ddprun::exit_code_for(e);
   }
 }

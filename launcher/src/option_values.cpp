@@ -13,12 +13,33 @@ namespace ddprun::launcher {
 
 std::string shorten(const std::string& v) { return v.size() <= 64 ? v : v.substr(0, 60) + "..."; }
 
+std::string shorten_quoted(const std::string& message, std::size_t max) {
+  std::string out;
+  std::size_t at = 0;
+  for (;;) {
+    const auto open = message.find('\'', at);
+    const auto close = open == std::string::npos ? open : message.find('\'', open + 1);
+    if (close == std::string::npos) break;
+    const auto len = close - open - 1;
+    out.append(message, at, open + 1 - at);
+    out += len <= max ? message.substr(open + 1, len)
+                      : message.substr(open + 1, 60) + "... (" + std::to_string(len) + " characters)";
+    out += '\'';
+    at = close + 1;
+  }
+  out.append(message, at, std::string::npos);
+  constexpr std::size_t kMost = 4096;
+  if (out.size() > kMost) out = out.substr(0, kMost - 96) + "... (the message cut: " + std::to_string(out.size()) + " bytes)";
+  return out;
+}
+
 std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& v, bool allow_zero) {
   auto d = parse_double(v);
-  if (!d || *d < 0 || (!allow_zero && *d == 0) || *d > 1e7) {
+  if (!d || *d < 0 || (!allow_zero && *d == 0)) {
     usage("--" + flag + " must be a " + std::string(allow_zero ? "non-negative" : "positive") +
-          " number of seconds (got '" + v + "')");
+          " number of seconds (got '" + shorten(v) + "')");
   }
+  if (*d > 1e7) usage("--" + flag + " must be at most 10000000 seconds, about 115 days (got '" + shorten(v) + "')");
   const auto ms = static_cast<long long>(*d * 1000.0 + 0.5);
   if (*d > 0 && ms == 0) {  // (rounded to 0, it would mean "off" or "at once")
     usage("--" + flag + " is under a millisecond (got '" + v + "'): give 0.001 or more" + (allow_zero ? ", or 0" : ""));
@@ -31,7 +52,7 @@ int parse_count(const std::string& flag, const std::string& v, bool allow_zero) 
   if (!n && parse_int(v, 1'000'001, std::numeric_limits<long long>::max())) {
     usage("--" + flag + " must be at most 1000000 (got '" + shorten(v) + "')");
   }
-  if (!n) usage("--" + flag + " must be " + (allow_zero ? "a non-negative" : "a positive") + " integer (got '" + v + "')");
+  if (!n) usage("--" + flag + " must be " + (allow_zero ? "a non-negative" : "a positive") + " integer (got '" + shorten(v) + "')");
   return static_cast<int>(*n);
 }
 

@@ -1,6 +1,9 @@
 // End-to-end tests of the built ddprun binary with tiny workers (test_worker, sh).
 
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -356,6 +359,8 @@ TEST_CASE("bad input gets one clear message and exit 2", "[e2e]") {
       {{"--redirects=5", kWorker}, "--redirects values are 0 (none)"},
       {{"-m", "--no_python", "x"}, "-m and --no_python cannot be used together"},
       {{"--worker_timeout=-1", kWorker}, "--worker_timeout must be a non-negative number of seconds"},
+      {{"--worker_timeout=10000001", kWorker}, "--worker_timeout must be at most 10000000 seconds, about 115 days"},
+      {{"--rdzv_backend=c10d", "--rdzv_endpoint=256.1.1.1:0", kWorker}, "not an IPv4 address"},
       {{"--max_restarts"}, "needs a value"},
   };
   for (const auto& c : cases) {
@@ -368,6 +373,36 @@ TEST_CASE("bad input gets one clear message and exit 2", "[e2e]") {
     CHECK_THAT(r.err, Catch::Contains(c.message));
     CHECK(Launch::occurrences(r.err, "\n") == 1);  // one line
     CHECK(r.err.find("terminate called") == std::string::npos);
+  }
+  // A value of 100 KB is not echoed whole, whichever check refuses it.
+  const std::string huge(100000, 'x');
+  for (const auto& arg : {"--hang_floor=" + huge, "--max_restarts=x" + huge, "--log_level=" + huge, "--" + huge,
+                          "--rdzv_conf=" + huge + "=1"}) {
+    auto r = Launch({kDdprun, "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", arg, kWorker}).finish();
+    INFO(arg.substr(0, 20) << "...: " << r.err.substr(0, 300));
+    CHECK(r.code == 2);
+    CHECK(r.err.size() < 1000);
+    CHECK_THAT(r.err, Catch::Contains("xxxxxxxx"));  // the value's start is shown
+  }
+  // A FIFO where a file is read or written is refused at once: opened as a file, it would block
+  // until someone opened its other end (ddprun hung, silent).
+  const std::string fifo = dir + "/fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> fifos = {
+      {{"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "--rdzv_conf=secret_file=" + fifo}, "the secret file '" + fifo + "' is not a regular file"},
+      {{"--standalone", "--events_file=" + fifo}, "'" + fifo + "' is a FIFO or socket with no reader"},
+      {{"--rdzv_backend=etcd", "--rdzv_endpoint=127.0.0.1:2379", "--rdzv_conf=cacert=" + fifo}, "cacert=" + fifo + ": is not a regular file"},
+  };
+  for (const auto& [args, message] : fifos) {
+    std::vector<std::string> argv = {kDdprun};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.push_back(kWorker);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = Launch(argv).finish();
+    INFO(args.back() << ": " << r.err);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains(message));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
   }
   // An executable file in the working directory named without './': PATH is searched, not it.
   fs::permissions(not_exec, fs::perms::owner_all);

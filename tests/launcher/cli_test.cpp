@@ -276,6 +276,14 @@ TEST_CASE("host names over 253 characters, with a label over 63 or a character n
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=a b", "/bin/true"}), Catch::Contains("holds ' '"));
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=x/y", "/bin/true"}), Catch::Contains("holds '/'"));
   CHECK(parse({"--nnodes=2", "--local_addr=node_3.example-1", "/bin/true"}).agent.rdzv.local_addr == "node_3.example-1");
+  // Digits and dots that are no IPv4 address never resolve (no name's last label is all digits):
+  // refused, not waited for as a name Kubernetes has yet to create. getaddrinfo's short forms pass.
+  CHECK_THROWS_WITH(parse({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=256.1.1.1:29400", "/bin/true"}),
+                    Catch::Contains("not an IPv4 address"));
+  CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=10.0.0.1.2", "/bin/true"}), Catch::Contains("not an IPv4 address"));
+  CHECK(parse({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.1:29400", "/bin/true"}).agent.rdzv.endpoint_host ==
+        "127.1");
+  CHECK(parse({"--nnodes=2", "--local_addr=10.0.0.1", "/bin/true"}).agent.rdzv.local_addr == "10.0.0.1");
   CHECK(parse({"--nnodes=2", "--local_addr=fe80::1%eth0", "/bin/true"}).agent.rdzv.local_addr == "fe80::1%eth0");
   CHECK(parse({"--monitor_interval=0.0001", "/bin/true"}).agent.nproc_per_node == 1);  // torchrun's, unused
   // At the limits, and addresses, pass.

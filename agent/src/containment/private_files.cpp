@@ -74,9 +74,12 @@ Fd open_private_dir(int parent, const std::string& name, const std::string& show
 }
 
 Fd open_private_file(const std::string& path, int flags) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | flags, 0600));
+  // O_NONBLOCK: a FIFO without a reader would block the open (ENXIO instead); one with a reader
+  // is refused by check_private, as any file not regular.
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | flags, 0600));
   if (fd.get() < 0) {
     int e = errno;
+    if (e == ENXIO) throw UsageError("'" + path + "' is a FIFO or socket with no reader, not a file: choose a file's path");
     struct stat st{};
     // ELOOP, or EACCES where the kernel protects links in sticky directories (fs.protected_symlinks).
     if (e == ELOOP || (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))) {
@@ -85,6 +88,7 @@ Fd open_private_file(const std::string& path, int flags) {
     throw Error("cannot open '" + path + "': " + std::strerror(e));
   }
   check_private(fd.get(), path, false);
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
   return fd;
 }
 

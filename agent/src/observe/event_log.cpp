@@ -38,6 +38,8 @@ void EventLog::open(const std::string& path, std::string host, std::string run_i
   // Events name the job's command line: a file another user created, or can write, is refused.
   try {
     fd_ = open_private_file(path, O_APPEND).release();
+  } catch (const UsageError& e) {  // (a path no run can use: exit 2)
+    throw UsageError(std::string("the events file: ") + e.what());
   } catch (const Error& e) {
     throw Error(std::string("the events file: ") + e.what());
   }

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <boost/asio/ip/tcp.hpp>
+#include <filesystem>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
@@ -48,6 +49,10 @@ using error_code = boost::system::error_code;
 }
 
 void readable(const std::string& key, const std::string& path) {
+  // Not opened where it is not a regular file: a FIFO would block the open (and OpenSSL's read).
+  std::error_code ec;
+  const auto kind = std::filesystem::status(path, ec).type();
+  if (!ec && kind != std::filesystem::file_type::regular) usage_error(key, path, "is not a regular file");
   std::ifstream f(path);
   if (!f) usage_error(key, path, std::string("cannot be read: ") + std::strerror(errno));
 }
