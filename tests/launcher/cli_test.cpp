@@ -260,6 +260,22 @@ TEST_CASE("options: --help lists every option of the table, its value and defaul
   }
 }
 
+TEST_CASE("error messages quote at most 60 characters of a long value, and leave the rest of the text whole", "[units]") {
+  using ddprun::launcher::shorten_quoted;
+  const std::string huge(100000, 'x'), path = "/a/b/" + std::string(150, 'p');
+  CHECK(shorten_quoted("--x must be a number (got '" + huge + "')") ==
+        "--x must be a number (got '" + std::string(60, 'x') + "... (100000 characters)')");
+  CHECK(shorten_quoted("run chmod 600 '" + path + "'") == "run chmod 600 '" + path + "'");  // up to 200: whole
+  // Apostrophes are no quotes: the prose between them stays, the value after them is cut.
+  const std::string prose = "this node's lease " + std::string(300, '.') + " the worker's value is '" + huge + "'";
+  CHECK(shorten_quoted(prose) == "this node's lease " + std::string(300, '.') + " the worker's value is '" +
+                                     std::string(60, 'x') + "... (100000 characters)'");
+  // Unbalanced quotes: the message cut at 4 KiB all the same.
+  const auto odd = shorten_quoted("it is '" + huge);
+  CHECK(odd.size() < 4096);
+  CHECK_THAT(odd, Catch::EndsWith("(the message cut: 100007 bytes)"));
+}
+
 // Issue 33: names DNS cannot hold go no further than the command line.
 TEST_CASE("host names over 253 characters, with a label over 63 or a character no name has are usage errors", "[units]") {
   const std::string huge(100000, 'a');
