@@ -80,7 +80,7 @@ std::string host_name_problem(const std::string& host) {
   // nothing that can ever resolve (a name's last label is never all digits).
   in_addr v4{};
   if (name.find('.') != std::string::npos && name.find_first_not_of("0123456789.") == std::string::npos &&
-      ::inet_aton(name.c_str(), &v4) == 0) {
+      ::inet_aton(host.c_str(), &v4) == 0) {  // (with a root dot, getaddrinfo asks DNS)
     return "not an IPv4 address (four numbers from 0 to 255), and no host name is all digits";
   }
   std::size_t start = 0;

@@ -32,7 +32,7 @@ std::string shorten_quoted(const std::string& message, std::size_t max) {
     const auto len = close - open - 1;
     out.append(message, at, open + 1 - at);
     out += len <= max ? message.substr(open + 1, len)
-                      : message.substr(open + 1, 60) + "... (" + std::to_string(len) + " characters)";
+                      : message.substr(open + 1, 60) + "... (" + std::to_string(len) + " bytes)";
     out += '\'';
     at = close + 1;
   }

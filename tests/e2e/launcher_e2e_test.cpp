@@ -390,7 +390,7 @@ TEST_CASE("bad input gets one clear message and exit 2", "[e2e]") {
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   const std::vector<std::pair<std::vector<std::string>, std::string>> fifos = {
       {{"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "--rdzv_conf=secret_file=" + fifo}, "the secret file '" + fifo + "' is not a regular file"},
-      {{"--standalone", "--events_file=" + fifo}, "'" + fifo + "' is a FIFO or socket with no reader"},
+      {{"--standalone", "--events_file=" + fifo}, "'" + fifo + "' is not a file (a FIFO or socket with no reader"},
       {{"--rdzv_backend=etcd", "--rdzv_endpoint=127.0.0.1:2379", "--rdzv_conf=cacert=" + fifo}, "cacert=" + fifo + ": is not a regular file"},
   };
   for (const auto& [args, message] : fifos) {

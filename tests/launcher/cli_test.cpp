@@ -262,14 +262,14 @@ TEST_CASE("options: --help lists every option of the table, its value and defaul
 
 TEST_CASE("error messages quote at most 60 characters of a long value, and leave the rest of the text whole", "[units]") {
   using ddprun::launcher::shorten_quoted;
-  const std::string huge(100000, 'x'), path = "/a/b/" + std::string(150, 'p');
+  const std::string huge(100000, 'x'), path = "/a/b/" + std::string(1000, 'p');
   CHECK(shorten_quoted("--x must be a number (got '" + huge + "')") ==
-        "--x must be a number (got '" + std::string(60, 'x') + "... (100000 characters)')");
-  CHECK(shorten_quoted("run chmod 600 '" + path + "'") == "run chmod 600 '" + path + "'");  // up to 200: whole
+        "--x must be a number (got '" + std::string(60, 'x') + "... (100000 bytes)')");
+  CHECK(shorten_quoted("run chmod 600 '" + path + "'") == "run chmod 600 '" + path + "'");  // up to 1 KiB: whole
   // Apostrophes are no quotes: the prose between them stays, the value after them is cut.
   const std::string prose = "this node's lease " + std::string(300, '.') + " the worker's value is '" + huge + "'";
   CHECK(shorten_quoted(prose) == "this node's lease " + std::string(300, '.') + " the worker's value is '" +
-                                     std::string(60, 'x') + "... (100000 characters)'");
+                                     std::string(60, 'x') + "... (100000 bytes)'");
   // Unbalanced quotes: the message cut at 4 KiB all the same.
   const auto odd = shorten_quoted("it is '" + huge);
   CHECK(odd.size() < 4096);
@@ -297,6 +297,7 @@ TEST_CASE("host names over 253 characters, with a label over 63 or a character n
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=256.1.1.1:29400", "/bin/true"}),
                     Catch::Contains("not an IPv4 address"));
   CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=10.0.0.1.2", "/bin/true"}), Catch::Contains("not an IPv4 address"));
+  CHECK_THROWS_WITH(parse({"--nnodes=2", "--local_addr=10.0.0.1.", "/bin/true"}), Catch::Contains("not an IPv4 address"));
   CHECK(parse({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.1:29400", "/bin/true"}).agent.rdzv.endpoint_host ==
         "127.1");
   CHECK(parse({"--nnodes=2", "--local_addr=10.0.0.1", "/bin/true"}).agent.rdzv.local_addr == "10.0.0.1");

@@ -52,7 +52,7 @@ void readable(const std::string& key, const std::string& path) {
   // Not opened where it is not a regular file: a FIFO would block the open (and OpenSSL's read).
   std::error_code ec;
   const auto kind = std::filesystem::status(path, ec).type();
-  if (!ec && kind != std::filesystem::file_type::regular) usage_error(key, path, "is not a regular file");
+  if (!ec && kind != std::filesystem::file_type::regular) usage_error(key, path, "is not a regular file (a FIFO, or <(...), is not read: write it to a file of mode 600)");
   std::ifstream f(path);
   if (!f) usage_error(key, path, std::string("cannot be read: ") + std::strerror(errno));
 }
