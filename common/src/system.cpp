@@ -1,9 +1,11 @@
 #include "ddprun/common/system.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -43,6 +45,26 @@ std::string read_file(const std::string& path) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+std::string read_worker_file(const std::string& path, std::size_t max_bytes, std::uint64_t offset) {
+  std::string out;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) return out;
+  struct stat st{};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) > offset) {
+    out.resize(std::min<std::uint64_t>(max_bytes, static_cast<std::uint64_t>(st.st_size) - offset));
+    std::size_t got = 0;
+    while (got < out.size()) {
+      ssize_t n = ::pread(fd, out.data() + got, out.size() - got, static_cast<off_t>(offset + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    out.resize(got);
   }
   ::close(fd);
   return out;

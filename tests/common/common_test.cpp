@@ -1,7 +1,12 @@
 // ddprun::common: strict parsing, the text of durations and addresses, the error codes.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 
 #include <algorithm>
@@ -122,4 +127,27 @@ TEST_CASE("a thread the kernel refuses is named, with the limit to raise", "[com
   CHECK_THAT(m, Catch::Contains("cannot start the metrics server's thread: Resource temporarily unavailable"));
   CHECK_THAT(m, Catch::Contains("RLIMIT_NPROC") && Catch::Contains("ulimit -u") && Catch::Contains("every thread"));
   CHECK_THAT(ddprun::task_refused("x", ENOMEM), !Catch::Contains("RLIMIT_NPROC"));
+}
+
+TEST_CASE("read_worker_file: a regular file from an offset, at most as many bytes as asked - a FIFO or a directory gives nothing, at once", "[common]") {
+  char tmpl[] = "/tmp/ddprun-common-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl, file = dir + "/f", fifo = dir + "/p";
+  {
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fputs("0123456789", f);
+    std::fclose(f);
+  }
+  CHECK(ddprun::read_worker_file(file, 100) == "0123456789");
+  CHECK(ddprun::read_worker_file(file, 4) == "0123");
+  CHECK(ddprun::read_worker_file(file, 100, 7) == "789");
+  CHECK(ddprun::read_worker_file(file, 100, 10).empty());
+  CHECK(ddprun::read_worker_file(dir + "/none", 100).empty());
+  CHECK(ddprun::read_worker_file(dir, 100).empty());
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(ddprun::read_worker_file(fifo, 100).empty());  // (a blocking open would wait for a writer)
+  std::remove(fifo.c_str());
+  std::remove(file.c_str());
+  ::rmdir(dir.c_str());
 }

@@ -152,6 +152,17 @@ TEST_CASE("the error file a worker writes appears in the summary (its path where
   fs::remove_all(dir);
 }
 
+// The agent reads what a worker left as its error file: a FIFO there (no writer) blocked it for
+// good, with the job's end unreported and the other workers unwatched.
+TEST_CASE("a FIFO left as a worker's error file does not stop ddprun reporting its failure", "[e2e]") {
+  auto r = Launch(with_ddprun({"--standalone", "--nproc_per_node=1", "--no_python", "/bin/sh", "-c",
+                               "rm -f \"$TORCHELASTIC_ERROR_FILE\" && mkfifo \"$TORCHELASTIC_ERROR_FILE\" && exit 3"}))
+               .finish(30s);
+  INFO(r.out << r.err);
+  CHECK(r.code == 3);
+  CHECK_THAT(r.err, Catch::Contains("failure    : exit code 3"));
+}
+
 TEST_CASE("one worker dying while another blocks tears the group down at once", "[e2e]") {
   // rank 0 blocks forever (as in a collective whose peer died); rank 1 fails.
   Launch l(with_ddprun({"--standalone", "--nproc_per_node=2", "--stop_timeout=30", kWorker, "exit_if_rank:1:3", "block"}));

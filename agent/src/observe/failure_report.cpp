@@ -62,11 +62,9 @@ FailureRecord make_failure_record(int rank, int local_rank, pid_t pid, ExitStatu
   f.reason = status.describe();
   f.exit_code = status.shell_code();
   f.stderr_tail = std::move(stderr_tail);
-  std::ifstream in(error_file);
-  if (in) {
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (parse_error_file(ss.str(), f.message, f.traceback)) {
+  // The worker wrote it (or put something else there): a regular file only, its first 4 MiB.
+  if (auto text = read_worker_file(error_file, 4u << 20); !text.empty()) {
+    if (parse_error_file(text, f.message, f.traceback)) {
       f.error_file = error_file;
     } else {
       f.error_file = error_file + " (not PyTorch's error JSON)";

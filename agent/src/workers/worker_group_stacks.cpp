@@ -16,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "ddprun/common/system.hpp"
 #include "ddprun/common/text.hpp"
 #include "workers/process_runner.hpp"
 #include "workers/worker_group_impl.hpp"
@@ -30,12 +31,7 @@ off_t file_size(const std::string& path) {
 }
 
 std::string read_from(const std::string& path, off_t offset) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  in.seekg(offset);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_worker_file(path, 16u << 20, static_cast<std::uint64_t>(std::max<off_t>(offset, 0)));
 }
 
 // How busy each worker's main thread is (on a CPU or waiting for one: a spinning process on a
@@ -331,8 +327,15 @@ void WorkerGroup::Impl::finish_dump() {
 }
 
 bool WorkerGroup::Impl::write_stack_file(const std::string& path, const std::string& text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  // In the worker's directory: a FIFO it left there is not waited on for a reader.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
   if (fd < 0) return false;
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return false;
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   write_fully(fd, text);
   ::close(fd);
   return true;

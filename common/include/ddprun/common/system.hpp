@@ -20,6 +20,11 @@ std::string host_name();
 // it cannot be read (a process that is gone, a file that is not there).
 std::string read_file(const std::string& path);
 
+// A file a worker could have put in place (its error file, its stack dump): read from `offset`,
+// at most `max_bytes`, only where it is a regular file; "" otherwise. A FIFO is never waited on
+// for a writer, and a huge file costs `max_bytes` at most.
+std::string read_worker_file(const std::string& path, std::size_t max_bytes, std::uint64_t offset = 0);
+
 // Reads exactly `n` bytes from `fd` into `out` (short reads and EINTR retried); false at end of
 // file or on an error first.
 bool read_exactly(int fd, char* out, std::size_t n);
