@@ -50,12 +50,25 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
+int open_regular(const std::string& path, int flags, unsigned mode) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC | O_NONBLOCK, static_cast<mode_t>(mode));
+  if (fd < 0) return -1;
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    errno = EINVAL;
+    return -1;
+  }
+  if (!(flags & O_NONBLOCK)) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 std::string read_worker_file(const std::string& path, std::size_t max_bytes, std::uint64_t offset) {
   std::string out;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  const int fd = open_regular(path, O_RDONLY | O_NOCTTY);
   if (fd < 0) return out;
   struct stat st{};
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) > offset) {
+  if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) > offset) {
     out.resize(std::min<std::uint64_t>(max_bytes, static_cast<std::uint64_t>(st.st_size) - offset));
     std::size_t got = 0;
     while (got < out.size()) {

@@ -17,8 +17,8 @@ namespace ddprun::rendezvous::auth {
 std::string random_bytes(std::size_t n) { return ddprun::random_bytes(n); }
 
 std::string read_private_file(const std::string& path, const std::string& what, const std::string& create) {
-  // O_NONBLOCK: a FIFO (no writer) would block the open; it is refused below, as any file not regular.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  int fd = open_regular(path, O_RDONLY | O_NOCTTY);  // (a FIFO: refused, not waited on for a writer)
+  if (fd < 0 && errno == EINVAL) throw UsageError(what + " '" + path + "' is not a regular file");
   if (fd < 0) {
     throw UsageError("cannot open " + what + " '" + path + "': " + std::strerror(errno) + " (create it with: " + create + ")");
   }
@@ -27,7 +27,6 @@ std::string read_private_file(const std::string& path, const std::string& what, 
     ::close(fd);
     throw UsageError(what + " '" + path + "' is not a regular file");
   }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   if (st.st_mode & 077) {
     ::close(fd);
     char mode[8];

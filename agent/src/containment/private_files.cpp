@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/system.hpp"
 
 namespace ddprun::agent {
 
@@ -74,12 +75,12 @@ Fd open_private_dir(int parent, const std::string& name, const std::string& show
 }
 
 Fd open_private_file(const std::string& path, int flags) {
-  // O_NONBLOCK: a FIFO without a reader would block the open (ENXIO instead); one with a reader,
-  // or a device, is refused below, as any file not regular (bad input: exit 2).
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | flags, 0600));
+  // Never waited on as a FIFO's other end; anything but a regular file is bad input (exit 2).
+  Fd fd(open_regular(path, O_WRONLY | O_CREAT | O_NOFOLLOW | flags));
   if (fd.get() < 0) {
     int e = errno;
     if (e == ENXIO) throw UsageError("'" + path + "' is not a file (a FIFO or socket with no reader, or a device without one): choose a file's path");
+    if (e == EINVAL) throw UsageError("'" + path + "' is not a file: choose a file's path");
     struct stat st{};
     // ELOOP, or EACCES where the kernel protects links in sticky directories (fs.protected_symlinks).
     if (e == ELOOP || (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))) {
@@ -87,12 +88,7 @@ Fd open_private_file(const std::string& path, int flags) {
     }
     throw Error("cannot open '" + path + "': " + std::strerror(e));
   }
-  struct stat st{};
-  if (::fstat(fd.get(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    throw UsageError("'" + path + "' is not a file: choose a file's path");
-  }
   check_private(fd.get(), path, false);
-  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
   return fd;
 }
 

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <ctime>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 

@@ -13,8 +13,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
-#include <fstream>
-#include <sstream>
 
 #include "ddprun/common/system.hpp"
 #include "ddprun/common/text.hpp"
@@ -28,10 +26,6 @@ namespace {
 off_t file_size(const std::string& path) {
   struct stat st{};
   return ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
-}
-
-std::string read_from(const std::string& path, off_t offset) {
-  return read_worker_file(path, 16u << 20, static_cast<std::uint64_t>(std::max<off_t>(offset, 0)));
 }
 
 // How busy each worker's main thread is (on a CPU or waiting for one: a spinning process on a
@@ -188,7 +182,7 @@ void WorkerGroup::Impl::finish_inspection() {
     v.silent = hang && hang->local_rank == t.slot->w.spec.local_rank;
     std::string text;
     if (!t.stack_file.empty()) {
-      std::string py = without_spare_driver(read_from(t.stack_file, t.offset));
+      std::string py = without_spare_driver(read_worker_file(t.stack_file, 16u << 20, static_cast<std::uint64_t>(std::max<off_t>(t.offset, 0))));
       v.python = parse_python_stack(py);
       if (v.python.empty()) v.python_note = "the stack signal wrote nothing within " + duration_text(opt.stack_dump_timeout);
       text += py;
@@ -328,14 +322,8 @@ void WorkerGroup::Impl::finish_dump() {
 
 bool WorkerGroup::Impl::write_stack_file(const std::string& path, const std::string& text) {
   // In the worker's directory: a FIFO it left there is not waited on for a reader.
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+  int fd = open_regular(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW);
   if (fd < 0) return false;
-  struct stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return false;
-  }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   write_fully(fd, text);
   ::close(fd);
   return true;

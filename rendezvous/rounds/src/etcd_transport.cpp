@@ -5,9 +5,9 @@
 #include <openssl/x509v3.h>
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <boost/asio/ip/tcp.hpp>
-#include <filesystem>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
@@ -16,12 +16,12 @@
 #include <boost/beast/http/write.hpp>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <type_traits>
 #include <variant>
 
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/net.hpp"
+#include "ddprun/common/system.hpp"
 #include "ddprun/common/text.hpp"
 
 namespace ddprun::rounds {
@@ -49,12 +49,11 @@ using error_code = boost::system::error_code;
 }
 
 void readable(const std::string& key, const std::string& path) {
-  // Not opened where it is not a regular file: a FIFO would block the open (and OpenSSL's read).
-  std::error_code ec;
-  const auto kind = std::filesystem::status(path, ec).type();
-  if (!ec && kind != std::filesystem::file_type::regular) usage_error(key, path, "is not a regular file (a FIFO, or <(...), is not read: write it to a file of mode 600)");
-  std::ifstream f(path);
-  if (!f) usage_error(key, path, std::string("cannot be read: ") + std::strerror(errno));
+  // A FIFO would block the open (and OpenSSL's read): refused.
+  const int fd = open_regular(path, O_RDONLY | O_NOCTTY);
+  if (fd < 0 && errno == EINVAL) usage_error(key, path, "is not a regular file (a FIFO, or <(...), is not read: write it to a file of mode 600)");
+  if (fd < 0) usage_error(key, path, std::string("cannot be read: ") + std::strerror(errno));
+  ::close(fd);
 }
 
 std::string openssl_error() {

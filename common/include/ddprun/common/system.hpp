@@ -20,6 +20,12 @@ std::string host_name();
 // it cannot be read (a process that is gone, a file that is not there).
 std::string read_file(const std::string& path);
 
+// Opens `path` (`flags`, O_CLOEXEC added; `mode` where it creates it) only where it is a regular
+// file, never waiting on a FIFO's other end: O_NONBLOCK for the open, cleared after. The
+// descriptor, or -1 with errno set: EINVAL where it is no regular file (a FIFO, a directory, a
+// device), ENXIO where a FIFO or socket opened for writing has no reader.
+int open_regular(const std::string& path, int flags, unsigned mode = 0600);
+
 // A file a worker could have put in place (its error file, its stack dump): read from `offset`,
 // at most `max_bytes`, only where it is a regular file; "" otherwise. A FIFO is never waited on
 // for a writer, and a huge file costs `max_bytes` at most.
