@@ -40,15 +40,27 @@ std::vector<std::string> resolve_command(const std::vector<std::string>& program
     struct stat st{};
     return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
   };
+  // Every worker reads the script or runs the program: something there that is no file is named
+  // as what it is, not as missing.
+  auto no_file = [](const std::string& what, const std::string& p) {
+    struct stat st{};
+    if (::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) usage(what + " '" + p + "' is a directory: name a file in it");
+    if (::stat(p.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      usage(what + " '" + p + "' is not a regular file (a FIFO, socket or device; <(...) too): every worker reads it, "
+            "so write it to a file");
+    }
+  };
   std::vector<std::string> cmd;
   if (module) {
     cmd = {python(), "-u", "-m", script};
   } else if (!no_python && script.size() > 3 && script.substr(script.size() - 3) == ".py") {
+    no_file("training script", script);
     if (!is_file(script)) usage("training script '" + script + "' not found");
     cmd = {python(), "-u", script};
   } else {
     std::string path = agent::find_executable(script, path_env);
     if (path.empty()) {
+      if (script.find('/') != std::string::npos) no_file("training program", script);
       if (script.find('/') == std::string::npos && is_file(script) && ::access(script.c_str(), X_OK) == 0) {
         usage("'" + script + "' is not in PATH (a name without '/' is looked up there, as a shell does); to run the "
               "file in this directory, give ./" + script);
@@ -357,12 +369,24 @@ void note_unused(const ParsedArgs& given, const std::map<std::string, std::strin
                       (s.worker_timeout.count() ? "S a worker is stopped S seconds after its last beat" : "0 no hang is looked for"));
     }
   }
+  if (s.standalone) {  // torchrun overrides these without a word; a port a firewall allows is then not used
+    std::string unused;
+    for (const char* name : {"rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "master_addr", "master_port"}) {
+      const auto v = given.values.find(name);
+      if (v == given.values.end() || (v->first == "rdzv_backend" && v->second == "c10d")) continue;
+      unused += std::string(unused.empty() ? "" : ", ") + "'--" + name + "=" + v->second + "'";
+    }
+    if (!unused.empty()) {
+      notes.push_back("ddprun: warning: --standalone puts the store on 127.0.0.1 at a free port, with a run id of its "
+                      "own: " + unused + " not used (drop --standalone to use them)");
+    }
+  }
   if (!s.logs_specs.empty()) {
-    notes.push_back("ddprun: warning: --logs_specs=" + s.logs_specs + " names a plug-in of torchrun's, which ddprun "
+    notes.push_back("ddprun: warning: '--logs_specs=" + s.logs_specs + "' names a plug-in of torchrun's, which ddprun "
                     "does not load: it writes the workers' logs itself (--log_dir, --redirects, --tee)");
   }
   if (!s.event_log_handler.empty() && s.event_log_handler != "null") {
-    notes.push_back("ddprun: warning: --event_log_handler=" + s.event_log_handler + " names a handler of torchrun's, "
+    notes.push_back("ddprun: warning: '--event_log_handler=" + s.event_log_handler + "' names a handler of torchrun's, "
                     "which ddprun does not load: its events go to --events_file (JSON Lines)");
   }
 }

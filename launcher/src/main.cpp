@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   logger->set_pattern("%v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(cli.log_level));
-  for (const auto& note : cli.notes) spdlog::info("{}", note);
+  for (const auto& note : cli.notes) spdlog::info("{}", ddprun::launcher::shorten_quoted(note));
   std::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher; workers get the default back
   std::signal(SIGXFSZ, SIG_IGN);  // a log over RLIMIT_FSIZE: EFBIG, counted as bytes lost
   try {

@@ -49,7 +49,9 @@ agent::StreamSelection parse_streams(const std::string& flag, const std::string&
     if (colon == std::string::npos) usage("--" + flag + " per-rank form is RANK:VALUE,... (got '" + v + "')");
     auto rank = parse_int(trim(item.substr(0, colon)), 0, 1'000'000);
     if (!rank) usage("--" + flag + ": bad local rank in '" + item + "'");
-    s.per_rank[static_cast<int>(*rank)] = value(item.substr(colon + 1));
+    if (!s.per_rank.emplace(static_cast<int>(*rank), value(item.substr(colon + 1))).second) {
+      usage("--" + flag + "='" + v + "' gives local rank " + std::to_string(*rank) + " twice: give each rank once");
+    }
   }
   return s;
 }

@@ -415,6 +415,20 @@ TEST_CASE("bad input gets one clear message and exit 2", "[e2e]") {
     CHECK_THAT(r.err, Catch::Contains(message));
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
   }
+  // A training script or program that is there but no file is named as what it is, not as missing.
+  const std::string fifo_py = dir + "/train.py";
+  REQUIRE(::mkfifo(fifo_py.c_str(), 0700) == 0);
+  const std::vector<std::pair<std::string, std::string>> scripts = {
+      {fifo_py, "training script '" + fifo_py + "' is not a regular file (a FIFO"},
+      {fifo, "training program '" + fifo + "' is not a regular file (a FIFO"},
+      {dir, "training program '" + dir + "' is a directory"},
+  };
+  for (const auto& [script, message] : scripts) {
+    auto r = Launch({kDdprun, "--standalone", script}).finish();
+    INFO(script << ": " << r.err);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains(message));
+  }
   // An executable file in the working directory named without './': PATH is searched, not it.
   fs::permissions(not_exec, fs::perms::owner_all);
   auto r = Launch({"/bin/sh", "-c", "cd " + dir + " && exec " + kDdprun + " --standalone train"}).finish();

@@ -109,10 +109,18 @@ TEST_CASE("every option of the table reads PET_NAME and is validated by the tabl
   // torchrun 2.x's plug-in flags: accepted (a 2.x command line runs), said to be ignored.
   const auto plugins = parse({"--logs-specs=my.Specs", "--event-log-handler=console", "/bin/true"}).notes;
   CHECK(std::count_if(plugins.begin(), plugins.end(), [](const std::string& n) {
-          return n.find("--logs_specs=my.Specs names a plug-in") != std::string::npos ||
-                 n.find("--event_log_handler=console names a handler") != std::string::npos;
+          return n.find("'--logs_specs=my.Specs' names a plug-in") != std::string::npos ||
+                 n.find("'--event_log_handler=console' names a handler") != std::string::npos;
         }) == 2);
   CHECK(parse({"--event_log_handler=null", "/bin/true"}).notes.empty());
+  // --standalone chooses the store and run id itself (as torchrun does): what it overrides is said.
+  const auto overridden = parse({"--standalone", "--master_port=29500", "--rdzv_id=job7", "--rdzv_backend=c10d", "/bin/true"}).notes;
+  REQUIRE(overridden.size() == 1);
+  CHECK_THAT(overridden[0], Catch::Contains("--standalone puts the store on 127.0.0.1 at a free port") &&
+                                Catch::Contains("'--rdzv_id=job7', '--master_port=29500' not used") &&
+                                !Catch::Contains("rdzv_backend"));  // c10d is what --standalone uses
+  CHECK(parse({"--standalone", "--rdzv_backend=c10d", "/bin/true"}).notes.empty());
+  CHECK(parse({"--standalone", "/bin/true"}, {{"PET_MASTER_PORT", "29500"}}).notes.empty());  // set by the platform, not the user
   // An explicit flag wins over PET_, PET_ over the default.
   CHECK(parse({"--max_restarts=2", "/bin/true"}, {{"PET_MAX_RESTARTS", "5"}}).agent.max_restarts == 2);
   CHECK(parse({"/bin/true"}, {{"PET_MAX_RESTARTS", "5"}}).agent.max_restarts == 5);
@@ -224,6 +232,8 @@ TEST_CASE("options: both spellings, values inline or next, short options, and th
   CHECK(parse({"--max-restarts=3", "/bin/true"}).agent.max_restarts == 3);
   CHECK(parse({"-r3", "/bin/true"}).agent.redirects.any());
   CHECK(parse({"-r", "3", "/bin/true"}).agent.redirects.any());
+  CHECK(parse({"--redirects=0:1,1:2", "/bin/true"}).agent.redirects.for_rank(1) == 2);
+  CHECK_THROWS_WITH(parse({"--redirects=0:1,0:2", "/bin/true"}), Catch::Contains("--redirects='0:1,0:2' gives local rank 0 twice"));
   CHECK(parse({"--", "/bin/true", "--max_restarts=9"}).agent.command.back() == "--max_restarts=9");
   // --name= is the empty value, judged by the option's own parser (argparse's reading)
   CHECK(parse({"--local_ranks_filter=", "/bin/true"}).agent.command.back() == "/bin/true");
