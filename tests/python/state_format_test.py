@@ -4,14 +4,17 @@ agent makes it stands in for the rank's area. Round trips of every kind of value
 uncommitted, a corrupted slot (not loaded, said), a save too large, copy-on-write loads, loaded tensors kept when
 their slot is written again, the optimizer fence (with an LR scheduler made after the import),
 a native trainer's state (refused), a persist request's pin, the buddy copies' hold (while the
-agent copies the saves to a buddy node, a save waits until the last one has been replicated), and a
-DDPRUN_STATE_FD that is not an area.
+agent copies the saves to a buddy node, a save waits until the last one has been replicated), saves
+from several threads at once, load(path) of what is no state file or of a file changed after the
+load, a state too large refused without all of it in memory, and a DDPRUN_STATE_FD that is not an
+area.
 
 Usage: state_format_test.py PACKAGE_DIR (where the `ddprun` package is: build/share/ddprun/python)"""
 import os
 import re
 import subprocess
 import sys
+import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -142,7 +145,7 @@ def native_state(st):
     # A native trainer's state (ddprun::runtime::MemoryState: its skeleton is not a pickle) in
     # the area: refused with a clear error, not unpickled.
     newest = st._area.committed()[0]
-    st._write(st._area, 1 - newest[2], newest[0] + 1, 9, b"DDPRUNN1" + bytes(4), [], 0)
+    st._write(st._area, 1 - newest[2], newest[0] + 1, 9, [b"DDPRUNN1" + bytes(4)], [], 0)
     got, said = loaded(st)
     check(got is None and "native trainer" in said, f"a native trainer's state: not loaded, and said so: {said.strip()}")
 
@@ -399,6 +402,111 @@ def count_again(st):
           f"load() before init_process_group in a job of 2 ranks: said: {[str(w.message) for w in said]}")
 
 
+def threads(st):
+    # Saves from several threads at once (a training thread and a checkpoint thread) are made one
+    # after the other: the state loaded is one save, whole, never a mix of two.
+    import threading
+
+    import torch
+
+    step, mixed = 1000, []
+    for _round in range(20):
+        start = threading.Barrier(4)
+
+        def one(s, n):
+            start.wait()
+            st.save(s, {"step": s, "t": torch.full((n,), float(s))})
+
+        workers = [threading.Thread(target=one, args=(step + k, 50_000 + 1000 * k)) for k in range(4)]
+        step += 4
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (a step below one held: the threads' order is the scheduler's)
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+        got, said = loaded(st)
+        if got is None or got[1]["step"] != got[0] or got[1]["t"].unique().tolist() != [float(got[0])]:
+            mixed.append((got and got[0], got and got[1]["step"], said.strip()[:200]))
+    check(not mixed, f"saves from four threads at once: each state loaded is one save, whole (not: {mixed[:3]})")
+
+    class SavesWhilePickled:
+        def __reduce__(self):
+            st.save(step + 1, {})
+            return (dict, ())
+
+    held = st.steps()
+    try:
+        st.save(step, {"x": SavesWhilePickled()})
+        check(False, "a save() from within save()'s pickling is refused")
+    except st.StateError as e:
+        check("while this thread's save() pickles" in str(e) and st.steps() == held,
+              f"a save() from within save()'s pickling is refused, the last state kept: {e}")
+
+
+def files(st):
+    # load(path) of what is no state file, or a file changed after it was read.
+    import resource
+    import stat
+    import tempfile
+
+    import torch
+
+    tmp = tempfile.mkdtemp()
+    want = torch.arange(1 << 20, dtype=torch.float32)
+    st.save(2000, {"t": want}, blocking=True)
+    # The file persist() writes: the area's layout with one slot (as the agent writes it).
+    area, (gen, _step, slot) = st._area, st._area.committed()[0]
+    _c, _g, _s, skel, data = st._SLOT.unpack_from(area.map, area.offset(slot))[:5]
+    slot_bytes = st._PAGE + -(-(st._align(skel) + data) // st._PAGE) * st._PAGE
+    path = os.path.join(tmp, "rank0.state")
+    with open(path, "wb") as f:
+        head = bytearray(st._PAGE)
+        st._HEADER.pack_into(head, 0, st._MAGIC, st._VERSION, 1, slot_bytes, gen << 1)
+        f.write(head + area.map[area.offset(slot):area.offset(slot) + slot_bytes])
+    got, said = loaded_from(st, path)
+    check(got is not None and got[0] == 2000 and torch.equal(got[1]["t"], want), f"load(path): the state ({said})")
+    # Cut, then written over in place, after the load: the loaded tensor keeps its values (it was
+    # read, not mapped: a mapped file cut under it ended the process with SIGBUS).
+    os.truncate(path, st._PAGE)
+    check(torch.equal(got[1]["t"], want), "a file cut after load(path): the loaded tensor is intact")
+    with open(path, "r+b") as f:
+        f.write(head + bytes(slot_bytes))
+    check(torch.equal(got[1]["t"], want), "a file written over after load(path): the loaded tensor is as loaded")
+    fifo = os.path.join(tmp, "fifo.state")
+    os.mkfifo(fifo)
+    for what, where, says in [("a FIFO", fifo, f"{fifo} is a FIFO, socket or device"),
+                              ("a directory", tmp, f"{tmp} is a directory"),
+                              ("a missing folder", "/nonexistent/rank0.state", "there is no folder /nonexistent")]:
+        t0 = time.monotonic()
+        got, said = loaded_from(st, where)
+        check(got is None and says in said and time.monotonic() - t0 < 5, f"load() of {what}: None, said: {said.strip()}")
+    got, said = loaded_from(st, os.path.join(tmp, "first_run.state"))
+    check(got is None and said == "", f"load() of a missing file in a folder that is there: None, silent ({said!r})")
+    # A state too large is refused after pickling at most a slot's worth of it (a big bytes
+    # value is pickled into the skeleton): not all of it held in memory first.
+    big = bytes(200 << 20)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        st.save(2001, {"blob": big})
+        check(False, "a 200 MB bytes value in an 8 MB slot raises StateTooLarge")
+    except st.StateTooLarge as e:
+        grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) >> 10
+        check(e.needed > 200 << 20 and grew < 64, f"StateTooLarge for 200 MB with its size ({e.needed}), the process "
+              f"grown by {grew} MB (under 64)")
+    check(stat.S_ISFIFO(os.stat(fifo).st_mode) and st.load()[0] == 2000, "the last state kept")
+
+
+def loaded_from(st, path):
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        got = st.load(path)
+    return got, err.getvalue()
+
+
 def not_an_area():
     # A descriptor that is not an area (a subprocess that inherited the variables, not the memfd).
     code = ("import warnings, ddprun.state as s; warnings.simplefilter('always'); "
@@ -426,6 +534,8 @@ def main():
     pinned(st)
     copies_hold(st)
     count_again(st)
+    threads(st)
+    files(st)
     not_an_area()
     print(f"{len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)

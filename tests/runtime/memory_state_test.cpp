@@ -1,6 +1,8 @@
 // A native trainer's in-memory state (ddprun/runtime/memory_state.hpp) in one process, without
 // ddprun: a memfd made here as the agent makes it, handed through DDPRUN_STATE_FD/_BYTES.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,10 +12,12 @@
 #include <thread>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <vector>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/state_layout.hpp"
 #include "ddprun/runtime/memory_state.hpp"
 #include "ddprun/runtime/process_group.hpp"
 #include "group_fixture.hpp"
@@ -331,4 +335,43 @@ TEST_CASE("memory state: replicated buffers shared out by RANK of WORLD_SIZE, ea
     return ok;
   });
   CHECK(codes == std::vector<int>{0, 0, 0});
+}
+
+TEST_CASE("memory state: load(group, path) reads a persisted file into memory of its own - a FIFO or a directory there loads nothing, at once", "[state]") {
+  namespace sl = ddprun::state_layout;
+  const std::string dir = "/tmp/ddprun-state-files-" + std::to_string(::getpid());
+  REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
+  const auto codes = in_processes(2, [&](int rank, ProcessGroup& group, MemoryState& s) {
+    bool ok = true;
+    auto expect = [&](bool c, const char* what) {
+      if (!c) std::fprintf(stderr, "rank %d: FAILED: %s\n", rank, what);
+      ok = ok && c;
+    };
+    const auto w = values(static_cast<float>(10 * rank), 5000);
+    s.save(5, {{"w", w.data(), w.size() * 4}});
+    s.wait();
+    // The file persist() has the agent write: a header page for one slot, then the slot (here
+    // the area's whole first slot, where the first save went).
+    const int fd = std::atoi(std::getenv("DDPRUN_STATE_FD"));
+    const std::uint64_t slot_bytes = sl::area_slot_bytes(4 << 20);
+    std::vector<unsigned char> file(sl::page() + slot_bytes, 0);
+    sl::write_header(file.data(), 1, slot_bytes, std::uint64_t{1} << 1);
+    if (::pread(fd, file.data() + sl::page(), slot_bytes, static_cast<off_t>(sl::page())) != static_cast<ssize_t>(slot_bytes)) return false;
+    const std::string path = dir + "/rank" + std::to_string(rank) + ".state";
+    const int out = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (out < 0 || ::write(out, file.data(), file.size()) != static_cast<ssize_t>(file.size())) return false;
+    ::close(out);
+    const auto loaded = MemoryState::load(group, path);
+    expect(loaded && loaded->step == 5 && loaded->buffers.at("w") == bytes_of(w), "each rank loads its file's state");
+    const std::string fifo = dir + "/fifo" + std::to_string(rank);
+    if (::mkfifo(fifo.c_str(), 0600) != 0) return false;
+    for (const auto& bad : {fifo, dir}) {
+      const auto t0 = std::chrono::steady_clock::now();
+      expect(!MemoryState::load(group, bad), "a FIFO or a directory: nothing loaded");
+      expect(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5), "... at once (a FIFO is not waited on)");
+    }
+    return ok;
+  });
+  CHECK(codes == std::vector<int>{0, 0});
+  std::filesystem::remove_all(dir);
 }

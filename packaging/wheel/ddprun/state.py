@@ -40,6 +40,7 @@ import mmap
 import operator
 import os
 import pickle
+import stat
 import struct
 import sys
 import threading
@@ -121,21 +122,47 @@ class _Area:
 
     @classmethod
     def of_file(cls, path):
-        """A file persist() wrote (the area's layout, one slot), or None where there is none."""
+        """A file persist() wrote (the area's layout, one slot), or None where there is none. Read
+        into memory of this process's own, not mapped: a file cut under a mapping (rewritten in
+        place, by a copy or another job) or a read error of a network file system would end the
+        worker with SIGBUS, and loaded tensors would change with the file."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO is not waited on
         except FileNotFoundError:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder):  # a typo in the folder is not a first run
+                print(f"ddprun.state.load: there is no folder {folder}, so no {path} to load", file=sys.stderr)
             return None
         try:
-            size = os.fstat(fd).st_size
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                kind = "a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO, socket or device"
+                raise StateError(f"ddprun.state.load: {path} is {kind}, not a state file that ddprun.state.persist() wrote")
+            size = info.st_size
             head = os.pread(fd, _HEADER.size, 0)
             magic, version, slots, slot_bytes, _latest = _HEADER.unpack(head) if len(head) == _HEADER.size else (b"",) * 5
             if magic != _MAGIC or version != _VERSION or slots != 1 or not 2 * _PAGE <= slot_bytes <= size - _PAGE:
                 raise StateError(f"ddprun.state.load: {path} is not a state file that ddprun.state.persist() wrote")
-            return cls(fd, size, 1, slot_bytes)
-        except BaseException:
+            copy = os.memfd_create("ddprun-state-load", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(copy, size)
+                done = 0
+                while done < size:
+                    n = os.sendfile(copy, fd, done, size - done)
+                    if n == 0:
+                        break
+                    done += n
+                if done != size or os.fstat(fd).st_size != size:
+                    raise StateError(f"ddprun.state.load: {path} changed while it was read (cut or written over in "
+                                     f"place): load it again once it is whole")
+                return cls(copy, size, 1, slot_bytes)
+            except BaseException:
+                os.close(copy)
+                raise
+        except OSError as e:
+            raise StateError(f"ddprun.state.load: cannot read {path}: {e.strerror or e}") from e
+        finally:
             os.close(fd)
-            raise
 
     def close(self):
         self.map.close()
@@ -190,6 +217,20 @@ _area = None
 _area_checked = False
 _warned = False
 _pending = None  # the save being copied: a thread, or None
+# One save() or load() at a time in a process (a training thread and a checkpoint thread may both
+# call save()): two at once would pick the same slot and write it together, a mix of both that
+# its CRC-32s pass. `_saver`: the thread inside save(), to refuse a save() from within its own
+# pickling (a __reduce__ that saves), which would wait on itself.
+_lock = threading.Lock()
+_saver = None
+
+
+def _new_lock():
+    global _lock, _saver
+    _lock, _saver = threading.Lock(), None  # a fork's child: the thread holding it is not there
+
+
+os.register_at_fork(after_in_child=_new_lock)
 
 
 def _warn_once(why):
@@ -311,6 +352,23 @@ class _Skeleton(pickle.Pickler):
         return {self._SHARED: 1, "world": self.world, "rank": self.rank, "bytes": self.space_bytes, "share_at": at}
 
 
+class _Bounded(io.BytesIO):
+    """The skeleton's bytes, kept while they fit `limit` and only counted past it: a state too large
+    (a big NumPy array or bytes is pickled into the skeleton) raises StateTooLarge with its size,
+    without holding all of it in memory first."""
+
+    def __init__(self, limit):
+        super().__init__()
+        self.limit, self.count = limit, 0
+
+    def write(self, b):
+        n = memoryview(b).nbytes
+        self.count += n
+        if self.count <= self.limit:
+            super().write(b)
+        return n
+
+
 def _ranges(total, world):
     """[(lo, hi)] of each rank: `total` bytes cut into `world` ranges at 64-byte bounds."""
     cuts = [min(total, (total * r // world) // _ALIGN * _ALIGN) for r in range(world)] + [total]
@@ -391,8 +449,12 @@ def _write(area, slot, gen, step, skeleton, tensors, data_bytes):
     area.keep_loaded(slot)
     base = area.offset(slot)
     _SLOT.pack_into(area.map, base, 0, 0, 0, 0, 0, 0, 0)  # uncommitted from here on
-    area.map[base + _PAGE:base + _PAGE + len(skeleton)] = skeleton
-    data_at = base + _PAGE + _align(len(skeleton))
+    at = base + _PAGE
+    for part in skeleton:  # the split's record, then the state's
+        area.map[at:at + len(part)] = part
+        at += len(part)
+    skeleton_bytes = at - base - _PAGE
+    data_at = base + _PAGE + _align(skeleton_bytes)
     die = os.environ.get("DDPRUN_STATE_TEST_KILL_AT_STEP") == str(step)
     with torch.no_grad():
         for i, (t, offset) in enumerate(tensors):
@@ -408,8 +470,8 @@ def _write(area, slot, gen, step, skeleton, tensors, data_bytes):
     finally:
         payload.release()
     struct.pack_into(f"<{len(crcs)}I", area.map, base + _SLOT.size, *crcs)
-    _SLOT.pack_into(area.map, base, 0, gen, step, len(skeleton), data_bytes, chunk, len(crcs))
-    _SLOT.pack_into(area.map, base, gen, gen, step, len(skeleton), data_bytes, chunk, len(crcs))  # the commit, last
+    _SLOT.pack_into(area.map, base, 0, gen, step, skeleton_bytes, data_bytes, chunk, len(crcs))
+    _SLOT.pack_into(area.map, base, gen, gen, step, skeleton_bytes, data_bytes, chunk, len(crcs))  # the commit, last
     _HEADER.pack_into(area.map, 0, _MAGIC, _VERSION, _SLOTS, area.slot_bytes, gen << 1 | slot)
     _Stats.copy_s += time.perf_counter() - t0
 
@@ -462,16 +524,25 @@ def save(step, obj, blocking=False, replicated=()):
     rank (a broadcast from each): the stall and the memory of that part shrink world-fold. Name
     nothing that differs between ranks (RNG states, a data loader's position, sharded optimizer
     state): a rank would load another's. Without torch.distributed (one rank) it is ignored."""
+    global _saver
     t0 = time.perf_counter()
+    if _saver == threading.get_ident():
+        raise StateError("ddprun.state.save: called while this thread's save() pickles its state (from a "
+                         "__reduce__ or __getstate__?): save the state once it is made")
     try:
         area = _open_area()
         if area is None:
             return
         _install_fence()
-        wait()  # the previous save's thread still writes the slot this one picks (counted as save()'s time)
-        _save(area, _step(step), obj, _replicated(replicated))
-        if blocking:
-            wait()
+        with _lock:  # saves from several threads one after the other, each whole
+            _saver = threading.get_ident()
+            try:
+                wait()  # the previous save's thread still writes the slot this one picks (counted as save()'s time)
+                _save(area, _step(step), obj, _replicated(replicated))
+                if blocking:
+                    wait()
+            finally:
+                _saver = None
     finally:
         _Stats.save_blocked_s += time.perf_counter() - t0
 
@@ -514,13 +585,13 @@ def _save(area, step, obj, replicated):
     import torch
 
     global _pending, _last_gen
-    out = io.BytesIO()
+    out = _Bounded(area.capacity())
     pickler = _Skeleton(out, *_shared_out(obj, replicated))
     pickler.dump(obj)
     split = pickler.split()
     # The split's record goes first (load() needs it before the state's tensors are made).
-    skeleton = (pickle.dumps(split, protocol=pickle.HIGHEST_PROTOCOL) if split else b"") + out.getvalue()
-    needed = _align(len(skeleton)) + pickler.data
+    skeleton = [pickle.dumps(split, protocol=pickle.HIGHEST_PROTOCOL) if split else b"", out.getbuffer()]
+    needed = _align(len(skeleton[0]) + out.count) + pickler.data
     if needed > area.capacity():
         raise StateTooLarge(needed, area.capacity())
     found = area.committed()
@@ -740,7 +811,8 @@ def load(path=None, verify=True):
         area = _open_area()
         if area is None and not os.environ.get("DDPRUN_STATE_FD"):
             return None  # not under ddprun, on any rank: nothing to agree on
-        return _load(area, verify, "memory written outside ddprun.state?")
+        with _lock:  # not beside a save() of another thread
+            return _load(area, verify, "memory written outside ddprun.state?")
     try:
         area = _Area.of_file(os.fspath(path))
     except (StateError, OSError) as e:  # this rank holds nothing from it, and still agrees
@@ -812,9 +884,13 @@ def _check_shares(shares, step):
     """The replicated part of a state can be gathered: the same ranks, this one among them."""
     dist = _group()
     if dist is None:
+        import torch.distributed
+
+        alone = torch.distributed.is_available() and torch.distributed.is_initialized()
         raise StateError(f"ddprun.state.load: the state of step {step} was shared out among {shares['world']} ranks "
-                         f"(save(..., replicated=)): load() gathers it with torch.distributed, so call "
-                         f"init_process_group before load()")
+                         f"(save(..., replicated=)): load() gathers it with torch.distributed, " +
+                         (f"and this process's group has one rank: load it in a job of {shares['world']} ranks"
+                          if alone else "so call init_process_group before load()"))
     if dist.get_world_size() != shares["world"] or dist.get_rank() != shares["rank"]:
         raise StateError(f"ddprun.state.load: the state of step {step} was saved as rank {shares['rank']} of "
                          f"{shares['world']}, its replicated part shared out among them; this is rank "
