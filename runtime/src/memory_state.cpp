@@ -418,9 +418,7 @@ std::pair<std::int64_t, std::int64_t> agree(ProcessGroup& group,
   return agreed;
 }
 
-// A file persist() wrote, read into memory of this process's own (not mapped: a file cut under
-// a mapping, or a read error of a network file system, would end the process with SIGBUS);
-// empty where there is none. A FIFO is never waited on.
+// A file persist() wrote, mapped read-only; empty where there is none. A FIFO is never waited on.
 class StateFile {
  public:
   explicit StateFile(const std::string& path) {
@@ -440,15 +438,9 @@ class StateFile {
       ::close(fd);
       throw Error("ddprun state: " + path + " is not a state file that persist() wrote");
     }
-    void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    const int err = m == MAP_FAILED ? errno : pread_full(fd, m, size, 0);
+    void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
     ::close(fd);
-    if (m == MAP_FAILED) throw Error("ddprun state: no memory to read " + path + " into: " + std::strerror(err));
-    if (err != 0) {
-      ::munmap(m, size);
-      throw Error("ddprun state: cannot read " + path + ": " +
-                  (err == EIO ? "it ended early or could not be read (cut while read?)" : std::strerror(err)));
-    }
+    if (m == MAP_FAILED) throw Error("ddprun state: cannot map " + path + ": " + std::strerror(errno));
     map_ = static_cast<unsigned char*>(m);
     size_ = size;
     slot_bytes_ = h.slot_bytes;

@@ -337,7 +337,7 @@ TEST_CASE("memory state: replicated buffers shared out by RANK of WORLD_SIZE, ea
   CHECK(codes == std::vector<int>{0, 0, 0});
 }
 
-TEST_CASE("memory state: load(group, path) reads a persisted file into memory of its own - a FIFO or a directory there loads nothing, at once", "[state]") {
+TEST_CASE("memory state: load(group, path) loads a persisted file - a FIFO or a directory there loads nothing, at once", "[state]") {
   namespace sl = ddprun::state_layout;
   const std::string dir = "/tmp/ddprun-state-files-" + std::to_string(::getpid());
   REQUIRE(::mkdir(dir.c_str(), 0700) == 0);

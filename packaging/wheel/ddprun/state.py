@@ -122,12 +122,10 @@ class _Area:
 
     @classmethod
     def of_file(cls, path):
-        """A file persist() wrote (the area's layout, one slot), or None where there is none. Read
-        into memory of this process's own, not mapped: a file cut under a mapping (rewritten in
-        place, by a copy or another job) or a read error of a network file system would end the
-        worker with SIGBUS, and loaded tensors would change with the file."""
+        """A file persist() wrote (the area's layout, one slot), or None where there is none. It is
+        mapped, not read (no copy: as fast as the page cache); a FIFO is never waited on."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO is not waited on
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             folder = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(folder):  # a typo in the folder is not a first run
@@ -143,26 +141,13 @@ class _Area:
             magic, version, slots, slot_bytes, _latest = _HEADER.unpack(head) if len(head) == _HEADER.size else (b"",) * 5
             if magic != _MAGIC or version != _VERSION or slots != 1 or not 2 * _PAGE <= slot_bytes <= size - _PAGE:
                 raise StateError(f"ddprun.state.load: {path} is not a state file that ddprun.state.persist() wrote")
-            copy = os.memfd_create("ddprun-state-load", os.MFD_CLOEXEC)
-            try:
-                os.ftruncate(copy, size)
-                done = 0
-                while done < size:
-                    n = os.sendfile(copy, fd, done, size - done)
-                    if n == 0:
-                        break
-                    done += n
-                if done != size or os.fstat(fd).st_size != size:
-                    raise StateError(f"ddprun.state.load: {path} changed while it was read (cut or written over in "
-                                     f"place): load it again once it is whole")
-                return cls(copy, size, 1, slot_bytes)
-            except BaseException:
-                os.close(copy)
-                raise
+            return cls(fd, size, 1, slot_bytes)
         except OSError as e:
-            raise StateError(f"ddprun.state.load: cannot read {path}: {e.strerror or e}") from e
-        finally:
             os.close(fd)
+            raise StateError(f"ddprun.state.load: cannot read {path}: {e.strerror or e}") from e
+        except BaseException:
+            os.close(fd)
+            raise
 
     def close(self):
         self.map.close()
