@@ -3,6 +3,9 @@
 // grouped), writes the full dumps to each rank's stack.txt, and only then stops them.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -21,6 +24,37 @@ namespace {
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The state letters of `pid`'s threads, from /proc (a 'D': in uninterruptible sleep; 'T': stopped).
+std::string thread_states(pid_t pid) {
+  std::string states;
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    const std::string stat = slurp(t.path().string() + "/stat");
+    const auto paren = stat.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat.size()) states += stat[paren + 2];
+  }
+  return states;
+}
+
+// A process whose main thread sleeps while its second thread sits in vfork() for `seconds` (state
+// D: it takes no signal until the child exits), as a worker's helper thread in a driver call or on
+// a network file system.
+pid_t with_thread_in_d(int seconds) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::thread([seconds] {
+      if (::vfork() == 0) {
+        struct timespec t {seconds, 0};
+        ::syscall(SYS_nanosleep, &t, nullptr);
+        ::syscall(SYS_exit_group, 0);
+      }
+      for (;;) ::pause();
+    }).detach();
+    for (;;) ::pause();
+  }
+  return pid;
 }
 
 }  // namespace
@@ -300,4 +334,41 @@ TEST_CASE("stacks: a hang on one node makes every node dump its own workers' sta
   // The healthy node shows where its rank was when the other one hung.
   CHECK_THAT(r0.err, Catch::Contains("stacks of the workers on"));
   CHECK_THAT(r0.err, Catch::Contains("rank 0: "));
+}
+
+TEST_CASE("stacks: ddprun-stack leaves a process with a thread in uninterruptible sleep running - killed midway, or naming that thread after 1 s", "[stacks]") {
+  const std::string tool = std::filesystem::path(DDPRUN_BIN).parent_path() / "ddprun-stack";
+  SKIP_UNLESS(std::filesystem::exists(tool), "ddprun-stack was not built (libdw-dev missing: scripts/setup.sh installs it)");
+  auto until = [](auto cond, std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (!cond() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return cond();
+  };
+  for (const bool killed : {true, false}) {
+    INFO((killed ? "killed midway (as the agent does at --stack_dump_timeout)" : "left to finish"));
+    const pid_t target = with_thread_in_d(3);
+    REQUIRE(until([&] { return thread_states(target).find('D') != std::string::npos; }, std::chrono::seconds(5)));
+    Launch reader({tool, std::to_string(target)});
+    if (killed) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      reader.signal(SIGKILL);
+      reader.finish();
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = reader.finish();
+      CHECK(r.code == 0);
+      CHECK_THAT(r.out, Catch::Contains("TID " + std::to_string(target) + ":\n#0 ") &&
+                            Catch::Contains("(not read: it did not stop within 1000 ms: in uninterruptible sleep (D))"));
+      CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2500));
+    }
+    // Once the thread leaves D, nothing is left pending that would stop the process.
+    CHECK(until([&] { return thread_states(target).find('D') == std::string::npos; }, std::chrono::seconds(6)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const std::string states = thread_states(target);
+    INFO("thread states after: " << states);
+    CHECK(states.find('T') == std::string::npos);
+    CHECK(states.find('t') == std::string::npos);
+    ::kill(target, SIGKILL);
+    ::waitpid(target, nullptr, 0);
+  }
 }

@@ -8,21 +8,36 @@
 // beside ddprun; a program of its own, so that ddprun itself needs no libdw, and so that the
 // agent can bound it (killed after --stack_dump_timeout) and survive whatever it meets.
 // The main thread comes first. Exits 0 with at least one frame, 1 otherwise (the reason on stdout).
+//
+// Each thread is seized and interrupted (PTRACE_SEIZE, PTRACE_INTERRUPT), not attached with
+// PTRACE_ATTACH as libdw would: that sends a SIGSTOP, which a thread in uninterruptible sleep (D:
+// a driver call, a network file system) takes only when it wakes, so a reader killed meanwhile
+// (the agent kills it at --stack_dump_timeout) left the whole process stopped for good. A seized
+// thread's interrupt dies with its reader. A thread that has not stopped within kStopWait is
+// named, not read.
 #include <cxxabi.h>
+#include <dirent.h>
 #include <elfutils/libdwfl.h>
+#include <sys/ptrace.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace {
 
 constexpr int kMaxFrames = 256;  // per thread, as eu-stack
+constexpr auto kStopWait = std::chrono::milliseconds(1000);
 
 char* g_debuginfo_path = nullptr;
 const Dwfl_Callbacks kCallbacks = {
@@ -34,6 +49,7 @@ const Dwfl_Callbacks kCallbacks = {
 
 struct Reading {
   Dwfl* dwfl = nullptr;
+  std::map<pid_t, int> stopped;  // the threads seized and stopped: the signal to give back at the detach
   std::map<pid_t, std::string> threads;  // by TID: the main thread (TID == PID) sorts first below
   std::string* current = nullptr;
   int depth = 0;
@@ -82,12 +98,65 @@ int on_frame(Dwfl_Frame* frame, void* arg) {
   return ++r.depth < kMaxFrames ? DWARF_CB_OK : DWARF_CB_ABORT;
 }
 
+// A thread's state letter in /proc ('?' where it is gone).
+char thread_state(pid_t pid, pid_t tid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : '?';
+}
+
+// Seizes and interrupts every thread of `pid`, and waits for them to stop, kStopWait at most in
+// all: `r.stopped`. The main thread's failure to be seized (not allowed to trace it) is returned.
+int stop_threads(pid_t pid, Reading& r) {
+  std::vector<pid_t> seized;
+  DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/task").c_str());
+  if (!d) return errno;
+  while (dirent* e = ::readdir(d)) {
+    const pid_t tid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (tid <= 0) continue;
+    if (::ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) {
+      if (tid == pid) {
+        const int err = errno;
+        ::closedir(d);
+        return err;
+      }
+      continue;  // gone since, or not ours
+    }
+    ::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr);
+    seized.push_back(tid);
+  }
+  ::closedir(d);
+  const auto until = std::chrono::steady_clock::now() + kStopWait;
+  std::size_t done = 0;
+  for (;;) {
+    for (auto& tid : seized) {
+      int status = 0;
+      if (tid == 0 || ::waitpid(tid, &status, __WALL | WNOHANG) != tid) continue;
+      if (WIFSTOPPED(status)) {  // the interrupt, or a signal's delivery: that signal is given back
+        const bool interrupt = WSTOPSIG(status) == SIGTRAP && (status >> 16) == PTRACE_EVENT_STOP;
+        r.stopped[tid] = interrupt || WSTOPSIG(status) == SIGSTOP ? 0 : WSTOPSIG(status);
+      }
+      tid = 0;  // stopped, or gone
+      ++done;
+    }
+    if (done == seized.size() || std::chrono::steady_clock::now() >= until) return 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 int on_thread(Dwfl_Thread* thread, void* arg) {
   auto& r = *static_cast<Reading*>(arg);
   pid_t tid = dwfl_thread_tid(thread);
   r.current = &r.threads[tid];
   *r.current = format("TID %d:\n", tid);
   r.depth = 0;
+  if (!r.stopped.count(tid)) {  // seized, but not stopped in time (or started since): not waited on
+    const char state = thread_state(dwfl_pid(r.dwfl), tid);
+    *r.current += format("(not read: it did not stop within %lld ms%s)\n", static_cast<long long>(kStopWait.count()),
+                         state == 'D' ? ": in uninterruptible sleep (D)" : "");
+    return DWARF_CB_OK;
+  }
   // A thread that cannot be unwound further keeps what was read: not an error for the others.
   if (dwfl_thread_getframes(thread, on_frame, &r) != 0 && r.depth == 0) {
     *r.current += format("(no frames: %s)\n", dwfl_errmsg(-1));
@@ -109,7 +178,8 @@ int read_stacks(pid_t pid) {
     dwfl_end(r.dwfl);
     return 1;
   }
-  err = dwfl_linux_proc_attach(r.dwfl, pid, false);
+  err = stop_threads(pid, r);
+  if (err == 0) err = dwfl_linux_proc_attach(r.dwfl, pid, true);  // (stopped here: libdw attaches to none)
   if (err != 0) {
     std::printf("ddprun-stack: cannot attach to pid %d: %s (ptrace: are you allowed to trace it?)\n", pid,
                 err > 0 ? std::strerror(err) : dwfl_errmsg(-1));
@@ -117,7 +187,9 @@ int read_stacks(pid_t pid) {
     return 1;
   }
   dwfl_getthreads(r.dwfl, on_thread, &r);
-  dwfl_end(r.dwfl);  // detaches: the threads run on
+  dwfl_end(r.dwfl);
+  for (const auto& [tid, signal] : r.stopped) ::ptrace(PTRACE_DETACH, tid, nullptr, signal);  // the threads run on
+  // (those seized but not stopped are let go as this process ends, their interrupt with it)
   std::string out = format("PID %d - process\n", pid);
   if (r.threads.count(pid)) out += r.threads[pid];
   for (const auto& [tid, text] : r.threads) {
