@@ -100,4 +100,33 @@ std::string lower(std::string_view s) {
   return out;
 }
 
+// A quote opens a value where no letter or digit comes before it, and closes one where none
+// comes after it: the apostrophe of "node's" does neither.
+std::string shorten_quoted(const std::string& message, std::size_t max) {
+  const auto word = [&](std::size_t i) { return std::isalnum(static_cast<unsigned char>(message[i])) != 0; };
+  const auto quote = [&](std::size_t from, bool opening) {
+    for (auto i = message.find('\'', from); i != std::string::npos; i = message.find('\'', i + 1)) {
+      if (opening ? i == 0 || !word(i - 1) : i + 1 == message.size() || !word(i + 1)) return i;
+    }
+    return std::string::npos;
+  };
+  std::string out;
+  std::size_t at = 0;
+  for (;;) {
+    const auto open = quote(at, true);
+    const auto close = open == std::string::npos ? open : quote(open + 1, false);
+    if (close == std::string::npos) break;
+    const auto len = close - open - 1;
+    out.append(message, at, open + 1 - at);
+    out += len <= max ? message.substr(open + 1, len)
+                      : message.substr(open + 1, 60) + "... (" + std::to_string(len) + " bytes)";
+    out += '\'';
+    at = close + 1;
+  }
+  out.append(message, at, std::string::npos);
+  constexpr std::size_t kMost = 4096;
+  if (out.size() > kMost) out = out.substr(0, kMost - 96) + "... (the message cut: " + std::to_string(out.size()) + " bytes)";
+  return out;
+}
+
 }  // namespace ddprun

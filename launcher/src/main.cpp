@@ -17,6 +17,7 @@
 #include "ddprun/common/error.hpp"
 #include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/system.hpp"
+#include "ddprun/common/text.hpp"
 #include "option_table.hpp"
 
 namespace {
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
     cli = ddprun::launcher::parse_command_line(std::vector<std::string>(argv + 1, argv + argc), env,
                                                ddprun::launcher::probe_host());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddprun: error: %s\n", ddprun::launcher::shorten_quoted(e.what()).c_str());
+    std::fprintf(stderr, "ddprun: error: %s\n", ddprun::shorten_quoted(e.what()).c_str());
     return 2;  // whatever went wrong, it came from the command line or the environment
   }
   if (cli.exit_now) {
@@ -95,14 +96,14 @@ int main(int argc, char** argv) {
   logger->set_pattern("%v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(cli.log_level));
-  for (const auto& note : cli.notes) spdlog::info("{}", ddprun::launcher::shorten_quoted(note));
+  for (const auto& note : cli.notes) spdlog::info("{}", ddprun::shorten_quoted(note));
   std::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher; workers get the default back
   std::signal(SIGXFSZ, SIG_IGN);  // a log over RLIMIT_FSIZE: EFBIG, counted as bytes lost
   try {
     ddprun::agent::Agent agent(std::move(cli.agent));
     return agent.run();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddprun: error: %s\n", ddprun::launcher::shorten_quoted(e.what()).c_str());
+    std::fprintf(stderr, "ddprun: error: %s\n", ddprun::shorten_quoted(e.what()).c_str());
     return ddprun::exit_code_for(e);
   }
 }

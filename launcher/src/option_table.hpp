@@ -94,12 +94,7 @@ int parse_count(const std::string& flag, const std::string& v, bool allow_zero);
 // optional "B" or "iB" after them).
 long long parse_size(const std::string& flag, const std::string& v);
 // A value cut to about 60 characters for a message.
-std::string shorten(const std::string& v);
-// An error message with each quoted value over `max` bytes cut to its first 60 and its length (an
-// argument of 100 KB is not echoed whole; a path a message asks to copy, up to 1 KiB, stays whole);
-// a message still over 4 KiB is cut too.
-std::string shorten_quoted(const std::string& message, std::size_t max = 1024);
-// Comma-separated Python module names (--preload); throws UsageError naming the flag.
+std::string shorten(const std::string& v);// Comma-separated Python module names (--preload); throws UsageError naming the flag.
 std::string parse_module_list(const std::string& flag, const std::string& v);
 std::pair<std::string, std::uint16_t> parse_endpoint(const std::string& v, std::uint16_t default_port);
 

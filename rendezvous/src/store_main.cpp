@@ -8,12 +8,14 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include <boost/program_options.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/error.hpp"
+#include "ddprun/common/text.hpp"
 #include "ddprun/rendezvous/store_server.hpp"
 #include "ddprun/build_info.hpp"
 #include "ddprun/rendezvous/auth.hpp"
@@ -49,6 +51,7 @@ struct Config {
   std::string log_level, allow, secret_file;
   bool same_user = true;
   bool count_requests = false;
+  bool secret_file_given = false;
   long keepalive = 0;
   std::map<std::string, std::size_t*> sizes;
   std::map<std::string, std::string> size_text;
@@ -145,6 +148,9 @@ void finish(Config& c) {
     c.opts.allow = std::vector<std::string>{c.allow};
     ddprun::rendezvous::parse_cidr_list(c.allow);  // validate now, with the flag's name
   }
+  if (c.secret_file_given && c.secret_file.empty()) {  // ("$SECRET_FILE" unset): not a store open to all
+    throw ddprun::UsageError("--secret_file needs a path (it was given empty); leave it out to serve without a secret");
+  }
   if (!c.secret_file.empty()) c.opts.secret = ddprun::rendezvous::auth::read_secret_file(c.secret_file);
   auto level = spdlog::level::from_str(c.log_level);
   if (level == spdlog::level::off && c.log_level != "off") {
@@ -161,10 +167,15 @@ struct Tally {
 };
 using Tallies = std::map<std::pair<std::string, std::string>, Tally>;
 
-// "ddprun/rdzv/job/r12/node/3" -> "ddprun/rdzv/job/r<n>/node/<n>": a key's pattern.
+// At most this many patterns are told apart (clients choose the keys: a tally of each one's
+// patterns would grow without bound, outside --max_store_bytes); the rest count as "<other>".
+constexpr std::size_t kMostPatterns = 4096;
+
+// "ddprun/rdzv/job/r12/node/3" -> "ddprun/rdzv/job/r<n>/node/<n>": a key's pattern, escaped
+// (printable, one line) and cut to 64 bytes.
 std::string key_pattern(std::string_view key) {
   std::string out;
-  for (std::size_t i = 0; i < key.size();) {
+  for (std::size_t i = 0; i < key.size() && out.size() < 64;) {
     if (key[i] >= '0' && key[i] <= '9') {
       while (i < key.size() && key[i] >= '0' && key[i] <= '9') ++i;
       out += "<n>";
@@ -172,7 +183,7 @@ std::string key_pattern(std::string_view key) {
       out += key[i++];
     }
   }
-  return out;
+  return ddprun::escape_for_log(out, 64);
 }
 
 void print_tallies(const Tallies& t, std::size_t woken) {
@@ -195,8 +206,10 @@ int serve(ddprun::rendezvous::StoreServerOptions opts, bool count_requests) {
   std::mutex tallies_mu;
   if (count_requests) {
     opts.on_applied = [&tallies, &tallies_mu](std::string_view op, std::string_view key, std::size_t in, std::size_t out) {
+      std::pair<std::string, std::string> row{std::string(op), key_pattern(key)};
       std::lock_guard<std::mutex> lk(tallies_mu);
-      Tally& t = tallies[{std::string(op), key_pattern(key)}];
+      if (tallies.size() >= kMostPatterns && !tallies.count(row)) row.second = "<other>";
+      Tally& t = tallies[row];
       ++t.count;
       t.request_bytes += in;
       t.reply_bytes += out;
@@ -223,8 +236,10 @@ int serve(ddprun::rendezvous::StoreServerOptions opts, bool count_requests) {
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGUSR1) {
     const std::size_t woken = server.stats().waits_woken;
-    std::lock_guard<std::mutex> lk(tallies_mu);
-    print_tallies(tallies, woken);
+    std::unique_lock<std::mutex> lk(tallies_mu);
+    const Tallies now = tallies;  // printed without the lock: a stdout nobody reads must not stall the clients
+    lk.unlock();
+    print_tallies(now, woken);
   }
   spdlog::info("store: stopping on signal {}", sig);
   const std::size_t woken = count_requests ? server.stats().waits_woken : 0;
@@ -233,6 +248,9 @@ int serve(ddprun::rendezvous::StoreServerOptions opts, bool count_requests) {
   return 0;
 }
 
+// An error about the command line, on one line: a long quoted value cut, control bytes escaped.
+std::string said(const std::string& what) { return ddprun::escape_for_log(ddprun::shorten_quoted(what), 8192); }
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -240,14 +258,23 @@ int main(int argc, char** argv) {
   auto desc = describe(c);
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    // Words that are no option are refused, named: `ddprun-store 29500` listened on another port.
+    po::options_description all;
+    all.add(desc).add_options()("stray", po::value<std::vector<std::string>>());
+    po::store(po::command_line_parser(argc, argv).options(all).positional(po::positional_options_description().add("stray", -1)).run(), vm);
     po::notify(vm);
+    if (vm.count("stray")) {
+      throw ddprun::UsageError("'" + vm["stray"].as<std::vector<std::string>>()[0] +
+                               "' is not an option: ddprun-store takes options only (a port: --port 29500; "
+                               "several --allow blocks: one value, comma-separated)");
+    }
+    c.secret_file_given = !vm["secret_file"].defaulted();
     finish(c);
   } catch (const po::error& e) {
-    std::cerr << "ddprun-store: " << e.what() << "\n(see ddprun-store --help)\n";
+    std::cerr << "ddprun-store: " << said(e.what()) << "\n(see ddprun-store --help)\n";
     return 2;
   } catch (const ddprun::Error& e) {
-    std::cerr << "ddprun-store: " << e.what() << "\n";
+    std::cerr << "ddprun-store: " << said(e.what()) << "\n";
     return 2;
   }
   if (vm.count("help")) {
@@ -269,7 +296,7 @@ int main(int argc, char** argv) {
   try {
     return serve(c.opts, c.count_requests);
   } catch (const std::exception& e) {
-    std::cerr << "ddprun-store: " << e.what() << "\n";
+    std::cerr << "ddprun-store: " << said(e.what()) << "\n";
     return ddprun::exit_code_for(e);
   }
 }

@@ -43,6 +43,9 @@ constexpr int kAcceptsPerTurn = 512;
 // made turns of 20-130 ms on a loaded machine, and other clients' PINGs waited 0.14-1.8 s.
 constexpr std::size_t kFlushBytesPerTurn = 1 << 20;
 
+// A count as given: a negative one arrives wrapped to nearly 2^64.
+std::string count_text(std::size_t v) { return v > SIZE_MAX / 2 ? "a negative number" : std::to_string(v); }
+
 void check_options(const StoreServerOptions& o) {
   auto fail = [](const std::string& m) { throw UsageError("store options: " + m); };
   std::size_t biggest_reply = std::max(o.max_reply_bytes, 2 * o.limits.max_value_bytes + 64);
@@ -52,7 +55,20 @@ void check_options(const StoreServerOptions& o) {
          "--max_value_bytes)): " + std::to_string(o.output_high_water_bytes + biggest_reply));
   }
   if (o.max_reply_bytes < o.limits.max_value_bytes + 8) fail("--max_reply_bytes must hold one value (--max_value_bytes + 8)");
-  if (o.max_connections == 0) fail("--max_connections must be at least 1");
+  // Counts: at least 1, and not a negative number wrapped to 2^64 - 1 by the command line.
+  for (const auto& [name, v] : {std::pair<const char*, std::size_t>{"max_connections", o.max_connections},
+                                {"max_keys_per_request", o.limits.max_keys_per_request},
+                                {"max_key_bytes", o.limits.max_key_bytes},
+                                {"max_waits_per_connection", o.max_waits_per_connection},
+                                {"max_watches_per_connection", o.max_watches_per_connection},
+                                {"max_queue_length", o.max_queue_length}}) {
+    if (v == 0 || v > 1'000'000'000) fail(std::string("--") + name + " must be 1 to 1000000000 (got " + count_text(v) + ")");
+  }
+  if (o.reserved_fds > 1'000'000) fail("--reserved_fds must be 0 to 1000000 (got " + count_text(o.reserved_fds) + ")");
+  if (o.tcp_keepalive_idle.count() > 32767) {
+    fail("--tcp_keepalive_s must be at most 32767 (Linux's bound on TCP_KEEPIDLE; got " +
+         std::to_string(o.tcp_keepalive_idle.count()) + ")");
+  }
   if (o.output_high_water_bytes == 0) fail("--output_high_water_bytes must be at least 1");
   if (o.max_unauthenticated_connections == 0 || o.max_unauthenticated_per_address == 0) {
     fail("--max_unauthenticated_connections and --max_unauthenticated_per_address must be at least 1");
@@ -271,6 +287,11 @@ StoreServer::StoreServer(StoreServerOptions options) {
   bool raise = options.raise_fd_limit;
   impl_ = std::make_unique<Impl>(std::move(options));
   impl_->fd_limit = raise_fd_limit(raise);
+  if (impl_->ctx.options.reserved_fds + 16 >= impl_->fd_limit) {  // (a few for the listener, logs, the store's own)
+    throw UsageError("store options: --reserved_fds " + std::to_string(impl_->ctx.options.reserved_fds) +
+                     " leaves no descriptor for a client under this process's open-file limit (" +
+                     std::to_string(impl_->fd_limit) + ": ulimit -n); give fewer, or raise the limit");
+  }
   impl_->bind(impl_->ctx.options);
   impl_->wait_for_clients();
   impl_->wait_for_events();

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "ddprun/rendezvous/tcp_store.hpp"
 #include "e2e/agents.hpp"
 #include "e2e/launch.hpp"
 
@@ -435,6 +436,56 @@ TEST_CASE("bad input gets one clear message and exit 2", "[e2e]") {
   CHECK(r.code == 2);
   CHECK_THAT(r.err, Catch::Contains("'train' is not in PATH") && Catch::Contains("give ./train"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("ddprun-store: bad input gets one clear message and exit 2 - a stray word, an empty secret file, counts out of range", "[e2e]") {
+  const std::string huge(100000, '1');
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"29500"}, "'29500' is not an option: ddprun-store takes options only (a port: --port 29500"},
+      {{"--allow", "10.0.0.0/8", "192.168.0.0/16"}, "'192.168.0.0/16' is not an option"},
+      {{"--count_requests", "yes"}, "'yes' is not an option"},
+      {{"--secret_file", ""}, "--secret_file needs a path (it was given empty)"},
+      {{"--max_connections=-1"}, "--max_connections must be 1 to 1000000000 (got a negative number)"},
+      {{"--max_keys_per_request", "0"}, "--max_keys_per_request must be 1 to 1000000000 (got 0)"},
+      {{"--max_key_bytes", "0"}, "--max_key_bytes must be 1 to 1000000000 (got 0)"},
+      {{"--reserved_fds", "100000000"}, "--reserved_fds must be 0 to 1000000"},
+      {{"--reserved_fds", "900000"}, "leaves no descriptor for a client under this process's open-file limit"},
+      {{"--tcp_keepalive_s", "40000"}, "--tcp_keepalive_s must be at most 32767"},
+      {{"--port", huge}, "... (100000 bytes)"},
+      {{"--log_level", "a\nb\x1b[31m"}, "unknown --log_level 'a\\nb\\x1b[31m'"},  // escaped: one line, no terminal codes
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> argv = {kStore};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto r = Launch(argv).finish(std::chrono::seconds(10));
+    INFO(args[0] << " ...: " << r.err.substr(0, 400));
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::StartsWith("ddprun-store: ") && Catch::Contains(message));
+    CHECK(r.err.size() < 1000);
+    CHECK(r.out.find("listening on") == std::string::npos);
+  }
+}
+
+TEST_CASE("ddprun-store --count_requests tells at most 4096 key patterns apart - the rest are <other>", "[e2e]") {
+  Launch store({kStore, "--port", "0", "--count_requests"});
+  REQUIRE(store.wait_for("listening on"));
+  const auto line = store.out();
+  const auto port = std::stoi(line.substr(line.rfind(':') + 1));
+  ddprun::rendezvous::TcpStoreOptions o;
+  o.port = static_cast<std::uint16_t>(port);
+  ddprun::rendezvous::TcpStore client(o);
+  for (int i = 0; i < 5000; ++i) {  // 5000 patterns: letters, not digits (digits are one <n>)
+    std::string key = "k";
+    for (int n = i; n > 0 || key.size() == 1; n /= 26) key += static_cast<char>('a' + n % 26);
+    client.add(key, 1);
+  }
+  store.signal(SIGTERM);
+  auto r = store.finish();
+  const auto rows = Launch::occurrences(r.out, "\nADD ");
+  INFO(r.out.substr(r.out.size() > 600 ? r.out.size() - 600 : 0));
+  CHECK(rows <= 4096);
+  CHECK(rows >= 4000);
+  CHECK_THAT(r.out, Catch::Contains("<other>") && Catch::Contains("total"));
 }
 
 TEST_CASE("a store address already in use is named, with a hint", "[e2e]") {

@@ -271,7 +271,7 @@ TEST_CASE("options: --help lists every option of the table, its value and defaul
 }
 
 TEST_CASE("error messages quote at most 60 characters of a long value, and leave the rest of the text whole", "[units]") {
-  using ddprun::launcher::shorten_quoted;
+  using ddprun::shorten_quoted;
   const std::string huge(100000, 'x'), path = "/a/b/" + std::string(1000, 'p');
   CHECK(shorten_quoted("--x must be a number (got '" + huge + "')") ==
         "--x must be a number (got '" + std::string(60, 'x') + "... (100000 bytes)')");

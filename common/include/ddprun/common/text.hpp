@@ -32,6 +32,11 @@ std::string format_address(const std::string& host, std::uint16_t port);
 // becomes \xNN. At most the first `max_bytes` are shown; a longer input ends in "... (N bytes)".
 std::string escape_for_log(std::string_view bytes, std::size_t max_bytes = 64);
 
+// An error message with each quoted value over `max` bytes cut to its first 60 and its length (an
+// argument of 100 KB is not echoed whole; a path a message asks to copy, up to 1 KiB, stays whole);
+// a message still over 4 KiB is cut too.
+std::string shorten_quoted(const std::string& message, std::size_t max = 1024);
+
 // Splits at every `sep` (empty fields kept, none for an empty string).
 std::vector<std::string> split(std::string_view s, char sep);
 // Without leading and trailing white space.
