@@ -52,13 +52,13 @@ struct Args {
   std::string backend = "gloo";
 };
 
-[[noreturn]] void usage(const std::string& msg) {
-  std::fprintf(stderr,
+[[noreturn]] void usage(const std::string& msg, int code = 2) {
+  std::fprintf(code == 0 ? stdout : stderr,
                "train_mlp: %s\nusage: train_mlp [--steps N] [--global_batch B] [--bucket_cap_mb MB] [--lr X]\n"
                "                 [--checkpoint PATH] [--checkpoint_every K] [--crash_at_step K] [--memory_state]\n"
                "                 [--state_replicated] [--persist DIR]\n",
                msg.c_str());
-  std::exit(2);
+  std::exit(code);
 }
 
 Args parse(int argc, char** argv) {
@@ -69,25 +69,33 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(k + " needs a value");
       return argv[++i];
     };
-    auto num = [&](const std::string& v) {
+    // A finite number from `lo` to `hi` (nan, inf and 1e30 are no step count or learning rate).
+    auto num = [&](const std::string& v, double lo, double hi) {
       char* end = nullptr;
       double d = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end) usage(k + " needs a number, got '" + v + "'");
+      if (v.empty() || *end || !std::isfinite(d)) usage(k + " needs a number, got '" + v + "'");
+      auto g = [](double x) {
+        char b[32];
+        std::snprintf(b, sizeof(b), "%g", x);
+        return std::string(b);
+      };
+      if (d < lo || d > hi) usage(k + " must be from " + g(lo) + " to " + g(hi) + " (got '" + v + "')");
       return d;
     };
-    if (k == "--steps") a.steps = static_cast<int>(num(val()));
-    else if (k == "--global_batch") a.global_batch = static_cast<int>(num(val()));
-    else if (k == "--bucket_cap_mb") a.bucket_cap_mb = num(val());
-    else if (k == "--lr") a.lr = num(val());
+    auto count = [&](const std::string& v, int lo) { return static_cast<int>(num(v, lo, 1e9)); };
+    if (k == "--help" || k == "-h") usage("a small MLP trained with ddprun's runtime (bucketed all-reduce)", 0);
+    else if (k == "--steps") a.steps = count(val(), 0);
+    else if (k == "--global_batch") a.global_batch = count(val(), 1);
+    else if (k == "--bucket_cap_mb") a.bucket_cap_mb = num(val(), 1e-6, 1e6);
+    else if (k == "--lr") a.lr = num(val(), 0, 1e6);
     else if (k == "--checkpoint") a.checkpoint = val();
-    else if (k == "--checkpoint_every") a.checkpoint_every = static_cast<int>(num(val()));
-    else if (k == "--crash_at_step") a.crash_at_step = static_cast<int>(num(val()));
+    else if (k == "--checkpoint_every") a.checkpoint_every = count(val(), 1);
+    else if (k == "--crash_at_step") a.crash_at_step = count(val(), -1);
     else if (k == "--memory_state") a.memory_state = true;
     else if (k == "--state_replicated") a.state_replicated = true;
     else if (k == "--persist") a.persist = val();
     else usage("unknown argument '" + k + "'");
   }
-  if (a.steps < 0 || a.global_batch < 1 || a.bucket_cap_mb <= 0 || a.checkpoint_every < 1) usage("invalid value");
   if (!a.persist.empty() && !a.memory_state) usage("--persist needs --memory_state");
   if (a.state_replicated && !a.memory_state) usage("--state_replicated needs --memory_state");
   return a;
@@ -293,6 +301,13 @@ int train(const Args& args) {
   if (args.global_batch % env.world_size != 0) {
     usage("--global_batch " + std::to_string(args.global_batch) + " is not divisible by the " +
           std::to_string(env.world_size) + " workers");
+  }
+  const auto world = static_cast<std::size_t>(env.world_size);
+  const std::size_t share = (kDataset + world - 1) / world;  // a rank's samples an epoch (the sampler pads)
+  if (static_cast<std::size_t>(args.global_batch) / world > share) {
+    usage("--global_batch " + std::to_string(args.global_batch) + " gives each of the " + std::to_string(world) +
+          " workers a batch larger than its share of the " + std::to_string(kDataset) + " samples: at most " +
+          std::to_string(share * world));
   }
   Trainer t(args, env, init_process_group(args.backend, env));
   int start_step = 0;

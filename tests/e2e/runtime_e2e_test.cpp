@@ -74,6 +74,28 @@ TEST_CASE("train_mlp: 1, 2 and 4 workers train the same parameters", "[e2e][trai
   CHECK(checksum[4] == Approx(checksum[1]).epsilon(1e-5));
 }
 
+TEST_CASE("train_mlp: bad flags exit 2 naming the flag - a batch larger than a rank's share of the data, nan, out of range", "[e2e][train_mlp]") {
+  // (a batch over a rank's share made zero steps an epoch: SIGFPE)
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--global_batch", "8194"}, "--global_batch 8194 gives each of the 2 workers a batch larger than its share of the 8192 samples: at most 8192"},
+      {{"--lr", "nan"}, "--lr needs a number, got 'nan'"},
+      {{"--steps", "1e30"}, "--steps must be from 0 to 1e+09 (got '1e30')"},
+      {{"--bucket_cap_mb", "0"}, "--bucket_cap_mb must be from"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> argv = {"--max_restarts=0", kTrain};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto r = train(2, argv);
+    INFO(args[0] << ": " << r.err.substr(0, 600));
+    CHECK(r.code != 0);
+    CHECK_THAT(r.err, Catch::Contains("train_mlp: " + message) && Catch::Contains("failure    : exit code 2"));
+    CHECK_THAT(r.err, !Catch::Contains("SIGFPE"));
+  }
+  auto help = Launch({kTrain, "--help"}).finish();
+  CHECK(help.code == 0);
+  CHECK_THAT(help.out, Catch::Contains("usage: train_mlp"));
+}
+
 TEST_CASE("train_mlp: a crash and a resume from the checkpoint end like an uninterrupted run", "[e2e][train_mlp]") {
   auto ckpt = (std::filesystem::temp_directory_path() / ("ddprun-train-" + std::to_string(::getpid()) + ".ckpt")).string();
   std::filesystem::remove(ckpt);

@@ -203,12 +203,14 @@ int read_stacks(pid_t pid) {
 
 int main(int argc, char** argv) {
   char* end = nullptr;
+  errno = 0;
   long pid = argc == 2 ? std::strtol(argv[1], &end, 10) : 0;
-  if (argc != 2 || pid <= 0 || *end != '\0') {
-    std::fprintf(stderr,
+  const bool help = argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0);
+  if (help || argc != 2 || pid <= 0 || pid > 0x7fffffff || errno != 0 || *end != '\0') {
+    std::fprintf(help ? stdout : stderr,
                  "usage: ddprun-stack PID\nprints every thread's stack of process PID (as eu-stack -m -s), "
                  "read with libdw through ptrace\n");
-    return 2;
+    return help ? 0 : 2;
   }
   return read_stacks(static_cast<pid_t>(pid));
 }
