@@ -20,7 +20,11 @@ std::string read_private_file(const std::string& path, const std::string& what, 
   int fd = open_regular(path, O_RDONLY | O_NOCTTY);  // (a FIFO: refused, not waited on for a writer)
   if (fd < 0 && errno == EINVAL) throw UsageError(what + " '" + path + "' is not a regular file");
   if (fd < 0) {
-    throw UsageError("cannot open " + what + " '" + path + "': " + std::strerror(errno) + " (create it with: " + create + ")");
+    const int err = errno;  // the hint fits the cause: a file not there is made, one there is someone else's
+    throw UsageError("cannot open " + what + " '" + path + "': " + std::strerror(err) +
+                     (err == ENOENT ? " (create it with: " + create + ")"
+                      : err == EACCES ? " (it is there, but this user may not read it: run as its owner, or give a copy of your own, mode 600)"
+                                      : ""));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -179,6 +179,33 @@ TEST_CASE("secret files: private - non-empty - bounded - trailing newline ignore
   CHECK_THROWS_WITH(auth::read_secret_file(empty), Catch::Contains("is empty"));
   auto big = write_secret(std::string(5000, 'x'), 0600);
   CHECK_THROWS_WITH(auth::read_secret_file(big), Catch::Contains("more than 4096 bytes"));
-  CHECK_THROWS_WITH(auth::read_secret_file("/nonexistent/secret"), Catch::Contains("cannot open the secret file"));
+  CHECK_THROWS_WITH(auth::read_secret_file("/nonexistent/secret"),
+                    Catch::Contains("cannot open the secret file") && Catch::Contains("(create it with: "));
+  // Another user's 0600 file: the hint says whose it is, not how to create it (read as nobody).
+  if (::geteuid() == 0) {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    const pid_t child = ::fork();
+    if (child == 0) {
+      std::string said = "read it";
+      if (::setresgid(65534, 65534, 65534) == 0 && ::setresuid(65534, 65534, 65534) == 0) {
+        try {
+          auth::read_secret_file(good);
+        } catch (const std::exception& e) {
+          said = e.what();
+        }
+      }
+      (void)!::write(fds[1], said.data(), said.size());
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    std::string said;
+    char buf[512];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;) said.append(buf, static_cast<std::size_t>(n));
+    ::close(fds[0]);
+    ::waitpid(child, nullptr, 0);
+    CHECK_THAT(said, Catch::Contains("Permission denied (it is there, but this user may not read it") &&
+                         !Catch::Contains("create it with"));
+  }
   for (const auto& p : {good, open, empty, big}) ::unlink(p.c_str());
 }
