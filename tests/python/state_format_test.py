@@ -401,6 +401,16 @@ def count_again(st):
           f"load() before init_process_group in a job of 2 ranks: said: {[str(w.message) for w in said]}")
 
 
+class SavesWhenLoaded:
+    """Saves as it is unpickled (by load())."""
+
+    def __init__(self):
+        self.state = 1  # (an object without state is unpickled without __setstate__)
+
+    def __setstate__(self, _state):
+        sys.modules["ddprun.state"].save(1, {})
+
+
 def threads(st):
     # Saves from several threads at once (a training thread and a checkpoint thread) are made one
     # after the other: the state loaded is one save, whole, never a mix of two.
@@ -439,8 +449,55 @@ def threads(st):
         st.save(step, {"x": SavesWhilePickled()})
         check(False, "a save() from within save()'s pickling is refused")
     except st.StateError as e:
-        check("while this thread's save() pickles" in str(e) and st.steps() == held,
+        check("while this thread is inside save() or load()" in str(e) and st.steps() == held,
               f"a save() from within save()'s pickling is refused, the last state kept: {e}")
+
+    # ... and from within load()'s unpickling: that load fails (said), it does not wait on itself.
+    st.save(step + 1, {"x": SavesWhenLoaded()}, blocking=True)
+    got, said = loaded(st)
+    check(got is None and "while this thread is inside save() or load()" in said,
+          f"a save() from within load() is refused: load() says so and returns None ({said.strip()[:160]})")
+
+    # A forked child (a DataLoader worker, an async checkpoint) shares the worker's area: refused.
+    child = os.fork()
+    if child == 0:
+        try:
+            st.save(step + 3, {})
+            os._exit(3)
+        except st.StateError as e:
+            os._exit(0 if "called in a process forked from the worker" in str(e) else 4)
+    check(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0, "a save() in a forked child is refused")
+
+    # An optimizer step's fence (wait()) on another thread while saves go on: every save waits
+    # for the last one's copy, so no two copies ever write at once.
+    writing, overlaps, guard = [], [], threading.Lock()
+    real_write = st._write
+
+    def spied(*args):
+        with guard:
+            if writing:
+                overlaps.append((args[1], list(writing)))
+            writing.append(args[1])
+        try:
+            return real_write(*args)
+        finally:
+            with guard:
+                writing.remove(args[1])
+
+    st._write, done = spied, threading.Event()
+    fencer = threading.Thread(target=lambda: [st._fence() for _ in iter(done.is_set, True)])
+    fencer.start()
+    try:
+        for s in range(step + 10, step + 160):
+            st.save(s, {"t": torch.full((500_000,), float(s))})
+    finally:
+        done.set()
+        fencer.join()
+        st._write = real_write
+    st.wait()
+    got = st.load()
+    check(not overlaps and got[0] == step + 159 and got[1]["t"].unique().tolist() == [float(step + 159)],
+          f"saves beside a fence on another thread: no two copies at once (overlaps: {overlaps[:3]}), the last whole")
 
 
 def files(st):

@@ -204,18 +204,49 @@ _warned = False
 _pending = None  # the save being copied: a thread, or None
 # One save() or load() at a time in a process (a training thread and a checkpoint thread may both
 # call save()): two at once would pick the same slot and write it together, a mix of both that
-# its CRC-32s pass. `_saver`: the thread inside save(), to refuse a save() from within its own
-# pickling (a __reduce__ that saves), which would wait on itself.
+# its CRC-32s pass. `_owner`: the thread inside one, to refuse a save() or load() from within it
+# (a __reduce__ or __setstate__ that saves, a signal handler), which would wait on itself.
+# `_pending_mu` guards `_pending` itself: wait() runs on any thread (an optimizer step's fence).
 _lock = threading.Lock()
-_saver = None
+_owner = None
+_pending_mu = threading.Lock()
+_forked_from = None  # in a process forked from the worker: the worker's pid
 
 
-def _new_lock():
-    global _lock, _saver
-    _lock, _saver = threading.Lock(), None  # a fork's child: the thread holding it is not there
+def _after_fork():
+    global _lock, _owner, _pending_mu, _pending, _forked_from
+    # The child: the threads holding these are not there, nor the save's copy thread.
+    _lock, _owner, _pending_mu, _pending = threading.Lock(), None, threading.Lock(), None
+    _forked_from = _forked_from or os.getppid()
 
 
-os.register_at_fork(after_in_child=_new_lock)
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class _Exclusive:
+    """save() and load(): one at a time in the process, never nested in one thread, and only in
+    the worker itself (a forked child, a DataLoader worker, shares its area)."""
+
+    def __init__(self, what):
+        self.what = what
+
+    def __enter__(self):
+        global _owner
+        if _forked_from is not None:
+            raise StateError(f"ddprun.state.{self.what}: called in a process forked from the worker (pid "
+                             f"{_forked_from}): only the worker saves and loads its rank's state")
+        if _owner == threading.get_ident():
+            raise StateError(f"ddprun.state.{self.what}: called while this thread is inside save() or load() (from "
+                             f"a __reduce__, __setstate__ or a signal handler?): call it once that has returned")
+        _lock.acquire()
+        _owner = threading.get_ident()
+        return self
+
+    def __exit__(self, *_exc):
+        global _owner
+        _owner = None
+        _lock.release()
+        return False
 
 
 def _warn_once(why):
@@ -481,9 +512,13 @@ def wait():
     if pending is None:
         return
     pending.thread.join()
-    _pending = None
+    with _pending_mu:
+        if _pending is not pending:
+            return  # another thread's wait() ended it (and raised its error)
+        _pending = None
+        if pending.error is not None:
+            _last_gen = 0  # never committed: a persist() asks for the newest committed state
     if pending.error is not None:
-        _last_gen = 0  # never committed: a persist() asks for the newest committed state
         raise StateError(f"ddprun.state.save: the copy failed: {pending.error}") from pending.error
 
 
@@ -509,25 +544,17 @@ def save(step, obj, blocking=False, replicated=()):
     rank (a broadcast from each): the stall and the memory of that part shrink world-fold. Name
     nothing that differs between ranks (RNG states, a data loader's position, sharded optimizer
     state): a rank would load another's. Without torch.distributed (one rank) it is ignored."""
-    global _saver
     t0 = time.perf_counter()
-    if _saver == threading.get_ident():
-        raise StateError("ddprun.state.save: called while this thread's save() pickles its state (from a "
-                         "__reduce__ or __getstate__?): save the state once it is made")
     try:
         area = _open_area()
         if area is None:
             return
         _install_fence()
-        with _lock:  # saves from several threads one after the other, each whole
-            _saver = threading.get_ident()
-            try:
-                wait()  # the previous save's thread still writes the slot this one picks (counted as save()'s time)
-                _save(area, _step(step), obj, _replicated(replicated))
-                if blocking:
-                    wait()
-            finally:
-                _saver = None
+        with _Exclusive("save"):  # saves from several threads one after the other, each whole
+            wait()  # the previous save's thread still writes the slot this one picks (counted as save()'s time)
+            _save(area, _step(step), obj, _replicated(replicated))
+            if blocking:
+                wait()
     finally:
         _Stats.save_blocked_s += time.perf_counter() - t0
 
@@ -595,8 +622,9 @@ def _save(area, step, obj, replicated):
                    for t, offset, nbytes in pickler.tensors]
     _Stats.saves += 1
     _Stats.last_bytes = needed
-    _pending = _Pending(_write, (area, slot, gen, step, skeleton, tensors, pickler.data))
-    _last_gen = gen  # (only once its copy runs: a persist() names it)
+    with _pending_mu:
+        _pending = _Pending(_write, (area, slot, gen, step, skeleton, tensors, pickler.data))
+        _last_gen = gen  # (only once its copy runs: a persist() names it)
 
 
 def steps():
@@ -796,7 +824,7 @@ def load(path=None, verify=True):
         area = _open_area()
         if area is None and not os.environ.get("DDPRUN_STATE_FD"):
             return None  # not under ddprun, on any rank: nothing to agree on
-        with _lock:  # not beside a save() of another thread
+        with _Exclusive("load"):  # not beside a save() of another thread
             return _load(area, verify, "memory written outside ddprun.state?")
     try:
         area = _Area.of_file(os.fspath(path))
