@@ -38,12 +38,13 @@ std::string thread_states(pid_t pid) {
   return states;
 }
 
-// A process whose main thread sleeps while its second thread sits in vfork() for `seconds` (state
+// A process whose main thread and four others sleep while one more sits in vfork() for `seconds` (state
 // D: it takes no signal until the child exits), as a worker's helper thread in a driver call or on
 // a network file system.
 pid_t with_thread_in_d(int seconds) {
   const pid_t pid = ::fork();
   if (pid == 0) {
+    for (int i = 0; i < 4; ++i) std::thread([] { for (;;) ::pause(); }).detach();  // threads read beside it
     std::thread([seconds] {
       if (::vfork() == 0) {
         struct timespec t {seconds, 0};
@@ -371,4 +372,17 @@ TEST_CASE("stacks: ddprun-stack leaves a process with a thread in uninterruptibl
     ::kill(target, SIGKILL);
     ::waitpid(target, nullptr, 0);
   }
+  // The process killed while it is read (its main thread stopped, the other awaited): the reader
+  // ends, saying so, and does not abort (libdw asserts when a thread it read no registers of is
+  // followed by another).
+  const pid_t target = with_thread_in_d(3);
+  REQUIRE(until([&] { return thread_states(target).find('D') != std::string::npos; }, std::chrono::seconds(5)));
+  Launch reader({tool, std::to_string(target)});
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ::kill(target, SIGKILL);
+  auto r = reader.finish(std::chrono::seconds(10));
+  ::waitpid(target, nullptr, 0);
+  INFO(r.out << r.err);
+  CHECK((r.code == 0 || r.code == 1));
+  CHECK_THAT(r.out, Catch::Contains("PID " + std::to_string(target)));
 }

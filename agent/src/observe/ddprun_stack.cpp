@@ -17,8 +17,10 @@
 // named, not read.
 #include <cxxabi.h>
 #include <dirent.h>
+#include <elf.h>
 #include <elfutils/libdwfl.h>
 #include <sys/ptrace.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -135,7 +137,7 @@ int stop_threads(pid_t pid, Reading& r) {
       if (tid == 0 || ::waitpid(tid, &status, __WALL | WNOHANG) != tid) continue;
       if (WIFSTOPPED(status)) {  // the interrupt, or a signal's delivery: that signal is given back
         const bool interrupt = WSTOPSIG(status) == SIGTRAP && (status >> 16) == PTRACE_EVENT_STOP;
-        r.stopped[tid] = interrupt || WSTOPSIG(status) == SIGSTOP ? 0 : WSTOPSIG(status);
+        r.stopped[tid] = interrupt ? 0 : WSTOPSIG(status);  // (a SIGSTOP too: the job-control stop is kept)
       }
       tid = 0;  // stopped, or gone
       ++done;
@@ -159,6 +161,14 @@ int on_thread(Dwfl_Thread* thread, void* arg) {
   }
   // A thread that cannot be unwound further keeps what was read: not an error for the others.
   if (dwfl_thread_getframes(thread, on_frame, &r) != 0 && r.depth == 0) {
+    unsigned char regs[4096];
+    iovec io{regs, sizeof(regs)};
+    if (::ptrace(PTRACE_GETREGSET, tid, NT_PRSTATUS, &io) != 0) {
+      // Its registers are gone: only SIGKILL ends a stopped thread, so the process is ending. No
+      // next thread either (libdw, which found no registers, would take it for this one: abort()).
+      *r.current += "(not read: the process ended while it was read)\n";
+      return DWARF_CB_ABORT;
+    }
     *r.current += format("(no frames: %s)\n", dwfl_errmsg(-1));
   }
   return DWARF_CB_OK;
