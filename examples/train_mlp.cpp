@@ -82,7 +82,11 @@ Args parse(int argc, char** argv) {
       if (d < lo || d > hi) usage(k + " must be from " + g(lo) + " to " + g(hi) + " (got '" + v + "')");
       return d;
     };
-    auto count = [&](const std::string& v, int lo) { return static_cast<int>(num(v, lo, 1e9)); };
+    auto count = [&](const std::string& v, int lo) {
+      const double d = num(v, lo, 1e9);
+      if (d != std::floor(d)) usage(k + " needs a whole number, got '" + v + "'");
+      return static_cast<int>(d);
+    };
     if (k == "--help" || k == "-h") usage("a small MLP trained with ddprun's runtime (bucketed all-reduce)", 0);
     else if (k == "--steps") a.steps = count(val(), 0);
     else if (k == "--global_batch") a.global_batch = count(val(), 1);

@@ -369,7 +369,7 @@ void note_unused(const ParsedArgs& given, const std::map<std::string, std::strin
                       (s.worker_timeout.count() ? "S a worker is stopped S seconds after its last beat" : "0 no hang is looked for"));
     }
   }
-  if (s.standalone) {  // torchrun overrides these without a word; a port a firewall allows is then not used
+  if (s.standalone) {  // torchrun overrides all but --rdzv_conf without a word; a port a firewall allows is then not used
     std::string unused;
     for (const char* name : {"rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "master_addr", "master_port"}) {
       const auto v = given.values.find(name);

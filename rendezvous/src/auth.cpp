@@ -23,7 +23,7 @@ std::string read_private_file(const std::string& path, const std::string& what, 
     const int err = errno;  // the hint fits the cause: a file not there is made, one there is someone else's
     throw UsageError("cannot open " + what + " '" + path + "': " + std::strerror(err) +
                      (err == ENOENT ? " (create it with: " + create + ")"
-                      : err == EACCES ? " (it is there, but this user may not read it: run as its owner, or give a copy of your own, mode 600)"
+                      : err == EACCES ? " (this user may not read it, or a folder on its path: run as its owner, or give a copy of your own, mode 600)"
                                       : ""));
   }
   struct stat st {};

@@ -171,8 +171,8 @@ using Tallies = std::map<std::pair<std::string, std::string>, Tally>;
 // patterns would grow without bound, outside --max_store_bytes); the rest count as "<other>".
 constexpr std::size_t kMostPatterns = 4096;
 
-// "ddprun/rdzv/job/r12/node/3" -> "ddprun/rdzv/job/r<n>/node/<n>": a key's pattern, escaped
-// (printable, one line) and cut to 64 bytes.
+// "ddprun/rdzv/job/r12/node/3" -> "ddprun/rdzv/job/r<n>/node/<n>": a key's pattern, its first
+// 64 bytes, escaped (printable, one line).
 std::string key_pattern(std::string_view key) {
   std::string out;
   for (std::size_t i = 0; i < key.size() && out.size() < 64;) {
@@ -183,7 +183,7 @@ std::string key_pattern(std::string_view key) {
       out += key[i++];
     }
   }
-  return ddprun::escape_for_log(out, 64);
+  return ddprun::escape_for_log(out, 1024);  // (whole: a cut's "... (N bytes)" would split the column)
 }
 
 void print_tallies(const Tallies& t, std::size_t woken) {

@@ -61,7 +61,9 @@ void check_options(const StoreServerOptions& o) {
                                 {"max_key_bytes", o.limits.max_key_bytes},
                                 {"max_waits_per_connection", o.max_waits_per_connection},
                                 {"max_watches_per_connection", o.max_watches_per_connection},
-                                {"max_queue_length", o.max_queue_length}}) {
+                                {"max_queue_length", o.max_queue_length},
+                                {"max_unauthenticated_connections", o.max_unauthenticated_connections},
+                                {"max_unauthenticated_per_address", o.max_unauthenticated_per_address}}) {
     if (v == 0 || v > 1'000'000'000) fail(std::string("--") + name + " must be 1 to 1000000000 (got " + count_text(v) + ")");
   }
   if (o.reserved_fds > 1'000'000) fail("--reserved_fds must be 0 to 1000000 (got " + count_text(o.reserved_fds) + ")");

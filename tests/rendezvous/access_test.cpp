@@ -204,7 +204,7 @@ TEST_CASE("secret files: private - non-empty - bounded - trailing newline ignore
     for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;) said.append(buf, static_cast<std::size_t>(n));
     ::close(fds[0]);
     ::waitpid(child, nullptr, 0);
-    CHECK_THAT(said, Catch::Contains("Permission denied (it is there, but this user may not read it") &&
+    CHECK_THAT(said, Catch::Contains("Permission denied (this user may not read it, or a folder on its path") &&
                          !Catch::Contains("create it with"));
   }
   for (const auto& p : {good, open, empty, big}) ::unlink(p.c_str());
