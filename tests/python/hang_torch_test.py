@@ -8,7 +8,8 @@ jobs (tests/python/hang_worker.py):
                in DDP's all-reduce: one report, which blames that rank by rank, host and frame
                with its kind, without changing any worker (the stopped one stays stopped), and
                the job ends 124 --hang_stop after it;
-  false_alarms a first step of 6 s, a 6 s evaluation loop (forward passes, no optimizer step), a
+  false_alarms a first step of 6 s, a 6 s evaluation loop (forward passes, no optimizer step) on
+               every rank and an 8 s one on rank 0 alone while the other waits in a barrier, a
                checkpoint save of 8 s (torch.save, and plain file writes) on rank 0 while the others wait
                in a barrier (a save longer than the floor, as a long one is longer than 30 s), and the whole job
                beside two CPU hogs: each ends 0 with no report, event or metric;
@@ -246,6 +247,7 @@ def false_alarms(ddprun, tmp):
     # its writes to storage.
     together(lambda: no_alarm(ddprun, tmp, "first_step", ["--first_step", "6"]),
              lambda: no_alarm(ddprun, tmp, "evaluation", ["--eval_at", "5", "--eval_s", "6"], metrics=True),
+             lambda: no_alarm(ddprun, tmp, "evaluation_rank0", ["--eval_at", "5", "--eval_s", "8", "--eval_rank", "0"]),
              lambda: no_alarm(ddprun, tmp, "write", ["--write_at", "5", "--write_s", "8", "--write_dir", tmp],
                               said="rank 0 is writing to storage"))
     # Longer than the floor: the others wait. Alone: the save's beat every 2 s leaves 1 s to the

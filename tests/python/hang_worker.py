@@ -9,6 +9,7 @@ worker of the hang tests (hang_torch_test.py) and of bench/hang_bench.py.
      mismatch  calls a broadcast while the other ranks are in DDP's all-reduce
   --first_step S   the first step takes S seconds longer (compilation, a large load)
   --eval_at STEP --eval_s S   an evaluation loop (forward passes only, no optimizer step) of S s
+                              (--eval_rank R: rank R's alone, the others wait in a barrier)
   --save_at STEP --save_s S   rank 0 saves a checkpoint with torch.save to a file that takes S s
                               to write (no forward, no step) while the others wait in a barrier
   --write_at STEP --write_s S --write_dir D
@@ -73,6 +74,7 @@ def main():
     ap.add_argument("--first_step", type=float, default=0)
     ap.add_argument("--eval_at", type=int, default=-1)
     ap.add_argument("--eval_s", type=float, default=0)
+    ap.add_argument("--eval_rank", type=int, default=-1)  # that rank alone evaluates; the others wait in a barrier
     ap.add_argument("--save_at", type=int, default=-1)
     ap.add_argument("--save_s", type=float, default=0)
     ap.add_argument("--write_at", type=int, default=-1)
@@ -107,9 +109,11 @@ def main():
         if step == a.eval_at:
             end = time.monotonic() + a.eval_s
             with torch.no_grad():
-                while time.monotonic() < end:
+                while time.monotonic() < end and a.eval_rank in (-1, rank):
                     model(x)
                     time.sleep(0.05)
+            if a.eval_rank >= 0:
+                dist.barrier()
         if step == a.save_at:
             if rank == 0:
                 torch.save(model.state_dict(), SlowFile(a.save_s))

@@ -412,12 +412,25 @@ bool WorkerGroup::Impl::excused_by_save(SteadyClock::time_point now) {
 }
 
 // The first silent rank past its bound (unless a rank of another node saves): reported hung.
+// Under auto, a rank that still makes progress is waited for by the others in a collective (rank
+// 0 evaluating alone while the rest sit in a barrier): a rank's silence counts from the newest
+// beat of any rank here, so a hang is this node's ranks silent together. (Where no collective
+// ties the ranks, a rank stuck beside others that work on is found once they end.)
 void WorkerGroup::Impl::find_hang(SteadyClock::time_point now) {
+  SteadyClock::time_point beat{};  // the newest beat of a running rank here
+  for (auto& s : slots) {
+    if (s->w.running() && !s->w.spec.heartbeat_file.empty()) beat = std::max(beat, s->hb.last());
+  }
+  bool waiting = false;  // a rank past its bound waits for another that beats
   for (auto& s : slots) {
     Worker& w = s->w;
     if (!w.running() || w.standing != Standing::own || w.spec.heartbeat_file.empty()) continue;
     auto bound = s->hb.bound(opt.hang);
     if (bound.count() <= 0 || std::min(s->hb.silent(now), now - saved_until) <= bound) continue;
+    if (opt.hang.adaptive && now - beat <= bound) {  // (a fixed --worker_timeout=S judges each worker alone)
+      waiting = true;
+      continue;
+    }
     if (nodes > 1) {
       // A rank of another node in torch.save: this node's ranks wait for it (asked only now, at
       // a silence: one request a check while it lasts).
@@ -425,8 +438,8 @@ void WorkerGroup::Impl::find_hang(SteadyClock::time_point now) {
       if (!remote) return;
       if (*remote) {
         if (!logged_remote) {
-          spdlog::info("ddprun: a rank of another node is saving a checkpoint; this node's ranks' "
-                       "silence is not taken for a hang until it ends");
+          spdlog::info("ddprun: a rank of another node is saving a checkpoint, or making progress while its "
+                       "node's other ranks wait; this node's ranks' silence is not taken for a hang until it ends");
         }
         logged_remote = true;
         saved_until = now;
@@ -440,6 +453,8 @@ void WorkerGroup::Impl::find_hang(SteadyClock::time_point now) {
     inspect();
     return;
   }
+  // Said to the other nodes as a save is: their ranks wait for this node's working one.
+  if (waiting && nodes > 1) listener->on_saving();
   logged_remote = false;  // nobody silent: a later save is said again
 }
 
