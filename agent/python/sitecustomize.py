@@ -61,41 +61,77 @@ class _Beat:
     path = None
     fd = -1
     pid = -1  # the process that opened fd
+    file_id = None  # (st_dev, st_ino) of the file fd was opened on
     steps = 0
     last = 0.0
-    stack_file = None
+    stack_fd = -1  # faulthandler's file (DDPRUN_STACK_SIGNAL)
+    stack_id = None
+    forked = False  # a fork of the process that beats (a DataLoader's or a Pool's worker): never beats
+
+
+def _same_file(fd, file_id):
+    """Whether `fd` is still open on the file `file_id` names: a script may close every descriptor
+    it inherited (os.closerange), and the number then names a file of its own, never to be written."""
+    try:
+        st = os.fstat(fd)
+        return (st.st_dev, st.st_ino) == file_id
+    except OSError:
+        return False
 
 
 def _beat_file():
+    if _Beat.forked:
+        return -1
     path = os.environ.get("DDPRUN_HEARTBEAT_FILE")
-    if path != _Beat.path or os.getpid() != _Beat.pid:  # a new attempt (or a forked child): steps from 0
-        if _Beat.fd >= 0:
-            os.close(_Beat.fd)
-        _Beat.path, _Beat.fd, _Beat.steps, _Beat.pid = path, -1, 0, os.getpid()
-        if path:
-            try:
-                _Beat.fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            except OSError:
-                pass
-            _register_stacks(path)
+    if path != _Beat.path or os.getpid() != _Beat.pid:  # a new attempt: steps from 0
+        _Beat.path, _Beat.fd, _Beat.steps, _Beat.pid = path, _reopen(path, _Beat.fd), 0, os.getpid()
+    elif (_Beat.fd >= 0 and not _same_file(_Beat.fd, _Beat.file_id)) or \
+            (_Beat.stack_fd >= 0 and not _same_file(_Beat.stack_fd, _Beat.stack_id)):
+        _Beat.fd = _reopen(path, _Beat.fd)  # closed under us: opened again, the count kept
     return _Beat.fd
+
+
+def _reopen(path, old):
+    """The heartbeat file opened (the descriptor `old` closed where it is still ours), and the stack
+    signal's file with it; -1 where there is none."""
+    if old >= 0 and _same_file(old, _Beat.file_id):
+        os.close(old)
+    fd, _Beat.file_id = -1, None
+    if path:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            st = os.fstat(fd)
+            _Beat.file_id = (st.st_dev, st.st_ino)
+        except OSError:
+            pass
+        _register_stacks(path)
+    return fd
+
+
+def _forked():
+    _Beat.forked = _Beat.forked or _Beat.pid >= 0  # (a wrapper that never beat may fork the trainer)
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _register_stacks(heartbeat):
     """faulthandler on DDPRUN_STACK_SIGNAL, into HEARTBEAT.stack (appended: ddprun reads what a
     signal adds). Not for a process that only inherited the variables (a DataLoader worker is
-    forked: it keeps its parent's registration, and ddprun signals the parent only)."""
+    forked: it keeps its parent's registration, and ddprun signals the parent only). A raw
+    descriptor, closed only while it is still ours (never a number the script reuses)."""
     number = os.environ.get("DDPRUN_STACK_SIGNAL", "")
     if not number.isdigit() or not heartbeat:
         return
     try:
         import faulthandler
 
-        stack_file = open(heartbeat + ".stack", "ab", buffering=0)
-        faulthandler.register(int(number), file=stack_file, all_threads=True, chain=False)
-        if _Beat.stack_file is not None:
-            _Beat.stack_file.close()
-        _Beat.stack_file = stack_file
+        fd = os.open(heartbeat + ".stack", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        faulthandler.register(int(number), file=fd, all_threads=True, chain=False)
+        if _Beat.stack_fd >= 0 and _same_file(_Beat.stack_fd, _Beat.stack_id):
+            os.close(_Beat.stack_fd)
+        st = os.fstat(fd)
+        _Beat.stack_fd, _Beat.stack_id = fd, (st.st_dev, st.st_ino)
     except (OSError, ValueError, RuntimeError):
         pass
 
@@ -158,13 +194,17 @@ class _Saving:
         self.fd, self.done = fd, threading.Event()
         self._write(b"%d save\n" % _Beat.steps)
         self.ticker = threading.Thread(target=self._tick, name="ddprun-save-beat", daemon=True)
-        self.ticker.start()
+        try:
+            self.ticker.start()
+        except RuntimeError:  # no new thread at the interpreter's end (an atexit save, 3.12): no ticks
+            self.ticker = None
         return self
 
     def __exit__(self, *_exc):
         if self.on:
             self.done.set()
-            self.ticker.join()
+            if self.ticker is not None:
+                self.ticker.join()
             self._write(b"%d\n" % _Beat.steps)
             _Saving.active = False
         return False

@@ -11,7 +11,9 @@
    TORCH_NCCL_ASYNC_ERROR_HANDLING); a PyTorch 2.x (tests/python/fake_torch2, a stand-in with
    2.x's version, hooks and deprecation warning: only 1.13 is installed here) prints no
    deprecation line and gets its heartbeats through register_optimizer_step_post_hook; with
-   --no_progress_hook it does print the line (the stand-in can tell).
+   --no_progress_hook it does print the line (the stand-in can tell);
+5. scripts that close every inherited descriptor, fork a child that saves, or save where no
+   thread can start: nothing of theirs written by the hook, the stuck rank blamed at its bound.
 
 Exits 77 (skipped) when torch cannot be imported.
 """
@@ -147,6 +149,65 @@ def nccl_variable(ddprun, env, tmp):
     require(p.stderr.count(DEPRECATED) == 2, f"without the hook the 2.x stand-in warns on every rank ({p.stderr[-500:]})")
 
 
+HOSTILE = """
+import os, sys, threading, time
+if os.environ.get("CASE") == "closefds":
+    os.closerange(3, 1024)  # daemon hygiene: every inherited descriptor closed, then files of its own
+log = open(os.path.join(os.environ["OUT"], "log.%s.txt" % os.environ["RANK"]), "w+")
+log.write("HEADER\\n"); log.flush()
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = DDP(torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(16, 8), torch.randn(16, 1)
+for step in range(20):
+    if step == 10 and os.environ.get("CASE") == "fork_save" and rank == 1:
+        if os.fork() == 0:  # an async checkpoint's child: its torch.save is not this rank saving
+            torch.save(model.state_dict(), os.path.join(os.environ["OUT"], "child.pt"))
+            time.sleep(30)
+            os._exit(0)
+    if step == 10 and os.environ.get("CASE") == "no_thread":
+        threading.Thread.start = lambda self: (_ for _ in ()).throw(RuntimeError("can't create new thread at interpreter shutdown"))
+        torch.save(model.state_dict(), os.path.join(os.environ["OUT"], "saved.%d.pt" % rank))
+    if step == 10 and os.environ.get("CASE") in ("closefds", "fork_save") and rank == 1:
+        while True:
+            time.sleep(0.1)  # stuck outside any collective
+    opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
+    time.sleep(0.05)
+log.write("DONE\\n"); log.flush()
+"""
+
+
+def hostile_scripts(ddprun, env, tmp):
+    """Scripts that close every inherited descriptor, fork a child that saves, or save where no
+    thread can start: the hook writes nothing of theirs, and the hang report blames the right rank
+    at its bound."""
+    script = os.path.join(tmp, "hostile.py")
+    with open(script, "w") as f:
+        f.write(HOSTILE)
+    for case in ("closefds", "fork_save", "no_thread"):
+        out = os.path.join(tmp, case)
+        os.makedirs(out)
+        t0 = time.time()
+        p = subprocess.run([ddprun, "--standalone", "--nproc_per_node=2", "--hang_floor=3", "--hang_stop=1",
+                            f"--log_dir={out}/logs", script],
+                           env=dict(env, CASE=case, OUT=out), capture_output=True, text=True, timeout=120)
+        took = time.time() - t0
+        if case == "no_thread":
+            require(p.returncode == 0 and all(os.path.getsize(os.path.join(out, "saved.%d.pt" % r)) > 0 for r in (0, 1)),
+                    f"{case}: torch.save where no thread can start saves, and the job ends 0 ({p.returncode}; {p.stderr[-600:]})")
+            continue
+        with open(os.path.join(out, "log.1.txt")) as f:
+            log = f.read()
+        require(log == "HEADER\n", f"{case}: the script's own file holds what it wrote, nothing of ddprun's ({log[:80]!r})")
+        require(p.returncode == 124 and "is stuck outside any collective in <module> (hostile.py:" in p.stderr and
+                "verdict: rank 1" in p.stderr, f"{case}: rank 1 blamed, exit 124 ({p.returncode}; {p.stderr[-900:]})")
+        require("saving a checkpoint" not in p.stderr and took < 40,
+                f"{case}: no save taken for the stuck rank's, the report at its bound ({took:.1f} s)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprun", required=True)
@@ -159,6 +220,7 @@ def main():
         unhung_run_completes(args.ddprun, env, tmp)
         hook_off_leaves_heartbeat(args.ddprun, env, tmp)
         sigstop_is_caught(args.ddprun, env, tmp)
+        hostile_scripts(args.ddprun, env, tmp)
     print("all progress hook checks passed")
 
 
