@@ -44,11 +44,11 @@ std::vector<std::string> resolve_command(const std::vector<std::string>& program
   // as what it is, not as missing.
   auto no_file = [](const std::string& what, const std::string& p) {
     struct stat st{};
-    if (::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) usage(what + " '" + p + "' is a directory: name a file in it");
-    if (::stat(p.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-      usage(what + " '" + p + "' is not a regular file (a FIFO, socket or device; <(...) too): every worker reads it, "
-            "so write it to a file");
-    }
+    if (::stat(p.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;
+    usage(what + " '" + p + "' " +
+          (S_ISDIR(st.st_mode) ? "is a directory: name a file in it"
+                               : "is not a regular file (a FIFO, socket or device; <(...) too): every worker reads it, "
+                                 "so write it to a file"));
   };
   std::vector<std::string> cmd;
   if (module) {

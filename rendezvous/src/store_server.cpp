@@ -72,9 +72,6 @@ void check_options(const StoreServerOptions& o) {
          std::to_string(o.tcp_keepalive_idle.count()) + ")");
   }
   if (o.output_high_water_bytes == 0) fail("--output_high_water_bytes must be at least 1");
-  if (o.max_unauthenticated_connections == 0 || o.max_unauthenticated_per_address == 0) {
-    fail("--max_unauthenticated_connections and --max_unauthenticated_per_address must be at least 1");
-  }
 }
 
 }  // namespace
