@@ -32,6 +32,13 @@ void SavingExchange::saving() {
 std::optional<bool> SavingExchange::others() {
   if (host_.empty()) return false;
   const auto now = Clock::now();
+  if (!reading_ && count_ && now - read_at_ >= 2 * kReadApart) {
+    // Reads of an earlier silence: what they saw (a save that has ended) says nothing of this
+    // one, which reads twice afresh. (Taken as they stood, a rank of another node that started
+    // working alone since, its node beating for it, was answered "nobody" at once.)
+    count_.reset();
+    failed_ = false;
+  }
   if (!reading_ && (!count_ || now - read_at_ >= kReadApart)) {
     reading_ = true;
     queue(0);

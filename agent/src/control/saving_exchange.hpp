@@ -5,7 +5,8 @@
 // store every 2 s (a beat, not a flag: nothing is left set by a node that died mid-save or a
 // request that failed), and a node that finds its ranks silent reads the count before it reports
 // them: someone is saving while the count moved within the last 5 s. It reads twice, 2.5 s apart,
-// before it knows; a read that fails answers "nobody is saving", so that a hang is still found.
+// before it knows (each silence afresh: reads older than 5 s are forgotten); a read that fails
+// answers "nobody is saving", so that a hang is still found.
 // The requests run on the store queue (control/store_queue.hpp), each bounded at 2 s; a read's
 // answer is posted to the loop.
 
