@@ -13,7 +13,8 @@ PyTorch, and then
    global forward pre-hook; 2.x would warn under torch.compile) each forward pass of any module
    touches the file, at most once a second, so an evaluation loop without optimizer steps is
    progress; while torch.save runs, the file says "12 save" and is touched every 2 s, so the
-   other ranks, waiting for this one in a collective, are not taken for hung;
+   other ranks, waiting for this one in a collective, are not taken for hung. One process beats
+   in a file: the first to step in it (_claim), not a Python child that inherits the variable;
 2. registers faulthandler on DDPRUN_STACK_SIGNAL (a real-time signal), writing every thread's
    traceback to HEARTBEAT.stack: ddprun reads a hung worker's Python stack without ending it,
    even while a thread spins holding the GIL (faulthandler writes from its signal handler);
@@ -67,6 +68,7 @@ class _Beat:
     stack_fd = -1  # faulthandler's file (DDPRUN_STACK_SIGNAL)
     stack_id = None
     forked = False  # a fork of the process that beats (a DataLoader's or a Pool's worker): never beats
+    claimed = False  # this process holds the file's lock (_claim)
 
 
 def _same_file(fd, file_id):
@@ -91,12 +93,42 @@ def _beat_file():
     return _Beat.fd
 
 
+def _claim(fd):
+    """Whether this process is the one that beats in the file: the first to step (or save) in it
+    takes an exclusive flock on it, which the kernel drops when that process ends. A Python
+    program the trainer starts (an evaluation or a checkpoint's subprocess, a spawned worker: each
+    inherits DDPRUN_HEARTBEAT_FILE) then leaves the file alone, and a hung trainer is not hidden
+    behind its child's steps and saves. Where the file system has no locks, every process beats,
+    as before this rule."""
+    if not _Beat.claimed:
+        import fcntl
+
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _Beat.claimed = True
+        except BlockingIOError:
+            return False
+        except OSError:
+            _Beat.claimed = True
+    return True
+
+
+def _release(fd):
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        pass
+    _Beat.claimed = False
+
+
 def _reopen(path, old):
     """The heartbeat file opened (the descriptor `old` closed where it is still ours), and the stack
     signal's file with it; -1 where there is none."""
     if old >= 0 and _same_file(old, _Beat.file_id):
-        os.close(old)
-    fd, _Beat.file_id = -1, None
+        os.close(old)  # (its lock with it)
+    fd, _Beat.file_id, _Beat.claimed = -1, None, False
     if path:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -139,7 +171,7 @@ def _register_stacks(heartbeat):
 def _touch(*_args):
     """An optimizer step: the count of steps written into the file (which sets its mtime)."""
     fd = _beat_file()
-    if fd < 0:
+    if fd < 0 or not _claim(fd):
         return
     heartbeat = _Beat.path
     if os.environ.get("DDPRUN_PRELOAD_AUTO") == "1" and getattr(sys, _STATE + "_reported", None) != heartbeat:
@@ -185,7 +217,7 @@ class _Saving:
 
     def __enter__(self):
         fd = _beat_file()
-        self.on = fd >= 0 and os.getpid() == _Beat.pid and not _Saving.active
+        self.on = fd >= 0 and os.getpid() == _Beat.pid and not _Saving.active and _claim(fd)
         if not self.on:
             return self
         import threading
@@ -207,6 +239,8 @@ class _Saving:
                 self.ticker.join()
             self._write(b"%d\n" % _Beat.steps)
             _Saving.active = False
+            if _Beat.steps == 0:  # saved before any step: the file is not yet this process's
+                _release(self.fd)
         return False
 
     def _write(self, text):

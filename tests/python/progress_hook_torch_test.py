@@ -12,8 +12,9 @@
    2.x's version, hooks and deprecation warning: only 1.13 is installed here) prints no
    deprecation line and gets its heartbeats through register_optimizer_step_post_hook; with
    --no_progress_hook it does print the line (the stand-in can tell);
-5. scripts that close every inherited descriptor, fork a child that saves, or save where no
-   thread can start: nothing of theirs written by the hook, the stuck rank blamed at its bound.
+5. scripts that close every inherited descriptor, fork a child that saves, start a Python child
+   that steps and saves, or save where no thread can start: nothing of theirs written by the hook,
+   the stuck rank blamed at its bound.
 
 Exits 77 (skipped) when torch cannot be imported.
 """
@@ -150,7 +151,7 @@ def nccl_variable(ddprun, env, tmp):
 
 
 HOSTILE = """
-import os, sys, threading, time
+import os, subprocess, sys, threading, time
 if os.environ.get("CASE") == "closefds":
     os.closerange(3, 1024)  # daemon hygiene: every inherited descriptor closed, then files of its own
 log = open(os.path.join(os.environ["OUT"], "log.%s.txt" % os.environ["RANK"]), "w+")
@@ -162,7 +163,22 @@ rank = dist.get_rank()
 model = DDP(torch.nn.Linear(8, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(16, 8), torch.randn(16, 1)
-for step in range(20):
+CHILD = '''
+import os, sys, time, torch
+m = torch.nn.Linear(8, 1); o = torch.optim.SGD(m.parameters(), lr=0.01)
+for i in range(300):  # 60 s of steps and saves, none of them its parent's
+    o.step(); torch.save(m.state_dict(), sys.argv[1] + "/child.pt")
+    if i == 0: open(sys.argv[1] + "/child.started", "w").close()
+    time.sleep(0.2)
+'''
+started = os.path.join(os.environ["OUT"], "child.started")
+for step in range(2000 if os.environ.get("CASE") == "exec_save" else 20):
+    if step == 10 and os.environ.get("CASE") == "exec_save" and rank == 1:
+        # an evaluation's or a checkpoint's subprocess, a fresh interpreter that inherits the variables
+        subprocess.Popen([sys.executable, "-c", CHILD, os.environ["OUT"]])
+    if os.environ.get("CASE") == "exec_save" and rank == 1 and os.path.exists(started):
+        while True:
+            time.sleep(0.1)  # stuck outside any collective, while its child steps and saves
     if step == 10 and os.environ.get("CASE") == "fork_save" and rank == 1:
         if os.fork() == 0:  # an async checkpoint's child: its torch.save is not this rank saving
             torch.save(model.state_dict(), os.path.join(os.environ["OUT"], "child.pt"))
@@ -181,13 +197,13 @@ log.write("DONE\\n"); log.flush()
 
 
 def hostile_scripts(ddprun, env, tmp):
-    """Scripts that close every inherited descriptor, fork a child that saves, or save where no
-    thread can start: the hook writes nothing of theirs, and the hang report blames the right rank
+    """Scripts that close every inherited descriptor, fork a child that saves, start a Python child
+    that steps and saves (it inherits DDPRUN_HEARTBEAT_FILE), or save where no thread can start: the hook writes nothing of theirs, and the hang report blames the right rank
     at its bound."""
     script = os.path.join(tmp, "hostile.py")
     with open(script, "w") as f:
         f.write(HOSTILE)
-    for case in ("closefds", "fork_save", "no_thread"):
+    for case in ("closefds", "fork_save", "exec_save", "no_thread"):
         out = os.path.join(tmp, case)
         os.makedirs(out)
         t0 = time.time()
