@@ -14,7 +14,7 @@ PyTorch, and then
    touches the file, at most once a second, so an evaluation loop without optimizer steps is
    progress; while torch.save runs, the file says "12 save" and is touched every 2 s, so the
    other ranks, waiting for this one in a collective, are not taken for hung. One process beats
-   in a file: the first to step in it (_claim), not a Python child that inherits the variable;
+   in a file, the one named in HEARTBEAT.pid (_owns), not a Python child that inherits the variable;
 2. registers faulthandler on DDPRUN_STACK_SIGNAL (a real-time signal), writing every thread's
    traceback to HEARTBEAT.stack: ddprun reads a hung worker's Python stack without ending it,
    even while a thread spins holding the GIL (faulthandler writes from its signal handler);
@@ -68,7 +68,8 @@ class _Beat:
     stack_fd = -1  # faulthandler's file (DDPRUN_STACK_SIGNAL)
     stack_id = None
     forked = False  # a fork of the process that beats (a DataLoader's or a Pool's worker): never beats
-    claimed = False  # this process holds the file's lock (_claim)
+    owner = False  # this process is the one that beats (_owns), as of HEARTBEAT.pid's `owner_key`
+    owner_key = None
 
 
 def _same_file(fd, file_id):
@@ -93,42 +94,65 @@ def _beat_file():
     return _Beat.fd
 
 
-def _claim(fd):
-    """Whether this process is the one that beats in the file: the first to step (or save) in it
-    takes an exclusive flock on it, which the kernel drops when that process ends. A Python
-    program the trainer starts (an evaluation or a checkpoint's subprocess, a spawned worker: each
-    inherits DDPRUN_HEARTBEAT_FILE) then leaves the file alone, and a hung trainer is not hidden
-    behind its child's steps and saves. Where the file system has no locks, every process beats,
-    as before this rule."""
-    if not _Beat.claimed:
-        import fcntl
-
+def _descends_from(pid, ancestor):
+    """Whether process `pid` is a descendant of `ancestor` (its parents, read in /proc)."""
+    for _ in range(64):
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _Beat.claimed = True
-        except BlockingIOError:
+            with open("/proc/%d/stat" % pid, "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])  # the parent's pid
+        except (OSError, ValueError, IndexError):
             return False
-        except OSError:
-            _Beat.claimed = True
-    return True
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
 
 
-def _release(fd):
-    import fcntl
-
+def _owns():
+    """Whether this process is the one that beats: the process named in HEARTBEAT.pid (also what
+    ddprun reads a hung worker's stacks from). A process that steps takes the name when nobody
+    holds it, when its holder has ended, or when its holder is its own descendant; otherwise it
+    leaves the file alone. So a Python program the trainer starts (an evaluation's or a
+    checkpoint's subprocess, a helper that stepped first: each inherits DDPRUN_HEARTBEAT_FILE)
+    never beats for it nor hides its hang, and a wrapper (sh -c, a Python launcher that never
+    steps) holds nothing. Read again only when the file changes (one stat a step)."""
+    name = _Beat.path + ".pid"
     try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        st = os.stat(name)
+        key = (st.st_ino, st.st_mtime_ns)
     except OSError:
-        pass
-    _Beat.claimed = False
+        key = None
+    if key is not None and key == _Beat.owner_key:
+        return _Beat.owner
+    me, holder = os.getpid(), None
+    if key is not None:
+        try:
+            with open(name, "rb") as f:
+                holder = int(f.read().strip() or b"0")
+        except (OSError, ValueError):
+            pass
+    mine = not holder or holder == me or not os.path.exists("/proc/%d" % holder) or _descends_from(holder, me)
+    if mine and holder != me:
+        try:
+            tmp = "%s.%d.tmp" % (name, me)
+            with open(tmp, "w") as f:
+                f.write("%d\n" % me)
+            os.replace(tmp, name)
+            st = os.stat(name)
+            key = (st.st_ino, st.st_mtime_ns)
+        except OSError:
+            key = None  # asked again at the next step
+    _Beat.owner_key, _Beat.owner = key, mine
+    return mine
 
 
 def _reopen(path, old):
     """The heartbeat file opened (the descriptor `old` closed where it is still ours), and the stack
     signal's file with it; -1 where there is none."""
     if old >= 0 and _same_file(old, _Beat.file_id):
-        os.close(old)  # (its lock with it)
-    fd, _Beat.file_id, _Beat.claimed = -1, None, False
+        os.close(old)
+    fd, _Beat.file_id, _Beat.owner_key = -1, None, None
     if path:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -171,7 +195,7 @@ def _register_stacks(heartbeat):
 def _touch(*_args):
     """An optimizer step: the count of steps written into the file (which sets its mtime)."""
     fd = _beat_file()
-    if fd < 0 or not _claim(fd):
+    if fd < 0 or not _owns():
         return
     heartbeat = _Beat.path
     if os.environ.get("DDPRUN_PRELOAD_AUTO") == "1" and getattr(sys, _STATE + "_reported", None) != heartbeat:
@@ -179,13 +203,6 @@ def _touch(*_args):
         _report_modules(heartbeat)
     _Beat.steps += 1
     _Beat.last = time.monotonic()
-    if _Beat.steps == 1:  # the process that trains, for ddprun to read (a wrapper may stand above it)
-        try:
-            with open(heartbeat + ".pid.tmp", "w") as f:
-                f.write("%d\n" % os.getpid())
-            os.replace(heartbeat + ".pid.tmp", heartbeat + ".pid")
-        except OSError:
-            pass
     try:
         os.pwrite(fd, b"%d\n" % _Beat.steps, 0)
     except OSError:
@@ -197,7 +214,7 @@ def _forward(*_args):
     most one touch a second; none before the first step (a touch of the file while it holds no
     count is a step), nor from a forked child (a DataLoader worker runs the parent's hooks)."""
     now = time.monotonic()
-    if now - _Beat.last < 1.0 or _Beat.steps == 0 or os.getpid() != _Beat.pid:
+    if now - _Beat.last < 1.0 or _Beat.steps == 0 or os.getpid() != _Beat.pid or not _Beat.owner:
         return
     _Beat.last = now
     fd = _beat_file()
@@ -217,7 +234,7 @@ class _Saving:
 
     def __enter__(self):
         fd = _beat_file()
-        self.on = fd >= 0 and os.getpid() == _Beat.pid and not _Saving.active and _claim(fd)
+        self.on = fd >= 0 and os.getpid() == _Beat.pid and not _Saving.active and _owns()
         if not self.on:
             return self
         import threading
@@ -239,8 +256,6 @@ class _Saving:
                 self.ticker.join()
             self._write(b"%d\n" % _Beat.steps)
             _Saving.active = False
-            if _Beat.steps == 0:  # saved before any step: the file is not yet this process's
-                _release(self.fd)
         return False
 
     def _write(self, text):

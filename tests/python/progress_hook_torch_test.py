@@ -13,8 +13,9 @@
    deprecation line and gets its heartbeats through register_optimizer_step_post_hook; with
    --no_progress_hook it does print the line (the stand-in can tell);
 5. scripts that close every inherited descriptor, fork a child that saves, start a Python child
-   that steps and saves, or save where no thread can start: nothing of theirs written by the hook,
-   the stuck rank blamed at its bound.
+   that steps and saves, start a helper that steps once before the trainer and idles, or save
+   where no thread can start: nothing of theirs written by the hook, the stuck rank blamed at its
+   bound; a trainer that execs itself beside its DataLoader's worker beats on.
 
 Exits 77 (skipped) when torch cannot be imported.
 """
@@ -158,6 +159,14 @@ log = open(os.path.join(os.environ["OUT"], "log.%s.txt" % os.environ["RANK"]), "
 log.write("HEADER\\n"); log.flush()
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+if os.environ.get("CASE") == "helper_first" and os.environ["RANK"] == "1":
+    # a helper started first that takes a step before the trainer's first, then idles
+    helper_done = os.path.join(os.environ["OUT"], "helper.stepped")
+    subprocess.Popen([sys.executable, "-c", "import sys, time, torch; m = torch.nn.Linear(8, 1); "
+                      "torch.optim.SGD(m.parameters(), lr=0.1).step(); open(sys.argv[1], 'w').close(); time.sleep(120)",
+                      helper_done])
+    while not os.path.exists(helper_done):
+        time.sleep(0.05)
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 model = DDP(torch.nn.Linear(8, 1))
@@ -187,13 +196,39 @@ for step in range(2000 if os.environ.get("CASE") == "exec_save" else 20):
     if step == 10 and os.environ.get("CASE") == "no_thread":
         threading.Thread.start = lambda self: (_ for _ in ()).throw(RuntimeError("can't create new thread at interpreter shutdown"))
         torch.save(model.state_dict(), os.path.join(os.environ["OUT"], "saved.%d.pt" % rank))
-    if step == 10 and os.environ.get("CASE") in ("closefds", "fork_save") and rank == 1:
+    if step == 10 and os.environ.get("CASE") in ("closefds", "fork_save", "helper_first") and rank == 1:
         while True:
             time.sleep(0.1)  # stuck outside any collective
     opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
     time.sleep(0.05)
 log.write("DONE\\n"); log.flush()
 """
+
+
+EXEC_RESTART = """
+import os, sys, time, torch
+o = torch.optim.SGD(torch.nn.Linear(8, 1).parameters(), lr=0.01)
+if len(sys.argv) < 2:  # 10 steps beside a DataLoader's worker (a forked child), then exec itself
+    it = iter(torch.utils.data.DataLoader(torch.randn(640, 8), batch_size=8, num_workers=1, persistent_workers=True))
+    for i in range(10):
+        next(it); o.step(); time.sleep(0.1)
+    os.execv(sys.executable, [sys.executable, sys.argv[0], "again"])
+for i in range(50):
+    o.step(); time.sleep(0.1)
+print("DONE", flush=True)
+"""
+
+
+def exec_restart(ddprun, env, tmp):
+    """A trainer that starts itself again with exec (its DataLoader's worker still alive) beats
+    on: the same process, its beats its own, no false hang."""
+    script = os.path.join(tmp, "exec_restart.py")
+    with open(script, "w") as f:
+        f.write(EXEC_RESTART)
+    p = subprocess.run([ddprun, "--standalone", "--nproc_per_node=1", "--hang_floor=3", "--hang_stop=1",
+                        f"--log_dir={tmp}/exec_restart", script], env=env, capture_output=True, text=True, timeout=120)
+    require(p.returncode == 0 and "DONE" in p.stdout and "looks hung" not in p.stderr,
+            f"a trainer that execs itself keeps beating, no false hang ({p.returncode}; {p.stderr[-600:]})")
 
 
 def hostile_scripts(ddprun, env, tmp):
@@ -203,7 +238,7 @@ def hostile_scripts(ddprun, env, tmp):
     script = os.path.join(tmp, "hostile.py")
     with open(script, "w") as f:
         f.write(HOSTILE)
-    for case in ("closefds", "fork_save", "exec_save", "no_thread"):
+    for case in ("closefds", "fork_save", "exec_save", "helper_first", "no_thread"):
         out = os.path.join(tmp, case)
         os.makedirs(out)
         t0 = time.time()
@@ -237,6 +272,7 @@ def main():
         hook_off_leaves_heartbeat(args.ddprun, env, tmp)
         sigstop_is_caught(args.ddprun, env, tmp)
         hostile_scripts(args.ddprun, env, tmp)
+        exec_restart(args.ddprun, env, tmp)
     print("all progress hook checks passed")
 
 
