@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,8 +47,12 @@ T get(int fd, std::uint64_t at) {
 // A rank's area as a worker's save leaves it: `slot` holds generation `gen` at `step`, its payload
 // `fill` bytes of `fill`'s value (committed when `commit`).
 struct Area {
-  StateAreas areas{1, 8 << 20};
-  int fd = areas.fd(0);
+  Area() : owned(std::make_unique<StateAreas>(1, 8 << 20)), areas(*owned), fd(areas.fd(0)) {}
+  Area(const StateAreas& node, int local_rank) : areas(node), fd(node.fd(local_rank)) {}  // one of a node's ranks
+
+  std::unique_ptr<StateAreas> owned;
+  const StateAreas& areas;
+  int fd;
   std::uint64_t slot_bytes = (areas.bytes_per_rank() - kPage) / sl::kSlots / kPage * kPage;
 
   std::uint64_t slot_at(int slot) const { return kPage + static_cast<std::uint64_t>(slot) * slot_bytes; }
@@ -202,4 +207,37 @@ TEST_CASE("state persister: a request made just before the agent ends, before it
   CHECK(err == 0);
   CHECK(step == 10);
   CHECK(fs::exists(target));
+}
+
+TEST_CASE("state persister: two ranks persisting one step to one path - the first writes it, the other is refused saying each rank needs its own file", "[units]") {
+  StateAreas node(2, 16 << 20);
+  Area rank0(node, 0), rank1(node, 1);
+  TempDir dir;
+  const std::string shared = (dir.path / "latest.state").string();
+  StatePersister persister(node, std::chrono::milliseconds(10));
+  rank0.save(0, 1, 100, 'a');
+  rank1.save(0, 1, 100, 'b');
+  auto first = rank0.request(1, shared);
+  Area::ask(persister);
+  auto [step, err, message] = rank0.answer(first, std::chrono::seconds(10));
+  REQUIRE(err == 0);
+  auto second = rank1.request(1, shared);
+  std::tie(step, err, message) = rank1.answer(second, std::chrono::seconds(10));
+  CHECK(err == EEXIST);
+  CHECK_THAT(message, Catch::Contains("local rank 0 persisted its state of step 100 to this path") &&
+                          Catch::Contains("every rank needs a file of its own"));
+  CHECK(slurp(shared).substr(2 * kPage, 1064) == std::string(1064, 'a'));  // rank 0's, whole
+  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator{}) == 1);
+
+  // Files of their own: both written. The path at a later step from the other rank (the ranks
+  // placed anew on the nodes): written.
+  const std::string own = (dir.path / "rank1.state").string();
+  std::tie(step, err, message) = rank1.answer(rank1.request(1, own), std::chrono::seconds(10));
+  CHECK(err == 0);
+  rank1.save(1, 2, 200, 'c');
+  std::tie(step, err, message) = rank1.answer(rank1.request(2, shared), std::chrono::seconds(10));
+  INFO(message);
+  CHECK(err == 0);
+  CHECK(step == 200);
+  CHECK(slurp(shared).substr(2 * kPage, 1064) == std::string(1064, 'c'));
 }

@@ -275,6 +275,7 @@ void StatePersister::serve(bool last) {
         if (!last) continue;  // that save is still being copied: asked again at the next poll
         refuse(ECANCELED, "the save it asked for never completed (its worker ended mid-save)");
       }
+      shared_path(r, c.path, c.step);
     } catch (const std::exception& e) {
       c.dir.reset();
       c.err = dynamic_cast<const PersistError*>(&e) ? static_cast<const PersistError&>(e).code : EIO;
@@ -311,6 +312,23 @@ void StatePersister::flush() {
     answer(c);
     lock.lock();
   }
+}
+
+// Every rank persisting after the same step to one path (persist("/ckpt/latest.state") on each):
+// the file would hold whichever came last, and every rank load that one's data position and
+// random state. The first to ask writes it; the others are refused, saying what to do.
+void StatePersister::shared_path(int local_rank, const std::string& path, std::int64_t step) {
+  if (writers_.size() >= 1024) {  // a path a step (f"/ckpt/{step}/rank{rank}.state"): the earlier steps' let go
+    std::erase_if(writers_, [step](const auto& w) { return w.second.step < step; });
+  }
+  auto [it, added] = writers_.try_emplace(path, Writer{local_rank, step});
+  if (added || it->second.local_rank == local_rank || it->second.step != step) {
+    it->second = Writer{local_rank, step};
+    return;
+  }
+  refuse(EEXIST, fmt::format("local rank {} persisted its state of step {} to this path: every rank needs a file of "
+                             "its own, e.g. f\"/ckpt/rank{{dist.get_rank()}}.state\"",
+                             it->second.local_rank, step));
 }
 
 void StatePersister::mark_copied(int local_rank, std::uint64_t number) {

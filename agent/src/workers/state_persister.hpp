@@ -23,6 +23,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <list>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -53,12 +54,19 @@ class StatePersister {
   // `last`: the final pass; a request for a save never committed is answered, not kept.
   void serve(bool last);
   void flush();  // the flushing thread: each copy flushed and renamed, each request answered
+  // Refuses (throws) a request of `local_rank` for a path another local rank wrote at `step`.
+  void shared_path(int local_rank, const std::string& path, std::int64_t step);
   void mark_copied(int local_rank, std::uint64_t number);
   void answer(const Copied& c);
 
   const StateAreas& areas_;
   const std::chrono::milliseconds poll_;
   std::vector<std::uint64_t> served_;  // per local rank: the last request number taken (the copier's)
+  struct Writer {
+    int local_rank;
+    std::int64_t step;
+  };
+  std::map<std::string, Writer> writers_;  // per path: the last rank that asked for it, and its step (the copier's)
   std::mutex mu_;
   std::condition_variable wake_;
   bool stop_ = false;
