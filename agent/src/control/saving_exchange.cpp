@@ -8,9 +8,13 @@
 namespace ddprun::agent {
 namespace {
 
+// A node beats at its checks (at most 1 s apart: worker_group.cpp), so its beats come at most
+// kBeat + 1 s apart; reads further apart than that see at least one between them.
 constexpr auto kBeat = std::chrono::seconds(2);
-constexpr auto kReadApart = std::chrono::milliseconds(2500);
-constexpr auto kMoved = std::chrono::seconds(5);
+constexpr auto kReadApart = std::chrono::milliseconds(3500);
+constexpr auto kMoved = 2 * kReadApart;
+// A silence asks at each check (at most 1 s apart): a longer pause between two asks ends it.
+constexpr auto kSilenceGap = std::chrono::milliseconds(1500);
 
 }  // namespace
 
@@ -32,13 +36,14 @@ void SavingExchange::saving() {
 std::optional<bool> SavingExchange::others() {
   if (host_.empty()) return false;
   const auto now = Clock::now();
-  if (!reading_ && count_ && now - read_at_ >= 2 * kReadApart) {
-    // Reads of an earlier silence: what they saw (a save that has ended) says nothing of this
-    // one, which reads twice afresh. (Taken as they stood, a rank of another node that started
-    // working alone since, its node beating for it, was answered "nobody" at once.)
+  if (!reading_ && now - asked_at_ > kSilenceGap) {
+    // A new silence: what an earlier one read (a save that has ended) says nothing of it, and it
+    // reads twice afresh. (Taken as they stood, a rank of another node that started working
+    // alone since, its node beating for it, was answered "nobody" at once.)
     count_.reset();
     failed_ = false;
   }
+  asked_at_ = now;
   if (!reading_ && (!count_ || now - read_at_ >= kReadApart)) {
     reading_ = true;
     queue(0);

@@ -4,9 +4,10 @@
 // hang. So while a rank of a node saves, its node adds 1 to ddprun/saving/ROUND in the workers'
 // store every 2 s (a beat, not a flag: nothing is left set by a node that died mid-save or a
 // request that failed), and a node that finds its ranks silent reads the count before it reports
-// them: someone is saving while the count moved within the last 5 s. It reads twice, 2.5 s apart,
-// before it knows (each silence afresh: reads older than 5 s are forgotten); a read that fails
-// answers "nobody is saving", so that a hang is still found.
+// them: someone is saving while the count moved within the last 7 s. It reads twice, 3.5 s apart
+// (a node's beats come at most 3 s apart, at its checks), before it knows, each silence afresh
+// (asks more than 1.5 s apart: a new silence); a read that fails answers "nobody is saving", so
+// that a hang is still found.
 // The requests run on the store queue (control/store_queue.hpp), each bounded at 2 s; a read's
 // answer is posted to the loop.
 
@@ -51,6 +52,7 @@ class SavingExchange {
   // Reads: the count last read, when it was read, when it was last seen to move.
   std::optional<std::int64_t> count_;
   Clock::time_point read_at_{}, moved_at_{};
+  Clock::time_point asked_at_{};  // the last others(): the silence it belongs to
   bool failed_ = false;  // the last read did not get through: nobody is taken to be saving
   bool reading_ = false;
   bool beating_ = false;  // a beat queued, not yet answered: the next waits (no backlog behind a slow store)
