@@ -116,15 +116,16 @@ def _owns():
     leaves the file alone. So a Python program the trainer starts (an evaluation's or a
     checkpoint's subprocess, a helper that stepped first: each inherits DDPRUN_HEARTBEAT_FILE)
     never beats for it nor hides its hang, and a wrapper (sh -c, a Python launcher that never
-    steps) holds nothing. Read again only when the file changes (one stat a step)."""
+    steps) holds nothing. The owner reads the file again only when it changes (one stat a step);
+    another process at each of its steps (its holder may have ended since)."""
     name = _Beat.path + ".pid"
     try:
         st = os.stat(name)
         key = (st.st_ino, st.st_mtime_ns)
     except OSError:
         key = None
-    if key is not None and key == _Beat.owner_key:
-        return _Beat.owner
+    if _Beat.owner and key is not None and key == _Beat.owner_key:
+        return True
     me, holder = os.getpid(), None
     if key is not None:
         try:
@@ -139,10 +140,9 @@ def _owns():
             with open(tmp, "w") as f:
                 f.write("%d\n" % me)
             os.replace(tmp, name)
-            st = os.stat(name)
-            key = (st.st_ino, st.st_mtime_ns)
         except OSError:
-            key = None  # asked again at the next step
+            pass
+        key = None  # read back at the next step: of two processes writing at once, one stays named
     _Beat.owner_key, _Beat.owner = key, mine
     return mine
 

@@ -15,7 +15,8 @@
 5. scripts that close every inherited descriptor, fork a child that saves, start a Python child
    that steps and saves, start a helper that steps once before the trainer and idles, or save
    where no thread can start: nothing of theirs written by the hook, the stuck rank blamed at its
-   bound; a trainer that execs itself beside its DataLoader's worker beats on.
+   bound; a trainer that execs itself beside its DataLoader's worker beats on, and one beside a
+   helper that stepped and ended beats once the helper has ended.
 
 Exits 77 (skipped) when torch cannot be imported.
 """
@@ -231,6 +232,29 @@ def exec_restart(ddprun, env, tmp):
             f"a trainer that execs itself keeps beating, no false hang ({p.returncode}; {p.stderr[-600:]})")
 
 
+SIBLINGS = """
+import sys, time, torch
+o = torch.optim.SGD(torch.nn.Linear(8, 1).parameters(), lr=0.01)
+for i in range(int(sys.argv[1])):
+    o.step(); time.sleep(0.1)
+print(sys.argv[2], flush=True)
+"""
+
+
+def sibling_ended(ddprun, env, tmp):
+    """A wrapper runs a helper that steps (1 s) beside the trainer (5 s): once the helper has
+    ended, the trainer's steps are the beats; no false hang."""
+    script = os.path.join(tmp, "siblings.py")
+    with open(script, "w") as f:
+        f.write(SIBLINGS)
+    p = subprocess.run([ddprun, "--standalone", "--nproc_per_node=1", "--hang_floor=3", "--hang_stop=1",
+                        f"--log_dir={tmp}/siblings", "sh", "-c",
+                        f"/usr/bin/python3 {script} 10 HELPER & /usr/bin/python3 {script} 50 TRAINER; wait"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    require(p.returncode == 0 and "TRAINER" in p.stdout and "HELPER" in p.stdout and "looks hung" not in p.stderr,
+            f"a trainer beside a helper that stepped and ended beats once it has ended ({p.returncode}; {p.stderr[-600:]})")
+
+
 def hostile_scripts(ddprun, env, tmp):
     """Scripts that close every inherited descriptor, fork a child that saves, start a Python child
     that steps and saves (it inherits DDPRUN_HEARTBEAT_FILE), or save where no thread can start: the hook writes nothing of theirs, and the hang report blames the right rank
@@ -273,6 +297,7 @@ def main():
         sigstop_is_caught(args.ddprun, env, tmp)
         hostile_scripts(args.ddprun, env, tmp)
         exec_restart(args.ddprun, env, tmp)
+        sibling_ended(args.ddprun, env, tmp)
     print("all progress hook checks passed")
 
 
