@@ -106,7 +106,11 @@ def main():
     for step in range(a.steps):
         if step == 0 and a.first_step > 0:
             time.sleep(a.first_step)
-        if step == a.eval_at:
+        if step == a.save_at:
+            if rank == 0:
+                torch.save(model.state_dict(), SlowFile(a.save_s))
+            dist.barrier()
+        if step == a.eval_at:  # (at the save's step: right after it, as at an epoch's end)
             end = time.monotonic() + a.eval_s
             with torch.no_grad():
                 while time.monotonic() < end and a.eval_rank in (-1, rank):
@@ -114,10 +118,6 @@ def main():
                     time.sleep(0.05)
             if a.eval_rank >= 0:
                 dist.barrier()
-        if step == a.save_at:
-            if rank == 0:
-                torch.save(model.state_dict(), SlowFile(a.save_s))
-            dist.barrier()
         if step == a.write_at:
             if rank == 0:
                 path = os.path.join(a.write_dir, f"ckpt.{os.getpid()}.bin")

@@ -30,6 +30,10 @@ using namespace std::chrono_literals;
 // A heartbeat time-out ends the job with this code (as timeout(1) does).
 constexpr int kHeartbeatExitCode = 124;
 
+// Across nodes, a rank of this node silent this long while another beat within it works alone
+// (find_hang). Ranks of a DDP job beat together, each step; a forward pass beats once a second.
+constexpr auto kWorkingAlone = 3s;
+
 bool stops(int sig) { return sig == SIGTERM || sig == SIGKILL || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT; }
 
 }  // namespace
@@ -420,6 +424,18 @@ void WorkerGroup::Impl::find_hang(SteadyClock::time_point now) {
   SteadyClock::time_point beat{};  // the newest beat of a running rank here
   for (auto& s : slots) {
     if (s->w.running() && !s->w.spec.heartbeat_file.empty()) beat = std::max(beat, s->hb.last());
+  }
+  if (nodes > 1 && opt.hang.adaptive && now - beat <= kWorkingAlone) {
+    // A rank silent while another works (rank 0 evaluating alone, the rest in a barrier): said to
+    // the other nodes, whose ranks wait too, as a save is, from now on, not only once this node's
+    // silent rank is past its bound (a save that ends into such an evaluation left the others a
+    // gap as long as that bound, and they reported a hang in it).
+    for (auto& s : slots) {
+      if (s->w.running() && !s->w.spec.heartbeat_file.empty() && now - s->hb.last() > kWorkingAlone) {
+        listener->on_saving();
+        break;
+      }
+    }
   }
   bool waiting = false;  // a rank past its bound waits for another that beats
   for (auto& s : slots) {
