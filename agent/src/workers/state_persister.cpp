@@ -317,13 +317,15 @@ void StatePersister::flush() {
 // Every rank persisting after the same step to one path (persist("/ckpt/latest.state") on each):
 // the file would hold whichever came last, and every rank load that one's data position and
 // random state. The first to ask writes it; the others are refused, saying what to do.
+// The ranks of a step ask within moments of each other: a request is compared with those of the
+// last minute only (a path's earlier writer, in an earlier round, may have been another local
+// rank where the nodes' --nproc_per_node differ), and only they are kept.
 void StatePersister::shared_path(int local_rank, const std::string& path, std::int64_t step) {
-  if (writers_.size() >= 1024) {  // a path a step (f"/ckpt/{step}/rank{rank}.state"): the earlier steps' let go
-    std::erase_if(writers_, [step](const auto& w) { return w.second.step < step; });
-  }
-  auto [it, added] = writers_.try_emplace(path, Writer{local_rank, step});
+  const auto now = std::chrono::steady_clock::now();
+  std::erase_if(writers_, [now](const auto& w) { return now - w.second.at > std::chrono::minutes(1); });
+  auto [it, added] = writers_.try_emplace(path, Writer{local_rank, step, now});
   if (added || it->second.local_rank == local_rank || it->second.step != step) {
-    it->second = Writer{local_rank, step};
+    it->second = Writer{local_rank, step, now};
     return;
   }
   refuse(EEXIST, fmt::format("local rank {} persisted its state of step {} to this path: every rank needs a file of "

@@ -65,8 +65,9 @@ class StatePersister {
   struct Writer {
     int local_rank;
     std::int64_t step;
+    std::chrono::steady_clock::time_point at;
   };
-  std::map<std::string, Writer> writers_;  // per path: the last rank that asked for it, and its step (the copier's)
+  std::map<std::string, Writer> writers_;  // per path asked for in the last minute: the last rank, its step (the copier's)
   std::mutex mu_;
   std::condition_variable wake_;
   bool stop_ = false;
