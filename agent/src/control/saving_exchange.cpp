@@ -36,12 +36,14 @@ void SavingExchange::saving() {
 std::optional<bool> SavingExchange::others() {
   if (host_.empty()) return false;
   const auto now = Clock::now();
-  if (!reading_ && now - asked_at_ > kSilenceGap) {
+  if (now - asked_at_ > kSilenceGap) {
     // A new silence: what an earlier one read (a save that has ended) says nothing of it, and it
     // reads twice afresh. (Taken as they stood, a rank of another node that started working
-    // alone since, its node beating for it, was answered "nobody" at once.)
+    // alone since, its node beating for it, was answered "nobody" at once.) A read still under
+    // way is of the earlier one: its answer is let go.
     count_.reset();
     failed_ = false;
+    ++silence_;
   }
   asked_at_ = now;
   if (!reading_ && (!count_ || now - read_at_ >= kReadApart)) {
@@ -55,11 +57,12 @@ std::optional<bool> SavingExchange::others() {
 
 void SavingExchange::queue(int delta) {
   const int round = round_;
+  const std::uint64_t silence = silence_;
   const std::string key = "ddprun/saving/" + std::to_string(round);
-  auto answer = [this, delta, round](std::optional<std::int64_t> count) {
-    boost::asio::post(io_, [this, delta, round, count] {
+  auto answer = [this, delta, round, silence](std::optional<std::int64_t> count) {
+    boost::asio::post(io_, [this, delta, round, silence, count] {
       if (delta == 0) {
-        on_read(round, count);
+        on_read(round, silence, count);
       } else {
         beating_ = false;
       }
@@ -69,9 +72,9 @@ void SavingExchange::queue(int delta) {
               [answer](const std::string&) { answer(std::nullopt); });
 }
 
-void SavingExchange::on_read(int round, std::optional<std::int64_t> count) {
+void SavingExchange::on_read(int round, std::uint64_t silence, std::optional<std::int64_t> count) {
   reading_ = false;
-  if (round != round_) return;
+  if (round != round_ || silence != silence_) return;
   const auto now = Clock::now();
   failed_ = !count;
   if (!count) return;

@@ -41,7 +41,7 @@ class SavingExchange {
 
  private:
   void queue(int delta);  // 1: a beat, 0: a read
-  void on_read(int round, std::optional<std::int64_t> count);  // on the loop
+  void on_read(int round, std::uint64_t silence, std::optional<std::int64_t> count);  // on the loop
 
   boost::asio::io_context& io_;
   StoreQueue& queue_;
@@ -53,6 +53,7 @@ class SavingExchange {
   std::optional<std::int64_t> count_;
   Clock::time_point read_at_{}, moved_at_{};
   Clock::time_point asked_at_{};  // the last others(): the silence it belongs to
+  std::uint64_t silence_ = 0;     // silences begun: a read of an earlier one is let go
   bool failed_ = false;  // the last read did not get through: nobody is taken to be saving
   bool reading_ = false;
   bool beating_ = false;  // a beat queued, not yet answered: the next waits (no backlog behind a slow store)
