@@ -37,6 +37,9 @@ opt.step()  # the first step: the progress hook reports the modules, then beats
 print("AUTO restart=%s imported_at_restart=%s same_pid=%s" % (restart, autoload.RESTART, autoload.PID == os.getpid()), flush=True)
 if restart == "0":
     go = os.environ["PROBE_GO"]
+    with open(go + ".pid.tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(go + ".pid.tmp", go + ".pid")
     while not os.path.exists(go):
         time.sleep(0.02)
     sys.exit(3)
@@ -57,6 +60,9 @@ opt.step()
 print("PROJECT restart=%s datasets=%s mypkg=%s" % (restart, datasets.WHO, mypkg.VALUE), flush=True)
 if restart == "0":
     go = os.environ["PROBE_GO"]
+    with open(go + ".pid.tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(go + ".pid.tmp", go + ".pid")
     while not os.path.exists(go):
         time.sleep(0.02)
     sys.exit(3)
@@ -109,6 +115,9 @@ restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
 print("EDIT restart=%s mypkg=%s set_at_import=%s" % (restart, mypkg.VALUE, os.environ.get("SET_AT_IMPORT")), flush=True)
 if restart == "0":
     go = os.environ["PROBE_GO"]
+    with open(go + ".pid.tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(go + ".pid.tmp", go + ".pid")
     while not os.path.exists(go):
         time.sleep(0.02)
     sys.exit(3)
@@ -139,12 +148,16 @@ def edited_before_ready(ddprun, tmp):
 
     def edit_then_crash():
         deadline = time.monotonic() + 200
-        while not os.path.exists(started) and time.monotonic() < deadline:
+        while not (os.path.exists(started) and os.path.exists(go + ".pid")) and time.monotonic() < deadline:
             time.sleep(0.02)
         with open(init, "w") as f:
             f.write("import os\nos.environ['SET_AT_IMPORT'] = 'yes'\nVALUE = 'edited'\n")
+        with open(go + ".pid") as f:
+            pid = f.read()
         open(go, "w").close()
-        time.sleep(1)  # the restart is under way: the spare is handed the attempt before its imports end
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.02)  # the worker exits 3, and is reaped: the restart hands the spare the attempt
+        time.sleep(0.3)  # (within milliseconds) before its imports end
         open(release, "w").close()
 
     t = threading.Thread(target=edit_then_crash, daemon=True)

@@ -220,39 +220,58 @@ print("DONE", flush=True)
 """
 
 
+def beat_files(log_dir):
+    """(the heartbeat file's text, its .pid's) of the single worker under log_dir."""
+    for root, _, files in os.walk(log_dir):
+        if "heartbeat" in files:
+            read = lambda name: open(os.path.join(root, name)).read() if name in files else ""  # noqa: E731
+            return read("heartbeat"), read("heartbeat.pid").strip()
+    return "", ""
+
+
 def exec_restart(ddprun, env, tmp):
     """A trainer that starts itself again with exec (its DataLoader's worker still alive) beats
-    on: the same process, its beats its own, no false hang."""
+    on: its new image's 50 steps are in the file (under a flock, which the DataLoader's worker
+    kept, the file stayed at the 10 before the exec)."""
     script = os.path.join(tmp, "exec_restart.py")
     with open(script, "w") as f:
         f.write(EXEC_RESTART)
-    p = subprocess.run([ddprun, "--standalone", "--nproc_per_node=1", "--hang_floor=3", "--hang_stop=1",
-                        f"--log_dir={tmp}/exec_restart", script], env=env, capture_output=True, text=True, timeout=120)
-    require(p.returncode == 0 and "DONE" in p.stdout and "looks hung" not in p.stderr,
-            f"a trainer that execs itself keeps beating, no false hang ({p.returncode}; {p.stderr[-600:]})")
+    p = subprocess.run([ddprun, "--standalone", "--nproc_per_node=1", f"--log_dir={tmp}/exec_restart", script],
+                       env=env, capture_output=True, text=True, timeout=120)
+    beat, _ = beat_files(f"{tmp}/exec_restart")
+    require(p.returncode == 0 and "DONE" in p.stdout and beat == "50\n",
+            f"a trainer that execs itself keeps beating ({p.returncode}; {beat!r}; {p.stderr[-600:]})")
 
 
 SIBLINGS = """
-import sys, time, torch
+import os, sys, time, torch
 o = torch.optim.SGD(torch.nn.Linear(8, 1).parameters(), lr=0.01)
+while sys.argv[2] == "TRAINER" and not os.path.exists(sys.argv[3]):
+    time.sleep(0.02)  # the helper steps first
 for i in range(int(sys.argv[1])):
     o.step(); time.sleep(0.1)
-print(sys.argv[2], flush=True)
+    if i == 0 and sys.argv[2] == "HELPER":
+        open(sys.argv[3], "w").close()
+print(sys.argv[2], os.getpid(), flush=True)
 """
 
 
 def sibling_ended(ddprun, env, tmp):
-    """A wrapper runs a helper that steps (1 s) beside the trainer (5 s): once the helper has
-    ended, the trainer's steps are the beats; no false hang."""
+    """A wrapper runs a helper that steps first (1 s) beside the trainer (5 s): once the helper has
+    ended, the trainer is the one that beats (its pid in HEARTBEAT.pid, where the previous rule
+    left the ended helper's for good)."""
     script = os.path.join(tmp, "siblings.py")
     with open(script, "w") as f:
         f.write(SIBLINGS)
-    p = subprocess.run([ddprun, "--standalone", "--nproc_per_node=1", "--hang_floor=3", "--hang_stop=1",
-                        f"--log_dir={tmp}/siblings", "sh", "-c",
-                        f"/usr/bin/python3 {script} 10 HELPER & /usr/bin/python3 {script} 50 TRAINER; wait"],
+    p = subprocess.run([ddprun, "--standalone", "--nproc_per_node=1", f"--log_dir={tmp}/siblings", "sh", "-c",
+                        f"/usr/bin/python3 {script} 10 HELPER {tmp}/stepped & "
+                        f"/usr/bin/python3 {script} 50 TRAINER {tmp}/stepped; wait"],
                        env=env, capture_output=True, text=True, timeout=120)
-    require(p.returncode == 0 and "TRAINER" in p.stdout and "HELPER" in p.stdout and "looks hung" not in p.stderr,
-            f"a trainer beside a helper that stepped and ended beats once it has ended ({p.returncode}; {p.stderr[-600:]})")
+    trainer = re.search(r"TRAINER (\d+)", p.stdout)
+    _, holder = beat_files(f"{tmp}/siblings")
+    require(p.returncode == 0 and "HELPER" in p.stdout and trainer and holder == trainer.group(1),
+            f"a trainer beside a helper that stepped and ended beats once it has ended ({p.returncode}; "
+            f"HEARTBEAT.pid {holder!r}; {p.stdout[-300:]})")
 
 
 def hostile_scripts(ddprun, env, tmp):
