@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <spdlog/fmt/fmt.h>
@@ -139,8 +140,10 @@ class Directory {
 
 // The slot of `generation` copied (sendfile: at memory speed, into the page cache) into a hidden
 // file beside `path`, its step in `step`; null, with `not_yet` set, where it is not committed yet.
+// `check(step)` runs before the copy, and may refuse it (throws).
 std::unique_ptr<Directory> copy_slot_to(int area_fd, std::uint64_t area_bytes, std::uint64_t generation,
-                                        const std::string& path, std::int64_t* step, bool* not_yet) {
+                                        const std::string& path, std::int64_t* step, bool* not_yet,
+                                        const std::function<void(std::int64_t)>& check) {
   const std::size_t page = sl::page();
   const Found slot = find_slot(area_fd, area_bytes, generation);
   *not_yet = slot.offset == 0 && slot.newest < generation;
@@ -148,6 +151,7 @@ std::unique_ptr<Directory> copy_slot_to(int area_fd, std::uint64_t area_bytes, s
   if (slot.offset == 0) {
     refuse(ESTALE, fmt::format("the state asked for (generation {}) was overwritten before it was copied", generation));
   }
+  check(slot.head.step);
   auto dir = std::make_unique<Directory>(path);
   const int out = dir->create();
   const std::uint64_t payload = slot.head.payload();
@@ -270,12 +274,12 @@ void StatePersister::serve(bool last) {
     try {
       if (length > sl::kRequestPathBytes) refuse(ENAMETOOLONG, "the path is too long");
       bool not_yet = false;
-      c.dir = copy_slot_to(fd, areas_.bytes_per_rank(), generation, c.path, &c.step, &not_yet);
+      c.dir = copy_slot_to(fd, areas_.bytes_per_rank(), generation, c.path, &c.step, &not_yet,
+                           [&](std::int64_t step) { shared_path(r, c.path, step); });
       if (not_yet) {
         if (!last) continue;  // that save is still being copied: asked again at the next poll
         refuse(ECANCELED, "the save it asked for never completed (its worker ended mid-save)");
       }
-      shared_path(r, c.path, c.step);
     } catch (const std::exception& e) {
       c.dir.reset();
       c.err = dynamic_cast<const PersistError*>(&e) ? static_cast<const PersistError&>(e).code : EIO;
