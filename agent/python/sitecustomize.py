@@ -13,8 +13,7 @@ PyTorch, and then
    global forward pre-hook; 2.x would warn under torch.compile) each forward pass of any module
    touches the file, at most once a second, so an evaluation loop without optimizer steps is
    progress; while torch.save runs, the file says "12 save" and is touched every 2 s, so the
-   other ranks, waiting for this one in a collective, are not taken for hung, unless the process
-   has read and written nothing for DDPRUN_SAVE_IDLE_LIMIT seconds (_IoIdle). One process beats
+   other ranks, waiting for this one in a collective, are not taken for hung. One process beats
    in a file, the one named in HEARTBEAT.pid (_owns), not a Python child that inherits the variable;
 2. registers faulthandler on DDPRUN_STACK_SIGNAL (a real-time signal), writing every thread's
    traceback to HEARTBEAT.stack: ddprun reads a hung worker's Python stack without ending it,
@@ -229,15 +228,9 @@ def _forward(*_args):
 class _Saving:
     """torch.save under way in the process that trains: the file says "N save" and is touched
     every 2 s until it ends, so that ddprun takes the other ranks' silence (they wait for this
-    one in a collective) for what it is; with `watch_io` (torch.save's), not while the process
-    reads and writes nothing (_IoIdle): it is silent then, as a hung rank is. (ddprun.state's wait
-    for the agent's copy does no I/O of its own, and is bounded there.) Not nested, not in a forked
-    child."""
+    one in a collective) for what it is. Not nested, not in a forked child."""
 
     active = False
-
-    def __init__(self, watch_io=False):
-        self.watch_io = watch_io
 
     def __enter__(self):
         fd = _beat_file()
@@ -273,71 +266,11 @@ class _Saving:
             pass
 
     def _tick(self):
-        idle = _IoIdle(self.watch_io)
-        try:
-            while not self.done.wait(2.0):
-                if idle.idle_for() >= idle.limit:
-                    continue  # stuck in its I/O: silent, judged as any silence
-                try:
-                    os.utime(self.fd)
-                except OSError:
-                    return
-        finally:
-            idle.close()
-
-
-class _IoIdle:
-    """How long this process has read and written nothing, for a torch.save that may be stuck in
-    its I/O (a dead NFS mount, a stream to an object store that stopped answering): past
-    DDPRUN_SAVE_IDLE_LIMIT seconds its ticks stop. Read in /proc/self/io: rchar and wchar count
-    each read and write call of any thread (files, sockets, pipes) as it returns, read_bytes and
-    write_bytes a file's pages as they are read and dirtied (so one long write to a file moves
-    them while it lasts). Not counted: this read itself, and an interval in which faulthandler
-    wrote the stacks (HEARTBEAT.stack grew: ddprun reading a silent rank is no progress of its).
-    Without the variable or the file, or not `watch`ed: no limit."""
-
-    _KEYS = (b"rchar:", b"wchar:", b"read_bytes:", b"write_bytes:")
-
-    def __init__(self, watch=True):
-        self.fd, self.limit = -1, float("inf")
-        try:
-            limit = float(os.environ.get("DDPRUN_SAVE_IDLE_LIMIT", ""))
-            if limit > 0 and watch:
-                self.fd = os.open("/proc/self/io", os.O_RDONLY | os.O_CLOEXEC)
-                self.limit = limit
-        except (OSError, ValueError):
-            pass
-        self.moved = time.monotonic()
-        self.total, self.own, self.stack = self._look()
-
-    def _look(self):
-        """(the counters' sum, the bytes this read took, the stack file's size); None: unreadable."""
-        if self.fd < 0:
-            return None, 0, None
-        try:
-            data = os.pread(self.fd, 4096, 0)
-            fields = [line.split() for line in data.splitlines()]
-            total = sum(int(f[1]) for f in fields if len(f) == 2 and f[0] in self._KEYS)
-        except (OSError, ValueError):
-            return None, 0, None
-        try:
-            stack = os.fstat(_Beat.stack_fd).st_size if _Beat.stack_fd >= 0 else None
-        except OSError:
-            stack = None
-        return total, len(data), stack
-
-    def idle_for(self):
-        now = time.monotonic()
-        total, own, stack = self._look()
-        if total is None or self.total is None or (total - self.total > self.own and stack == self.stack):
-            self.moved = now
-        self.total, self.own, self.stack = total, own, stack
-        return now - self.moved
-
-    def close(self):
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        while not self.done.wait(2.0):
+            try:
+                os.utime(self.fd)
+            except OSError:
+                return
 
 
 def _on_serialization(module):
@@ -350,7 +283,7 @@ def _on_serialization(module):
         return
 
     def save_beating(*args, **kwargs):
-        with _Saving(watch_io=True):
+        with _Saving():
             return save(*args, **kwargs)
 
     module.save = functools.wraps(save)(save_beating)

@@ -33,24 +33,6 @@ TEST_CASE("worker environment: ddprun's sitecustomize first on PYTHONPATH, only 
   CHECK(first_env(o)["PYTHONPATH"] == "/opt/ddprun/share/ddprun/python");
 }
 
-// The hook stops a torch.save's ticks once its process has read and written nothing for 4x the
-// floor (docs/usage.md: Hangs).
-TEST_CASE("worker environment: the hook's limit on a save without I/O is 4x the floor, or 4x a fixed bound", "[units]") {
-  auto o = options(1, 0);
-  o.python_site_dir = "/opt/ddprun/share/ddprun/python";
-  CHECK(first_env(o)["DDPRUN_SAVE_IDLE_LIMIT"] == "120");  // --worker_timeout=auto, --hang_floor=30
-  o.hang_floor = std::chrono::milliseconds(2500);
-  CHECK(first_env(o)["DDPRUN_SAVE_IDLE_LIMIT"] == "10");
-  o.worker_timeout_auto = false;
-  o.worker_timeout = std::chrono::seconds(45);
-  CHECK(first_env(o)["DDPRUN_SAVE_IDLE_LIMIT"] == "180");
-  o.worker_timeout = std::chrono::seconds(0);  // no hang rule: nothing to limit
-  CHECK_FALSE(first_env(o).count("DDPRUN_SAVE_IDLE_LIMIT"));
-  o.python_site_dir.clear();  // no hook: nobody reads it
-  o.worker_timeout_auto = true;
-  CHECK_FALSE(first_env(o).count("DDPRUN_SAVE_IDLE_LIMIT"));
-}
-
 TEST_CASE("worker environment: without the hook, both NCCL names and PYTHONPATH as inherited", "[units]") {
   auto o = options(1, 0);
   o.base_env["PYTHONPATH"] = "/home/me/lib";

@@ -7,17 +7,11 @@ worker of the hang tests (hang_torch_test.py) and of bench/hang_bench.py.
      spin      loops in Python holding the GIL (busy, 100% CPU)
      sigstop   stops itself with SIGSTOP
      mismatch  calls a broadcast while the other ranks are in DDP's all-reduce
-     stall     (rank 0) torch.save streams to an endpoint that stops reading after 1 MB (an object
-               store that stopped answering), while the others wait in a barrier
   --first_step S   the first step takes S seconds longer (compilation, a large load)
   --eval_at STEP --eval_s S   an evaluation loop (forward passes only, no optimizer step) of S s
                               (--eval_rank R: rank R's alone, the others wait in a barrier)
   --save_at STEP --save_s S   rank 0 saves a checkpoint with torch.save to a file that takes S s
                               to write (no forward, no step) while the others wait in a barrier
-  --stream_at STEP --stream_s S
-                              rank 0 streams a checkpoint with torch.save (8 MB) to an endpoint that
-                              reads it over S s, steadily (a slow object store), while the others
-                              wait in a barrier
   --write_at STEP --write_s S --write_dir D
                               rank 0 writes a checkpoint of its own (plain file writes, as numpy
                               or safetensors do: no torch.save) to D for S s while the others wait
@@ -53,51 +47,6 @@ class SlowFile:
         pass
 
 
-class Stream:
-    """A file-like object torch.save writes to as an object store's client does: over a socket, in
-    64 KiB pieces (TLS records, HTTP chunks), to an endpoint (a process of its own) that reads it
-    over `seconds`, or (`seconds` None) reads 1 MB and then nothing."""
-
-    ENDPOINT = ("import sys, time\n"
-                "seconds = float(sys.argv[1])\n"
-                "if seconds < 0:\n"
-                "    sys.stdin.buffer.read(1 << 20)\n"
-                "    time.sleep(600)\n"
-                "while sys.stdin.buffer.read1(1 << 16):\n"
-                "    time.sleep(seconds / 128)\n")
-
-    def __init__(self, seconds):
-        import socket
-        import subprocess
-        import sys
-
-        self.sock, theirs = socket.socketpair()
-        self.endpoint = subprocess.Popen([sys.executable, "-I", "-S", "-c", self.ENDPOINT,
-                                          str(-1 if seconds is None else seconds)],
-                                         stdin=theirs, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        theirs.close()
-
-    def write(self, data):
-        view = memoryview(data).cast("B")
-        for at in range(0, len(view), 1 << 16):
-            self.sock.sendall(view[at:at + (1 << 16)])
-        return len(view)
-
-    def flush(self):
-        pass
-
-    def close(self):
-        self.sock.close()
-        self.endpoint.wait()
-
-
-def stream_save(model, seconds):
-    """torch.save of the model and 8 MB more (the optimizer's state) to a Stream."""
-    out = Stream(seconds)
-    torch.save({"model": model.state_dict(), "optimizer": torch.zeros(2 << 20)}, out)
-    out.close()
-
-
 def say_hang(kind):
     print(f"HANG {kind} {time.time():.3f}", flush=True)
 
@@ -128,8 +77,6 @@ def main():
     ap.add_argument("--eval_rank", type=int, default=-1)  # that rank alone evaluates; the others wait in a barrier
     ap.add_argument("--save_at", type=int, default=-1)
     ap.add_argument("--save_s", type=float, default=0)
-    ap.add_argument("--stream_at", type=int, default=-1)
-    ap.add_argument("--stream_s", type=float, default=0)
     ap.add_argument("--write_at", type=int, default=-1)
     ap.add_argument("--write_s", type=float, default=0)
     ap.add_argument("--write_dir", default="")
@@ -162,12 +109,6 @@ def main():
         if step == a.save_at:
             if rank == 0:
                 torch.save(model.state_dict(), SlowFile(a.save_s))
-            dist.barrier()
-        if step == a.stream_at or (a.hang == "stall" and step == a.at):
-            if rank == 0:
-                if a.hang == "stall":
-                    say_hang("stall")
-                stream_save(model, None if a.hang == "stall" else a.stream_s)
             dist.barrier()
         if step == a.eval_at:  # (at the save's step: right after it, as at an epoch's end)
             end = time.monotonic() + a.eval_s

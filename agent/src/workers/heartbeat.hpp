@@ -41,12 +41,6 @@ struct HangRule {
 constexpr int kAutoFactor = 5;
 constexpr std::size_t kAutoSteps = 32;
 
-// A torch.save is progress while its process reads or writes (the hook's ticks), up to this many
-// times the floor (--worker_timeout=S: S) without a byte (DDPRUN_SAVE_IDLE_LIMIT): 120 s by
-// default, the kernel's own hung-task warning for a task stuck in uninterruptible sleep. Then it
-// is silent: a save stuck on a dead mount or a stalled stream is judged like any hang.
-constexpr int kSaveIdleFactor = 4;
-
 // How long to wait before the next look for a new group's first beats (a recovery's "ready"),
 // `waited` after the group started: 5% of it, from 5 ms to 1 s, so that a first step of 0.1 s
 // is seen within 5 ms of it and one of minutes (or a worker that never steps) costs a look a

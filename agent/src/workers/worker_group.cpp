@@ -258,12 +258,6 @@ double secs(SteadyClock::duration d) { return std::chrono::duration<double>(d).c
 std::string WorkerGroup::Impl::silence_reason(const Slot& s, SteadyClock::time_point now) const {
   const auto silent = secs(s.hb.silent(now));
   const auto bound = secs(s.hb.bound(opt.hang));
-  if (s.hb.beaten() && s.hb.saving()) {  // the hook's ticks stopped: its torch.save read and wrote nothing for the limit
-    return fmt::format("no progress for {:.1f} s, in a torch.save that had read and written nothing for {:.0f} s "
-                       "({}x {}: a stuck file system or stream)",
-                       silent, kSaveIdleFactor * secs(opt.hang.adaptive ? opt.hang.floor : opt.hang.fixed),
-                       kSaveIdleFactor, opt.hang.adaptive ? "--hang_floor" : "--worker_timeout");
-  }
   if (!opt.hang.adaptive && s.hb.beaten()) {
     return fmt::format("no heartbeat for {:.1f} s (--worker_timeout={:.1f})", silent, secs(opt.hang.fixed));
   }

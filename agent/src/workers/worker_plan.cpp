@@ -5,11 +5,8 @@
 #include <csignal>
 #include <map>
 
-#include <fmt/format.h>
-
 #include "ddprun/common/exit_status.hpp"
 #include "ddprun/common/text.hpp"
-#include "workers/heartbeat.hpp"
 #include "workers/state_areas.hpp"
 
 namespace ddprun::agent {
@@ -68,10 +65,6 @@ std::map<std::string, std::string> group_env(const AgentOptions& opt, const roun
   if (!opt.python_site_dir.empty()) {
     prepend_path(env, "PYTHONPATH", opt.python_site_dir);
     env["DDPRUN_STACK_SIGNAL"] = std::to_string(stack_signal());  // the hook's faulthandler (README: Hangs)
-    const auto basis = opt.worker_timeout_auto ? opt.hang_floor : opt.worker_timeout;
-    if (basis.count() > 0) {  // torch.save's ticks stop once its process reads and writes nothing this long
-      env["DDPRUN_SAVE_IDLE_LIMIT"] = fmt::format("{:g}", kSaveIdleFactor * std::chrono::duration<double>(basis).count());
-    }
   }
   env.try_emplace("PYTHONFAULTHANDLER", "1");  // a hung Python worker stopped with SIGABRT prints its stacks
   if (opt.nproc_per_node > 1) env.try_emplace("OMP_NUM_THREADS", "1");
