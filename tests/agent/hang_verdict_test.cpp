@@ -70,6 +70,24 @@ TEST_CASE("hang verdict: spinning, stopped and uninterruptible ranks, each with 
   CHECK_THAT(d.text, Catch::Contains("uninterruptible sleep (D"));
 }
 
+// A rank in one long write to a slow FUSE mount: the stack signal turns its wait into D, so neither
+// its Python nor its native main thread is read, while the others wait for it in a barrier.
+TEST_CASE("hang verdict: a rank none of whose stacks could be read beside ranks waiting in one collective is blamed",
+          "[hang]") {
+  const std::vector<StackFrame> barrier = {{"barrier", "distributed_c10d.py", 3152}, {"<module>", "train.py", 12}};
+  auto unread = rank(0, {}, {});
+  unread.python_note = "the stack signal wrote nothing within 10 s";
+  auto v = decide_hang({unread, rank(1, barrier, {{"c10d::Work::wait", "", 0}}), rank(2, kBackward, kReducer)});
+  CHECK(v.kind == HangKind::mismatch);  // two collectives: the mismatch says more than the unread rank
+  v = decide_hang({unread, rank(1, barrier, {{"c10d::Work::wait", "", 0}})});
+  CHECK(v.kind == HangKind::stuck);
+  CHECK(v.blamed == std::vector<int>{0});
+  CHECK(v.text == "rank 0 (host node-b, pid 100) could not be read (no stack: the stack signal wrote nothing within "
+                  "10 s), sleeping before ddprun signalled it: held in the kernel, most likely (a slow or stuck file "
+                  "system, a driver); rank 1 waits for it in torch.distributed.barrier");
+  CHECK(decide_hang({rank(0, {}, {}), rank(1, {}, {})}).text == "no stack could be read");  // nobody read: nobody blamed
+}
+
 TEST_CASE("hang verdict: ranks in different collectives are a mismatch, the odd group blamed", "[hang]") {
   std::vector<StackFrame> bcast = {{"broadcast", "distributed_c10d.py", 1408}, {"main", "train.py", 20}};
   auto v = decide_hang({rank(0, kBackward, kReducer), rank(1, bcast, {{"c10d::Work::wait", "", 0}}),

@@ -16,6 +16,9 @@ worker of the hang tests (hang_torch_test.py) and of bench/hang_bench.py.
                               rank 0 writes a checkpoint of its own (plain file writes, as numpy
                               or safetensors do: no torch.save) to D for S s while the others wait
                               in a barrier
+  --one_write_at STEP --one_write_mb N --write_dir D
+                              rank 0 writes N MB to a file in D in one write() (to a slow file
+                              system: a long uninterruptible wait) while the others wait in a barrier
   --log_mb_s X                 every rank's thread writes X MB/s to a log file in --write_dir (a
                               logger, not a save: it must not hide a hang)
   --slow_rank R --slow_s S    rank R is a straggler: busy S s in Python before each step
@@ -80,6 +83,8 @@ def main():
     ap.add_argument("--write_at", type=int, default=-1)
     ap.add_argument("--write_s", type=float, default=0)
     ap.add_argument("--write_dir", default="")
+    ap.add_argument("--one_write_at", type=int, default=-1)
+    ap.add_argument("--one_write_mb", type=int, default=0)
     ap.add_argument("--log_mb_s", type=float, default=0)
     ap.add_argument("--slow_rank", type=int, default=-1)
     ap.add_argument("--slow_s", type=float, default=0)
@@ -127,6 +132,14 @@ def main():
                         f.write(chunk)
                         time.sleep(0.1)
                 os.unlink(path)
+            dist.barrier()
+        if step == a.one_write_at:
+            if rank == 0:
+                fd = os.open(os.path.join(a.write_dir, f"one.{os.getpid()}"), os.O_WRONLY | os.O_CREAT, 0o600)
+                print(f"HANG one_write {time.time():.3f}", flush=True)
+                os.write(fd, bytes(a.one_write_mb << 20))
+                os.close(fd)
+                print("one write done", flush=True)
             dist.barrier()
         i = (step * 16) % 240
         batch = load_batch(x, i, 16, a.hang, rank, (a.rank, a.at), step)

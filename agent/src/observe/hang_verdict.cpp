@@ -55,6 +55,18 @@ std::string waiting_text(const std::vector<const RankView*>& waiting, std::size_
   return out + " (" + parts + ")";
 }
 
+std::string state_words(char s) {
+  switch (s) {
+    case 'R': return "running";
+    case 'S': return "sleeping";
+    case 'D': return "uninterruptible (D)";
+    case 'T': return "stopped (T)";
+    case 't': return "traced (t)";
+    case 'Z': return "exited (zombie)";
+    default: return "state unknown";
+  }
+}
+
 }  // namespace
 
 const char* to_string(HangKind k) {
@@ -162,6 +174,17 @@ HangVerdict decide_hang(const std::vector<RankView>& given) {
   }
   std::map<std::string, std::vector<const RankView*>> by;
   for (const auto* r : inside) by[collective_of(*r)].push_back(r);
+  // Every rank read waits in one collective beside ranks none of whose stacks could be read: those
+  // hold it up, most likely in the kernel where no signal reaches their main thread (one long
+  // write to a slow file system, which the stack signal turns into uninterruptible sleep; a
+  // driver call). Not "a rank that is not here".
+  if (auto unread = pick([&](const RankView& r) { return !read(r); }); by.size() == 1 && !unread.empty()) {
+    blame(HangKind::stuck, unread, [](const RankView& r) {
+      return who(r) + " could not be read " + where(r) + ", " + state_words(r.state) +
+             " before ddprun signalled it: held in the kernel, most likely (a slow or stuck file system, a driver)";
+    });
+    return v;
+  }
   if (by.size() > 1) {
     // The largest group (ties: the lowest rank's) is where the job is; the others went astray.
     auto main = std::max_element(by.begin(), by.end(), [](const auto& a, const auto& b) {
@@ -199,18 +222,6 @@ HangVerdict decide_hang(const std::vector<RankView>& given) {
 }
 
 namespace {
-
-std::string state_words(char s) {
-  switch (s) {
-    case 'R': return "running";
-    case 'S': return "sleeping";
-    case 'D': return "uninterruptible (D)";
-    case 'T': return "stopped (T)";
-    case 't': return "traced (t)";
-    case 'Z': return "exited (zombie)";
-    default: return "state unknown";
-  }
-}
 
 // Running or sleeping as the busy window measured it, when it did: one /proc sample catches a
 // rank that sleeps between short wake-ups running now and then, and ranks waiting alike would

@@ -10,8 +10,10 @@
 //      outside every collective;
 //   2. ranks outside every collective while others wait in one: the outside ones are to blame
 //      (spinning when busy most of the time before ddprun read them, else stuck);
-//   3. every read rank waits, in different collectives: a mismatch, each group named;
-//   4. otherwise no rank is blamed: what each does is said.
+//   3. every read rank waits in one collective beside ranks none of whose stacks could be read:
+//      those are to blame (held in the kernel, most likely: a slow file system's long write);
+//   4. every read rank waits, in different collectives: a mismatch, each group named;
+//   5. otherwise no rank is blamed: what each does is said.
 
 #include <sys/types.h>
 

@@ -12,6 +12,8 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <sstream>
 
@@ -89,22 +91,34 @@ std::string native_stack_text(pid_t pid, std::chrono::milliseconds limit) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + limit;
   auto left = [&] { return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()); };
-  // ddprun's own reader first; eu-stack and gdb only where it is missing or read nothing.
-  std::string failed;
-  if (std::string tool = stack_tool(); !tool.empty()) {
-    std::string text = run_capture({tool, std::to_string(pid)}, left());
-    if (!parse_native_stack(text).empty() || left().count() <= 0) return text;
-    failed = text;
+  // ddprun's own reader, whatever it reads. eu-stack and gdb attach with a SIGSTOP, which a thread
+  // in uninterruptible sleep takes only once it wakes, after they are gone: the whole process
+  // then stays stopped for good (a rank reported while one long write to a slow FUSE mount went
+  // on: its main thread, interrupted by the stack signal, waits in D). ddprun-stack seizes instead.
+  if (std::string tool = stack_tool(); !tool.empty()) return run_capture({tool, std::to_string(pid)}, left());
+  const std::string missing = "no native stack: ddprun-stack is not beside ddprun (built without libdw-dev), and ";
+  if (waits_on_disk(pid)) {
+    return missing + "eu-stack or gdb would leave it stopped: a thread is in uninterruptible sleep (D)\n";
   }
   std::string path = getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin";
   std::string eu = find_executable("eu-stack", path + ":/usr/bin");
-  if (!eu.empty()) return failed + run_capture({eu, "-m", "-s", "-p", std::to_string(pid)}, left());
+  if (!eu.empty()) return run_capture({eu, "-m", "-s", "-p", std::to_string(pid)}, left());
   std::string gdb = find_executable("gdb", path + ":/usr/bin");
-  if (!gdb.empty()) {
-    return failed + run_capture({gdb, "-batch", "-nx", "-p", std::to_string(pid), "-ex", "thread apply all bt"}, left());
+  if (!gdb.empty()) return run_capture({gdb, "-batch", "-nx", "-p", std::to_string(pid), "-ex", "thread apply all bt"}, left());
+  return missing + "neither eu-stack nor gdb is installed (apt-get install elfutils, or gdb)\n";
+}
+
+bool waits_on_disk(pid_t pid, const std::string& proc_root) {
+  std::error_code ec;
+  const std::string tasks = proc_root + "/" + std::to_string(pid) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+    std::ifstream stat(task.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto paren = line.rfind(')');
+    if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'D') return true;
   }
-  return failed + (failed.empty() ? "no stack: ddprun-stack is not beside ddprun (built without libdw-dev) and " : "") +
-         "neither eu-stack nor gdb is installed (apt-get install elfutils, or gdb)\n";
+  return false;
 }
 
 namespace {

@@ -24,10 +24,14 @@ struct StackFrame {
   int line = 0;
 };
 
-// The native stack of `pid` as text (ddprun-stack, else eu-stack, else gdb), bounded by `limit`:
-// the tool is killed when it takes longer. Blocking: call it off the loop. Never throws: the
-// text says what failed.
+// The native stack of `pid` as text (ddprun-stack, whatever it reads; only where it is missing,
+// eu-stack, else gdb, and never on a process with a thread in uninterruptible sleep), bounded by
+// `limit`: the tool is killed when it takes longer. Blocking: call it off the loop. Never throws:
+// the text says what failed.
 std::string native_stack_text(pid_t pid, std::chrono::milliseconds limit);
+
+// Whether a thread of `pid` is in uninterruptible sleep (D: waiting on a disk or a file system).
+bool waits_on_disk(pid_t pid, const std::string& proc_root = "/proc");
 
 // A warm spare runs the script inside its driver (_ddprun_spare.py, by exec), so a warm worker's
 // Python stack ends in the driver's frames below the script's outermost one; a cold one's does

@@ -1,5 +1,7 @@
 #include "workers/write_watch.hpp"
 
+#include "observe/stack_dump.hpp"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -15,19 +17,6 @@ std::optional<std::uint64_t> storage_written(pid_t pid, const std::string& proc_
     if (key == "write_bytes:") return value;
   }
   return std::nullopt;
-}
-
-bool waits_on_disk(pid_t pid, const std::string& proc_root) {
-  std::error_code ec;
-  const std::string tasks = proc_root + "/" + std::to_string(pid) + "/task";
-  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
-    std::ifstream stat(task.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    const auto paren = line.rfind(')');
-    if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'D') return true;
-  }
-  return false;
 }
 
 std::vector<pid_t> with_descendants(pid_t pid, const std::string& proc_root) {

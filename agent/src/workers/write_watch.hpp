@@ -59,9 +59,6 @@ class WriteWatch {
   Clock::time_point since_, wrote_;
 };
 
-// Whether a thread of `pid` is in uninterruptible sleep (D: waiting on a disk or a file system).
-bool waits_on_disk(pid_t pid, const std::string& proc_root = "/proc");
-
 // The bytes `pid` has caused to be written to storage (/proc/PID/io write_bytes: counted as it
 // dirties a file's pages, so a save to a disk or network file system counts at once, a pipe, a
 // socket or a tmpfs not at all); nullopt when it cannot be read.
