@@ -86,6 +86,12 @@ TEST_CASE("hang verdict: a rank none of whose stacks could be read beside ranks 
                   "10 s), sleeping before ddprun signalled it: held in the kernel, most likely (a slow or stuck file "
                   "system, a driver); rank 1 waits for it in torch.distributed.barrier");
   CHECK(decide_hang({rank(0, {}, {}), rank(1, {}, {})}).text == "no stack could be read");  // nobody read: nobody blamed
+  auto never_signalled = rank(0, {}, {});  // another node read with --stack_dump_timeout=0: proves nothing
+  never_signalled.python_note = "--stack_dump_timeout=0";
+  v = decide_hang({never_signalled, rank(1, barrier, {{"c10d::Work::wait", "", 0}})});
+  CHECK(v.kind == HangKind::undecided);
+  CHECK(v.blamed.empty());
+  CHECK_THAT(v.text, Catch::Contains("not here (on another node)"));
 }
 
 TEST_CASE("hang verdict: ranks in different collectives are a mismatch, the odd group blamed", "[hang]") {

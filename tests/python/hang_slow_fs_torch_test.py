@@ -39,7 +39,7 @@ def main():
     args = ap.parse_args()
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
         skip("a FUSE mount needs root and /dev/fuse")
-    own_mount_namespace()  # (before any thread: a threaded process cannot unshare it)
+    own_mount_namespace()  # the mount goes with this process
     with tempfile.TemporaryDirectory() as tmp:
         mnt = os.path.join(tmp, "mnt")
         os.mkdir(mnt)
@@ -49,7 +49,10 @@ def main():
             line = server.stdout.readline()
             if line.strip() != "mounted":
                 skip(f"the FUSE server did not mount ({line.strip() or server.wait()})")
-            job = Job(args.ddprun, tmp, "slow_fs", ["--nproc_per_node=2", "--hang_floor=3", "--hang_stop=60"],
+            # --stack_dump_timeout=3: the stack signal's answer waited for 3 s, far less than the
+            # write's 15 s (the report comes about 4 s into it).
+            job = Job(args.ddprun, tmp, "slow_fs", ["--nproc_per_node=2", "--hang_floor=3", "--hang_stop=60",
+                                                    "--stack_dump_timeout=3"],
                       ["--steps", "30", "--one_write_at", "5", "--one_write_mb", "6", "--write_dir", mnt])
             rc = job.wait(150)
         finally:
@@ -61,7 +64,8 @@ def main():
         require(len(reports) == 1 and reports[0]["blamed"] == [0],
                 f"one report, blaming rank 0 ({[(r['blamed'], r['verdict']) for r in reports]})")
         verdict = reports[0]["verdict"]
-        require("could not be read" in verdict and "held in the kernel" in verdict and "rank 1 waits for it" in verdict,
+        require("could not be read (no stack: the stack signal wrote nothing within 3 s)" in verdict and
+                "held in the kernel" in verdict and "rank 1 waits for it" in verdict,
                 f"the verdict says rank 0 is held in the kernel and rank 1 waits for it: {verdict}")
         require("one write done" in job.text and "rank 0 made progress again" in job.text,
                 "the write ends and ddprun says rank 0 made progress again: the report left it running")

@@ -3,7 +3,7 @@
 libfuse), that takes each write request (4 KiB) after DELAY seconds, as a loaded cloud or network
 mount does, and holds its files' sizes only. One flat directory; no reads.
 Usage: slow_fuse.py MOUNTPOINT DELAY (as root; prints "mounted" once it serves; ends when
-unmounted)."""
+unmounted, or with its parent)."""
 import ctypes
 import errno
 import os
@@ -12,13 +12,14 @@ import sys
 import time
 
 INIT, LOOKUP, FORGET, GETATTR, SETATTR, OPEN, WRITE, RELEASE, FSYNC, FLUSH = 26, 1, 2, 3, 4, 14, 16, 18, 20, 25
-OPENDIR, READDIR, RELEASEDIR, ACCESS, CREATE, DESTROY, BATCH_FORGET = 27, 28, 29, 34, 35, 38, 42
+OPENDIR, READDIR, RELEASEDIR, ACCESS, CREATE, BATCH_FORGET = 27, 28, 29, 34, 35, 42
 
 
 def main():
     mnt, delay = sys.argv[1], float(sys.argv[2])
-    fd = os.open("/dev/fuse", os.O_RDWR)
     libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: ends with the test, whatever ends it
+    fd = os.open("/dev/fuse", os.O_RDWR)
     opts = f"fd={fd},rootmode=40000,user_id=0,group_id=0".encode()
     if libc.mount(b"ddprun-slow-fuse", mnt.encode(), b"fuse", 0, opts) != 0:
         sys.exit("slow_fuse: mount: " + os.strerror(ctypes.get_errno()))
@@ -86,8 +87,6 @@ def main():
             reply(unique, 0, b"")
         elif op in (FORGET, BATCH_FORGET):  # no reply
             pass
-        elif op == DESTROY:
-            return
         else:
             reply(unique, errno.ENOSYS)
 

@@ -67,6 +67,14 @@ std::string state_words(char s) {
   }
 }
 
+// Running or sleeping as the busy window measured it, when it did: one /proc sample catches a
+// rank that sleeps between short wake-ups running now and then, and ranks waiting alike would
+// then read as two groups. Stopped, uninterruptible and exited are the sample's.
+char seen_state(const RankView& r) {
+  if ((r.state == 'R' || r.state == 'S') && r.cpu >= 0) return r.cpu >= 0.5 ? 'R' : 'S';
+  return r.state;
+}
+
 }  // namespace
 
 const char* to_string(HangKind k) {
@@ -174,13 +182,15 @@ HangVerdict decide_hang(const std::vector<RankView>& given) {
   }
   std::map<std::string, std::vector<const RankView*>> by;
   for (const auto* r : inside) by[collective_of(*r)].push_back(r);
-  // Every rank read waits in one collective beside ranks none of whose stacks could be read: those
-  // hold it up, most likely in the kernel where no signal reaches their main thread (one long
-  // write to a slow file system, which the stack signal turns into uninterruptible sleep; a
-  // driver call). Not "a rank that is not here".
-  if (auto unread = pick([&](const RankView& r) { return !read(r); }); by.size() == 1 && !unread.empty()) {
+  // Every rank read waits in one collective beside ranks that answered no stack signal, and whose
+  // native main thread could not be read either: those hold it up, most likely in the kernel where
+  // the signal does not reach their main thread (one long write to a slow file system, which the
+  // signal turns into uninterruptible sleep; a driver call). Not "a rank that is not here". (A rank
+  // never signalled, one read with --stack_dump_timeout=0 say, proves nothing.)
+  auto unanswered = [&](const RankView& r) { return !read(r) && r.python_note.rfind(kStackSignalUnanswered, 0) == 0; };
+  if (auto unread = pick(unanswered); by.size() == 1 && !unread.empty()) {
     blame(HangKind::stuck, unread, [](const RankView& r) {
-      return who(r) + " could not be read " + where(r) + ", " + state_words(r.state) +
+      return who(r) + " could not be read " + where(r) + ", " + state_words(seen_state(r)) +
              " before ddprun signalled it: held in the kernel, most likely (a slow or stuck file system, a driver)";
     });
     return v;
@@ -220,18 +230,6 @@ HangVerdict decide_hang(const std::vector<RankView>& given) {
   }
   return v;
 }
-
-namespace {
-
-// Running or sleeping as the busy window measured it, when it did: one /proc sample catches a
-// rank that sleeps between short wake-ups running now and then, and ranks waiting alike would
-// then read as two groups. Stopped, uninterruptible and exited are the sample's.
-char seen_state(const RankView& r) {
-  if ((r.state == 'R' || r.state == 'S') && r.cpu >= 0) return r.cpu >= 0.5 ? 'R' : 'S';
-  return r.state;
-}
-
-}  // namespace
 
 std::string format_hang_report(const HangVerdict& verdict, const std::vector<RankView>& ranks, const std::string& host,
                                const std::string& why, const std::vector<std::string>& files,

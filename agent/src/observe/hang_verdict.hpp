@@ -10,8 +10,9 @@
 //      outside every collective;
 //   2. ranks outside every collective while others wait in one: the outside ones are to blame
 //      (spinning when busy most of the time before ddprun read them, else stuck);
-//   3. every read rank waits in one collective beside ranks none of whose stacks could be read:
-//      those are to blame (held in the kernel, most likely: a slow file system's long write);
+//   3. every read rank waits in one collective beside ranks that answered no stack signal and
+//      whose native main thread could not be read either: those are to blame (held in the
+//      kernel, most likely: a slow file system's long write);
 //   4. every read rank waits, in different collectives: a mismatch, each group named;
 //   5. otherwise no rank is blamed: what each does is said.
 
@@ -38,6 +39,9 @@ struct RankView {
   std::vector<StackFrame> native;  // its main thread, innermost first; empty: none read
   std::string python_note;         // why there is no Python stack, if there is none
 };
+
+// The Python note of a rank signalled for its stack that wrote none (the start of the note).
+constexpr const char* kStackSignalUnanswered = "the stack signal wrote nothing within ";
 
 enum class HangKind { stopped, uninterruptible, stuck, spinning, mismatch, undecided };
 const char* to_string(HangKind k);

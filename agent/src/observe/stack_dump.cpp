@@ -85,6 +85,15 @@ bool in_c_library(const std::string& module) {
   return false;
 }
 
+// Whether `pid` is stopped (T) or traced (t) now.
+bool stopped_already(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  const auto paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'T' || line[paren + 2] == 't');
+}
+
 }  // namespace
 
 std::string native_stack_text(pid_t pid, std::chrono::milliseconds limit) {
@@ -100,11 +109,20 @@ std::string native_stack_text(pid_t pid, std::chrono::milliseconds limit) {
   if (waits_on_disk(pid)) {
     return missing + "eu-stack or gdb would leave it stopped: a thread is in uninterruptible sleep (D)\n";
   }
+  // A thread may still enter D before their SIGSTOP reaches it (their own SIGSTOP interrupts a FUSE
+  // wait into one): a SIGCONT after them discards a stop left pending, unless the process was
+  // stopped before (that stop is kept).
+  const bool stopped = stopped_already(pid);
+  auto run = [&](const std::vector<std::string>& argv) {
+    std::string text = run_capture(argv, left());
+    if (!stopped) ::kill(pid, SIGCONT);
+    return text;
+  };
   std::string path = getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin";
   std::string eu = find_executable("eu-stack", path + ":/usr/bin");
-  if (!eu.empty()) return run_capture({eu, "-m", "-s", "-p", std::to_string(pid)}, left());
+  if (!eu.empty()) return run({eu, "-m", "-s", "-p", std::to_string(pid)});
   std::string gdb = find_executable("gdb", path + ":/usr/bin");
-  if (!gdb.empty()) return run_capture({gdb, "-batch", "-nx", "-p", std::to_string(pid), "-ex", "thread apply all bt"}, left());
+  if (!gdb.empty()) return run({gdb, "-batch", "-nx", "-p", std::to_string(pid), "-ex", "thread apply all bt"});
   return missing + "neither eu-stack nor gdb is installed (apt-get install elfutils, or gdb)\n";
 }
 

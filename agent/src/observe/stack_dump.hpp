@@ -25,7 +25,8 @@ struct StackFrame {
 };
 
 // The native stack of `pid` as text (ddprun-stack, whatever it reads; only where it is missing,
-// eu-stack, else gdb, and never on a process with a thread in uninterruptible sleep), bounded by
+// eu-stack, else gdb, never on a process with a thread in uninterruptible sleep, and a SIGCONT
+// after them unless it was stopped before), bounded by
 // `limit`: the tool is killed when it takes longer. Blocking: call it off the loop. Never throws:
 // the text says what failed.
 std::string native_stack_text(pid_t pid, std::chrono::milliseconds limit);

@@ -16,6 +16,7 @@
 
 #include "ddprun/common/system.hpp"
 #include "ddprun/common/text.hpp"
+#include "observe/hang_verdict.hpp"
 #include "workers/process_runner.hpp"
 #include "workers/worker_group_impl.hpp"
 
@@ -184,7 +185,7 @@ void WorkerGroup::Impl::finish_inspection() {
     if (!t.stack_file.empty()) {
       std::string py = without_spare_driver(read_worker_file(t.stack_file, 16u << 20, static_cast<std::uint64_t>(std::max<off_t>(t.offset, 0))));
       v.python = parse_python_stack(py);
-      if (v.python.empty()) v.python_note = "the stack signal wrote nothing within " + duration_text(opt.stack_dump_timeout);
+      if (v.python.empty()) v.python_note = kStackSignalUnanswered + duration_text(opt.stack_dump_timeout);
       text += py;
     } else {
       v.python_note = t.python_note;
